@@ -1,0 +1,71 @@
+# Config validation and the helpers every rule uses. The logic lives in the
+# sinkscope package (sinkscope.config, sinkscope.workflow); this file wires it in.
+
+import sys
+
+from snakemake.utils import validate
+
+from sinkscope.config import ConfigError, normalize_config
+from sinkscope.workflow import LAYER_FIGURES, SOURCE_FIGURES, Study, decode_layers
+
+try:
+    _normalized = normalize_config(config)
+except ConfigError as error:
+    # A clear message and no traceback; nothing has run, so no result is touched.
+    sys.stderr.write(f"sinkscope: {error}\n")
+    sys.exit(1)
+config.clear()
+config.update(_normalized)
+# The ecosystem's check against the same schema (a no-op once normalized).
+validate(config, schema="../schemas/config.schema.yaml")
+
+STUDY = Study(config)
+ENCODERS = {}
+try:
+    for _name in STUDY.checkpoints:
+        _encoder = STUDY.text_encoder(_name)
+        ENCODERS[_encoder.key] = _encoder.to_dict()
+except (FileNotFoundError, ValueError) as error:
+    sys.stderr.write(f"sinkscope: invalid config:\n  config key checkpoints.{_name}: {error}\n")
+    sys.exit(1)
+
+
+def _names(values):
+    return "|".join(sorted(map(str, values))) or "NONE"
+
+
+wildcard_constraints:
+    checkpoint=_names(STUDY.checkpoints),
+    source=_names(STUDY.sources),
+    prompt=_names(STUDY.prompts),
+    encoder=_names(ENCODERS),
+    seed=r"\d+",
+    layer=r"\d+",
+    group=r"\d+(-\d+)?(_\d+(-\d+)?)*",
+
+
+def encoder_of(checkpoint):
+    return STUDY.text_encoder(checkpoint).key
+
+
+def extraction_inputs(wildcards):
+    return {
+        "embedding": STUDY.embedding(encoder_of(wildcards.checkpoint), wildcards.prompt),
+        "digest": STUDY.digest(wildcards.checkpoint),
+    }
+
+
+def checkpoint_params(wildcards):
+    return STUDY.checkpoints[wildcards.checkpoint].to_dict()
+
+
+def group_layers(wildcards):
+    return decode_layers(wildcards.group)
+
+
+def source_tables(table):
+    return [STUDY.checkpoint_table(source, table) for source in STUDY.sources]
+
+
+def figure_options(wildcards):
+    return STUDY.figure_options(wildcards.kind)

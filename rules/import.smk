@@ -1,0 +1,19 @@
+# Import: attention caches written by the older extraction scripts (.pt), turned
+# into frame_attention rows that flow through the same aggregation and figures.
+
+
+rule import_cache:
+    input:
+        lambda wildcards: config["legacy_caches"][wildcards.source]["path"],
+    output:
+        "results/imported/{source}/frame_attention.parquet",
+    params:
+        entry=lambda wildcards: config["legacy_caches"][wildcards.source],
+    log:
+        "results/logs/import_cache/{source}.log",
+    benchmark:
+        "results/benchmarks/import_cache/{source}.tsv"
+    conda:
+        "../envs/torch.yaml"
+    script:
+        "../scripts/import_cache.py"

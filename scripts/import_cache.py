@@ -1,0 +1,8 @@
+"""Snakemake job: import one of the older extraction scripts' .pt caches."""
+
+import _bootstrap  # noqa: F401
+
+from sinkscope.jobs import import_job, log_to
+
+log_to(snakemake.log[0])
+import_job(snakemake.input[0], snakemake.output[0], snakemake.wildcards.source, snakemake.params.entry)

@@ -1,0 +1,434 @@
+"""The Wan2.1 text-to-video transformer, written from its public description.
+
+Module and parameter names equal the original Wan checkpoints
+(``blocks.N.self_attn.q.weight``, ``head.modulation``, ...), so original-format state
+dicts load by name. Precision follows Wan/Self-Forcing where it matters for parity:
+RMSNorm and LayerNorm compute in fp32, RoPE tables are built in float64, timesteps are
+per latent frame (Self-Forcing's causal variant).
+
+Two ways to call it:
+
+- ``model(latents, timestep, context)``: the full bidirectional forward over every
+  frame (optionally with a frame-level attention mask, e.g. block-causal);
+- ``model(latents, timestep, context, kv_cache=cache, start_frame=s)``: one causal
+  block step of KV-cache inference, as Self-Forcing generates.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import KVCache
+from .config import WanConfig, get_model_config
+
+
+class AttentionObserver(Protocol):
+    """Called by a self-attention layer in KV-cache mode with the q and k its softmax sees."""
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, query_frames: list[int], key_frames: list[int]
+    ) -> None: ...
+
+
+def sinusoidal_embedding(freq_dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """Wan's timestep embedding: [cos(t f), sin(t f)], f = 10000^(-i/half), in float64."""
+    half = freq_dim // 2
+    positions = positions.to(torch.float64)
+    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=positions.device) / half)
+    angles = torch.outer(positions, freqs)
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1)
+
+
+class WanRMSNorm(nn.Module):
+    """RMSNorm computed in fp32, cast back, then scaled (as Wan does)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+class WanLayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 (as the original Wan does), returned in the input dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = False) -> None:
+        super().__init__(dim, eps=eps, elementwise_affine=elementwise_affine)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
+
+
+class RotaryTables:
+    """Wan's 3-axis RoPE: head_dim split t:h:w = d-4(d//6) : 2(d//6) : 2(d//6), theta 1e4.
+
+    Tables are computed in float64 from absolute positions; temporal positions start
+    at the block's first frame (Self-Forcing's frame offset). Channel pairs
+    (2i, 2i+1) rotate together (the interleaved convention).
+    """
+
+    def __init__(self, head_dim: int, max_positions: int = 1024, theta: float = 10000.0) -> None:
+        axis_t = head_dim - 4 * (head_dim // 6)
+        axis_hw = 2 * (head_dim // 6)
+        self.max_positions = max_positions
+        self.axis_dims = (axis_t, axis_hw, axis_hw)
+        self.theta = theta
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _axis_angles(self, dim: int, positions: torch.Tensor) -> torch.Tensor:
+        inv = 1.0 / torch.pow(self.theta, torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        return torch.outer(positions.to(torch.float64), inv)
+
+    def cos_sin(
+        self, start_frame: int, frames: int, height: int, width: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin, each [frames*height*width, 1, head_dim/2], for tokens in (f, h, w) order."""
+        if start_frame + frames > self.max_positions:
+            raise ValueError(
+                f"frames up to {start_frame + frames} exceed the {self.max_positions} RoPE positions"
+            )
+        key = (start_frame, frames, height, width, device, dtype)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        dt, dh, dw = self.axis_dims
+        angle_t = self._axis_angles(dt, torch.arange(start_frame, start_frame + frames))
+        angle_h = self._axis_angles(dh, torch.arange(height))
+        angle_w = self._axis_angles(dw, torch.arange(width))
+        angles = torch.cat(
+            [
+                angle_t[:, None, None, :].expand(frames, height, width, -1),
+                angle_h[None, :, None, :].expand(frames, height, width, -1),
+                angle_w[None, None, :, :].expand(frames, height, width, -1),
+            ],
+            dim=-1,
+        ).reshape(frames * height * width, 1, -1)
+        cached = (angles.cos().to(device, dtype), angles.sin().to(device, dtype))
+        if len(self._cache) > 256:
+            self._cache.clear()
+        self._cache[key] = cached
+        return cached
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved channel pairs of x [B, L, H, D] by the tables' angles."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    pairs = x.to(compute).unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).to(x.dtype)
+
+
+class WanSelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, eps: float, qk_norm: bool = True) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        self.norm_k = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        # Set by sinkscope.capture; not part of the state dict.
+        self.observer: AttentionObserver | None = None
+        self.layer_index = 0
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [B, L, H, D]; q and k RMS-normalized over the full width first."""
+        shape = (*x.shape[:2], self.num_heads, self.head_dim)
+        q = self.norm_q(self.q(x)).view(shape)
+        k = self.norm_k(self.k(x)).view(shape)
+        v = self.v(x).view(shape)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        q, k, v = self.project(x)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if kv_cache is not None:
+            k, v = kv_cache.write(self.layer_index, k, v)
+            if self.observer is not None:
+                self.observer(q, k, kv_cache.query_frames, kv_cache.key_frames)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
+        )
+        return self.o(out.transpose(1, 2).flatten(2))
+
+
+class WanCrossAttention(nn.Module):
+    """Text-to-video cross-attention: queries from video tokens, keys/values from the text."""
+
+    def __init__(self, dim: int, num_heads: int, eps: float, qk_norm: bool = True) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        self.norm_k = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+
+    def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (*context.shape[:2], self.num_heads, self.head_dim)
+        k = self.norm_k(self.k(context)).view(shape).transpose(1, 2)
+        v = self.v(context).view(shape).transpose(1, 2)
+        return k, v
+
+    def forward(self, x: torch.Tensor, context_kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        q = self.norm_q(self.q(x)).view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, *context_kv)
+        return self.o(out.transpose(1, 2).flatten(2))
+
+
+class WanAttentionBlock(nn.Module):
+    def __init__(self, config: WanConfig, layer_index: int) -> None:
+        super().__init__()
+        dim, eps = config.dim, config.eps
+        self.norm1 = WanLayerNorm(dim, eps)
+        self.self_attn = WanSelfAttention(dim, config.num_heads, eps, config.qk_norm)
+        self.self_attn.layer_index = layer_index
+        self.norm3 = WanLayerNorm(dim, eps, elementwise_affine=True) if config.cross_attn_norm else nn.Identity()
+        self.cross_attn = WanCrossAttention(dim, config.num_heads, eps, config.qk_norm)
+        self.norm2 = WanLayerNorm(dim, eps)
+        self.ffn = nn.Sequential(nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(config.ffn_dim, dim))
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        e0: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        context_kv: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # e0: [B, F, 6, dim]; tokens are modulated per latent frame.
+        frames = e0.shape[1]
+        shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
+
+        def per_frame(t: torch.Tensor) -> torch.Tensor:
+            return t.unflatten(1, (frames, -1))
+
+        h = (per_frame(self.norm1(x)) * (1 + scale_sa) + shift_sa).flatten(1, 2)
+        y = self.self_attn(h, rope, kv_cache, attn_mask)
+        x = x + (per_frame(y) * gate_sa).flatten(1, 2)
+        x = x + self.cross_attn(self.norm3(x), context_kv)
+        h = (per_frame(self.norm2(x)) * (1 + scale_ff) + shift_ff).flatten(1, 2)
+        return x + (per_frame(self.ffn(h)) * gate_ff).flatten(1, 2)
+
+
+class Head(nn.Module):
+    def __init__(self, config: WanConfig) -> None:
+        super().__init__()
+        self.norm = WanLayerNorm(config.dim, config.eps)
+        self.head = nn.Linear(config.dim, math.prod(config.patch_size) * config.out_dim)
+        self.modulation = nn.Parameter(torch.randn(1, 2, config.dim) / config.dim**0.5)
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        # e: [B, F, dim], the time embedding (not the projection), per frame.
+        frames = e.shape[1]
+        shift, scale = (self.modulation.unsqueeze(1) + e.unsqueeze(2)).chunk(2, dim=2)
+        h = self.norm(x).unflatten(1, (frames, -1)) * (1 + scale) + shift
+        return self.head(h.flatten(1, 2))
+
+
+class WanModel(nn.Module):
+    """Wan2.1 T2V transformer with Self-Forcing's per-frame timesteps and KV-cache steps."""
+
+    def __init__(self, config: WanConfig | str) -> None:
+        super().__init__()
+        config = get_model_config(config)
+        self.config = config
+        dim = config.dim
+        self.patch_embedding = nn.Conv3d(config.in_dim, dim, kernel_size=config.patch_size, stride=config.patch_size)
+        self.text_embedding = nn.Sequential(
+            nn.Linear(config.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim)
+        )
+        self.time_embedding = nn.Sequential(nn.Linear(config.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        self.blocks = nn.ModuleList([WanAttentionBlock(config, i) for i in range(config.num_layers)])
+        self.head = Head(config)
+        # A plain attribute, as in Wan: the RoPE tables are not in the state dict.
+        self.rope = RotaryTables(config.head_dim, config.rope_max_positions)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.patch_embedding.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.patch_embedding.weight.device
+
+    # -- pieces --------------------------------------------------------------------
+
+    def embed_context(self, context: torch.Tensor) -> torch.Tensor:
+        """Zero-pad the text embedding [B, L, text_dim] to text_len rows, then project."""
+        text_len = self.config.text_len
+        if context.shape[1] > text_len:
+            raise ValueError(f"context has {context.shape[1]} tokens, more than text_len {text_len}")
+        context = F.pad(context.to(self.dtype), (0, 0, 0, text_len - context.shape[1]))
+        return self.text_embedding(context)
+
+    def context_kv(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Cross-attention K/V of every layer (computed once per generation)."""
+        embedded = self.embed_context(context)
+        return [block.cross_attn.context_kv(embedded) for block in self.blocks]
+
+    def time_embeddings(self, timestep: torch.Tensor, batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """e [B, F, dim] and e0 [B, F, 6, dim] from scalar, [B] or per-frame [B, F] timesteps."""
+        t = torch.as_tensor(timestep, device=self.device)
+        if t.ndim == 0:
+            t = t.expand(batch)
+        if t.ndim == 1:
+            t = t[:, None].expand(batch, frames)
+        if t.shape != (batch, frames):
+            raise ValueError(f"timestep of shape {tuple(t.shape)} does not fit [B={batch}, F={frames}]")
+        sinusoid = sinusoidal_embedding(self.config.freq_dim, t.reshape(-1)).to(self.dtype)
+        e = self.time_embedding(sinusoid)
+        e0 = self.time_projection(e).unflatten(1, (6, self.config.dim))
+        return e.unflatten(0, (batch, frames)), e0.unflatten(0, (batch, frames))
+
+    def unpatchify(self, x: torch.Tensor, frames: int, height: int, width: int) -> torch.Tensor:
+        """Tokens [B, F*h*w, pt*ph*pw*C] (C fastest) to latents [B, C, F*pt, h*ph, w*pw]."""
+        pt, ph, pw = self.config.patch_size
+        c = self.config.out_dim
+        x = x.view(x.shape[0], frames, height, width, pt, ph, pw, c)
+        x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return x.reshape(x.shape[0], c, frames * pt, height * ph, width * pw)
+
+    # -- forward -------------------------------------------------------------------
+
+    def forward(
+        self,
+        latents: torch.Tensor,
+        timestep: torch.Tensor | float,
+        context: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        start_frame: int = 0,
+        frame_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Velocity (noise - x0) shaped like ``latents`` [B, C, F, H, W].
+
+        Without ``kv_cache``: the full forward over every frame; ``frame_mask`` [F, F]
+        (query frame x key frame, True = visible) restricts self-attention, e.g. to
+        the block-causal pattern. With ``kv_cache``: one causal block step whose frames
+        start at absolute frame ``start_frame``; ``context`` may then be None once the
+        cache holds the cross-attention K/V.
+        """
+        if latents.ndim != 5:
+            raise ValueError(f"latents must be [B, C, F, H, W], got shape {tuple(latents.shape)}")
+        x = self.patch_embedding(latents.to(self.dtype))
+        batch, _, frames, height, width = x.shape
+        x = x.flatten(2).transpose(1, 2)
+        e, e0 = self.time_embeddings(timestep, batch, frames)
+        rope = self.rope.cos_sin(
+            start_frame, frames, height, width, x.device, torch.float64 if x.dtype == torch.float64 else torch.float32
+        )
+
+        attn_mask = None
+        if kv_cache is not None:
+            if frame_mask is not None:
+                raise ValueError("frame_mask applies to the full forward, not to KV-cache steps")
+            kv_cache.begin_call(start_frame, frames)
+            if kv_cache.cross[0] is None:
+                if context is None:
+                    raise ValueError("the first KV-cache step needs the text context")
+                kv_cache.cross = self.context_kv(context)
+            cross = kv_cache.cross
+        else:
+            if context is None:
+                raise ValueError("the full forward needs the text context")
+            cross = self.context_kv(context)
+            if frame_mask is not None:
+                tokens = height * width
+                attn_mask = frame_mask.to(x.device, torch.bool).repeat_interleave(tokens, 0).repeat_interleave(tokens, 1)
+
+        for block, context_kv in zip(self.blocks, cross):
+            x = block(x, e0, rope, context_kv, kv_cache, attn_mask)
+        out = self.head(x, e)
+        return self.unpatchify(out, frames, height, width)
+
+    # -- observers -----------------------------------------------------------------
+
+    def set_observer(self, layer: int, observer: AttentionObserver | None) -> None:
+        self.blocks[layer].self_attn.observer = observer
+
+    def new_kv_cache(
+        self,
+        *,
+        batch_size: int,
+        frame_seq_length: int,
+        capacity_frames: int,
+        rolling: bool = False,
+        sink_frames: int = 0,
+    ) -> KVCache:
+        return KVCache(
+            num_layers=self.config.num_layers,
+            batch_size=batch_size,
+            num_heads=self.config.num_heads,
+            head_dim=self.config.head_dim,
+            frame_seq_length=frame_seq_length,
+            capacity_frames=capacity_frames,
+            rolling=rolling,
+            sink_frames=sink_frames,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+
+def init_random_weights(model: nn.Module, seed: int) -> nn.Module:
+    """Fill every parameter from a seeded CPU generator (device- and order-independent).
+
+    Linear/conv weights are Xavier-normal, biases small, norm weights near 1 and
+    modulation tables ~ N(0, 1/dim), so a random model has non-trivial attention.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith("modulation"):
+                values = torch.randn(param.shape, generator=generator) / param.shape[-1] ** 0.5
+            elif name.endswith("bias"):
+                values = 0.02 * torch.randn(param.shape, generator=generator)
+            elif param.ndim == 1:  # RMSNorm / LayerNorm weights
+                values = 1.0 + 0.1 * torch.randn(param.shape, generator=generator)
+            else:
+                fan_out = param.shape[0]
+                fan_in = param[0].numel()
+                std = (2.0 / (fan_in + fan_out)) ** 0.5
+                values = std * torch.randn(param.shape, generator=generator)
+            param.copy_(values.to(param.dtype))
+    return model
+
+
+def build_model(
+    config: WanConfig | str,
+    *,
+    seed: int | None = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> WanModel:
+    """A model of the named config; with ``seed``, seeded random weights (the demo model)."""
+    model = WanModel(config)
+    if seed is not None:
+        init_random_weights(model, seed)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+

@@ -1,0 +1,140 @@
+"""Triton kernel for prob_mass: one pass over the keys, scores never written to memory.
+
+Each program owns BLOCK_M queries of one head and one key frame. It streams that
+frame's keys in tiles of BLOCK_N, keeping a running max m and a running sum l of
+exp(s - m) per query (base 2, the scale folded into log2(e)). The output is the pair
+(m, l) per (head, query token, key frame), a few MiB; torch then combines the frames:
+mass_f = l_f 2^(m_f - max m) / sum_g l_g 2^(m_g - max m), and averages each query frame.
+
+Splitting the grid by key frame gives 3 x 12 x ceil(Lq / BLOCK_M) independent programs
+even for the first block, needs no per-frame accumulators in registers, and works for
+any number of key frames (sliding windows, sinks, long videos).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
+]
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _frame_softmax_partials(
+    q_ptr,
+    k_ptr,
+    m_ptr,
+    l_ptr,
+    stride_qh,
+    stride_ql,
+    stride_kh,
+    stride_kl,
+    num_queries,
+    frame_seq_length,
+    num_key_frames,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    frame = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    m_valid = offs_m < num_queries
+    d_valid = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :],
+        mask=m_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    k_frame = k_ptr + head * stride_kh + frame * frame_seq_length * stride_kl
+    for start in range(0, frame_seq_length, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < frame_seq_length
+        k = tl.load(
+            k_frame + offs_n[None, :] * stride_kl + offs_d[:, None],
+            mask=n_valid[None, :] & d_valid[:, None],
+            other=0.0,
+        )
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee")
+        else:
+            s = tl.dot(q, k)
+        s = tl.where(n_valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
+        m_i = m_new
+    out = (head * num_queries + offs_m) * num_key_frames + frame
+    tl.store(m_ptr + out, m_i, mask=m_valid)
+    tl.store(l_ptr + out, l_i, mask=m_valid)
+
+
+_tuned = triton.autotune(configs=_CONFIGS, key=["frame_seq_length", "HEAD_DIM", "IEEE"])(_frame_softmax_partials)
+
+
+def frame_softmax_partials(
+    q: torch.Tensor, k: torch.Tensor, frame_seq_length: int, num_k: int, scale: float, config: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, l) [H, Lq, num_k] in base 2: per query and key frame, max score and sum of 2^(s-m)."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    heads, num_queries, head_dim = q.shape
+    m = torch.empty(heads, num_queries, num_k, dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    args = (q, k, m, l, q.stride(0), q.stride(1), k.stride(0), k.stride(1), num_queries, frame_seq_length, num_k, scale * LOG2E)
+    constants = dict(
+        HEAD_DIM=head_dim,
+        D_PAD=max(16, triton.next_power_of_2(head_dim)),
+        IEEE=q.dtype == torch.float32,
+    )
+    if config is None and _interpreting():
+        config = {"BLOCK_M": 16, "BLOCK_N": 16}
+    if config is None:
+        grid = lambda meta: (triton.cdiv(num_queries, meta["BLOCK_M"]), heads, num_k)  # noqa: E731
+        _tuned[grid](*args, **constants)
+    else:
+        config = dict(config)
+        launch = {key: config.pop(key) for key in ("num_warps", "num_stages") if key in config}
+        grid = (math.ceil(num_queries / config["BLOCK_M"]), heads, num_k)
+        _frame_softmax_partials[grid](*args, **constants, **config, **launch)
+    return m, l
+
+
+def prob_mass_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    frame_seq_length: int,
+    num_q: int,
+    num_k: int,
+    scale: float,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """prob_mass [H, num_q, num_k] fp32 from the kernel's per-frame partial softmax sums."""
+    m, l = frame_softmax_partials(q, k, frame_seq_length, num_k, scale, config)
+    weights = l * torch.exp2(m - m.amax(dim=-1, keepdim=True))
+    mass = weights / weights.sum(dim=-1, keepdim=True)
+    return mass.view(q.shape[0], num_q, frame_seq_length, num_k).mean(dim=2)

@@ -1,0 +1,130 @@
+"""Config coercion, defaults and validation; bad configs fail before any job runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from sinkscope.config import ConfigError, coerce, load_schema, normalize_config, parse_head_label
+from sinkscope.io import atomic_path
+
+
+def test_defaults_fill_the_demo_study():
+    config = normalize_config({})
+    assert config["checkpoints"] == {
+        "demo": {"model": "demo", "format": "demo", "weights": None, "base": None, "seed": 0, "ema": True,
+                 "allow_pickle": False, "dtype": "auto"}  # fmt: skip
+    }
+    assert config["layers"] == [0, 1, 2, 3, 4, 5]
+    assert config["generation"]["num_frames"] == 21
+    assert config["generation"]["denoising_steps"] == [1000, 750, 500, 250]
+    assert config["figures"] == {"heads": ["L1H1", "L5H10"], "step": "last", "metric": "logit_mean", "video_frames": False, "dpi": 200}
+
+
+def test_strings_from_the_command_line_are_coerced():
+    # What `snakemake --config 'layers=[0,1,2]' 'generation={num_frames: 9, ...}'` delivers.
+    config = normalize_config(
+        {
+            "layers": ["0", "1", "2"],
+            "seeds": "3",
+            "layers_per_job": "2",
+            "generation": {"num_frames": "9", "independent_first_frame": "false", "timestep_shift": "5.0",
+                           "latent_height": "null"},  # fmt: skip
+            "figures": {"step": "2", "video_frames": "true"},
+        }
+    )
+    assert config["layers"] == [0, 1, 2]
+    assert config["seeds"] == [3]
+    assert config["layers_per_job"] == 2
+    assert config["generation"]["num_frames"] == 9
+    assert config["generation"]["independent_first_frame"] is False
+    assert config["generation"]["timestep_shift"] == 5.0
+    assert config["generation"]["latent_height"] is None
+    assert config["figures"]["step"] == 2 and config["figures"]["video_frames"] is True
+    assert normalize_config({"figures": {"step": "cache"}})["figures"]["step"] == "cache"
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"seeds": ["abc"]}, "config key seeds[0]: 'abc' is not an integer"),
+        ({"layers": ["0", "x1"]}, "config key layers[1]: 'x1' is not an integer"),
+        ({"layers": [9]}, "config key layers: [9] do not exist in checkpoint 'demo' (model has layers 0..5)"),
+        ({"bogus": 1}, "unknown config key 'bogus'"),
+        ({"generation": {"num_frame": 9}}, "unknown config key 'num_frame' in generation"),
+        ({"generation": {"num_frames": 20}}, "generation.num_frames = 20 must be a multiple of frames_per_block = 3"),
+        ({"generation": {"num_frames": 21, "independent_first_frame": True}}, "num_frames - 1 = 20 must be a multiple"),
+        ({"generation": {"local_attn_frames": 4, "sink_frames": 2}}, "cannot hold sink_frames=2 plus a block of 3"),
+        ({"generation": {"sink_frames": 2}}, "sink_frames needs a sliding window"),
+        ({"figures": {"heads": ["L1H13"]}}, "figures.heads: 'L1H13' does not exist in checkpoint 'demo'"),
+        ({"figures": {"heads": ["layer1"]}}, "config key figures.heads[0]: 'layer1' does not match"),
+        ({"figures": {"metric": "softmax"}}, "config key figures.metric: 'softmax' is not one of"),
+        ({"figures": {"step": 7}}, "config key figures.step: 7 is past the last denoising step 3"),
+        ({"figures": {"step": "first"}}, "config key figures.step: 'first' is not 'last' or 'cache' or an integer"),
+        ({"device": "tpu"}, "config key device: 'tpu' does not match"),
+        ({"prompts": {"bad/id": "x"}}, "name 'bad/id' is not allowed"),
+        ({"checkpoints": {"real": {"weights": "missing.pt"}}}, "config key checkpoints.real: weights 'missing.pt' do not exist"),
+        ({"checkpoints": {"real": {"format": "self_forcing"}}}, "config key checkpoints.real: format 'self_forcing' needs 'weights'"),
+        ({"checkpoints": {"d": {"model": "gigantic", "format": "demo"}}}, "unknown model config 'gigantic'"),
+        ({"legacy_caches": {"old": {"path": "nope.pt"}}}, "config key legacy_caches.old.path: file 'nope.pt' does not exist"),
+    ],
+)
+def test_bad_configs_name_the_key_and_value(raw, message, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        normalize_config(raw, base_dir=tmp_path)
+    assert message in str(error.value)
+
+
+def test_several_problems_are_reported_together():
+    with pytest.raises(ConfigError) as error:
+        normalize_config({"seeds": ["abc"], "layers": ["q"]})
+    assert "seeds[0]" in str(error.value) and "layers[0]" in str(error.value)
+
+
+def test_head_labels_are_one_based():
+    assert parse_head_label("L1H1") == (0, 0)
+    assert parse_head_label("L5H10") == (4, 9)
+    with pytest.raises(ConfigError):
+        parse_head_label("L0H1")
+
+
+def test_coerce_leaves_valid_values_and_wraps_scalars():
+    schema = load_schema()
+    assert coerce({"seeds": 4}, schema)["seeds"] == [4]
+    assert coerce({"prompts": {"a": "123"}}, schema)["prompts"]["a"] == "123"  # strings stay strings
+
+
+def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    target = tmp_path / "table.parquet"
+    target.write_text("old result")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half a new res")
+            raise RuntimeError("interrupted")
+    assert target.read_text() == "old result"
+    assert [p.name for p in tmp_path.iterdir()] == ["table.parquet"]
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["seeds=[abc]"], "config key seeds[0]: 'abc' is not an integer"),
+        (["layers=[0,9]"], "config key layers: [9] do not exist"),
+        (["generation={num_frames: 10}"], "generation.num_frames = 10"),
+        (["unknown_key=3"], "unknown config key 'unknown_key'"),
+        (["checkpoints={real: {weights: gone.safetensors}}"], "weights 'gone.safetensors' do not exist"),
+    ],
+)
+def test_snakemake_rejects_bad_config_before_any_job(workflow, override, message):
+    """A bad --config is refused with the key and value named, no traceback, results untouched."""
+    workflow.write_config({"layers": [0], "generation": {"num_frames": 6}})
+    earlier = workflow.path("results/tables/frame_attention.parquet")
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"an earlier result")
+    result = workflow.run("--config", *override, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert message in output
+    assert "Traceback" not in output
+    assert earlier.read_bytes() == b"an earlier result"
+    assert not workflow.path("results/logs").exists()
