@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import time
 from collections.abc import Mapping, Sequence
@@ -147,8 +148,9 @@ def extract_job(
     config = model.config
     frame_seq_length = config.frame_seq_length(options.latent_height or None, options.latent_width or None)
     log.info(
-        "extracting %s / %s / seed %d, layers %s on %s (%s, %s)",
-        spec.name, prompt_id, seed, list(layers), device_name(target), model.dtype, config.to_json(),
+        "extracting %s / %s / seed %d, layers %s on %s (%s; CUDA_VISIBLE_DEVICES=%s; %s)",
+        spec.name, prompt_id, seed, list(layers), device_name(target), model.dtype,
+        os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"), config.to_json(),
     )  # fmt: skip
 
     with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, backend=backend) as capture:
@@ -290,3 +292,20 @@ def summary_job(layer_stats_path: str | Path, head_stats_path: str | Path, outpu
     with atomic_path(output) as tmp:
         tmp.write_text(html)
     log.info("wrote the summary page %s", output)
+
+
+# -- legacy caches -------------------------------------------------------------------------
+
+
+def import_job(path: str | Path, output: str | Path, name: str, entry: Mapping[str, Any]) -> None:
+    """Convert one older extraction script's .pt cache into frame_attention rows."""
+    from .legacy import import_to_parquet
+
+    import_to_parquet(
+        path,
+        output,
+        checkpoint=name,
+        prompt_id=entry.get("prompt_id"),
+        seed=int(entry.get("seed", 0)),
+        allow_pickle=bool(entry.get("allow_pickle", False)),
+    )
