@@ -20,11 +20,12 @@ config.update(_normalized)
 validate(config, schema="../schemas/config.schema.yaml")
 
 STUDY = Study(config)
-ENCODERS = {}
+ENCODERS, ENCODER_FILES = {}, {}
 try:
     for _name in STUDY.checkpoints:
         _encoder = STUDY.text_encoder(_name)
         ENCODERS[_encoder.key] = _encoder.to_dict()
+        ENCODER_FILES[_encoder.key] = _encoder.files()
 except (FileNotFoundError, ValueError) as error:
     sys.stderr.write(f"sinkscope: invalid config:\n  config key checkpoints.{_name}: {error}\n")
     sys.exit(1)
@@ -48,11 +49,13 @@ def encoder_of(checkpoint):
     return STUDY.text_encoder(checkpoint).key
 
 
-def extraction_inputs(wildcards):
-    return {
-        "embedding": STUDY.embedding(encoder_of(wildcards.checkpoint), wildcards.prompt),
-        "digest": STUDY.digest(wildcards.checkpoint),
-    }
+def embedding_of(wildcards):
+    return STUDY.embedding(encoder_of(wildcards.checkpoint), wildcards.prompt)
+
+
+def weights_sha256(wildcards):
+    # A param, not an input: new bytes rerun the checkpoint's jobs, a mere touch does not.
+    return STUDY.weights_sha256(wildcards.checkpoint)
 
 
 def checkpoint_params(wildcards):

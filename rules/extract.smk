@@ -1,9 +1,12 @@
-# Extraction: prompt embeddings (once per text encoder and prompt), weight digests
-# (once per checkpoint), then one GPU job per checkpoint x prompt x seed x layer group
-# that generates a video with the KV-cache procedure and writes one Parquet per layer.
+# Extraction: prompt embeddings (once per text encoder and prompt), then one GPU job
+# per checkpoint x prompt x seed x layer group that generates a video with the
+# KV-cache procedure and writes one Parquet per layer. The weights enter through
+# their sha256 (a param): replaced bytes rerun that checkpoint, a touch reruns nothing.
 
 
 rule encode_prompt:
+    input:
+        lambda wildcards: ENCODER_FILES[wildcards.encoder],
     output:
         "results/prompts/{encoder}/{prompt}.safetensors",
     params:
@@ -22,32 +25,14 @@ rule encode_prompt:
         "../scripts/encode_prompt.py"
 
 
-rule checkpoint_digest:
-    # The digest (not the weights' mtime) decides whether extraction reruns: a
-    # replaced file with new bytes reruns only its checkpoint; a touched one nothing.
-    input:
-        lambda wildcards: STUDY.weight_files(wildcards.checkpoint),
-    output:
-        "results/checkpoints/{checkpoint}/digest.json",
-    params:
-        checkpoint=checkpoint_params,
-    log:
-        "results/logs/checkpoint_digest/{checkpoint}.log",
-    benchmark:
-        "results/benchmarks/checkpoint_digest/{checkpoint}.tsv"
-    conda:
-        "../envs/torch.yaml"
-    script:
-        "../scripts/checkpoint_digest.py"
-
-
 rule extract_attention:
     input:
-        unpack(extraction_inputs),
+        embedding=embedding_of,
     output:
         directory("results/extract/{checkpoint}/{prompt}/seed{seed}/layers{group}"),
     params:
         checkpoint=checkpoint_params,
+        weights_sha256=weights_sha256,
         layers=group_layers,
         generation=config["generation"],
         backend=config["capture"]["backend"],

@@ -14,7 +14,7 @@ extract_job(
     layers=layers,
     outputs=[Study.layer_file(snakemake.output[0], layer) for layer in layers],
     embedding=snakemake.input.embedding,
-    digest=snakemake.input.digest,
+    weights_sha256=snakemake.params.weights_sha256,
     generation=snakemake.params.generation,
     backend=snakemake.params.backend,
     device=snakemake.params.device,

@@ -47,7 +47,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from .jobs import digest_job, extract_job, log_to, pick_device
+    from .jobs import extract_job, log_to, pick_device
+    from .model.loading import weights_digest
     from .text import encode_prompts, save_embedding
     from .workflow import Study
 
@@ -66,8 +67,6 @@ def cmd_extract(args: argparse.Namespace) -> int:
     embedding = out / "prompt.safetensors"
     context = encode_prompts(encoder, {prompt_id: config["prompts"][prompt_id]}, device=pick_device(config["device"]))
     save_embedding(embedding, context[prompt_id], prompt=config["prompts"][prompt_id], encoder=encoder)
-    digest = out / "digest.json"
-    digest_job(checkpoint_specs(config)[name].to_dict(), digest)
     extract_job(
         checkpoint=checkpoint_specs(config)[name].to_dict(),
         prompt_id=prompt_id,
@@ -75,7 +74,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         layers=layers,
         outputs=[Study.layer_file(str(out), layer) for layer in layers],
         embedding=embedding,
-        digest=digest,
+        weights_sha256=weights_digest(checkpoint_specs(config)[name]),
         generation=config["generation"],
         backend=config["capture"]["backend"],
         device=config["device"],

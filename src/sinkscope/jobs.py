@@ -78,7 +78,7 @@ def software_provenance(device: "torch.device") -> dict[str, Any]:
     }
 
 
-# -- prompts and digests -------------------------------------------------------------------
+# -- prompts -------------------------------------------------------------------
 
 
 def encode_prompt_job(encoder: Mapping[str, Any], prompt_id: str, text: str, output: str | Path, device: str = "auto") -> None:
@@ -92,24 +92,6 @@ def encode_prompt_job(encoder: Mapping[str, Any], prompt_id: str, text: str, out
     log.info("encoded prompt %s with %s: %s tokens in %.2f s", prompt_id, spec.key, tuple(context.shape), time.perf_counter() - began)
 
 
-def digest_job(spec: Mapping[str, Any], output: str | Path, base_dir: str | Path = ".") -> None:
-    """Write the checkpoint's weights digest and model config (JSON)."""
-    from .io import atomic_path
-    from .model.loading import resolve_model_config, weight_files, weights_digest
-
-    checkpoint = CheckpointSpec(**spec)
-    began = time.perf_counter()
-    record = {
-        "checkpoint": checkpoint.name,
-        "sha256": weights_digest(checkpoint, base_dir),
-        "files": [str(f) for f in weight_files(checkpoint, base_dir)],
-        "model_config": resolve_model_config(checkpoint, base_dir).to_dict(),
-    }
-    with atomic_path(output) as tmp:
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    log.info("digest of %s: %s (%.2f s)", checkpoint.name, record["sha256"], time.perf_counter() - began)
-
-
 # -- extraction ----------------------------------------------------------------------------
 
 
@@ -121,7 +103,7 @@ def extract_job(
     layers: Sequence[int],
     outputs: Sequence[str | Path],
     embedding: str | Path,
-    digest: str | Path,
+    weights_sha256: str,
     generation: Mapping[str, Any],
     backend: str = "auto",
     device: str = "auto",
@@ -144,7 +126,6 @@ def extract_job(
     model = load_checkpoint(spec, device=target, base_dir=base_dir)
     timings["load_seconds"] = time.perf_counter() - began
     context, context_meta = load_embedding(embedding)
-    digest_record = json.loads(Path(digest).read_text())
     config = model.config
     frame_seq_length = config.frame_seq_length(options.latent_height or None, options.latent_width or None)
     log.info(
@@ -174,7 +155,7 @@ def extract_job(
     metadata = {
         **software_provenance(target),
         "config_hash": stable_hash(job_config),
-        "checkpoint_digest": digest_record["sha256"],
+        "checkpoint_digest": weights_sha256,
         "model_config": config.to_dict(),
         "generation": options.to_dict(),
         "checkpoint": spec.to_dict(),

@@ -53,6 +53,17 @@ class TextEncoderSpec:
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
+    def files(self) -> list[str]:
+        """The files the encoder is made of (inputs of the encoding job)."""
+        if self.kind == "demo":
+            return []
+        folder = Path(self.folder)
+        if self.layout == "wan":
+            parts = [folder / WAN_T5_FILE, *sorted((folder / WAN_TOKENIZER_DIR).rglob("*"))]
+        else:
+            parts = sorted((folder / "text_encoder").rglob("*")) + sorted((folder / "tokenizer").rglob("*"))
+        return [str(p) for p in parts if p.is_file()]
+
 
 def text_encoder_for(spec: "CheckpointSpec", text_dim: int, text_len: int, base_dir: str | Path = ".") -> TextEncoderSpec:
     """The encoder of a checkpoint entry; raises FileNotFoundError naming what is missing."""

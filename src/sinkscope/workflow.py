@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .config import CheckpointSpec, checkpoint_specs
-from .model.loading import resolve_model_config, weight_files
+from .model.loading import resolve_model_config, weights_digest
 
 RESULTS = "results"
+# Digests of weight files, reused while their size and mtime hold (Snakemake's own folder).
+DIGEST_CACHE = ".snakemake/sinkscope/weights-sha256.json"
 TABLES = ("frame_attention", "head_stats", "layer_stats")
 # Figures drawn once per source (checkpoint or imported cache) and once per layer.
 SOURCE_FIGURES = ("figure4", "layer_comparison", "first_middle_last", "sink_score_overview")
@@ -132,10 +134,6 @@ class Study:
         return f"{RESULTS}/prompts/{encoder}/{prompt}.safetensors"
 
     @staticmethod
-    def digest(checkpoint: str) -> str:
-        return f"{RESULTS}/checkpoints/{checkpoint}/digest.json"
-
-    @staticmethod
     def source_figure(source: str, kind: str, ext: str = "svg") -> str:
         return f"{RESULTS}/figures/{source}/{kind}.{ext}"
 
@@ -158,8 +156,9 @@ class Study:
         config = self.model_config(checkpoint)
         return text_encoder_for(self.checkpoints[checkpoint], config.text_dim, config.text_len, self.base_dir)
 
-    def weight_files(self, checkpoint: str) -> list[str]:
-        return [str(p) for p in weight_files(self.checkpoints[checkpoint], self.base_dir)]
+    def weights_sha256(self, checkpoint: str) -> str:
+        """The checkpoint's weights digest, cached by file size and mtime."""
+        return weights_digest(self.checkpoints[checkpoint], self.base_dir, cache=DIGEST_CACHE)
 
     def source_layers(self, source: str) -> list[int]:
         if source in self.legacy:

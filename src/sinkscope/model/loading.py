@@ -18,6 +18,7 @@ model is built on the meta device, so the weights are never copied twice).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pickle
@@ -151,7 +152,28 @@ def _config_in_folder(folder: Path) -> WanConfig | None:
     data = _read_json(config_path)
     if data.get("_class_name") == "WanTransformer3DModel" or "num_attention_heads" in data:
         return config_from_diffusers_json(data)
-    return config_from_wan_json(data)
+    config = config_from_wan_json(data)
+    if "text_dim" not in data:
+        # Wan's config.json leaves text_dim out; the weights' header knows it.
+        width = _peek_shape(folder, "text_embedding.0.weight")
+        if width is not None:
+            config = dataclasses.replace(config, text_dim=width[1])
+    return config
+
+
+def _peek_shape(folder: Path, key: str) -> tuple[int, ...] | None:
+    """A tensor's shape from safetensors headers, without reading the data."""
+    from safetensors import safe_open
+
+    try:
+        files = _folder_weight_files(folder)
+    except FileNotFoundError:
+        return None
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            if key in handle.keys():
+                return tuple(handle.get_slice(key).get_shape())
+    return None
 
 
 def _resolve(path: str | None, base_dir: Path) -> Path | None:
@@ -404,8 +426,37 @@ def weight_files(spec: "CheckpointSpec", base_dir: str | Path = ".") -> list[Pat
     return sorted(_folder_weight_files(folder) + extra)
 
 
-def weights_digest(spec: "CheckpointSpec", base_dir: str | Path = ".") -> str:
-    """sha256 of the weight files (names and bytes), or of the demo's seeded tensors."""
+def weights_digest(spec: "CheckpointSpec", base_dir: str | Path = ".", cache: str | Path | None = None) -> str:
+    """sha256 of the weight files (names and bytes), or of the demo's seeded tensors.
+
+    With ``cache`` (a JSON file), a digest is reused while every file keeps its size
+    and mtime: hashing 5.7 GB happens once, and a touched but unchanged file hashes
+    to the same digest, so nothing downstream reruns.
+    """
+    files = weight_files(spec, base_dir)
+    if spec.is_demo:
+        key = f"demo:{spec.model or 'demo'}:{spec.seed}"
+    else:
+        key = json.dumps([[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files])
+    store: dict[str, str] = {}
+    if cache is not None and Path(cache).is_file():
+        try:
+            store = json.loads(Path(cache).read_text())
+        except json.JSONDecodeError:
+            store = {}
+    if key in store:
+        return store[key]
+    value = _hash_weights(spec, files)
+    if cache is not None:
+        from ..io import atomic_path
+
+        store[key] = value
+        with atomic_path(cache) as tmp:
+            tmp.write_text(json.dumps(store, indent=1))
+    return value
+
+
+def _hash_weights(spec: "CheckpointSpec", files: list[Path]) -> str:
     digest = hashlib.sha256()
     if spec.is_demo:
         model = build_model(spec.model or "demo", seed=spec.seed)
@@ -413,7 +464,7 @@ def weights_digest(spec: "CheckpointSpec", base_dir: str | Path = ".") -> str:
             digest.update(name.encode())
             digest.update(tensor.numpy().tobytes())
         return digest.hexdigest()
-    for file in weight_files(spec, base_dir):
+    for file in files:
         digest.update(file.name.encode())
         with open(file, "rb") as handle:
             while chunk := handle.read(1 << 24):
