@@ -29,5 +29,5 @@ report: "report/workflow.rst"
 rule all:
     default_target: True
     input:
-        STUDY.all_targets(),
+        TARGETS,
         "results/report/summary.html",

@@ -8,12 +8,17 @@ from snakemake.utils import validate
 from sinkscope.config import ConfigError, normalize_config
 from sinkscope.workflow import LAYER_FIGURES, SOURCE_FIGURES, Study, decode_layers
 
+
+def _reject(message):
+    # A clear message and no traceback; nothing has run, so no result is touched.
+    sys.stderr.write(f"sinkscope: {message}\n")
+    sys.exit(1)
+
+
 try:
     _normalized = normalize_config(config)
 except ConfigError as error:
-    # A clear message and no traceback; nothing has run, so no result is touched.
-    sys.stderr.write(f"sinkscope: {error}\n")
-    sys.exit(1)
+    _reject(error)
 config.clear()
 config.update(_normalized)
 # The ecosystem's check against the same schema (a no-op once normalized).
@@ -21,14 +26,17 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 STUDY = Study(config)
 ENCODERS, ENCODER_FILES = {}, {}
-try:
-    for _name in STUDY.checkpoints:
+for _name in STUDY.checkpoints:
+    try:
         _encoder = STUDY.text_encoder(_name)
-        ENCODERS[_encoder.key] = _encoder.to_dict()
-        ENCODER_FILES[_encoder.key] = _encoder.files()
-except (FileNotFoundError, ValueError) as error:
-    sys.stderr.write(f"sinkscope: invalid config:\n  config key checkpoints.{_name}: {error}\n")
-    sys.exit(1)
+    except (FileNotFoundError, ValueError) as error:
+        _reject(f"invalid config:\n  config key checkpoints.{_name}: {error}")
+    ENCODERS[_encoder.key] = _encoder.to_dict()
+    ENCODER_FILES[_encoder.key] = _encoder.files()
+try:
+    TARGETS = STUDY.all_targets()
+except ConfigError as error:
+    _reject(f"invalid config:\n  {error}")
 
 
 def _names(values):

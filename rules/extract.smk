@@ -36,6 +36,7 @@ rule extract_attention:
         layers=group_layers,
         generation=config["generation"],
         backend=config["capture"]["backend"],
+        compile=config["capture"]["compile"],
         device=config["device"],
     log:
         "results/logs/extract_attention/{checkpoint}/{prompt}/seed{seed}/layers{group}.log",

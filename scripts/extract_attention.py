@@ -17,5 +17,6 @@ extract_job(
     weights_sha256=snakemake.params.weights_sha256,
     generation=snakemake.params.generation,
     backend=snakemake.params.backend,
+    compile=snakemake.params.compile,
     device=snakemake.params.device,
 )

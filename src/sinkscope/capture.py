@@ -89,28 +89,32 @@ class FrameStatsCapture:
         if not self.records:
             return pd.DataFrame(columns=list(ROW_COLUMNS))
         # One device-to-host copy for the whole generation.
-        flat = torch.cat([torch.cat([r.logit_mean.flatten(), r.prob_mass.flatten()]) for r in self.records]).cpu()
-        columns: dict[str, list[np.ndarray]] = {name: [] for name in ROW_COLUMNS}
-        offset = 0
+        flat = torch.cat([torch.cat([r.logit_mean.flatten(), r.prob_mass.flatten()]) for r in self.records]).cpu().numpy()
+        sizes = np.array([r.logit_mean.numel() for r in self.records])
+        starts = np.concatenate([[0], np.cumsum(2 * sizes)[:-1]])
+        # (head, query frame, key frame) grids repeat across layers and steps: build each once.
+        grids: dict[tuple, tuple[np.ndarray, ...]] = {}
+        parts: list[tuple[np.ndarray, ...]] = []
         for record in self.records:
-            heads, nq, nk = record.logit_mean.shape
-            cells = heads * nq * nk
-            head, qf, kf = np.meshgrid(
-                np.arange(heads), np.asarray(record.query_frames), np.asarray(record.key_frames), indexing="ij"
-            )
-            call = record.call
-            columns["layer"].append(np.full(cells, record.layer))
-            columns["head"].append(head.ravel())
-            columns["block"].append(np.full(cells, call.block))
-            columns["pass"].append(np.full(cells, call.pass_, dtype=object))
-            columns["step"].append(np.full(cells, call.step))
-            columns["timestep"].append(np.full(cells, call.timestep))
-            columns["query_frame"].append(qf.ravel())
-            columns["key_frame"].append(kf.ravel())
-            columns["logit_mean"].append(flat[offset : offset + cells].numpy())
-            columns["prob_mass"].append(flat[offset + cells : offset + 2 * cells].numpy())
-            offset += 2 * cells
-        return pd.DataFrame({name: np.concatenate(parts) for name, parts in columns.items()})
+            key = (record.logit_mean.shape[0], tuple(record.query_frames), tuple(record.key_frames))
+            if key not in grids:
+                grids[key] = tuple(g.ravel() for g in np.meshgrid(np.arange(key[0]), key[1], key[2], indexing="ij"))
+            parts.append(grids[key])
+        calls = [r.call for r in self.records]
+        passes = sorted({c.pass_ for c in calls})
+        columns = {
+            "layer": np.repeat([r.layer for r in self.records], sizes),
+            "head": np.concatenate([p[0] for p in parts]),
+            "block": np.repeat([c.block for c in calls], sizes),
+            "pass": pd.Categorical.from_codes(np.repeat([passes.index(c.pass_) for c in calls], sizes), passes),
+            "step": np.repeat([c.step for c in calls], sizes),
+            "timestep": np.repeat([c.timestep for c in calls], sizes),
+            "query_frame": np.concatenate([p[1] for p in parts]),
+            "key_frame": np.concatenate([p[2] for p in parts]),
+            "logit_mean": np.concatenate([flat[s : s + n] for s, n in zip(starts, sizes)]),
+            "prob_mass": np.concatenate([flat[s + n : s + 2 * n] for s, n in zip(starts, sizes)]),
+        }
+        return pd.DataFrame(columns)
 
 
 ROW_COLUMNS = (

@@ -77,6 +77,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         weights_sha256=weights_digest(checkpoint_specs(config)[name]),
         generation=config["generation"],
         backend=config["capture"]["backend"],
+        compile=config["capture"]["compile"],
         device=config["device"],
     )
     print(f"wrote {len(layers)} layer files under {out}")

@@ -367,8 +367,7 @@ def draw_query_key_maps(frame: pd.DataFrame, source: str, layer: int, options: M
         cmap, vmin = "RdBu_r", -vmax
     else:
         cmap, vmin, vmax = "magma", 0.0, float(finite.max()) if finite.size else 1.0
-    colormap = plt.get_cmap(cmap).copy()
-    colormap.set_bad("0.92")
+    colormap = plt.get_cmap(cmap).with_extremes(bad="0.92")
     n = len(frames)
     ticks = sorted({0, n // 2, n - 1})
     image = None

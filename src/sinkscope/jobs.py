@@ -107,9 +107,14 @@ def extract_job(
     generation: Mapping[str, Any],
     backend: str = "auto",
     device: str = "auto",
+    compile: bool = False,
     base_dir: str | Path = ".",
 ) -> dict[str, Any]:
-    """Generate one video, capture ``layers``, write one frame_attention Parquet per layer."""
+    """Generate one video, capture ``layers``, write one frame_attention Parquet per layer.
+
+    ``compile`` runs the tensor work around attention through torch.compile (CUDA only;
+    it pays off when one job generates for many layers, see docs/performance.md).
+    """
     from .capture import FrameStatsCapture
     from .generation import GenerationOptions, generate
     from .model.loading import load_checkpoint
@@ -125,6 +130,8 @@ def extract_job(
     began = time.perf_counter()
     model = load_checkpoint(spec, device=target, base_dir=base_dir)
     timings["load_seconds"] = time.perf_counter() - began
+    if compile and target.type == "cuda":
+        model.compile_blocks(dynamic=False)
     context, context_meta = load_embedding(embedding)
     config = model.config
     frame_seq_length = config.frame_seq_length(options.latent_height or None, options.latent_width or None)
@@ -151,6 +158,7 @@ def extract_job(
         "prompt": context_meta.get("prompt"),
         "seed": int(seed),
         "backend": backend,
+        "compile": bool(compile),
     }
     metadata = {
         **software_provenance(target),
@@ -188,7 +196,8 @@ def extract_job(
 # -- aggregation ---------------------------------------------------------------------------
 
 _SOURCE_KEYS = ("checkpoint", "prompt_id", "seed", "layer", "config_hash", "checkpoint_digest", "device_name",
-                "torch_version", "package_version", "latents_sha256", "source")  # fmt: skip
+                "torch_version", "package_version", "latents_sha256", "legacy_layout", "legacy_file",
+                "legacy_file_sha256")  # fmt: skip
 
 
 def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path], name: str) -> None:

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import CheckpointSpec, checkpoint_specs
+from .config import CheckpointSpec, ConfigError, checkpoint_specs
 from .model.loading import resolve_model_config, weights_digest
 
 RESULTS = "results"
@@ -166,7 +166,10 @@ class Study:
 
             path = Path(self.legacy[source]["path"])
             path = path if path.is_absolute() else Path(self.base_dir) / path
-            return peek_layers(path, allow_pickle=self.legacy[source]["allow_pickle"])
+            try:
+                return peek_layers(path, allow_pickle=self.legacy[source]["allow_pickle"])
+            except (ValueError, FileNotFoundError) as error:
+                raise ConfigError(f"config key legacy_caches.{source}: {error}") from None
         return self.layers
 
     # -- targets -----------------------------------------------------------------------------

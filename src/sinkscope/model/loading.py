@@ -248,8 +248,13 @@ def torch_load(path: Path, *, allow_pickle: bool, option: str = "allow_pickle: t
             raise
         raise WeightsError(
             f"{path} holds objects beyond tensors, and unpickling them is refused by default "
-            f"(it can run code); if you trust the file, set {option} ({str(exc).splitlines()[0][:120]})"
+            f"(it can run code); if you trust the file, set {option} ({_plain(str(exc).splitlines()[0])[:120]})"
         ) from None
+
+
+def _plain(text: str) -> str:
+    """Without terminal escape codes (torch bolds parts of its messages)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def _strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -10,7 +10,8 @@ RMSNorm and RoPE), tokens grouped ``frame_seq_length`` to a frame:
 
 Neither path materializes the Lq x Lk score matrix: the CPU reference streams over
 query chunks within a fixed memory budget; the CUDA path is a Triton kernel that
-streams over key tiles with a running max and sum per (query token, key frame).
+streams over key tiles with a running max and sum per (query token, key frame), and
+sums the raw scores on the way, so one pass over the keys gives both statistics.
 """
 
 from __future__ import annotations
@@ -87,10 +88,9 @@ def frame_attention_stats(
     if backend == "auto":
         backend = "triton" if q.is_cuda and triton_available() else "torch"
     if backend == "triton":
-        from .triton_kernels import prob_mass_triton
+        from .triton_kernels import frame_stats_triton
 
-        logit_mean = logit_mean_factorized(q, k, num_q, num_k, scale, torch.float32)
-        prob_mass = prob_mass_triton(q, k, frame_seq_length, num_q, num_k, scale)
+        logit_mean, prob_mass = frame_stats_triton(q, k, frame_seq_length, num_q, num_k, scale)
     elif backend == "torch":
         accumulate = torch.float64 if q.device.type == "cpu" else torch.float32
         logit_mean = logit_mean_factorized(q, k, num_q, num_k, scale, accumulate).float()

@@ -1,0 +1,475 @@
+"""GPU benchmark of sinkscope at the Wan2.1-T2V-1.3B size (random bf16 weights).
+
+Sections (``--sections``, comma-separated; default all):
+
+- ``env``: device, versions, measured bf16 matmul and copy ceilings.
+- ``stats``: one statistics call at the last block's shape (12 heads, 4680 queries,
+  32760 keys, head_dim 128, bf16) against the SDPA call and the seed notebooks'
+  materialize-and-loop method; accuracy against the float32 and float64 references;
+  extra GPU memory; the Triton config sweep.
+- ``generation``: the full 21-frame generation (7 blocks x (4 steps + cache pass)),
+  eager and torch.compile'd, with no capture, one layer and all 30 layers captured:
+  video frames per second (81 / seconds), overhead, peak GPU memory, KV cache size.
+- ``job``: one extraction job end to end in a fresh process (start-up, weights from a
+  Wan-format release folder, generation, writing), for 1 and for 30 layers per job.
+
+Writes ``results.json`` and ``results.md`` to ``--out`` (default: $OUT or ./benchmark-out)
+and prints the tables. Usage on the device machine:
+
+    PYTHONPATH=src python benchmarks/gpu_benchmark.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from sinkscope.capture import FrameStatsCapture  # noqa: E402
+from sinkscope.generation import GenerationOptions, generate  # noqa: E402
+from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
+from sinkscope.stats import frame_attention_stats  # noqa: E402
+from sinkscope.stats.reference import logit_mean_factorized, prob_mass_chunked  # noqa: E402
+
+MiB = 2**20
+GiB = 2**30
+
+
+def cuda_time(fn, reps: int = 20, warmup: int = 3) -> dict:
+    """Median/min/max milliseconds of fn() with CUDA events, after warm-up."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return {"median_ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1], "reps": reps}
+
+
+def extra_memory(fn) -> float:
+    """Peak GPU memory above what was allocated before the call, in MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del out
+    return (peak - before) / MiB
+
+
+# -- env -----------------------------------------------------------------------------------
+
+
+def section_env() -> dict:
+    import triton
+
+    info = {
+        "device": torch.cuda.get_device_name(),
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": sys.version.split()[0],
+    }
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+        info["nvidia_smi"] = smi.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    matmul = cuda_time(lambda: a @ b, reps=10)
+    info["bf16_matmul_tflops"] = 2 * 8192**3 / (matmul["median_ms"] * 1e-3) / 1e12
+    src = torch.empty(2 * GiB // 2, device="cuda", dtype=torch.bfloat16).normal_()
+    dst = torch.empty_like(src)
+    copy = cuda_time(lambda: dst.copy_(src), reps=10)
+    info["copy_tb_s"] = 2 * src.numel() * 2 / (copy["median_ms"] * 1e-3) / 1e12
+    del a, b, src, dst
+    torch.cuda.empty_cache()
+    return info
+
+
+# -- one statistics call -----------------------------------------------------------------
+
+
+def last_block_inputs(heads=12, num_q=3, num_k=21, fsl=1560, dim=128, seed=0, q_scale=1.0):
+    """q and k laid out as the model holds them ([1, L, H, D] views), with per-frame offsets."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(1, num_q * fsl, heads, dim, device="cuda", generator=g) * q_scale
+    q += 0.5 * torch.randn(1, num_q, 1, heads, dim, device="cuda", generator=g).repeat_interleave(fsl, 1).flatten(1, 2)
+    k = torch.randn(1, num_k * fsl, heads, dim, device="cuda", generator=g)
+    k += 0.5 * torch.randn(1, num_k, 1, heads, dim, device="cuda", generator=g).repeat_interleave(fsl, 1).flatten(1, 2)
+    v = torch.randn(1, num_k * fsl, heads, dim, device="cuda", generator=g)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def naive_materialize_and_loop(q, k, fsl, num_q, num_k, scale):
+    """The seed notebooks' method: fp32 logits, softmax, then a loop over frame slices with .item()."""
+    logits = torch.matmul(q.float(), k.float().transpose(1, 2)) * scale
+    probs = torch.softmax(logits, dim=-1)
+    heads = q.shape[0]
+    logit = torch.empty(heads, num_q, num_k)
+    mass = torch.empty(heads, num_q, num_k)
+    for h in range(heads):
+        for a in range(num_q):
+            for b in range(num_k):
+                rows, cols = slice(a * fsl, (a + 1) * fsl), slice(b * fsl, (b + 1) * fsl)
+                logit[h, a, b] = logits[h, rows, cols].mean().item()
+                mass[h, a, b] = probs[h, rows, cols].sum(-1).mean().item()
+    return logit, mass
+
+
+def float64_reference(q, k, fsl, num_q, num_k, scale, heads=(0, 5, 11)):
+    """Exact float64 statistics of a few heads (full logits, one head at a time)."""
+    out = []
+    for h in heads:
+        s = torch.matmul(q[h].double(), k[h].double().T) * scale
+        p = torch.softmax(s, dim=-1)
+        logit = s.view(num_q, fsl, num_k, fsl).mean(dim=(1, 3))
+        mass = p.view(num_q, fsl, num_k, fsl).sum(-1).mean(1)
+        out.append((h, logit.float(), mass.float()))
+        del s, p
+    return out
+
+
+def section_stats() -> dict:
+    from sinkscope.stats.triton_kernels import _CONFIGS, prob_mass_triton
+
+    fsl, num_q, num_k, dim = 1560, 3, 21, 128
+    scale = dim**-0.5
+    frames_q, frames_k = list(range(18, 21)), list(range(21))
+    q4, k4, v4 = last_block_inputs()
+    q, k = q4[0].transpose(0, 1), k4[0].transpose(0, 1)  # [H, L, D] views, as the capture passes them
+    results: dict = {"shape": {"heads": 12, "queries": num_q * fsl, "keys": num_k * fsl, "head_dim": dim, "dtype": "bfloat16"}}
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
+
+    def ours():
+        return frame_attention_stats(q, k, frame_seq_length=fsl, query_frames=frames_q, key_frames=frames_k)
+
+    def ours_logit():
+        return logit_mean_factorized(q, k, num_q, num_k, scale, torch.float32)
+
+    def ours_mass():
+        return prob_mass_triton(q, k, fsl, num_q, num_k, scale)
+
+    def torch_chunked():
+        return prob_mass_chunked(q, k, fsl, num_q, num_k, scale)
+
+    rows = {}
+    for name, fn, reps in (
+        ("SDPA (default backend), the attention call itself", sdpa, 30),
+        ("sinkscope frame_attention_stats (both statistics)", ours, 30),
+        ("  logit_mean by factorization", ours_logit, 50),
+        ("  prob_mass, Triton kernel + combine", ours_mass, 30),
+        ("torch reference, chunked fp32 softmax (prob_mass)", torch_chunked, 5),
+    ):
+        rows[name] = {**cuda_time(fn, reps=reps), "extra_mib": extra_memory(fn)}
+    began = time.perf_counter()
+    naive = naive_materialize_and_loop(q, k, fsl, num_q, num_k, scale)
+    torch.cuda.synchronize()
+    naive_ms = (time.perf_counter() - began) * 1e3
+    rows["seed notebooks: fp32 logits + softmax + 252x2 slice loop"] = {
+        "median_ms": naive_ms, "min_ms": naive_ms, "max_ms": naive_ms, "reps": 1,
+        "extra_mib": extra_memory(lambda: torch.softmax(torch.matmul(q.float(), k.float().transpose(1, 2)) * scale, -1)),
+    }  # fmt: skip
+    base = rows["SDPA (default backend), the attention call itself"]["median_ms"]
+    for row in rows.values():
+        row["x_sdpa"] = row["median_ms"] / base
+    results["timings"] = rows
+
+    # Accuracy: against the float32 torch reference (all heads) and float64 (3 heads).
+    logit, mass = ours()
+    ref_logit = logit_mean_factorized(q, k, num_q, num_k, scale, torch.float64).float()
+    ref_mass = torch_chunked()
+    accuracy = {
+        "logit_mean_vs_fp64_factorization": (logit - ref_logit).abs().max().item(),
+        "prob_mass_vs_torch_fp32": (mass - ref_mass).abs().max().item(),
+        "prob_mass_rows_sum_to_1": (mass.sum(-1) - 1).abs().max().item(),
+        "naive_vs_ours_logit": (naive[0] - logit.cpu()).abs().max().item(),
+        "naive_vs_ours_mass": (naive[1] - mass.cpu()).abs().max().item(),
+    }
+    worst_logit = worst_mass = 0.0
+    for h, l64, m64 in float64_reference(q, k, fsl, num_q, num_k, scale):
+        worst_logit = max(worst_logit, (logit[h] - l64).abs().max().item())
+        worst_mass = max(worst_mass, (mass[h] - m64).abs().max().item())
+    accuracy["logit_mean_vs_fp64_full"] = worst_logit
+    accuracy["prob_mass_vs_fp64_full"] = worst_mass
+    results["accuracy"] = accuracy
+    results["ranges"] = {"logit_mean": [logit.min().item(), logit.max().item()], "prob_mass": [mass.min().item(), mass.max().item()]}
+
+    # A sliding window with sinks: 2 sink frames + 10 recent frames, non-contiguous key frames.
+    window_k = [0, 1] + list(range(11, 21))
+    kw = k4[:, : len(window_k) * fsl][0].transpose(0, 1)
+    got = frame_attention_stats(q, kw, frame_seq_length=fsl, query_frames=frames_q, key_frames=window_k)
+    ref = frame_attention_stats(q, kw, frame_seq_length=fsl, query_frames=frames_q, key_frames=window_k, backend="torch")
+    results["accuracy"]["window_with_sinks_vs_torch"] = max((a - b).abs().max().item() for a, b in zip(got, ref))
+
+    sweep = {}
+    for config in _CONFIGS:
+        params = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+        label = "BLOCK_M={BLOCK_M} BLOCK_N={BLOCK_N} warps={num_warps} stages={num_stages}".format(**params)
+        try:
+            sweep[label] = cuda_time(lambda: prob_mass_triton(q, k, fsl, num_q, num_k, scale, config=params), reps=20)["median_ms"]
+        except Exception as error:  # noqa: BLE001 - report, keep going
+            sweep[label] = f"failed: {error}"
+    results["triton_sweep_ms"] = sweep
+    return results
+
+
+# -- generation ------------------------------------------------------------------------------
+
+
+def random_real_model(name: str = "wan2.1-t2v-1.3b"):
+    with torch.device("cuda"):
+        model = build_model(get_model_config(name), seed=None, device="cuda", dtype=torch.float32)
+    init_random_weights(model, seed=0, device="cuda")
+    return model.to(torch.bfloat16)
+
+
+def random_context(tokens: int = 24, text_dim: int = 4096) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    return torch.randn(1, tokens, text_dim, device="cuda", generator=g)
+
+
+def time_generation(model, context, options, layers, reps):
+    """Median seconds over ``reps`` generations (after one warm-up), and the peak memory."""
+    seconds, peak, latents, rows = [], 0, None, None
+    for rep in range(reps + 1):
+        torch.cuda.empty_cache()
+        if layers:
+            with FrameStatsCapture(model, layers, frame_seq_length=1560) as capture:
+                result = generate(model, context, options=options, seed=0, observers=[capture])
+                began = time.perf_counter()
+                frame = capture.to_frame()
+                collect = time.perf_counter() - began
+            rows = len(frame)
+        else:
+            result = generate(model, context, options=options, seed=0)
+            collect = 0.0
+        if rep == 0:
+            first = result.seconds
+            continue
+        seconds.append(result.seconds + collect)
+        peak = max(peak, result.peak_memory_bytes)
+        latents = result.latents
+    seconds.sort()
+    median = seconds[len(seconds) // 2]
+    return {
+        "seconds_median": median, "seconds_min": seconds[0], "seconds_max": seconds[-1], "first_run_seconds": first,
+        "video_fps": 81 / median, "peak_gib": peak / GiB, "rows": rows, "latents_finite": bool(torch.isfinite(latents).all()),
+        "kv_cache_gib": result.kv_cache_bytes / GiB,
+    }, latents  # fmt: skip
+
+
+def section_generation(reps: int, compile_modes: list[str]) -> dict:
+    options = GenerationOptions()
+    model = random_real_model()
+    context = random_context()
+    results = {"weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB}
+    captures = {"no capture": [], "1 layer (layer 4)": [4], "all 30 layers": list(range(30))}
+    reference = None
+    for mode in compile_modes:
+        if mode == "compile":
+            began = time.perf_counter()
+            model.compile_blocks(dynamic=False)
+            results["compile_setup_seconds"] = time.perf_counter() - began
+        for label, layers in captures.items():
+            key = f"{mode}, {label}"
+            try:
+                results[key], latents = time_generation(model, context, options, layers, reps)
+            except Exception as error:  # noqa: BLE001 - report, keep going
+                results[key] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-2000:]}
+                continue
+            if reference is None:
+                reference = latents.float()
+            else:
+                results[key]["latents_rel_diff_vs_first"] = ((latents.float() - reference).norm() / reference.norm()).item()
+        base = results.get(f"{mode}, no capture", {}).get("seconds_median")
+        for label in captures:
+            row = results.get(f"{mode}, {label}", {})
+            if base and "seconds_median" in row:
+                row["overhead_pct"] = 100 * (row["seconds_median"] / base - 1)
+                row["extra_peak_mib"] = (row["peak_gib"] - results[f"{mode}, no capture"]["peak_gib"]) * 1024
+    del model
+    torch.cuda.empty_cache()
+    return results
+
+
+# -- one extraction job end to end ---------------------------------------------------------
+
+
+JOB_DRIVER = """
+import json, sys, time
+t0 = time.perf_counter()
+sys.path.insert(0, {src!r})
+from sinkscope.jobs import extract_job
+t1 = time.perf_counter()
+meta = extract_job(checkpoint={checkpoint!r}, prompt_id="eagle", seed=0, layers={layers!r},
+                   outputs=[{out!r} + f"/layer{{l}}.parquet" for l in {layers!r}], embedding={embedding!r},
+                   weights_sha256="benchmark", generation={{}}, device="cuda", compile={compile!r})
+t2 = time.perf_counter()
+print("RESULT " + json.dumps({{"import_seconds": t1 - t0, "job_seconds": t2 - t1, "timings": meta["timings"]}}))
+"""
+
+
+def write_release_folder(folder: Path) -> float:
+    """A Wan2.1-T2V-1.3B release folder with random fp32 weights (as the release: fp32)."""
+    from safetensors.torch import save_file
+
+    config = get_model_config("wan2.1-t2v-1.3b")
+    folder.mkdir(parents=True, exist_ok=True)
+    fields = ("dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads", "num_layers", "eps", "text_len")
+    (folder / "config.json").write_text(json.dumps({"_class_name": "WanModel", "model_type": "t2v", **{f: getattr(config, f) for f in fields}}))
+    model = random_real_model()
+    state = {k: v.float().cpu().contiguous() for k, v in model.state_dict().items()}
+    del model
+    torch.cuda.empty_cache()
+    began = time.perf_counter()
+    save_file(state, str(folder / "diffusion_pytorch_model.safetensors"))
+    return time.perf_counter() - began
+
+
+def run_job(workdir: Path, release: Path, layers: list[int], compile: bool) -> dict:
+    from sinkscope.text import TextEncoderSpec, save_embedding
+
+    embedding = workdir / "eagle.safetensors"
+    if not embedding.exists():
+        save_embedding(embedding, random_context()[0].cpu(), prompt="benchmark", encoder=TextEncoderSpec("umt5", "wan", str(release)))
+    checkpoint = {"name": "bench", "model": None, "format": "wan", "weights": str(release), "base": None, "seed": 0, "ema": True,
+                  "allow_pickle": False, "dtype": "bfloat16"}  # fmt: skip
+    out = workdir / f"out-{len(layers)}-{compile}"
+    script = JOB_DRIVER.format(src=str(ROOT / "src"), checkpoint=checkpoint, layers=layers, out=str(out),
+                               embedding=str(embedding), compile=compile)  # fmt: skip
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - began
+    if proc.returncode:
+        return {"error": proc.stderr[-3000:]}
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
+    return {"wall_seconds": wall, **result, "output_mib": sum(p.stat().st_size for p in out.glob("*.parquet")) / MiB}
+
+
+def section_jobs(workdir: Path, compile_modes: list[str]) -> dict:
+    release = workdir / "Wan2.1-T2V-1.3B"
+    results = {"write_release_seconds": write_release_folder(release)}
+    for compile in [mode == "compile" for mode in compile_modes]:
+        for layers in ([4], list(range(30))):
+            label = f"{'compile' if compile else 'eager'}, {len(layers)} layer{'s' if len(layers) > 1 else ''} per job"
+            results[label] = run_job(workdir, release, layers, compile)
+        if compile:  # a second compiled job reuses Inductor's on-disk cache
+            results["compile, 1 layer per job, warm compile cache"] = run_job(workdir, release, [4], compile)
+    return results
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def markdown(results: dict) -> str:
+    lines = []
+    env = results.get("env", {})
+    if env:
+        lines += [f"Device: {env.get('device')} ({env.get('sm_count')} SMs); torch {env.get('torch')}, triton {env.get('triton')}, "
+                  f"CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}; bf16 matmul {env.get('bf16_matmul_tflops', 0):.0f} TFLOP/s, "
+                  f"copy {env.get('copy_tb_s', 0):.2f} TB/s; nvidia-smi: {env.get('nvidia_smi', '-')}", ""]  # fmt: skip
+    stats = results.get("stats", {})
+    if "timings" in stats:
+        lines += ["| statistics call (last block, 12 x 4680 x 32760, bf16) | median ms | min | max | extra GPU MiB | x SDPA |", "|---|---|---|---|---|---|"]
+        for name, row in stats["timings"].items():
+            lines.append(f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['max_ms']:.3f} | {row['extra_mib']:.1f} | {row['x_sdpa']:.2f} |")
+        lines += ["", "Accuracy (max abs error): " + ", ".join(f"{k} {v:.2e}" for k, v in stats["accuracy"].items()), ""]
+        lines += ["Triton sweep (ms): " + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in stats["triton_sweep_ms"].items()), ""]
+    gen = results.get("generation", {})
+    if gen:
+        lines += ["| generation, 21 latent frames (81 video frames) | s (median) | min-max | video FPS | overhead | peak GiB | extra peak MiB |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for key, row in gen.items():
+            if not isinstance(row, dict):
+                continue
+            if "error" in row:
+                lines.append(f"| {key} | error: {row['error'][:80]} | | | | | |")
+                continue
+            lines.append(
+                f"| {key} | {row['seconds_median']:.3f} | {row['seconds_min']:.3f}-{row['seconds_max']:.3f} | {row['video_fps']:.1f} | "
+                f"{row.get('overhead_pct', 0):+.1f}% | {row['peak_gib']:.2f} | {row.get('extra_peak_mib', 0):.0f} |"
+            )
+        lines.append("")
+    jobs = results.get("jobs", {})
+    if jobs:
+        lines += ["| extraction job, fresh process | wall s | import s | load s | generation s | collect s | write s | output MiB |", "|---|---|---|---|---|---|---|---|"]
+        for key, row in jobs.items():
+            if not isinstance(row, dict):
+                continue
+            if "error" in row:
+                lines.append(f"| {key} | error | | | | | | |")
+                continue
+            t = row["timings"]
+            lines.append(f"| {key} | {row['wall_seconds']:.1f} | {row['import_seconds']:.1f} | {t['load_seconds']:.1f} | {t['generation_seconds']:.2f} | "
+                         f"{t.get('collect_seconds', 0):.2f} | {t.get('write_seconds', 0):.2f} | {row['output_mib']:.1f} |")  # fmt: skip
+        lines.append(f"\n(writing the random fp32 release folder took {jobs.get('write_release_seconds', 0):.1f} s)")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
+    parser.add_argument("--sections", default="env,stats,generation,job")
+    parser.add_argument("--reps", type=int, default=3, help="timed generations per variant (after one warm-up)")
+    parser.add_argument("--modes", default="eager,compile", help="generation variants: eager, compile")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sections = args.sections.split(",")
+    modes = args.modes.split(",")
+    results: dict = {}
+    runners = {
+        "env": section_env,
+        "stats": section_stats,
+        "generation": lambda: section_generation(args.reps, modes),
+        "job": lambda: section_jobs(Path(tempfile.mkdtemp(prefix="sinkscope-bench-")), modes),
+    }
+    for name in sections:
+        began = time.perf_counter()
+        try:
+            results["jobs" if name == "job" else name] = runners[name]()
+        except Exception as error:  # noqa: BLE001 - keep the other sections
+            results[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+        print(f"[{name}] {time.perf_counter() - began:.1f} s", flush=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    table = markdown(results)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
