@@ -12,6 +12,8 @@ Sections (``--sections``, comma-separated; default all):
   video frames per second (81 / seconds), overhead, peak GPU memory, KV cache size.
 - ``job``: one extraction job end to end in a fresh process (start-up, weights from a
   Wan-format release folder, generation, writing), for 1 and for 30 layers per job.
+- ``warmup``: where a fresh process's first generation loses time, per SDPA backend:
+  first and second generation in new processes, with the slowest calls of the first.
 
 Writes ``results.json`` and ``results.md`` to ``--out`` (default: $OUT or ./benchmark-out)
 and prints the tables. Usage on the device machine:
@@ -157,7 +159,7 @@ def float64_reference(q, k, fsl, num_q, num_k, scale, heads=(0, 5, 11)):
 
 
 def section_stats() -> dict:
-    from sinkscope.stats.triton_kernels import _CONFIGS, prob_mass_triton
+    from sinkscope.stats.triton_kernels import _CONFIGS, frame_stats_triton
 
     fsl, num_q, num_k, dim = 1560, 3, 21, 128
     scale = dim**-0.5
@@ -172,11 +174,8 @@ def section_stats() -> dict:
     def ours():
         return frame_attention_stats(q, k, frame_seq_length=fsl, query_frames=frames_q, key_frames=frames_k)
 
-    def ours_logit():
+    def torch_logit():
         return logit_mean_factorized(q, k, num_q, num_k, scale, torch.float32)
-
-    def ours_mass():
-        return prob_mass_triton(q, k, fsl, num_q, num_k, scale)
 
     def torch_chunked():
         return prob_mass_chunked(q, k, fsl, num_q, num_k, scale)
@@ -184,10 +183,9 @@ def section_stats() -> dict:
     rows = {}
     for name, fn, reps in (
         ("SDPA (default backend), the attention call itself", sdpa, 30),
-        ("sinkscope frame_attention_stats (both statistics)", ours, 30),
-        ("  logit_mean by factorization", ours_logit, 50),
-        ("  prob_mass, Triton kernel + combine", ours_mass, 30),
-        ("torch reference, chunked fp32 softmax (prob_mass)", torch_chunked, 5),
+        ("sinkscope frame_attention_stats: Triton kernel, both statistics", ours, 30),
+        ("torch path on the GPU: logit_mean by factorization", torch_logit, 50),
+        ("torch path on the GPU: prob_mass by chunked fp32 softmax", torch_chunked, 5),
     ):
         rows[name] = {**cuda_time(fn, reps=reps), "extra_mib": extra_memory(fn)}
     began = time.perf_counter()
@@ -198,6 +196,7 @@ def section_stats() -> dict:
         "median_ms": naive_ms, "min_ms": naive_ms, "max_ms": naive_ms, "reps": 1,
         "extra_mib": extra_memory(lambda: torch.softmax(torch.matmul(q.float(), k.float().transpose(1, 2)) * scale, -1)),
     }  # fmt: skip
+    torch.cuda.empty_cache()
     base = rows["SDPA (default backend), the attention call itself"]["median_ms"]
     for row in rows.values():
         row["x_sdpa"] = row["median_ms"] / base
@@ -235,7 +234,7 @@ def section_stats() -> dict:
         params = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
         label = "BLOCK_M={BLOCK_M} BLOCK_N={BLOCK_N} warps={num_warps} stages={num_stages}".format(**params)
         try:
-            sweep[label] = cuda_time(lambda: prob_mass_triton(q, k, fsl, num_q, num_k, scale, config=params), reps=20)["median_ms"]
+            sweep[label] = cuda_time(lambda: frame_stats_triton(q, k, fsl, num_q, num_k, scale, config=params), reps=20)["median_ms"]
         except Exception as error:  # noqa: BLE001 - report, keep going
             sweep[label] = f"failed: {error}"
     results["triton_sweep_ms"] = sweep
@@ -355,7 +354,7 @@ def write_release_folder(folder: Path) -> float:
     return time.perf_counter() - began
 
 
-def run_job(workdir: Path, release: Path, layers: list[int], compile: bool) -> dict:
+def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cache_dir: Path | None = None) -> dict:
     from sinkscope.text import TextEncoderSpec, save_embedding
 
     embedding = workdir / "eagle.safetensors"
@@ -367,7 +366,10 @@ def run_job(workdir: Path, release: Path, layers: list[int], compile: bool) -> d
     script = JOB_DRIVER.format(src=str(ROOT / "src"), checkpoint=checkpoint, layers=layers, out=str(out),
                                embedding=str(embedding), compile=compile)  # fmt: skip
     began = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900)
+    env = dict(os.environ)
+    if cache_dir is not None:  # compile caches of this job only (cold, then warm)
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"), TRITON_CACHE_DIR=str(cache_dir / "triton"))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, env=env)
     wall = time.perf_counter() - began
     if proc.returncode:
         return {"error": proc.stderr[-3000:]}
@@ -379,12 +381,71 @@ def run_job(workdir: Path, release: Path, layers: list[int], compile: bool) -> d
 def section_jobs(workdir: Path, compile_modes: list[str]) -> dict:
     release = workdir / "Wan2.1-T2V-1.3B"
     results = {"write_release_seconds": write_release_folder(release)}
-    for compile in [mode == "compile" for mode in compile_modes]:
-        for layers in ([4], list(range(30))):
-            label = f"{'compile' if compile else 'eager'}, {len(layers)} layer{'s' if len(layers) > 1 else ''} per job"
-            results[label] = run_job(workdir, release, layers, compile)
-        if compile:  # a second compiled job reuses Inductor's on-disk cache
-            results["compile, 1 layer per job, warm compile cache"] = run_job(workdir, release, [4], compile)
+    all_layers = list(range(30))
+    results["eager, 1 layer per job"] = run_job(workdir, release, [4], False)
+    results["eager, 30 layers per job"] = run_job(workdir, release, all_layers, False)
+    if "compile" in compile_modes:
+        caches = workdir / "compile-cache"
+        results["compile, 30 layers per job, cold compile cache"] = run_job(workdir, release, all_layers, True, caches)
+        # A second compiled job reuses the on-disk Inductor and Triton caches.
+        results["compile, 30 layers per job, warm compile cache"] = run_job(workdir, release, all_layers, True, caches)
+    return results
+
+
+# -- first generation in a fresh process ---------------------------------------------------
+
+
+class CallClock:
+    """Synchronizes and timestamps every model call (probe only: it serializes the GPU)."""
+
+    def __init__(self):
+        self.marks = []
+
+    def begin_call(self, info):
+        torch.cuda.synchronize()
+        self.marks.append((time.perf_counter(), f"block {info.block} {info.pass_} {info.step}"))
+
+
+def probe_warmup(backend: str, layers: list[int]) -> dict:
+    """Run in a fresh process: two generations, the first one call by call."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    began = time.perf_counter()
+    model = random_real_model()
+    context = random_context()
+    torch.cuda.synchronize()
+    setup = time.perf_counter() - began
+    chosen = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    result = {"setup_seconds": setup}
+    for run in range(2):
+        clock = CallClock()
+        with sdpa_kernel(chosen) if chosen else nullcontext():
+            with FrameStatsCapture(model, layers, frame_seq_length=1560) as capture:
+                observers = [capture, clock] if run == 0 else [capture]
+                out = generate(model, context, options=GenerationOptions(), seed=0, observers=observers)
+        result[f"generation_{run + 1}_seconds"] = out.seconds
+        if run == 0:
+            torch.cuda.synchronize()
+            marks = clock.marks + [(time.perf_counter(), "end")]
+            calls = [(marks[i + 1][0] - marks[i][0], marks[i][1]) for i in range(len(marks) - 1)]
+            result["slowest_first_calls_ms"] = [(label, round(1e3 * t, 1)) for t, label in sorted(calls, reverse=True)[:6]]
+            result["median_first_call_ms"] = round(1e3 * sorted(t for t, _ in calls)[len(calls) // 2], 1)
+    return result
+
+
+def section_warmup() -> dict:
+    results = {}
+    for backend in ("default", "flash"):
+        for layers in ([], [4]):
+            label = f"{backend} SDPA, {'1 layer captured' if layers else 'no capture'}"
+            proc = subprocess.run(
+                [sys.executable, __file__, "--probe-warmup", backend, ",".join(map(str, layers))],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+            results[label] = json.loads(line[7:]) if line else {"error": proc.stderr[-2000:]}
     return results
 
 
@@ -422,15 +483,16 @@ def markdown(results: dict) -> str:
         lines.append("")
     jobs = results.get("jobs", {})
     if jobs:
-        lines += ["| extraction job, fresh process | wall s | import s | load s | generation s | collect s | write s | output MiB |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["| extraction job, fresh process | wall s | import s | start-up s | load s | generation s | collect s | write s | output MiB |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for key, row in jobs.items():
             if not isinstance(row, dict):
                 continue
             if "error" in row:
-                lines.append(f"| {key} | error | | | | | | |")
+                lines.append(f"| {key} | error | | | | | | | |")
                 continue
             t = row["timings"]
-            lines.append(f"| {key} | {row['wall_seconds']:.1f} | {row['import_seconds']:.1f} | {t['load_seconds']:.1f} | {t['generation_seconds']:.2f} | "
+            lines.append(f"| {key} | {row['wall_seconds']:.1f} | {row['import_seconds']:.1f} | {t.get('startup_seconds', 0):.1f} | {t['load_seconds']:.1f} | {t['generation_seconds']:.2f} | "
                          f"{t.get('collect_seconds', 0):.2f} | {t.get('write_seconds', 0):.2f} | {row['output_mib']:.1f} |")  # fmt: skip
         lines.append(f"\n(writing the random fp32 release folder took {jobs.get('write_release_seconds', 0):.1f} s)")
     return "\n".join(lines)
@@ -442,7 +504,12 @@ def main() -> int:
     parser.add_argument("--sections", default="env,stats,generation,job")
     parser.add_argument("--reps", type=int, default=3, help="timed generations per variant (after one warm-up)")
     parser.add_argument("--modes", default="eager,compile", help="generation variants: eager, compile")
+    parser.add_argument("--probe-warmup", nargs=2, metavar=("BACKEND", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe_warmup:
+        backend, layers = args.probe_warmup
+        print("RESULT " + json.dumps(probe_warmup(backend, [int(x) for x in layers.split(",") if x])))
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -456,6 +523,7 @@ def main() -> int:
         "stats": section_stats,
         "generation": lambda: section_generation(args.reps, modes),
         "job": lambda: section_jobs(Path(tempfile.mkdtemp(prefix="sinkscope-bench-")), modes),
+        "warmup": section_warmup,
     }
     for name in sections:
         began = time.perf_counter()
@@ -466,6 +534,8 @@ def main() -> int:
         print(f"[{name}] {time.perf_counter() - began:.1f} s", flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     table = markdown(results)
+    if "warmup" in results:
+        table += "\n\nFirst generation in a fresh process:\n" + json.dumps(results["warmup"], indent=1)
     (out / "results.md").write_text(table + "\n")
     print(table)
     return 0

@@ -111,9 +111,9 @@ def test_rolling_keeps_sink_keys_in_place():
 
 def test_rope_matches_complex_multiplication_in_float64():
     tables = RotaryTables(head_dim=12)
-    cos, sin = tables.cos_sin(5, 2, 3, 4, torch.device("cpu"), torch.float64)
+    phases = tables.phases(5, 2, 3, 4, torch.device("cpu"), torch.float64)
     x = torch.randn(1, 24, 2, 12, dtype=torch.float64)
-    rotated = apply_rope(x, cos, sin)
+    rotated = apply_rope(x, phases)
     # Reference: Wan's complex form, angles pos * 10000^(-2j/d_axis) per axis.
     d = 12
     axes = (d - 4 * (d // 6), 2 * (d // 6), 2 * (d // 6))

@@ -53,21 +53,20 @@ class WanRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return normed.type_as(x) * self.weight
 
 
 class WanLayerNorm(nn.LayerNorm):
-    """LayerNorm computed in fp32 (as the original Wan does), returned in the input dtype."""
+    """LayerNorm in fp32 arithmetic, returned in the input dtype, as the original Wan.
+
+    PyTorch's kernels already compute bf16/fp16 layer norms in fp32 (statistics,
+    normalization and affine) and round once at the end, which is what Wan's explicit
+    ``x.float()`` ... ``.type_as(x)`` does, without the two extra passes over memory.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = False) -> None:
         super().__init__(dim, eps=eps, elementwise_affine=elementwise_affine)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = None if self.weight is None else self.weight.float()
-        bias = None if self.bias is None else self.bias.float()
-        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
 class RotaryTables:
@@ -90,10 +89,13 @@ class RotaryTables:
         inv = 1.0 / torch.pow(self.theta, torch.arange(0, dim, 2, dtype=torch.float64) / dim)
         return torch.outer(positions.to(torch.float64), inv)
 
-    def cos_sin(
+    def phases(
         self, start_frame: int, frames: int, height: int, width: int, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin, each [frames*height*width, 1, head_dim/2], for tokens in (f, h, w) order."""
+    ) -> torch.Tensor:
+        """(cos, sin) of every angle, [frames*height*width, 1, head_dim/2, 2], tokens in (f, h, w) order.
+
+        Computed in float64; ``dtype`` is the real type returned (float32, or float64).
+        """
         if start_frame + frames > self.max_positions:
             raise ValueError(
                 f"frames up to {start_frame + frames} exceed the {self.max_positions} RoPE positions"
@@ -114,19 +116,24 @@ class RotaryTables:
             ],
             dim=-1,
         ).reshape(frames * height * width, 1, -1)
-        cached = (angles.cos().to(device, dtype), angles.sin().to(device, dtype))
+        cached = torch.stack((angles.cos(), angles.sin()), dim=-1).to(device=device, dtype=dtype)
         if len(self._cache) > 256:
             self._cache.clear()
         self._cache[key] = cached
         return cached
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved channel pairs of x [B, L, H, D] by the tables' angles."""
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    pairs = x.to(compute).unflatten(-1, (-1, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved channel pairs (2i, 2i+1) of x [B, L, H, D] by the (cos, sin) of ``rope``."""
+    pairs = x.to(rope.dtype).unflatten(-1, (-1, 2))
+    if torch.compiler.is_compiling():
+        # Real arithmetic: Inductor fuses it (it has no complex kernels).
+        cos, sin = rope[..., 0], rope[..., 1]
+        even, odd = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    else:
+        # Eager: one complex multiply instead of six elementwise kernels.
+        rotated = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * torch.view_as_complex(rope))
     return rotated.flatten(-2).to(x.dtype)
 
 
@@ -177,12 +184,12 @@ class WanSelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: torch.Tensor,
         kv_cache: KVCache | None = None,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         q, k, v = self.project(x)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
         return self.o(self.attend(q, k, v, kv_cache, attn_mask))
 
 
@@ -229,13 +236,13 @@ class WanAttentionBlock(nn.Module):
         self,
         x: torch.Tensor,
         e0: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: torch.Tensor,
         context_kv: tuple[torch.Tensor, torch.Tensor],
         kv_cache: KVCache | None = None,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         before, after = self.step_functions
-        q, k, v = before(self, x, e0, *rope)
+        q, k, v = before(self, x, e0, rope)
         attn = self.self_attn.attend(q, k, v, kv_cache, attn_mask)
         return after(self, x, attn, e0, *context_kv)
 
@@ -243,14 +250,14 @@ class WanAttentionBlock(nn.Module):
     # WanModel.compile_blocks can compile them once for all layers.
     @staticmethod
     def attention_inputs(
-        block: "WanAttentionBlock", x: torch.Tensor, e0: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        block: "WanAttentionBlock", x: torch.Tensor, e0: torch.Tensor, rope: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Modulated norm1, q/k/v projections, q/k RMSNorm and RoPE."""
         frames = e0.shape[1]
         shift, scale = (block.modulation.unsqueeze(1) + e0).chunk(6, dim=2)[:2]
         h = (block.norm1(x).unflatten(1, (frames, -1)) * (1 + scale) + shift).flatten(1, 2)
         q, k, v = block.self_attn.project(h)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope(q, rope), apply_rope(k, rope), v
 
     @staticmethod
     def attention_outputs(
@@ -381,7 +388,7 @@ class WanModel(nn.Module):
         batch, _, frames, height, width = x.shape
         x = x.flatten(2).transpose(1, 2)
         e, e0 = self.time_embeddings(timestep, batch, frames)
-        rope = self.rope.cos_sin(
+        rope = self.rope.phases(
             start_frame, frames, height, width, x.device, torch.float64 if x.dtype == torch.float64 else torch.float32
         )
 
