@@ -1,12 +1,14 @@
 # Config validation and the helpers every rule uses. The logic lives in the
 # sinkscope package (sinkscope.config, sinkscope.workflow); this file wires it in.
 
+import re
 import sys
 
 from snakemake.utils import validate
 
 from sinkscope.config import ConfigError, normalize_config
-from sinkscope.workflow import LAYER_FIGURES, SOURCE_FIGURES, Study, decode_layers
+from sinkscope.model.loading import files_digest
+from sinkscope.workflow import DIGEST_CACHE, LAYER_FIGURES, SOURCE_FIGURES, Study, decode_layers
 
 
 def _reject(message):
@@ -25,14 +27,15 @@ config.update(_normalized)
 validate(config, schema="../schemas/config.schema.yaml")
 
 STUDY = Study(config)
-ENCODERS, ENCODER_FILES = {}, {}
+ENCODERS, ENCODER_SHA256 = {}, {}
 for _name in STUDY.checkpoints:
     try:
         _encoder = STUDY.text_encoder(_name)
     except (FileNotFoundError, ValueError) as error:
         _reject(f"invalid config:\n  config key checkpoints.{_name}: {error}")
     ENCODERS[_encoder.key] = _encoder.to_dict()
-    ENCODER_FILES[_encoder.key] = _encoder.files()
+    # A digest param, not file inputs: touching the 11 GB encoder reruns nothing.
+    ENCODER_SHA256[_encoder.key] = files_digest(_encoder.files(), cache=DIGEST_CACHE)
 try:
     TARGETS = STUDY.all_targets()
 except ConfigError as error:
@@ -40,7 +43,7 @@ except ConfigError as error:
 
 
 def _names(values):
-    return "|".join(sorted(map(str, values))) or "NONE"
+    return "|".join(re.escape(str(value)) for value in sorted(values)) or "NONE"
 
 
 wildcard_constraints:

@@ -1,16 +1,15 @@
 # Extraction: prompt embeddings (once per text encoder and prompt), then one GPU job
 # per checkpoint x prompt x seed x layer group that generates a video with the
-# KV-cache procedure and writes one Parquet per layer. The weights enter through
-# their sha256 (a param): replaced bytes rerun that checkpoint, a touch reruns nothing.
+# KV-cache procedure and writes one Parquet per layer. Weights and text encoders enter
+# through their sha256 (params): replaced bytes rerun what used them, a touch nothing.
 
 
 rule encode_prompt:
-    input:
-        lambda wildcards: ENCODER_FILES[wildcards.encoder],
     output:
         "results/prompts/{encoder}/{prompt}.safetensors",
     params:
         encoder=lambda wildcards: ENCODERS[wildcards.encoder],
+        encoder_sha256=lambda wildcards: ENCODER_SHA256[wildcards.encoder],
         text=lambda wildcards: config["prompts"][wildcards.prompt],
         device=config["device"],
     log:

@@ -128,3 +128,27 @@ def test_snakemake_rejects_bad_config_before_any_job(workflow, override, message
     assert "Traceback" not in output
     assert earlier.read_bytes() == b"an earlier result"
     assert not workflow.path("results/logs").exists()
+
+
+def test_latent_grid_must_fit_the_patch_size():
+    with pytest.raises(ConfigError, match="generation.latent_height/latent_width: latent grid 7x12"):
+        normalize_config({"generation": {"latent_height": 7}})
+
+
+def test_atomic_outputs_get_the_usual_file_mode(tmp_path):
+    import os
+    import stat
+
+    with atomic_path(tmp_path / "figure.svg") as tmp:
+        tmp.write_text("<svg/>")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "figure.svg").stat().st_mode) == 0o666 & ~mask
+
+
+@pytest.mark.workflow
+def test_names_with_regex_characters_are_matched_literally(workflow):
+    workflow.write_config({"prompts": {"eagle+sky": "an eagle", "eagle.v2": "an eagle again"}, "layers": [0],
+                           "checkpoints": {"demo+1": {"model": "demo", "format": "demo"}}, "generation": {"num_frames": 3}})  # fmt: skip
+    jobs = workflow.planned_jobs()
+    assert jobs["extract_attention"] == 2 and jobs["encode_prompt"] == 2

@@ -235,6 +235,7 @@ def test_pipeline_on_real_formats_reruns_only_the_replaced_checkpoint(workflow, 
 
     # Touching weights without changing them reruns nothing.
     (release / "diffusion_pytorch_model.safetensors").touch()
+    (release / "models_t5_umt5-xxl-enc-bf16.pth").touch()
     sf.touch()
     assert {k: v for k, v in workflow.planned_jobs().items() if k != "all"} == {}
     # New bytes in one checkpoint rerun only that checkpoint's jobs.
@@ -243,3 +244,19 @@ def test_pipeline_on_real_formats_reruns_only_the_replaced_checkpoint(workflow, 
     assert jobs["extract_attention"] == 2 and jobs["aggregate_source"] == 1
     assert jobs["layer_figure"] == 2 * 3  # the replaced checkpoint's two layers only
     assert "encode_prompt" not in jobs
+
+
+def test_corrupt_files_are_named(tmp_path):
+    truncated = tmp_path / "truncated.pt"
+    write_self_forcing_pt(tmp_path / "whole.pt", tiny_state())
+    data = (tmp_path / "whole.pt").read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(WeightsError, match="truncated.pt is not a readable torch file"):
+        load_transformer(truncated, model=TINY)
+    folder = tmp_path / "wan"
+    folder.mkdir()
+    (folder / "diffusion_pytorch_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(WeightsError, match="is not a readable .safetensors file"):
+        load_transformer(folder, model=TINY)
+    with pytest.raises(ValueError, match="dtype 'float8' is not one of auto"):
+        load_transformer(tmp_path / "whole.pt", model=TINY, dtype="float8")

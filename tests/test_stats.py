@@ -157,3 +157,15 @@ def test_cuda_path_matches_cpu_reference(case, dtype):
     for ref, got in zip(cpu, gpu):
         assert got.is_cuda
         torch.testing.assert_close(got.cpu(), ref, rtol=0, atol=1e-5)
+
+
+def test_inputs_must_share_dtype_and_device():
+    q = torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match="differ in dtype or device"):
+        frame_attention_stats(q, q.double(), frame_seq_length=4, query_frames=[0], key_frames=[0])
+
+
+def test_triton_backend_refuses_cpu_tensors():
+    q = torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match="triton backend needs CUDA tensors"):
+        frame_attention_stats(q, q, frame_seq_length=4, query_frames=[0], key_frames=[0], backend="triton")

@@ -29,6 +29,18 @@ def digest(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def jobs_after_one_new_extraction() -> dict[str, int]:
+    """The jobs after one new extraction: it, the source's tables, its figures, the rest."""
+    return {
+        "extract_attention": 1,
+        "aggregate_source": 1,
+        "combine_tables": 1,
+        "source_figure": len(SOURCE_FIGURES),
+        "layer_figure": len(LAYER_FIGURES),
+        "summary_page": 1,
+    }
+
+
 def test_full_run_then_only_what_changed(workflow):
     workflow.write_config(BASE)
     workflow.run()
@@ -65,15 +77,7 @@ def test_full_run_then_only_what_changed(workflow):
     # A new layer: only its extraction, then aggregation and figures.
     first_extract = digest(workflow.path("results/extract/demo/eagle/seed0/layers0/layer0.parquet"))
     workflow.write_config({**BASE, "layers": [0, 4, 5]})
-    jobs = without_all(workflow.planned_jobs())
-    assert jobs == {
-        "extract_attention": 1,
-        "aggregate_source": 1,
-        "combine_tables": 1,
-        "source_figure": len(SOURCE_FIGURES),
-        "layer_figure": len(LAYER_FIGURES),
-        "summary_page": 1,
-    }
+    assert without_all(workflow.planned_jobs()) == jobs_after_one_new_extraction()
     workflow.run()
     assert digest(workflow.path("results/extract/demo/eagle/seed0/layers0/layer0.parquet")) == first_extract
 
@@ -104,15 +108,7 @@ def test_new_checkpoint_runs_only_its_jobs(workflow):
     workflow.run()
     config["checkpoints"] = {"demo": {"model": "demo", "format": "demo"}, "demo_b": {"model": "demo", "format": "demo", "seed": 5}}
     workflow.write_config(config)
-    jobs = without_all(workflow.planned_jobs())
-    assert jobs == {
-        "extract_attention": 1,
-        "aggregate_source": 1,
-        "combine_tables": 1,
-        "source_figure": len(SOURCE_FIGURES),
-        "layer_figure": len(LAYER_FIGURES),
-        "summary_page": 1,
-    }
+    assert without_all(workflow.planned_jobs()) == jobs_after_one_new_extraction()
     workflow.run()
     frame = pd.read_parquet(workflow.path("results/tables/head_stats.parquet"))
     assert set(frame["checkpoint"]) == {"demo", "demo_b"}

@@ -106,11 +106,12 @@ def cmd_figure(args: argparse.Namespace) -> int:
     figure_job(
         kind=args.kind,
         inputs=frame_files(args.input, args.layer),
-        source=args.source,
+        source=args.source or args.checkpoint or "sinkscope",
         layer=args.layer,
         options=options,
         svg=f"{args.out_prefix}.svg",
         png=f"{args.out_prefix}.png",
+        checkpoint=args.checkpoint,
     )
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
@@ -155,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("kind", choices=SOURCE_FIGURES + LAYER_FIGURES)
     fig.add_argument("--input", nargs="+", required=True, help="frame_attention .parquet files or extraction folders")
     fig.add_argument("--out-prefix", required=True, help="writes PREFIX.svg and PREFIX.png")
-    fig.add_argument("--source", default="sinkscope", help="name shown in titles")
+    fig.add_argument("--checkpoint", help="the checkpoint to draw, when the input holds several")
+    fig.add_argument("--source", help="name shown in titles (default: the checkpoint)")
     fig.add_argument("--layer", type=int)
     fig.add_argument("--step", default="last")
     fig.add_argument("--metric", default="logit_mean", choices=["logit_mean", "prob_mass"])

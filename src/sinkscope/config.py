@@ -254,6 +254,11 @@ def _check_semantics(config: dict, base_dir: Path) -> None:
         except (ValueError, KeyError, FileNotFoundError) as exc:
             problems.append(f"config key checkpoints.{name}: {exc}")
             continue
+        generation = config["generation"]
+        try:
+            model_config.frame_seq_length(generation["latent_height"], generation["latent_width"])
+        except ValueError as exc:
+            problems.append(f"config key generation.latent_height/latent_width: {exc}")
         bad_layers = [layer for layer in config["layers"] if layer >= model_config.num_layers]
         if bad_layers:
             problems.append(

@@ -284,15 +284,22 @@ def draw_sink_score_overview(frame: pd.DataFrame, source: str, options: Mapping[
 # -- layer figures -------------------------------------------------------------------------
 
 
+def _head_grid(panels: int, *, width: float, row_height: float, sharex: bool = False):
+    """Four panels a row, one per head; the unused panels of the last row hidden."""
+    nrows = math.ceil(panels / 4)
+    fig, axes = plt.subplots(nrows, 4, figsize=(width, row_height * nrows), squeeze=False, sharex=sharex)
+    for ax in axes.flat[panels:]:
+        ax.axis("off")
+    return fig, axes
+
+
 def draw_per_head_grid(frame: pd.DataFrame, source: str, layer: int, options: Mapping[str, Any]) -> plt.Figure:
     """One bar chart per head of the layer, titled with its sink score."""
     metric = options["metric"]
     curves, info = last_block_curves(frame, options["step"], metric)
     per_head = curves.loc[layer]
     heads = list(per_head.index)
-    ncols = 4
-    nrows = math.ceil(len(heads) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(14, 2.9 * nrows), squeeze=False, sharex=True)
+    fig, axes = _head_grid(len(heads), width=14, row_height=2.9, sharex=True)
     color = sns.color_palette("colorblind")[0]
     for ax, head in zip(axes.flat, heads):
         values = per_head.loc[head].dropna()
@@ -305,8 +312,6 @@ def draw_per_head_grid(frame: pd.DataFrame, source: str, layer: int, options: Ma
         frames = list(values.index)
         if len(frames) > 10:
             ax.set_xticks([frames[0], frames[len(frames) // 2], frames[-1]])
-    for ax in axes.flat[len(heads) :]:
-        ax.axis("off")
     fig.supxlabel("Key Frame Index", fontsize=11)
     fig.supylabel(METRIC_LABELS[metric], fontsize=11)
     fig.suptitle(
@@ -358,9 +363,7 @@ def draw_query_key_maps(frame: pd.DataFrame, source: str, layer: int, options: M
         frames = list(video)
         axis_name = "Video Frame"
     heads = info["heads"]
-    ncols = 4
-    nrows = math.ceil(len(heads) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(16, 3.9 * nrows), squeeze=False)
+    fig, axes = _head_grid(len(heads), width=16, row_height=3.9)
     finite = matrices[np.isfinite(matrices)]
     if metric == "logit_mean":
         vmax = float(np.abs(finite).max()) if finite.size else 1.0
@@ -382,8 +385,6 @@ def draw_query_key_maps(frame: pd.DataFrame, source: str, layer: int, options: M
         ax.set_xlabel(f"Key {axis_name}", fontsize=9)
         ax.set_ylabel(f"Query {axis_name}", fontsize=9)
         ax.grid(False)
-    for ax in axes.flat[len(heads) :]:
-        ax.axis("off")
     fig.suptitle(
         f"Layer L{layer + 1} (index {layer}): query x key {axis_name.lower()} attention, all heads\n"
         f"{_subtitle(source, info, metric)} · grey = not visible",

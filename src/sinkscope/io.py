@@ -9,6 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _read_umask() -> int:
+    # os.umask can only be read by setting it: do it once, at import time.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it into place.
@@ -24,6 +34,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
+        # mkstemp creates 0600; give the result the mode a plain open() would (shared clusters).
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

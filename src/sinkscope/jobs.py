@@ -54,8 +54,12 @@ def pick_device(option: str = "auto") -> "torch.device":
     if option == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(option)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {option!r} was asked for, but no CUDA device is visible")
+    if device.type == "cuda":
+        visible = torch.cuda.device_count()
+        if not visible:
+            raise RuntimeError(f"device {option!r} was asked for, but no CUDA device is visible")
+        if (device.index or 0) >= visible:
+            raise RuntimeError(f"device {option!r} was asked for, but only {visible} CUDA device(s) are visible")
     return device
 
 
@@ -228,8 +232,13 @@ def combine_job(inputs: Mapping[str, Sequence[str | Path]], outputs: Mapping[str
     schemas = {"frame_attention": FRAME_ATTENTION_SCHEMA, "head_stats": HEAD_STATS_SCHEMA, "layer_stats": LAYER_STATS_SCHEMA}
     for table, paths in inputs.items():
         frame = read_table(paths)
-        sources = [src for path in paths for src in read_metadata(path).get("sources", [])]
-        metadata = {"package_version": __version__, "checkpoints": sorted(set(frame["checkpoint"])), "sources": sources}
+        parts = [read_metadata(path) for path in paths]
+        metadata = {
+            "package_version": __version__,
+            "checkpoints": sorted(set(frame["checkpoint"])),
+            "model_configs": {part.get("checkpoint"): part.get("model_config") for part in parts},
+            "sources": [source for part in parts for source in part.get("sources", [])],
+        }
         write_table(frame, outputs[table], schemas[table], metadata)
         log.info("%s: %d rows from %d checkpoint tables", table, len(frame), len(paths))
 
@@ -261,11 +270,20 @@ def figure_job(
     options: Mapping[str, Any],
     svg: str | Path,
     png: str | Path,
+    checkpoint: str | None = None,
 ) -> None:
+    """Draw one figure; rows of several checkpoints need ``checkpoint`` to pick one."""
     from .figures import draw, save_figure
 
     began = time.perf_counter()
     frame = read_table(inputs)
+    present = sorted(set(frame["checkpoint"]))
+    if checkpoint is not None:
+        if checkpoint not in present:
+            raise ValueError(f"checkpoint {checkpoint!r} is not in the input (it has {', '.join(present)})")
+        frame = frame[frame["checkpoint"] == checkpoint]
+    elif len(present) > 1:
+        raise ValueError(f"the input holds several checkpoints ({', '.join(present)}); choose one (--checkpoint)")
     if layer is not None:
         frame = frame[frame["layer"] == layer]
     fig = draw(kind, frame, source=source, layer=layer, options=options)

@@ -49,7 +49,9 @@ def summary_html(layer_stats: pd.DataFrame, head_stats: pd.DataFrame, options: M
         chosen = _at_step(rows, step, metric)
         if chosen.empty:
             continue
-        table = chosen.groupby("layer")[list(_LAYER_COLUMNS)].mean().rename(columns=_LAYER_COLUMNS)
+        # Means over prompts and seeds; the argmax frame is the most frequent one.
+        how = {column: "mean" for column in _LAYER_COLUMNS} | {"argmax_frame": lambda s: s.mode().min()}
+        table = chosen.groupby("layer").agg(how).rename(columns=_LAYER_COLUMNS)
         table.index = [f"L{layer + 1}" for layer in table.index]
         parts.append(f"<h2>{html.escape(str(source))}</h2>")
         parts.append("<h3>Head-averaged curve, per layer</h3>")

@@ -131,9 +131,12 @@ def resolve_step(frame: pd.DataFrame, step: str | int) -> tuple[str, int]:
     """Map the figures' ``step`` option to (pass, step) of the rows present.
 
     'last' is the last denoising step present, 'cache' the cache pass, an integer a
-    denoising step index.
+    denoising step index. Rows imported from older caches record no call (step -1):
+    they are shown whatever the option asks for.
     """
     denoise = frame[frame["pass"] == "denoise"]
+    if not denoise.empty and (denoise["step"] == -1).all() and not (frame["pass"] == "cache").any():
+        return "denoise", -1
     if step == "cache":
         return "cache", int(frame.loc[frame["pass"] == "cache", "step"].max()) if (frame["pass"] == "cache").any() else -1
     if step == "last":
@@ -141,13 +144,6 @@ def resolve_step(frame: pd.DataFrame, step: str | int) -> tuple[str, int]:
             raise ValueError("no denoising-step rows to show")
         return "denoise", int(denoise["step"].max())
     return "denoise", int(step)
-
-
-def select_call(frame: pd.DataFrame, pass_: str, step: int) -> pd.DataFrame:
-    rows = frame[(frame["pass"] == pass_) & (frame["step"] == step)]
-    if rows.empty:
-        raise ValueError(f"no rows for pass={pass_!r} step={step}")
-    return rows
 
 
 def last_block(frame: pd.DataFrame) -> pd.DataFrame:

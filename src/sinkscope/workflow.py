@@ -15,8 +15,8 @@ from .config import CheckpointSpec, ConfigError, checkpoint_specs
 from .model.loading import resolve_model_config, weights_digest
 
 RESULTS = "results"
-# Digests of weight files, reused while their size and mtime hold (Snakemake's own folder).
-DIGEST_CACHE = ".snakemake/sinkscope/weights-sha256.json"
+# Digests of weight and text-encoder files, reused while their size and mtime hold.
+DIGEST_CACHE = ".snakemake/sinkscope/sha256.json"
 TABLES = ("frame_attention", "head_stats", "layer_stats")
 # Figures drawn once per source (checkpoint or imported cache) and once per layer.
 SOURCE_FIGURES = ("figure4", "layer_comparison", "first_middle_last", "sink_score_overview")

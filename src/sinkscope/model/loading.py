@@ -62,10 +62,18 @@ def _transformer_folder(path: Path) -> Path:
     return sub if (sub / "config.json").is_file() else path
 
 
-def _safetensors_keys(path: Path) -> list[str]:
+def _safe_open(path: Path, **options):
+    """safetensors' safe_open, with a corrupt or truncated file named in a WeightsError."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as handle:
+    try:
+        return safe_open(str(path), framework="pt", **options)
+    except Exception as exc:  # noqa: BLE001 - SafetensorError is not a common base class
+        raise WeightsError(f"{path} is not a readable .safetensors file (corrupt or truncated?): {exc}") from None
+
+
+def _safetensors_keys(path: Path) -> list[str]:
+    with _safe_open(path) as handle:
         return list(handle.keys())
 
 
@@ -163,14 +171,12 @@ def _config_in_folder(folder: Path) -> WanConfig | None:
 
 def _peek_shape(folder: Path, key: str) -> tuple[int, ...] | None:
     """A tensor's shape from safetensors headers, without reading the data."""
-    from safetensors import safe_open
-
     try:
         files = _folder_weight_files(folder)
     except FileNotFoundError:
         return None
     for file in files:
-        with safe_open(str(file), framework="pt") as handle:
+        with _safe_open(file) as handle:
             if key in handle.keys():
                 return tuple(handle.get_slice(key).get_shape())
     return None
@@ -218,12 +224,10 @@ def resolve_model_config(spec: "CheckpointSpec", base_dir: str | Path = ".") -> 
 
 
 def _load_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
     state: dict[str, torch.Tensor] = {}
     for file in files:
         # safe_open memory-maps the file; tensors are read when touched.
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
+        with _safe_open(file, device="cpu") as handle:
             for key in handle.keys():
                 state[key] = handle.get_tensor(key)
     return state
@@ -241,11 +245,15 @@ def torch_load(path: Path, *, allow_pickle: bool, option: str = "allow_pickle: t
         except RuntimeError as exc:
             # Files saved with _use_new_zipfile_serialization=False cannot be mapped.
             if "mmap" not in str(exc) and "zip" not in str(exc):
-                raise
-            return torch.load(path, **kwargs)
+                raise WeightsError(f"{path} is not a readable torch file (corrupt or truncated?): {exc}") from None
+            try:
+                return torch.load(path, **kwargs)
+            except (RuntimeError, EOFError) as again:
+                raise WeightsError(f"{path} is not a readable torch file (corrupt or truncated?): {again}") from None
     except pickle.UnpicklingError as exc:
-        if allow_pickle:
-            raise
+        # The refusal names the global it would not load; anything else is a broken file.
+        if allow_pickle or "global" not in str(exc).lower():
+            raise WeightsError(f"{path} is not a readable torch file (corrupt or truncated?): {_plain(str(exc))[:200]}") from None
         raise WeightsError(
             f"{path} holds objects beyond tensors, and unpickling them is refused by default "
             f"(it can run code); if you trust the file, set {option} ({_plain(str(exc).splitlines()[0])[:120]})"
@@ -373,7 +381,12 @@ def load_transformer(
         raise FileNotFoundError(f"weights path {str(path)!r} does not exist")
     fmt = detect_format(path) if format == "auto" else format
     if isinstance(dtype, str):
-        dtype = DTYPES[dtype]
+        if dtype == "auto":
+            dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        elif dtype in DTYPES:
+            dtype = DTYPES[dtype]
+        else:
+            raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     if model is not None:
         config = get_model_config(model)
     else:
@@ -438,11 +451,20 @@ def weights_digest(spec: "CheckpointSpec", base_dir: str | Path = ".", cache: st
     and mtime: hashing 5.7 GB happens once, and a touched but unchanged file hashes
     to the same digest, so nothing downstream reruns.
     """
-    files = weight_files(spec, base_dir)
     if spec.is_demo:
         key = f"demo:{spec.model or 'demo'}:{spec.seed}"
-    else:
-        key = json.dumps([[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files])
+        return _cached(key, cache, lambda: _hash_demo_weights(spec))
+    return files_digest(weight_files(spec, base_dir), cache)
+
+
+def files_digest(files: list[str | Path], cache: str | Path | None = None) -> str:
+    """sha256 over the files' names and bytes, cached by (path, size, mtime)."""
+    files = [Path(f) for f in files]
+    key = json.dumps([[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files])
+    return _cached(key, cache, lambda: _hash_files(files))
+
+
+def _cached(key: str, cache: str | Path | None, compute) -> str:
     store: dict[str, str] = {}
     if cache is not None and Path(cache).is_file():
         try:
@@ -451,7 +473,7 @@ def weights_digest(spec: "CheckpointSpec", base_dir: str | Path = ".", cache: st
             store = {}
     if key in store:
         return store[key]
-    value = _hash_weights(spec, files)
+    value = compute()
     if cache is not None:
         from ..io import atomic_path
 
@@ -461,14 +483,17 @@ def weights_digest(spec: "CheckpointSpec", base_dir: str | Path = ".", cache: st
     return value
 
 
-def _hash_weights(spec: "CheckpointSpec", files: list[Path]) -> str:
+def _hash_demo_weights(spec: "CheckpointSpec") -> str:
     digest = hashlib.sha256()
-    if spec.is_demo:
-        model = build_model(spec.model or "demo", seed=spec.seed)
-        for name, tensor in sorted(model.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(tensor.numpy().tobytes())
-        return digest.hexdigest()
+    model = build_model(spec.model or "demo", seed=spec.seed)
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _hash_files(files: list[Path]) -> str:
+    digest = hashlib.sha256()
     for file in files:
         digest.update(file.name.encode())
         with open(file, "rb") as handle:

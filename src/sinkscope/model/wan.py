@@ -137,7 +137,9 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return rotated.flatten(-2).to(x.dtype)
 
 
-class WanSelfAttention(nn.Module):
+class _WanAttention(nn.Module):
+    """q, k, v, o projections and the q/k RMSNorms over the full width (Wan's qk_norm)."""
+
     def __init__(self, dim: int, num_heads: int, eps: float, qk_norm: bool = True) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -148,6 +150,17 @@ class WanSelfAttention(nn.Module):
         self.o = nn.Linear(dim, dim)
         self.norm_q = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
         self.norm_k = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+
+
+class WanSelfAttention(_WanAttention):
+    """Self-attention, run in pieces by WanAttentionBlock: project, RoPE, attend, o.
+
+    The pieces let the tensor work around ``attend`` be compiled while the KV-cache
+    writes and the observer (the capture hook) stay eager.
+    """
+
+    def __init__(self, dim: int, num_heads: int, eps: float, qk_norm: bool = True) -> None:
+        super().__init__(dim, num_heads, eps, qk_norm)
         # Set by sinkscope.capture; not part of the state dict.
         self.observer: AttentionObserver | None = None
         self.layer_index = 0
@@ -181,31 +194,9 @@ class WanSelfAttention(nn.Module):
         )
         return out.transpose(1, 2).flatten(2)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: torch.Tensor,
-        kv_cache: KVCache | None = None,
-        attn_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        q, k, v = self.project(x)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
-        return self.o(self.attend(q, k, v, kv_cache, attn_mask))
 
-
-class WanCrossAttention(nn.Module):
+class WanCrossAttention(_WanAttention):
     """Text-to-video cross-attention: queries from video tokens, keys/values from the text."""
-
-    def __init__(self, dim: int, num_heads: int, eps: float, qk_norm: bool = True) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
-        self.norm_k = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
 
     def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*context.shape[:2], self.num_heads, self.head_dim)

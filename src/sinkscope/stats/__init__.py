@@ -48,6 +48,8 @@ def check_frame_layout(
         raise ValueError(f"q and k must be [H, L, D]; got {tuple(q.shape)} and {tuple(k.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in heads or head_dim")
+    if q.device != k.device or q.dtype != k.dtype:
+        raise ValueError(f"q ({q.dtype}, {q.device}) and k ({k.dtype}, {k.device}) differ in dtype or device")
     if frame_seq_length < 1:
         raise ValueError(f"frame_seq_length must be positive, got {frame_seq_length}")
     if q.shape[1] != len(query_frames) * frame_seq_length:
@@ -88,6 +90,8 @@ def frame_attention_stats(
     if backend == "auto":
         backend = "triton" if q.is_cuda and triton_available() else "torch"
     if backend == "triton":
+        if not q.is_cuda:
+            raise ValueError(f"the triton backend needs CUDA tensors; q is on {q.device} (use backend 'torch' or 'auto')")
         from .triton_kernels import frame_stats_triton
 
         logit_mean, prob_mass = frame_stats_triton(q, k, frame_seq_length, num_q, num_k, scale)

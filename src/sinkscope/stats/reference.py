@@ -29,8 +29,8 @@ def prob_mass_chunked(
 ) -> torch.Tensor:
     """Softmax mass per key frame, averaged over each query frame's tokens, [H, nq, nk] fp32.
 
-    Exact softmax over every key, one chunk of queries at a time, so at most
-    ``score_budget`` scores exist at once.
+    Exact softmax over every key, one chunk of queries at a time: the scores of a
+    chunk (``score_budget`` values at most) and their softmax are all that exist at once.
     """
     heads, num_queries, _ = q.shape
     num_keys = k.shape[1]
