@@ -194,6 +194,7 @@ def draw_figure4(frame: pd.DataFrame, source: str, options: Mapping[str, Any]) -
         ax.set_xlabel("Key Frame Index")
         ax.set_ylabel(METRIC_LABELS[metric])
         _key_ticks(ax, values.index)
+        ax.margins(y=0.15)  # room for the max@ label above the tallest bar
         ax.legend(loc="best", fontsize=8, frameon=True)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
