@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -234,7 +233,7 @@ def section_stats() -> dict:
         params = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
         label = "BLOCK_M={BLOCK_M} BLOCK_N={BLOCK_N} warps={num_warps} stages={num_stages}".format(**params)
         try:
-            sweep[label] = cuda_time(lambda: frame_stats_triton(q, k, fsl, num_q, num_k, scale, config=params), reps=20)["median_ms"]
+            sweep[label] = cuda_time(lambda params=params: frame_stats_triton(q, k, fsl, num_q, num_k, scale, config=params), reps=20)["median_ms"]
         except Exception as error:  # noqa: BLE001 - report, keep going
             sweep[label] = f"failed: {error}"
     results["triton_sweep_ms"] = sweep

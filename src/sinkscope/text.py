@@ -226,9 +226,9 @@ def encode_prompts(
     tokenizer, encoder = load_umt5(spec, device=device, dtype=dtype)
     ids = list(prompts)
     embeddings = encode_umt5([prompts[i] for i in ids], tokenizer, encoder)
-    for pid, emb in zip(ids, embeddings):
-        if emb.shape[1] != spec.text_dim:
-            raise ValueError(f"umT5 at {spec.folder} gives width {emb.shape[1]}, the transformer expects {spec.text_dim}")
+    width = embeddings[0].shape[1]
+    if width != spec.text_dim:
+        raise ValueError(f"umT5 at {spec.folder} gives width {width}, the transformer expects {spec.text_dim}")
     return {pid: emb[: spec.text_len] for pid, emb in zip(ids, embeddings)}
 
 

@@ -88,12 +88,6 @@ class Study:
             groups.setdefault(layer // size, []).append(layer)
         return [groups[k] for k in sorted(groups)]
 
-    def group_of(self, layer: int) -> str:
-        for group in self.layer_groups:
-            if layer in group:
-                return encode_layers(group)
-        raise KeyError(f"layer {layer} is not in the config's layers {self.layers}")
-
     # -- paths -----------------------------------------------------------------------------
 
     @staticmethod
