@@ -18,7 +18,6 @@ video on any device.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,80 +26,10 @@ from typing import Protocol
 import torch
 
 from .model import WanModel
+from .options import GenerationOptions
 
 PASS_DENOISE = "denoise"
 PASS_CACHE = "cache"
-
-
-@dataclass(frozen=True)
-class GenerationOptions:
-    """How a video is generated; field names are the config's ``generation:`` keys."""
-
-    num_frames: int = 21
-    frames_per_block: int = 3
-    independent_first_frame: bool = False
-    denoising_steps: tuple[int, ...] = (1000, 750, 500, 250)
-    warp_denoising_step: bool = True
-    timestep_shift: float = 5.0
-    num_train_timesteps: int = 1000
-    context_noise: float = 0.0
-    # Sliding window in latent frames (-1: the cache holds every frame, as Self-Forcing's DMD config).
-    local_attn_frames: int = -1
-    # Frames kept at the start of a rolling cache (StreamingLLM / Deep Forcing style sinks).
-    sink_frames: int = 0
-    # Latent grid; None takes the model config's (60 x 104 for 480 x 832 video).
-    latent_height: int | None = None
-    latent_width: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "denoising_steps", tuple(int(s) for s in self.denoising_steps))
-        self.block_sizes()  # validates the frame counts
-        if not self.denoising_steps:
-            raise ValueError("generation.denoising_steps must name at least one step")
-        if self.local_attn_frames != -1:
-            if self.local_attn_frames < 1:
-                raise ValueError(f"generation.local_attn_frames must be -1 or positive, got {self.local_attn_frames}")
-            largest = max(self.block_sizes())
-            if self.local_attn_frames < self.sink_frames + largest:
-                raise ValueError(
-                    f"generation.local_attn_frames={self.local_attn_frames} cannot hold "
-                    f"sink_frames={self.sink_frames} plus a block of {largest} frames"
-                )
-        elif self.sink_frames:
-            raise ValueError("generation.sink_frames needs a sliding window (generation.local_attn_frames)")
-
-    def block_sizes(self) -> list[int]:
-        """Frames generated together, in order; they sum to num_frames."""
-        n, b = self.num_frames, self.frames_per_block
-        if n < 1 or b < 1:
-            raise ValueError(f"generation.num_frames ({n}) and frames_per_block ({b}) must be positive")
-        if self.independent_first_frame:
-            if (n - 1) % b:
-                raise ValueError(
-                    f"with independent_first_frame, num_frames - 1 = {n - 1} must be a multiple of "
-                    f"frames_per_block = {b} (e.g. num_frames = {1 + b * max(1, (n - 1) // b)})"
-                )
-            return [1] + [b] * ((n - 1) // b)
-        if n % b:
-            raise ValueError(
-                f"generation.num_frames = {n} must be a multiple of frames_per_block = {b} "
-                f"(e.g. {b * max(1, n // b)})"
-            )
-        return [b] * (n // b)
-
-    @property
-    def rolling(self) -> bool:
-        return self.local_attn_frames != -1
-
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data["denoising_steps"] = list(self.denoising_steps)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "GenerationOptions":
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class FlowMatchSchedule:

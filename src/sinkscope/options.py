@@ -1,0 +1,223 @@
+"""How a video is generated: the ``generation:`` options, resolved and checked (no torch).
+
+Kept free of torch so that the Snakefile can validate a config, and turn it into rule
+params, without importing it. ``GenerationOptions.from_config`` resolves a KV-cache
+policy's defaults, so that equivalent configs (``local_attn_frames: 21`` or
+``cache_policy: window``) give the same canonical options and rerun nothing.
+
+KV-cache policies (``cache_policy``; their code is in ``sinkscope.policies``):
+
+=============================  ==================================================  ======================
+policy                         follows                                             defaults (frames)
+=============================  ==================================================  ======================
+``global``                     Self-Forcing: every frame stays                     -
+``window``                     Self-Forcing ``local_attn_size``: FIFO eviction     window 21
+``sink``                       Self-Forcing ``sink_size`` / LongLive frame sink    window 12, sink 3
+``deep_sink``                  Deep Forcing, Deep Sink (code: causal_model_DS.py)  window 21, sink 10
+``participative_compression``  Deep Forcing, Deep Sink + Participative Compr.      window 21, sink 10,
+                                                                                    budget 16, recent 4
+``rerope_sink``                Rolling Forcing's anchor (un-roped, re-roped)       window 21, sink 3
+=============================  ==================================================  ======================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
+    "global",
+    "window",
+    "sink",
+    "deep_sink",
+    "participative_compression",
+    "rerope_sink",
+)
+CACHE_POLICIES = (GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK)
+
+# The published defaults of each policy's reference code (docs/cache-policies.md).
+POLICY_DEFAULTS: dict[str, dict[str, int]] = {
+    GLOBAL: {"local_attn_frames": -1, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
+    WINDOW: {"local_attn_frames": 21, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
+    SINK: {"local_attn_frames": 12, "sink_frames": 3, "budget_frames": 0, "recent_frames": 0},
+    DEEP_SINK: {"local_attn_frames": 21, "sink_frames": 10, "budget_frames": 0, "recent_frames": 0},
+    PARTICIPATIVE: {"local_attn_frames": 21, "sink_frames": 10, "budget_frames": 16, "recent_frames": 4},
+    REROPE_SINK: {"local_attn_frames": 21, "sink_frames": 3, "budget_frames": 0, "recent_frames": 0},
+}
+POLICY_KEYS = ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames")
+
+
+class OptionsError(ValueError):
+    """Generation options that cannot run; the message names the config key and value."""
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How a video is generated; field names are the config's ``generation:`` keys.
+
+    Construct with ``from_config`` (resolves the policy's defaults); the fields hold
+    resolved values only, so ``to_dict()`` is canonical.
+    """
+
+    num_frames: int = 21
+    frames_per_block: int = 3
+    independent_first_frame: bool = False
+    denoising_steps: tuple[int, ...] = (1000, 750, 500, 250)
+    warp_denoising_step: bool = True
+    timestep_shift: float = 5.0
+    num_train_timesteps: int = 1000
+    context_noise: float = 0.0
+    # None infers the policy from the older keys: a window is 'window', with sinks 'sink'.
+    cache_policy: str | None = None
+    # Frames the KV cache holds (sink included); -1: every frame (global).
+    local_attn_frames: int = -1
+    # Frames kept at the start of the cache (the sink), never evicted.
+    sink_frames: int = 0
+    # Participative compression: frames' worth of tokens kept when compressing, and
+    # how many of them are the most recent frames (the current block included).
+    budget_frames: int = 0
+    recent_frames: int = 0
+    # Latent grid; None takes the model config's (60 x 104 for 480 x 832 video).
+    latent_height: int | None = None
+    latent_width: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "denoising_steps", tuple(int(s) for s in self.denoising_steps))
+        object.__setattr__(self, "timestep_shift", float(self.timestep_shift))
+        object.__setattr__(self, "context_noise", float(self.context_noise))
+        if self.cache_policy is None:
+            legacy = GLOBAL if self.local_attn_frames == -1 else (SINK if self.sink_frames else WINDOW)
+            object.__setattr__(self, "cache_policy", legacy)
+        self.block_sizes()  # validates the frame counts
+        if not self.denoising_steps:
+            raise OptionsError("config key generation.denoising_steps: name at least one step")
+        self._check_policy()
+
+    # -- construction ------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, data: Mapping[str, Any]) -> "GenerationOptions":
+        """Options from a ``generation:`` mapping; ``None`` values take the policy's defaults.
+
+        Without ``cache_policy`` the older keys decide, as before: a window
+        (``local_attn_frames``) is ``window``, a window with ``sink_frames`` is ``sink``.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise OptionsError(f"unknown config key generation.{unknown[0]} (known: {', '.join(sorted(known))})")
+        values = {k: v for k, v in data.items() if v is not None}
+        policy = values.get("cache_policy")
+        if policy is None:
+            window = values.get("local_attn_frames", -1)
+            policy = GLOBAL if window == -1 else (SINK if values.get("sink_frames", 0) else WINDOW)
+        if policy not in CACHE_POLICIES:
+            raise OptionsError(
+                f"config key generation.cache_policy: {policy!r} is not one of {', '.join(CACHE_POLICIES)}"
+            )
+        for key in POLICY_KEYS:
+            if key in values and key not in _USED_KEYS[policy] and values[key] != POLICY_DEFAULTS[policy][key]:
+                raise OptionsError(
+                    f"config key generation.{key}: {values[key]} has no meaning for cache_policy {policy!r} "
+                    f"(it uses {', '.join(_USED_KEYS[policy]) or 'none of the window keys'})"
+                )
+        resolved = {**POLICY_DEFAULTS[policy], **values, "cache_policy": policy}
+        return cls(**resolved)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical, JSON-ready: every field resolved, numbers in their declared type."""
+        data = dataclasses.asdict(self)
+        data["denoising_steps"] = list(self.denoising_steps)
+        return data
+
+    from_dict = from_config  # the name older callers use
+
+    # -- derived -------------------------------------------------------------------------
+
+    def block_sizes(self) -> list[int]:
+        """Frames generated together, in order; they sum to num_frames."""
+        n, b = self.num_frames, self.frames_per_block
+        if n < 1 or b < 1:
+            raise OptionsError(f"config keys generation.num_frames ({n}) and frames_per_block ({b}) must be positive")
+        if self.independent_first_frame:
+            if (n - 1) % b:
+                raise OptionsError(
+                    f"config key generation.num_frames: with independent_first_frame, num_frames - 1 = {n - 1} "
+                    f"must be a multiple of frames_per_block = {b} (e.g. num_frames = {1 + b * max(1, (n - 1) // b)})"
+                )
+            return [1] + [b] * ((n - 1) // b)
+        if n % b:
+            raise OptionsError(
+                f"config key generation.num_frames: {n} must be a multiple of frames_per_block = {b} "
+                f"(e.g. {b * max(1, n // b)})"
+            )
+        return [b] * (n // b)
+
+    @property
+    def rolling(self) -> bool:
+        """True when the cache holds fewer frames than the video (frames are evicted)."""
+        return self.local_attn_frames != -1
+
+    @property
+    def cache_frames(self) -> int:
+        """Frames' worth of key slots the cache needs."""
+        return self.num_frames if self.local_attn_frames == -1 else min(self.local_attn_frames, self.num_frames)
+
+    @property
+    def num_calls(self) -> int:
+        """Model calls of one generation: per block, every denoising step plus the cache pass."""
+        return len(self.block_sizes()) * (len(self.denoising_steps) + 1)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _check_policy(self) -> None:
+        policy, window, sink = self.cache_policy, self.local_attn_frames, self.sink_frames
+        largest = max(self.block_sizes())
+        if policy not in CACHE_POLICIES:
+            raise OptionsError(f"config key generation.cache_policy: {policy!r} is not one of {', '.join(CACHE_POLICIES)}")
+        if policy == GLOBAL:
+            if sink:
+                raise OptionsError(
+                    f"config key generation.sink_frames: {sink} needs a window (generation.local_attn_frames) "
+                    "or a cache_policy with a sink"
+                )
+            if window != -1:
+                raise OptionsError("config key generation.local_attn_frames: cache_policy 'global' keeps every frame")
+            return
+        if window < 1:
+            raise OptionsError(f"config key generation.local_attn_frames: {window} must be positive for cache_policy {policy!r}")
+        if policy == WINDOW and sink:
+            raise OptionsError(f"config key generation.sink_frames: {sink} needs cache_policy 'sink' (or another sink policy), not 'window'")
+        if policy in (SINK, DEEP_SINK, REROPE_SINK) and sink < 1:
+            raise OptionsError(f"config key generation.sink_frames: {sink} must be at least 1 for cache_policy {policy!r}")
+        if window < sink + largest:
+            raise OptionsError(
+                f"config key generation.local_attn_frames: a window of {window} frames cannot hold "
+                f"sink_frames = {sink} plus a block of {largest} frames"
+            )
+        if policy == PARTICIPATIVE:
+            budget, recent = self.budget_frames, self.recent_frames
+            if recent < largest:
+                raise OptionsError(
+                    f"config key generation.recent_frames: {recent} must hold the current block ({largest} frames)"
+                )
+            if budget < sink + recent:
+                raise OptionsError(
+                    f"config key generation.budget_frames: {budget} is below sink_frames + recent_frames = {sink + recent}"
+                )
+            if budget > window:
+                raise OptionsError(
+                    f"config key generation.budget_frames: {budget} exceeds the window local_attn_frames = {window}"
+                )
+
+
+_USED_KEYS: dict[str, tuple[str, ...]] = {
+    GLOBAL: (),
+    WINDOW: ("local_attn_frames",),
+    SINK: ("local_attn_frames", "sink_frames"),
+    DEEP_SINK: ("local_attn_frames", "sink_frames"),
+    PARTICIPATIVE: ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames"),
+    REROPE_SINK: ("local_attn_frames", "sink_frames"),
+}
