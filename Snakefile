@@ -3,9 +3,10 @@
 #   snakemake --cores 1 --resources gpu=1          # the whole study of config.yaml
 #   snakemake --report results/report.html         # every figure in one HTML file
 #
-# Stages (rules/): extract (prompt embeddings, weight digests, one GPU job per
-# checkpoint x prompt x seed x layer group), import (older .pt caches), aggregate
-# (Parquet tables), figures (SVG + PNG), report (summary page).
+# Stages (rules/): extract (prompt embeddings, one GPU job per checkpoint x variant x
+# prompt x seed x layer group), import (older .pt caches), aggregate (verified Parquet
+# tables), figures (SVG + PNG), report (summary page). Paths, params and checks come
+# from the sinkscope package (sinkscope.workflow); see README.md.
 
 from snakemake.utils import min_version
 
@@ -30,4 +31,3 @@ rule all:
     default_target: True
     input:
         TARGETS,
-        "results/report/summary.html",

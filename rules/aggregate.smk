@@ -1,14 +1,21 @@
-# Aggregation: per source (checkpoint or imported cache) the frame_attention,
-# head_stats and layer_stats tables; then one combined table of each kind.
+# Aggregation: per source (checkpoint x variant, or imported cache) its tables, after
+# verifying every input; then one combined table of each kind for the study.
 
 
 rule aggregate_source:
     input:
         lambda wildcards: STUDY.source_inputs(wildcards.source),
     output:
-        frame_attention="results/tables/checkpoints/{source}/frame_attention.parquet",
-        head_stats="results/tables/checkpoints/{source}/head_stats.parquet",
-        layer_stats="results/tables/checkpoints/{source}/layer_stats.parquet",
+        **{
+            table: update(PATTERNS["source_table"].replace("{table}", table))
+            for table in SOURCE_TABLES
+            if table != "token_profiles"
+        },
+        token_profiles=update(directory(PATTERNS["source_table"].replace("{table}", "token_profiles"))),
+        head_classes=update(PATTERNS["head_classes_csv"]),
+    params:
+        aggregate=lambda wildcards: STUDY.aggregate_params(wildcards.source),
+        code=STUDY.code("aggregate_source"),
     log:
         "results/logs/aggregate_source/{source}.log",
     benchmark:
@@ -22,13 +29,13 @@ rule aggregate_source:
 
 rule combine_tables:
     input:
-        frame_attention=source_tables("frame_attention"),
-        head_stats=source_tables("head_stats"),
-        layer_stats=source_tables("layer_stats"),
+        **{table: source_tables(table) for table in TABLES},
+        token_profiles=source_tables("token_profiles"),
     output:
-        frame_attention="results/tables/frame_attention.parquet",
-        head_stats="results/tables/head_stats.parquet",
-        layer_stats="results/tables/layer_stats.parquet",
+        **{table: update(path("table", table=table)) for table in TABLES},
+        token_profiles=update(directory(path("table", table="token_profiles"))),
+    params:
+        code=STUDY.code("combine_tables"),
     log:
         "results/logs/combine_tables.log",
     benchmark:

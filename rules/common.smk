@@ -1,45 +1,70 @@
-# Config validation and the helpers every rule uses. The logic lives in the
-# sinkscope package (sinkscope.config, sinkscope.workflow); this file wires it in.
+# Config validation, the pre-run checks and the helpers every rule uses. The logic
+# lives in the sinkscope package (sinkscope.config, sinkscope.workflow,
+# sinkscope.integrity); this file wires it in. Nothing here imports torch.
 
 import re
 import sys
 
 from snakemake.utils import validate
 
-from sinkscope.config import ConfigError, normalize_config
-from sinkscope.model.loading import files_digest
-from sinkscope.workflow import DIGEST_CACHE, LAYER_FIGURES, SOURCE_FIGURES, Study, decode_layers
+from sinkscope.config import check_machine, normalize_config
+from sinkscope.errors import SinkscopeError
+from sinkscope.integrity import quarantine, scan_extractions
+from sinkscope.workflow import (
+    CHECKPOINT_FIGURES,
+    LAYER_FIGURES,
+    PATTERNS,
+    SOURCE_FIGURES,
+    STUDY_FIGURES,
+    SOURCE_TABLES,
+    TABLES,
+    Study,
+    path,
+)
 
 
 def _reject(message):
-    # A clear message and no traceback; nothing has run, so no result is touched.
+    # One clear message and no traceback; nothing has run, so no result is touched.
     sys.stderr.write(f"sinkscope: {message}\n")
     sys.exit(1)
 
 
+# Checks of this machine and of earlier results belong to the main Snakemake process,
+# not to the re-parse inside a cluster job.
+_MAIN = not (workflow.remote_exec or workflow.subprocess_exec)
+_LOCAL = workflow.local_exec and not workflow.remote_exec
+
 try:
     _normalized = normalize_config(config)
-except ConfigError as error:
-    _reject(error)
-config.clear()
-config.update(_normalized)
-# The ecosystem's check against the same schema (a no-op once normalized).
-validate(config, schema="../schemas/config.schema.yaml")
+    config.clear()
+    config.update(_normalized)
+    # The ecosystem's check against the same schema (a no-op once normalized).
+    validate(config, schema="../schemas/config.schema.yaml")
+    STUDY = Study(config)
+    STUDY.device = check_machine(config, STUDY.checkpoints, local=_LOCAL) if _MAIN else STUDY.device
+    if not _MAIN:
+        from sinkscope.resources import resolve_device
 
-STUDY = Study(config)
-ENCODERS, ENCODER_SHA256 = {}, {}
-for _name in STUDY.checkpoints:
-    try:
-        _encoder = STUDY.text_encoder(_name)
-    except (FileNotFoundError, ValueError) as error:
-        _reject(f"invalid config:\n  config key checkpoints.{_name}: {error}")
-    ENCODERS[_encoder.key] = _encoder.to_dict()
-    # A digest param, not file inputs: touching the 11 GB encoder reruns nothing.
-    ENCODER_SHA256[_encoder.key] = files_digest(_encoder.files(), cache=DIGEST_CACHE)
-try:
+        STUDY.device = resolve_device(config["device"], local=False)
+    ENCODERS = {key: encoder.to_dict() for key, encoder in STUDY.encoders.items()}
     TARGETS = STUDY.all_targets()
-except ConfigError as error:
-    _reject(f"invalid config:\n  {error}")
+except SinkscopeError as error:
+    _reject(error)
+
+# Extraction folders are directory() outputs, inside which Snakemake sees no loss:
+# compare each with its manifest before any job runs (stat calls, hashes only on
+# changed mtimes). A damaged one is moved aside so that this run's retry rebuilds it.
+if _MAIN:
+    _damaged = scan_extractions(STUDY.all_extract_dirs())
+    if _damaged:
+        _lines = [problem for problems in _damaged.values() for problem in problems]
+        if workflow.dryrun:
+            _reject("damaged results (a real run moves them aside to be rebuilt):\n  " + "\n  ".join(_lines))
+        _moved = [f"{folder} -> {quarantine(folder)}" for folder in _damaged]
+        _reject(
+            "damaged results:\n  " + "\n  ".join(_lines) + "\nmoved aside (kept for a look):\n  " + "\n  ".join(_moved)
+            + "\nrun the same snakemake command again: it rebuilds exactly those jobs and what depends on them"
+        )
 
 
 def _names(values):
@@ -47,8 +72,8 @@ def _names(values):
 
 
 wildcard_constraints:
-    checkpoint=_names(STUDY.checkpoints),
     source=_names(STUDY.sources),
+    checkpoint=_names(STUDY.checkpoints),
     prompt=_names(STUDY.prompts),
     encoder=_names(ENCODERS),
     seed=r"\d+",
@@ -56,30 +81,26 @@ wildcard_constraints:
     group=r"\d+(-\d+)?(_\d+(-\d+)?)*",
 
 
-def encoder_of(checkpoint):
-    return STUDY.text_encoder(checkpoint).key
-
-
 def embedding_of(wildcards):
-    return STUDY.embedding(encoder_of(wildcards.checkpoint), wildcards.prompt)
+    return STUDY.embedding(STUDY.checkpoint_of(wildcards.source), wildcards.prompt)
+
+
+def extract_params(wildcards):
+    return STUDY.extract_params(wildcards.source, wildcards.group)
 
 
 def weights_sha256(wildcards):
     # A param, not an input: new bytes rerun the checkpoint's jobs, a mere touch does not.
-    return STUDY.weights_sha256(wildcards.checkpoint)
-
-
-def checkpoint_params(wildcards):
-    return STUDY.checkpoints[wildcards.checkpoint].to_dict()
-
-
-def group_layers(wildcards):
-    return decode_layers(wildcards.group)
+    return STUDY.weights_sha256(STUDY.checkpoint_of(wildcards.source))
 
 
 def source_tables(table):
-    return [STUDY.checkpoint_table(source, table) for source in STUDY.sources]
+    return [path("source_table", source=source, table=table) for source in STUDY.sources]
 
 
 def figure_options(wildcards):
     return STUDY.figure_options(wildcards.kind)
+
+
+def figure_code(wildcards):
+    return STUDY.code(wildcards.kind)

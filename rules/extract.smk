@@ -1,17 +1,20 @@
 # Extraction: prompt embeddings (once per text encoder and prompt), then one GPU job
-# per checkpoint x prompt x seed x layer group that generates a video with the
-# KV-cache procedure and writes one Parquet per layer. Weights and text encoders enter
-# through their sha256 (params): replaced bytes rerun what used them, a touch nothing.
+# per source (checkpoint x variant) x prompt x seed x layer group that generates a
+# video with the KV-cache procedure and writes one folder of per-layer Parquet files
+# plus a manifest. Weights and text encoders enter through their sha256 (params):
+# replaced bytes rerun what used them, a touch nothing. Outputs are update(): a failed
+# rerun gives the previous result back instead of deleting it.
 
 
 rule encode_prompt:
     output:
-        "results/prompts/{encoder}/{prompt}.safetensors",
+        update(PATTERNS["embedding"]),
     params:
         encoder=lambda wildcards: ENCODERS[wildcards.encoder],
-        encoder_sha256=lambda wildcards: ENCODER_SHA256[wildcards.encoder],
+        encoder_sha256=lambda wildcards: STUDY.encoder_sha256(wildcards.encoder),
         text=lambda wildcards: config["prompts"][wildcards.prompt],
-        device=config["device"],
+        device=STUDY.device,
+        code=STUDY.code("encode_prompt"),
     log:
         "results/logs/encode_prompt/{encoder}/{prompt}.log",
     benchmark:
@@ -28,19 +31,15 @@ rule extract_attention:
     input:
         embedding=embedding_of,
     output:
-        directory("results/extract/{checkpoint}/{prompt}/seed{seed}/layers{group}"),
+        update(directory(PATTERNS["extract_dir"])),
     params:
-        checkpoint=checkpoint_params,
+        run=extract_params,
         weights_sha256=weights_sha256,
-        layers=group_layers,
-        generation=config["generation"],
-        backend=config["capture"]["backend"],
-        compile=config["capture"]["compile"],
-        device=config["device"],
+        code=STUDY.code("extract_attention"),
     log:
-        "results/logs/extract_attention/{checkpoint}/{prompt}/seed{seed}/layers{group}.log",
+        "results/logs/extract_attention/{source}/{prompt}/seed{seed}/layers{group}.log",
     benchmark:
-        "results/benchmarks/extract_attention/{checkpoint}/{prompt}/seed{seed}/layers{group}.tsv"
+        "results/benchmarks/extract_attention/{source}/{prompt}/seed{seed}/layers{group}.tsv"
     resources:
         gpu=1,
     conda:

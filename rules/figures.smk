@@ -1,21 +1,24 @@
-# Figures, each as SVG (editable text) and PNG. Each figure job gets only the
-# options it draws with, so changing a figure option reruns only those figures.
+# Figures, each as SVG (editable text) and PNG. Each figure job gets only the options
+# it draws with and the digest of its own drawing code, so changing a figure option,
+# or a figure's code, reruns only those figures.
+
+
+def _figure_output(pattern, category, subcategory, labels):
+    return dict(
+        svg=update(report(pattern.replace("{ext}", "svg"), caption="../report/figure.rst", category=category,
+                          subcategory=subcategory, labels=labels)),
+        png=update(pattern.replace("{ext}", "png")),
+    )  # fmt: skip
 
 
 rule source_figure:
     input:
-        frame_attention="results/tables/checkpoints/{source}/frame_attention.parquet",
+        lambda wildcards: STUDY.figure_inputs(wildcards.kind, wildcards.source),
     output:
-        svg=report(
-            "results/figures/{source}/{kind}.svg",
-            caption="../report/figure.rst",
-            category="{source}",
-            subcategory="Overview",
-            labels={"figure": "{kind}"},
-        ),
-        png="results/figures/{source}/{kind}.png",
+        **_figure_output(PATTERNS["source_figure"], "{source}", "Overview", {"figure": "{kind}"}),
     params:
         options=figure_options,
+        code=figure_code,
     wildcard_constraints:
         kind="|".join(SOURCE_FIGURES),
     log:
@@ -33,22 +36,59 @@ rule layer_figure:
     input:
         lambda wildcards: STUDY.source_inputs(wildcards.source, int(wildcards.layer)),
     output:
-        svg=report(
-            "results/figures/{source}/layer{layer}/{kind}.svg",
-            caption="../report/figure.rst",
-            category="{source}",
-            subcategory="Layer {layer}",
-            labels={"figure": "{kind}", "layer": "{layer}"},
-        ),
-        png="results/figures/{source}/layer{layer}/{kind}.png",
+        **_figure_output(PATTERNS["layer_figure"], "{source}", "Layer {layer}", {"figure": "{kind}", "layer": "{layer}"}),
     params:
         options=figure_options,
+        code=figure_code,
     wildcard_constraints:
         kind="|".join(LAYER_FIGURES),
     log:
         "results/logs/layer_figure/{source}/layer{layer}/{kind}.log",
     benchmark:
         "results/benchmarks/layer_figure/{source}/layer{layer}/{kind}.tsv"
+    localrule: True
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/figure.py"
+
+
+rule checkpoint_figure:
+    input:
+        lambda wildcards: STUDY.figure_inputs(wildcards.kind, wildcards.checkpoint),
+    output:
+        **_figure_output(PATTERNS["checkpoint_figure"], "{checkpoint}", "Variants", {"figure": "{kind}"}),
+    params:
+        options=figure_options,
+        code=figure_code,
+    wildcard_constraints:
+        kind="|".join(CHECKPOINT_FIGURES),
+    log:
+        "results/logs/checkpoint_figure/{checkpoint}/{kind}.log",
+    benchmark:
+        "results/benchmarks/checkpoint_figure/{checkpoint}/{kind}.tsv"
+    localrule: True
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/figure.py"
+
+
+rule study_figure:
+    input:
+        lambda wildcards: STUDY.study_figure_inputs(wildcards.kind),
+    output:
+        **_figure_output(PATTERNS["study_figure"], "Study", "Across checkpoints", {"figure": "{kind}"}),
+    params:
+        options=figure_options,
+        code=figure_code,
+        train_steps={name: checkpoint.spec.train_step for name, checkpoint in STUDY.checkpoints.items()},
+    wildcard_constraints:
+        kind="|".join(STUDY_FIGURES),
+    log:
+        "results/logs/study_figure/{kind}.log",
+    benchmark:
+        "results/benchmarks/study_figure/{kind}.tsv"
     localrule: True
     conda:
         "../envs/analysis.yaml"

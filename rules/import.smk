@@ -6,9 +6,10 @@ rule import_cache:
     input:
         lambda wildcards: config["legacy_caches"][wildcards.source]["path"],
     output:
-        "results/imported/{source}/frame_attention.parquet",
+        update(PATTERNS["imported"]),
     params:
         entry=lambda wildcards: config["legacy_caches"][wildcards.source],
+        code=STUDY.code("import_cache"),
     log:
         "results/logs/import_cache/{source}.log",
     benchmark:

@@ -4,16 +4,20 @@
 
 rule summary_page:
     input:
-        head_stats="results/tables/head_stats.parquet",
-        layer_stats="results/tables/layer_stats.parquet",
+        head_stats=path("table", table="head_stats"),
+        layer_stats=path("table", table="layer_stats"),
+        head_diagnostics=path("table", table="head_diagnostics"),
     output:
-        report(
-            "results/report/summary.html",
-            caption="../report/summary.rst",
-            category="Summary",
+        update(
+            report(
+                PATTERNS["summary"],
+                caption="../report/summary.rst",
+                category="Summary",
+            )
         ),
     params:
         options=lambda wildcards: STUDY.figure_options("summary"),
+        code=STUDY.code("summary_page"),
     log:
         "results/logs/summary_page.log",
     benchmark:

@@ -1,8 +1,9 @@
-"""Snakemake job: one source's per-layer files -> frame_attention, head_stats, layer_stats."""
+"""Snakemake job: one source's extraction folders -> its verified tables."""
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.jobs import aggregate_job, frame_files, log_to
+from sinkscope.aggregate import aggregate_job
+from sinkscope.jobs import run_job
 
-log_to(snakemake.log[0])
-aggregate_job(frame_files(snakemake.input), dict(snakemake.output.items()), snakemake.wildcards.source)
+run_job("aggregate_source", snakemake.log[0], aggregate_job, list(snakemake.input), dict(snakemake.output.items()),
+        snakemake.params.aggregate)  # fmt: skip

@@ -1,8 +1,9 @@
-"""Snakemake job: the per-source tables -> results/tables/*.parquet."""
+"""Snakemake job: the per-source tables -> results/tables/."""
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.jobs import combine_job, log_to
+from sinkscope.aggregate import combine_job
+from sinkscope.jobs import run_job
 
-log_to(snakemake.log[0])
-combine_job({name: list(paths) for name, paths in snakemake.input.items()}, dict(snakemake.output.items()))
+inputs = {name: list(paths) for name, paths in snakemake.input.items()}
+run_job("combine_tables", snakemake.log[0], combine_job, inputs, dict(snakemake.output.items()))

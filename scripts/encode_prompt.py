@@ -2,13 +2,8 @@
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.jobs import encode_prompt_job, log_to
+from sinkscope.jobs import run_job
+from sinkscope.text import encode_prompt_job
 
-log_to(snakemake.log[0])
-encode_prompt_job(
-    snakemake.params.encoder,
-    snakemake.wildcards.prompt,
-    snakemake.params.text,
-    snakemake.output[0],
-    device=snakemake.params.device,
-)
+run_job("encode_prompt", snakemake.log[0], encode_prompt_job, snakemake.params.encoder, snakemake.wildcards.prompt,
+        snakemake.params.text, snakemake.output[0], device=snakemake.params.device)  # fmt: skip

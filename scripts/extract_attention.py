@@ -1,22 +1,24 @@
-"""Snakemake job: generate one video and capture a group of layers (one Parquet each)."""
+"""Snakemake job: generate one video and capture a group of layers (one folder of Parquet files)."""
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.jobs import extract_job, log_to
-from sinkscope.workflow import Study
+from sinkscope.extract import extract_job
+from sinkscope.jobs import run_job
 
-log_to(snakemake.log[0])
-layers = snakemake.params.layers
-extract_job(
-    checkpoint=snakemake.params.checkpoint,
+run = snakemake.params.run
+run_job(
+    "extract_attention",
+    snakemake.log[0],
+    extract_job,
+    checkpoint=run["checkpoint"],
+    variant=run["variant"],
     prompt_id=snakemake.wildcards.prompt,
     seed=int(snakemake.wildcards.seed),
-    layers=layers,
-    outputs=[Study.layer_file(snakemake.output[0], layer) for layer in layers],
+    layers=run["layers"],
+    output=snakemake.output[0],
     embedding=snakemake.input.embedding,
     weights_sha256=snakemake.params.weights_sha256,
-    generation=snakemake.params.generation,
-    backend=snakemake.params.backend,
-    compile=snakemake.params.compile,
-    device=snakemake.params.device,
+    generation=run["generation"],
+    capture=run["capture"],
+    compute=run["compute"],
 )

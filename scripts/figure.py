@@ -1,17 +1,21 @@
-"""Snakemake job: draw one figure (SVG + PNG) of one source, or of one of its layers."""
+"""Snakemake job: draw one figure (SVG + PNG) of a source, a layer, a checkpoint or the study."""
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.jobs import figure_job, frame_files, log_to
+from sinkscope.figures import figure_job
+from sinkscope.jobs import run_job
 
-log_to(snakemake.log[0])
-layer = snakemake.wildcards.get("layer")
-figure_job(
-    kind=snakemake.wildcards.kind,
-    inputs=frame_files(snakemake.input, None if layer is None else int(layer)),
-    source=snakemake.wildcards.source,
-    layer=None if layer is None else int(layer),
-    options=snakemake.params.options,
+wildcards = snakemake.wildcards
+run_job(
+    f"figure {wildcards.kind}",
+    snakemake.log[0],
+    figure_job,
+    kind=wildcards.kind,
+    inputs=list(snakemake.input),
     svg=snakemake.output.svg,
     png=snakemake.output.png,
+    options=snakemake.params.options,
+    source=wildcards.get("source") or wildcards.get("checkpoint"),
+    layer=int(wildcards.layer) if "layer" in wildcards.keys() else None,
+    train_steps=snakemake.params.get("train_steps"),
 )

@@ -12,19 +12,34 @@ import copy
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
+from .checkpoints import CheckpointSpec, ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
+from .errors import ConfigError
+from .labels import head_label, parse_head_label
+from .options import GenerationOptions, OptionsError
+
+__all__ = [
+    "CheckpointSpec",
+    "ConfigError",
+    "checkpoint_specs",
+    "coerce",
+    "head_label",
+    "load_config",
+    "load_schema",
+    "normalize_config",
+    "parse_head_label",
+    "stable_hash",
+]
+
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "config.schema.yaml"
-HEAD_LABEL = re.compile(r"^L(\d+)H(\d+)$")
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the key and the value."""
+# Sections whose keys are names the user chose (they become file and folder names).
+NAMED_SECTIONS = ("checkpoints", "prompts", "legacy_caches", "variants")
 
 
 @lru_cache(maxsize=1)
@@ -50,6 +65,8 @@ def _coerce_scalar(value: Any, types: list[str]) -> Any:
     if not isinstance(value, str):
         if isinstance(value, float) and "integer" in types and value.is_integer():
             return int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and "number" in types and "integer" not in types:
+            return float(value)  # canonical: timestep_shift 5 and 5.0 are one param
         return value
     text = value.strip()
     lowered = text.lower()
@@ -62,6 +79,14 @@ def _coerce_scalar(value: Any, types: list[str]) -> Any:
             return float(text)
         except ValueError:
             pass
+    if "integer" in types:
+        try:
+            number = float(text)
+        except ValueError:
+            pass
+        else:
+            if number.is_integer():
+                return int(number)
     if "boolean" in types and lowered in _TRUE | _FALSE:
         return lowered in _TRUE
     return value
@@ -175,53 +200,6 @@ def validate_schema(config: Mapping) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
 
 
-def parse_head_label(label: str) -> tuple[int, int]:
-    """'L5H10' (paper notation, 1-based) -> (layer 4, head 9), 0-based."""
-    match = HEAD_LABEL.match(label)
-    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise ConfigError(f"config key figures.heads: {label!r} is not a head like 'L1H1' (1-based layer and head)")
-    return int(match.group(1)) - 1, int(match.group(2)) - 1
-
-
-def head_label(layer: int, head: int) -> str:
-    """(layer 4, head 9) -> 'L5H10', the paper's 1-based notation."""
-    return f"L{layer + 1}H{head + 1}"
-
-
-# -- resolved pieces -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CheckpointSpec:
-    """One ``checkpoints:`` entry, resolved."""
-
-    name: str
-    model: str | None
-    format: str
-    weights: str | None
-    base: str | None
-    seed: int
-    ema: bool
-    allow_pickle: bool
-    dtype: str
-
-    @classmethod
-    def from_config(cls, name: str, entry: Mapping[str, Any]) -> "CheckpointSpec":
-        fields = {key: entry.get(key) for key in ("model", "format", "weights", "base", "seed", "ema", "allow_pickle", "dtype")}
-        return cls(name=name, **fields)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {key: getattr(self, key) for key in self.__dataclass_fields__}
-
-    @property
-    def is_demo(self) -> bool:
-        return self.format == "demo"
-
-
-def checkpoint_specs(config: Mapping) -> dict[str, CheckpointSpec]:
-    return {name: CheckpointSpec.from_config(name, entry) for name, entry in config["checkpoints"].items()}
-
-
 def stable_hash(data: Any) -> str:
     """Short sha256 of a JSON-serializable value (sorted keys): the config hash."""
     blob = json.dumps(data, sort_keys=True, default=str).encode()
@@ -231,15 +209,45 @@ def stable_hash(data: Any) -> str:
 # -- semantic checks -----------------------------------------------------------------
 
 
-def _check_semantics(config: dict, base_dir: Path) -> None:
-    from .generation import GenerationOptions
-    from .model.loading import resolve_model_config
+def _check_names(raw: Mapping) -> None:
+    """Names become file names: they must be strings (YAML reads ``1:`` as a number)."""
+    for section in NAMED_SECTIONS:
+        entries = raw.get(section)
+        if isinstance(entries, Mapping):
+            for key in entries:
+                if not isinstance(key, str):
+                    raise ConfigError(
+                        f"invalid config:\n  config key {section}: the name {key!r} is a {type(key).__name__}; "
+                        f"names must be strings (write '{key}' in quotes)"
+                    )
 
-    problems: list[str] = []
+
+def generation_options(config: Mapping, variant: str | None = None) -> GenerationOptions:
+    """The resolved options of the config's generation, or of one of its variants."""
+    data = dict(config["generation"])
+    if variant is not None and variant in config.get("variants", {}):
+        data.update({k: v for k, v in config["variants"][variant].items() if v is not None})
     try:
-        GenerationOptions.from_dict(config["generation"])
-    except ValueError as exc:
-        problems.append(str(exc))
+        return GenerationOptions.from_config(data)
+    except OptionsError as exc:
+        if variant is None or variant not in config.get("variants", {}):
+            raise
+        raise OptionsError(str(exc).replace("config key generation.", f"config key variants.{variant}.")) from None
+
+
+def variant_names(config: Mapping) -> list[str]:
+    """The study's generation variants: the ``variants:`` names, or ``default``."""
+    return list(config.get("variants") or {}) or ["default"]
+
+
+def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoint]:
+    problems: list[str] = []
+    options: dict[str, GenerationOptions] = {}
+    for variant in variant_names(config):
+        try:
+            options[variant] = generation_options(config, variant)
+        except OptionsError as exc:
+            problems.append(str(exc))
 
     heads = []
     for label in config["figures"]["heads"]:
@@ -248,17 +256,25 @@ def _check_semantics(config: dict, base_dir: Path) -> None:
         except ConfigError as exc:
             problems.append(str(exc))
 
+    resolved: dict[str, ResolvedCheckpoint] = {}
     for name, spec in checkpoint_specs(config).items():
         try:
-            model_config = resolve_model_config(spec, base_dir=base_dir)
-        except (ValueError, KeyError, FileNotFoundError) as exc:
-            problems.append(f"config key checkpoints.{name}: {exc}")
+            resolved[name] = checkpoint = resolve_checkpoint(spec, base_dir)
+        except ConfigError as exc:
+            problems.append(str(exc))
             continue
-        generation = config["generation"]
-        try:
-            model_config.frame_seq_length(generation["latent_height"], generation["latent_width"])
-        except ValueError as exc:
-            problems.append(f"config key generation.latent_height/latent_width: {exc}")
+        model_config = checkpoint.model_config
+        for variant, option in options.items():
+            where = "generation" if variant == "default" and "variants" not in config else f"variants.{variant}"
+            try:
+                model_config.frame_seq_length(option.latent_height, option.latent_width)
+            except ValueError as exc:
+                problems.append(f"config key {where}.latent_height/latent_width: {exc}")
+            if option.num_frames > model_config.rope_max_positions:
+                problems.append(
+                    f"config key {where}.num_frames: {option.num_frames} exceeds the {model_config.rope_max_positions} "
+                    f"RoPE positions of checkpoint {name!r}"
+                )
         bad_layers = [layer for layer in config["layers"] if layer >= model_config.num_layers]
         if bad_layers:
             problems.append(
@@ -272,9 +288,12 @@ def _check_semantics(config: dict, base_dir: Path) -> None:
                     f"({model_config.num_layers} layers x {model_config.num_heads} heads)"
                 )
     step = config["figures"]["step"]
-    steps = len(config["generation"]["denoising_steps"])
-    if isinstance(step, int) and step >= steps:
-        problems.append(f"config key figures.step: {step} is past the last denoising step {steps - 1}")
+    for variant, option in options.items():
+        if isinstance(step, int) and step >= len(option.denoising_steps):
+            problems.append(
+                f"config key figures.step: {step} is past the last denoising step {len(option.denoising_steps) - 1}"
+                + ("" if variant == "default" else f" of variant {variant!r}")
+            )
     for name, entry in config["legacy_caches"].items():
         path = Path(entry["path"])
         if not (path if path.is_absolute() else base_dir / path).is_file():
@@ -283,24 +302,71 @@ def _check_semantics(config: dict, base_dir: Path) -> None:
             problems.append(f"config key legacy_caches.{name}: the name is also a checkpoint; names must differ")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return resolved
+
+
+def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *, local: bool = True) -> str:
+    """Check that this machine can run the study's extraction jobs; return the device.
+
+    The device must exist (``device: cuda`` without a GPU fails here, not in a job),
+    and every (checkpoint, variant) must fit its memory (``max_job_memory_gib``, or
+    what the device has). For cluster executors (``local=False``) only an explicit
+    ``max_job_memory_gib`` is checked: this machine is not where jobs run.
+    """
+    from .resources import GIB, default_dtype, device_memory_bytes, estimate_job_memory, resolve_device
+
+    device = resolve_device(config["device"], local=local)
+    limit_gib = config.get("max_job_memory_gib")
+    limit = int(limit_gib * GIB) if limit_gib is not None else (device_memory_bytes(device) if local else None)
+    if limit is None:
+        return device
+    where = f"max_job_memory_gib = {limit_gib}" if limit_gib is not None else f"the {device} here"
+    problems = []
+    captured = len(config["layers"]) if config["layers_per_job"] == "auto" else int(config["layers_per_job"])
+    for name, checkpoint in resolved.items():
+        dtype = default_dtype(device, checkpoint.spec.dtype)
+        for variant in variant_names(config):
+            options = generation_options(config, variant)
+            estimate = estimate_job_memory(checkpoint.model_config, options, dtype, captured_layers=captured)
+            if estimate.total > limit:
+                problems.append(
+                    f"checkpoint {name!r}{'' if variant == 'default' else f', variant {variant!r}'}: an extraction job "
+                    f"needs about {estimate.total / GIB:.1f} GiB ({estimate.describe()} GiB), more than {where} "
+                    f"({limit / GIB:.1f} GiB); lower generation.num_frames or latent_height/latent_width, use a "
+                    "bounded cache_policy, or set max_job_memory_gib"
+                )
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return device
 
 
 def normalize_config(raw: Mapping | None, base_dir: str | Path = ".") -> dict:
     """Coerce, fill defaults, validate; return the config every rule reads.
 
     ``base_dir`` resolves relative paths (the workflow's working directory).
-    Raises ConfigError naming every problem found.
+    Raises ConfigError naming every problem found. Machine checks (device, memory)
+    are separate: ``check_machine``.
     """
+    raw = dict(raw or {})
+    _check_names(raw)
     schema = load_schema()
-    config = coerce(copy.deepcopy(dict(raw or {})), schema)
+    config = coerce(copy.deepcopy(raw), schema)
     config = fill_defaults(config, schema)
     validate_schema(config)
     _check_semantics(config, Path(base_dir))
     return config
 
 
+def resolve_checkpoints(config: Mapping, base_dir: str | Path = ".") -> dict[str, ResolvedCheckpoint]:
+    """Every checkpoint of a normalized config, resolved (files found, config read)."""
+    return {name: resolve_checkpoint(spec, base_dir) for name, spec in checkpoint_specs(config).items()}
+
+
 def load_config(path: str | Path, overrides: Mapping | None = None, base_dir: str | Path = ".") -> dict:
-    """Read a YAML config file (plus overrides) and normalize it; paths resolve from base_dir."""
+    """Read a YAML config file (plus overrides) and normalize it; paths resolve from base_dir.
+
+    Override keys may be dotted (``generation.local_attn_frames``) to set one nested key.
+    """
     path = Path(path)
     try:
         with open(path) as handle:
@@ -311,5 +377,12 @@ def load_config(path: str | Path, overrides: Mapping | None = None, base_dir: st
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys")
-    raw.update(overrides or {})
+    for key, value in (overrides or {}).items():
+        target = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(target.get(part), dict):
+                target[part] = {}
+            target = target[part]
+        target[leaf] = value
     return normalize_config(raw, base_dir=base_dir)

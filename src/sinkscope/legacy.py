@@ -45,8 +45,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import __version__
-from .tables import FRAME_ATTENTION_SCHEMA, write_table
+from .errors import SinkscopeError
+from .jobs import provenance
+from .tables import DEFAULT_VARIANT, FRAME_ATTENTION_SCHEMA, write_table
 
 log = logging.getLogger("sinkscope.legacy")
 
@@ -74,8 +75,26 @@ _TOP_LEVEL_FIELDS = {
 }  # fmt: skip
 
 
-class LegacyCacheError(ValueError):
+class LegacyCacheError(SinkscopeError):
     """A cache this module cannot import; the message names the file and the field."""
+
+
+# A tensor may claim more elements than its bytes hold only through stride-0 (broadcast)
+# dimensions; real attention caches never do. Beyond this bound it is refused: a
+# 370 KB file must not become 12 x 4680 x 156e6 values to stream through.
+MAX_UNBACKED_BYTES = 1 << 20
+
+
+def _check_backed(tensor: torch.Tensor, path: Path, where: str) -> None:
+    """Fail unless the file holds the bytes the tensor claims (up to MAX_UNBACKED_BYTES)."""
+    claimed = tensor.numel() * tensor.element_size()
+    stored = tensor.untyped_storage().nbytes() - tensor.storage_offset() * tensor.element_size()
+    if claimed > max(stored, MAX_UNBACKED_BYTES):
+        raise _fail(
+            path, where,
+            f"claims {tensor.numel():,} values of shape {list(tensor.shape)} (strides {list(tensor.stride())}) "
+            f"but the file holds {max(stored, 0):,} bytes for them: a broadcast (stride-0) view, not an attention cache",
+        )  # fmt: skip
 
 
 # -- small readers of the file's fields -----------------------------------------------------
@@ -284,6 +303,7 @@ def _token_tensor(entry: Mapping[str, Any], path: Path, prefix: str) -> tuple[to
         raise _fail(path, where, f"expected floating-point values, got {tensor.dtype}")
     if min(tensor.shape) < 1:
         raise _fail(path, where, f"is empty (shape {list(tensor.shape)})")
+    _check_backed(tensor, path, where)
     return tensor, key
 
 
@@ -438,6 +458,7 @@ def _plan(data: Any, path: Path) -> _Plan:
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             raise _fail(path, "full_frame_attention", f"expected a floating-point tensor, got {_describe(tensor)!r}")
         shape = list(tensor.shape)
+        _check_backed(tensor, path, "full_frame_attention")
         if tensor.ndim == 4 and shape[0] == 1:
             tensor = tensor[0]
         if tensor.ndim != 3 or tensor.shape[1] != tensor.shape[2] or min(tensor.shape) < 1:
@@ -523,7 +544,7 @@ def import_cache(
         plan.notes.append(message)
         log.warning("%s: %s", path, message)
     frame = frame.sort_values(_KEY_COLUMNS, ignore_index=True)
-    frame = _with_constant_columns(frame, checkpoint, prompt_id, int(seed))
+    frame = _with_constant_columns(frame, checkpoint, prompt_id, int(seed), plan.frame_seq_length)
 
     for skipped in plan.skipped:
         log.warning("%s: skipped attention_weights[%d] (layer %d, shape %s): %s", path, skipped["entry"], skipped["layer"],
@@ -556,7 +577,7 @@ def import_cache(
         "notes": plan.notes,
         "extra_fields": {str(k): _describe(v) for k, v in data.items() if k not in _TOP_LEVEL_FIELDS},
         "allow_pickle": bool(allow_pickle),
-        "package_version": __version__,
+        **provenance("import_cache"),
         "torch_version": torch.__version__,
     }
     log.info("%s: %s layout, layers %s: %d rows (%d entries imported, %d skipped)", path, plan.layout, plan.layers, len(frame),
@@ -576,6 +597,18 @@ def import_to_parquet(
     """``import_cache`` + ``write_table`` (atomic): a failing import leaves no file at ``output``."""
     frame, metadata = import_cache(path, checkpoint=checkpoint, prompt_id=prompt_id, seed=seed, allow_pickle=allow_pickle)
     write_table(frame, output, FRAME_ATTENTION_SCHEMA, metadata)
+
+
+def import_job(path: str | Path, output: str | Path, name: str, entry: Mapping[str, Any]) -> None:
+    """The pipeline's import job: one ``legacy_caches:`` entry -> frame_attention rows."""
+    import_to_parquet(
+        path,
+        output,
+        checkpoint=name,
+        prompt_id=entry.get("prompt_id"),
+        seed=int(entry.get("seed", 0)),
+        allow_pickle=bool(entry.get("allow_pickle", False)),
+    )
 
 
 # -- frame matrices ---------------------------------------------------------------------------
@@ -840,10 +873,11 @@ def _rows(
     })  # fmt: skip
 
 
-def _with_constant_columns(frame: pd.DataFrame, checkpoint: str, prompt_id: str, seed: int) -> pd.DataFrame:
+def _with_constant_columns(frame: pd.DataFrame, checkpoint: str, prompt_id: str, seed: int, frame_seq_length: int) -> pd.DataFrame:
     n = len(frame)
     columns = {
         "checkpoint": pd.Series([checkpoint] * n, dtype=object),
+        "variant": pd.Series([DEFAULT_VARIANT] * n, dtype=object),
         "prompt_id": pd.Series([prompt_id] * n, dtype=object),
         "seed": np.full(n, seed, dtype=np.int64),
         "layer": frame["layer"].to_numpy(np.int16),
@@ -856,6 +890,10 @@ def _with_constant_columns(frame: pd.DataFrame, checkpoint: str, prompt_id: str,
         "key_frame": frame["key_frame"].to_numpy(np.int16),
         "logit_mean": frame["logit_mean"].to_numpy(np.float32),
         "prob_mass": frame["prob_mass"].to_numpy(np.float32),
+        # Not recorded by the older scripts: the argmax needs token-level scores.
+        "argmax_share": np.full(n, np.nan, dtype=np.float32),
+        "key_tokens": np.full(n, frame_seq_length or 0, dtype=np.int32),
+        "key_position_shift": np.zeros(n, dtype=np.int32),
     }
     return pd.DataFrame({name: columns[name] for name in FRAME_ATTENTION_SCHEMA.names})
 

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ConfigError
+
 GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
     "global",
     "window",
@@ -49,7 +51,7 @@ POLICY_DEFAULTS: dict[str, dict[str, int]] = {
 POLICY_KEYS = ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames")
 
 
-class OptionsError(ValueError):
+class OptionsError(ConfigError):
     """Generation options that cannot run; the message names the config key and value."""
 
 

@@ -1,15 +1,18 @@
-"""Parquet statistics tables: schemas, provenance, the Figure 4 view, head/layer stats.
+"""Parquet tables: schemas, column definitions, provenance, integrity-checked I/O.
 
-- ``frame_attention``: one row per call x head x query frame x key frame (DESIGN.md).
-- ``head_stats``: per head, the last block's query-averaged curve over key frames, for
-  every call of that block (the 4 denoising steps and the cache pass) and both metrics:
-  first / middle / last key frame, sink_score = first - middle, first_middle_ratio,
-  argmax_frame, spread_pct = (max - min) / |mean| * 100.
-- ``layer_stats``: the same on the head-averaged curve, plus the diagonal mean and the
-  frame-0 column mean of the full frame x frame matrix of that call.
+Every file is written atomically, with page checksums, a sha256 of every column's
+content, the definitions of its columns and the provenance under ``sinkscope.*``
+metadata keys. Every read verifies the checksums; a full read also verifies the
+content digests, so a damaged file fails naming itself instead of flowing on.
 
-Provenance travels in the Parquet key-value metadata under ``sinkscope.*`` keys.
-Ratios whose denominator is 0 (or an empty middle) are NaN, never an exception.
+The tables (DESIGN.md; the derived ones are computed in ``sinkscope.summaries``):
+
+- ``frame_attention``: one row per call x head x query frame x key frame.
+- ``query_stats``: one row per call x head x query frame (token-level entropy).
+- ``token_profiles``: one row per chosen call x head x key token.
+- ``head_stats`` / ``layer_stats``: the last block's Figure 4 view, summarized.
+- ``block_stats``: per block and call, where the mass goes (over-time view).
+- ``head_diagnostics``: per head, entropies, sink mass, sign rate, periodicity, class.
 """
 
 from __future__ import annotations
@@ -19,64 +22,178 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import DamagedFileError
+from .integrity import column_digests
 from .io import atomic_path
 
 METRICS = ("logit_mean", "prob_mass")
 META_PREFIX = "sinkscope."
+DEFAULT_VARIANT = "default"
+# Rows of head_stats / layer_stats that summarize the run-averaged curve.
+ALL_PROMPTS, ALL_SEEDS = "*", -1
+
+RUN_KEYS = ["checkpoint", "variant", "prompt_id", "seed"]
+_RUN_FIELDS = [("checkpoint", pa.string()), ("variant", pa.string()), ("prompt_id", pa.string()), ("seed", pa.int64())]
+_CALL_FIELDS = [("block", pa.int16()), ("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32())]
 
 FRAME_ATTENTION_SCHEMA = pa.schema(
-    [
-        ("checkpoint", pa.string()),
-        ("prompt_id", pa.string()),
-        ("seed", pa.int64()),
-        ("layer", pa.int16()),
-        ("head", pa.int16()),
-        ("block", pa.int16()),
-        ("pass", pa.string()),
-        ("step", pa.int16()),
-        ("timestep", pa.float32()),
+    _RUN_FIELDS
+    + [("layer", pa.int16()), ("head", pa.int16())]
+    + _CALL_FIELDS
+    + [
         ("query_frame", pa.int16()),
         ("key_frame", pa.int16()),
         ("logit_mean", pa.float32()),
         ("prob_mass", pa.float32()),
+        ("argmax_share", pa.float32()),
+        ("key_tokens", pa.int32()),
+        ("key_position_shift", pa.int32()),
     ]
 )
+QUERY_STATS_SCHEMA = pa.schema(
+    _RUN_FIELDS
+    + [("layer", pa.int16()), ("head", pa.int16())]
+    + _CALL_FIELDS
+    + [("query_frame", pa.int16()), ("entropy_tokens", pa.float32()), ("num_keys", pa.int32()), ("num_key_frames", pa.int16())]
+)
+TOKEN_PROFILES_SCHEMA = pa.schema(
+    _RUN_FIELDS
+    + [("layer", pa.int16()), ("head", pa.int16())]
+    + _CALL_FIELDS
+    + [("key_frame", pa.int16()), ("token", pa.int32()), ("token_logit_mean", pa.float32()), ("token_prob_mean", pa.float32())]
+)
 
-_CURVE_STATS = [
-    ("num_key_frames", pa.int16()),
+_SUMMARY_CALL = [("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()), ("metric", pa.string()), ("runs", pa.int16())]
+_CURVE_FIELDS = [
     ("query_frames", pa.string()),
+    ("num_key_frames", pa.int16()),
     ("first_frame", pa.int16()),
     ("last_frame", pa.int16()),
     ("first", pa.float64()),
     ("middle", pa.float64()),
     ("last", pa.float64()),
+    ("own", pa.float64()),
     ("sink_score", pa.float64()),
-    ("first_middle_ratio", pa.float64()),
     ("argmax_frame", pa.int16()),
+    ("first_middle_ratio", pa.float64()),
     ("spread_pct", pa.float64()),
+    ("frame0_mass", pa.float64()),
+    ("first_k_mass", pa.float64()),
+    ("cache_share", pa.float64()),
+    ("own_share", pa.float64()),
 ]
-_CALL_KEYS = [
-    ("checkpoint", pa.string()),
-    ("prompt_id", pa.string()),
-    ("seed", pa.int64()),
-    ("layer", pa.int16()),
-]
-_CALL_FIELDS = [("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()), ("metric", pa.string())]
-
-HEAD_STATS_SCHEMA = pa.schema(_CALL_KEYS + [("head", pa.int16())] + _CALL_FIELDS + _CURVE_STATS)
+HEAD_STATS_SCHEMA = pa.schema(_RUN_FIELDS + [("layer", pa.int16()), ("head", pa.int16())] + _SUMMARY_CALL + _CURVE_FIELDS)
 LAYER_STATS_SCHEMA = pa.schema(
-    _CALL_KEYS + _CALL_FIELDS + _CURVE_STATS + [("diagonal_mean", pa.float64()), ("first_column_mean", pa.float64())]
+    _RUN_FIELDS + [("layer", pa.int16())] + _SUMMARY_CALL + _CURVE_FIELDS
+    + [("diagonal_mean", pa.float64()), ("first_column_mean", pa.float64())]
+)  # fmt: skip
+BLOCK_STATS_SCHEMA = pa.schema(
+    _RUN_FIELDS
+    + [("layer", pa.int16()), ("head", pa.int16())]
+    + _CALL_FIELDS
+    + [
+        ("query_frames", pa.string()),
+        ("sink_frames", pa.string()),
+        ("sink_mass", pa.float64()),
+        ("self_mass", pa.float64()),
+        ("other_mass", pa.float64()),
+        ("argmax_frame", pa.int16()),
+        ("argmax_age", pa.int16()),
+        ("entropy", pa.float64()),
+        ("num_key_frames", pa.int16()),
+    ]
 )
+HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
+    [("checkpoint", pa.string()), ("variant", pa.string()), ("layer", pa.int16()), ("head", pa.int16()),
+     ("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()), ("runs", pa.int16())]
+    + [
+        ("entropy_frames", pa.float64()),
+        ("entropy_tokens", pa.float64()),
+        ("frame0_mass", pa.float64()),
+        ("frame0_argmax_share", pa.float64()),
+        ("recent_mass", pa.float64()),
+        ("sign_rate", pa.float64()),
+        ("period", pa.float64()),
+        ("period_power", pa.float64()),
+        ("head_class", pa.string()),
+    ]
+)  # fmt: skip
 
-RUN_KEYS = ["checkpoint", "prompt_id", "seed"]
+SCHEMAS = {
+    "frame_attention": FRAME_ATTENTION_SCHEMA,
+    "query_stats": QUERY_STATS_SCHEMA,
+    "token_profiles": TOKEN_PROFILES_SCHEMA,
+    "head_stats": HEAD_STATS_SCHEMA,
+    "layer_stats": LAYER_STATS_SCHEMA,
+    "block_stats": BLOCK_STATS_SCHEMA,
+    "head_diagnostics": HEAD_DIAGNOSTICS_SCHEMA,
+}
+
+# What every column means; written into each file's metadata and into README.md.
+COLUMN_DOCS: dict[str, str] = {
+    "checkpoint": "the config's name for the checkpoint (or imported cache)",
+    "variant": "the study's generation variant (variants:), 'default' when the config names none",
+    "prompt_id": "the config's id for the prompt; '*' in rows that summarize the run-averaged curve",
+    "seed": "noise seed; -1 in rows that summarize the run-averaged curve",
+    "layer": "0-based transformer layer (paper notation L = layer + 1)",
+    "head": "0-based head (paper notation H = head + 1)",
+    "block": "generation block index",
+    "pass": "'denoise' (a denoising step) or 'cache' (the pass that writes the finished block's keys)",
+    "step": "denoising step index; the cache pass has step = number of steps; -1 for imported calls",
+    "timestep": "the model timestep of the call",
+    "query_frame": "absolute latent frame of the query tokens",
+    "key_frame": "absolute latent frame the key tokens were generated at (whatever the cache did with them)",
+    "logit_mean": "mean over token pairs of q.k/sqrt(d), pre-softmax (the Deep Forcing Figure 4 y axis)",
+    "prob_mass": "mean over the query frame's tokens of the softmax mass on the key frame's tokens present; sums to 1 over key frames",
+    "argmax_share": "share of the query frame's tokens whose highest-scoring key token lies in this key frame",
+    "key_tokens": "tokens of the key frame present in the call (frame_seq_length unless a policy dropped tokens)",
+    "key_position_shift": "RoPE temporal position the frame's keys were attended at minus their generation position",
+    "entropy_tokens": "mean over the query frame's tokens of the entropy (nats) of its softmax over every key token",
+    "num_keys": "key tokens the call saw",
+    "num_key_frames": "key frames present (in the call, or in the summarized curve)",
+    "token": "index of the key token within its frame (row-major over the latent patch grid)",
+    "token_logit_mean": "mean over the call's query tokens of q.k_token/sqrt(d); its mean over a frame's tokens is the query-averaged logit_mean",
+    "token_prob_mean": "mean over the call's query tokens of the softmax probability of the key token; its sum over a frame's tokens is the query-averaged prob_mass",
+    "metric": "which statistic the row summarizes: logit_mean or prob_mass",
+    "runs": "prompt x seed runs averaged into the curve (1 for per-run rows)",
+    "query_frames": "the query frames averaged (the last block's frames)",
+    "first_frame": "the oldest cache frame the block attends to (frame 0 unless evicted)",
+    "last_frame": "the newest cache frame before the block's own frames",
+    "first": "curve value at first_frame",
+    "middle": "mean of the curve over the cache frames between first_frame and last_frame",
+    "last": "curve value at last_frame",
+    "own": "mean of the curve over the block's own frames",
+    "sink_score": "first - middle (a difference: meaningful for both metrics)",
+    "argmax_frame": "key frame with the largest value (own frames included)",
+    "first_middle_ratio": "first / middle; prob_mass only (null for logit_mean)",
+    "spread_pct": "(max - min) / mean of the cache frames, in %; prob_mass only",
+    "frame0_mass": "softmax mass on frame 0 (null when frame 0 is not visible); prob_mass only",
+    "first_k_mass": "softmax mass on the first k visible cache frames (diagnostics.first_k); prob_mass only",
+    "cache_share": "softmax mass on the cache frames (everything before the block); prob_mass only",
+    "own_share": "softmax mass on the block's own frames (1 - cache_share); prob_mass only",
+    "diagonal_mean": "mean over query frames of the value at key frame = query frame (head-averaged, every block)",
+    "first_column_mean": "mean over query frames of the value at key frame 0 (head-averaged, every block)",
+    "sink_frames": "the policy's sink frames (frame 0 when the policy has none)",
+    "sink_mass": "softmax mass on the sink frames, queries of the block averaged",
+    "self_mass": "softmax mass on the block's own frames",
+    "other_mass": "softmax mass on every other frame present; sink_mass + self_mass + other_mass = 1",
+    "argmax_age": "frames between the block's first frame and argmax_frame (0 for its own frames)",
+    "entropy": "entropy (nats) of the block's key-frame mass distribution over the frames present",
+    "entropy_frames": "entropy of each query frame's key-frame distribution / ln(key frames), averaged",
+    "frame0_argmax_share": "share of the block's query tokens whose highest-scoring key is in frame 0",
+    "recent_mass": "softmax mass on the block's own frames and the frame before them",
+    "sign_rate": "share of key frames with a positive logit_mean",
+    "period": "dominant period (frames) of the key-frame logit_mean profile, by FFT",
+    "period_power": "share of the profile's spectral power (DC excluded) at that period",
+    "head_class": "sink, local, periodic or diffuse (thresholds: config diagnostics:, docs/statistics.md)",
+}
 
 
-# -- writing and reading -----------------------------------------------------------------
+# -- writing and reading -----------------------------------------------------------------------
 
 
 def _encode_metadata(metadata: Mapping[str, Any] | None) -> dict[bytes, bytes]:
@@ -87,20 +204,52 @@ def _encode_metadata(metadata: Mapping[str, Any] | None) -> dict[bytes, bytes]:
     return encoded
 
 
-def write_table(frame: pd.DataFrame, path: str | Path, schema: pa.Schema, metadata: Mapping[str, Any] | None = None) -> None:
-    """Write ``frame`` with exactly ``schema``'s columns and types, atomically."""
+def to_arrow(frame: pd.DataFrame, schema: pa.Schema, path: str | Path = "table") -> pa.Table:
+    """``frame`` with exactly ``schema``'s columns and types."""
     missing = [name for name in schema.names if name not in frame.columns]
     if missing:
         raise ValueError(f"table for {path} lacks columns {missing}")
-    table = pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **_encode_metadata(metadata)})
+    return pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
+
+
+def write_table(
+    frame: pd.DataFrame | pa.Table,
+    path: str | Path,
+    schema: pa.Schema,
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    row_groups_by: str | None = None,
+) -> None:
+    """Write ``frame`` with ``schema``'s columns, atomically, with checksums and digests.
+
+    ``row_groups_by`` (a column, rows sorted by it) writes one row group per value, so
+    a reader can filter a long run (e.g. by block) without loading it whole.
+    """
+    table = frame if isinstance(frame, pa.Table) else to_arrow(frame, schema, path)
+    info = {
+        **dict(metadata or {}),
+        "content_sha256": column_digests(table),
+        "columns": {name: COLUMN_DOCS[name] for name in schema.names if name in COLUMN_DOCS},
+    }
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **_encode_metadata(info)})
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+        options = dict(compression="zstd", write_page_checksum=True)
+        if row_groups_by is None or table.num_rows == 0:
+            pq.write_table(table, tmp, **options)
+            return
+        keys = table.column(row_groups_by).to_numpy()
+        bounds = [0, *(i + 1 for i in range(len(keys) - 1) if keys[i + 1] != keys[i]), len(keys)]
+        with pq.ParquetWriter(tmp, table.schema, **options) as writer:
+            for start, stop in zip(bounds[:-1], bounds[1:]):
+                writer.write_table(table.slice(start, stop - start), row_group_size=stop - start)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The ``sinkscope.*`` provenance of a Parquet file (JSON values decoded)."""
-    raw = pq.read_schema(path).metadata or {}
+    try:
+        raw = pq.read_schema(path).metadata or {}
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DamagedFileError(path, f"is not a readable Parquet file ({exc})") from None
     result = {}
     for key, value in raw.items():
         key = key.decode()
@@ -114,131 +263,49 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return result
 
 
-def read_table(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
-    """One DataFrame from one or more Parquet files of the same schema."""
+def read_arrow(path: str | Path, columns: Sequence[str] | None = None, filters=None) -> pa.Table:
+    """One Parquet file as an Arrow table, checksums verified; content digests too when
+    the whole table is read (a filter reads a part, so only the checksums apply)."""
+    try:
+        table = pq.read_table(path, columns=list(columns) if columns else None, filters=filters,
+                              page_checksum_verification=True)  # fmt: skip
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise DamagedFileError(path, f"is damaged or not a Parquet file ({str(exc).splitlines()[0][:160]})") from None
+    meta = read_metadata(path)
+    expected = meta.get("content_sha256")
+    if expected is None:
+        if "package_version" in meta and "columns" in meta:
+            raise DamagedFileError(path, "has lost its content digests (its metadata is damaged)")
+        return table  # written by an older sinkscope, or by someone else
+    if filters is None:
+        actual = column_digests(table)
+        bad = sorted(name for name, digest in actual.items() if expected.get(name) != digest)
+        if bad:
+            raise DamagedFileError(path, f"is damaged: column {bad[0]} does not match its content digest")
+    return table
+
+
+def read_table(
+    paths: str | Path | Iterable[str | Path], columns: Sequence[str] | None = None, filters=None
+) -> pd.DataFrame:
+    """One DataFrame from one or more verified Parquet files of compatible schemas."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    tables = [pq.read_table(p) for p in paths]
+    tables = [read_arrow(p, columns, filters) for p in paths]
     if not tables:
         raise ValueError("no tables to read")
     return pa.concat_tables(tables, promote_options="default").to_pandas()
 
 
-# -- the Figure 4 view ---------------------------------------------------------------------
-
-
-def resolve_step(frame: pd.DataFrame, step: str | int) -> tuple[str, int]:
-    """Map the figures' ``step`` option to (pass, step) of the rows present.
-
-    'last' is the last denoising step present, 'cache' the cache pass, an integer a
-    denoising step index. Rows imported from older caches record no call (step -1):
-    they are shown whatever the option asks for.
-    """
-    denoise = frame[frame["pass"] == "denoise"]
-    if not denoise.empty and (denoise["step"] == -1).all() and not (frame["pass"] == "cache").any():
-        return "denoise", -1
-    if step == "cache":
-        return "cache", int(frame.loc[frame["pass"] == "cache", "step"].max()) if (frame["pass"] == "cache").any() else -1
-    if step == "last":
-        if denoise.empty:
-            raise ValueError("no denoising-step rows to show")
-        return "denoise", int(denoise["step"].max())
-    return "denoise", int(step)
-
-
-def last_block(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of the last generated block of each run and layer."""
-    keys = [k for k in RUN_KEYS + ["layer"] if k in frame.columns]
-    last = frame.groupby(keys, observed=True)["block"].transform("max")
-    return frame[frame["block"] == last]
-
-
-def key_curves(frame: pd.DataFrame, metric: str, by: Sequence[str]) -> pd.DataFrame:
-    """Mean of ``metric`` over query frames: one curve over key_frame per ``by`` group.
-
-    Returns a wide frame: index = ``by``, columns = key frames (absolute indices).
-    """
-    grouped = frame.groupby(list(by) + ["key_frame"], observed=True)[metric].mean()
-    return grouped.unstack("key_frame").sort_index(axis=1)
-
-
-def curve_stats(values: np.ndarray, frames: np.ndarray) -> dict[str, Any]:
-    """first / middle / last statistics of one curve over its visible key frames."""
-    values = np.asarray(values, dtype=np.float64)
-    frames = np.asarray(frames)
-    keep = ~np.isnan(values)
-    values, frames = values[keep], frames[keep]
-    if values.size == 0:
-        nan = float("nan")
-        return dict(num_key_frames=0, first_frame=-1, last_frame=-1, first=nan, middle=nan, last=nan,
-                    sink_score=nan, first_middle_ratio=nan, argmax_frame=-1, spread_pct=nan)  # fmt: skip
-    first, last = values[0], values[-1]
-    middle = values[1:-1].mean() if values.size > 2 else float("nan")
-    mean = values.mean()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = first / middle if middle != 0 else float("nan")
-        spread = (values.max() - values.min()) / abs(mean) * 100 if mean != 0 else float("nan")
-    return dict(
-        num_key_frames=int(values.size),
-        first_frame=int(frames[0]),
-        last_frame=int(frames[-1]),
-        first=float(first),
-        middle=float(middle),
-        last=float(last),
-        sink_score=float(first - middle),
-        first_middle_ratio=float(ratio),
-        argmax_frame=int(frames[int(np.argmax(values))]),
-        spread_pct=float(spread),
-    )
-
-
-def _frames_label(frames: Iterable[int]) -> str:
-    return ",".join(str(int(f)) for f in sorted(set(frames)))
-
-
-def _call_groups(frame: pd.DataFrame):
-    keys = [k for k in RUN_KEYS + ["layer", "pass", "step"] if k in frame.columns]
-    return frame.groupby(keys, observed=True, sort=True)
-
-
-def head_stats(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per head, call of the last block and metric: the curve statistics."""
-    rows = []
-    for key, call in _call_groups(last_block(frame)):
-        base = dict(zip(RUN_KEYS + ["layer", "pass", "step"], key))
-        base["timestep"] = float(call["timestep"].iloc[0])
-        base["query_frames"] = _frames_label(call["query_frame"])
-        for metric in METRICS:
-            curves = key_curves(call, metric, ["head"])
-            for head, values in curves.iterrows():
-                rows.append({**base, "head": head, "metric": metric, **curve_stats(values.to_numpy(), curves.columns.to_numpy())})
-    return pd.DataFrame(rows, columns=HEAD_STATS_SCHEMA.names)
-
-
-def layer_stats(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per call of the last block and metric: statistics of the head-averaged curve,
-    plus the diagonal and frame-0 column means of the head-averaged frame x frame
-    matrix assembled from every block at the same (pass, step)."""
-    keys = [k for k in RUN_KEYS + ["layer", "pass", "step"] if k in frame.columns]
-    # Head-averaged query x key matrices, one per run, layer and call kind.
-    matrices = frame.groupby(keys + ["query_frame", "key_frame"], observed=True)[list(METRICS)].mean()
-    rows = []
-    for key, call in _call_groups(last_block(frame)):
-        base = dict(zip(keys, key))
-        base["timestep"] = float(call["timestep"].iloc[0])
-        base["query_frames"] = _frames_label(call["query_frame"])
-        matrix = matrices.loc[key].reset_index()
-        diagonal = matrix[matrix["query_frame"] == matrix["key_frame"]]
-        column = matrix[matrix["key_frame"] == 0]
-        for metric in METRICS:
-            curve = call.groupby("key_frame")[metric].mean().sort_index()
-            rows.append(
-                {
-                    **base,
-                    "metric": metric,
-                    **curve_stats(curve.to_numpy(), curve.index.to_numpy()),
-                    "diagonal_mean": float(diagonal[metric].mean()) if len(diagonal) else float("nan"),
-                    "first_column_mean": float(column[metric].mean()) if len(column) else float("nan"),
-                }
-            )
-    return pd.DataFrame(rows, columns=LAYER_STATS_SCHEMA.names)
+def with_default_columns(frame: pd.DataFrame, frame_seq_length: int | None = None) -> pd.DataFrame:
+    """Fill the columns that older files (or imports) lack with what they mean there."""
+    frame = frame.copy()
+    if "variant" not in frame:
+        frame.insert(1, "variant", DEFAULT_VARIANT)
+    defaults = {"argmax_share": float("nan"), "key_position_shift": 0, "key_tokens": frame_seq_length or 0}
+    for name, value in defaults.items():
+        if name not in frame:
+            frame[name] = value
+    return frame

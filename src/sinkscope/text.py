@@ -13,87 +13,36 @@ from __future__ import annotations
 
 import hashlib
 import html
-import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from .checkpoints import (
+    WAN_T5_FILE,
+    WAN_TOKENIZER_DIR,
+    TextEncoderSpec,
+    resolve_path,
+    text_encoder_spec,
+    umt5_layout,
+)
 from .io import atomic_path
+from .model.config import WanConfig
 
 if TYPE_CHECKING:
-    from .config import CheckpointSpec
+    from .checkpoints import CheckpointSpec
 
-WAN_T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
-WAN_TOKENIZER_DIR = os.path.join("google", "umt5-xxl")
+__all__ = ["TextEncoderSpec", "encode_prompts", "load_embedding", "save_embedding", "text_encoder_for", "umt5_layout"]
+
 MAX_TOKENS = 512
-
-
-@dataclass(frozen=True)
-class TextEncoderSpec:
-    """Which encoder turns prompts into a checkpoint's context."""
-
-    kind: str  # "demo" or "umt5"
-    layout: str | None = None  # "wan" or "diffusers" for umT5
-    folder: str | None = None
-    text_dim: int = 4096
-    text_len: int = 512
-
-    @property
-    def key(self) -> str:
-        """A short, path-safe name for the encoder (a wildcard of the workflow)."""
-        if self.kind == "demo":
-            return f"demo-{self.text_dim}x{self.text_len}"
-        name = re.sub(r"[^A-Za-z0-9_.+-]", "_", Path(self.folder).name) or "umt5"
-        digest = hashlib.sha256(str(Path(self.folder).resolve()).encode()).hexdigest()[:6]
-        return f"umt5-{name}-{digest}"
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    def files(self) -> list[str]:
-        """The files the encoder is made of (inputs of the encoding job)."""
-        if self.kind == "demo":
-            return []
-        folder = Path(self.folder)
-        if self.layout == "wan":
-            parts = [folder / WAN_T5_FILE, *sorted((folder / WAN_TOKENIZER_DIR).rglob("*"))]
-        else:
-            parts = sorted((folder / "text_encoder").rglob("*")) + sorted((folder / "tokenizer").rglob("*"))
-        return [str(p) for p in parts if p.is_file()]
 
 
 def text_encoder_for(spec: "CheckpointSpec", text_dim: int, text_len: int, base_dir: str | Path = ".") -> TextEncoderSpec:
     """The encoder of a checkpoint entry; raises FileNotFoundError naming what is missing."""
-    if spec.is_demo:
-        return TextEncoderSpec("demo", text_dim=text_dim, text_len=text_len)
-    candidates = []
-    for entry in (spec.base, spec.weights):
-        if entry:
-            path = Path(entry).expanduser()
-            path = path if path.is_absolute() else Path(base_dir) / path
-            candidates.append(path)
-    for folder in candidates:
-        layout = umt5_layout(folder)
-        if layout:
-            return TextEncoderSpec("umt5", layout, str(folder), text_dim=text_dim, text_len=text_len)
-    where = ", ".join(str(c) for c in candidates) or "no folder"
-    raise FileNotFoundError(
-        f"no umT5 text encoder found ({where}); set 'base' to the Wan2.1 release folder "
-        f"(with {WAN_T5_FILE} and {WAN_TOKENIZER_DIR}/) or to a diffusers folder (text_encoder/, tokenizer/)"
-    )
-
-
-def umt5_layout(folder: Path) -> str | None:
-    if not folder.is_dir():
-        return None
-    if (folder / WAN_T5_FILE).is_file() and (folder / WAN_TOKENIZER_DIR).is_dir():
-        return "wan"
-    if (folder / "text_encoder" / "config.json").is_file() and (folder / "tokenizer").is_dir():
-        return "diffusers"
-    return None
+    folders = [p for p in (resolve_path(spec.base, base_dir), resolve_path(spec.weights, base_dir)) if p is not None]
+    config = WanConfig(text_dim=text_dim, text_len=text_len)
+    return text_encoder_spec(folders, config, demo=spec.is_demo or spec.model == "demo")
 
 
 # -- the demo encoder --------------------------------------------------------------------
@@ -248,3 +197,20 @@ def load_embedding(path: str | Path) -> tuple[torch.Tensor, dict[str, str]]:
 
     with safe_open(str(path), framework="pt") as handle:
         return handle.get_tensor("context"), dict(handle.metadata() or {})
+
+
+def encode_prompt_job(encoder: dict, prompt_id: str, text: str, output: str | Path, device: str = "auto") -> None:
+    """The pipeline's job: one prompt's context embedding for one text encoder."""
+    import logging
+    import time
+
+    from .jobs import pick_device
+
+    spec = TextEncoderSpec(**encoder)
+    began = time.perf_counter()
+    target = pick_device(device) if spec.kind != "demo" else torch.device("cpu")
+    context = encode_prompts(spec, {prompt_id: text}, device=target)[prompt_id]
+    save_embedding(output, context, prompt=text, encoder=spec)
+    logging.getLogger("sinkscope").info(
+        "encoded prompt %s with %s: %s tokens in %.2f s", prompt_id, spec.key, tuple(context.shape), time.perf_counter() - began
+    )

@@ -1,26 +1,111 @@
-"""What the Snakefile needs from a config: target paths, job groups and rule params.
+"""What the Snakefile needs from a config: paths, job groups, canonical rule params.
 
-Kept out of the .smk files so that the rules stay declarative and the logic is tested.
-The file tree under ``results/`` is defined here and nowhere else.
+The file tree under ``results/`` is defined here, once, as wildcard patterns
+(``PATTERNS``); the rules use the patterns and the targets are the same patterns
+filled in. Nothing here imports torch or pandas: the Snakefile parses in well under
+a second of sinkscope's own time.
+
+Sources: what gets its own tables and figures. A checkpoint with the ``default``
+generation is named like the checkpoint (today's paths); a checkpoint under another
+variant is ``<checkpoint>@<variant>``; imported legacy caches are sources too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from .config import CheckpointSpec, ConfigError, checkpoint_specs
-from .model.loading import resolve_model_config, weights_digest
+from .checkpoints import ResolvedCheckpoint, cached_value, files_digest
+from .codedigest import code_digest
+from .config import generation_options, resolve_checkpoints, variant_names
+from .errors import ConfigError
+from .options import GenerationOptions
+from .resources import default_dtype
 
 RESULTS = "results"
-# Digests of weight and text-encoder files, reused while their size and mtime hold.
+DEFAULT_VARIANT = "default"
+VARIANT_SEPARATOR = "@"
+# Digests of weight files, text encoders and legacy-cache layouts, reused while their
+# size and mtime hold.
 DIGEST_CACHE = ".snakemake/sinkscope/sha256.json"
-TABLES = ("frame_attention", "head_stats", "layer_stats")
-# Figures drawn once per source (checkpoint or imported cache) and once per layer.
-SOURCE_FIGURES = ("figure4", "layer_comparison", "first_middle_last", "sink_score_overview")
+LEGACY_CACHE = ".snakemake/sinkscope/legacy-layers.json"
+
+# Tables per source (and combined over sources); token_profiles only with token capture.
+TABLES = ("frame_attention", "head_stats", "layer_stats", "block_stats", "head_diagnostics")
+SOURCE_TABLES = (*TABLES, "query_stats", "token_profiles")
+# Figures drawn once per source, once per layer of a source, once per checkpoint (its
+# variants side by side), and once for the whole study (its checkpoints side by side).
+SOURCE_FIGURES = (
+    "figure4",
+    "figure4_tokens",
+    "figure4_steps",
+    "key_frame_maps",
+    "layer_comparison",
+    "first_middle_last",
+    "sink_score_overview",
+    "head_classes",
+    "entropy_overview",
+    "attention_over_time",
+)
+TOKEN_FIGURES = ("figure4_tokens", "key_frame_maps")  # need token profiles of the last block
 LAYER_FIGURES = ("per_head_grid", "heads_heatmap", "query_key_maps")
+CHECKPOINT_FIGURES = ("sink_mass_over_time", "policy_comparison")
+STUDY_FIGURES = ("attention_across_checkpoints",)
+
+# The per-source tables each figure reads (layer figures read the extraction files).
+FIGURE_INPUTS = {
+    "figure4": ("frame_attention",),
+    "figure4_tokens": ("token_profiles", "frame_attention"),
+    "figure4_steps": ("frame_attention",),
+    "key_frame_maps": ("token_profiles", "frame_attention"),
+    "layer_comparison": ("frame_attention",),
+    "first_middle_last": ("frame_attention",),
+    "sink_score_overview": ("frame_attention",),
+    "head_classes": ("head_diagnostics",),
+    "entropy_overview": ("head_diagnostics",),
+    "attention_over_time": ("frame_attention",),
+    "sink_mass_over_time": ("block_stats",),
+    "policy_comparison": ("frame_attention",),
+    "attention_across_checkpoints": ("head_diagnostics",),
+}
+
+PATTERNS = {
+    "embedding": RESULTS + "/prompts/{encoder}/{prompt}.safetensors",
+    "extract_dir": RESULTS + "/extract/{source}/{prompt}/seed{seed}/layers{group}",
+    "imported": RESULTS + "/imported/{source}/frame_attention.parquet",
+    "source_table": RESULTS + "/tables/checkpoints/{source}/{table}.parquet",
+    "head_classes_csv": RESULTS + "/tables/checkpoints/{source}/head_classes.csv",
+    "table": RESULTS + "/tables/{table}.parquet",
+    "source_figure": RESULTS + "/figures/{source}/{kind}.{ext}",
+    "layer_figure": RESULTS + "/figures/{source}/layer{layer}/{kind}.{ext}",
+    "checkpoint_figure": RESULTS + "/figures/{checkpoint}/{kind}.{ext}",
+    "study_figure": RESULTS + "/figures/{kind}.{ext}",
+    "summary": RESULTS + "/report/summary.html",
+}
+
+# The package module each stage runs: its code (and what it imports) is a rule param.
+STAGE_MODULES = {
+    "encode_prompt": ("sinkscope.text", "sinkscope.jobs"),
+    "extract_attention": ("sinkscope.extract", "sinkscope.jobs"),
+    "import_cache": ("sinkscope.legacy", "sinkscope.jobs"),
+    "aggregate_source": ("sinkscope.aggregate", "sinkscope.jobs"),
+    "combine_tables": ("sinkscope.aggregate", "sinkscope.jobs"),
+    "summary_page": ("sinkscope.report", "sinkscope.jobs"),
+}
+
+
+def path(name: str, **wildcards: Any) -> str:
+    """A results path: ``PATTERNS[name]`` with its wildcards filled in."""
+    return PATTERNS[name].format(**wildcards)
+
+
+def layer_file(directory: str | Path, layer: int | str, kind: str = "frames") -> str:
+    """A layer's file inside an extraction folder: frames, queries or tokens."""
+    suffix = {"frames": "", "queries": ".queries", "tokens": ".tokens"}[kind]
+    return f"{directory}/layer{layer}{suffix}.parquet"
 
 
 def encode_layers(layers: list[int]) -> str:
@@ -44,16 +129,26 @@ def decode_layers(name: str) -> list[int]:
     return layers
 
 
+def figure_module(kind: str) -> str:
+    """The module that draws figure ``kind`` (its code digest is the figure's param)."""
+    return f"sinkscope.figures.{kind}"
+
+
 @dataclass
 class Study:
     """A normalized config seen as a grid of jobs and files."""
 
     config: Mapping[str, Any]
     base_dir: str = "."
+    # The device extraction jobs compute on ('cpu', 'cuda', 'cuda:N'), as check_machine resolved it.
+    device: str = "cpu"
+    checkpoints: dict[str, ResolvedCheckpoint] = field(default=None)  # type: ignore[assignment]
 
-    @cached_property
-    def checkpoints(self) -> dict[str, CheckpointSpec]:
-        return checkpoint_specs(self.config)
+    def __post_init__(self) -> None:
+        if self.checkpoints is None:
+            self.checkpoints = resolve_checkpoints(self.config, self.base_dir)
+
+    # -- the grid --------------------------------------------------------------------------------
 
     @property
     def prompts(self) -> dict[str, str]:
@@ -65,129 +160,236 @@ class Study:
 
     @property
     def layers(self) -> list[int]:
-        return sorted(self.config["layers"])
+        """The layers to capture, in the config's order."""
+        return list(self.config["layers"])
+
+    @property
+    def variants(self) -> list[str]:
+        return variant_names(self.config)
 
     @property
     def legacy(self) -> dict[str, dict]:
         return dict(self.config.get("legacy_caches", {}))
 
+    @cached_property
+    def options(self) -> dict[str, GenerationOptions]:
+        return {variant: generation_options(self.config, variant) for variant in self.variants}
+
+    @staticmethod
+    def source_name(checkpoint: str, variant: str) -> str:
+        return checkpoint if variant == DEFAULT_VARIANT else f"{checkpoint}{VARIANT_SEPARATOR}{variant}"
+
+    @cached_property
+    def runs(self) -> dict[str, tuple[str, str]]:
+        """Source name -> (checkpoint, variant), for every extracted source."""
+        return {self.source_name(c, v): (c, v) for c in self.checkpoints for v in self.variants}
+
     @property
     def sources(self) -> list[str]:
-        """Everything that gets tables and figures: checkpoints, then imported caches."""
-        return list(self.checkpoints) + list(self.legacy)
+        """Everything that gets tables and figures: extracted sources, then imported caches."""
+        return list(self.runs) + list(self.legacy)
 
-    # -- groups of layers per extraction job ---------------------------------------------
+    def variant_of(self, source: str) -> str:
+        return self.runs[source][1] if source in self.runs else DEFAULT_VARIANT
+
+    def checkpoint_of(self, source: str) -> str:
+        return self.runs[source][0] if source in self.runs else source
+
+    def sources_of(self, checkpoint: str) -> list[str]:
+        return [source for source, (c, _) in self.runs.items() if c == checkpoint] or [checkpoint]
+
+    # -- layer groups ----------------------------------------------------------------------------
+
+    @cached_property
+    def layers_per_job(self) -> int:
+        value = self.config.get("layers_per_job", "auto")
+        if value == "auto":
+            # One generation serves every layer on a GPU (27x less GPU time for 30 layers);
+            # on the CPU per-layer jobs keep reruns per layer and cost little.
+            return max(1, len(self.layers)) if self.device.startswith("cuda") else 1
+        return int(value)
 
     @cached_property
     def layer_groups(self) -> list[list[int]]:
-        """Layers captured together: blocks of ``layers_per_job`` consecutive layer
-        indices, so adding a layer reruns only the job of its own block."""
-        size = int(self.config.get("layers_per_job", 1))
-        groups: dict[int, list[int]] = {}
-        for layer in self.layers:
-            groups.setdefault(layer // size, []).append(layer)
-        return [groups[k] for k in sorted(groups)]
+        """Layers captured together: consecutive chunks of ``layers`` in the config's order,
+        so ``layers: [0, 4]`` with ``layers_per_job: 4`` is one generation."""
+        size = self.layers_per_job
+        return [self.layers[i : i + size] for i in range(0, len(self.layers), size)]
 
-    # -- paths -----------------------------------------------------------------------------
+    def group_of(self, layer: int) -> list[int]:
+        return next(group for group in self.layer_groups if layer in group)
 
-    @staticmethod
-    def extract_dir(checkpoint: str, prompt: str, seed: int | str, group: str) -> str:
-        return f"{RESULTS}/extract/{checkpoint}/{prompt}/seed{seed}/layers{group}"
+    # -- paths -----------------------------------------------------------------------------------
 
-    @staticmethod
-    def layer_file(directory: str, layer: int | str) -> str:
-        return f"{directory}/layer{layer}.parquet"
-
-    def extract_dirs(self, checkpoint: str, layer: int | None = None) -> list[str]:
-        """Extraction outputs of one checkpoint (only those holding ``layer``, if given)."""
+    def extract_dirs(self, source: str, layer: int | None = None) -> list[str]:
+        """Extraction outputs of one source (only those holding ``layer``, if given)."""
         groups = [encode_layers(g) for g in self.layer_groups if layer is None or layer in g]
         return [
-            self.extract_dir(checkpoint, prompt, seed, group) for prompt in self.prompts for seed in self.seeds for group in groups
+            path("extract_dir", source=source, prompt=prompt, seed=seed, group=group)
+            for prompt in self.prompts
+            for seed in self.seeds
+            for group in groups
         ]
 
-    @staticmethod
-    def imported_file(name: str) -> str:
-        return f"{RESULTS}/imported/{name}/frame_attention.parquet"
+    def all_extract_dirs(self) -> list[str]:
+        return [d for source in self.runs for d in self.extract_dirs(source)]
 
     def source_inputs(self, source: str, layer: int | None = None) -> list[str]:
         """The frame-level inputs of a source's aggregation (or of one layer's figures)."""
         if source in self.legacy:
-            return [self.imported_file(source)]
+            return [path("imported", source=source)]
         return self.extract_dirs(source, layer)
 
-    @staticmethod
-    def checkpoint_table(source: str, table: str) -> str:
-        return f"{RESULTS}/tables/checkpoints/{source}/{table}.parquet"
+    def token_profiles(self, source: str) -> bool:
+        """Whether the source has token profiles (extracted with capture.token_profiles)."""
+        return source in self.runs and self.config["capture"]["token_profiles"] != "none"
 
-    @staticmethod
-    def table(table: str) -> str:
-        return f"{RESULTS}/tables/{table}.parquet"
+    def source_tables(self, source: str) -> dict[str, str]:
+        """The per-source tables the aggregation job writes (named outputs)."""
+        return {table: path("source_table", source=source, table=table) for table in SOURCE_TABLES}
 
-    @staticmethod
-    def embedding(encoder: str, prompt: str) -> str:
-        return f"{RESULTS}/prompts/{encoder}/{prompt}.safetensors"
+    def embedding(self, checkpoint: str, prompt: str) -> str:
+        return path("embedding", encoder=self.text_encoder(checkpoint).key, prompt=prompt)
 
-    @staticmethod
-    def source_figure(source: str, kind: str, ext: str = "svg") -> str:
-        return f"{RESULTS}/figures/{source}/{kind}.{ext}"
-
-    @staticmethod
-    def layer_figure(source: str, layer: int | str, kind: str, ext: str = "svg") -> str:
-        return f"{RESULTS}/figures/{source}/layer{layer}/{kind}.{ext}"
-
-    # -- per-source facts --------------------------------------------------------------------
-
-    @cached_property
-    def _model_configs(self):
-        return {name: resolve_model_config(spec, self.base_dir) for name, spec in self.checkpoints.items()}
+    # -- per-source facts --------------------------------------------------------------------------
 
     def model_config(self, checkpoint: str):
-        return self._model_configs[checkpoint]
+        return self.checkpoints[checkpoint].model_config
 
     def text_encoder(self, checkpoint: str):
-        from .text import text_encoder_for
+        return self.checkpoints[checkpoint].text_encoder()
 
-        config = self.model_config(checkpoint)
-        return text_encoder_for(self.checkpoints[checkpoint], config.text_dim, config.text_len, self.base_dir)
+    @cached_property
+    def encoders(self) -> dict[str, Any]:
+        """Text encoder key -> spec, for every checkpoint's encoder."""
+        found = {}
+        for name in self.checkpoints:
+            try:
+                encoder = self.text_encoder(name)
+            except (FileNotFoundError, ValueError) as error:
+                raise ConfigError(f"invalid config:\n  config key checkpoints.{name}: {error}") from None
+            found[encoder.key] = encoder
+        return found
+
+    def encoder_sha256(self, key: str) -> str:
+        return files_digest(self.encoders[key].files(), cache=Path(self.base_dir) / DIGEST_CACHE)
 
     def weights_sha256(self, checkpoint: str) -> str:
         """The checkpoint's weights digest, cached by file size and mtime."""
-        return weights_digest(self.checkpoints[checkpoint], self.base_dir, cache=DIGEST_CACHE)
+        return self.checkpoints[checkpoint].digest(cache=Path(self.base_dir) / DIGEST_CACHE)
 
     def source_layers(self, source: str) -> list[int]:
         if source in self.legacy:
+            return self._legacy_layers(source)
+        return sorted(self.layers)
+
+    def _legacy_layers(self, source: str) -> list[int]:
+        """The layers of a legacy cache: read once (unpickling needs torch), then cached
+        by the file's digest, so parsing the workflow stays torch-free."""
+        entry = self.legacy[source]
+        file = Path(entry["path"])
+        file = file if file.is_absolute() else Path(self.base_dir) / file
+        cache = Path(self.base_dir) / LEGACY_CACHE
+
+        def peek() -> list[int]:
             from .legacy import peek_layers
 
-            path = Path(self.legacy[source]["path"])
-            path = path if path.is_absolute() else Path(self.base_dir) / path
-            try:
-                return peek_layers(path, allow_pickle=self.legacy[source]["allow_pickle"])
-            except (ValueError, FileNotFoundError) as error:
-                raise ConfigError(f"config key legacy_caches.{source}: {error}") from None
-        return self.layers
+            return peek_layers(file, allow_pickle=entry["allow_pickle"])
 
-    # -- targets -----------------------------------------------------------------------------
+        try:
+            digest = files_digest([file], cache=Path(self.base_dir) / DIGEST_CACHE)
+            return cached_value(f"{digest}:{entry['allow_pickle']}", cache, peek)
+        except (ValueError, FileNotFoundError) as error:
+            raise ConfigError(f"config key legacy_caches.{source}: {error}") from None
+
+    # -- targets -----------------------------------------------------------------------------------
+
+    def figure_inputs(self, kind: str, source: str) -> list[str]:
+        """The tables figure ``kind`` of ``source`` reads (a checkpoint's: all its variants)."""
+        sources = self.sources_of(source) if kind in CHECKPOINT_FIGURES else [source]
+        return [path("source_table", source=s, table=t) for s in sources for t in FIGURE_INPUTS[kind]]
+
+    def study_figure_inputs(self, kind: str) -> list[str]:
+        return [path("table", table=t) for t in FIGURE_INPUTS[kind]]
+
+    def figure_kinds(self, source: str) -> list[str]:
+        kinds = list(SOURCE_FIGURES)
+        if not self.token_profiles(source):
+            kinds = [kind for kind in kinds if kind not in TOKEN_FIGURES]
+        return kinds
 
     def figure_targets(self) -> list[str]:
         paths = []
         for source in self.sources:
-            for kind in SOURCE_FIGURES:
-                paths += [self.source_figure(source, kind, ext) for ext in ("svg", "png")]
+            for kind in self.figure_kinds(source):
+                paths += [path("source_figure", source=source, kind=kind, ext=ext) for ext in ("svg", "png")]
             for layer in self.source_layers(source):
                 for kind in LAYER_FIGURES:
-                    paths += [self.layer_figure(source, layer, kind, ext) for ext in ("svg", "png")]
+                    paths += [path("layer_figure", source=source, layer=layer, kind=kind, ext=ext) for ext in ("svg", "png")]
+        for checkpoint in self.checkpoints:
+            for kind in CHECKPOINT_FIGURES:
+                paths += [path("checkpoint_figure", checkpoint=checkpoint, kind=kind, ext=ext) for ext in ("svg", "png")]
+        for kind in STUDY_FIGURES:
+            paths += [path("study_figure", kind=kind, ext=ext) for ext in ("svg", "png")]
         return paths
 
     def all_targets(self) -> list[str]:
-        return [self.table(t) for t in TABLES] + self.figure_targets()
+        tables = [path("table", table=t) for t in TABLES]
+        if any(self.token_profiles(source) for source in self.sources):
+            tables.append(path("table", table="token_profiles"))
+        csvs = [path("head_classes_csv", source=source) for source in self.sources]
+        return tables + csvs + self.figure_targets() + [PATTERNS["summary"]]
 
-    # -- rule params (what each job depends on, so changes rerun exactly it) ----------------
+    # -- rule params (canonical: equivalent configs give equal params) -----------------------------
+
+    def compute(self, checkpoint: str) -> dict[str, str]:
+        """Device and dtype the extraction computes in (precision is provenance)."""
+        return {"device": self.device, "dtype": default_dtype(self.device, self.checkpoints[checkpoint].spec.dtype)}
+
+    def extract_params(self, source: str, group: str) -> dict[str, Any]:
+        checkpoint, variant = self.runs[source]
+        capture = self.config["capture"]
+        return {
+            "checkpoint": self.checkpoints[checkpoint].spec.to_dict(),
+            "variant": variant,
+            "layers": decode_layers(group),
+            "generation": self.options[variant].to_dict(),
+            "capture": {"backend": capture["backend"], "compile": capture["compile"], "token_profiles": capture["token_profiles"]},
+            "compute": self.compute(checkpoint),
+        }
+
+    def aggregate_params(self, source: str) -> dict[str, Any]:
+        variant = self.variant_of(source)
+        options = self.options.get(variant)
+        return {
+            "name": source,
+            "sink_frames": options.sink_frames if options is not None else 0,
+            "diagnostics": dict(self.config["diagnostics"]),
+        }
 
     def figure_options(self, kind: str) -> dict[str, Any]:
+        """Only the options figure ``kind`` draws with: changing another reruns nothing."""
         options = self.config["figures"]
-        chosen = {"step": options["step"], "metric": options["metric"], "dpi": options["dpi"]}
-        if kind == "figure4":
+        chosen: dict[str, Any] = {"dpi": options["dpi"], "frame_base": options["frame_base"]}
+        if kind not in ("head_classes", "attention_across_checkpoints", "sink_mass_over_time"):
+            chosen["step"] = options["step"]
+        if kind in ("figure4", "first_middle_last", "layer_comparison", "sink_score_overview", "per_head_grid",
+                    "heads_heatmap", "query_key_maps", "policy_comparison", "figure4_steps", "summary"):  # fmt: skip
+            chosen["metric"] = options["metric"]
+        if kind == "summary":
+            chosen["checkpoints"] = {name: {"format": c.spec.format, "weights": c.spec.weights}
+                                     for name, c in self.checkpoints.items()}  # fmt: skip
+        if kind in ("figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "attention_over_time", "policy_comparison"):
             chosen["heads"] = list(options["heads"])
         if kind == "query_key_maps":
             chosen["video_frames"] = options["video_frames"]
+        if kind == "layer_comparison":
+            chosen["highlight_layers"] = options["highlight_layers"]
         return chosen
+
+    @staticmethod
+    def code(stage: str) -> str:
+        """Digest of the package code a stage runs (a rule param: changed code reruns it)."""
+        if stage in STAGE_MODULES:
+            return code_digest(*STAGE_MODULES[stage])
+        return code_digest(figure_module(stage), "sinkscope.figures.common", "sinkscope.jobs")

@@ -1,14 +1,7 @@
-"""Loading transformer weights: Wan release folders, Self-Forcing .pt, diffusers folders.
+"""Loading transformer weights (the torch side of ``sinkscope.checkpoints``).
 
-Formats (detected, or forced by a checkpoint's ``format``):
-
-- ``wan``: the Wan2.1 release folder (``config.json`` + ``diffusion_pytorch_model.safetensors``,
-  sharded with an ``.index.json`` or not), or a single original-format ``.safetensors``;
-- ``self_forcing``: a Self-Forcing ``.pt`` whose state dict sits under ``generator_ema``
-  (or ``generator``), keys prefixed ``model.``;
-- ``diffusers``: a ``WanTransformer3DModel`` folder (or a pipeline folder with
-  ``transformer/``), names mapped to the original ones;
-- ``demo``: no file; seeded random weights of a named config.
+``sinkscope.checkpoints`` finds out what a checkpoint is (format, model config,
+files) without torch; this module reads the state dict and builds the model.
 
 Loading is strict (missing/unexpected keys and shape mismatches fail, with counts and
 the first names), safe (``torch.load(weights_only=True)`` unless ``allow_pickle``) and
@@ -18,209 +11,47 @@ model is built on the meta device, so the weights are never copied twice).
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import pickle
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from ..checkpoints import (
+    CheckpointSpec,
+    ResolvedCheckpoint,
+    check_torch_file,
+    config_in_folder,
+    detect_format,
+    folder_weight_files,
+    resolve_checkpoint,
+    resolve_path,
+    safetensors_header,
+    transformer_folder,
+)
+from ..errors import WeightsError
 from .config import WanConfig, get_model_config
 from .wan import WanModel, build_model
 
-if TYPE_CHECKING:
-    from ..config import CheckpointSpec
+__all__ = ["WeightsError", "detect_format", "load_checkpoint", "load_transformer", "torch_load"]
 
-WAN_WEIGHTS = "diffusion_pytorch_model.safetensors"
-WAN_INDEX = "diffusion_pytorch_model.safetensors.index.json"
-TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class WeightsError(ValueError):
-    """Weights that do not fit the model: the message names the file and the keys."""
-
-
-# -- formats and configs --------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as exc:
-        raise WeightsError(f"{path}: not valid JSON ({exc})") from None
-
-
-def _transformer_folder(path: Path) -> Path:
-    """A diffusers pipeline folder keeps the transformer under transformer/."""
-    sub = path / "transformer"
-    return sub if (sub / "config.json").is_file() else path
+# -- reading state dicts ----------------------------------------------------------------
 
 
 def _safe_open(path: Path, **options):
     """safetensors' safe_open, with a corrupt or truncated file named in a WeightsError."""
     from safetensors import safe_open
 
+    safetensors_header(path)  # a clear message for files that are not safetensors
     try:
         return safe_open(str(path), framework="pt", **options)
     except Exception as exc:  # noqa: BLE001 - SafetensorError is not a common base class
         raise WeightsError(f"{path} is not a readable .safetensors file (corrupt or truncated?): {exc}") from None
-
-
-def _safetensors_keys(path: Path) -> list[str]:
-    with _safe_open(path) as handle:
-        return list(handle.keys())
-
-
-def _folder_weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a folder, in the order an index names them."""
-    indexes = sorted(folder.glob("*.safetensors.index.json"))
-    if indexes:
-        weight_map = _read_json(indexes[0]).get("weight_map", {})
-        files = sorted({folder / name for name in weight_map.values()})
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{indexes[0]} names shards that do not exist: {', '.join(missing[:3])}")
-        return files
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors weights in folder {folder}")
-    return files
-
-
-def detect_format(path: str | Path) -> str:
-    """'wan', 'self_forcing' or 'diffusers', from the files at ``path``."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"weights path {str(path)!r} does not exist")
-    if path.is_file():
-        if path.suffix in TORCH_SUFFIXES:
-            return "self_forcing"
-        if path.suffix == ".safetensors":
-            keys = _safetensors_keys(path)
-            return "diffusers" if any(k.startswith("condition_embedder.") for k in keys) else "wan"
-        raise WeightsError(f"cannot tell the format of {path}: expected a folder, .safetensors or .pt")
-    folder = _transformer_folder(path)
-    config_path = folder / "config.json"
-    if config_path.is_file():
-        config = _read_json(config_path)
-        if config.get("_class_name") == "WanTransformer3DModel" or "num_attention_heads" in config:
-            return "diffusers"
-        if config.get("_class_name") == "WanModel" or "dim" in config:
-            return "wan"
-    files = _folder_weight_files(folder)
-    keys = _safetensors_keys(files[0])
-    return "diffusers" if any(k.startswith(("condition_embedder.", "blocks.0.attn1")) for k in keys) else "wan"
-
-
-def config_from_wan_json(data: Mapping[str, Any]) -> WanConfig:
-    """WanConfig from an original Wan ``config.json`` (WanModel fields)."""
-    fields = {k: data[k] for k in ("dim", "ffn_dim", "num_heads", "num_layers", "in_dim", "out_dim", "text_len", "freq_dim", "eps", "text_dim", "qk_norm", "cross_attn_norm") if k in data}
-    if "patch_size" in data:
-        fields["patch_size"] = tuple(data["patch_size"])
-    if data.get("model_type", "t2v") != "t2v":
-        raise WeightsError(f"model_type {data.get('model_type')!r} is not supported (text-to-video 't2v' only)")
-    return WanConfig(**fields)
-
-
-def config_from_diffusers_json(data: Mapping[str, Any]) -> WanConfig:
-    """WanConfig from a diffusers ``WanTransformer3DModel`` config.json."""
-    if data.get("image_dim") or data.get("added_kv_proj_dim"):
-        raise WeightsError("image-conditioned (i2v) Wan transformers are not supported; use a t2v checkpoint")
-    qk_norm = data.get("qk_norm", "rms_norm_across_heads")
-    if qk_norm not in (None, "rms_norm_across_heads"):
-        raise WeightsError(f"qk_norm {qk_norm!r} is not Wan's RMSNorm across heads")
-    return WanConfig(
-        dim=data["num_attention_heads"] * data["attention_head_dim"],
-        ffn_dim=data["ffn_dim"],
-        num_heads=data["num_attention_heads"],
-        num_layers=data["num_layers"],
-        in_dim=data.get("in_channels", 16),
-        out_dim=data.get("out_channels", 16),
-        text_dim=data.get("text_dim", 4096),
-        freq_dim=data.get("freq_dim", 256),
-        patch_size=tuple(data.get("patch_size", (1, 2, 2))),
-        eps=data.get("eps", 1e-6),
-        qk_norm=qk_norm is not None,
-        cross_attn_norm=data.get("cross_attn_norm", True),
-        rope_max_positions=data.get("rope_max_seq_len", 1024),
-    )
-
-
-def _config_in_folder(folder: Path) -> WanConfig | None:
-    folder = _transformer_folder(folder)
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        return None
-    data = _read_json(config_path)
-    if data.get("_class_name") == "WanTransformer3DModel" or "num_attention_heads" in data:
-        return config_from_diffusers_json(data)
-    config = config_from_wan_json(data)
-    if "text_dim" not in data:
-        # Wan's config.json leaves text_dim out; the weights' header knows it.
-        width = _peek_shape(folder, "text_embedding.0.weight")
-        if width is not None:
-            config = dataclasses.replace(config, text_dim=width[1])
-    return config
-
-
-def _peek_shape(folder: Path, key: str) -> tuple[int, ...] | None:
-    """A tensor's shape from safetensors headers, without reading the data."""
-    try:
-        files = _folder_weight_files(folder)
-    except FileNotFoundError:
-        return None
-    for file in files:
-        with _safe_open(file) as handle:
-            if key in handle.keys():
-                return tuple(handle.get_slice(key).get_shape())
-    return None
-
-
-def _resolve(path: str | None, base_dir: Path) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else base_dir / p
-
-
-def resolve_model_config(spec: "CheckpointSpec", base_dir: str | Path = ".") -> WanConfig:
-    """The model config of a checkpoint entry: named, or read from its config.json.
-
-    Also checks that the files the entry names exist, so a config fails before any job.
-    """
-    base_dir = Path(base_dir)
-    if spec.format == "demo":
-        if spec.weights:
-            raise WeightsError("format 'demo' takes no weights file (it builds seeded random weights)")
-        return get_model_config(spec.model or "demo")
-    weights = _resolve(spec.weights, base_dir)
-    if weights is None:
-        raise WeightsError(f"format {spec.format!r} needs 'weights' (a file or folder)")
-    if not weights.exists():
-        raise FileNotFoundError(f"weights {spec.weights!r} do not exist (looked at {weights})")
-    base = _resolve(spec.base, base_dir)
-    if base is not None and not base.is_dir():
-        raise FileNotFoundError(f"base folder {spec.base!r} does not exist (looked at {base})")
-    fmt = detect_format(weights) if spec.format == "auto" else spec.format
-    if spec.model:
-        return get_model_config(spec.model)
-    for folder in ([weights] if weights.is_dir() else []) + ([base] if base is not None else []):
-        found = _config_in_folder(folder)
-        if found is not None:
-            return found
-    raise WeightsError(
-        f"no model config for {fmt} weights {spec.weights!r}: set 'model' (e.g. wan2.1-t2v-1.3b) "
-        "or 'base' (a Wan release folder with config.json)"
-    )
-
-
-# -- reading state dicts ----------------------------------------------------------------
 
 
 def _load_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
@@ -273,6 +104,7 @@ def _strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, t
 
 def read_self_forcing_state(path: Path, *, ema: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """The generator state dict of a Self-Forcing checkpoint, ``model.`` stripped."""
+    check_torch_file(path)
     data = torch_load(path, allow_pickle=allow_pickle)
     if not isinstance(data, Mapping):
         raise WeightsError(f"{path} holds a {type(data).__name__}, not a state dict")
@@ -327,7 +159,7 @@ def read_state_dict(path: Path, fmt: str, *, ema: bool = True, allow_pickle: boo
             raise WeightsError(f"format 'self_forcing' expects a .pt file, got the folder {path}")
         return read_self_forcing_state(path, ema=ema, allow_pickle=allow_pickle)
     if path.is_dir():
-        files = _folder_weight_files(_transformer_folder(path))
+        files = folder_weight_files(transformer_folder(path))
     elif path.suffix == ".safetensors":
         files = [path]
     else:
@@ -376,7 +208,7 @@ def load_transformer(
     ``model`` names the config (e.g. ``"wan2.1-t2v-1.3b"``); without it the config
     comes from the weights folder's config.json, or from ``base``'s.
     """
-    path = Path(path)
+    path = resolve_path(str(path))
     if not path.exists():
         raise FileNotFoundError(f"weights path {str(path)!r} does not exist")
     fmt = detect_format(path) if format == "auto" else format
@@ -392,7 +224,7 @@ def load_transformer(
     else:
         config = None
         for folder in ([path] if path.is_dir() else []) + ([Path(base)] if base is not None else []):
-            config = _config_in_folder(folder)
+            config = config_in_folder(folder)
             if config is not None:
                 break
         if config is None:
@@ -408,95 +240,30 @@ def load_transformer(
 # -- the pipeline's view: checkpoint entries ---------------------------------------------
 
 
-def compute_dtype(spec: "CheckpointSpec", device: torch.device) -> torch.dtype:
+def compute_dtype(spec: CheckpointSpec, device: torch.device) -> torch.dtype:
+    """The checkpoint's dtype option on ``device``: auto is bfloat16 on CUDA, float32 elsewhere."""
     if spec.dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[spec.dtype]
 
 
-def load_checkpoint(spec: "CheckpointSpec", *, device: torch.device, base_dir: str | Path = ".") -> WanModel:
+def load_checkpoint(
+    checkpoint: ResolvedCheckpoint | CheckpointSpec, *, device: torch.device, base_dir: str | Path = "."
+) -> WanModel:
     """Load a checkpoint entry of the config on ``device`` in its compute dtype."""
+    if isinstance(checkpoint, CheckpointSpec):
+        checkpoint = resolve_checkpoint(checkpoint, base_dir)
+    spec = checkpoint.spec
     dtype = compute_dtype(spec, device)
-    if spec.is_demo:
-        return build_model(spec.model or "demo", seed=spec.seed, dtype=dtype, device=device)
-    base_dir = Path(base_dir)
+    if checkpoint.format == "demo":
+        return build_model(checkpoint.model_config, seed=spec.seed, dtype=dtype, device=device)
     return load_transformer(
-        _resolve(spec.weights, base_dir),
-        format=spec.format,
-        model=spec.model or resolve_model_config(spec, base_dir),
-        base=_resolve(spec.base, base_dir),
+        checkpoint.weights,
+        format=checkpoint.format,
+        model=checkpoint.model_config,
+        base=checkpoint.base,
         ema=spec.ema,
         allow_pickle=spec.allow_pickle,
         device=device,
         dtype=dtype,
     )
-
-
-def weight_files(spec: "CheckpointSpec", base_dir: str | Path = ".") -> list[Path]:
-    """The files whose bytes are the checkpoint's weights (empty for the demo)."""
-    if spec.is_demo:
-        return []
-    path = _resolve(spec.weights, Path(base_dir))
-    if path.is_file():
-        return [path]
-    folder = _transformer_folder(path)
-    extra = [f for f in (folder / "config.json", *folder.glob("*.safetensors.index.json")) if f.is_file()]
-    return sorted(_folder_weight_files(folder) + extra)
-
-
-def weights_digest(spec: "CheckpointSpec", base_dir: str | Path = ".", cache: str | Path | None = None) -> str:
-    """sha256 of the weight files (names and bytes), or of the demo's seeded tensors.
-
-    With ``cache`` (a JSON file), a digest is reused while every file keeps its size
-    and mtime: hashing 5.7 GB happens once, and a touched but unchanged file hashes
-    to the same digest, so nothing downstream reruns.
-    """
-    if spec.is_demo:
-        key = f"demo:{spec.model or 'demo'}:{spec.seed}"
-        return _cached(key, cache, lambda: _hash_demo_weights(spec))
-    return files_digest(weight_files(spec, base_dir), cache)
-
-
-def files_digest(files: list[str | Path], cache: str | Path | None = None) -> str:
-    """sha256 over the files' names and bytes, cached by (path, size, mtime)."""
-    files = [Path(f) for f in files]
-    key = json.dumps([[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files])
-    return _cached(key, cache, lambda: _hash_files(files))
-
-
-def _cached(key: str, cache: str | Path | None, compute) -> str:
-    store: dict[str, str] = {}
-    if cache is not None and Path(cache).is_file():
-        try:
-            store = json.loads(Path(cache).read_text())
-        except json.JSONDecodeError:
-            store = {}
-    if key in store:
-        return store[key]
-    value = compute()
-    if cache is not None:
-        from ..io import atomic_path
-
-        store[key] = value
-        with atomic_path(cache) as tmp:
-            tmp.write_text(json.dumps(store, indent=1))
-    return value
-
-
-def _hash_demo_weights(spec: "CheckpointSpec") -> str:
-    digest = hashlib.sha256()
-    model = build_model(spec.model or "demo", seed=spec.seed)
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _hash_files(files: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(file.name.encode())
-        with open(file, "rb") as handle:
-            while chunk := handle.read(1 << 24):
-                digest.update(chunk)
-    return digest.hexdigest()

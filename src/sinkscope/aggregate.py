@@ -1,0 +1,174 @@
+"""The aggregation jobs: every extraction of a source -> its tables; sources -> the study's.
+
+Before anything is written, every input is verified: its folder's manifest, each file's
+sha256, page checksums and content digests, and its rows against what the generation
+must produce. Runs computed in different precisions (device kind, dtype) are refused
+by name rather than mixed in one table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .errors import DamagedFileError, SinkscopeError
+from .integrity import check_layer_rows, read_manifest, verify_file
+from .io import atomic_path
+from .jobs import provenance
+from .summaries import block_stats, head_class_grid, head_diagnostics, head_stats, layer_stats
+from .tables import SCHEMAS, read_metadata, read_table, with_default_columns, write_table
+from .workflow import decode_layers, layer_file
+
+log = logging.getLogger("sinkscope")
+_SOURCE_KEYS = ("checkpoint", "variant", "prompt_id", "seed", "layer", "config_hash", "checkpoint_digest", "device_name",
+                "device_kind", "dtype", "torch_version", "package_version", "code_commit", "code_digest",
+                "latents_sha256", "legacy_layout", "legacy_file", "legacy_file_sha256")  # fmt: skip
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def extraction_files(directory: str | Path) -> dict[str, list[Path]]:
+    """A verified extraction folder's files by kind (frames, queries, tokens), in layer order."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    contents = manifest["contents"]
+    expected = decode_layers(directory.name.removeprefix("layers"))
+    if sorted(contents["layers"]) != sorted(expected):
+        raise DamagedFileError(directory, f"holds layers {contents['layers']}, its name says {expected}")
+    files: dict[str, list[Path]] = {"frames": [], "queries": [], "tokens": []}
+    for layer in contents["layers"]:
+        for kind in files:
+            path = Path(layer_file(directory, layer, kind))
+            if path.name in manifest["files"]:
+                verify_file(path, manifest)
+                files[kind].append(path)
+        if not files["frames"] or files["frames"][-1].name != Path(layer_file(directory, layer)).name:
+            raise DamagedFileError(directory, f"its manifest lists no frame file for layer {layer}")
+    return files
+
+
+def _read_checked(path: Path, manifest: Mapping[str, Any] | None) -> pd.DataFrame:
+    table = read_table(path)
+    if manifest is not None:
+        recorded = manifest["contents"]["rows"].get(path.name)
+        if recorded is not None and recorded != len(table):
+            raise DamagedFileError(path, f"holds {len(table)} rows, its job wrote {recorded}")
+    return table
+
+
+def _source_record(path: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: meta.get(key) for key in _SOURCE_KEYS if key in meta} | {"file": str(path)}
+
+
+def _check_precision(records: Sequence[Mapping[str, Any]], name: str) -> None:
+    kinds: dict[tuple, list[str]] = {}
+    for record in records:
+        if "dtype" in record:
+            kinds.setdefault((record.get("device_kind"), record["dtype"]), []).append(record["file"])
+    if len(kinds) > 1:
+        described = "; ".join(f"{dtype} on {device}: {files[0]}" + (f" (+{len(files) - 1} more)" if len(files) > 1 else "")
+                              for (device, dtype), files in sorted(kinds.items(), key=str))  # fmt: skip
+        raise SinkscopeError(
+            f"source {name!r} mixes precisions ({described}); extract them all on one device kind "
+            "and dtype (config device / checkpoints.<name>.dtype), e.g. snakemake --forcerun extract_attention"
+        )
+
+
+def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path], params: Mapping[str, Any]) -> None:
+    """One source's extraction folders (or imported file) -> its tables, figures' inputs."""
+    began = time.perf_counter()
+    name = params["name"]
+    parts: dict[str, list[pd.DataFrame]] = {"frames": [], "queries": []}
+    token_files: list[tuple[Path, Path]] = []
+    records, model_configs = [], {}
+    for entry in map(Path, inputs):
+        if entry.is_dir():
+            manifest = read_manifest(entry)
+            files = extraction_files(entry)
+            contents = manifest["contents"]
+        else:
+            manifest, files, contents = None, {"frames": [entry], "queries": [], "tokens": []}, None
+        for path in files["frames"]:
+            meta = read_metadata(path)
+            frame = with_default_columns(_read_checked(path, manifest), meta.get("frame_seq_length"))
+            if contents is not None:
+                layer = int(frame["layer"].iloc[0]) if len(frame) else -1
+                check_layer_rows(frame, layer=layer, calls=contents["num_calls"], heads=contents["num_heads"], where=str(path))
+            parts["frames"].append(frame)
+            records.append(_source_record(path, meta))
+            if "model_config" in meta:
+                model_configs[json.dumps(meta["model_config"], sort_keys=True)] = meta["model_config"]
+        parts["queries"] += [_read_checked(path, manifest) for path in files["queries"]]
+        token_files += [(path, entry) for path in files["tokens"]]
+    _check_precision(records, name)
+    frame = pd.concat(parts["frames"], ignore_index=True)
+    queries = pd.concat(parts["queries"], ignore_index=True) if parts["queries"] else None
+    thresholds = dict(params.get("diagnostics") or {})
+    first_k = int(thresholds.get("first_k", 3))
+    metadata = {
+        **provenance("aggregate_source"),
+        "checkpoint": name,
+        "model_config": next(iter(model_configs.values()), None),
+        "frame_grid": read_metadata(records[0]["file"]).get("frame_grid") if records else None,
+        "sources": records,
+        "diagnostics": thresholds,
+    }
+    diagnostics = head_diagnostics(frame, queries, thresholds)
+    tables = {
+        "frame_attention": frame,
+        "query_stats": queries if queries is not None else pd.DataFrame(columns=SCHEMAS["query_stats"].names),
+        "head_stats": head_stats(frame, first_k),
+        "layer_stats": layer_stats(frame, first_k),
+        "block_stats": block_stats(frame, int(params.get("sink_frames", 0))),
+        "head_diagnostics": diagnostics,
+    }
+    for table, rows in tables.items():
+        write_table(rows, outputs[table], SCHEMAS[table], metadata, row_groups_by="block" if table == "frame_attention" else None)
+    with atomic_path(outputs["head_classes"]) as tmp:
+        head_class_grid(diagnostics).to_csv(tmp)
+    # Token profiles: the extraction files themselves, linked into a Parquet dataset folder.
+    folder = Path(outputs["token_profiles"])
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for path, directory in token_files:
+        _link_or_copy(path, folder / directory.parent.parent.name / directory.parent.name / directory.name / path.name)
+    log.info("aggregated %d files, %d frame rows, %d token files for %s in %.2f s",
+             len(records), len(frame), len(token_files), name, time.perf_counter() - began)  # fmt: skip
+
+
+def combine_job(inputs: Mapping[str, Sequence[str | Path]], outputs: Mapping[str, str | Path]) -> None:
+    """Concatenate the per-source tables into results/tables/ (token profiles: linked)."""
+    for table, paths in inputs.items():
+        if table == "token_profiles":
+            folder = Path(outputs[table])
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            for source_folder in map(Path, paths):
+                for file in sorted(source_folder.rglob("*.parquet")):
+                    _link_or_copy(file, folder / source_folder.parent.name / file.relative_to(source_folder))
+            continue
+        frame = read_table(paths)
+        parts = [read_metadata(path) for path in paths]
+        metadata = {
+            **provenance("combine_tables"),
+            "checkpoints": sorted(set(frame["checkpoint"])) if len(frame) else [],
+            "model_configs": {part.get("checkpoint"): part.get("model_config") for part in parts},
+            "frame_grids": {part.get("checkpoint"): part.get("frame_grid") for part in parts},
+            "sources": [source for part in parts for source in part.get("sources", [])],
+        }
+        write_table(frame, outputs[table], SCHEMAS[table], metadata)
+        log.info("%s: %d rows from %d source tables", table, len(frame), len(paths))

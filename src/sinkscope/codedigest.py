@@ -1,0 +1,106 @@
+"""Digests of the package code a pipeline stage runs, for Snakemake's rerun triggers.
+
+The Snakemake rules call thin scripts, so Snakemake's own ``code`` trigger sees none of
+the logic. Each rule therefore gets, as a param, the digest of the source of the
+package module it runs and of every package module that one imports (transitively,
+lazy imports inside functions included; found by reading the source, not by importing
+it, so this costs no torch import). A changed line of the statistics reruns extraction;
+a changed figure module reruns that figure only.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = "sinkscope"
+ROOT = Path(__file__).resolve().parent
+
+
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")[1:]
+    base = ROOT.joinpath(*parts)
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return None
+
+
+def _parents(name: str) -> list[str]:
+    """Packages whose __init__ runs when ``name`` is imported (sinkscope.a.b -> sinkscope, sinkscope.a)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _lazy_nodes(tree: ast.Module) -> set[int]:
+    """Nodes inside a module-level ``__getattr__`` (a package's lazy attributes)."""
+    lazy: set[int] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            lazy.update(id(child) for child in ast.walk(node))
+    return lazy
+
+
+@lru_cache(maxsize=None)
+def _imports(name: str, lazy: bool = True) -> frozenset[str]:
+    """Package modules imported anywhere in module ``name``'s source.
+
+    ``lazy=False`` leaves out the imports of a package's ``__getattr__``: they run only
+    when a name is taken from the package, not when a submodule is imported.
+    """
+    path = _module_file(name)
+    if path is None:
+        return frozenset()
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = set() if lazy else _lazy_nodes(tree)
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base.split(".")[0] != PACKAGE:
+                continue
+            found.add(base)
+            # `from . import wan` imports a submodule; `from .x import name` a name.
+            found.update(f"{base}.{alias.name}" for alias in node.names if _module_file(f"{base}.{alias.name}"))
+    return frozenset(module for module in found if _module_file(module) is not None)
+
+
+@lru_cache(maxsize=None)
+def module_closure(name: str) -> tuple[str, ...]:
+    """``name`` and every package module it imports, transitively (package __init__s too)."""
+    # (module, whether its lazy attributes are used): a module imported by name uses
+    # them; a package whose __init__ only runs on the way to a submodule does not.
+    seen: set[tuple[str, bool]] = set()
+    todo = [(name, True)]
+    while todo:
+        module, lazy = todo.pop()
+        if (module, lazy) in seen or (module, True) in seen or _module_file(module) is None:
+            continue
+        seen.add((module, lazy))
+        todo.extend((imported, True) for imported in _imports(module, lazy))
+        todo.extend((parent, False) for parent in _parents(module))
+    return tuple(sorted({module for module, _ in seen}))
+
+
+@lru_cache(maxsize=None)
+def code_digest(*modules: str) -> str:
+    """sha256 (16 hex digits) of the sources of ``modules`` and everything they import."""
+    digest = hashlib.sha256()
+    for module in sorted({m for name in modules for m in module_closure(name)}):
+        digest.update(module.encode())
+        digest.update(_module_file(module).read_bytes())
+    return digest.hexdigest()[:16]

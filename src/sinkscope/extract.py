@@ -1,0 +1,155 @@
+"""The extraction job: generate one video, capture a group of layers, write their files.
+
+One job = one (checkpoint, variant, prompt, seed, layer group). It writes, per layer,
+``layer<L>.parquet`` (frame_attention rows, one row group per block),
+``layer<L>.queries.parquet`` (query_stats) and, with token capture,
+``layer<L>.tokens.parquet`` (token_profiles), then ``manifest.json`` last. The folder
+is built beside its final place and swapped in whole, so a reader never sees half of
+it; before writing, the job checks its rows against what the generation must produce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .checkpoints import CheckpointSpec, resolve_checkpoint
+from .config import stable_hash
+from .errors import SinkscopeError
+from .integrity import check_layer_rows, write_manifest
+from .jobs import cuda_visible_devices, pick_device, provenance
+from .options import GenerationOptions
+from .tables import FRAME_ATTENTION_SCHEMA, QUERY_STATS_SCHEMA, TOKEN_PROFILES_SCHEMA, write_table
+from .workflow import layer_file
+
+log = logging.getLogger("sinkscope")
+
+
+def _swap_in(built: Path, final: Path) -> None:
+    """Replace the folder ``final`` by ``built`` (two renames; the old one removed after)."""
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(built, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def extract_job(
+    *,
+    checkpoint: Mapping[str, Any],
+    variant: str,
+    prompt_id: str,
+    seed: int,
+    layers: Sequence[int],
+    output: str | Path,
+    embedding: str | Path,
+    weights_sha256: str,
+    generation: Mapping[str, Any],
+    capture: Mapping[str, Any],
+    compute: Mapping[str, str],
+    base_dir: str | Path = ".",
+) -> dict[str, Any]:
+    """Generate one video, capture ``layers``, write the extraction folder ``output``."""
+    job_began = time.perf_counter()
+    from .capture import FrameStatsCapture
+    from .generation import generate
+    from .model.loading import load_checkpoint
+    from .text import load_embedding
+
+    spec = CheckpointSpec(**checkpoint)
+    options = GenerationOptions.from_config(generation)
+    device = pick_device(compute["device"])
+    began = time.perf_counter()
+    timings: dict[str, float] = {"startup_seconds": began - job_began}
+    resolved = resolve_checkpoint(spec, base_dir)
+    model = load_checkpoint(resolved, device=device)
+    timings["load_seconds"] = time.perf_counter() - began
+    dtype = str(model.dtype).replace("torch.", "")
+    if dtype != compute["dtype"]:
+        raise SinkscopeError(f"checkpoint {spec.name!r} computes in {dtype}, the workflow planned {compute['dtype']}")
+    if capture.get("compile") and device.type == "cuda":
+        model.compile_blocks(dynamic=False)
+    context, context_meta = load_embedding(embedding)
+    config = model.config
+    height, width = options.latent_height or config.latent_height, options.latent_width or config.latent_width
+    frame_seq_length = config.frame_seq_length(height, width)
+    log.info(
+        "extracting %s (%s) / %s / seed %d, layers %s on %s (%s; CUDA_VISIBLE_DEVICES=%s; policy %s; %s)",
+        spec.name, variant, prompt_id, seed, list(layers), device, dtype, cuda_visible_devices(),
+        options.cache_policy, config.to_json(),
+    )  # fmt: skip
+
+    recorder = FrameStatsCapture(
+        model, layers, frame_seq_length=frame_seq_length, backend=capture["backend"],
+        token_profiles=capture["token_profiles"],
+    )  # fmt: skip
+    with recorder:
+        result = generate(model, context[None], options=options, seed=seed, observers=[recorder])
+    timings["generation_seconds"] = result.seconds
+    began = time.perf_counter()
+    tables = recorder.layer_tables()
+    timings["collect_seconds"] = time.perf_counter() - began
+
+    latents_sha = hashlib.sha256(result.latents.float().cpu().numpy().tobytes()).hexdigest()
+    job_config = {"checkpoint": spec.to_dict(), "variant": variant, "generation": options.to_dict(), "seed": int(seed),
+                  "prompt": context_meta.get("prompt"), "capture": dict(capture), "compute": dict(compute)}  # fmt: skip
+    metadata = {
+        **provenance("extract_attention", device),
+        "dtype": dtype,
+        "config_hash": stable_hash(job_config),
+        "checkpoint_digest": weights_sha256,
+        "model_config": config.to_dict(),
+        "generation": options.to_dict(),
+        "checkpoint": spec.to_dict(),
+        "variant": variant,
+        "prompt_id": prompt_id,
+        "prompt": context_meta.get("prompt", ""),
+        "text_encoder": context_meta.get("encoder", ""),
+        "seed": int(seed),
+        "frame_seq_length": frame_seq_length,
+        "frame_grid": [height // config.patch_size[1], width // config.patch_size[2]],
+        "block_sizes": options.block_sizes(),
+        "layers_in_job": list(layers),
+        "num_calls": len(result.calls),
+        "latents_sha256": latents_sha,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "kv_cache_bytes": result.kv_cache_bytes,
+        "timings": timings,
+    }
+    run_columns = {"checkpoint": spec.name, "variant": variant, "prompt_id": prompt_id, "seed": int(seed)}
+
+    output = Path(output)
+    built = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    shutil.rmtree(built, ignore_errors=True)
+    built.mkdir(parents=True)
+    began = time.perf_counter()
+    files, counts = [], {}
+    for layer in layers:
+        parts = tables[layer]
+        check_layer_rows(parts["frames"], layer=layer, calls=options.num_calls, heads=config.num_heads, where=str(output))
+        for kind, schema in (("frames", FRAME_ATTENTION_SCHEMA), ("queries", QUERY_STATS_SCHEMA), ("tokens", TOKEN_PROFILES_SCHEMA)):
+            rows = parts.get(kind)
+            if rows is None:
+                continue
+            rows = rows.assign(**run_columns)
+            target = Path(layer_file(built, layer, kind))
+            write_table(rows, target, schema, {**metadata, "layer": int(layer)}, row_groups_by="block")
+            files.append(target.name)
+            counts[target.name] = len(rows)
+    timings["write_seconds"] = time.perf_counter() - began
+    write_manifest(built, files, {"layers": [int(x) for x in layers], "rows": counts, "num_calls": options.num_calls,
+                                  "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
+                                  "generation": options.to_dict()})  # fmt: skip
+    _swap_in(built, output)
+    log.info(
+        "generation %.2f s (%d calls), load %.2f s, write %.2f s; latents sha256 %s; peak memory %s",
+        result.seconds, len(result.calls), timings["load_seconds"], timings["write_seconds"], latents_sha[:16],
+        result.peak_memory_bytes,
+    )  # fmt: skip
+    return metadata

@@ -1,0 +1,205 @@
+"""Results that cannot silently go wrong: content digests, manifests and the pre-run scan.
+
+Three layers, each cheap where it runs often:
+
+- every Parquet file the pipeline writes carries page checksums (verified by every
+  read) and, in its metadata, a sha256 of every column's content (verified by every
+  full read): a flipped byte fails the read, naming the file;
+- every extraction job writes a ``manifest.json`` last, listing its files with size,
+  mtime and sha256 and what they hold (layers, calls, rows); a job's folder without a
+  manifest is incomplete;
+- before any job runs, the Snakefile compares each existing extraction folder with
+  its manifest (stat calls; a file re-hashed only when its mtime changed). A missing,
+  damaged or unlisted file stops the run before anything downstream is replaced, and
+  the message names the file and the command that rebuilds it. Snakemake cannot see
+  inside ``directory()`` outputs itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import DamagedFileError
+from .io import atomic_path
+
+MANIFEST = "manifest.json"
+# How far a query frame's prob_mass (or argmax_share) may sum from 1.
+PROB_TOLERANCE = 1e-3
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def column_digests(table) -> dict[str, str]:
+    """sha256 of each column's values (pyarrow Table), independent of chunking and of
+    how the file stores them, so a writer and a reader compute the same digest."""
+    import numpy as np
+    import pyarrow as pa
+
+    digests = {}
+    for name in table.column_names:
+        column = table.column(name)
+        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        digest = hashlib.sha256(str(array.type).encode())
+        digest.update(len(array).to_bytes(8, "little"))
+        if array.null_count:
+            digest.update(np.asarray(array.is_null()).tobytes())
+        if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_binary(array.type):
+            array = array.cast(pa.large_binary())
+            offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
+            data = array.buffers()[2]
+            digest.update((offsets - offsets[0]).tobytes())
+            if data is not None:
+                digest.update(memoryview(data)[offsets[0] : offsets[-1]])
+        else:
+            digest.update(np.ascontiguousarray(array.fill_null(0).to_numpy(zero_copy_only=False)).tobytes())
+        digests[name] = digest.hexdigest()
+    return digests
+
+
+# -- contents
+
+
+def check_layer_rows(frames, *, layer: int, calls: int, heads: int, where: str) -> None:
+    """Fail unless one layer's frame rows are what a generation must produce.
+
+    Every call present, every (call, head, query frame) with key frames whose
+    prob_mass and argmax_share sum to 1, finite statistics.
+    """
+    import numpy as np
+
+    if frames.empty:
+        raise DamagedFileError(where, f"holds no rows of layer {layer}")
+    found_calls = frames.groupby(["block", "pass", "step"], observed=True).ngroups
+    if found_calls != calls:
+        raise DamagedFileError(where, f"holds {found_calls} calls of layer {layer}, the generation makes {calls}")
+    found_heads = frames["head"].nunique()
+    if found_heads != heads:
+        raise DamagedFileError(where, f"holds {found_heads} heads of layer {layer}, the model has {heads}")
+    if not np.isfinite(frames[["logit_mean", "prob_mass"]].to_numpy()).all():
+        raise DamagedFileError(where, f"holds non-finite statistics in layer {layer}")
+    sums = frames.groupby(["block", "pass", "step", "head", "query_frame"], observed=True)[["prob_mass", "argmax_share"]].sum()
+    worst = float((sums - 1).abs().max().max())
+    if not worst <= PROB_TOLERANCE:
+        raise DamagedFileError(where, f"layer {layer}: prob_mass or argmax_share of a query frame sums to 1 {worst:+.3g}")
+
+
+
+# -- extraction manifests ------------------------------------------------------------------
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
+
+
+def write_manifest(directory: str | Path, files: Iterable[str], contents: Mapping[str, Any]) -> None:
+    """Record ``files`` (names inside ``directory``) and what they hold; written last."""
+    directory = Path(directory)
+    manifest = {
+        "files": {name: file_record(directory / name) for name in sorted(files)},
+        "contents": dict(contents),
+    }
+    with atomic_path(directory / MANIFEST) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise DamagedFileError(directory, "incomplete: it has no manifest.json (the job that wrote it did not finish)")
+    try:
+        manifest = json.loads(path.read_text())
+        manifest["files"], manifest["contents"]  # noqa: B018 - both must exist
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        raise DamagedFileError(path, "is damaged (not the JSON manifest sinkscope writes)") from None
+    return manifest
+
+
+def check_directory(directory: str | Path, *, full: bool = False) -> list[str]:
+    """Problems of one extraction folder against its manifest ([] when it is whole).
+
+    By default only sizes and mtimes are compared, and a file is hashed only when its
+    mtime changed (a touch is not damage); ``full`` hashes every file.
+    """
+    directory = Path(directory)
+    try:
+        manifest = read_manifest(directory)
+    except DamagedFileError as exc:
+        return [str(exc)]
+    problems = []
+    for name, record in manifest["files"].items():
+        path = directory / name
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            problems.append(f"{path}: missing (its extraction job wrote it)")
+            continue
+        if stat.st_size != record["size"]:
+            problems.append(f"{path}: damaged (size {stat.st_size} bytes, written as {record['size']})")
+        elif (full or stat.st_mtime_ns != record["mtime_ns"]) and file_sha256(path) != record["sha256"]:
+            problems.append(f"{path}: damaged (its content changed after it was written)")
+    listed = set(manifest["files"]) | {MANIFEST}
+    extra = sorted(p.name for p in directory.iterdir() if p.name not in listed and not p.name.startswith("."))
+    if extra:
+        problems.append(f"{directory}: holds files its job did not write ({', '.join(extra[:3])})")
+    return problems
+
+
+def scan_extractions(directories: Iterable[str | Path]) -> dict[str, list[str]]:
+    """{folder: problems} for the existing folders among ``directories`` that are not whole.
+
+    Folders that do not exist are Snakemake's business (it will run their jobs).
+    """
+    damaged = {}
+    for directory in directories:
+        if os.path.isdir(directory):
+            problems = check_directory(directory)
+            if problems:
+                damaged[str(directory)] = problems
+    return damaged
+
+
+def verify_file(path: str | Path, manifest: Mapping[str, Any] | None) -> None:
+    """Fail unless ``path`` matches its manifest record (size and sha256)."""
+    path = Path(path)
+    if manifest is None:
+        return
+    record = manifest["files"].get(path.name)
+    if record is None:
+        raise DamagedFileError(path, "is not listed in its folder's manifest.json")
+    if path.stat().st_size != record["size"] or file_sha256(path) != record["sha256"]:
+        raise DamagedFileError(path, "is damaged (it differs from what its extraction job wrote)")
+
+
+def quarantine(path: str | Path) -> Path | None:
+    """Move a damaged result aside (``<name>.damaged``), so Snakemake sees it missing and
+    rebuilds it on the next run; kept, not deleted, for a look at what went wrong.
+
+    A file inside an extraction folder takes the whole folder with it (the folder is
+    the job's output). Returns the new path, or None when there is nothing to move.
+    """
+    path = Path(path)
+    if path.name == MANIFEST or (path.is_file() and (path.parent / MANIFEST).exists()):
+        path = path.parent
+    if not path.exists():
+        return None
+    target = path.with_name(path.name + ".damaged")
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.damaged-{number}")
+    os.replace(path, target)
+    return target

@@ -1,0 +1,350 @@
+"""The derived tables: head/layer statistics, block statistics, head diagnostics.
+
+Every summary number is computed here, once; figures, the summary page and the tables
+read it from here, so they agree (tests read all three).
+
+The Figure 4 view: the last block's queries (averaged over its query frames) against
+every key frame they see, for each call of that block. On that curve:
+
+- cache frames are the visible key frames before the block; ``first`` / ``last`` are
+  the oldest / newest of them, ``middle`` the mean of those between, ``own`` the mean
+  over the block's own frames, ``sink_score = first - middle``;
+- ratios and shares (``first_middle_ratio``, ``spread_pct``, ``frame0_mass``,
+  ``first_k_mass``, ``cache_share``, ``own_share``) exist for ``prob_mass`` only: on
+  signed logits they do not mean what they say, so they are null for ``logit_mean``.
+
+Rows with ``prompt_id = '*'`` and ``seed = -1`` summarize the run-averaged curve (mean
+over prompts and seeds, then the statistics); ``runs`` says how many runs it holds.
+A zero denominator gives NaN, never an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .tables import (
+    ALL_PROMPTS,
+    ALL_SEEDS,
+    BLOCK_STATS_SCHEMA,
+    HEAD_DIAGNOSTICS_SCHEMA,
+    HEAD_STATS_SCHEMA,
+    LAYER_STATS_SCHEMA,
+    METRICS,
+    RUN_KEYS,
+)
+
+SOURCE_KEYS = ["checkpoint", "variant"]
+HEAD_CLASSES = ("sink", "local", "periodic", "diffuse")
+DEFAULT_THRESHOLDS = {"sink_mass": 0.3, "local_mass": 0.5, "periodic_power": 0.5, "first_k": 3}
+_PROB_ONLY = ("first_middle_ratio", "spread_pct", "frame0_mass", "first_k_mass", "cache_share", "own_share")
+
+
+# -- the Figure 4 view ---------------------------------------------------------------------------
+
+
+def resolve_step(frame: pd.DataFrame, step: str | int) -> tuple[str, int]:
+    """Map the figures' ``step`` option to (pass, step) of the rows present.
+
+    'last' is the last denoising step present, 'cache' the cache pass, an integer a
+    denoising step index. Rows imported from older caches record no call (step -1):
+    they are shown whatever the option asks for.
+    """
+    denoise = frame[frame["pass"] == "denoise"]
+    if not denoise.empty and (denoise["step"] == -1).all() and not (frame["pass"] == "cache").any():
+        return "denoise", -1
+    if step == "cache":
+        cache = frame.loc[frame["pass"] == "cache", "step"]
+        return "cache", int(cache.max()) if len(cache) else -1
+    if step == "last":
+        if denoise.empty:
+            raise ValueError("no denoising-step rows to show")
+        return "denoise", int(denoise["step"].max())
+    return "denoise", int(step)
+
+
+def last_block(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the last generated block of each run and layer."""
+    keys = [k for k in RUN_KEYS + ["layer"] if k in frame.columns]
+    last = frame.groupby(keys, observed=True)["block"].transform("max")
+    return frame[frame["block"] == last]
+
+
+def runs_in(frame: pd.DataFrame) -> int:
+    return int(frame.groupby(["prompt_id", "seed"], observed=True).ngroups)
+
+
+def figure4_curves(frame: pd.DataFrame, step: str | int, metric: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The last block's query-averaged curves, averaged over runs (what figures draw).
+
+    Returns (curves, info): curves has index (layer, head) and one column per key frame
+    (NaN where a frame is not visible); info holds the query frames, the call, the
+    pass/step/timestep and the number of runs.
+    """
+    rows = last_block(frame)
+    pass_, step_index = resolve_step(rows, step)
+    rows = rows[(rows["pass"] == pass_) & (rows["step"] == step_index)]
+    if rows.empty:
+        raise ValueError(f"no rows of the last block for pass={pass_!r}, step={step_index}")
+    curves = rows.groupby(["layer", "head", "key_frame"], observed=True)[metric].mean().unstack("key_frame").sort_index(axis=1)
+    info = {
+        "query_frames": sorted(int(f) for f in set(rows["query_frame"])),
+        "pass": pass_,
+        "step": step_index,
+        "timestep": float(rows["timestep"].iloc[0]),
+        "runs": runs_in(rows),
+    }
+    return curves, info
+
+
+def curve_stats(
+    values: Sequence[float], frames: Sequence[int], query_frames: Sequence[int], metric: str, first_k: int = 3
+) -> dict[str, Any]:
+    """The statistics of one curve over its visible key frames (NaN values = not visible)."""
+    values = np.asarray(values, dtype=np.float64)
+    frames = np.asarray(frames)
+    keep = ~np.isnan(values)
+    values, frames = values[keep], frames[keep]
+    order = np.argsort(frames, kind="stable")
+    values, frames = values[order], frames[order]
+    own = np.isin(frames, np.asarray(query_frames))
+    cache, cache_frames = values[~own], frames[~own]
+    nan = float("nan")
+    first = float(cache[0]) if cache.size else nan
+    last = float(cache[-1]) if cache.size else nan
+    middle = float(cache[1:-1].mean()) if cache.size > 2 else nan
+    stats: dict[str, Any] = dict(
+        num_key_frames=int(values.size),
+        first_frame=int(cache_frames[0]) if cache.size else -1,
+        last_frame=int(cache_frames[-1]) if cache.size else -1,
+        first=first,
+        middle=middle,
+        last=last,
+        own=float(values[own].mean()) if own.any() else nan,
+        sink_score=first - middle,
+        argmax_frame=int(frames[int(np.argmax(values))]) if values.size else -1,
+    )
+    stats.update({name: nan for name in _PROB_ONLY})
+    if metric == "prob_mass" and values.size:
+        cache_mean = float(cache.mean()) if cache.size else nan
+        stats.update(
+            first_middle_ratio=first / middle if middle else nan,
+            spread_pct=(float(cache.max() - cache.min()) / cache_mean * 100) if cache.size and cache_mean else nan,
+            frame0_mass=float(values[frames == 0][0]) if (frames == 0).any() else nan,
+            first_k_mass=float(cache[:first_k].sum()),
+            cache_share=float(cache.sum()),
+            own_share=float(values[own].sum()),
+        )
+    return stats
+
+
+def _frames_label(frames) -> str:
+    return ",".join(str(int(f)) for f in sorted(set(frames)))
+
+
+def _curve_rows(curves: pd.DataFrame, base: Mapping[str, Any], query_frames, metric: str, first_k: int) -> list[dict]:
+    frames = curves.columns.to_numpy()
+    label = _frames_label(query_frames)
+    return [
+        {**base, **dict(zip(curves.index.names, key if isinstance(key, tuple) else (key,))), "metric": metric,
+         "query_frames": label, **curve_stats(row, frames, query_frames, metric, first_k)}
+        for key, row in zip(curves.index, curves.to_numpy())
+    ]  # fmt: skip
+
+
+def _call_views(frame: pd.DataFrame):
+    """(source keys, run keys or None for the run average, pass, step, rows) of each call of the last block."""
+    rows = last_block(frame)
+    for (*source, pass_, step), call in rows.groupby([*SOURCE_KEYS, "pass", "step"], observed=True, sort=True):
+        source = tuple(source)
+        runs = call.groupby(["prompt_id", "seed"], observed=True, sort=True)
+        for run, run_rows in runs:
+            yield source, run, pass_, step, run_rows, 1
+        yield source, (ALL_PROMPTS, ALL_SEEDS), pass_, step, call, runs.ngroups
+
+
+def head_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
+    """Per head, call of the last block and metric: the curve statistics."""
+    rows = []
+    for source, run, pass_, step, call, runs in _call_views(frame):
+        query_frames = sorted(set(call["query_frame"]))
+        for layer, layer_rows in call.groupby("layer", sort=True):
+            base = dict(zip(SOURCE_KEYS, source)) | dict(zip(["prompt_id", "seed"], run))
+            base |= {"layer": layer, "pass": pass_, "step": step, "timestep": float(call["timestep"].iloc[0]), "runs": runs}
+            for metric in METRICS:
+                curves = layer_rows.groupby(["head", "key_frame"], observed=True)[metric].mean().unstack("key_frame")
+                rows += _curve_rows(curves.sort_index(axis=1), base, query_frames, metric, first_k)
+    return pd.DataFrame(rows, columns=HEAD_STATS_SCHEMA.names)
+
+
+def layer_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
+    """Per call of the last block and metric: statistics of the head-averaged curve, plus
+    the diagonal and frame-0 column means of the head-averaged frame x frame matrix of
+    every block at the same (pass, step)."""
+    call_keys = ["layer", "pass", "step"]
+    # Every (head, query frame) of a call has one row per key frame, so plain row means
+    # equal the means of the head-averaged matrix, per run and over runs alike.
+    diagonal = frame[frame["query_frame"] == frame["key_frame"]]
+    column = frame[frame["key_frame"] == 0]
+    cells = {
+        "run": {name: rows.groupby([*RUN_KEYS, *call_keys], observed=True)[list(METRICS)].mean()
+                for name, rows in (("diagonal_mean", diagonal), ("first_column_mean", column))},
+        "all": {name: rows.groupby([*SOURCE_KEYS, *call_keys], observed=True)[list(METRICS)].mean()
+                for name, rows in (("diagonal_mean", diagonal), ("first_column_mean", column))},
+    }  # fmt: skip
+    rows = []
+    for source, run, pass_, step, call, runs in _call_views(frame):
+        query_frames = sorted(set(call["query_frame"]))
+        averaged = run == (ALL_PROMPTS, ALL_SEEDS)
+        for layer, layer_rows in call.groupby("layer", sort=True):
+            base = dict(zip(SOURCE_KEYS, source)) | dict(zip(["prompt_id", "seed"], run))
+            base |= {"layer": layer, "pass": pass_, "step": step, "timestep": float(call["timestep"].iloc[0]), "runs": runs}
+            key = (*source, *(() if averaged else run), layer, pass_, step)
+            for metric in METRICS:
+                curve = layer_rows.groupby("key_frame")[metric].mean().sort_index()
+                extra = {}
+                for name, table in cells["all" if averaged else "run"].items():
+                    extra[name] = float(table.loc[key, metric]) if key in table.index else float("nan")
+                stats = curve_stats(curve.to_numpy(), curve.index.to_numpy(), query_frames, metric, first_k)
+                rows.append({**base, "metric": metric, "query_frames": _frames_label(query_frames), **stats, **extra})
+    return pd.DataFrame(rows, columns=LAYER_STATS_SCHEMA.names)
+
+
+# -- over time -----------------------------------------------------------------------------------
+
+
+def block_stats(frame: pd.DataFrame, sink_frames: Mapping[str, int] | int = 0) -> pd.DataFrame:
+    """Per run, layer, head, block and call: where the block's softmax mass goes.
+
+    ``sink_frames`` (per variant, or one number): the policy's sink frames (the first
+    S frames); frame 0 for policies without one. Sink mass counts sink frames outside
+    the block itself; self mass the block's own frames; other mass the rest.
+    """
+    keys = [*RUN_KEYS, "layer", "head", "block", "pass", "step"]
+    if frame.empty:
+        return pd.DataFrame(columns=BLOCK_STATS_SCHEMA.names)
+    curves = frame.groupby([*keys, "key_frame"], observed=True).agg(
+        mass=("prob_mass", "mean"), timestep=("timestep", "first"), qmin=("query_frame", "min"), qmax=("query_frame", "max")
+    ).reset_index()  # fmt: skip
+    variants = curves["variant"].astype(str)
+    sinks = variants.map(sink_frames) if isinstance(sink_frames, Mapping) else pd.Series(sink_frames, index=curves.index)
+    sinks = sinks.fillna(0).astype(int).clip(lower=1)  # no sink: frame 0
+    own = curves["key_frame"] >= curves["qmin"]
+    sink = (curves["key_frame"] < sinks) & ~own
+    curves["self"] = curves["mass"].where(own, 0.0)
+    curves["sink"] = curves["mass"].where(sink, 0.0)
+    curves["other"] = curves["mass"].where(~own & ~sink, 0.0)
+    p = curves["mass"].clip(lower=0)
+    curves["plogp"] = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1)), 0.0)
+    grouped = curves.groupby(keys, observed=True, sort=True)
+    out = grouped.agg(
+        timestep=("timestep", "first"), qmin=("qmin", "first"), qmax=("qmax", "first"), sink_mass=("sink", "sum"),
+        self_mass=("self", "sum"), other_mass=("other", "sum"), entropy=("plogp", "sum"), num_key_frames=("mass", "size"),
+    )  # fmt: skip
+    out["argmax_frame"] = curves.loc[grouped["mass"].idxmax().to_numpy(), "key_frame"].to_numpy()
+    out = out.reset_index()
+    out["argmax_age"] = (out["qmin"] - out["argmax_frame"]).clip(lower=0)
+    out["query_frames"] = [f"{a}-{b}" if a != b else f"{a}" for a, b in zip(out["qmin"], out["qmax"])]
+    out_sinks = out["variant"].astype(str).map(sink_frames) if isinstance(sink_frames, Mapping) else sink_frames
+    out_sinks = pd.Series(out_sinks, index=out.index).fillna(0).astype(int).clip(lower=1)
+    out["sink_frames"] = [f"0-{s - 1}" if s > 1 else "0" for s in out_sinks]
+    return out[BLOCK_STATS_SCHEMA.names]
+
+
+# -- head diagnostics ----------------------------------------------------------------------------
+
+
+def dominant_period(profile: Sequence[float]) -> tuple[float, float]:
+    """(period in frames, share of spectral power) of the strongest non-DC frequency."""
+    values = np.asarray(profile, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    if values.size < 4:
+        return float("nan"), float("nan")
+    power = np.abs(np.fft.rfft(values - values.mean())) ** 2
+    total = power[1:].sum()
+    if total <= 0:
+        return float("nan"), float("nan")
+    k = 1 + int(np.argmax(power[1:]))
+    return values.size / k, float(power[k] / total)
+
+
+def classify_head(row: Mapping[str, float], thresholds: Mapping[str, float], num_key_frames: int) -> str:
+    """sink > local > periodic > diffuse, by the thresholds of config ``diagnostics:``."""
+    if row["frame0_mass"] >= thresholds["sink_mass"]:
+        return "sink"
+    if row["recent_mass"] >= thresholds["local_mass"]:
+        return "local"
+    period = row["period"]
+    if row["period_power"] >= thresholds["periodic_power"] and 2 <= period <= num_key_frames / 2:
+        return "periodic"
+    return "diffuse"
+
+
+def head_diagnostics(
+    frame: pd.DataFrame, query_stats: pd.DataFrame | None = None, thresholds: Mapping[str, float] | None = None
+) -> pd.DataFrame:
+    """Per checkpoint, variant, layer, head and call of the last block (runs averaged)."""
+    thresholds = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
+    rows = last_block(frame)
+    if rows.empty:
+        return pd.DataFrame(columns=HEAD_DIAGNOSTICS_SCHEMA.names)
+    head_keys = [*SOURCE_KEYS, "layer", "head", "pass", "step"]
+    run_keys = [*head_keys, "prompt_id", "seed"]
+    qf_keys = [*run_keys, "query_frame"]
+    rows = rows.assign(
+        qmin=rows.groupby(run_keys, observed=True)["query_frame"].transform("min"),
+        plogp=np.where(rows["prob_mass"] > 0, -rows["prob_mass"] * np.log(rows["prob_mass"].clip(lower=1e-30)), 0.0),
+    )
+    per_qf = rows.groupby(qf_keys, observed=True).agg(
+        plogp=("plogp", "sum"), frames=("key_frame", "size"), timestep=("timestep", "first")
+    )  # fmt: skip
+    per_qf["entropy_frames"] = per_qf["plogp"] / np.log(per_qf["frames"].where(per_qf["frames"] > 1))
+    frame0 = rows[rows["key_frame"] == 0].groupby(qf_keys, observed=True)[["prob_mass", "argmax_share"]].sum()
+    recent = rows[rows["key_frame"] >= rows["qmin"] - 1].groupby(qf_keys, observed=True)["prob_mass"].sum()
+    per_qf = per_qf.join(frame0.rename(columns={"prob_mass": "frame0_mass", "argmax_share": "frame0_argmax_share"}))
+    per_qf["recent_mass"] = recent
+    per_run = per_qf.groupby(run_keys, observed=True)[
+        ["entropy_frames", "frame0_mass", "frame0_argmax_share", "recent_mass", "timestep"]
+    ].mean()
+    # Frame 0 not visible: its mass is undefined, not 0.
+    visible0 = rows[rows["key_frame"] == 0].groupby(run_keys, observed=True).size()
+    per_run.loc[~per_run.index.isin(visible0.index), ["frame0_mass", "frame0_argmax_share"]] = np.nan
+    if query_stats is not None and not query_stats.empty:
+        qs = last_block(query_stats)
+        qs = qs.assign(normalized=qs["entropy_tokens"] / np.log(qs["num_keys"].where(qs["num_keys"] > 1)))
+        per_run["entropy_tokens"] = qs.groupby(run_keys, observed=True)["normalized"].mean()
+    else:
+        per_run["entropy_tokens"] = np.nan
+    out = per_run.groupby(head_keys, observed=True).mean()
+    out["runs"] = per_run.groupby(head_keys, observed=True).size()
+    profiles = rows.groupby([*head_keys, "key_frame"], observed=True)["logit_mean"].mean()
+    signs, periods, powers, counts = [], [], [], []
+    for key in out.index:
+        profile = profiles.loc[key].sort_index().to_numpy()
+        signs.append(float((profile > 0).mean()) if profile.size else np.nan)
+        period, power = dominant_period(profile)
+        periods.append(period)
+        powers.append(power)
+        counts.append(profile.size)
+    out["sign_rate"], out["period"], out["period_power"] = signs, periods, powers
+    out = out.reset_index()
+    out["head_class"] = [
+        classify_head(row, thresholds, n) for row, n in zip(out.to_dict("records"), counts)
+    ]
+    return out[HEAD_DIAGNOSTICS_SCHEMA.names]
+
+
+def head_class_grid(diagnostics: pd.DataFrame, step: str | int = "last") -> pd.DataFrame:
+    """Rows = layers (L1, ...), columns = heads (H1, ...), values = head_class, for one call."""
+    if diagnostics.empty:
+        return pd.DataFrame()
+    pass_, index = resolve_step(diagnostics, step)
+    chosen = diagnostics[(diagnostics["pass"] == pass_) & (diagnostics["step"] == index)]
+    grid = chosen.pivot_table(index="layer", columns="head", values="head_class", aggfunc="first")
+    grid.index = [f"L{layer + 1}" for layer in grid.index]
+    grid.columns = [f"H{head + 1}" for head in grid.columns]
+    grid.index.name = "layer"
+    return grid
