@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from sinkscope.config import ConfigError, coerce, load_schema, normalize_config, parse_head_label
+from sinkscope.config import ConfigError, check_machine, coerce, load_config, load_schema, normalize_config, parse_head_label
 from sinkscope.io import atomic_path
+from sinkscope.workflow import Study
 
 
 def test_defaults_fill_the_demo_study():
     config = normalize_config({})
     assert config["checkpoints"] == {
         "demo": {"model": "demo", "format": "demo", "weights": None, "base": None, "seed": 0, "ema": True,
-                 "allow_pickle": False, "dtype": "auto"}  # fmt: skip
+                 "allow_pickle": False, "dtype": "auto", "train_step": None}  # fmt: skip
     }
     assert config["layers"] == [0, 1, 2, 3, 4, 5]
     assert config["generation"]["num_frames"] == 21
     assert config["generation"]["denoising_steps"] == [1000, 750, 500, 250]
-    assert config["figures"] == {"heads": ["L1H1", "L5H10"], "step": "last", "metric": "logit_mean", "video_frames": False, "dpi": 200}
+    assert config["figures"] == {"heads": ["L1H1", "L5H10"], "step": "last", "metric": "logit_mean", "video_frames": False,
+                                 "frame_base": 0, "highlight_layers": None, "dpi": 200}  # fmt: skip
+    assert config["layers_per_job"] == "auto" and config["capture"]["token_profiles"] == "last_block"
 
 
 def test_strings_from_the_command_line_are_coerced():
@@ -51,10 +54,18 @@ def test_strings_from_the_command_line_are_coerced():
         ({"layers": [9]}, "config key layers: [9] do not exist in checkpoint 'demo' (model has layers 0..5)"),
         ({"bogus": 1}, "unknown config key 'bogus'"),
         ({"generation": {"num_frame": 9}}, "unknown config key 'num_frame' in generation"),
-        ({"generation": {"num_frames": 20}}, "generation.num_frames = 20 must be a multiple of frames_per_block = 3"),
+        ({"generation": {"num_frames": 20}}, "config key generation.num_frames: 20 must be a multiple of frames_per_block = 3"),
         ({"generation": {"num_frames": 21, "independent_first_frame": True}}, "num_frames - 1 = 20 must be a multiple"),
-        ({"generation": {"local_attn_frames": 4, "sink_frames": 2}}, "cannot hold sink_frames=2 plus a block of 3"),
-        ({"generation": {"sink_frames": 2}}, "sink_frames needs a sliding window"),
+        ({"generation": {"local_attn_frames": 4, "sink_frames": 2}}, "a window of 4 frames cannot hold sink_frames = 2 plus a block of 3"),
+        ({"generation": {"sink_frames": 2}}, "config key generation.sink_frames: 2 needs a window"),
+        ({"generation": {"cache_policy": "window", "budget_frames": 4}}, "generation.budget_frames: 4 has no meaning for cache_policy 'window'"),
+        ({"generation": {"cache_policy": "participative_compression", "budget_frames": 12}},
+         "generation.budget_frames: 12 is below sink_frames + recent_frames = 14"),
+        ({"generation": {"cache_policy": "participative_compression", "recent_frames": 2}}, "recent_frames: 2 must hold the current block"),
+        ({"variants": {"ds": {"cache_policy": "sink", "local_attn_frames": 5}}}, "config key variants.ds.local_attn_frames: a window of 5"),
+        ({"generation": {"num_frames": 1026}}, "config key generation.num_frames: 1026 is greater than the maximum of 1024"),
+        ({"prompts": {1: "x"}}, "config key prompts: the name 1 is a int; names must be strings"),
+        ({"prompts": {"p" * 250: "x"}}, "is longer than 64 characters"),
         ({"figures": {"heads": ["L1H13"]}}, "figures.heads: 'L1H13' does not exist in checkpoint 'demo'"),
         ({"figures": {"heads": ["layer1"]}}, "config key figures.heads[0]: 'layer1' does not match"),
         ({"figures": {"metric": "softmax"}}, "config key figures.metric: 'softmax' is not one of"),
@@ -110,7 +121,7 @@ def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path):
     [
         (["seeds=[abc]"], "config key seeds[0]: 'abc' is not an integer"),
         (["layers=[0,9]"], "config key layers: [9] do not exist"),
-        (["generation={num_frames: 10}"], "generation.num_frames = 10"),
+        (["generation={num_frames: 10}"], "generation.num_frames: 10"),
         (["unknown_key=3"], "unknown config key 'unknown_key'"),
         (["checkpoints={real: {weights: gone.safetensors}}"], "weights 'gone.safetensors' do not exist"),
     ],
@@ -152,3 +163,56 @@ def test_names_with_regex_characters_are_matched_literally(workflow):
                            "checkpoints": {"demo+1": {"model": "demo", "format": "demo"}}, "generation": {"num_frames": 3}})  # fmt: skip
     jobs = workflow.planned_jobs()
     assert jobs["extract_attention"] == 2 and jobs["encode_prompt"] == 2
+
+
+def test_a_text_file_named_pt_is_refused_at_config_time(tmp_path):
+    (tmp_path / "model.pt").write_text("not weights\n")
+    with pytest.raises(ConfigError, match=r"checkpoints.real: .*model.pt is not a torch .pt file \(it starts with 'not "):
+        normalize_config({"checkpoints": {"real": {"weights": "model.pt", "model": "demo"}}}, base_dir=tmp_path)
+
+
+def test_equivalent_configs_give_equal_params():
+    def params(raw):
+        config = normalize_config(raw)
+        study = Study(config)
+        return study.extract_params(next(iter(study.runs)), "0")
+
+    assert params({"generation": {"timestep_shift": 5}}) == params({"generation": {"timestep_shift": "5.0"}})
+    assert params({"generation": {"num_frames": 24, "local_attn_frames": 9}}) == params(
+        {"generation": {"num_frames": 24, "cache_policy": "window", "local_attn_frames": 9}}
+    )
+    assert params({"generation": {"num_frames": 30, "cache_policy": "deep_sink"}}) == params(
+        {"generation": {"num_frames": 30, "cache_policy": "deep_sink", "local_attn_frames": 21, "sink_frames": 10}}
+    )
+    assert params({}) != params({"generation": {"timestep_shift": 3}})
+
+
+def test_machine_checks_refuse_a_missing_gpu_and_an_oversized_job(monkeypatch):
+    config = normalize_config({"device": "cuda"})
+    monkeypatch.setattr("sinkscope.resources.cuda_device_count", lambda: 0)
+    with pytest.raises(ConfigError, match="config key device: 'cuda' was asked for, but no CUDA device is visible"):
+        check_machine(config, Study(config).checkpoints)
+    big = normalize_config({"generation": {"latent_height": 100000}})
+    with pytest.raises(ConfigError, match=r"checkpoint 'demo': an extraction job needs about \d+\.\d GiB .*KV cache"):
+        check_machine(big, Study(big).checkpoints)
+    # A cluster run checks only an explicit limit; the device is the compute nodes'.
+    assert check_machine(config, Study(config).checkpoints, local=False) == "cuda"
+    limited = normalize_config({"max_job_memory_gib": 0.001})
+    with pytest.raises(ConfigError, match="more than max_job_memory_gib = 0.001"):
+        check_machine(limited, Study(limited).checkpoints, local=False)
+
+
+def test_dotted_overrides_set_one_nested_key(tmp_path):
+    (tmp_path / "config.yaml").write_text("generation:\n  num_frames: 24\n")
+    config = load_config(tmp_path / "config.yaml", {"generation.local_attn_frames": 9, "generation.cache_policy": "window"})
+    assert config["generation"]["num_frames"] == 24 and config["generation"]["local_attn_frames"] == 9
+
+
+def test_layer_groups_follow_the_config_order():
+    config = normalize_config({"layers": [0, 4], "layers_per_job": 4})
+    assert Study(config).layer_groups == [[0, 4]]
+    config = normalize_config({"layers": [5, 0, 4, 1], "layers_per_job": 2})
+    assert Study(config).layer_groups == [[5, 0], [4, 1]]
+    auto = normalize_config({"layers": [0, 1, 2]})
+    assert Study(auto, device="cuda").layer_groups == [[0, 1, 2]]
+    assert Study(auto, device="cpu").layer_groups == [[0], [1], [2]]

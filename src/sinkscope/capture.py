@@ -1,10 +1,12 @@
-"""Per-call frame statistics of chosen layers while a video is generated.
+"""Per-call attention statistics of chosen layers while a video is generated.
 
-``FrameStatsCapture`` hooks the self-attention of the chosen layers (the q and k that
-the softmax sees, with the cache's absolute frame indices), turns every call into
-frame-level logit_mean and prob_mass right away (nothing token-level is kept), and
-keeps the results on the device until the generation ends, so capturing costs no
-host synchronization per call.
+``FrameStatsCapture`` hooks the self-attention of the chosen layers: every call hands
+it the q and k that the softmax sees and the call's ``AttentionLayout`` (which absolute
+frame each key segment was generated at, how many of its tokens are present, at which
+RoPE shift). Each call is reduced right away (``sinkscope.stats.attention_statistics``:
+frame statistics, token entropy, argmax shares; key-token profiles for the chosen
+calls) and nothing token x token is kept. Results stay on the device until the
+generation ends, so capturing costs no host synchronization per call.
 """
 
 from __future__ import annotations
@@ -16,23 +18,28 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .generation import CallInfo
+from .generation import PASS_DENOISE, CallInfo
 from .model import WanModel
-from .stats import frame_attention_stats
+from .model.layout import AttentionLayout
+from .stats import CallStatistics, attention_statistics
+
+TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
 
 
 @dataclass
 class _Record:
     layer: int
     call: CallInfo
-    query_frames: list[int]
-    key_frames: list[int]
-    logit_mean: torch.Tensor
-    prob_mass: torch.Tensor
+    layout: AttentionLayout
+    stats: CallStatistics
 
 
 class FrameStatsCapture:
-    """Context manager: attach to ``layers`` of ``model``, collect one record per call."""
+    """Context manager: attach to ``layers`` of ``model``, collect one record per call.
+
+    ``token_profiles``: which calls also get key-token profiles: ``none``, ``last_block``
+    (every call of the last block: Deep Forcing's Figure 4 at token resolution) or ``all``.
+    """
 
     def __init__(
         self,
@@ -41,15 +48,19 @@ class FrameStatsCapture:
         *,
         frame_seq_length: int,
         backend: str = "auto",
+        token_profiles: str = "last_block",
     ) -> None:
         num_layers = model.config.num_layers
         bad = [layer for layer in layers if not 0 <= layer < num_layers]
         if bad:
             raise ValueError(f"layers {bad} do not exist; the model has layers 0..{num_layers - 1}")
+        if token_profiles not in TOKEN_PROFILE_CHOICES:
+            raise ValueError(f"token_profiles {token_profiles!r} is not one of {', '.join(TOKEN_PROFILE_CHOICES)}")
         self.model = model
         self.layers = sorted(set(int(layer) for layer in layers))
         self.frame_seq_length = frame_seq_length
         self.backend = backend
+        self.token_profiles = token_profiles
         self.records: list[_Record] = []
         self._call: CallInfo | None = None
 
@@ -65,67 +76,150 @@ class FrameStatsCapture:
     def begin_call(self, info: CallInfo) -> None:
         self._call = info
 
+    def _wants_tokens(self, call: CallInfo) -> bool:
+        return self.token_profiles == "all" or (self.token_profiles == "last_block" and call.is_last_block)
+
     def _observer(self, layer: int):
-        def observe(q: torch.Tensor, k: torch.Tensor, query_frames: list[int], key_frames: list[int]) -> None:
-            if self._call is None:
+        def observe(q: torch.Tensor, k: torch.Tensor, layout: AttentionLayout) -> None:
+            call = self._call
+            if call is None:
                 raise RuntimeError("a captured attention call ran outside a generation")
             if q.shape[0] != 1:
                 raise ValueError(f"capture expects batch size 1, got {q.shape[0]}")
-            logit_mean, prob_mass = frame_attention_stats(
+            stats = attention_statistics(
                 q[0].transpose(0, 1),
                 k[0].transpose(0, 1),
                 frame_seq_length=self.frame_seq_length,
-                query_frames=query_frames,
-                key_frames=key_frames,
+                query_frames=layout.query_frames,
+                key_frames=layout.key_frames,
+                key_lengths=layout.key_lengths,
+                token_profiles=self._wants_tokens(call),
                 backend=self.backend,
             )
-            self.records.append(_Record(layer, self._call, query_frames, key_frames, logit_mean, prob_mass))
+            self.records.append(_Record(layer, call, layout, stats))
 
         return observe
 
-    def to_frame(self) -> pd.DataFrame:
-        """frame_attention rows (without the checkpoint/prompt/seed columns), one per
-        layer x call x head x query frame x key frame."""
-        if not self.records:
-            return pd.DataFrame(columns=list(ROW_COLUMNS))
-        # One device-to-host copy for the whole generation.
-        flat = torch.cat([torch.cat([r.logit_mean.flatten(), r.prob_mass.flatten()]) for r in self.records]).cpu().numpy()
-        sizes = np.array([r.logit_mean.numel() for r in self.records])
-        starts = np.concatenate([[0], np.cumsum(2 * sizes)[:-1]])
-        # (head, query frame, key frame) grids repeat across layers and steps: build each once.
-        grids: dict[tuple, tuple[np.ndarray, ...]] = {}
-        parts: list[tuple[np.ndarray, ...]] = []
+    # -- rows ------------------------------------------------------------------------------------
+
+    def _host(self) -> list[dict[str, np.ndarray]]:
+        """Every record's tensors on the host, with one device-to-host copy in all."""
+        names = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")
+        pieces, shapes = [], []
         for record in self.records:
-            key = (record.logit_mean.shape[0], tuple(record.query_frames), tuple(record.key_frames))
-            if key not in grids:
-                grids[key] = tuple(g.ravel() for g in np.meshgrid(np.arange(key[0]), key[1], key[2], indexing="ij"))
-            parts.append(grids[key])
-        calls = [r.call for r in self.records]
-        passes = sorted({c.pass_ for c in calls})
-        columns = {
-            "layer": np.repeat([r.layer for r in self.records], sizes),
-            "head": np.concatenate([p[0] for p in parts]),
-            "block": np.repeat([c.block for c in calls], sizes),
-            "pass": pd.Categorical.from_codes(np.repeat([passes.index(c.pass_) for c in calls], sizes), passes),
-            "step": np.repeat([c.step for c in calls], sizes),
-            "timestep": np.repeat([c.timestep for c in calls], sizes),
-            "query_frame": np.concatenate([p[1] for p in parts]),
-            "key_frame": np.concatenate([p[2] for p in parts]),
-            "logit_mean": np.concatenate([flat[s : s + n] for s, n in zip(starts, sizes)]),
-            "prob_mass": np.concatenate([flat[s + n : s + 2 * n] for s, n in zip(starts, sizes)]),
-        }
-        return pd.DataFrame(columns)
+            present = {name: getattr(record.stats, name) for name in names if getattr(record.stats, name) is not None}
+            shapes.append({name: tuple(t.shape) for name, t in present.items()})
+            pieces += [t.float().flatten() for t in present.values()]
+        flat = torch.cat(pieces).cpu().numpy() if pieces else np.empty(0, np.float32)
+        out, offset = [], 0
+        for shape in shapes:
+            arrays = {}
+            for name, dims in shape.items():
+                size = int(np.prod(dims))
+                arrays[name] = flat[offset : offset + size].reshape(dims)
+                offset += size
+            out.append(arrays)
+        return out
+
+    def layer_tables(self) -> dict[int, dict[str, pd.DataFrame | None]]:
+        """Per layer: ``frames`` (frame_attention rows), ``queries`` (query_stats rows) and
+        ``tokens`` (token_profiles rows, or None without token capture), without the
+        checkpoint / variant / prompt / seed columns."""
+        host = self._host()
+        by_layer: dict[int, dict[str, list]] = {layer: {"frames": [], "queries": [], "tokens": []} for layer in self.layers}
+        for record, arrays in zip(self.records, host):
+            parts = by_layer[record.layer]
+            parts["frames"].append(_frame_rows(record, arrays))
+            parts["queries"].append(_query_rows(record, arrays))
+            if "token_prob_mean" in arrays:
+                parts["tokens"].append(_token_rows(record, arrays, self.frame_seq_length))
+        tables: dict[int, dict[str, pd.DataFrame | None]] = {}
+        for layer, parts in by_layer.items():
+            tables[layer] = {
+                "frames": _concat(parts["frames"], FRAME_COLUMNS),
+                "queries": _concat(parts["queries"], QUERY_COLUMNS),
+                "tokens": _concat(parts["tokens"], TOKEN_COLUMNS) if parts["tokens"] else None,
+            }
+        return tables
+
+    def to_frame(self) -> pd.DataFrame:
+        """frame_attention rows of every captured layer (without the run columns)."""
+        tables = self.layer_tables()
+        return pd.concat([tables[layer]["frames"] for layer in self.layers], ignore_index=True)
 
 
-ROW_COLUMNS = (
-    "layer",
-    "head",
-    "block",
-    "pass",
-    "step",
-    "timestep",
-    "query_frame",
-    "key_frame",
-    "logit_mean",
-    "prob_mass",
-)
+_CALL_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep")
+FRAME_COLUMNS = (*_CALL_COLUMNS, "query_frame", "key_frame", "logit_mean", "prob_mass", "argmax_share", "key_tokens",
+                 "key_position_shift")  # fmt: skip
+QUERY_COLUMNS = (*_CALL_COLUMNS, "query_frame", "entropy_tokens", "num_keys", "num_key_frames")
+TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "token", "token_logit_mean", "token_prob_mean")
+
+
+def _call_columns(record: _Record, n: int, heads: np.ndarray) -> dict[str, np.ndarray]:
+    call = record.call
+    return {
+        "layer": np.full(n, record.layer, np.int16),
+        "head": heads.astype(np.int16),
+        "block": np.full(n, call.block, np.int16),
+        "pass": np.full(n, call.pass_, dtype=object),
+        "step": np.full(n, call.step, np.int16),
+        "timestep": np.full(n, call.timestep, np.float32),
+    }
+
+
+def _frame_rows(record: _Record, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    layout = record.layout
+    heads, nq, nk = arrays["logit_mean"].shape
+    h, q, k = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), np.arange(nk), indexing="ij"))
+    return {
+        **_call_columns(record, h.size, h),
+        "query_frame": np.asarray(layout.query_frames, np.int16)[q],
+        "key_frame": np.asarray(layout.key_frames, np.int16)[k],
+        "logit_mean": arrays["logit_mean"].ravel(),
+        "prob_mass": arrays["prob_mass"].ravel(),
+        "argmax_share": arrays["argmax_share"].ravel(),
+        "key_tokens": np.asarray(layout.key_lengths, np.int32)[k],
+        "key_position_shift": np.asarray(layout.key_position_shift, np.int32)[k],
+    }
+
+
+def _query_rows(record: _Record, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    layout = record.layout
+    heads, nq = arrays["entropy"].shape
+    h, q = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), indexing="ij"))
+    return {
+        **_call_columns(record, h.size, h),
+        "query_frame": np.asarray(layout.query_frames, np.int16)[q],
+        "entropy_tokens": arrays["entropy"].ravel(),
+        "num_keys": np.full(h.size, layout.num_keys, np.int32),
+        "num_key_frames": np.full(h.size, len(layout.key_frames), np.int16),
+    }
+
+
+def _token_rows(record: _Record, arrays: dict[str, np.ndarray], frame_seq_length: int) -> dict[str, np.ndarray]:
+    layout = record.layout
+    heads, num_keys = arrays["token_prob_mean"].shape
+    lengths = np.asarray(layout.key_lengths)
+    frames = np.repeat(np.asarray(layout.key_frames, np.int16), lengths)
+    if layout.key_token_index is not None:
+        tokens = np.asarray(layout.key_token_index, np.int32)
+    else:
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        tokens = (np.arange(num_keys) - starts).astype(np.int32)
+    h = np.repeat(np.arange(heads), num_keys)
+    return {
+        **_call_columns(record, h.size, h),
+        "key_frame": np.tile(frames, heads),
+        "token": np.tile(tokens, heads),
+        "token_logit_mean": arrays["token_logit_mean"].ravel(),
+        "token_prob_mean": arrays["token_prob_mean"].ravel(),
+    }
+
+
+def _concat(parts: list[dict[str, np.ndarray]], columns: Sequence[str]) -> pd.DataFrame:
+    if not parts:
+        return pd.DataFrame(columns=list(columns))
+    data = {name: np.concatenate([part[name] for part in parts]) for name in columns}
+    passes = sorted(set(data["pass"]))
+    data["pass"] = pd.Categorical(data["pass"], categories=passes or [PASS_DENOISE])
+    return pd.DataFrame(data)

@@ -1,10 +1,12 @@
-"""The ``sinkscope`` command: the pipeline's jobs, runnable without Snakemake.
+"""The ``sinkscope`` command: the pipeline's jobs and checks, runnable without Snakemake.
 
-    sinkscope check [config.yaml] [key=value ...]   validate a config, print it normalized
+    sinkscope check [config.yaml] [key=value ...]   validate a config as the Snakefile does, print it normalized
     sinkscope models                                 named model configs and their sizes
     sinkscope extract --layers 0 4 --out DIR         one extraction job (one generation)
     sinkscope import-cache PATH --out OUT.parquet    convert an older .pt attention cache
     sinkscope figure KIND --input FILE ... --out-prefix PATH   draw one figure
+    sinkscope verify results/                        check every result file's integrity
+    sinkscope train-demo --out DIR                   train the demo model on synthetic videos
 
 Errors print one line naming the file, key or value, and exit with status 2.
 """
@@ -18,74 +20,98 @@ from pathlib import Path
 import yaml
 
 from . import __version__
-from .config import ConfigError, checkpoint_specs, load_config
+from .errors import ConfigError, SinkscopeError
 
 
 def _overrides(pairs: list[str]) -> dict:
+    """key=value pairs (YAML values); dotted keys set one nested key (generation.num_frames=9)."""
     result = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep:
+        if not sep or not key:
             raise ConfigError(f"override {pair!r} is not key=value")
-        result[key] = yaml.safe_load(value)
+        try:
+            result[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"override {pair!r}: the value is not valid YAML") from None
     return result
 
 
+def _load(args: argparse.Namespace) -> dict:
+    from .config import load_config
+
+    return load_config(args.config, _overrides(args.overrides))
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    config = load_config(args.config, _overrides(args.overrides))
+    from .config import check_machine, resolve_checkpoints
+
+    config = _load(args)
+    device = check_machine(config, resolve_checkpoints(config), local=not args.cluster)
     print(yaml.safe_dump(config, sort_keys=False), end="")
+    print(f"# extraction jobs compute on: {device}", file=sys.stderr)
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     from .model import MODEL_CONFIGS
+    from .resources import parameter_count
 
     for name, config in MODEL_CONFIGS.items():
         print(f"{name}: {config.num_layers} layers x {config.num_heads} heads, dim {config.dim}, "
-              f"{config.frame_seq_length()} tokens a frame ({config.latent_height}x{config.latent_width} latents)")  # fmt: skip
+              f"{parameter_count(config) / 1e6:.1f}M parameters, {config.frame_seq_length()} tokens a frame "
+              f"({config.latent_height}x{config.latent_width} latents)")  # fmt: skip
     return 0
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from .jobs import extract_job, log_to, pick_device
-    from .model.loading import weights_digest
+    from .config import check_machine
+    from .extract import extract_job
+    from .jobs import log_to, pick_device
     from .text import encode_prompts, save_embedding
     from .workflow import Study
 
     log_to(None)
-    config = load_config(args.config, _overrides(args.overrides))
+    config = _load(args)
     study = Study(config)
+    study.device = check_machine(config, study.checkpoints)
     name = args.checkpoint or next(iter(config["checkpoints"]))
     if name not in config["checkpoints"]:
         raise ConfigError(f"checkpoint {name!r} is not in the config (known: {', '.join(config['checkpoints'])})")
+    variant = args.variant or study.variants[0]
+    if variant not in study.variants:
+        raise ConfigError(f"variant {variant!r} is not in the config (known: {', '.join(study.variants)})")
     prompt_id = args.prompt or next(iter(config["prompts"]))
     if prompt_id not in config["prompts"]:
         raise ConfigError(f"prompt {prompt_id!r} is not in the config (known: {', '.join(config['prompts'])})")
     layers = args.layers or study.layers
     out = Path(args.out)
     encoder = study.text_encoder(name)
-    embedding = out / "prompt.safetensors"
-    context = encode_prompts(encoder, {prompt_id: config["prompts"][prompt_id]}, device=pick_device(config["device"]))
+    embedding = out.with_name(out.name + ".prompt.safetensors")
+    context = encode_prompts(encoder, {prompt_id: config["prompts"][prompt_id]},
+                             device=pick_device(study.device) if encoder.kind != "demo" else None)  # fmt: skip
     save_embedding(embedding, context[prompt_id], prompt=config["prompts"][prompt_id], encoder=encoder)
+    params = study.extract_params(study.source_name(name, variant), "_".join(map(str, layers)))
     extract_job(
-        checkpoint=checkpoint_specs(config)[name].to_dict(),
+        checkpoint=params["checkpoint"],
+        variant=variant,
         prompt_id=prompt_id,
         seed=args.seed if args.seed is not None else config["seeds"][0],
         layers=layers,
-        outputs=[Study.layer_file(str(out), layer) for layer in layers],
+        output=out,
         embedding=embedding,
-        weights_sha256=weights_digest(checkpoint_specs(config)[name]),
-        generation=config["generation"],
-        backend=config["capture"]["backend"],
-        compile=config["capture"]["compile"],
-        device=config["device"],
+        weights_sha256=study.weights_sha256(name),
+        generation=params["generation"],
+        capture=params["capture"],
+        compute=params["compute"],
     )
-    print(f"wrote {len(layers)} layer files under {out}")
+    print(f"wrote {len(layers)} layers' files under {out}")
     return 0
 
 
 def cmd_import_cache(args: argparse.Namespace) -> int:
-    from .jobs import import_job, log_to
+    from .jobs import log_to
+    from .legacy import import_job
 
     log_to(None)
     entry = {"prompt_id": args.prompt_id, "seed": args.seed, "allow_pickle": args.allow_pickle}
@@ -95,38 +121,65 @@ def cmd_import_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_figure(args: argparse.Namespace) -> int:
-    from .jobs import figure_job, frame_files, log_to
+    from .figures import figure_job
+    from .jobs import log_to
     from .workflow import LAYER_FIGURES
 
     log_to(None)
     if args.kind in LAYER_FIGURES and args.layer is None:
         raise ConfigError(f"figure {args.kind!r} needs --layer")
     options = {"step": args.step if args.step in ("last", "cache") else int(args.step), "metric": args.metric,
-               "heads": args.heads, "video_frames": args.video_frames, "dpi": args.dpi}  # fmt: skip
-    figure_job(
-        kind=args.kind,
-        inputs=frame_files(args.input, args.layer),
-        source=args.source or args.checkpoint or "sinkscope",
-        layer=args.layer,
-        options=options,
-        svg=f"{args.out_prefix}.svg",
-        png=f"{args.out_prefix}.png",
-        checkpoint=args.checkpoint,
-    )
+               "heads": args.heads, "video_frames": args.video_frames, "dpi": args.dpi, "frame_base": args.frame_base,
+               "highlight_layers": None, "checkpoint": args.checkpoint}  # fmt: skip
+    figure_job(kind=args.kind, inputs=args.input, svg=f"{args.out_prefix}.svg", png=f"{args.out_prefix}.png",
+               options=options, source=args.source or args.checkpoint, layer=args.layer)  # fmt: skip
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .integrity import check_directory
+    from .tables import read_arrow
+
+    problems: list[str] = []
+    root = Path(args.results)
+    if not root.is_dir():
+        raise ConfigError(f"results folder {str(root)!r} does not exist")
+    folders = sorted({p.parent for p in root.rglob("manifest.json")})
+    for folder in folders:
+        problems += check_directory(folder, full=True)
+    files = [p for p in sorted(root.rglob("*.parquet")) if p.is_file() and not any(f in p.parents for f in folders)]
+    for file in files:
+        try:
+            read_arrow(file)
+        except SinkscopeError as error:
+            problems.append(str(error))
+    for line in problems:
+        print(line)
+    print(f"checked {len(folders)} extraction folders and {len(files)} tables: "
+          f"{'all whole' if not problems else f'{len(problems)} problems'}", file=sys.stderr)  # fmt: skip
+    return 1 if problems else 0
+
+
+def cmd_train_demo(args: argparse.Namespace) -> int:
+    from .train import train_demo
+
+    train_demo(args.out, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
+               save_every=args.save_every)  # fmt: skip
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .workflow import LAYER_FIGURES, SOURCE_FIGURES
+    from .workflow import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES
 
     parser = argparse.ArgumentParser(prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sinkscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    check = sub.add_parser("check", help="validate a config and print it with defaults filled in")
+    check = sub.add_parser("check", help="validate a config (as the Snakefile does) and print it with defaults filled in")
     check.add_argument("config", nargs="?", default="config.yaml")
-    check.add_argument("overrides", nargs="*", help="key=value (YAML values), as snakemake --config")
+    check.add_argument("overrides", nargs="*", help="key=value (YAML values; dotted keys for nested ones), as snakemake --config")
+    check.add_argument("--cluster", action="store_true", help="jobs run elsewhere: skip checks of this machine's devices")
     check.set_defaults(func=cmd_check)
 
     models = sub.add_parser("models", help="list the named model configs")
@@ -135,12 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     extract = sub.add_parser("extract", help="run one extraction job outside Snakemake")
     extract.add_argument("--config", default="config.yaml")
     extract.add_argument("--checkpoint", help="checkpoint name (default: the first)")
+    extract.add_argument("--variant", help="generation variant (default: the first)")
     extract.add_argument("--prompt", help="prompt id (default: the first)")
     extract.add_argument("--seed", type=int)
     extract.add_argument("--layers", type=int, nargs="+", help="0-based layers (default: the config's)")
-    extract.add_argument("--out", required=True, help="folder for layer<N>.parquet files")
+    extract.add_argument("--out", required=True, help="folder for the layer<N>*.parquet files and manifest.json")
     extract.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                         help="config override (YAML value), repeatable")
+                         help="config override (YAML value; dotted keys, e.g. generation.local_attn_frames=9), repeatable")
     extract.set_defaults(func=cmd_extract)
 
     imp = sub.add_parser("import-cache", help="convert an older extraction script's .pt cache to frame_attention rows")
@@ -152,9 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--allow-pickle", action="store_true", help="allow unpickling objects beyond tensors (trusted files only)")
     imp.set_defaults(func=cmd_import_cache)
 
-    fig = sub.add_parser("figure", help="draw one figure from frame_attention Parquet files")
-    fig.add_argument("kind", choices=SOURCE_FIGURES + LAYER_FIGURES)
-    fig.add_argument("--input", nargs="+", required=True, help="frame_attention .parquet files or extraction folders")
+    fig = sub.add_parser("figure", help="draw one figure from sinkscope tables")
+    fig.add_argument("kind", choices=SOURCE_FIGURES + LAYER_FIGURES + CHECKPOINT_FIGURES)
+    fig.add_argument("--input", nargs="+", required=True, help="tables (.parquet) or extraction folders the figure reads")
     fig.add_argument("--out-prefix", required=True, help="writes PREFIX.svg and PREFIX.png")
     fig.add_argument("--checkpoint", help="the checkpoint to draw, when the input holds several")
     fig.add_argument("--source", help="name shown in titles (default: the checkpoint)")
@@ -163,8 +217,22 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--metric", default="logit_mean", choices=["logit_mean", "prob_mass"])
     fig.add_argument("--heads", nargs="+", default=["L1H1", "L5H10"])
     fig.add_argument("--video-frames", action="store_true")
+    fig.add_argument("--frame-base", type=int, choices=[0, 1], default=0)
     fig.add_argument("--dpi", type=int, default=200)
     fig.set_defaults(func=cmd_figure)
+
+    verify = sub.add_parser("verify", help="check every result file (manifests, checksums, content digests)")
+    verify.add_argument("results", nargs="?", default="results")
+    verify.set_defaults(func=cmd_verify)
+
+    train = sub.add_parser("train-demo", help="train the demo model on synthetic videos (docs/trained-demo.md)")
+    train.add_argument("--out", required=True, help="folder for checkpoints (Self-Forcing .pt format) and the loss log")
+    train.add_argument("--steps", type=int, default=3000)
+    train.add_argument("--batch-size", type=int, default=16)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", default="cpu")
+    train.add_argument("--save-every", type=int, default=500)
+    train.set_defaults(func=cmd_train_demo)
     return parser
 
 
@@ -172,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ValueError, KeyError) as error:
+    except (SinkscopeError, FileNotFoundError, KeyError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"sinkscope {args.command}: error: {message}", file=sys.stderr)
         return 2
@@ -180,4 +248,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = "sinkscope"
 ROOT = Path(__file__).resolve().parent
+# Digests are reused while every source file keeps its size and mtime (a parse of the
+# workflow then reads no source at all).
+CACHE = ".snakemake/sinkscope/code-digests.json"
 
 
 def _module_file(name: str) -> Path | None:
@@ -96,9 +101,46 @@ def module_closure(name: str) -> tuple[str, ...]:
     return tuple(sorted({module for module, _ in seen}))
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=1)
+def _source_signature() -> str:
+    """Size and mtime of every source file of the package, as one short hash."""
+    entries = []
+    for directory, _, files in os.walk(ROOT):
+        for name in files:
+            if name.endswith(".py"):
+                stat = os.stat(os.path.join(directory, name))
+                entries.append(f"{directory}/{name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
+
+
+_cache: dict[str, str] | None = None
+
+
 def code_digest(*modules: str) -> str:
     """sha256 (16 hex digits) of the sources of ``modules`` and everything they import."""
+    global _cache
+    key = ",".join(modules)
+    signature = _source_signature()
+    path = Path(CACHE)
+    if _cache is None:
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError):
+            stored = {}
+        _cache = stored.get("digests", {}) if stored.get("signature") == signature else {}
+    if key not in _cache:
+        _cache[key] = _digest(modules)
+        try:
+            from .io import atomic_path
+
+            with atomic_path(path) as tmp:
+                tmp.write_text(json.dumps({"signature": signature, "digests": _cache}, indent=1))
+        except OSError:
+            pass  # a read-only working directory: recompute next time
+    return _cache[key]
+
+
+def _digest(modules: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for module in sorted({m for name in modules for m in module_closure(name)}):
         digest.update(module.encode())

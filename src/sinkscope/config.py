@@ -45,7 +45,7 @@ NAMED_SECTIONS = ("checkpoints", "prompts", "legacy_caches", "variants")
 @lru_cache(maxsize=1)
 def load_schema() -> dict:
     with open(SCHEMA_PATH) as handle:
-        return yaml.safe_load(handle)
+        return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 # -- coercion ------------------------------------------------------------------------
@@ -162,6 +162,8 @@ def _describe(error) -> str:
     key = _key_path(error.absolute_path)
     value = error.instance
     if "propertyNames" in error.schema_path:
+        if error.validator == "maxLength":
+            return f"config key {key}: name {value[:40]!r}... is longer than {error.validator_value} characters"
         return f"config key {key}: name {value!r} is not allowed (use letters, digits and _ . + - only)"
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
@@ -182,6 +184,9 @@ def _describe(error) -> str:
         return f"config key {key}: {value!r} is not {' or '.join(options)}"
     if error.validator == "pattern":
         return f"config key {key}: {value!r} does not match the pattern {error.validator_value}"
+    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "uniqueItems",
+                           "minProperties", "minLength", "maxLength"):  # fmt: skip
+        return f"config key {key}: {error.message}"
     return f"config key {key}: {value!r}: {error.message}"
 
 
@@ -265,7 +270,7 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
             continue
         model_config = checkpoint.model_config
         for variant, option in options.items():
-            where = "generation" if variant == "default" and "variants" not in config else f"variants.{variant}"
+            where = "generation" if not config.get("variants") else f"variants.{variant}"
             try:
                 model_config.frame_seq_length(option.latent_height, option.latent_width)
             except ValueError as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -192,7 +193,10 @@ def quarantine(path: str | Path) -> Path | None:
     the job's output). Returns the new path, or None when there is nothing to move.
     """
     path = Path(path)
-    if path.name == MANIFEST or (path.is_file() and (path.parent / MANIFEST).exists()):
+    in_extraction = re.fullmatch(r"layer\d+(\.queries|\.tokens)?\.parquet", path.name) and re.fullmatch(
+        r"layers[\d_-]+", path.parent.name
+    )
+    if path.name == MANIFEST or in_extraction:
         path = path.parent
     if not path.exists():
         return None

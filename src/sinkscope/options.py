@@ -119,8 +119,9 @@ class GenerationOptions:
             raise OptionsError(
                 f"config key generation.cache_policy: {policy!r} is not one of {', '.join(CACHE_POLICIES)}"
             )
+        explicit = values.get("cache_policy") is not None
         for key in POLICY_KEYS:
-            if key in values and key not in _USED_KEYS[policy] and values[key] != POLICY_DEFAULTS[policy][key]:
+            if explicit and key in values and key not in _USED_KEYS[policy] and values[key] != POLICY_DEFAULTS[policy][key]:
                 raise OptionsError(
                     f"config key generation.{key}: {values[key]} has no meaning for cache_policy {policy!r} "
                     f"(it uses {', '.join(_USED_KEYS[policy]) or 'none of the window keys'})"

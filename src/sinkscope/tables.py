@@ -204,6 +204,20 @@ def _encode_metadata(metadata: Mapping[str, Any] | None) -> dict[bytes, bytes]:
     return encoded
 
 
+def _metadata_digest(metadata: Mapping[bytes, bytes]) -> bytes:
+    """sha256 of a file's key-value metadata (page checksums do not cover the footer)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for key in sorted(metadata):
+        if key not in (_METADATA_DIGEST, b"ARROW:schema"):
+            digest.update(len(key).to_bytes(8, "little") + key + len(metadata[key]).to_bytes(8, "little") + metadata[key])
+    return digest.hexdigest().encode()
+
+
+_METADATA_DIGEST = (META_PREFIX + "metadata_sha256").encode()
+
+
 def to_arrow(frame: pd.DataFrame, schema: pa.Schema, path: str | Path = "table") -> pa.Table:
     """``frame`` with exactly ``schema``'s columns and types."""
     missing = [name for name in schema.names if name not in frame.columns]
@@ -231,7 +245,9 @@ def write_table(
         "content_sha256": column_digests(table),
         "columns": {name: COLUMN_DOCS[name] for name in schema.names if name in COLUMN_DOCS},
     }
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **_encode_metadata(info)})
+    metadata_bytes = {**(table.schema.metadata or {}), **_encode_metadata(info)}
+    metadata_bytes[_METADATA_DIGEST] = _metadata_digest(metadata_bytes)
+    table = table.replace_schema_metadata(metadata_bytes)
     with atomic_path(path) as tmp:
         options = dict(compression="zstd", write_page_checksum=True)
         if row_groups_by is None or table.num_rows == 0:
@@ -252,10 +268,12 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise DamagedFileError(path, f"is not a readable Parquet file ({exc})") from None
     result = {}
     for key, value in raw.items():
-        key = key.decode()
+        try:
+            key, text = key.decode(), value.decode()
+        except UnicodeDecodeError:
+            raise DamagedFileError(path, "is damaged: its metadata is not text") from None
         if not key.startswith(META_PREFIX):
             continue
-        text = value.decode()
         try:
             result[key[len(META_PREFIX) :]] = json.loads(text)
         except json.JSONDecodeError:
@@ -269,10 +287,16 @@ def read_arrow(path: str | Path, columns: Sequence[str] | None = None, filters=N
     try:
         table = pq.read_table(path, columns=list(columns) if columns else None, filters=filters,
                               page_checksum_verification=True)  # fmt: skip
+        footer = pq.ParquetFile(path).metadata.metadata or {}
     except FileNotFoundError:
         raise
-    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as exc:
         raise DamagedFileError(path, f"is damaged or not a Parquet file ({str(exc).splitlines()[0][:160]})") from None
+    # The footer holds the metadata twice (key-value pairs, and inside the Arrow schema):
+    # both copies must match the digest.
+    for raw in (table.schema.metadata or {}, footer):
+        if _METADATA_DIGEST in footer and raw.get(_METADATA_DIGEST) != _metadata_digest(raw):
+            raise DamagedFileError(path, "is damaged: its metadata does not match its digest")
     meta = read_metadata(path)
     expected = meta.get("content_sha256")
     if expected is None:

@@ -1,0 +1,122 @@
+"""Integrity: checksums and content digests on every Parquet file, manifests, quarantine."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from synthetic import synthetic_rows
+
+from sinkscope.errors import DamagedFileError
+from sinkscope.integrity import (
+    check_directory,
+    column_digests,
+    quarantine,
+    read_manifest,
+    scan_extractions,
+    write_manifest,
+)
+from sinkscope.tables import FRAME_ATTENTION_SCHEMA, read_arrow, read_metadata, read_table, write_table
+
+
+def test_column_digests_do_not_depend_on_chunking_or_storage(tmp_path):
+    rows = synthetic_rows()
+    table = pa.Table.from_pandas(rows[FRAME_ATTENTION_SCHEMA.names], schema=FRAME_ATTENTION_SCHEMA, preserve_index=False)
+    chunked = pa.concat_tables([table.slice(0, 100), table.slice(100)])
+    assert column_digests(table) == column_digests(chunked)
+    path = tmp_path / "t.parquet"
+    write_table(rows, path, FRAME_ATTENTION_SCHEMA, row_groups_by="block")
+    assert read_metadata(path)["content_sha256"] == column_digests(table)
+    changed = rows.copy()
+    changed.loc[5, "prob_mass"] += 1e-6
+    assert column_digests(pa.Table.from_pandas(changed[FRAME_ATTENTION_SCHEMA.names], schema=FRAME_ATTENTION_SCHEMA,
+                                               preserve_index=False))["prob_mass"] != column_digests(table)["prob_mass"]  # fmt: skip
+
+
+def test_row_groups_per_block_let_a_reader_filter(tmp_path):
+    rows = synthetic_rows(blocks=(3, 3, 3, 3))
+    path = tmp_path / "t.parquet"
+    write_table(rows.sort_values("block", kind="stable"), path, FRAME_ATTENTION_SCHEMA, row_groups_by="block")
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(path).num_row_groups == 4
+    last = read_table(path, filters=[("block", "=", 3)])
+    assert set(last["block"]) == {3} and len(last) == (rows["block"] == 3).sum()
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_any_flipped_bytes_fail_the_read_naming_the_file(tmp_path, trial):
+    path = tmp_path / "layer0.parquet"
+    write_table(synthetic_rows(seed=trial), path, FRAME_ATTENTION_SCHEMA, {"package_version": "x"})
+    data = bytearray(path.read_bytes())
+    rng = random.Random(trial)
+    position = rng.randrange(4, len(data) - 12)
+    for i in range(8):
+        data[position + i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedFileError, match="layer0.parquet"):
+        read_arrow(path)
+
+
+def test_a_file_without_its_digests_is_damaged_not_trusted(tmp_path):
+    path = tmp_path / "t.parquet"
+    write_table(synthetic_rows(), path, FRAME_ATTENTION_SCHEMA, {"package_version": "x"})
+    table = read_arrow(path)
+    stripped = table.replace_schema_metadata({k: v for k, v in table.schema.metadata.items() if b"content_sha256" not in k})
+    import pyarrow.parquet as pq
+
+    pq.write_table(stripped, path)
+    with pytest.raises(DamagedFileError, match="metadata does not match its digest|lost its content digests"):
+        read_arrow(path)
+
+
+def _folder(tmp_path):
+    folder = tmp_path / "layers0-1"
+    folder.mkdir()
+    for layer in (0, 1):
+        write_table(synthetic_rows(seed=layer), folder / f"layer{layer}.parquet", FRAME_ATTENTION_SCHEMA)
+    write_manifest(folder, ["layer0.parquet", "layer1.parquet"], {"layers": [0, 1]})
+    return folder
+
+
+def test_manifest_checks_find_missing_changed_and_extra_files(tmp_path):
+    folder = _folder(tmp_path)
+    assert check_directory(folder) == [] and read_manifest(folder)["contents"] == {"layers": [0, 1]}
+    # A touch is not damage.
+    os.utime(folder / "layer0.parquet", ns=(1, 1))
+    assert check_directory(folder) == []
+    (folder / "layer1.parquet").unlink()
+    (folder / "stray.parquet").write_bytes(b"x")
+    problems = check_directory(folder)
+    assert any("layer1.parquet: missing" in p for p in problems)
+    assert any("holds files its job did not write (stray.parquet)" in p for p in problems)
+    data = bytearray((folder / "layer0.parquet").read_bytes())
+    data[100] ^= 1
+    (folder / "layer0.parquet").write_bytes(bytes(data))
+    assert any("layer0.parquet: damaged (its content changed" in p for p in check_directory(folder))
+
+
+def test_a_folder_without_manifest_is_incomplete_and_quarantine_keeps_it(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / "manifest.json").unlink()
+    damaged = scan_extractions([folder, tmp_path / "not-yet-run"])
+    assert list(damaged) == [str(folder)] and "incomplete" in damaged[str(folder)][0]
+    moved = quarantine(folder / "layer0.parquet")
+    assert moved == tmp_path / "layers0-1.damaged" and not folder.exists() and (moved / "layer0.parquet").exists()
+    table = tmp_path / "head_stats.parquet"
+    table.write_bytes(b"x")
+    assert quarantine(table) == tmp_path / "head_stats.parquet.damaged"
+    assert quarantine(tmp_path / "gone.parquet") is None
+
+
+def test_reading_several_files_verifies_each(tmp_path):
+    good, bad = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    write_table(synthetic_rows(), good, FRAME_ATTENTION_SCHEMA, {"package_version": "x"})
+    bad.write_bytes(good.read_bytes()[:-40])
+    with pytest.raises(DamagedFileError, match="b.parquet"):
+        read_table([good, bad])
+    assert isinstance(read_table([good, good]), pd.DataFrame) and np.isfinite(read_table(good)["prob_mass"]).all()

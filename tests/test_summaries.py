@@ -1,0 +1,170 @@
+"""The derived tables (sinkscope.summaries) against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from synthetic import synthetic_rows
+
+from sinkscope.summaries import (
+    block_stats,
+    classify_head,
+    curve_stats,
+    dominant_period,
+    figure4_curves,
+    head_class_grid,
+    head_diagnostics,
+    head_stats,
+    layer_stats,
+    resolve_step,
+)
+
+
+def test_cache_frames_own_frames_and_sink_score_by_hand():
+    values, frames = np.array([4.0, 1.0, 2.0, 3.0, 9.0, 8.0]), np.array([0, 1, 2, 3, 4, 5])
+    stats = curve_stats(values, frames, query_frames=[4, 5], metric="logit_mean")
+    assert (stats["first"], stats["middle"], stats["last"], stats["own"]) == (4.0, 1.5, 3.0, 8.5)
+    assert (stats["first_frame"], stats["last_frame"], stats["argmax_frame"]) == (0, 3, 4)
+    assert stats["sink_score"] == 2.5
+    # Ratios and shares mean nothing on signed logits: null.
+    for name in ("first_middle_ratio", "spread_pct", "frame0_mass", "first_k_mass", "cache_share", "own_share"):
+        assert math.isnan(stats[name]), name
+
+
+def test_shares_and_ratios_of_softmax_mass_by_hand():
+    mass, frames = np.array([0.4, 0.1, 0.1, 0.1, 0.2, 0.1]), np.arange(6)
+    stats = curve_stats(mass, frames, query_frames=[4, 5], metric="prob_mass", first_k=2)
+    assert stats["frame0_mass"] == pytest.approx(0.4) and stats["first_k_mass"] == pytest.approx(0.5)
+    assert stats["cache_share"] == pytest.approx(0.7) and stats["own_share"] == pytest.approx(0.3)
+    assert stats["first_middle_ratio"] == pytest.approx(4.0)
+    assert stats["spread_pct"] == pytest.approx((0.4 - 0.1) / 0.175 * 100)
+
+
+def test_gaps_and_zero_denominators_give_nan_not_errors():
+    # A window evicted frames 1-4: first is frame 0, the middle frames 5-6, last frame 7.
+    values = np.array([0.5, np.nan, np.nan, np.nan, np.nan, 0.0, 0.0, 0.2, 0.3])
+    stats = curve_stats(values, np.arange(9), query_frames=[8], metric="prob_mass")
+    assert (stats["first_frame"], stats["last_frame"], stats["num_key_frames"]) == (0, 7, 5)
+    assert math.isnan(stats["first_middle_ratio"])  # middle is 0
+    evicted = curve_stats(np.array([np.nan, 0.6, 0.4]), np.arange(3), query_frames=[2], metric="prob_mass")
+    assert math.isnan(evicted["frame0_mass"]) and evicted["first_frame"] == 1
+    assert curve_stats(np.array([]), np.array([]), [], "prob_mass")["num_key_frames"] == 0
+
+
+def test_head_stats_per_run_and_of_the_run_averaged_curve():
+    rows = synthetic_rows(prompts=("a", "b"), seeds=(0, 3))
+    heads = head_stats(rows)
+    # 4 runs + the average, x 2 heads x 3 calls of the last block x 2 metrics.
+    assert len(heads) == 5 * 2 * 3 * 2
+    one = heads[(heads["prompt_id"] == "b") & (heads["seed"] == 3) & (heads["head"] == 1) & (heads["pass"] == "denoise")
+                & (heads["step"] == 1) & (heads["metric"] == "logit_mean")]  # fmt: skip
+    last = rows[(rows["prompt_id"] == "b") & (rows["seed"] == 3) & (rows["block"] == 2) & (rows["head"] == 1)
+                & (rows["pass"] == "denoise") & (rows["step"] == 1)]  # fmt: skip
+    curve = last.groupby("key_frame")["logit_mean"].mean()
+    assert one["first"].item() == pytest.approx(curve[0])
+    assert one["middle"].item() == pytest.approx(curve[1:5].mean())  # cache frames 1..4
+    assert one["last"].item() == pytest.approx(curve[5])
+    assert one["own"].item() == pytest.approx(curve[6:].mean())
+    assert one["query_frames"].item() == "6,7,8" and one["runs"].item() == 1
+    averaged = heads[(heads["prompt_id"] == "*") & (heads["seed"] == -1) & (heads["head"] == 1) & (heads["pass"] == "denoise")
+                     & (heads["step"] == 1) & (heads["metric"] == "prob_mass")]  # fmt: skip
+    all_runs = rows[(rows["block"] == 2) & (rows["head"] == 1) & (rows["pass"] == "denoise") & (rows["step"] == 1)]
+    mean_curve = all_runs.groupby("key_frame")["prob_mass"].mean()
+    # The average is taken of the curve, then the statistic: not a mean of per-run ratios.
+    assert averaged["runs"].item() == 4
+    assert averaged["first_middle_ratio"].item() == pytest.approx(mean_curve[0] / mean_curve[1:5].mean())
+    curves, info = figure4_curves(rows, "last", "prob_mass")
+    assert info["runs"] == 4 and curves.loc[(3, 1)].to_numpy() == pytest.approx(mean_curve.to_numpy())
+
+
+def test_layer_stats_match_a_hand_computation():
+    rows = synthetic_rows()
+    layers = layer_stats(rows)
+    row = layers[(layers["pass"] == "cache") & (layers["metric"] == "prob_mass") & (layers["prompt_id"] == "p")]
+    cache = rows[rows["pass"] == "cache"]
+    averaged = cache.groupby(["query_frame", "key_frame"])["prob_mass"].mean()
+    assert row["diagonal_mean"].item() == pytest.approx(np.mean([averaged[(f, f)] for f in range(9)]))
+    assert row["first_column_mean"].item() == pytest.approx(np.mean([averaged[(f, 0)] for f in range(9)]))
+    head_avg = cache[cache["block"] == 2].groupby("key_frame")["prob_mass"].mean()
+    assert row["sink_score"].item() == pytest.approx(head_avg[0] - head_avg[1:5].mean())
+    assert row["cache_share"].item() == pytest.approx(head_avg[:6].sum())
+
+
+def test_resolve_step_options():
+    rows = synthetic_rows()
+    assert resolve_step(rows, "last") == ("denoise", 1)
+    assert resolve_step(rows, "cache") == ("cache", 2)
+    assert resolve_step(rows, 0) == ("denoise", 0)
+    imported = rows[rows["pass"] == "denoise"].assign(step=-1)
+    for option in ("last", "cache", 1):
+        assert resolve_step(imported, option) == ("denoise", -1)
+
+
+def test_block_stats_split_the_mass_into_sink_self_and_other():
+    rows = synthetic_rows(blocks=(3, 3, 3, 3, 3), window=7, sink=2)
+    stats = block_stats(rows, sink_frames=2)
+    assert np.allclose(stats["sink_mass"] + stats["self_mass"] + stats["other_mass"], 1)
+    one = stats[(stats["block"] == 4) & (stats["head"] == 0) & (stats["pass"] == "denoise") & (stats["step"] == 0)].iloc[0]
+    call = rows[(rows["block"] == 4) & (rows["head"] == 0) & (rows["pass"] == "denoise") & (rows["step"] == 0)]
+    curve = call.groupby("key_frame")["prob_mass"].mean()
+    assert one["sink_mass"] == pytest.approx(curve[[0, 1]].sum())
+    assert one["self_mass"] == pytest.approx(curve[[12, 13, 14]].sum())
+    assert one["num_key_frames"] == 7 and one["sink_frames"] == "0-1" and one["query_frames"] == "12-14"
+    p = curve.to_numpy()
+    assert one["entropy"] == pytest.approx(-(p * np.log(p)).sum())
+    assert one["argmax_frame"] == curve.idxmax() and one["argmax_age"] == max(0, 12 - curve.idxmax())
+    # Without sink frames, frame 0 is the sink; block 0's own frames are not counted twice.
+    plain = block_stats(rows, sink_frames=0)
+    first = plain[plain["block"] == 0]
+    assert (first["sink_mass"] == 0).all() and plain["sink_frames"].eq("0").all()
+
+
+def test_dominant_period_finds_a_planted_period():
+    frames = np.arange(24)
+    period, power = dominant_period(np.cos(2 * np.pi * frames / 6) + 0.05 * np.sin(frames))
+    assert period == pytest.approx(6) and power > 0.9
+    assert all(math.isnan(v) for v in dominant_period([1.0, 2.0]))
+    assert all(math.isnan(v) for v in dominant_period(np.ones(10)))
+
+
+def test_head_classes_follow_the_thresholds():
+    thresholds = {"sink_mass": 0.3, "local_mass": 0.5, "periodic_power": 0.5}
+    base = {"frame0_mass": 0.05, "recent_mass": 0.2, "period": 6.0, "period_power": 0.2}
+    assert classify_head({**base, "frame0_mass": 0.4}, thresholds, 21) == "sink"
+    assert classify_head({**base, "recent_mass": 0.6}, thresholds, 21) == "local"
+    assert classify_head({**base, "period_power": 0.7}, thresholds, 21) == "periodic"
+    assert classify_head({**base, "period_power": 0.7, "period": 21.0}, thresholds, 21) == "diffuse"
+    assert classify_head(base, thresholds, 21) == "diffuse"
+
+
+def test_head_diagnostics_on_constructed_heads():
+    rows = synthetic_rows(blocks=(3,) * 7, heads=3, steps=1)
+    last = rows["block"] == 6
+    # Head 0 puts 70% of every query's mass on frame 0; head 1 on its own block.
+    for head, frames in ((0, [0]), (1, [18, 19, 20])):
+        chosen = last & (rows["head"] == head)
+        rows.loc[chosen, "prob_mass"] = 0.3 / 18
+        rows.loc[chosen & rows["key_frame"].isin(frames), "prob_mass"] = 0.7 / len(frames) + 0.3 / 18
+        rows.loc[chosen, "prob_mass"] /= rows[chosen].groupby(["pass", "step", "query_frame"])["prob_mass"].transform("sum")
+    diagnostics = head_diagnostics(rows)
+    call = diagnostics[(diagnostics["pass"] == "denoise")].set_index("head")
+    assert call.loc[0, "head_class"] == "sink" and call.loc[0, "frame0_mass"] > 0.6
+    assert call.loc[1, "head_class"] == "local" and call.loc[1, "recent_mass"] > 0.6
+    assert 0 <= call.loc[2, "entropy_frames"] <= 1 and call.loc[2, "entropy_frames"] > call.loc[0, "entropy_frames"]
+    assert call.loc[0, "sign_rate"] == pytest.approx((rows[last & (rows["head"] == 0) & (rows["pass"] == "denoise")]
+                                                       .groupby("key_frame")["logit_mean"].mean() > 0).mean())  # fmt: skip
+    grid = head_class_grid(diagnostics)
+    assert list(grid.index) == ["L4"] and list(grid.columns) == ["H1", "H2", "H3"] and grid.loc["L4", "H1"] == "sink"
+    assert math.isnan(call.loc[0, "entropy_tokens"])  # no query_stats given
+
+
+def test_entropy_tokens_are_normalized_by_the_number_of_keys():
+    rows = synthetic_rows(blocks=(3, 3))
+    queries = rows[["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step", "timestep",
+                    "query_frame"]].drop_duplicates().assign(entropy_tokens=np.log(24.0), num_keys=24 * 6, num_key_frames=6)  # fmt: skip
+    diagnostics = head_diagnostics(rows, queries)
+    assert diagnostics["entropy_tokens"].to_numpy() == pytest.approx(np.log(24) / np.log(144))
+    assert isinstance(diagnostics, pd.DataFrame)
