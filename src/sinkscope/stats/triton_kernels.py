@@ -19,14 +19,16 @@ mass_f = l_f 2^(m_f - M) / L; entropy (nats) = ln L + ln 2 * sum_f 2^(m_f - M)
 (u_f + (M - m_f) l_f) / L (the identity H = lse - E_p[s] with E_p[M - t] accumulated
 directly); the argmax frame = argmax_f m_f (ties: the lowest frame position).
 
-Kernel 2, ``_token_prob_colsum`` (only for token profiles): a second streaming pass
+Kernel 2, ``_token_profiles`` (only for token profiles): a second streaming pass
 that reuses each query's M and 1/L from the combine. Its grid is (key tiles of
 BLOCK_N, heads); each program holds its key tile and loops over all query blocks,
 computing p = 2^(t - M) / L and accumulating it elementwise in a [BLOCK_M, BLOCK_N]
 register tile, reduced over the queries once at the end. It writes [H, Lk] column sums:
 O(keys) memory, and one more QK^T over the call, so it costs about what kernel 1 does.
 It is a separate pass because the column sums need every query's final normalizer,
-which only exists once kernel 1 has seen all keys.
+which only exists once kernel 1 has seen all keys. The same program also writes each
+key's mean logit (mean_i q_i) . k_j from its tile (exact by factorization, in fp32,
+with no fp32 copy of q or k).
 
 Splitting kernel 1's grid by key frame gives 3 x 12 x ceil(Lq / BLOCK_M) independent
 programs even for the first block, needs no per-frame accumulators in registers, and
@@ -43,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import CallStatistics, one_hot_float, token_logit_mean_factorized
+from .reference import CallStatistics, one_hot_float
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -87,10 +89,12 @@ def _frame_softmax_partials(
     stride_kl,
     num_queries,
     num_key_frames,
+    max_length,
     qk_scale_log2,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     IEEE: tl.constexpr,
+    BOUND_BY_MAX: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -113,7 +117,14 @@ def _frame_softmax_partials(
     u_i = tl.zeros([BLOCK_M], tl.float32)
     raw_sum = tl.zeros([BLOCK_M], tl.float32)
     k_seg = k_ptr + head * stride_kh + seg_start * stride_kl
-    for start in range(0, seg_len, BLOCK_N):
+    if BOUND_BY_MAX:
+        # Triton's interpreter up to 3.6 cannot bound a loop by a loaded value (with NumPy
+        # >= 2.4): there, every program runs to the longest segment, its extra tiles
+        # fully masked (they change nothing: p = 0, m and l stay).
+        loop_end = max_length
+    else:
+        loop_end = seg_len
+    for start in range(0, loop_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_valid = offs_n < seg_len
         k = tl.load(
@@ -125,13 +136,16 @@ def _frame_softmax_partials(
             s = tl.dot(q, k, input_precision="ieee")
         else:
             s = tl.dot(q, k)
-        raw_sum += tl.sum(tl.where(n_valid[None, :], s, 0.0), 1)
-        t = tl.where(n_valid[None, :], s * qk_scale_log2, float("-inf"))
-        # Every tile holds at least one valid key (start < seg_len), so m_new is finite.
+        # Keys past the segment were loaded as 0: their raw score is 0 and adds nothing.
+        raw_sum += tl.sum(s, 1)
+        t_all = s * qk_scale_log2
+        t = tl.where(n_valid[None, :], t_all, float("-inf"))
+        # The first tile holds at least one valid key (seg_len >= 1), so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(t, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(t - m_new[:, None])
-        below = tl.where(n_valid[None, :], m_new[:, None] - t, 0.0)
+        # Finite everywhere (t_all, not t), so p = 0 on masked keys gives 0, not 0 * inf.
+        below = m_new[:, None] - t_all
         # Where nothing was seen yet (l = 0, m = -inf) the centre shift is 0, not inf * 0.
         shift = tl.where(l_i > 0.0, m_new - m_i, 0.0)
         u_i = alpha * (u_i + shift * l_i) + tl.sum(p * below, 1)
@@ -145,12 +159,14 @@ def _frame_softmax_partials(
 
 
 @triton.jit
-def _token_prob_colsum(
+def _token_profiles(
     q_ptr,
     k_ptr,
     row_max_ptr,
     row_inv_ptr,
-    out_ptr,
+    q_mean_ptr,
+    prob_ptr,
+    logit_ptr,
     stride_qh,
     stride_ql,
     stride_kh,
@@ -175,6 +191,9 @@ def _token_prob_colsum(
         mask=n_valid[None, :] & d_valid[:, None],
         other=0.0,
     )
+    # The mean score of each key over every query: (mean_i q_i) . k_j, in fp32.
+    q_mean = tl.load(q_mean_ptr + head * HEAD_DIM + offs_d, mask=d_valid, other=0.0)
+    logit = tl.sum(k.to(tl.float32) * q_mean[:, None], 0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for start in range(0, num_queries, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
@@ -193,13 +212,13 @@ def _token_prob_colsum(
             s = tl.dot(q, k)
         # Columns past the end are never stored, so they need no mask here.
         acc += tl.exp2(s * qk_scale_log2 - row_max[:, None]) * row_inv[:, None]
-    tl.store(out_ptr + head * num_keys + offs_n, tl.sum(acc, 0), mask=n_valid)
+    tl.store(prob_ptr + head * num_keys + offs_n, tl.sum(acc, 0), mask=n_valid)
+    tl.store(logit_ptr + head * num_keys + offs_n, logit, mask=n_valid)
 
 
 def _launch_config(config: dict | None, default: dict) -> tuple[dict, dict]:
-    if config is None:
-        config = INTERPRETER_CONFIG if _interpreting() else default
-    config = dict(config)
+    """(kernel meta-parameters, launch options): ``config`` over the default."""
+    config = {**(INTERPRETER_CONFIG if _interpreting() else default), **(config or {})}
     launch = {key: config.pop(key) for key in ("num_warps", "num_stages") if key in config}
     return config, launch
 
@@ -256,36 +275,40 @@ def frame_softmax_partials(
     _frame_softmax_partials[grid](
         q, k, starts, lengths, m, l, u, sums,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        num_queries, num_k, scale * LOG2E,
-        **_constants(q), **config, **launch,
+        num_queries, num_k, max(key_lengths), scale * LOG2E,
+        **{**_constants(q), "BOUND_BY_MAX": _interpreting(), **config}, **launch,
     )  # fmt: skip
     return m, l, u, sums
 
 
-def token_prob_sums(
+def token_profile_sums(
     q: torch.Tensor,
     k: torch.Tensor,
     row_max: torch.Tensor,
     row_inv_sum: torch.Tensor,
     scale: float,
     config: dict | None = None,
-) -> torch.Tensor:
-    """Kernel 2. [H, Lk] fp32: sum over every query i of p_ij = 2^(t_ij - M_i) / L_i, given
-    ``row_max`` = M and ``row_inv_sum`` = 1/L, each [H, Lq] fp32 (from kernel 1)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel 2. (prob_sums, logit_means), each [H, Lk] fp32: the sum over every query i
+    of p_ij = 2^(t_ij - M_i) / L_i, given ``row_max`` = M and ``row_inv_sum`` = 1/L, each
+    [H, Lq] fp32 (from kernel 1); and (mean_i q_i) . k_j * scale."""
     q, k = _unit_stride(q), _unit_stride(k)
-    heads, num_queries, _ = q.shape
+    heads, num_queries, head_dim = q.shape
     num_keys = k.shape[1]
     row_max, row_inv_sum = row_max.contiguous(), row_inv_sum.contiguous()
-    out = torch.empty(heads, num_keys, dtype=torch.float32, device=q.device)
+    # fp32 accumulation straight from bf16 on CUDA (no fp32 copy of q).
+    q_mean = q.sum(dim=1, dtype=torch.float32).div_(num_queries).contiguous()
+    prob_sums = torch.empty(heads, num_keys, dtype=torch.float32, device=q.device)
+    logit_means = torch.empty_like(prob_sums)
     config, launch = _launch_config(config, DEFAULT_PROFILE_CONFIG)
     grid = (math.ceil(num_keys / config["BLOCK_N"]), heads)
-    _token_prob_colsum[grid](
-        q, k, row_max, row_inv_sum, out,
+    _token_profiles[grid](
+        q, k, row_max, row_inv_sum, q_mean, prob_sums, logit_means,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         num_queries, num_keys, scale * LOG2E,
         **_constants(q), **config, **launch,
     )  # fmt: skip
-    return out
+    return prob_sums, logit_means.mul_(scale)
 
 
 def statistics_triton(
@@ -320,9 +343,8 @@ def statistics_triton(
     logit_mean = sums.view(*per_frame, num_k).sum(dim=2) * scale / (frame_seq_length * lengths)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
-        col_sums = token_prob_sums(q, k, row_max[..., 0], 1.0 / row_sum[..., 0], scale, profile_config)
-        stats.token_prob_mean = col_sums / num_queries
-        stats.token_logit_mean = token_logit_mean_factorized(q, k, scale, torch.float32)
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, row_max[..., 0], 1.0 / row_sum[..., 0], scale, profile_config)
+        stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 
 
