@@ -181,6 +181,15 @@ def test_small_budget_streams_exactly():
         torch.testing.assert_close(getattr(tiny, name), getattr(full, name), rtol=1e-6, atol=1e-7)
 
 
+def test_token_mean_streams_in_small_conversions():
+    from sinkscope.stats.reference import token_mean
+
+    x = torch.randn(3, 37, 8).to(torch.bfloat16)
+    expected = x.double().mean(dim=1)
+    for budget in (1, 24, 10**6):
+        torch.testing.assert_close(token_mean(x, torch.float64, budget), expected, rtol=1e-12, atol=1e-12)
+
+
 def test_peaked_rows_reach_zero_entropy_and_full_argmax():
     # One key far above the rest: every query puts (almost) all mass on it.
     q = torch.ones(1, 4, 8)
@@ -251,7 +260,8 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
         if index == case["frame_only_case"]:
             # The GPU's loop bound (each segment's own length), where this interpreter can run it.
             try:
-                results["dynamic_bound"] = vars(statistics_triton(*args, config={"BOUND_BY_MAX": False}))
+                results["dynamic_bound"] = vars(statistics_triton(*args, config={"LOOP_END": 0}, profile_config={"LOOP_END": 0},
+                                                                  token_profiles=True))
             except Exception as error:
                 results["dynamic_bound"] = repr(error)
     torch.save(results, sys.argv[2])
@@ -315,16 +325,17 @@ def test_triton_frame_statistics_alone_in_the_interpreter(interpreted):
     torch.testing.assert_close(mass, out["stats"]["prob_mass"], rtol=0, atol=0)
 
 
-def test_triton_loop_bounded_by_each_segment_in_the_interpreter(interpreted):
-    """In the interpreter kernel 1 runs every program to the longest segment (see
-    BOUND_BY_MAX); this runs the GPU's bound, where the interpreter supports it."""
+def test_triton_runtime_loop_bounds_in_the_interpreter(interpreted):
+    """In the interpreter the kernels' loops run to compile-time bounds (kernel 1: the
+    longest segment, see LOOP_END); this runs the GPU's runtime bounds, where the
+    interpreter supports them."""
     dynamic = interpreted["dynamic_bound"]
     if isinstance(dynamic, str):
         if "0-dimensional" in dynamic:
             pytest.skip(f"this Triton's interpreter cannot bound a loop by a loaded value: {dynamic}")
         raise AssertionError(dynamic)
     case, out = interpreted[FRAME_ONLY_CASE]
-    for name in FIELDS[:4]:
+    for name in FIELDS:
         torch.testing.assert_close(dynamic[name], out["stats"][name], rtol=1e-6, atol=1e-7)
 
 
