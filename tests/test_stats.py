@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
@@ -119,30 +114,7 @@ def test_unknown_backend():
         frame_attention_stats(q, q, frame_seq_length=4, query_frames=[0], key_frames=[0], backend="cuda-magic")
 
 
-def test_triton_kernel_in_the_interpreter():
-    """The CUDA kernel's logic, run by Triton's CPU interpreter (no GPU needed)."""
-    pytest.importorskip("triton")
-    script = textwrap.dedent(
-        """
-        import torch
-        from sinkscope.stats.triton_kernels import frame_stats_triton
-        from sinkscope.stats.reference import logit_mean_factorized, prob_mass_chunked
-        for seed, (h, fsl, d, nq, nk) in enumerate([(2, 20, 16, 2, 4), (3, 13, 8, 1, 3), (1, 40, 32, 3, 3)]):
-            g = torch.Generator().manual_seed(seed)
-            q = torch.randn(h, nq * fsl, d, generator=g) * 2 + 0.5
-            k = torch.randn(h, nk * fsl, d, generator=g)
-            logit, mass = frame_stats_triton(q, k, fsl, nq, nk, d ** -0.5)
-            ref_mass = prob_mass_chunked(q, k, fsl, nq, nk, d ** -0.5)
-            ref_logit = logit_mean_factorized(q, k, nq, nk, d ** -0.5, torch.float64).float()
-            assert (mass - ref_mass).abs().max().item() < 1e-6, seed
-            assert (logit - ref_logit).abs().max().item() < 1e-5, seed
-        print("ok")
-        """
-    )
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("ok")
+# The Triton kernels in Triton's CPU interpreter: tests/test_stats_calls.py.
 
 
 @pytest.mark.gpu
