@@ -314,6 +314,28 @@ def test_participative_compression_keeps_the_brute_force_top_c(blocks, kw, max_r
     assert policy.cache.capacity_frames == kw["local_attn_frames"] + max(blocks)
 
 
+def test_participative_compression_reads_its_choice_back_lazily():
+    """Unobserved layers resolve their metadata late: the same cache as when read every call."""
+    kw = dict(local_attn_frames=6, sink_frames=1, budget_frames=4, recent_frames=2, max_reuse=2)
+    observed, _ = rollout("participative_compression", [1] * 20, **kw)
+    model = tiny_model()
+    quiet = new_policy(model, "participative_compression", frame_seq_length=FSL, largest_block=1, **kw)
+    g = torch.Generator().manual_seed(0)
+    context = torch.randn(1, 5, TINY.text_dim, generator=g, dtype=torch.float64)
+    for start in range(20):
+        for call in range(3):
+            x = torch.randn(1, TINY.in_dim, 1, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64)
+            t = torch.full((1, 1), 1000.0 * (1 - call / 3), dtype=torch.float64)
+            model(x, t, context, kv_cache=quiet, start_frame=start)
+    assert quiet.cache._deferred  # nothing read the last choices yet
+    for layer in range(TINY.num_layers):
+        for a, b in zip(quiet.cache.token_metadata(layer), observed.cache.token_metadata(layer)):
+            assert np.array_equal(a, b)
+        assert np.array_equal(quiet.counts(layer), observed.counts(layer))
+        assert quiet.cache.length(layer) == observed.cache.length(layer)
+        torch.testing.assert_close(quiet.cache.keys(layer)[0], observed.cache.keys(layer)[0], rtol=0, atol=0)
+
+
 def test_participative_compression_defaults_trace():
     """Defaults (W 21, S 10, N 16, R 4, blocks of 3): compression and sink moves every other block."""
     policy, probe = rollout(

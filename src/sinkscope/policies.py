@@ -37,7 +37,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .model.cache import KVCache, whole_frames
+from .model.cache import KVCache, host_to_device, whole_frames
 from .model.layout import AttentionLayout
 from .model.wan import RotaryTables, WanModel, apply_rope
 from .options import (
@@ -135,7 +135,7 @@ class CachePolicy:
     # -- helpers -----------------------------------------------------------------------
 
     def _held(self) -> int:
-        return len(self.cache.segments[0])
+        return len(self.cache.segments_of(0))
 
     def _append_block(self, start: int, frames: int) -> None:
         self.cache.append(whole_frames(range(start, start + frames), self.frame_seq_length))
@@ -148,7 +148,7 @@ class CachePolicy:
             raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
         layers_list = range(self.cache.num_layers) if layers is None else layers
         for layer in layers_list:
-            positions = [s.position + delta for s in self.cache.segments[layer][:count]]
+            positions = [s.position + delta for s in self.cache.segments_of(layer)[:count]]
             if min(positions) < 0 or max(positions) >= self.rope.max_positions:
                 raise ValueError(
                     f"cache_policy {self.name!r}: sink keys would move to temporal positions {min(positions)}.."
@@ -293,7 +293,7 @@ class ReropeSinkPolicy(SinkPolicy):
 
     def start_block(self, start: int, frames: int) -> None:
         super().start_block(start, frames)
-        segs = self.cache.segments[0]
+        segs = self.cache.segments_of(0)
         working = segs[self.sink_frames :]
         p0 = working[0].frame - self.sink_frames if working else 0
         if p0 != self.anchor_position:
@@ -315,7 +315,8 @@ class ParticipativeCompressionPolicy(CachePolicy):
 
     - every call appends its roped queries to the layer's window of the last R frames'
       queries (kept here as per-frame sums, which is all the score needs);
-    - only on the first call of a block whose keys overflow the W-frame buffer:
+    - only on the first call of a block whose keys overflow the W-frame buffer (no host
+  sync: the top-k runs on the device, its choice is read back when first needed):
       K_aug = cache + the block's keys (T tokens); recent = the last R_eff = min(R fsl, T)
       tokens; candidates [S fsl, T - R_eff); score phi_j = (sum of the recent queries) .
       k_j / (sqrt(d) H), one score per token shared by the heads; keep the sink, the top
@@ -369,11 +370,12 @@ class ParticipativeCompressionPolicy(CachePolicy):
         super().reset()
         self.query_sums.zero_()
         self.query_frames_seen = 0
-        self.counts = [np.zeros(0, dtype=np.int32) for _ in range(self.cache.num_layers)]
+        # Times each stored token was selected, per layer, in buffer order; a layer's
+        # last selection is folded in when first needed (it is read back lazily).
+        self._counts = [np.zeros(0, dtype=np.int32) for _ in range(self.cache.num_layers)]
+        self._pending: list[_Selection | None] = [None] * self.cache.num_layers
         self.sink_base: list[int | None] = [None] * self.cache.num_layers
         self.compress = [False] * self.cache.num_layers
-        # Per compression, for tests and diagnostics: (layer, block start, kept index into K_aug).
-        self.last_selection: dict[int, np.ndarray] = {}
 
     @property
     def nbytes(self) -> int:
@@ -388,7 +390,22 @@ class ParticipativeCompressionPolicy(CachePolicy):
         new = frames * self.frame_seq_length
         self.compress = [self.cache.length(layer) + new > limit for layer in range(self.cache.num_layers)]
         self._append_block(start, frames)
-        self.counts = [np.concatenate([c, np.zeros(new, dtype=np.int32)]) for c in self.counts]
+        for layer, pending in enumerate(self._pending):
+            if pending is None:
+                self._counts[layer] = np.concatenate([self._counts[layer], np.zeros(new, dtype=np.int32)])
+            else:
+                pending.appended += new
+
+    def counts(self, layer: int) -> np.ndarray:
+        """How often each stored token of ``layer`` was selected as top-C (buffer order)."""
+        pending = self._pending[layer]
+        if pending is not None:
+            keep, selected = pending.keep(), pending.selected()
+            counts = self._counts[layer][keep]
+            counts[np.searchsorted(keep, selected)] += 1
+            self._counts[layer] = np.concatenate([counts, np.zeros(pending.appended, dtype=np.int32)])
+            self._pending[layer] = None
+        return self._counts[layer]
 
     def repeat_call(self) -> None:
         self.compress = [False] * self.cache.num_layers
@@ -411,23 +428,28 @@ class ParticipativeCompressionPolicy(CachePolicy):
             sums[:, : r - frames] = sums[:, frames:].clone()
             sums[:, r - frames :] = new
 
-    def _scores(self, layer: int, lo: int, hi: int, recent_frames: int) -> np.ndarray:
-        """phi_j for stored tokens [lo, hi) of ``layer``, as Deep Forcing computes it.
+    def _scores(self, layer: int, lo: int, hi: int, recent_frames: int) -> torch.Tensor:
+        """phi_j for stored tokens [lo, hi) of ``layer``, as Deep Forcing computes it (on the device).
 
         Their code sums the recent queries and takes the dot product in the cache dtype
         (bf16 in their runs) and casts to float32 after; so does this (the per-frame sums
-        are accumulated in float32 first). bf16 scores tie often: which of two equal
-        scores top-k keeps is implementation-defined, here the older token.
+        are accumulated in float32 first). bf16 scores tie often: which of equal scores
+        top-k keeps is up to ``torch.topk``, as in their code.
         """
         _, h, d = self.query_sums.shape[2:]
         query = self.query_sums[layer, :, self.recent_frames - recent_frames :].sum(1)  # [B, H, D]
         keys = self.cache.k[layer, :, lo:hi].flatten(2)  # [B, n, H*D]
         fused = torch.matmul(keys, query.flatten(1).to(keys.dtype).unsqueeze(-1)).squeeze(-1)
         score_dtype = torch.float64 if keys.dtype == torch.float64 else torch.float32
-        fused = fused.to(score_dtype) * (1.0 / (math.sqrt(d) * h))
-        return fused[0].cpu().numpy()  # the one host sync of a compression, per layer
+        return fused[0].to(score_dtype) * (1.0 / (math.sqrt(d) * h))
 
     def _compress(self, layer: int) -> None:
+        """Participative compression of ``layer``, then the sink's re-alignment; no host sync.
+
+        Which tokens are eligible (selected fewer than ``max_reuse`` times) is known on the
+        host, hence how many stay; the top-k runs on the device and the choice comes back
+        to the host asynchronously, read when the layer's metadata is next needed.
+        """
         fsl = self.frame_seq_length
         total = self.cache.length(layer)
         sink = min(self.sink_frames * fsl, total)
@@ -436,40 +458,77 @@ class ParticipativeCompressionPolicy(CachePolicy):
         cap = min(max(cap, sink + recent), total)
         top_c = max(0, cap - sink - recent)
         old_end = max(0, total - recent)
-        lo = min(sink, old_end)
-        selected = np.zeros(0, dtype=np.int64)
-        counts = self.counts[layer]
-        if old_end > lo and top_c > 0:
-            candidates = np.arange(lo, old_end)
-            if self.max_reuse > 0:
-                candidates = candidates[counts[lo:old_end] < self.max_reuse]
-            take = min(top_c, candidates.size)
-            if take > 0:
-                scores = self._scores(layer, lo, old_end, recent // fsl)[candidates - lo]
-                order = np.argsort(-scores, kind="stable")[:take]
-                selected = np.sort(candidates[order])
-        keep = np.unique(np.concatenate([np.arange(sink), selected, np.arange(old_end, total)]))
-        new_counts = counts[keep]
+        if old_end < sink:
+            raise ValueError(f"participative compression: the recent tokens ({recent}) overlap the sink ({sink})")
+        counts = self.counts(layer)
+        eligible = np.ones(old_end - sink, dtype=bool)
         if self.max_reuse > 0:
-            new_counts[np.searchsorted(keep, selected)] += 1
-        self.cache.keep(layer, keep)
-        self.counts[layer] = new_counts
-        self.last_selection[layer] = keep
-        # Deep Sink re-alignment (DF causal_model.py, after the prune, on rolled calls).
-        end = self.cache.length(layer)
+            eligible = counts[sink:old_end] < self.max_reuse
+        take = min(top_c, int(eligible.sum()))
+        end = sink + take + (total - old_end)
+        # Deep Sink re-alignment (DF causal_model.py, on rolled calls, after the prune; the
+        # sink is a kept prefix, so it is rotated first here, from the known kept count).
         sink_tokens = self.sink_frames * fsl
         sink_len = min(end, sink_tokens)
         tail_start = max(sink_tokens, end - self.window_frames * fsl + sink_tokens)
-        tail_frames = (end - tail_start) // fsl
-        desired = self.block_start - tail_frames - sink_len // fsl
-        if self.sink_frames == 0 or sink_len == 0:
-            return
-        if self.sink_base[layer] is None:
-            delta = self.window_frames - self.budget_frames  # DF: 21 - PC_capacity // 1560
+        desired = self.block_start - (end - tail_start) // fsl - sink_len // fsl
+        if self.sink_frames > 0 and sink_len > 0:
+            if self.sink_base[layer] is None:
+                delta = self.window_frames - self.budget_frames  # DF: 21 - PC_capacity // 1560
+            else:
+                delta = desired - self.sink_base[layer]
+            self.sink_base[layer] = desired
+            self._rotate_sink(sink_len // fsl, delta, [layer])
+        device = self.cache.device
+        if take == 0:
+            selection = _Selection(torch.zeros(0, dtype=torch.long, device=device), sink, old_end, total)
         else:
-            delta = desired - self.sink_base[layer]
-        self.sink_base[layer] = desired
-        self._rotate_sink(sink_len // fsl, delta, [layer])
+            scores = self._scores(layer, sink, old_end, recent // fsl)
+            if not eligible.all():
+                scores = scores.masked_fill(~host_to_device(eligible, device), -math.inf)
+            chosen = torch.topk(scores, take, sorted=False).indices.sort().values + sink
+            selection = _Selection(chosen, sink, old_end, total)
+        index = torch.cat(
+            [
+                torch.arange(sink, device=device),
+                selection.device_selected,
+                torch.arange(old_end, total, device=device),
+            ]
+        )
+        self.cache.keep_later(layer, index, end, sink, selection.keep)
+        self._pending[layer] = selection
+
+
+class _Selection:
+    """Top-C tokens chosen on the device, copied to the host without waiting; read when needed."""
+
+    def __init__(self, selected: torch.Tensor, sink: int, old_end: int, total: int) -> None:
+        self.device_selected = selected
+        self.sink, self.old_end, self.total = sink, old_end, total
+        self.appended = 0  # tokens appended to the layer since (their counts start at 0)
+        self._event = None
+        if selected.device.type == "cuda":
+            self._host = torch.empty(selected.shape, dtype=selected.dtype, pin_memory=True)
+            self._host.copy_(selected, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = selected
+        self._selected: np.ndarray | None = None
+        self._keep: np.ndarray | None = None
+
+    def selected(self) -> np.ndarray:
+        if self._selected is None:
+            if self._event is not None:
+                self._event.synchronize()  # long done, unless the layer is read right away
+            self._selected = self._host.numpy().astype(np.int64, copy=True)
+        return self._selected
+
+    def keep(self) -> np.ndarray:
+        """Kept token indices into K_aug: the sink, the top-C, the recent tokens, ascending."""
+        if self._keep is None:
+            self._keep = np.concatenate([np.arange(self.sink), self.selected(), np.arange(self.old_end, self.total)])
+        return self._keep
 
 
 POLICY_CLASSES: dict[str, type[CachePolicy]] = {

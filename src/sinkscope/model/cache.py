@@ -13,8 +13,10 @@ append, evict, compact or move to another RoPE position; this module only does i
 - primitives: ``append`` (room for a new block in every layer), ``write_tail`` (the
   current block's keys, first call or overwrite), ``write`` (at a token offset),
   ``evict`` (FIFO: drop whole frames behind the first ones, every layer in one pass),
-  ``keep`` (compaction to a token subset, order preserved), ``rotate`` (move keys to
-  another temporal RoPE position in place) and ``set_positions`` (metadata only).
+  ``keep`` (compaction to a token subset, order preserved; ``keep_later`` does it with
+  an index still on the device and updates the metadata when it is first read, so a
+  compaction costs no host sync), ``rotate`` (move keys to another temporal RoPE
+  position in place) and ``set_positions`` (metadata only).
 
 Layers share one metadata tuple while every operation applied to all of them, so an
 attention layout built from it serves every layer of a call (``layout``).
@@ -22,8 +24,8 @@ attention layout built from it serves every layer of a call (``layout``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -60,13 +62,22 @@ class Segment:
         return Segment(self.frame, self.length, int(position), self.tokens)
 
 
+@dataclass
+class _Deferred:
+    """A compaction whose host index is not read yet; appends made since, in order."""
+
+    before: tuple[Segment, ...]
+    index: Callable[[], np.ndarray]
+    appended: list[Segment] = field(default_factory=list)
+
+
 def whole_frames(frames: Iterable[int], frame_seq_length: int, positions: Iterable[int] | None = None) -> tuple[Segment, ...]:
     frames = [int(f) for f in frames]
     positions = frames if positions is None else [int(p) for p in positions]
     return tuple(Segment(f, frame_seq_length, p) for f, p in zip(frames, positions, strict=True))
 
 
-def _host_to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """A CPU array on ``device``; on CUDA through pinned memory without a host sync."""
     tensor = torch.from_numpy(np.ascontiguousarray(array))
     if device.type == "cuda":
@@ -104,7 +115,8 @@ class KVCache:
     def reset(self) -> None:
         """Forget every token (buffers are overwritten later, not zeroed, as in Self-Forcing)."""
         empty: tuple[Segment, ...] = ()
-        self.segments: list[tuple[Segment, ...]] = [empty] * self.num_layers
+        self._segments: list[tuple[Segment, ...]] = [empty] * self.num_layers
+        self._deferred: dict[int, _Deferred] = {}
         self.lengths: list[int] = [0] * self.num_layers
         self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_layers
         self._layouts: dict[tuple[int, tuple[int, ...]], tuple[tuple[Segment, ...], AttentionLayout]] = {}
@@ -126,9 +138,22 @@ class KVCache:
     def length(self, layer: int) -> int:
         return self.lengths[layer]
 
+    def segments_of(self, layer: int) -> tuple[Segment, ...]:
+        """The stored segments of ``layer`` in buffer order (reads a deferred compaction's index)."""
+        if layer in self._deferred:
+            self._resolve(layer)
+        return self._segments[layer]
+
+    @property
+    def segments(self) -> list[tuple[Segment, ...]]:
+        """Every layer's segments (see ``segments_of``)."""
+        for layer in list(self._deferred):
+            self._resolve(layer)
+        return list(self._segments)
+
     def frames(self, layer: int = 0) -> list[int]:
         """Absolute frames stored in ``layer``, in buffer order."""
-        return [s.frame for s in self.segments[layer]]
+        return [s.frame for s in self.segments_of(layer)]
 
     def keys(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every stored k and v of ``layer``, [B, length, H, D] views."""
@@ -137,19 +162,11 @@ class KVCache:
 
     def token_metadata(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per stored token of ``layer``: (absolute frame, index within the frame, RoPE position)."""
-        segs = self.segments[layer]
-        if not segs:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, empty
-        lengths = np.array([s.length for s in segs], dtype=np.int64)
-        frames = np.repeat(np.array([s.frame for s in segs], dtype=np.int64), lengths)
-        positions = np.repeat(np.array([s.position for s in segs], dtype=np.int64), lengths)
-        tokens = np.concatenate([s.token_index() for s in segs])
-        return frames, tokens, positions
+        return _token_metadata(self.segments_of(layer))
 
     def layout(self, layer: int, query_frames: Sequence[int]) -> AttentionLayout:
         """What a call of ``layer`` with these query frames sees; built once per metadata tuple."""
-        segs = self.segments[layer]
+        segs = self.segments_of(layer)
         key = (id(segs), tuple(query_frames))
         hit = self._layouts.get(key)
         if hit is not None and hit[0] is segs:
@@ -179,12 +196,16 @@ class KVCache:
         """New metadata for ``layers``: layers that shared a tuple share the new one."""
         done: dict[int, tuple[Segment, ...]] = {}
         for layer in layers:
-            old = self.segments[layer]
+            old = self.segments_of(layer)
             new = done.get(id(old))
             if new is None:
                 new = done[id(old)] = build(old)
-            self.segments[layer] = new
+            self._segments[layer] = new
             self.lengths[layer] = sum(s.length for s in new)
+
+    def _resolve(self, layer: int) -> None:
+        deferred = self._deferred.pop(layer)
+        self._segments[layer] = _compact(deferred.before, deferred.index(), self.frame_seq_length) + tuple(deferred.appended)
 
     def append(self, segments: Sequence[Segment], layers: Iterable[int] | None = None) -> None:
         """Room for new tokens after each layer's last one (their k/v come with write_tail)."""
@@ -197,7 +218,10 @@ class KVCache:
                     f"{extra} more tokens in layer {layer} (it holds {self.lengths[layer]})"
                 )
         added = tuple(segments)
-        self._assign(layers, lambda old: old + added)
+        for layer in [layer for layer in layers if layer in self._deferred]:
+            self._deferred[layer].appended.extend(added)
+            self.lengths[layer] += extra
+        self._assign([layer for layer in layers if layer not in self._deferred], lambda old: old + added)
 
     def write_tail(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k/v [B, L, H, D] as the last L tokens of ``layer`` (the current block)."""
@@ -218,9 +242,10 @@ class KVCache:
         moves left in one pass for all layers, in chunks no longer than the gap, so no
         temporary copy of the cache is needed.
         """
-        segs = self.segments[0]
+        everything = self.segments
+        segs = everything[0]
         shape = [(s.frame, s.length) for s in segs]
-        if any(other is not segs and [(s.frame, s.length) for s in other] != shape for other in self.segments):
+        if any(other is not segs and [(s.frame, s.length) for s in other] != shape for other in everything):
             raise ValueError("evict needs every layer to hold the same frames")
         if count < 0 or after < 0 or after + count > len(segs):
             raise ValueError(f"cannot evict {count} frames after the first {after} of {len(segs)}")
@@ -245,26 +270,25 @@ class KVCache:
         moved = np.flatnonzero(index != np.arange(index.size))
         first = int(moved[0]) if moved.size else index.size
         if first < index.size:
-            source = _host_to(index[first:], self.device)
+            source = host_to_device(index[first:], self.device)
             for buffer in (self.k, self.v):
                 buffer[layer, :, first : index.size] = buffer[layer, :, source]
-        frames, tokens, positions = self.token_metadata(layer)
-        frames, tokens, positions = frames[index], tokens[index], positions[index]
-        segments = []
-        cuts = np.flatnonzero(np.diff(frames)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, index.size]):
-            if hi <= lo:
-                continue
-            if np.any(positions[lo:hi] != positions[lo]):
-                raise ValueError(f"tokens of frame {frames[lo]} carry different RoPE positions")
-            run = tokens[lo:hi]
-            whole = run.size == self.frame_seq_length and np.array_equal(run, np.arange(run.size))
-            if not whole:
-                run = run.copy()
-                run.flags.writeable = False
-            segments.append(Segment(int(frames[lo]), int(hi - lo), int(positions[lo]), None if whole else run))
-        self.segments[layer] = tuple(segments)
+        self._segments[layer] = _compact(self.segments_of(layer), index, self.frame_seq_length)
         self.lengths[layer] = int(index.size)
+
+    def keep_later(self, layer: int, index: torch.Tensor, count: int, prefix: int, host_index: Callable[[], np.ndarray]) -> None:
+        """``keep`` with the ascending index [count] still on the device.
+
+        The first ``prefix`` tokens stay where they are (``index[:prefix]`` = 0..prefix-1).
+        The metadata follows from ``host_index()`` (the same index on the CPU), called only
+        when this layer's segments are first read: nothing waits for the device now.
+        """
+        before = self.segments_of(layer)
+        if count > prefix:
+            for buffer in (self.k, self.v):
+                buffer[layer, :, prefix:count] = buffer[layer, :, index[prefix:count]]
+        self._deferred[layer] = _Deferred(before, host_index)
+        self.lengths[layer] = int(count)
 
     def rotate(self, first: int, count: int, delta: int, angles: torch.Tensor, layers: Iterable[int] | None = None) -> None:
         """Move segments [first, first + count) to temporal position + ``delta``, in place.
@@ -280,7 +304,7 @@ class KVCache:
         rotation = torch.polar(torch.ones_like(angles), angles)
         pairs = angles.shape[0]
         for layer in layers:
-            segs = self.segments[layer]
+            segs = self.segments_of(layer)
             start = sum(s.length for s in segs[:first])
             stop = start + sum(s.length for s in segs[first : first + count])
             chunk = self.k[layer, :, start:stop, :, : 2 * pairs]
@@ -306,3 +330,34 @@ class KVCache:
             return tuple(moved)
 
         self._assign(self._layers(layers), build)
+
+
+def _token_metadata(segs: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if not segs:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    lengths = np.array([s.length for s in segs], dtype=np.int64)
+    frames = np.repeat(np.array([s.frame for s in segs], dtype=np.int64), lengths)
+    positions = np.repeat(np.array([s.position for s in segs], dtype=np.int64), lengths)
+    tokens = np.concatenate([s.token_index() for s in segs])
+    return frames, tokens, positions
+
+
+def _compact(segs: Sequence[Segment], index: np.ndarray, frame_seq_length: int) -> tuple[Segment, ...]:
+    """The segments of the tokens at ``index`` (ascending) of ``segs``, frame runs regrouped."""
+    frames, tokens, positions = _token_metadata(segs)
+    frames, tokens, positions = frames[index], tokens[index], positions[index]
+    segments = []
+    cuts = np.flatnonzero(np.diff(frames)) + 1
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, index.size]):
+        if hi <= lo:
+            continue
+        if np.any(positions[lo:hi] != positions[lo]):
+            raise ValueError(f"tokens of frame {frames[lo]} carry different RoPE positions")
+        run = tokens[lo:hi]
+        whole = run.size == frame_seq_length and np.array_equal(run, np.arange(run.size))
+        if not whole:
+            run = run.copy()
+            run.flags.writeable = False
+        segments.append(Segment(int(frames[lo]), int(hi - lo), int(positions[lo]), None if whole else run))
+    return tuple(segments)

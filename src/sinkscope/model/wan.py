@@ -270,7 +270,8 @@ class WanAttentionBlock(nn.Module):
         raw_k = None
         if kv_cache is not None and kv_cache.wants_raw_keys:
             # A policy that stores some keys un-roped (Rolling Forcing's anchor) gets both.
-            q, raw_k, v = before(self, x, e0, rope, False)
+            # Only the first blocks' calls: eager, so compiling needs no second graph.
+            q, raw_k, v = WanAttentionBlock.attention_inputs(self, x, e0, rope, False)
             k = apply_rope(raw_k, rope)
         else:
             q, k, v = before(self, x, e0, rope)
