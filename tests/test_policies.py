@@ -338,7 +338,7 @@ def test_participative_compression_reads_its_choice_back_lazily():
 
 def test_participative_compression_defaults_trace():
     """Defaults (W 21, S 10, N 16, R 4, blocks of 3): compression and sink moves every other block."""
-    policy, probe = rollout(
+    _, probe = rollout(
         "participative_compression", [3] * 14, steps=0, local_attn_frames=21, sink_frames=10, budget_frames=16,
         recent_frames=4,
     )  # fmt: skip
@@ -432,7 +432,7 @@ def test_keep_compacts_tokens_in_order_with_their_metadata():
     cache.keep(1, np.array([0, 1, 2, 4, 8, 9, 10, 11]))
     assert cache.frames(0) == [0, 1, 2, 3]
     assert cache.frames(1) == [0, 1, 2, 3] and cache.length(1) == 8
-    frames, tokens, positions = cache.token_metadata(1)
+    frames, tokens, _ = cache.token_metadata(1)
     assert frames.tolist() == [0, 0, 0, 1, 2, 3, 3, 3] and tokens.tolist() == [0, 1, 2, 1, 2, 0, 1, 2]
     assert cache.keys(1)[0][0, :, 0, 0].tolist() == [100 + t for t in [0, 1, 2, 4, 8, 9, 10, 11]]
     layout = cache.layout(1, (3,))

@@ -316,7 +316,7 @@ class ParticipativeCompressionPolicy(CachePolicy):
     - every call appends its roped queries to the layer's window of the last R frames'
       queries (kept here as per-frame sums, which is all the score needs);
     - only on the first call of a block whose keys overflow the W-frame buffer (no host
-  sync: the top-k runs on the device, its choice is read back when first needed):
+      sync: the top-k runs on the device, its choice is read back when first needed):
       K_aug = cache + the block's keys (T tokens); recent = the last R_eff = min(R fsl, T)
       tokens; candidates [S fsl, T - R_eff); score phi_j = (sum of the recent queries) .
       k_j / (sqrt(d) H), one score per token shared by the heads; keep the sink, the top

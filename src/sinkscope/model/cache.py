@@ -58,7 +58,7 @@ class Segment:
     def token_index(self) -> np.ndarray:
         return np.arange(self.length, dtype=np.int64) if self.tokens is None else self.tokens
 
-    def moved(self, position: int) -> "Segment":
+    def moved(self, position: int) -> Segment:
         return Segment(self.frame, self.length, int(position), self.tokens)
 
 
