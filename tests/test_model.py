@@ -8,6 +8,7 @@ import torch
 from sinkscope.generation import block_causal_frame_mask
 from sinkscope.model import KVCache, WanConfig, build_model, get_model_config
 from sinkscope.model.wan import RotaryTables, apply_rope, sinusoidal_embedding
+from sinkscope.policies import GlobalPolicy, SinkPolicy, new_policy
 
 TINY = WanConfig(
     dim=48, ffn_dim=64, num_heads=4, num_layers=2, text_dim=16, text_len=8, freq_dim=16, latent_height=4, latent_width=6
@@ -21,13 +22,11 @@ def tiny_model(dtype=torch.float64):
 def run_cached(model, x, timesteps, context, block_sizes, *, window=-1, sinks=0):
     """Feed each block once through a KV cache at its own timestep; return all outputs."""
     fsl = TINY.frame_seq_length(x.shape[3], x.shape[4]) // 1
-    cache = model.new_kv_cache(
+    policy = "global" if window == -1 else ("sink" if sinks else "window")
+    cache = new_policy(
+        model, policy, frame_seq_length=fsl, num_frames=x.shape[2], local_attn_frames=window, sink_frames=sinks,
         batch_size=x.shape[0],
-        frame_seq_length=fsl,
-        capacity_frames=window if window != -1 else x.shape[2],
-        rolling=window != -1,
-        sink_frames=sinks,
-    )
+    )  # fmt: skip
     outs, start = [], 0
     for size in block_sizes:
         block = x[:, :, start : start + size]
@@ -66,7 +65,7 @@ def test_repeated_calls_overwrite_the_block():
     model = tiny_model()
     x = torch.randn(1, TINY.in_dim, 4, 4, 6, dtype=torch.float64)
     context = torch.randn(1, 5, TINY.text_dim, dtype=torch.float64)
-    cache = model.new_kv_cache(batch_size=1, frame_seq_length=6, capacity_frames=4)
+    cache = new_policy(model, "global", frame_seq_length=6, num_frames=4)
     model(x[:, :, :2], 900.0, context, kv_cache=cache, start_frame=0)
     model(x[:, :, :2], 500.0, context, kv_cache=cache, start_frame=0)
     model(x[:, :, :2], 0.0, context, kv_cache=cache, start_frame=0)
@@ -78,15 +77,17 @@ def test_repeated_calls_overwrite_the_block():
 
 
 def test_cache_rejects_out_of_order_blocks_and_overflow():
-    cache = KVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=2, capacity_frames=4)
+    cache = GlobalPolicy(KVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=2, capacity_frames=4))
     cache.begin_call(0, 2)
     with pytest.raises(ValueError, match="next block must start at frame 2"):
         cache.begin_call(3, 2)
     cache.begin_call(2, 2)
     with pytest.raises(ValueError, match="is full at frame 4"):
         cache.begin_call(4, 2)
-    rolling = KVCache(
-        num_layers=1, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=2, capacity_frames=4, rolling=True, sink_frames=2
+    rolling = SinkPolicy(
+        KVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=2, capacity_frames=4),
+        window_frames=4,
+        sink_frames=2,
     )
     rolling.begin_call(0, 2)
     rolling.begin_call(2, 2)
@@ -97,13 +98,15 @@ def test_cache_rejects_out_of_order_blocks_and_overflow():
 
 
 def test_rolling_keeps_sink_keys_in_place():
-    cache = KVCache(
-        num_layers=2, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=1, capacity_frames=3, rolling=True, sink_frames=1
+    cache = SinkPolicy(
+        KVCache(num_layers=2, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=1, capacity_frames=3),
+        window_frames=3,
+        sink_frames=1,
     )
     for frame in range(5):
         cache.begin_call(frame, 1)
         value = torch.full((1, 1, 1, 6), float(frame))
-        k, _ = cache.write(0, value, value)
+        k, _ = cache.attend(0, value, value, value)
     # Slots hold frames [0, 3, 4]: the sink never moved, the rest shifted left.
     assert cache.key_frames == [0, 3, 4]
     assert k[0, :, 0, 0].tolist() == [0.0, 3.0, 4.0]

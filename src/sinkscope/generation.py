@@ -12,12 +12,17 @@ The procedure (Self-Forcing ``CausalInferencePipeline.inference``, T2V):
 
 Timesteps come from a shifted flow-matching schedule (shift 5): the denoising list
 [1000, 750, 500, 250] "warped" through it gives t = 1000, 937.5, 833.3, 625.
-All noise is drawn up front from one seeded CPU generator, so a seed gives the same
-video on any device.
+All noise comes from one seeded CPU generator, in the order Self-Forcing draws it
+(the initial noise of every frame, then the re-noising draws block by block), so a
+seed gives the same video on any device. What the KV cache keeps is the cache
+policy's business (``sinkscope.policies``); device memory stays flat under a bounded
+policy: the cache is sized by the policy, noise goes to the device one block at a
+time and the finished latents come back to the CPU block by block.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +31,8 @@ from typing import Protocol
 import torch
 
 from .model import WanModel
-from .options import GenerationOptions
+from .options import GenerationOptions, OptionsError
+from .policies import policy_from_options
 
 PASS_DENOISE = "denoise"
 PASS_CACHE = "cache"
@@ -75,6 +81,8 @@ class CallInfo:
     timestep: float
     start_frame: int
     num_frames: int
+    # True for the calls of the video's last block (the Figure 4 view).
+    is_last_block: bool = False
 
 
 class GenerationObserver(Protocol):
@@ -115,6 +123,58 @@ def seeded_noise(seed: int, shape: Sequence[int]) -> torch.Tensor:
     return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(int(seed)))
 
 
+class NoiseStream:
+    """A generation's noise from one seeded CPU generator, in Self-Forcing's order.
+
+    The values equal one draw of [num_frames + renoise_frames, C, H, W]: first the
+    initial noise of every frame, then the re-noising draws ([frames, C, H, W] per
+    step after the first) block by block. Only the initial noise is drawn up front;
+    the rest is drawn when asked for. torch's CPU normal sampler fills 16 values at a
+    time, so consecutive draws whose sizes are multiples of 16 continue one stream
+    exactly (tests check it); for other frame sizes everything is drawn up front.
+    """
+
+    def __init__(self, seed: int, num_frames: int, frame_shape: Sequence[int], renoise_frames: int) -> None:
+        self.frame_shape = tuple(int(s) for s in frame_shape)
+        self._generator = torch.Generator().manual_seed(int(seed))
+        self.streaming = math.prod(self.frame_shape) % 16 == 0
+        if self.streaming:
+            self.initial = torch.randn((num_frames, *self.frame_shape), generator=self._generator)
+            self._rest = None
+        else:
+            drawn = torch.randn((num_frames + renoise_frames, *self.frame_shape), generator=self._generator)
+            self.initial, self._rest = drawn[:num_frames], drawn[num_frames:]
+        self._drawn = 0
+        self._renoise_frames = renoise_frames
+
+    def renoise(self, frames: int) -> torch.Tensor:
+        """The next ``frames`` re-noising frames, [frames, C, H, W] on the CPU."""
+        if self._drawn + frames > self._renoise_frames:
+            raise ValueError(f"only {self._renoise_frames} re-noising frames were planned")
+        if self.streaming:
+            out = torch.randn((frames, *self.frame_shape), generator=self._generator)
+        else:
+            out = self._rest[self._drawn : self._drawn + frames]
+        self._drawn += frames
+        return out
+
+
+def _to_device(frames: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """CPU noise [F, C, H, W] as latents [1, C, F, H, W] on ``device``, without a host sync on CUDA."""
+    latents = frames.permute(1, 0, 2, 3).unsqueeze(0)
+    if device.type == "cuda":
+        return latents.contiguous().pin_memory().to(device, dtype, non_blocking=True)
+    return latents.to(device, dtype)
+
+
+def _to_host(latents: torch.Tensor) -> torch.Tensor:
+    """A block's latents on the CPU; from CUDA into pinned memory, queued without a host sync."""
+    if latents.device.type != "cuda":
+        return latents
+    host = torch.empty(latents.shape, dtype=latents.dtype, pin_memory=True)
+    return host.copy_(latents, non_blocking=True)
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -129,10 +189,21 @@ def generate(
     seed: int,
     observers: Iterable[GenerationObserver] = (),
 ) -> GenerationResult:
-    """Generate one video's latents [1, C, F, H, W] with the real KV-cache procedure.
+    """Generate one video's latents [1, C, F, H, W] (on the CPU) with the real KV-cache procedure.
 
     ``context`` is the prompt's text embedding [1, L, text_dim] (L <= text_len).
     Observers hear of every call (block, pass, step, timestep) before it runs.
+    The steps are numbered as in Self-Forcing's ``inference()``:
+
+    1. initialize the KV cache (here: the cache policy and its storage);
+    2. cache the context feature (T2V has no initial latent; the text K/V are cached
+       on the first call);
+    3. the temporal denoising loop, block by block:
+       3.1 the spatial denoising loop (one call per step, re-noising between steps);
+       3.2 record the block's output;
+       3.3 rerun at the context timestep to update the KV cache with clean keys;
+       3.4 move the start frame on;
+    4. (decoding to pixels is not done here).
     """
     observers = list(observers)
     config = model.config
@@ -141,28 +212,24 @@ def generate(
     width = options.latent_width or config.latent_width
     frame_seq_length = config.frame_seq_length(height, width)
     blocks = options.block_sizes()
+    if options.num_frames > config.rope_max_positions:
+        raise OptionsError(
+            f"config key generation.num_frames: {options.num_frames} frames exceed the model's "
+            f"{config.rope_max_positions} temporal RoPE positions"
+        )
     schedule = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
     timesteps = schedule.denoising_timesteps(options.denoising_steps, options.warp_denoising_step)
     num_steps = len(timesteps)
 
-    # All noise up front, from one generator: the initial noise, then per block the
-    # re-noising draws of steps 1..n-1, in the order the reference draws them.
-    channels = config.in_dim
-    latent_shape = (1, channels, options.num_frames, height, width)
-    renoise_count = sum(blocks) * (num_steps - 1)
-    noise = seeded_noise(seed, (options.num_frames + renoise_count, channels, height, width))
-    initial = noise[: options.num_frames].permute(1, 0, 2, 3).unsqueeze(0).to(device, dtype)
-    renoise = noise[options.num_frames :].to(device, dtype)
+    # One seeded generator: the initial noise, then per block the re-noising draws of
+    # steps 1..n-1, in the order the reference draws them; each block's slice goes to
+    # the device when the block starts.
+    noise = NoiseStream(seed, options.num_frames, (config.in_dim, height, width), sum(blocks) * (num_steps - 1))
 
-    cache = model.new_kv_cache(
-        batch_size=1,
-        frame_seq_length=frame_seq_length,
-        capacity_frames=options.local_attn_frames if options.rolling else options.num_frames,
-        rolling=options.rolling,
-        sink_frames=options.sink_frames,
-    )
+    # Step 1: the KV cache, sized by the policy (the cross-attention K/V come with it).
+    cache = policy_from_options(model, options, frame_seq_length=frame_seq_length)
     context = context.to(device, dtype)
-    output = torch.empty(latent_shape, device=device, dtype=dtype)
+    outputs: list[torch.Tensor] = []
     calls: list[CallInfo] = []
 
     def announce(info: CallInfo) -> None:
@@ -174,21 +241,25 @@ def generate(
         torch.cuda.reset_peak_memory_stats(device)
     _synchronize(device)
     began = time.perf_counter()
+    # Step 2: no initial latent (T2V); the first call caches the text K/V.
+    # Step 3: the temporal denoising loop.
     start = 0
-    renoise_at = 0
     for block, frames in enumerate(blocks):
-        x = initial[:, :, start : start + frames]
+        last = block == len(blocks) - 1
+        x = _to_device(noise.initial[start : start + frames], device, dtype)
         x0 = x
+        # Step 3.1: the spatial denoising loop.
         for step, t in enumerate(timesteps):
-            announce(CallInfo(block, PASS_DENOISE, step, t, start, frames))
+            announce(CallInfo(block, PASS_DENOISE, step, t, start, frames, last))
             velocity = model(x, torch.full((1, frames), t, device=device), context, kv_cache=cache, start_frame=start)
             x0 = schedule.to_x0(velocity, x, t)
             if step + 1 < num_steps:
-                fresh = renoise[renoise_at : renoise_at + frames].permute(1, 0, 2, 3).unsqueeze(0)
-                renoise_at += frames
+                fresh = _to_device(noise.renoise(frames), device, dtype)
                 x = schedule.add_noise(x0, fresh, timesteps[step + 1])
-        output[:, :, start : start + frames] = x0
-        announce(CallInfo(block, PASS_CACHE, num_steps, float(options.context_noise), start, frames))
+        # Step 3.2: record the output (on the CPU, so it does not grow on the device).
+        outputs.append(_to_host(x0))
+        # Step 3.3: rerun at the context timestep so the cache holds the block's clean K/V.
+        announce(CallInfo(block, PASS_CACHE, num_steps, float(options.context_noise), start, frames, last))
         model(
             x0,
             torch.full((1, frames), float(options.context_noise), device=device),
@@ -196,10 +267,11 @@ def generate(
             kv_cache=cache,
             start_frame=start,
         )
+        # Step 3.4: the next block starts after this one.
         start += frames
     _synchronize(device)
     seconds = time.perf_counter() - began
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return GenerationResult(
-        latents=output, calls=calls, seconds=seconds, peak_memory_bytes=peak, kv_cache_bytes=cache.nbytes
+        latents=torch.cat(outputs, dim=2), calls=calls, seconds=seconds, peak_memory_bytes=peak, kv_cache_bytes=cache.nbytes
     )

@@ -10,29 +10,37 @@ Two ways to call it:
 
 - ``model(latents, timestep, context)``: the full bidirectional forward over every
   frame (optionally with a frame-level attention mask, e.g. block-causal);
-- ``model(latents, timestep, context, kv_cache=cache, start_frame=s)``: one causal
-  block step of KV-cache inference, as Self-Forcing generates.
+- ``model(latents, timestep, context, kv_cache=policy, start_frame=s)``: one causal
+  block step of KV-cache inference, as Self-Forcing generates; ``policy`` is a
+  ``sinkscope.policies.CachePolicy`` (the KV cache and what it keeps).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import KVCache
 from .config import WanConfig, get_model_config
+from .layout import AttentionLayout
+
+if TYPE_CHECKING:
+    from ..policies import CachePolicy
 
 
 class AttentionObserver(Protocol):
-    """Called by a self-attention layer in KV-cache mode with the q and k its softmax sees."""
+    """Called by a self-attention layer in KV-cache mode with the q and k its softmax sees.
 
-    def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, query_frames: list[int], key_frames: list[int]
-    ) -> None: ...
+    q [B, Lq, H, D] and k [B, Lk, H, D] exactly as the softmax sees them (after RMSNorm
+    and RoPE, k after the cache policy's eviction, compaction and RoPE moves); ``layout``
+    names the query frames and, segment by segment in k's order, the key frames.
+    """
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, layout: AttentionLayout) -> None: ...
 
 
 def sinusoidal_embedding(freq_dim: int, positions: torch.Tensor) -> torch.Tensor:
@@ -74,8 +82,11 @@ class RotaryTables:
 
     Tables are computed in float64 from absolute positions; temporal positions start
     at the block's first frame (Self-Forcing's frame offset). Channel pairs
-    (2i, 2i+1) rotate together (the interleaved convention).
+    (2i, 2i+1) rotate together (the interleaved convention). A few recent tables are
+    kept on the device (a bounded LRU, so long rollouts do not grow device memory).
     """
+
+    MEMO_SIZE = 8
 
     def __init__(self, head_dim: int, max_positions: int = 1024, theta: float = 10000.0) -> None:
         axis_t = head_dim - 4 * (head_dim // 6)
@@ -83,7 +94,8 @@ class RotaryTables:
         self.max_positions = max_positions
         self.axis_dims = (axis_t, axis_hw, axis_hw)
         self.theta = theta
-        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cache: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._temporal: dict[torch.device, torch.Tensor] = {}
 
     def _axis_angles(self, dim: int, positions: torch.Tensor) -> torch.Tensor:
         inv = 1.0 / torch.pow(self.theta, torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -96,13 +108,15 @@ class RotaryTables:
 
         Computed in float64; ``dtype`` is the real type returned (float32, or float64).
         """
-        if start_frame + frames > self.max_positions:
+        if start_frame < 0 or start_frame + frames > self.max_positions:
             raise ValueError(
-                f"frames up to {start_frame + frames} exceed the {self.max_positions} RoPE positions"
+                f"temporal positions {start_frame}..{start_frame + frames - 1} leave the "
+                f"{self.max_positions} RoPE positions [0, {self.max_positions})"
             )
-        key = (start_frame, frames, height, width, device, dtype)
+        key = (start_frame, frames, height, width, torch.device(device), dtype)
         cached = self._cache.get(key)
         if cached is not None:
+            self._cache.move_to_end(key)
             return cached
         dt, dh, dw = self.axis_dims
         angle_t = self._axis_angles(dt, torch.arange(start_frame, start_frame + frames))
@@ -116,11 +130,28 @@ class RotaryTables:
             ],
             dim=-1,
         ).reshape(frames * height * width, 1, -1)
-        cached = torch.stack((angles.cos(), angles.sin()), dim=-1).to(device=device, dtype=dtype)
-        if len(self._cache) > 256:
-            self._cache.clear()
+        cached = torch.stack((angles.cos(), angles.sin()), dim=-1).to(dtype)
+        device = torch.device(device)
+        if device.type == "cuda":  # no host sync: the copy queues behind the running work
+            cached = cached.pin_memory().to(device, non_blocking=True)
+        else:
+            cached = cached.to(device)
         self._cache[key] = cached
+        while len(self._cache) > self.MEMO_SIZE:
+            self._cache.popitem(last=False)
         return cached
+
+    def temporal_angles(self, delta: int, device: torch.device) -> torch.Tensor:
+        """delta x the temporal frequencies, float64 [axis_t / 2] on ``device``.
+
+        Rotating the first axis_t channels of a roped key by these angles moves it from
+        temporal position p to p + delta (what Deep Forcing's sink re-alignment does).
+        """
+        device = torch.device(device)
+        inv = self._temporal.get(device)
+        if inv is None:
+            inv = self._temporal[device] = self._axis_angles(self.axis_dims[0], torch.ones(1))[0].to(device)
+        return inv * float(delta)
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -178,17 +209,20 @@ class WanSelfAttention(_WanAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_cache: KVCache | None = None,
+        kv_cache: CachePolicy | None = None,
         attn_mask: torch.Tensor | None = None,
+        raw_k: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention over the visible keys; [B, L, H*D] before the output projection.
 
-        Kept out of compiled regions: it writes the KV cache and calls the observer.
+        Kept out of compiled regions: the cache policy stores the block's keys (``raw_k``:
+        the same keys before RoPE, for policies that keep some un-roped) and hands back
+        every key the softmax sees; the observer gets them with the call's layout.
         """
         if kv_cache is not None:
-            k, v = kv_cache.write(self.layer_index, k, v)
+            k, v = kv_cache.attend(self.layer_index, q, k, v, raw_k)
             if self.observer is not None:
-                self.observer(q, k, kv_cache.query_frames, kv_cache.key_frames)
+                self.observer(q, k, kv_cache.layout(self.layer_index))
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
         )
@@ -229,26 +263,33 @@ class WanAttentionBlock(nn.Module):
         e0: torch.Tensor,
         rope: torch.Tensor,
         context_kv: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: KVCache | None = None,
+        kv_cache: CachePolicy | None = None,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         before, after = self.step_functions
-        q, k, v = before(self, x, e0, rope)
-        attn = self.self_attn.attend(q, k, v, kv_cache, attn_mask)
+        raw_k = None
+        if kv_cache is not None and kv_cache.wants_raw_keys:
+            # A policy that stores some keys un-roped (Rolling Forcing's anchor) gets both.
+            # Only the first blocks' calls: eager, so compiling needs no second graph.
+            q, raw_k, v = WanAttentionBlock.attention_inputs(self, x, e0, rope, False)
+            k = apply_rope(raw_k, rope)
+        else:
+            q, k, v = before(self, x, e0, rope)
+        attn = self.self_attn.attend(q, k, v, kv_cache, attn_mask, raw_k)
         return after(self, x, attn, e0, *context_kv)
 
     # The pieces around the self-attention core: pure tensor functions, so that
     # WanModel.compile_blocks can compile them once for all layers.
     @staticmethod
     def attention_inputs(
-        block: "WanAttentionBlock", x: torch.Tensor, e0: torch.Tensor, rope: torch.Tensor
+        block: "WanAttentionBlock", x: torch.Tensor, e0: torch.Tensor, rope: torch.Tensor, rope_k: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Modulated norm1, q/k/v projections, q/k RMSNorm and RoPE."""
+        """Modulated norm1, q/k/v projections, q/k RMSNorm and RoPE (on k only if ``rope_k``)."""
         frames = e0.shape[1]
         shift, scale = (block.modulation.unsqueeze(1) + e0).chunk(6, dim=2)[:2]
         h = (block.norm1(x).unflatten(1, (frames, -1)) * (1 + scale) + shift).flatten(1, 2)
         q, k, v = block.self_attn.project(h)
-        return apply_rope(q, rope), apply_rope(k, rope), v
+        return apply_rope(q, rope), apply_rope(k, rope) if rope_k else k, v
 
     @staticmethod
     def attention_outputs(
@@ -361,7 +402,7 @@ class WanModel(nn.Module):
         timestep: torch.Tensor | float,
         context: torch.Tensor | None = None,
         *,
-        kv_cache: KVCache | None = None,
+        kv_cache: CachePolicy | None = None,
         start_frame: int = 0,
         frame_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -369,9 +410,9 @@ class WanModel(nn.Module):
 
         Without ``kv_cache``: the full forward over every frame; ``frame_mask`` [F, F]
         (query frame x key frame, True = visible) restricts self-attention, e.g. to
-        the block-causal pattern. With ``kv_cache``: one causal block step whose frames
-        start at absolute frame ``start_frame``; ``context`` may then be None once the
-        cache holds the cross-attention K/V.
+        the block-causal pattern. With ``kv_cache`` (a cache policy): one causal block
+        step whose frames start at absolute frame ``start_frame``; ``context`` may then
+        be None once the cache holds the cross-attention K/V.
         """
         if latents.ndim != 5:
             raise ValueError(f"latents must be [B, C, F, H, W], got shape {tuple(latents.shape)}")
@@ -387,12 +428,13 @@ class WanModel(nn.Module):
         if kv_cache is not None:
             if frame_mask is not None:
                 raise ValueError("frame_mask applies to the full forward, not to KV-cache steps")
-            kv_cache.begin_call(start_frame, frames)
-            if kv_cache.cross[0] is None:
+            kv_cache.begin_call(start_frame, frames, grid=(height, width))
+            store = kv_cache.cache
+            if store.cross[0] is None:
                 if context is None:
                     raise ValueError("the first KV-cache step needs the text context")
-                kv_cache.cross = self.context_kv(context)
-            cross = kv_cache.cross
+                store.cross = self.context_kv(context)
+            cross = store.cross
         else:
             if context is None:
                 raise ValueError("the full forward needs the text context")
@@ -422,28 +464,6 @@ class WanModel(nn.Module):
 
     def set_observer(self, layer: int, observer: AttentionObserver | None) -> None:
         self.blocks[layer].self_attn.observer = observer
-
-    def new_kv_cache(
-        self,
-        *,
-        batch_size: int,
-        frame_seq_length: int,
-        capacity_frames: int,
-        rolling: bool = False,
-        sink_frames: int = 0,
-    ) -> KVCache:
-        return KVCache(
-            num_layers=self.config.num_layers,
-            batch_size=batch_size,
-            num_heads=self.config.num_heads,
-            head_dim=self.config.head_dim,
-            frame_seq_length=frame_seq_length,
-            capacity_frames=capacity_frames,
-            rolling=rolling,
-            sink_frames=sink_frames,
-            dtype=self.dtype,
-            device=self.device,
-        )
 
 
 def init_random_weights(model: nn.Module, seed: int, device: torch.device | str = "cpu") -> nn.Module:

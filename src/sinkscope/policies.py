@@ -1,0 +1,615 @@
+"""KV-cache policies of long-video generation: what the cache keeps, and at which RoPE position.
+
+Each policy is one small class around a policy-free ``KVCache`` (``model/cache.py``).
+The model calls it twice per self-attention call:
+
+- ``begin_call(start_frame, num_frames)``, once per model call, before the layers run:
+  block bookkeeping, and everything that is the same for every layer (make room, FIFO
+  eviction, moving sink keys to another RoPE position);
+- ``attend(layer, q, k, v, raw_k)``, per layer: store the block's keys (first call of
+  the block, or an overwrite by a later step / the cache pass), do what needs this
+  layer's queries (participative compression), and return every key/value the softmax
+  sees. ``layout(layer)`` names them by absolute frame (for attention observers).
+
+Self-Forcing's block procedure (its ``causal_inference.py``): per block, one call per
+denoising step and one cache pass, all with the same start frame; the first call of a
+new block is the only one that evicts or compresses. Queries and new keys are always
+roped at their absolute frame. What each policy does, and where it follows which
+reference code, is in docs/cache-policies.md.
+
+=============================  ======================================================
+policy                         class
+=============================  ======================================================
+``global``                     ``GlobalPolicy``: every frame stays
+``window``                     ``WindowPolicy``: FIFO eviction of whole frames
+``sink``                       ``SinkPolicy``: FIFO behind the first S frames
+``deep_sink``                  ``DeepSinkPolicy``: + sink keys rotated in place (Deep Forcing DS)
+``participative_compression``  ``ParticipativeCompressionPolicy`` (Deep Forcing DS + PC)
+``rerope_sink``                ``ReropeSinkPolicy``: un-roped anchor (Rolling Forcing)
+=============================  ======================================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from .model.cache import KVCache, host_to_device, whole_frames
+from .model.layout import AttentionLayout
+from .model.wan import RotaryTables, WanModel, apply_rope
+from .options import (
+    DEEP_SINK,
+    GLOBAL,
+    PARTICIPATIVE,
+    REROPE_SINK,
+    SINK,
+    WINDOW,
+    GenerationOptions,
+)
+
+# Deep Forcing's PC_topc_max_reuse (DF causal_model.py: CausalWanModel's default, which
+# their wrapper cannot change): a token may be selected as top-C this many times; after
+# that it is no longer a candidate and leaves the cache at the next compression.
+MAX_REUSE = 7
+
+
+class CachePolicy:
+    """Self-Forcing's block bookkeeping; subclasses decide how a new block gets room."""
+
+    name: ClassVar[str] = ""
+    # Whether the cache size is independent of the video length.
+    bounded: ClassVar[bool] = True
+
+    def __init__(self, cache: KVCache, *, rope: RotaryTables | None = None) -> None:
+        self.cache = cache
+        self.rope = rope
+        self.frame_seq_length = cache.frame_seq_length
+        self.grid: tuple[int, int] | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new video (a fresh cache; Deep Forcing's pipeline forgets to, see the doc)."""
+        self.cache.reset()
+        self.block_start: int | None = None
+        self.block_frames = 0
+        self.new_block = False
+
+    # -- per model call ------------------------------------------------------------------
+
+    def begin_call(self, start_frame: int, num_frames: int, grid: tuple[int, int] | None = None) -> None:
+        """A model call for frames [start_frame, start_frame + num_frames) begins."""
+        if grid is not None:
+            self.grid = (int(grid[0]), int(grid[1]))
+        if self.block_start == start_frame:
+            if num_frames != self.block_frames:
+                raise ValueError(f"block at frame {start_frame} was {self.block_frames} frames, now {num_frames}")
+            self.new_block = False
+            self.repeat_call()
+            return
+        expected = 0 if self.block_start is None else self.block_start + self.block_frames
+        if start_frame != expected:
+            raise ValueError(f"next block must start at frame {expected}, got {start_frame}")
+        self.block_start, self.block_frames, self.new_block = start_frame, num_frames, True
+        self.start_block(start_frame, num_frames)
+
+    def start_block(self, start: int, frames: int) -> None:
+        raise NotImplementedError
+
+    def repeat_call(self) -> None:
+        """A later call of the current block (next denoising step or the cache pass)."""
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the block's roped k/v [B, L, H, D] of ``layer``; return every key/value the softmax sees."""
+        self.cache.write_tail(layer, k, v)
+        return self.cache.keys(layer)
+
+    @property
+    def wants_raw_keys(self) -> bool:
+        """Whether this call's ``attend`` needs the block's keys before RoPE too."""
+        return False
+
+    def layout(self, layer: int) -> AttentionLayout:
+        return self.cache.layout(layer, self.query_frames)
+
+    # -- reading -----------------------------------------------------------------------
+
+    @property
+    def query_frames(self) -> tuple[int, ...]:
+        return tuple(range(self.block_start, self.block_start + self.block_frames))
+
+    @property
+    def key_frames(self) -> list[int]:
+        """Frames held by layer 0 (every layer, except under participative compression)."""
+        return self.cache.frames(0)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of everything the policy keeps (K/V buffers and extras)."""
+        return self.cache.nbytes
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _held(self) -> int:
+        return len(self.cache.segments_of(0))
+
+    def _append_block(self, start: int, frames: int) -> None:
+        self.cache.append(whole_frames(range(start, start + frames), self.frame_seq_length))
+
+    def _rotate_sink(self, count: int, delta: int, layers=None) -> None:
+        """Deep Forcing's ``_rope_time_delta_mul_``: rotate the first ``count`` frames by delta."""
+        if delta == 0 or count == 0:
+            return
+        if self.rope is None:
+            raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
+        layers_list = range(self.cache.num_layers) if layers is None else layers
+        for layer in layers_list:
+            positions = [s.position + delta for s in self.cache.segments_of(layer)[:count]]
+            if min(positions) < 0 or max(positions) >= self.rope.max_positions:
+                raise ValueError(
+                    f"cache_policy {self.name!r}: sink keys would move to temporal positions {min(positions)}.."
+                    f"{max(positions)}, outside the {self.rope.max_positions} RoPE positions"
+                )
+        self.cache.rotate(0, count, delta, self.rope.temporal_angles(delta, self.cache.device), layers)
+
+
+class GlobalPolicy(CachePolicy):
+    """Every frame stays (Self-Forcing with ``local_attn_size = -1``); the cache grows with the video."""
+
+    name = GLOBAL
+    bounded = False
+
+    def start_block(self, start: int, frames: int) -> None:
+        if self._held() + frames > self.cache.capacity_frames:
+            raise ValueError(
+                f"KV cache of {self.cache.capacity_frames} frames is full at frame {start}; "
+                "set a sliding window (local_attn_frames) or a bounded cache_policy to generate longer videos"
+            )
+        self._append_block(start, frames)
+
+
+class WindowPolicy(CachePolicy):
+    """Self-Forcing ``local_attn_size`` (W frames held, the current block included).
+
+    On the first call of a block that would overflow W frames, the oldest frames after
+    the first ``sink_frames`` are evicted (FIFO) and the rest moves left; keys keep the
+    RoPE phase of the position they were generated at.
+    """
+
+    name = WINDOW
+
+    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int = 0, rope: RotaryTables | None = None) -> None:
+        if not 0 <= sink_frames < window_frames:
+            raise ValueError(f"sink_frames must be in [0, {window_frames}), got {sink_frames}")
+        if cache.capacity_frames < window_frames:
+            raise ValueError(f"a cache of {cache.capacity_frames} frames cannot hold a window of {window_frames}")
+        self.window_frames = window_frames
+        self.sink_frames = sink_frames
+        super().__init__(cache, rope=rope)
+
+    def start_block(self, start: int, frames: int) -> None:
+        held, sink, window = self._held(), self.sink_frames, self.window_frames
+        overflow = held + frames - window
+        if overflow > 0:
+            if overflow > held - sink:
+                raise ValueError(
+                    f"window of {window} frames with {sink} sink frames cannot hold a block of {frames} frames"
+                )
+            self.cache.evict(overflow, after=sink)
+        self._append_block(start, frames)
+        if overflow > 0:
+            self.rolled(start)
+
+    def rolled(self, start: int) -> None:
+        """Hook: frames were evicted for the block starting at ``start`` (already appended)."""
+
+
+class SinkPolicy(WindowPolicy):
+    """Self-Forcing ``sink_size`` / LongLive's frame sink: the first S frames are never evicted.
+
+    Attention: the S sink frames at their own positions + the last W - S frames.
+    """
+
+    name = SINK
+
+    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
+        if sink_frames < 1:
+            raise ValueError(f"cache_policy {self.name!r} needs sink_frames >= 1, got {sink_frames}")
+        super().__init__(cache, window_frames=window_frames, sink_frames=sink_frames, rope=rope)
+
+
+class DeepSinkPolicy(SinkPolicy):
+    """Deep Forcing, Deep Sink only (DF ``causal_model_DS.py``).
+
+    FIFO after the sink; on every rolling call (first call of an overflowing block) the
+    stored, already-roped sink keys are rotated in place in their temporal channels, so
+    that the sink starts at ``desired = cs - tail - S`` (cs: the block's start frame,
+    tail: frames after the sink, = cs - W with a full cache). The first roll sets the
+    base (delta 0); later rolls rotate by desired - base (cumulative, float64 math cast
+    back to the cache dtype). The block's later calls reuse that position.
+    """
+
+    name = DEEP_SINK
+
+    def reset(self) -> None:
+        super().reset()
+        self.sink_base: int | None = None
+
+    def rolled(self, start: int) -> None:
+        tail = self._held() - self.sink_frames
+        desired = start - tail - self.sink_frames
+        if self.sink_base is None:
+            self.sink_base = desired
+            return
+        delta, self.sink_base = desired - self.sink_base, desired
+        self._rotate_sink(self.sink_frames, delta)
+
+
+class ReropeSinkPolicy(SinkPolicy):
+    """Rolling Forcing's anchor (RF ``causal_model.py``) on Self-Forcing's block procedure.
+
+    The first S frames are kept without RoPE (their normed keys) and, at each call, sit
+    roped at [p0, p0 + S) with p0 = (oldest non-anchor frame held) - S: just before the
+    working frames (p0 = 0 before any eviction). The roped copy lives in the anchor's
+    slots and is redone only when p0 changes. The cache holds W frames.
+    """
+
+    name = REROPE_SINK
+
+    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
+        if rope is None:
+            raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
+        shape = (cache.num_layers, *cache.k.shape[1:2], sink_frames * cache.frame_seq_length, *cache.k.shape[3:])
+        self.raw_anchor = torch.zeros(shape, dtype=cache.dtype, device=cache.device)
+        super().__init__(cache, window_frames=window_frames, sink_frames=sink_frames, rope=rope)
+
+    def reset(self) -> None:
+        super().reset()
+        self.anchor_position = 0
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self.raw_anchor.numel() * self.raw_anchor.element_size()
+
+    @property
+    def wants_raw_keys(self) -> bool:
+        return self.block_start is not None and self.block_start < self.sink_frames
+
+    def attend(self, layer, q, k, v, raw_k=None):
+        if self.block_start < self.sink_frames:
+            # This block writes anchor frames: keep them un-roped. Nothing was evicted
+            # yet (p0 = 0), so the roped keys stored below sit at the anchor's position.
+            if raw_k is None:
+                raise ValueError("the anchor's blocks need the keys before RoPE (raw_k)")
+            fsl = self.frame_seq_length
+            frames = min(self.sink_frames, self.block_start + self.block_frames) - self.block_start
+            start = self.block_start * fsl
+            self.raw_anchor[layer, :, start : start + frames * fsl] = raw_k[:, : frames * fsl]
+        return super().attend(layer, q, k, v, raw_k)
+
+    def start_block(self, start: int, frames: int) -> None:
+        super().start_block(start, frames)
+        segs = self.cache.segments_of(0)
+        working = segs[self.sink_frames :]
+        p0 = working[0].frame - self.sink_frames if working else 0
+        if p0 != self.anchor_position:
+            self._rerope_anchor(p0)
+
+    def _rerope_anchor(self, p0: int) -> None:
+        if self.grid is None:
+            raise ValueError("re-roping the anchor needs the latent grid (begin_call(..., grid=(h, w)))")
+        dtype = torch.float64 if self.cache.dtype == torch.float64 else torch.float32
+        phases = self.rope.phases(p0, self.sink_frames, *self.grid, self.cache.device, dtype)
+        for layer in range(self.cache.num_layers):
+            self.cache.write(layer, 0, apply_rope(self.raw_anchor[layer], phases))
+        self.cache.set_positions(0, self.sink_frames, [p0 + i for i in range(self.sink_frames)])
+        self.anchor_position = p0
+
+
+class ParticipativeCompressionPolicy(CachePolicy):
+    """Deep Forcing, Deep Sink + Participative Compression (DF ``causal_model.py``), per layer.
+
+    - every call appends its roped queries to the layer's window of the last R frames'
+      queries (kept here as per-frame sums, which is all the score needs);
+    - only on the first call of a block whose keys overflow the W-frame buffer (no host
+      sync: the top-k runs on the device, its choice is read back when first needed):
+      K_aug = cache + the block's keys (T tokens); recent = the last R_eff = min(R fsl, T)
+      tokens; candidates [S fsl, T - R_eff); score phi_j = (sum of the recent queries) .
+      k_j / (sqrt(d) H), one score per token shared by the heads; keep the sink, the top
+      C = total_cap - sink - R_eff eligible candidates (selected fewer than ``max_reuse``
+      times so far) and the recent tokens, in their order; then rotate the sink so it
+      starts at cs - tail - S (first time by W - N, Deep Forcing's hard-coded 21 - N);
+    - other calls append (first call of a non-overflowing block) or overwrite the block.
+
+    Needs batch size 1 (the kept tokens are per batch element in Deep Forcing).
+    """
+
+    name = PARTICIPATIVE
+
+    def __init__(
+        self,
+        cache: KVCache,
+        *,
+        window_frames: int,
+        sink_frames: int,
+        budget_frames: int,
+        recent_frames: int,
+        rope: RotaryTables | None = None,
+        max_reuse: int = MAX_REUSE,
+    ) -> None:
+        if cache.batch_size != 1:
+            raise ValueError(f"cache_policy {self.name!r} keeps tokens per video: batch size 1, got {cache.batch_size}")
+        if recent_frames < 1 or not 0 <= sink_frames or sink_frames + recent_frames > budget_frames:
+            raise ValueError(
+                f"participative compression needs recent_frames >= 1 and sink_frames + recent_frames <= budget_frames, "
+                f"got {sink_frames}, {recent_frames}, {budget_frames}"
+            )
+        if budget_frames > window_frames:
+            raise ValueError(f"budget_frames {budget_frames} exceeds the window of {window_frames} frames")
+        if cache.capacity_frames <= window_frames:
+            raise ValueError(
+                f"a cache of {cache.capacity_frames} frames leaves no room for the new block next to "
+                f"the window of {window_frames} (K_aug)"
+            )
+        self.window_frames = window_frames
+        self.sink_frames = sink_frames
+        self.budget_frames = budget_frames
+        self.recent_frames = recent_frames
+        self.max_reuse = max_reuse
+        b, _, h, d = cache.k.shape[1:]
+        acc = torch.float64 if cache.dtype == torch.float64 else torch.float32
+        # Sum over tokens of each of the last R query frames, per layer (oldest first).
+        self.query_sums = torch.zeros((cache.num_layers, b, recent_frames, h, d), dtype=acc, device=cache.device)
+        super().__init__(cache, rope=rope)
+
+    def reset(self) -> None:
+        super().reset()
+        self.query_sums.zero_()
+        self.query_frames_seen = 0
+        # Times each stored token was selected, per layer, in buffer order; a layer's
+        # last selection is folded in when first needed (it is read back lazily).
+        self._counts = [np.zeros(0, dtype=np.int32) for _ in range(self.cache.num_layers)]
+        self._pending: list[_Selection | None] = [None] * self.cache.num_layers
+        self.sink_base: list[int | None] = [None] * self.cache.num_layers
+        self.compress = [False] * self.cache.num_layers
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self.query_sums.numel() * self.query_sums.element_size()
+
+    def begin_call(self, start_frame, num_frames, grid=None):
+        super().begin_call(start_frame, num_frames, grid)
+        self.query_frames_seen = min(self.recent_frames, self.query_frames_seen + num_frames)
+
+    def start_block(self, start: int, frames: int) -> None:
+        limit = self.window_frames * self.frame_seq_length
+        new = frames * self.frame_seq_length
+        self.compress = [self.cache.length(layer) + new > limit for layer in range(self.cache.num_layers)]
+        self._append_block(start, frames)
+        for layer, pending in enumerate(self._pending):
+            if pending is None:
+                self._counts[layer] = np.concatenate([self._counts[layer], np.zeros(new, dtype=np.int32)])
+            else:
+                pending.appended += new
+
+    def counts(self, layer: int) -> np.ndarray:
+        """How often each stored token of ``layer`` was selected as top-C (buffer order)."""
+        pending = self._pending[layer]
+        if pending is not None:
+            keep, selected = pending.keep(), pending.selected()
+            counts = self._counts[layer][keep]
+            counts[np.searchsorted(keep, selected)] += 1
+            self._counts[layer] = np.concatenate([counts, np.zeros(pending.appended, dtype=np.int32)])
+            self._pending[layer] = None
+        return self._counts[layer]
+
+    def repeat_call(self) -> None:
+        self.compress = [False] * self.cache.num_layers
+
+    def attend(self, layer, q, k, v, raw_k=None):
+        self._remember_queries(layer, q)
+        self.cache.write_tail(layer, k, v)
+        if self.new_block and self.compress[layer]:
+            self._compress(layer)
+        return self.cache.keys(layer)
+
+    def _remember_queries(self, layer: int, q: torch.Tensor) -> None:
+        sums = self.query_sums[layer]
+        frames = q.shape[1] // self.frame_seq_length
+        new = q.unflatten(1, (frames, self.frame_seq_length)).sum(2, dtype=sums.dtype)
+        r = self.recent_frames
+        if frames >= r:
+            sums.copy_(new[:, frames - r :])
+        else:
+            sums[:, : r - frames] = sums[:, frames:].clone()
+            sums[:, r - frames :] = new
+
+    def _scores(self, layer: int, lo: int, hi: int, recent_frames: int) -> torch.Tensor:
+        """phi_j for stored tokens [lo, hi) of ``layer``, as Deep Forcing computes it (on the device).
+
+        Their code sums the recent queries and takes the dot product in the cache dtype
+        (bf16 in their runs) and casts to float32 after; so does this (the per-frame sums
+        are accumulated in float32 first). bf16 scores tie often: which of equal scores
+        top-k keeps is up to ``torch.topk``, as in their code.
+        """
+        _, h, d = self.query_sums.shape[2:]
+        query = self.query_sums[layer, :, self.recent_frames - recent_frames :].sum(1)  # [B, H, D]
+        keys = self.cache.k[layer, :, lo:hi].flatten(2)  # [B, n, H*D]
+        fused = torch.matmul(keys, query.flatten(1).to(keys.dtype).unsqueeze(-1)).squeeze(-1)
+        score_dtype = torch.float64 if keys.dtype == torch.float64 else torch.float32
+        return fused[0].to(score_dtype) * (1.0 / (math.sqrt(d) * h))
+
+    def _compress(self, layer: int) -> None:
+        """Participative compression of ``layer``, then the sink's re-alignment; no host sync.
+
+        Which tokens are eligible (selected fewer than ``max_reuse`` times) is known on the
+        host, hence how many stay; the top-k runs on the device and the choice comes back
+        to the host asynchronously, read when the layer's metadata is next needed.
+        """
+        fsl = self.frame_seq_length
+        total = self.cache.length(layer)
+        sink = min(self.sink_frames * fsl, total)
+        recent = min(self.query_frames_seen * fsl, total)
+        cap = min(self.budget_frames * fsl, self.window_frames * fsl)
+        cap = min(max(cap, sink + recent), total)
+        top_c = max(0, cap - sink - recent)
+        old_end = max(0, total - recent)
+        if old_end < sink:
+            raise ValueError(f"participative compression: the recent tokens ({recent}) overlap the sink ({sink})")
+        counts = self.counts(layer)
+        eligible = np.ones(old_end - sink, dtype=bool)
+        if self.max_reuse > 0:
+            eligible = counts[sink:old_end] < self.max_reuse
+        take = min(top_c, int(eligible.sum()))
+        end = sink + take + (total - old_end)
+        # Deep Sink re-alignment (DF causal_model.py, on rolled calls, after the prune; the
+        # sink is a kept prefix, so it is rotated first here, from the known kept count).
+        sink_tokens = self.sink_frames * fsl
+        sink_len = min(end, sink_tokens)
+        tail_start = max(sink_tokens, end - self.window_frames * fsl + sink_tokens)
+        desired = self.block_start - (end - tail_start) // fsl - sink_len // fsl
+        if self.sink_frames > 0 and sink_len > 0:
+            if self.sink_base[layer] is None:
+                delta = self.window_frames - self.budget_frames  # DF: 21 - PC_capacity // 1560
+            else:
+                delta = desired - self.sink_base[layer]
+            self.sink_base[layer] = desired
+            self._rotate_sink(sink_len // fsl, delta, [layer])
+        device = self.cache.device
+        if take == 0:
+            selection = _Selection(torch.zeros(0, dtype=torch.long, device=device), sink, old_end, total)
+        else:
+            scores = self._scores(layer, sink, old_end, recent // fsl)
+            if not eligible.all():
+                scores = scores.masked_fill(~host_to_device(eligible, device), -math.inf)
+            chosen = torch.topk(scores, take, sorted=False).indices.sort().values + sink
+            selection = _Selection(chosen, sink, old_end, total)
+        index = torch.cat(
+            [
+                torch.arange(sink, device=device),
+                selection.device_selected,
+                torch.arange(old_end, total, device=device),
+            ]
+        )
+        self.cache.keep_later(layer, index, end, sink, selection.keep)
+        self._pending[layer] = selection
+
+
+class _Selection:
+    """Top-C tokens chosen on the device, copied to the host without waiting; read when needed."""
+
+    def __init__(self, selected: torch.Tensor, sink: int, old_end: int, total: int) -> None:
+        self.device_selected = selected
+        self.sink, self.old_end, self.total = sink, old_end, total
+        self.appended = 0  # tokens appended to the layer since (their counts start at 0)
+        self._event = None
+        if selected.device.type == "cuda":
+            self._host = torch.empty(selected.shape, dtype=selected.dtype, pin_memory=True)
+            self._host.copy_(selected, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = selected
+        self._selected: np.ndarray | None = None
+        self._keep: np.ndarray | None = None
+
+    def selected(self) -> np.ndarray:
+        if self._selected is None:
+            if self._event is not None:
+                self._event.synchronize()  # long done, unless the layer is read right away
+            self._selected = self._host.numpy().astype(np.int64, copy=True)
+        return self._selected
+
+    def keep(self) -> np.ndarray:
+        """Kept token indices into K_aug: the sink, the top-C, the recent tokens, ascending."""
+        if self._keep is None:
+            self._keep = np.concatenate([np.arange(self.sink), self.selected(), np.arange(self.old_end, self.total)])
+        return self._keep
+
+
+POLICY_CLASSES: dict[str, type[CachePolicy]] = {
+    GLOBAL: GlobalPolicy,
+    WINDOW: WindowPolicy,
+    SINK: SinkPolicy,
+    DEEP_SINK: DeepSinkPolicy,
+    PARTICIPATIVE: ParticipativeCompressionPolicy,
+    REROPE_SINK: ReropeSinkPolicy,
+}
+
+
+def new_policy(
+    model: WanModel,
+    cache_policy: str,
+    *,
+    frame_seq_length: int,
+    num_frames: int | None = None,
+    local_attn_frames: int = -1,
+    sink_frames: int = 0,
+    budget_frames: int = 0,
+    recent_frames: int = 0,
+    largest_block: int | None = None,
+    batch_size: int = 1,
+    max_reuse: int = MAX_REUSE,
+) -> CachePolicy:
+    """A policy for ``model`` with a cache sized by the policy (not by the video, when bounded).
+
+    ``global`` holds ``num_frames``; participative compression holds W frames plus room
+    for the new block (``largest_block``, default the recent window) while it compresses;
+    every other policy holds W frames.
+    """
+    config = model.config
+    if cache_policy == GLOBAL:
+        if num_frames is None:
+            raise ValueError("cache_policy 'global' needs num_frames (its cache grows with the video)")
+        capacity = num_frames
+    elif cache_policy == PARTICIPATIVE:
+        capacity = local_attn_frames + (largest_block or recent_frames)
+    elif cache_policy in POLICY_CLASSES:
+        capacity = local_attn_frames
+    else:
+        raise ValueError(f"unknown cache_policy {cache_policy!r} (known: {', '.join(POLICY_CLASSES)})")
+    cache = KVCache(
+        num_layers=config.num_layers,
+        batch_size=batch_size,
+        num_heads=config.num_heads,
+        head_dim=config.head_dim,
+        frame_seq_length=frame_seq_length,
+        capacity_frames=capacity,
+        dtype=model.dtype,
+        device=model.device,
+    )
+    rope = model.rope
+    if cache_policy == GLOBAL:
+        return GlobalPolicy(cache, rope=rope)
+    if cache_policy == WINDOW:
+        return WindowPolicy(cache, window_frames=local_attn_frames, rope=rope)
+    if cache_policy == PARTICIPATIVE:
+        return ParticipativeCompressionPolicy(
+            cache,
+            window_frames=local_attn_frames,
+            sink_frames=sink_frames,
+            budget_frames=budget_frames,
+            recent_frames=recent_frames,
+            rope=rope,
+            max_reuse=max_reuse,
+        )
+    return POLICY_CLASSES[cache_policy](cache, window_frames=local_attn_frames, sink_frames=sink_frames, rope=rope)
+
+
+def policy_from_options(model: WanModel, options: GenerationOptions, *, frame_seq_length: int) -> CachePolicy:
+    """The policy ``generate()`` uses: ``options.cache_policy`` with its resolved frame counts."""
+    return new_policy(
+        model,
+        options.cache_policy,
+        frame_seq_length=frame_seq_length,
+        num_frames=options.num_frames,
+        local_attn_frames=options.local_attn_frames,
+        sink_frames=options.sink_frames,
+        budget_frames=options.budget_frames,
+        recent_frames=options.recent_frames,
+        largest_block=max(options.block_sizes()),
+    )
