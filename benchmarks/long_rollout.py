@@ -1,0 +1,176 @@
+"""GPU benchmark of long rollouts and token profiles at the Wan2.1-T2V-1.3B size (random bf16 weights).
+
+Sections (``--sections``, comma-separated):
+
+- ``tokens``: the cost of key-token profiles: one statistics call at the last block's
+  shape with and without them, against the SDPA call; and one 21-frame generation with
+  one layer captured, token profiles none / last_block / all.
+- ``policies``: a ``--frames`` (default 240 = 60 s of video) rollout under every KV-cache
+  policy with one layer captured (token profiles of the last block, the default): video
+  FPS (4 video frames a latent frame), peak GPU memory, KV cache bytes.
+- ``memory``: peak memory of one bounded policy at 21, 120 and 480 latent frames.
+
+Timing follows docs/performance.md: CUDA-synchronized wall time of the whole generation
+after a warm-up generation in the same process (so library and kernel set-up are out).
+
+    PYTHONPATH=src python benchmarks/long_rollout.py --out $OUT --sections tokens,policies,memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from sinkscope.capture import FrameStatsCapture  # noqa: E402
+from sinkscope.generation import generate  # noqa: E402
+from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
+from sinkscope.options import CACHE_POLICIES, GenerationOptions  # noqa: E402
+from sinkscope.stats import attention_statistics  # noqa: E402
+
+GiB = 2**30
+LAYER = 4
+
+
+def real_model():
+    config = get_model_config("wan2.1-t2v-1.3b")
+    with torch.device("meta"):
+        model = build_model(config, seed=None)
+    model = model.to_empty(device="cuda")
+    init_random_weights(model, seed=0, device="cuda")
+    return model.to(torch.bfloat16).eval().requires_grad_(False)
+
+
+def context():
+    return torch.randn(1, 24, 4096, generator=torch.Generator().manual_seed(1)).cuda()
+
+
+def video_frames(latent_frames: int) -> int:
+    return 4 * latent_frames - 3  # Wan's causal VAE: 21 latent frames = 81 video frames
+
+
+def run(model, options, layers, token_profiles="last_block"):
+    fsl = model.config.frame_seq_length()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    began = time.perf_counter()
+    capture = FrameStatsCapture(model, layers, frame_seq_length=fsl, token_profiles=token_profiles)
+    with capture:
+        result = generate(model, context(), options=options, seed=0, observers=[capture])
+    rows = sum(len(t["frames"]) for t in capture.layer_tables().values()) if layers else 0
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - began
+    return {
+        "seconds": seconds,
+        "generation_seconds": result.seconds,
+        "video_fps": video_frames(options.num_frames) / seconds,
+        "peak_gib": torch.cuda.max_memory_allocated() / GiB,
+        "kv_cache_gib": result.kv_cache_bytes / GiB,
+        "rows": rows,
+        "latents_finite": bool(torch.isfinite(result.latents.float()).all()),
+    }
+
+
+def section_tokens(model) -> dict:
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    out = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(12, 4680, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    k = torch.randn(12, 32760, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kwargs = dict(frame_seq_length=1560, query_frames=range(18, 21), key_frames=range(21))
+
+    def timed(fn, reps=30):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    out["sdpa_ms"] = timed(lambda: sdpa(q[None], k[None], v[None]))
+    out["stats_ms"] = timed(lambda: attention_statistics(q, k, **kwargs))
+    out["stats_with_tokens_ms"] = timed(lambda: attention_statistics(q, k, token_profiles=True, **kwargs))
+    out["tokens_extra_ms"] = out["stats_with_tokens_ms"] - out["stats_ms"]
+    out["tokens_extra_x_sdpa"] = out["tokens_extra_ms"] / out["sdpa_ms"]
+    options = GenerationOptions()
+    run(model, options, [LAYER], "none")  # warm-up
+    for mode in ("none", "last_block", "all", "none", "last_block", "all"):
+        result = run(model, options, [LAYER], mode)
+        out.setdefault(f"generation_{mode}", []).append(result["seconds"])
+    base = min(out["generation_none"])
+    for mode in ("last_block", "all"):
+        out[f"overhead_{mode}_pct"] = 100 * (min(out[f"generation_{mode}"]) / base - 1)
+    return out
+
+
+def section_policies(model, frames: int) -> dict:
+    out = {}
+    run(model, GenerationOptions(num_frames=21), [LAYER])  # warm-up
+    for policy in CACHE_POLICIES:
+        if policy == "global" and frames > 120:
+            continue  # the global cache grows with the video (30 layers x frames x 1560 tokens)
+        options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy})
+        try:
+            out[policy] = {**run(model, options, [LAYER]), "options": options.to_dict()}
+        except Exception as error:  # noqa: BLE001 - report, keep going
+            out[policy] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-1500:]}
+        print(policy, json.dumps({k: v for k, v in out[policy].items() if k != "options"}), flush=True)
+    return out
+
+
+def section_memory(model, policy: str = "deep_sink") -> dict:
+    out = {}
+    for frames in (21, 120, 480):
+        options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy})
+        out[str(frames)] = run(model, options, [LAYER])
+        print(policy, frames, json.dumps(out[str(frames)]), flush=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
+    parser.add_argument("--sections", default="tokens,policies,memory")
+    parser.add_argument("--frames", type=int, default=240)
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    model = real_model()
+    for section in args.sections.split(","):
+        began = time.perf_counter()
+        try:
+            if section == "tokens":
+                results[section] = section_tokens(model)
+            elif section == "policies":
+                results[section] = section_policies(model, args.frames)
+            elif section == "memory":
+                results[section] = section_memory(model)
+        except Exception as error:  # noqa: BLE001
+            results[section] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+        results[f"{section}_wall_seconds"] = time.perf_counter() - began
+        (out_dir / "long_rollout.json").write_text(json.dumps(results, indent=1))
+        print(section, json.dumps(results[section], indent=1)[:3000], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
