@@ -41,17 +41,27 @@ GiB = 2**30
 LAYER = 4
 
 
-def real_model():
-    config = get_model_config("wan2.1-t2v-1.3b")
+DEVICE = "cuda"
+
+
+def real_model(name: str = "wan2.1-t2v-1.3b"):
+    if DEVICE == "cpu":  # a smoke test of this script
+        return build_model(name, seed=0)
+    config = get_model_config(name)
     with torch.device("meta"):
         model = build_model(config, seed=None)
-    model = model.to_empty(device="cuda")
-    init_random_weights(model, seed=0, device="cuda")
+    model = model.to_empty(device=DEVICE)
+    init_random_weights(model, seed=0, device=DEVICE)
     return model.to(torch.bfloat16).eval().requires_grad_(False)
 
 
-def context():
-    return torch.randn(1, 24, 4096, generator=torch.Generator().manual_seed(1)).cuda()
+def sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
+def context(model):
+    return torch.randn(1, 24, model.config.text_dim, generator=torch.Generator().manual_seed(1)).to(DEVICE)
 
 
 def video_frames(latent_frames: int) -> int:
@@ -60,21 +70,22 @@ def video_frames(latent_frames: int) -> int:
 
 def run(model, options, layers, token_profiles="last_block"):
     fsl = model.config.frame_seq_length()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    sync()
+    if DEVICE != "cpu":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
     capture = FrameStatsCapture(model, layers, frame_seq_length=fsl, token_profiles=token_profiles)
     with capture:
-        result = generate(model, context(), options=options, seed=0, observers=[capture])
+        result = generate(model, context(model), options=options, seed=0, observers=[capture])
     rows = sum(len(t["frames"]) for t in capture.layer_tables().values()) if layers else 0
-    torch.cuda.synchronize()
+    sync()
     seconds = time.perf_counter() - began
     return {
         "seconds": seconds,
         "generation_seconds": result.seconds,
         "video_fps": video_frames(options.num_frames) / seconds,
-        "peak_gib": torch.cuda.max_memory_allocated() / GiB,
+        "peak_gib": torch.cuda.max_memory_allocated() / GiB if DEVICE != "cpu" else None,
         "kv_cache_gib": result.kv_cache_bytes / GiB,
         "rows": rows,
         "latents_finite": bool(torch.isfinite(result.latents.float()).all()),
@@ -85,6 +96,8 @@ def section_tokens(model) -> dict:
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     out = {}
+    if DEVICE == "cpu":
+        return {"skipped": "cpu smoke test"}
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(12, 4680, 128, device="cuda", generator=g, dtype=torch.bfloat16)
     k = torch.randn(12, 32760, 128, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -136,9 +149,9 @@ def section_policies(model, frames: int) -> dict:
     return out
 
 
-def section_memory(model, policy: str = "deep_sink") -> dict:
+def section_memory(model, policy: str = "deep_sink", lengths=(21, 120, 480)) -> dict:
     out = {}
-    for frames in (21, 120, 480):
+    for frames in lengths:
         options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy})
         out[str(frames)] = run(model, options, [LAYER])
         print(policy, frames, json.dumps(out[str(frames)]), flush=True)
@@ -150,11 +163,15 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
     parser.add_argument("--sections", default="tokens,policies,memory")
     parser.add_argument("--frames", type=int, default=240)
+    parser.add_argument("--model", default="wan2.1-t2v-1.3b")
+    parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    model = real_model()
+    results = {"device": torch.cuda.get_device_name() if DEVICE != "cpu" else "cpu", "torch": torch.__version__}
+    model = real_model(args.model)
     for section in args.sections.split(","):
         began = time.perf_counter()
         try:
@@ -163,7 +180,7 @@ def main() -> int:
             elif section == "policies":
                 results[section] = section_policies(model, args.frames)
             elif section == "memory":
-                results[section] = section_memory(model)
+                results[section] = section_memory(model, lengths=(21, 120, 480) if DEVICE != "cpu" else (21, 30))
         except Exception as error:  # noqa: BLE001
             results[section] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
         results[f"{section}_wall_seconds"] = time.perf_counter() - began

@@ -1,20 +1,23 @@
-"""Capture during generation: every call, absolute frames, values equal to a brute force."""
+"""Capture during generation: every call, absolute frames, values equal to a float64 brute force
+of the q and k each call saw, under every KV-cache policy."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from test_stats import brute_force
+from test_stats_calls import brute_force_statistics
 
 from sinkscope.capture import FrameStatsCapture
-from sinkscope.generation import FlowMatchSchedule, GenerationOptions, generate
+from sinkscope.generation import FlowMatchSchedule, generate
 from sinkscope.model import build_model
+from sinkscope.options import CACHE_POLICIES, GenerationOptions
 
 FSL = 24  # the demo's tokens a frame
 
 
 class Recorder:
-    """Keeps the raw q and k of one layer, to recompute the statistics independently."""
+    """Keeps the raw q, k and layout of one layer, to recompute the statistics independently."""
 
     def __init__(self):
         self.calls = []
@@ -23,19 +26,19 @@ class Recorder:
     def begin_call(self, info):
         self.info = info
 
-    def __call__(self, q, k, query_frames, key_frames):
-        self.calls.append((self.info, q[0].transpose(0, 1).clone(), k[0].transpose(0, 1).clone(), query_frames, key_frames))
+    def __call__(self, q, k, layout):
+        self.calls.append((self.info, q[0].transpose(0, 1).clone(), k[0].transpose(0, 1).clone(), layout))
 
 
-def run(options, layers=(0, 4), device="cpu", seed=0):
+def run(options, layers=(0, 4), device="cpu", seed=0, token_profiles="last_block"):
     model = build_model("demo", seed=0, device=device)
     context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
-    capture = FrameStatsCapture(model, layers, frame_seq_length=FSL)
+    capture = FrameStatsCapture(model, layers, frame_seq_length=FSL, token_profiles=token_profiles)
     recorder = Recorder()
     with capture:
         model.blocks[layers[0]].self_attn.observer = _tee(model.blocks[layers[0]].self_attn.observer, recorder)
         result = generate(model, context, options=options, seed=seed, observers=[capture, recorder])
-    return capture.to_frame(), recorder, result
+    return capture.layer_tables(), recorder, result
 
 
 def _tee(first, second):
@@ -47,35 +50,64 @@ def _tee(first, second):
 
 
 def test_every_call_is_captured_with_absolute_frames():
-    options = GenerationOptions(num_frames=9)
-    rows, recorder, result = run(options)
+    tables, recorder, result = run(GenerationOptions(num_frames=9))
+    rows = tables[4]["frames"]
     assert [(c.block, c.pass_, c.step) for c in result.calls] == [
         (b, p, s) for b in range(3) for p, s in [("denoise", 0), ("denoise", 1), ("denoise", 2), ("denoise", 3), ("cache", 4)]
     ]
-    per_call = rows.groupby(["layer", "block", "pass", "step"]).size()
-    assert len(per_call) == 2 * 15
-    last = rows[(rows["block"] == 2) & (rows["layer"] == 4)]
-    assert sorted(set(last["query_frame"])) == [6, 7, 8]
-    assert sorted(set(last["key_frame"])) == list(range(9))
-    timesteps = sorted(set(rows.loc[rows["pass"] == "denoise", "timestep"].round(1)))
+    assert rows.groupby(["block", "pass", "step"]).ngroups == 15
+    last = rows[rows["block"] == 2]
+    assert sorted(set(last["query_frame"])) == [6, 7, 8] and sorted(set(last["key_frame"])) == list(range(9))
+    timesteps = sorted(set(rows.loc[rows["pass"] == "denoise", "timestep"].astype(float).round(1)))
     assert timesteps == [625.0, 833.3, 937.5, 1000.0]
     assert set(rows.loc[rows["pass"] == "cache", "timestep"]) == {0.0}
+    assert (rows["key_tokens"] == FSL).all() and (rows["key_position_shift"] == 0).all()
+    # Token profiles for the last block only (the default), one row per head x key token.
+    tokens = tables[4]["tokens"]
+    assert set(tokens["block"]) == {2} and len(tokens) == 5 * 12 * 9 * FSL
+    queries = tables[4]["queries"]
+    assert len(queries) == 15 * 12 * 3 and (queries["entropy_tokens"] > 0).all()
 
 
-def test_values_equal_a_float64_brute_force_of_the_same_q_and_k():
-    options = GenerationOptions(num_frames=9, local_attn_frames=6, sink_frames=2)
-    rows, recorder, _ = run(options)
-    layer_rows = rows[rows["layer"] == 0]
-    for info, q, k, query_frames, key_frames in recorder.calls:
-        expected_logit, expected_mass = brute_force(q, k, FSL, query_frames, key_frames, q.shape[-1] ** -0.5)
-        got = layer_rows[(layer_rows["block"] == info.block) & (layer_rows["pass"] == info.pass_) & (layer_rows["step"] == info.step)]
-        got = got.sort_values(["head", "query_frame", "key_frame"])
-        assert len(got) == expected_logit.numel()
-        # Sliding window with 2 sinks: the last block sees frames 0, 1 and 5..8, by absolute index.
-        torch.testing.assert_close(torch.tensor(got["logit_mean"].to_numpy(), dtype=torch.float64), expected_logit.flatten(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(torch.tensor(got["prob_mass"].to_numpy(), dtype=torch.float64), expected_mass.flatten(), rtol=1e-5, atol=1e-7)
-    last_keys = recorder.calls[-1][4]
-    assert last_keys == [0, 1, 5, 6, 7, 8]
+@pytest.mark.parametrize("policy", CACHE_POLICIES)
+def test_values_equal_a_float64_brute_force_under_every_policy(policy):
+    extra = {"participative_compression": dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3),
+             "deep_sink": dict(local_attn_frames=7, sink_frames=2), "rerope_sink": dict(local_attn_frames=7, sink_frames=3),
+             "sink": dict(local_attn_frames=6, sink_frames=2), "window": dict(local_attn_frames=6)}.get(policy, {})  # fmt: skip
+    frames = 9 if policy == "global" else 15
+    options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy, **extra})
+    tables, recorder, _ = run(options, token_profiles="all")
+    frame_rows, token_rows, query_rows = tables[0]["frames"], tables[0]["tokens"], tables[0]["queries"]
+    partial = False
+    for info, q, k, layout in recorder.calls:
+        ref = brute_force_statistics(q, k, FSL, len(layout.query_frames), list(layout.key_lengths), q.shape[-1] ** -0.5)
+        call = lambda t: t[(t["block"] == info.block) & (t["pass"] == info.pass_) & (t["step"] == info.step)]  # noqa: E731
+        got = call(frame_rows).sort_values(["head", "query_frame", "key_frame"])
+        order = np.argsort(layout.key_frames, kind="stable")  # rows are sorted by absolute key frame
+        for name, atol in (("logit_mean", 1e-6), ("prob_mass", 1e-7), ("argmax_share", 1e-9)):
+            expected = ref[name][:, :, order].flatten().numpy()
+            assert np.allclose(got[name].to_numpy(), expected, atol=atol, rtol=1e-5), (policy, info, name)
+        assert (got["key_tokens"].to_numpy() == np.tile(np.asarray(layout.key_lengths)[order], got.shape[0] // len(order))).all()
+        partial |= min(layout.key_lengths) < FSL
+        queries = call(query_rows).sort_values(["head", "query_frame"])
+        assert np.allclose(queries["entropy_tokens"].to_numpy(), ref["entropy"].flatten().numpy(), atol=1e-6)
+        tokens = call(token_rows)
+        assert np.allclose(tokens["token_prob_mean"].to_numpy(), ref["token_prob_mean"].flatten().numpy(), atol=1e-8)
+        assert np.allclose(tokens["token_logit_mean"].to_numpy(), ref["token_logit_mean"].flatten().numpy(), atol=1e-6)
+    # Dropped tokens show as partial key frames under participative compression only.
+    assert partial == (policy == "participative_compression")
+    shifted = (frame_rows["key_position_shift"] != 0).any()
+    assert shifted == (policy in ("deep_sink", "participative_compression", "rerope_sink"))
+
+
+def test_token_profiles_sum_and_average_to_the_frame_statistics():
+    tables, _, _ = run(GenerationOptions(num_frames=9))
+    frames, tokens = tables[4]["frames"], tables[4]["tokens"]
+    keys = ["block", "pass", "step", "head", "key_frame"]
+    per_frame = frames[frames["block"] == 2].groupby(keys, observed=True)[["logit_mean", "prob_mass"]].mean()
+    from_tokens = tokens.groupby(keys, observed=True).agg(logit=("token_logit_mean", "mean"), mass=("token_prob_mean", "sum"))
+    assert np.allclose(from_tokens["logit"], per_frame["logit_mean"], atol=1e-5)
+    assert np.allclose(from_tokens["mass"], per_frame["prob_mass"], atol=1e-6)
 
 
 def test_seed_determines_the_video():
@@ -96,21 +128,28 @@ def test_schedule_matches_self_forcing():
     assert torch.allclose(schedule.to_x0(v, x, 625.0), torch.full((2,), 1 - 0.625 * 0.5))
 
 
-def test_capture_rejects_missing_layers():
+def test_capture_rejects_missing_layers_and_unknown_token_choices():
     model = build_model("demo", seed=0)
     with pytest.raises(ValueError, match=r"layers \[6\] do not exist"):
         FrameStatsCapture(model, [6], frame_seq_length=FSL)
+    with pytest.raises(ValueError, match="token_profiles 'some'"):
+        FrameStatsCapture(model, [0], frame_seq_length=FSL, token_profiles="some")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_capture_matches_cpu_in_float32(monkeypatch):
+@pytest.mark.parametrize("policy", ["global", "participative_compression"])
+def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
     # cuDNN convolutions default to TF32 on the GPU (the patch embedding); ask for fp32.
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    options = GenerationOptions(num_frames=9)
-    cpu_rows, _, cpu = run(options, device="cpu")
-    gpu_rows, _, gpu = run(options, device="cuda")
-    torch.testing.assert_close(gpu.latents.cpu(), cpu.latents, rtol=1e-3, atol=1e-3)
-    for metric in ("logit_mean", "prob_mass"):
-        torch.testing.assert_close(torch.tensor(gpu_rows[metric].to_numpy()), torch.tensor(cpu_rows[metric].to_numpy()), rtol=1e-3, atol=1e-4)
+    extra = dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3) if policy != "global" else {}
+    options = GenerationOptions.from_config({"num_frames": 12, "cache_policy": policy, **extra})
+    cpu, _, cpu_result = run(options, device="cpu")
+    gpu, _, gpu_result = run(options, device="cuda")
+    torch.testing.assert_close(gpu_result.latents.cpu(), cpu_result.latents, rtol=1e-3, atol=1e-3)
+    for kind, names in (("frames", ("logit_mean", "prob_mass")), ("tokens", ("token_logit_mean", "token_prob_mean")),
+                        ("queries", ("entropy_tokens",))):  # fmt: skip
+        for name in names:
+            a, b = gpu[4][kind][name].to_numpy(), cpu[4][kind][name].to_numpy()
+            assert a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-4), (kind, name)
