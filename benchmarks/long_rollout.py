@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from sinkscope.capture import FrameStatsCapture  # noqa: E402
 from sinkscope.generation import generate  # noqa: E402
-from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
+from sinkscope.model import WanModel, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import CACHE_POLICIES, GenerationOptions  # noqa: E402
 from sinkscope.stats import attention_statistics  # noqa: E402
 
@@ -49,7 +49,7 @@ def real_model(name: str = "wan2.1-t2v-1.3b"):
         return build_model(name, seed=0)
     config = get_model_config(name)
     with torch.device("meta"):
-        model = build_model(config, seed=None)
+        model = WanModel(config)
     model = model.to_empty(device=DEVICE)
     init_random_weights(model, seed=0, device=DEVICE)
     return model.to(torch.bfloat16).eval().requires_grad_(False)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .generation import PASS_DENOISE, CallInfo
+from .generation import PASS_CACHE, PASS_DENOISE, CallInfo
 from .model import WanModel
 from .model.layout import AttentionLayout
 from .stats import CallStatistics, attention_statistics
@@ -155,13 +155,17 @@ QUERY_COLUMNS = (*_CALL_COLUMNS, "query_frame", "entropy_tokens", "num_keys", "n
 TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "token", "token_logit_mean", "token_prob_mean")
 
 
+PASSES = (PASS_DENOISE, PASS_CACHE)
+
+
 def _call_columns(record: _Record, n: int, heads: np.ndarray) -> dict[str, np.ndarray]:
     call = record.call
     return {
         "layer": np.full(n, record.layer, np.int16),
         "head": heads.astype(np.int16),
         "block": np.full(n, call.block, np.int16),
-        "pass": np.full(n, call.pass_, dtype=object),
+        # Category codes, not millions of Python strings (token tables reach 2M rows a layer).
+        "pass": np.full(n, PASSES.index(call.pass_), np.int8),
         "step": np.full(n, call.step, np.int16),
         "timestep": np.full(n, call.timestep, np.float32),
     }
@@ -220,6 +224,5 @@ def _concat(parts: list[dict[str, np.ndarray]], columns: Sequence[str]) -> pd.Da
     if not parts:
         return pd.DataFrame(columns=list(columns))
     data = {name: np.concatenate([part[name] for part in parts]) for name in columns}
-    passes = sorted(set(data["pass"]))
-    data["pass"] = pd.Categorical(data["pass"], categories=passes or [PASS_DENOISE])
+    data["pass"] = pd.Categorical.from_codes(data["pass"], categories=list(PASSES))
     return pd.DataFrame(data)

@@ -19,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from .checkpoints import CheckpointSpec, resolve_checkpoint
 from .config import stable_hash
 from .errors import SinkscopeError
@@ -137,7 +140,10 @@ def extract_job(
             rows = parts.get(kind)
             if rows is None:
                 continue
-            rows = rows.assign(**run_columns)
+            # Constant run columns as categoricals: no million-row arrays of Python strings.
+            rows = rows.assign(**{name: pd.Categorical.from_codes(np.zeros(len(rows), np.int8), [value])
+                                  for name, value in run_columns.items() if isinstance(value, str)},
+                               seed=np.int64(run_columns["seed"]))  # fmt: skip
             target = Path(layer_file(built, layer, kind))
             write_table(rows, target, schema, {**metadata, "layer": int(layer)}, row_groups_by="block")
             files.append(target.name)

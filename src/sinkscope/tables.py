@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -223,7 +224,17 @@ def to_arrow(frame: pd.DataFrame, schema: pa.Schema, path: str | Path = "table")
     missing = [name for name in schema.names if name not in frame.columns]
     if missing:
         raise ValueError(f"table for {path} lacks columns {missing}")
-    return pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
+    arrays = []
+    for field in schema:
+        column = frame[field.name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            # Codes + categories, cast in Arrow: no per-row Python objects (token tables are millions of rows).
+            codes = pa.array(column.cat.codes.to_numpy(), mask=column.isna().to_numpy())
+            array = pa.DictionaryArray.from_arrays(codes, pa.array(column.cat.categories.astype(str))).cast(field.type)
+        else:
+            array = pa.array(column, type=field.type, from_pandas=True)
+        arrays.append(array)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def write_table(
@@ -249,12 +260,20 @@ def write_table(
     metadata_bytes[_METADATA_DIGEST] = _metadata_digest(metadata_bytes)
     table = table.replace_schema_metadata(metadata_bytes)
     with atomic_path(path) as tmp:
-        options = dict(compression="zstd", write_page_checksum=True)
+        # Dictionaries for keys (they repeat), byte-stream-split for floats (random-looking
+        # values that dictionaries do not shrink): half the time of the defaults, smaller files.
+        floats = [field.name for field in table.schema if pa.types.is_floating(field.type)]
+        options = dict(
+            compression="zstd",
+            write_page_checksum=True,
+            use_dictionary=[name for name in table.column_names if name not in floats],
+            column_encoding={name: "BYTE_STREAM_SPLIT" for name in floats},
+        )
         if row_groups_by is None or table.num_rows == 0:
             pq.write_table(table, tmp, **options)
             return
         keys = table.column(row_groups_by).to_numpy()
-        bounds = [0, *(i + 1 for i in range(len(keys) - 1) if keys[i + 1] != keys[i]), len(keys)]
+        bounds = [0, *(np.flatnonzero(np.diff(keys)) + 1).tolist(), len(keys)]
         with pq.ParquetWriter(tmp, table.schema, **options) as writer:
             for start, stop in zip(bounds[:-1], bounds[1:]):
                 writer.write_table(table.slice(start, stop - start), row_group_size=stop - start)
