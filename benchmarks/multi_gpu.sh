@@ -9,10 +9,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
 cp "$root/benchmarks/multi_gpu_config.yaml" "$work/config.yaml"
 nvidia-smi --query-gpu=index,name --format=csv,noheader
-began=$(date +%s.%N)
-python -m snakemake -s "$root/Snakefile" -d "$work" --cores 16 --resources gpu=2 \
-    results/extract/demo/a/seed0/layers0-5 results/extract/demo/b/seed0/layers0-5 > "$work/snakemake.out" 2>&1
-echo "wall: $(echo "$(date +%s.%N) - $began" | bc) s"
+began=$(date +%s)
+python -m snakemake results/extract/demo/a/seed0/layers0-5 results/extract/demo/b/seed0/layers0-5 \
+    -s "$root/Snakefile" -d "$work" --cores 16 --resources gpu=2 > "$work/snakemake.out" 2>&1
+echo "wall: $(( $(date +%s) - began )) s"
 for log in "$work"/results/logs/extract_attention/demo/*/seed0/layers0-5.log; do
     echo "== $log"
     grep -E "extracting|generation [0-9]" "$log" | sed -E 's/\{.*\}\)/...)/'
