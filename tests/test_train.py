@@ -124,14 +124,14 @@ def _train(tmp_path, name, **kwargs):
 
 
 def test_loss_falls(tmp_path):
-    result = _train(tmp_path, "run", steps=20, lr=3e-3, warmup=3, schedule="constant")
+    result = _train(tmp_path, "run", steps=15, batch_size=1, lr=3e-3, warmup=3, schedule="constant")
     losses = [row["loss"] for row in read_loss_log(result.loss_log)]
-    assert len(losses) == 20 and all(loss == loss for loss in losses)
-    # The logged losses are noisy (random timesteps): judge on a fixed batch, before vs after.
+    assert len(losses) == 15 and all(loss == loss for loss in losses)
+    # The logged losses are noisy (one video, random timesteps): judge on a fixed
+    # batch, before vs after (seeds 0-2 measured: 3.0-3.3 -> 2.1, a ratio of 0.65-0.69).
     before = validation_loss(build_model(TINY, seed=0), batch_size=4)
     after = validation_loss(result.model, batch_size=4)
     assert after < 0.8 * before, (before, after)
-    assert sum(losses[-5:]) < sum(losses[:5])
 
 
 def test_same_seed_same_weights(tmp_path):
