@@ -1,0 +1,240 @@
+"""A seeded synthetic video data set in the demo model's latent space.
+
+The trained demo (``sinkscope.train``) learns from videos drawn here. They are made
+directly as latents (16 channels x 21 frames x 8 x 12, the ``demo`` config's grid;
+7 blocks of 3 frames), with no VAE: soft Gaussian "balls" move over a static,
+smooth background. Every video draws its own
+
+- appearance: a 16-d vector per ball (the ball's "colour" in latent space), constant
+  over the video, so that keeping a ball's identity over time pays;
+- background: a constant 16-d offset plus a smooth static texture;
+- motion parameters: position, speed, phase, size, within its class.
+
+Five motion classes, each with one fixed prompt (``CLASS_PROMPTS``); a prompt names
+the class and nothing else, so the rest (appearance, phase, position) is the
+sampler's to choose:
+
+============  ==================================  =============================================
+class         prompt                              motion
+============  ==================================  =============================================
+``drift``     a ball drifting left to right       constant speed across the frame, ~0.4 px/frame
+``bounce``    a ball bouncing up and down         |sin| bounce off the floor, period 8 frames
+``circle``    a ball moving in a circle           counter-clockwise circle, period 6 frames
+``pulse``     a glowing ball pulsing in place     fixed position, brightness period 6 frames
+``cross``     two balls crossing paths            two balls, one each way, crossing mid-video
+============  ==================================  =============================================
+
+Values are divided by ``DATA_SCALE`` so that the whole data set has about unit
+variance, as VAE latents scaled for a diffusion model have. Everything random comes
+from one CPU generator seeded by the caller, so a seed gives the same videos on any
+device (they are rendered on the requested device).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+# The demo config's latent grid and Self-Forcing's video length.
+CHANNELS = 16
+FRAMES = 21
+HEIGHT = 8
+WIDTH = 12
+
+DATA_VERSION = 1
+
+CLASS_PROMPTS: dict[str, str] = {
+    "drift": "a ball drifting left to right",
+    "bounce": "a ball bouncing up and down",
+    "circle": "a ball moving in a circle",
+    "pulse": "a glowing ball pulsing in place",
+    "cross": "two balls crossing paths",
+}
+CLASSES: tuple[str, ...] = tuple(CLASS_PROMPTS)
+
+# Periods, in latent frames, of the periodic classes.
+BOUNCE_PERIOD = 8.0
+CIRCLE_PERIOD = 6.0
+PULSE_PERIOD = 6.0
+
+# Raw amplitudes, before the division by DATA_SCALE.
+BALL_AMPLITUDE = 2.0  # per channel, times a standard normal appearance vector
+BACKGROUND_AMPLITUDE = 0.5  # the constant 16-d offset
+TEXTURE_AMPLITUDE = 0.35  # the smooth static texture
+# The raw data's standard deviation over the whole data set (all classes equally
+# likely), measured once over 4096 videos (``measure_scale``); dividing by it gives
+# unit variance.
+DATA_SCALE = 0.764
+
+_NUM_UNIFORMS = 8  # uniform draws per video, shared by the classes' parameter formulas
+
+
+class SyntheticBatch(NamedTuple):
+    """A batch of videos: unpacks as ``latents, labels, prompts``."""
+
+    latents: torch.Tensor  # [B, 16, 21, 8, 12]
+    labels: torch.Tensor  # [B] int64 class ids (indices into CLASSES)
+    prompts: list[str]  # [B] the class prompts
+
+
+def class_index(name: str) -> int:
+    try:
+        return CLASSES.index(name)
+    except ValueError:
+        raise KeyError(f"unknown class {name!r}; known: {', '.join(CLASSES)}") from None
+
+
+def describe() -> dict:
+    """The data set's definition, JSON-ready (stored in training checkpoints)."""
+    return {
+        "name": "sinkscope.synthetic",
+        "version": DATA_VERSION,
+        "shape": [CHANNELS, FRAMES, HEIGHT, WIDTH],
+        "classes": list(CLASSES),
+        "prompts": dict(CLASS_PROMPTS),
+        "periods": {"bounce": BOUNCE_PERIOD, "circle": CIRCLE_PERIOD, "pulse": PULSE_PERIOD},
+        "scale": DATA_SCALE,
+    }
+
+
+def _trajectories(
+    labels: torch.Tensor, u: torch.Tensor, frames: int, height: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, y, brightness of two balls, each [B, 2, F]; ball 2 is dark except in ``cross``.
+
+    ``u`` [B, _NUM_UNIFORMS] uniforms in [0, 1); coordinates are in latent pixels,
+    scaled from the 8 x 12 grid the formulas were written for.
+    """
+    f = torch.arange(frames, dtype=torch.float32)[None, :]
+    sx, sy = width / 12.0, height / 8.0
+    span = max(frames - 1, 1)
+    b = labels.shape[0]
+    x = torch.zeros(b, 2, frames)
+    y = torch.zeros(b, 2, frames)
+    bright = torch.zeros(b, 2, frames)
+    u0, u1, u2, u3 = (u[:, i : i + 1] for i in range(4))
+
+    # drift: left to right at constant speed.
+    start, end = 0.8 + 1.5 * u0, 8.7 + 1.5 * u1
+    drift_x = start + (end - start) * f / span
+    drift_y = 2.0 + 3.5 * u2 + 0.0 * f
+    # bounce: |sin| hop off the floor (y = 6.2), height 3.5..4.5, random phase and column.
+    phase = u0
+    hop = (3.5 + 1.0 * u1) * torch.abs(torch.sin(math.pi * (f / BOUNCE_PERIOD + phase)))
+    bounce_x = 2.5 + 6.0 * u2 + 0.0 * f
+    bounce_y = 6.2 - hop
+    # circle: counter-clockwise (x right, y down: the angle decreases), period 6 frames.
+    angle = -2 * math.pi * (f / CIRCLE_PERIOD + u0)
+    radius = 2.0 + 0.6 * u1
+    circle_x = 4.5 + 2.0 * u2 + radius * torch.cos(angle)
+    circle_y = 3.5 + radius * 0.9 * torch.sin(angle)
+    # pulse: fixed place, brightness 0.15..1 with period 6 frames.
+    pulse_x = 2.5 + 6.0 * u0 + 0.0 * f
+    pulse_y = 2.0 + 3.5 * u1 + 0.0 * f
+    pulse_b = 0.575 + 0.425 * torch.cos(2 * math.pi * (f / PULSE_PERIOD + u2))
+    # cross: ball 1 left to right, ball 2 right to left, crossing near the middle frame.
+    cross_a = 0.8 + 1.2 * u0 + (8.2 + 1.2 * u1 - 0.8 - 1.2 * u0) * f / span
+    cross_b = 10.2 - 1.2 * u1 - (8.2 + 1.2 * u0 - 0.8 - 1.2 * u1) * f / span
+    cross_ya = 2.0 + 3.5 * u2 + 0.0 * f
+    cross_yb = 2.0 + 3.5 * u3 + 0.0 * f
+
+    ones = torch.ones_like(f.expand(b, -1))
+    table = {
+        "drift": ((drift_x, drift_y, ones), None),
+        "bounce": ((bounce_x, bounce_y, ones), None),
+        "circle": ((circle_x, circle_y, ones), None),
+        "pulse": ((pulse_x, pulse_y, pulse_b.expand(b, -1)), None),
+        "cross": ((cross_a, cross_ya, ones), (cross_b, cross_yb, ones)),
+    }
+    for name, (first, second) in table.items():
+        rows = labels == class_index(name)
+        if not rows.any():
+            continue
+        for ball, values in enumerate((first, second)):
+            if values is None:
+                continue
+            bx, by, bb = (v.expand(b, -1)[rows] for v in values)
+            x[rows, ball] = bx * sx
+            y[rows, ball] = by * sy
+            bright[rows, ball] = bb
+    return x, y, bright
+
+
+def synthetic_batch(
+    seed: int,
+    batch_size: int,
+    *,
+    classes: int | str | list[int] | torch.Tensor | None = None,
+    frames: int = FRAMES,
+    height: int = HEIGHT,
+    width: int = WIDTH,
+    channels: int = CHANNELS,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> SyntheticBatch:
+    """``batch_size`` videos from ``seed``: (latents [B, 16, 21, 8, 12], class ids, prompts).
+
+    ``classes``: None draws each video's class uniformly; a class name or id gives
+    every video that class; a list/tensor gives each video's class. The same seed and
+    arguments give the same batch, on any device.
+    """
+    generator = torch.Generator().manual_seed(int(seed))
+    # Draws in a fixed order, whatever the classes, so a video's look does not
+    # depend on the class mix of its batch.
+    drawn_labels = torch.randint(len(CLASSES), (batch_size,), generator=generator)
+    u = torch.rand(batch_size, _NUM_UNIFORMS, generator=generator)
+    appearance = torch.randn(batch_size, 2, channels, generator=generator)
+    background = torch.randn(batch_size, channels, generator=generator)
+    texture = torch.randn(batch_size, channels, max(height // 2, 1), max(width // 2, 1), generator=generator)
+
+    if classes is None:
+        labels = drawn_labels
+    elif isinstance(classes, str):
+        labels = torch.full((batch_size,), class_index(classes), dtype=torch.long)
+    elif isinstance(classes, int):
+        labels = torch.full((batch_size,), int(classes), dtype=torch.long)
+    else:
+        labels = torch.as_tensor(classes, dtype=torch.long).reshape(-1)
+        if labels.numel() != batch_size:
+            raise ValueError(f"{labels.numel()} classes given for a batch of {batch_size}")
+    if labels.numel() and not (0 <= int(labels.min()) and int(labels.max()) < len(CLASSES)):
+        raise ValueError(f"class ids must be in [0, {len(CLASSES)})")
+
+    x, y, bright = _trajectories(labels, u, frames, height, width)
+    # Ball size (Gaussian sigma, latent pixels), 1.2 .. 1.6, one per video.
+    sigma = (1.2 + 0.4 * u[:, 4]) * min(height / 8.0, width / 12.0)
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        # Pinned, asynchronous copies: no host synchronisation per batch.
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory().to(device, non_blocking=True)
+    else:
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device)
+
+    x, y, bright, sigma, appearance, background, texture, labels_out = (
+        move(t) for t in (x, y, bright, sigma, appearance, background, texture, labels)
+    )
+    hh = torch.arange(height, dtype=torch.float32, device=device)
+    ww = torch.arange(width, dtype=torch.float32, device=device)
+    two_s2 = (2 * sigma**2)[:, None, None, None, None]
+    dy = (hh[None, None, None, :, None] - y[..., None, None]) ** 2
+    dx = (ww[None, None, None, None, :] - x[..., None, None]) ** 2
+    blobs = torch.exp(-(dy + dx) / two_s2) * bright[..., None, None]  # [B, 2, F, H, W]
+    video = torch.einsum("bsfhw,bsc->bcfhw", blobs, BALL_AMPLITUDE * appearance)
+    smooth = F.interpolate(texture, size=(height, width), mode="bilinear", align_corners=False)
+    video = video + (BACKGROUND_AMPLITUDE * background)[:, :, None, None, None]
+    video = video + TEXTURE_AMPLITUDE * smooth[:, :, None]
+    latents = (video / DATA_SCALE).to(dtype)
+    prompts = [CLASS_PROMPTS[CLASSES[int(i)]] for i in labels]
+    return SyntheticBatch(latents, labels_out, prompts)
+
+
+def measure_scale(videos: int = 4096, seed: int = 12345) -> float:
+    """The raw data's standard deviation (how DATA_SCALE was measured)."""
+    batch = synthetic_batch(seed, videos)
+    return float(batch.latents.double().std()) * DATA_SCALE
