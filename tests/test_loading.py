@@ -9,15 +9,14 @@ import torch
 from fakes import TINY, diffusers_model, tiny_state, write_self_forcing_pt, write_wan_folder
 from safetensors.torch import save_file
 
-from sinkscope.config import CheckpointSpec
+from sinkscope.checkpoints import CheckpointSpec, resolve_checkpoint
+from sinkscope.errors import ConfigError
 from sinkscope.model import build_model
 from sinkscope.model.loading import (
     WeightsError,
     detect_format,
     load_checkpoint,
     load_transformer,
-    resolve_model_config,
-    weights_digest,
 )
 
 
@@ -86,7 +85,7 @@ def test_self_forcing_config_from_the_base_folder(tmp_path, state, reference):
     base = write_wan_folder(tmp_path / "wan_models" / "Wan2.1-T2V-1.3B", tiny_state(seed=9))
     path = write_self_forcing_pt(tmp_path / "sf.pt", tiny_state(seed=3), ema_state=state)
     entry = spec(weights=str(path), base=str(base))
-    assert resolve_model_config(entry).text_dim == TINY.text_dim
+    assert resolve_checkpoint(entry).model_config.text_dim == TINY.text_dim
     model = load_checkpoint(entry, device=torch.device("cpu"))
     torch.testing.assert_close(outputs(model), reference, rtol=0, atol=0)
 
@@ -115,13 +114,16 @@ def test_strict_loading_names_missing_unexpected_and_mismatched(tmp_path, state)
 
 
 def test_missing_files_fail_before_loading(tmp_path):
-    with pytest.raises(FileNotFoundError, match="weights 'nowhere.pt' do not exist"):
-        resolve_model_config(spec(weights="nowhere.pt"), base_dir=tmp_path)
-    (tmp_path / "sf.pt").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match="base folder 'gone' does not exist"):
-        resolve_model_config(spec(weights="sf.pt", base="gone"), base_dir=tmp_path)
-    with pytest.raises(WeightsError, match="set 'model'.*or 'base'"):
-        resolve_model_config(spec(weights="sf.pt"), base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="checkpoints.real: weights 'nowhere.pt' do not exist"):
+        resolve_checkpoint(spec(weights="nowhere.pt"), base_dir=tmp_path)
+    (tmp_path / "sf.pt").write_bytes(b"PK\x03\x04")
+    with pytest.raises(ConfigError, match="base folder 'gone' does not exist"):
+        resolve_checkpoint(spec(weights="sf.pt", base="gone"), base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="set 'model'.*or 'base'"):
+        resolve_checkpoint(spec(weights="sf.pt"), base_dir=tmp_path)
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(ConfigError, match="text.pt is not a torch .pt file"):
+        resolve_checkpoint(spec(weights="text.pt", model="demo"), base_dir=tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no .safetensors weights in folder"):
         load_transformer(tmp_path / "empty", model=TINY, format="wan")
@@ -131,6 +133,9 @@ def test_weights_digest_is_cached_and_content_based(tmp_path, state):
     folder = write_wan_folder(tmp_path / "w", state)
     entry = spec(weights=str(folder))
     cache = tmp_path / "cache.json"
+    def weights_digest(entry, cache):
+        return resolve_checkpoint(entry).digest(cache=cache)
+
     first = weights_digest(entry, cache=cache)
     assert weights_digest(entry, cache=cache) == first
     # Touched, same bytes: a new cache key, the same digest.
@@ -256,7 +261,7 @@ def test_corrupt_files_are_named(tmp_path):
     folder = tmp_path / "wan"
     folder.mkdir()
     (folder / "diffusion_pytorch_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    with pytest.raises(WeightsError, match="is not a readable .safetensors file"):
+    with pytest.raises(WeightsError, match="is not a .safetensors file"):
         load_transformer(folder, model=TINY)
     with pytest.raises(ValueError, match="dtype 'float8' is not one of auto"):
         load_transformer(tmp_path / "whole.pt", model=TINY, dtype="float8")

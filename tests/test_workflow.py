@@ -1,24 +1,20 @@
-"""The real Snakemake DAG on the demo model, in a temporary folder: outputs and reruns."""
+"""The real Snakemake DAG on the trained demo model, in a temporary folder: outputs and reruns."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from sinkscope.tables import FRAME_ATTENTION_SCHEMA, HEAD_STATS_SCHEMA, LAYER_STATS_SCHEMA, read_metadata
-from sinkscope.workflow import LAYER_FIGURES, SOURCE_FIGURES
+from sinkscope.tables import SCHEMAS, read_metadata
+from sinkscope.workflow import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TABLES
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
-BASE = {
-    "prompts": {"eagle": "A majestic eagle soaring through a cloudy sky"},
-    "seeds": [0],
-    "layers": [0, 4],
-    "generation": {"num_frames": 9},
-}
+BASE = {"layers": [0, 4], "generation": {"num_frames": 9}}
 
 
 def without_all(jobs: dict[str, int]) -> dict[str, int]:
@@ -29,107 +25,103 @@ def digest(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def jobs_after_one_new_extraction() -> dict[str, int]:
-    """The jobs after one new extraction: it, the source's tables, its figures, the rest."""
-    return {
-        "extract_attention": 1,
-        "aggregate_source": 1,
-        "combine_tables": 1,
-        "source_figure": len(SOURCE_FIGURES),
-        "layer_figure": len(LAYER_FIGURES),
-        "summary_page": 1,
-    }
-
-
 def test_full_run_then_only_what_changed(workflow):
     workflow.write_config(BASE)
     workflow.run()
 
-    # Every table with the contract's schema and provenance.
-    for name, schema in (("frame_attention", FRAME_ATTENTION_SCHEMA), ("head_stats", HEAD_STATS_SCHEMA), ("layer_stats", LAYER_STATS_SCHEMA)):
+    for name in TABLES:
         path = workflow.path(f"results/tables/{name}.parquet")
-        assert pq.read_schema(path).remove_metadata() == schema
+        assert pq.read_schema(path).remove_metadata() == SCHEMAS[name], name
+        assert read_metadata(path)["columns"]["checkpoint"].startswith("the config's name")
     frame = pd.read_parquet(workflow.path("results/tables/frame_attention.parquet"))
-    assert set(frame["layer"]) == {0, 4}
+    assert set(frame["layer"]) == {0, 4} and set(frame["variant"]) == {"default"}
     # 3 blocks x 5 calls x 12 heads x 3 query frames x (3, 6, 9) key frames, per layer.
     assert len(frame) == 2 * 5 * 12 * 3 * (3 + 6 + 9)
-    sums = frame.groupby(["layer", "block", "pass", "step", "head", "query_frame"])["prob_mass"].sum()
-    assert sums.between(1 - 1e-5, 1 + 1e-5).all()
-    layer_file = next(workflow.path("results/extract/demo/eagle/seed0").glob("layers4/layer4.parquet"))
-    meta = read_metadata(layer_file)
-    for key in ("package_version", "config_hash", "checkpoint_digest", "torch_version", "device_name", "model_config"):
-        assert meta[key], key
-    assert meta["model_config"]["num_heads"] == 12
+    sums = frame.groupby(["layer", "block", "pass", "step", "head", "query_frame"])[["prob_mass", "argmax_share"]].sum()
+    assert ((sums - 1).abs() < 1e-5).all().all()
+    tokens = pd.read_parquet(workflow.path("results/tables/token_profiles.parquet"))
+    assert set(tokens["block"]) == {2} and len(tokens) == 2 * 5 * 12 * 9 * 24
+    meta = read_metadata(workflow.path("results/extract/demo/circle/seed0/layers4/layer4.parquet"))
+    for key in ("package_version", "code_digest", "config_hash", "checkpoint_digest", "torch_version", "device_name",
+                "device_kind", "dtype", "model_config", "frame_grid"):  # fmt: skip
+        assert meta[key] is not None, key
+    assert (meta["device_kind"], meta["dtype"], meta["frame_grid"]) == ("cpu", "float32", [4, 6])
+    assert workflow.path("results/extract/demo/circle/seed0/layers4/manifest.json").is_file()
 
     for kind in SOURCE_FIGURES:
         svg = workflow.path(f"results/figures/demo/{kind}.svg").read_text()
-        assert "<text" in svg and "<path" in svg  # editable text, not outlines
+        assert "<text" in svg, kind  # editable text, not outlines
         assert workflow.path(f"results/figures/demo/{kind}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for kind in CHECKPOINT_FIGURES:
+        assert workflow.path(f"results/figures/demo/{kind}.png").stat().st_size > 1000
+    for kind in STUDY_FIGURES:
+        assert workflow.path(f"results/figures/{kind}.png").stat().st_size > 1000
     for layer in (0, 4):
         for kind in LAYER_FIGURES:
             assert workflow.path(f"results/figures/demo/layer{layer}/{kind}.png").stat().st_size > 1000
     assert "L5H10" in workflow.path("results/figures/demo/figure4.svg").read_text()
-    assert "Strongest sink heads" in workflow.path("results/report/summary.html").read_text()
+    assert workflow.path("results/tables/checkpoints/demo/head_classes.csv").read_text().startswith("layer,H1,")
+    assert "trained demo" in workflow.path("results/report/summary.html").read_text()
 
     # An unchanged rerun does nothing.
     assert without_all(workflow.planned_jobs()) == {}
 
-    # A new layer: only its extraction, then aggregation and figures.
-    first_extract = digest(workflow.path("results/extract/demo/eagle/seed0/layers0/layer0.parquet"))
+    # A new layer: only its extraction (layers go one a job on the CPU), then what reads it.
+    first = digest(workflow.path("results/extract/demo/circle/seed0/layers0/layer0.parquet"))
     workflow.write_config({**BASE, "layers": [0, 4, 5]})
-    assert without_all(workflow.planned_jobs()) == jobs_after_one_new_extraction()
+    jobs = without_all(workflow.planned_jobs())
+    assert jobs["extract_attention"] == 1 and jobs["layer_figure"] == len(LAYER_FIGURES) and "encode_prompt" not in jobs
     workflow.run()
-    assert digest(workflow.path("results/extract/demo/eagle/seed0/layers0/layer0.parquet")) == first_extract
+    assert digest(workflow.path("results/extract/demo/circle/seed0/layers0/layer0.parquet")) == first
 
-    # A figure option reruns figures only (and the summary page, which shows the same view).
+    # A figure option reruns only the figures that draw with it (and the summary, which shows it).
     workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass"}})
     jobs = without_all(workflow.planned_jobs())
-    assert set(jobs) == {"source_figure", "layer_figure", "summary_page"}
+    assert set(jobs) == {"source_figure", "layer_figure", "checkpoint_figure", "summary_page"}
     workflow.run()
-
-    # The Figure 4 heads touch only the Figure 4 panel.
     workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass", "heads": ["L1H2"]}})
-    assert without_all(workflow.planned_jobs()) == {"source_figure": 1}
-    workflow.run()
+    heads_kinds = {"figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "attention_over_time"}
+    assert without_all(workflow.planned_jobs()) == {"source_figure": len(heads_kinds), "checkpoint_figure": 1}
 
-    # A new prompt and a new seed: only their extraction jobs (one per layer), their
-    # prompt embedding, then aggregation and figures.
-    config = {**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass", "heads": ["L1H2"]},
-              "prompts": {**BASE["prompts"], "city": "A neon city street at night, rain"}, "seeds": [0, 7]}  # fmt: skip
+    # Equivalent configs rerun nothing: 5 for 5.0, a policy's defaults spelled out.
+    workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass", "heads": ["L1H2"]},
+                           "generation": {"num_frames": 9, "timestep_shift": 5, "cache_policy": "global"}})  # fmt: skip
+    workflow.run("--allowed-rules", "source_figure", "checkpoint_figure")
+    assert without_all(workflow.planned_jobs()) == {}
+
+
+def test_variants_are_sources_and_rerun_alone(workflow):
+    config = {"layers": [1], "generation": {"num_frames": 15},
+              "variants": {"window": {"cache_policy": "window", "local_attn_frames": 6},
+                           "deep": {"cache_policy": "deep_sink", "local_attn_frames": 7, "sink_frames": 2}}}  # fmt: skip
+    workflow.write_config(config)
+    workflow.run()
+    blocks = pd.read_parquet(workflow.path("results/tables/block_stats.parquet"))
+    assert set(blocks["variant"]) == {"window", "deep"}
+    frame = pd.read_parquet(workflow.path("results/tables/frame_attention.parquet"))
+    deep = frame[frame["variant"] == "deep"]
+    assert (deep["key_position_shift"] != 0).any() and (frame[frame["variant"] == "window"]["key_position_shift"] == 0).all()
+    assert workflow.path("results/figures/demo@deep/figure4.svg").is_file()
+    assert workflow.path("results/figures/demo/policy_comparison.svg").is_file()
+    # Editing one variant reruns its jobs only.
+    config["variants"]["deep"]["sink_frames"] = 3
     workflow.write_config(config)
     jobs = without_all(workflow.planned_jobs())
-    # (city, 0), (eagle, 7), (city, 7) x 3 layers, and one new prompt embedding.
-    assert jobs["extract_attention"] == 9 and jobs["encode_prompt"] == 1
+    assert jobs["extract_attention"] == 1 and jobs["aggregate_source"] == 1
 
 
-def test_new_checkpoint_runs_only_its_jobs(workflow):
-    config = {**BASE, "layers": [1]}
-    workflow.write_config(config)
+def test_figure_table_and_summary_show_the_same_numbers(workflow):
+    workflow.write_config({"layers": [0], "generation": {"num_frames": 9}, "seeds": [0, 1]})
     workflow.run()
-    config["checkpoints"] = {"demo": {"model": "demo", "format": "demo"}, "demo_b": {"model": "demo", "format": "demo", "seed": 5}}
-    workflow.write_config(config)
-    assert without_all(workflow.planned_jobs()) == jobs_after_one_new_extraction()
-    workflow.run()
-    frame = pd.read_parquet(workflow.path("results/tables/head_stats.parquet"))
-    assert set(frame["checkpoint"]) == {"demo", "demo_b"}
-    # Different weights, different attention.
-    a = frame[frame["checkpoint"] == "demo"]["sink_score"].to_numpy()
-    b = frame[frame["checkpoint"] == "demo_b"]["sink_score"].to_numpy()
-    assert a.shape == b.shape and not (a == b).all()
-
-
-def test_layers_per_job_groups_layers_in_one_generation(workflow):
-    workflow.write_config({**BASE, "layers": [0, 1, 4], "layers_per_job": 2})
-    assert without_all(workflow.planned_jobs())["extract_attention"] == 2  # layers {0, 1} and {4}
-    workflow.run()
-    files = sorted(p.relative_to(workflow.path("results/extract")).as_posix() for p in workflow.path("results/extract").rglob("*.parquet"))
-    assert files == ["demo/eagle/seed0/layers0-1/layer0.parquet", "demo/eagle/seed0/layers0-1/layer1.parquet",
-                     "demo/eagle/seed0/layers4/layer4.parquet"]  # fmt: skip
-    # One generation, two layers: the same video (same latents) for both files.
-    meta0 = read_metadata(workflow.path("results/extract/demo/eagle/seed0/layers0-1/layer0.parquet"))
-    meta1 = read_metadata(workflow.path("results/extract/demo/eagle/seed0/layers0-1/layer1.parquet"))
-    meta4 = read_metadata(workflow.path("results/extract/demo/eagle/seed0/layers4/layer4.parquet"))
-    assert meta0["layers_in_job"] == [0, 1] and meta0["latents_sha256"] == meta1["latents_sha256"] == meta4["latents_sha256"]
-    # Adding layer 5 reruns only the job of its block of layers.
-    workflow.write_config({**BASE, "layers": [0, 1, 4, 5], "layers_per_job": 2})
-    assert without_all(workflow.planned_jobs())["extract_attention"] == 1
+    heads = pd.read_parquet(workflow.path("results/tables/head_stats.parquet"))
+    chosen = heads[(heads["prompt_id"] == "*") & (heads["pass"] == "denoise") & (heads["step"] == 3)
+                   & (heads["metric"] == "logit_mean")].set_index("head")  # fmt: skip
+    assert (chosen["runs"] == 2).all()
+    grid = workflow.path("results/figures/demo/layer0/per_head_grid.svg").read_text()
+    for head, row in chosen.iterrows():
+        assert f"H{head + 1} (sink={row['sink_score']:+.2f})" in grid
+    layers = pd.read_parquet(workflow.path("results/tables/layer_stats.parquet"))
+    row = layers[(layers["prompt_id"] == "*") & (layers["pass"] == "denoise") & (layers["step"] == 3)
+                 & (layers["metric"] == "logit_mean")].iloc[0]  # fmt: skip
+    summary = workflow.path("results/report/summary.html").read_text()
+    assert re.search(rf">\s*{row['sink_score']:.4g}\s*<", summary)

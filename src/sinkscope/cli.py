@@ -164,8 +164,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_train_demo(args: argparse.Namespace) -> int:
     from .train import train_demo
 
-    train_demo(args.out, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
-               save_every=args.save_every)  # fmt: skip
+    result = train_demo(args.out, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
+                        save_every=args.save_every, lr=args.lr, compile=args.compile, max_seconds=args.max_seconds)  # fmt: skip
+    print(f"wrote {result.final_checkpoint}")
     return 0
 
 
@@ -227,11 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train-demo", help="train the demo model on synthetic videos (docs/trained-demo.md)")
     train.add_argument("--out", required=True, help="folder for checkpoints (Self-Forcing .pt format) and the loss log")
-    train.add_argument("--steps", type=int, default=3000)
-    train.add_argument("--batch-size", type=int, default=16)
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--batch-size", type=int, default=8)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="cpu")
-    train.add_argument("--save-every", type=int, default=500)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--save-every", type=int, default=None, help="also save checkpoints/step_N.pt every N steps")
+    train.add_argument("--compile", action="store_true", help="torch.compile the blocks (CUDA)")
+    train.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
+    train.epilog = "More options (ODE distillation, data, schedule): python -m sinkscope.train --help"
     train.set_defaults(func=cmd_train_demo)
     return parser
 
