@@ -1,0 +1,85 @@
+"""How training moves the sink: for every checkpoint of the study (x: its training step
+when every checkpoint has one, else the config's order), the softmax mass on frame 0 and
+the normalized entropy over key frames of each layer, averaged over heads
+(head_diagnostics, last block, last denoising step); one row per variant."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import common as c
+
+METRICS = (("frame0_mass", "softmax mass on frame 0"), ("entropy_frames", "normalized entropy over key frames"))
+
+
+def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], train_steps=None, ax=None,
+         **_: Any):  # fmt: skip
+    kind = "attention_across_checkpoints"
+    if ax is not None:
+        raise ValueError(f"{kind} has several panels; it draws its own figure (leave ax out)")
+    diagnostics = c.table(tables, "head_diagnostics", kind)
+    step = options.get("step") or "last"
+    parts = []
+    for _, rows in diagnostics.groupby(["checkpoint", "variant"], observed=True, sort=False):
+        pass_, index = c.step_of(rows, step)
+        parts.append(rows[(rows["pass"] == pass_) & (rows["step"] == index)])
+    rows = pd.concat(parts, ignore_index=True)
+    found = [str(x) for x in pd.unique(rows["checkpoint"])]
+    order = [name for name in (train_steps or {}) if name in found] + [name for name in found if name not in (train_steps or {})]
+    numeric = bool(train_steps) and all(train_steps.get(name) is not None for name in order)
+    if numeric:
+        order.sort(key=lambda name: train_steps[name])
+    x_of = {name: float(train_steps[name]) if numeric else float(i) for i, name in enumerate(order)}
+    variants = c.variants_in(rows)
+    layers = sorted(int(x) for x in rows["layer"].unique())
+    colors = c.layer_colors(layers)
+    fig = c.new_figure(2 * 4.6 + 0.9, len(variants) * 3.0)
+    axes = fig.subplots(len(variants), 2, squeeze=False)
+    means = rows.groupby(["variant", "layer", "checkpoint"], observed=True)[[m for m, _ in METRICS]].mean()
+    for i, variant in enumerate(variants):
+        for j, (metric, what) in enumerate(METRICS):
+            ax_ = axes[i, j]
+            for layer in layers:
+                key = (variant, layer)
+                if key not in means.droplevel("checkpoint").index:
+                    continue
+                series = means.loc[key][metric].reindex(order)
+                xs = [x_of[name] for name in series.index]
+                (line,) = ax_.plot(xs, series.to_numpy(), "o-", color=colors[layer], lw=1.1, ms=3, alpha=0.85)
+                line.set_gid(f"{metric}-{variant}-{c.layer_label(layer)}")
+            overall = means.loc[variant][metric].groupby("checkpoint", observed=True).mean().reindex(order)
+            (line,) = ax_.plot([x_of[n] for n in overall.index], overall.to_numpy(), "s-", color="black", lw=2.2, ms=4,
+                               zorder=5)  # fmt: skip
+            line.set_gid(f"{metric}-{variant}-mean")
+            ax_.set_title(f"{variant} · {metric}" if len(variants) > 1 else metric, fontsize=9.5)
+            ax_.set_ylabel(what, fontsize=8.5)
+            if numeric:
+                ax_.set_xticks([x_of[n] for n in order], labels=[f"{int(train_steps[n])}" for n in order])
+            else:
+                c.set_label_ticks(ax_, order, length=4.0)
+            ax_.set_xlabel("training step" if numeric else "checkpoint (config order)")
+            ax_.set_ylim(0, max(1.0, float(np.nanmax(means[metric].to_numpy())) * 1.05) if metric == "frame0_mass" else 1.0)
+    if len(layers) <= 8:
+        legend = [c.line_handle(colors[layer], c.layer_label(layer), marker="o", ms=3) for layer in layers]
+    else:
+        legend = []
+        mappable = c.matplotlib.cm.ScalarMappable(norm=c.mcolors.Normalize(layers[0] + 1, layers[-1] + 1),
+                                                   cmap=c.mcolors.ListedColormap([colors[x] for x in layers]))  # fmt: skip
+        fig.colorbar(mappable, ax=axes.ravel().tolist(), pad=0.02, shrink=0.85, aspect=30).set_label("layer (L1 = first)")
+    legend.append(c.line_handle("black", "mean over layers", marker="s", ms=4, lw=2.2))
+    runs = int(rows["runs"].max())
+    pass_, index = c.step_of(rows, step)
+    return c.finish(
+        fig,
+        title="Sink mass and entropy across checkpoints",
+        subtitle=c.subtitle("every checkpoint of the study" if source in (None, "study") else source,
+                            c.call_label(pass_, index) + " of the last block", "head_diagnostics", runs),
+        legend=legend,
+        caption=("Per layer, the mean over heads of frame0_mass (softmax mass of the last block's queries on frame 0) and "
+                 "entropy_frames (entropy over key frames / ln(frames)); runs averaged in head_diagnostics. Checkpoints: "
+                 + ", ".join(f"{n}{f' (step {int(train_steps[n])})' if numeric else ''}" for n in order) + "."),
+    )  # fmt: skip

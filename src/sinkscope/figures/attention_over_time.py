@@ -1,0 +1,99 @@
+"""How the attention of each chosen head moves as the video grows: blocks x absolute key
+frames, the softmax mass of each block's queries (averaged over its frames and the runs)
+on every key frame, at one call of every block (the last denoising step by default).
+Grey: a frame that is not in the KV cache (evicted); blank: not generated yet; boxes: each
+block's own frames."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..summaries import figure4_curves
+from . import common as c
+
+
+def matrix(frame: pd.DataFrame, layer: int, head: int, step, frames: int) -> tuple[np.ndarray, list[int], dict]:
+    """[blocks, frames] of prob_mass (NaN = not visible), the blocks, the block -> frames map."""
+    rows = frame[(frame["layer"] == layer) & (frame["head"] == head)]
+    blocks = sorted(int(b) for b in rows["block"].unique())
+    out = np.full((len(blocks), frames), np.nan)
+    for i, block in enumerate(blocks):
+        # The Figure 4 view of that block (summaries.figure4_curves of its rows).
+        curves, _ = figure4_curves(rows[rows["block"] == block], step, "prob_mass")
+        row = curves.iloc[0]
+        out[i, row.index.to_numpy().astype(int)] = row.to_numpy(dtype=float)
+    return out, blocks, c.block_frames(rows)
+
+
+def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
+    kind = "attention_over_time"
+    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
+    base, step = int(c.option(options, "frame_base")), c.option(options, "step")
+    heads = c.heads_of(options)
+    pass_, index = c.step_of(frame, step)
+    call_rows = frame[(frame["pass"] == pass_) & (frame["step"] == index)]
+    frames = int(max(frame["key_frame"].max(), frame["query_frame"].max())) + 1
+    owns = c.block_frames(frame)
+    blocks = len(owns)
+    panel_w = min(7.5, max(3.6, 0.22 * frames + 1.2))
+    panel_h = min(6.5, max(2.2, 0.22 * blocks + 1.0))
+    given = ax is not None
+    if given:
+        if len(heads) != 1:
+            raise ValueError(f"{kind} draws into one axes only for one head (head='L1H1')")
+        fig, axes = ax.figure, [ax]
+    else:
+        ncols = min(len(heads), 3 if panel_w < 5 else 2)
+        fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(panel_w, panel_h), extra=(0.9, 0))
+    matrices = {}
+    for label, layer, head in heads:
+        if ((frame["layer"] == layer) & (frame["head"] == head)).any():
+            matrices[label] = matrix(frame, layer, head, step, frames)
+    finite = [m[0] for m in matrices.values()]
+    cmap, norm = c.colour_scale(np.concatenate([m.ravel() for m in finite]) if finite else np.array([]), "prob_mass")
+    # A square-root scale: the sink's mass would leave every other frame black on a linear one.
+    norm = c.mcolors.PowerNorm(0.5, vmin=0.0, vmax=norm.vmax)
+    evicted = False
+    image = None
+    for ax_, (label, layer, head) in zip(axes, heads):
+        ax_.set_title(c.head_text(layer, head), fontweight="bold", fontsize=9.5)
+        if label not in matrices:
+            c.message_panel(ax_, f"layer {layer} was not extracted")
+            continue
+        values, block_ids, own = matrices[label]
+        future = np.array([[k > max(own[b]) for k in range(frames)] for b in block_ids])
+        shown = np.where(future, 0.0, values)
+        evicted |= bool(np.isnan(values[~future]).any())
+        image = c.heat(ax_, shown, cmap, norm, alpha=np.where(future, 0.0, 1.0))
+        image.set_gid(f"over-time-{label}")
+        for i, block in enumerate(block_ids):
+            c.outline_frames(ax_, own[block], (i - 0.5, i + 0.5), gid=f"own-block-{label}-{block}", color="black")
+        ax_.set_xlim(-0.5, frames - 0.5)
+        ax_.set_ylim(len(block_ids) - 0.5, -0.5)
+        c.set_frame_ticks(ax_, range(frames), base, length=panel_w - 1)
+        labels = [f"{b} ({c.frames_text(own[b], base)})" for b in block_ids]
+        c.set_label_ticks(ax_, labels, axis="y", length=panel_h - 0.6)
+        ax_.set_xlabel("key frame")
+        ax_.set_ylabel("block (its frames)")
+    if image is not None:
+        bar = fig.colorbar(image, ax=axes, pad=0.02, shrink=0.9 if len(axes) > 1 else 1.0, aspect=25)
+        bar.set_label("softmax mass\n(square-root scale)")
+    if given:
+        return fig
+    runs = c.run_count(call_rows)
+    call = c.every_block_call(call_rows, pass_, index)
+    legend = [c.nan_handle("not in the KV cache (evicted)")] if evicted else []
+    legend += [c.Patch(facecolor="white", edgecolor="0.6", label="not generated yet"),
+               c.Patch(facecolor="none", edgecolor="black", ls="--", label="the block's own frames")]
+    return c.finish(
+        fig,
+        title="Where each block's queries look, block by block",
+        subtitle=c.subtitle(source, call, "softmax mass", runs),
+        legend=legend,
+        caption=("Each row: one block's queries, averaged over its frames and the runs (the Figure 4 view of that "
+                 "block, sinkscope.summaries.figure4_curves), against every absolute key frame."),
+    )  # fmt: skip

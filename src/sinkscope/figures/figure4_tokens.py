@@ -1,0 +1,127 @@
+"""Deep Forcing Figure 4 at the paper's resolution: for each head in ``heads``, a filled
+curve of the last block's query-averaged score of every key token, x = key frame +
+token / frame_seq_length, with frame ticks, the query block shaded, gaps where frames are
+not in the KV cache, and the frame means (the bars of ``figure4``) as black segments."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from . import common as c
+
+COLUMNS = {"logit_mean": "token_logit_mean", "prob_mass": "token_prob_mean"}
+WHAT = {
+    "logit_mean": "pre-softmax q·k/√d of every key token",
+    "prob_mass": "softmax probability of every key token",
+}
+
+
+def chosen_tokens(tokens: pd.DataFrame, view: c.View) -> pd.DataFrame:
+    """The rows of the view's call in the last block of each run."""
+    rows = tokens[(tokens["pass"] == view.pass_) & (tokens["step"] == view.step)]
+    if rows.empty:
+        return rows
+    last = rows.groupby(["prompt_id", "seed"], observed=True)["block"].transform("max")
+    return rows[rows["block"] == last]
+
+
+def frame_length(tokens: pd.DataFrame, grid: Sequence[int] | None) -> int:
+    if grid:
+        return int(grid[0]) * int(grid[1])
+    return int(tokens["token"].max()) + 1
+
+
+def profile(tokens: pd.DataFrame, layer: int, head: int, column: str) -> pd.Series:
+    """Runs-averaged token profile of one head: index (key_frame, token)."""
+    rows = tokens[(tokens["layer"] == layer) & (tokens["head"] == head)]
+    return rows.groupby(["key_frame", "token"], observed=True)[column].mean().sort_index()
+
+
+def panel(ax, view: c.View, values: pd.Series, layer: int, head: int, *, length: int, color: str, base: int,
+          width: float) -> bool:  # fmt: skip
+    frames = view.frames.astype(int)
+    present = sorted({int(f) for f in values.index.get_level_values("key_frame")})
+    missing = [f for f in frames if f not in present]
+    c.mark_gaps(ax, frames, missing, left=0.0, gid=f"gap-{c.head_label(layer, head)}")
+    c.mark_own(ax, view.query_frames, left=0.0, gid=f"own-block-{c.head_label(layer, head)}")
+    key = values.index.get_level_values("key_frame").to_numpy()
+    x = key + values.index.get_level_values("token").to_numpy() / length
+    y = values.to_numpy(dtype=float)
+    for a, b in c.runs_of(present):
+        sel = (key >= a) & (key <= b)
+        ax.fill_between(x[sel], 0, y[sel], color=color, alpha=0.5, lw=0, rasterized=True, zorder=2)
+        ax.plot(x[sel], y[sel], color=c.darker(color), lw=0.3, rasterized=True, zorder=2.2)
+    if view.has(layer, head):
+        means = view.curve(layer, head)
+        shown = means.dropna()
+        ax.hlines(shown.to_numpy(), shown.index.to_numpy(), shown.index.to_numpy() + 1, color="black", lw=1.0,
+                  zorder=3).set_gid(f"frame-means-{c.head_label(layer, head)}")  # fmt: skip
+    ax.axhline(0, color="0.3", lw=0.6, zorder=2.5)
+    ax.set_xlim(frames[0], frames[-1] + 1)
+    ax.grid(False, axis="x")
+    ax.set_xticks(range(int(frames[0]), int(frames[-1]) + 2), minor=True)
+    ax.grid(True, which="minor", axis="x", color="0.88", lw=0.5, ls="-")
+    c.set_frame_ticks(ax, frames, base, offset=0.5, length=width)
+    ax.tick_params(axis="x", which="minor", length=0)
+    return bool(missing)
+
+
+def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], grid=None, ax=None, **_: Any):
+    kind = "figure4_tokens"
+    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
+    tokens = c.one_source(c.table(tables, "token_profiles", kind), kind)
+    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
+    column = COLUMNS[metric]
+    heads = c.heads_of(options)
+    view = c.figure4_view(c.layers_of(frame, heads), c.option(options, "step"), metric)
+    tokens = chosen_tokens(tokens, view)
+    if tokens.empty:
+        raise ValueError(f"figure {kind}: no token profiles of the last block for {view.call} "
+                         "(capture.token_profiles: last_block or all)")  # fmt: skip
+    length = frame_length(tokens, grid)
+    ncols = 1 if len(heads) == 1 else 2 if len(heads) <= 4 else 3
+    width = {1: 10.0, 2: 7.0, 3: 5.2}[ncols]
+    if ax is not None:
+        if len(heads) != 1:
+            raise ValueError(f"{kind} draws into one axes only for one head (heads=['L1H1'])")
+        axes, fig = [ax], None
+    else:
+        fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(width, 3.3))
+    gaps = False
+    for index, (ax_, (label, layer, head)) in enumerate(zip(axes, heads)):
+        values = profile(tokens, layer, head, column)
+        ax_.set_title(c.head_text(layer, head), fontweight="bold")
+        if values.empty:
+            c.message_panel(ax_, f"no token profiles of {label}\n(token capture covers the heads of figures.heads)")
+            continue
+        gaps |= panel(ax_, view, values, layer, head, length=length, color=c.PANEL_COLORS[index % len(c.PANEL_COLORS)],
+                      base=base, width=width - 0.8)  # fmt: skip
+        if view.has(layer, head):
+            stats = view.stats(layer, head)
+            ax_.set_title(f"{c.head_text(layer, head)} · sink score {c.number(stats['sink_score'], metric, signed=True)}",
+                          fontweight="bold")  # fmt: skip
+        ax_.set_xlabel("key frame (token resolution)")
+        ax_.set_ylabel(c.metric_axis_label(metric))
+    if fig is None:
+        return ax.figure
+    runs = c.run_count(tokens)
+    shape = f"{int(grid[0])} x {int(grid[1])} patch grid" if grid else f"{length} tokens a frame"
+    legend = [c.own_handle(view.query_frames, base), c.line_handle("black", "frame mean (the bar of figure4)", lw=1.0)]
+    legend += [c.gap_handle()] if gaps else []
+    return c.finish(
+        fig,
+        title="Token-resolution attention of the last block (Deep Forcing Fig. 4)",
+        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], runs),
+        legend=legend,
+        caption=(
+            f"Plotted: {WHAT[metric]}, queries averaged over the last block (frames "
+            f"{c.frames_text(view.query_frames, base)}), call: {view.call}, {c.runs_text(runs)}. "
+            f"x = key frame + token / {length} (tokens row-major over the {shape}). "
+            "Sink score: the frame curve's first cache frame − mean of the cache frames between (sinkscope.summaries)."
+        ),
+    )
+
+

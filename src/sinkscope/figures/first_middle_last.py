@@ -1,0 +1,66 @@
+"""First vs middle vs last cache frame of each layer's head-averaged curve of the last
+block (``summaries.curve_stats``, the numbers of layer_stats): grouped bars for a few
+layers, lines over the layers for many."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import common as c
+
+SERIES = (
+    ("first", "first: oldest cache frame", "#2E86AB"),
+    ("middle", "middle: mean of the cache frames between", "#F18F01"),
+    ("last", "last: newest cache frame", "#A23B72"),
+    ("own", "own: mean of the block's own frames", "#6A994E"),
+)
+MOST_BARS = 12
+
+
+def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
+    kind = "first_middle_last"
+    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
+    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
+    view = c.figure4_view(frame, c.option(options, "step"), metric)
+    layers = view.layers
+    stats = [view.layer_stats(layer) for layer in layers]
+    x = np.arange(len(layers))
+    width = min(12.0, max(7.0, 0.38 * len(layers) + 2.5))
+    given = ax is not None
+    fig = ax.figure if given else c.new_figure(width, 4.0)
+    ax = ax if ax is not None else fig.add_subplot()
+    handles = []
+    if len(layers) <= MOST_BARS:
+        bar = 0.8 / len(SERIES)
+        for i, (key, label, color) in enumerate(SERIES):
+            ax.bar(x + (i - (len(SERIES) - 1) / 2) * bar, [s[key] for s in stats], bar, color=color, label=label, lw=0)
+            handles.append(c.Patch(facecolor=color, label=label))
+    else:
+        for key, label, color in SERIES:
+            (line,) = ax.plot(x, [s[key] for s in stats], "o-", color=color, lw=1.5, ms=3.5, label=label)
+            line.set_gid(f"series-{key}")
+            handles.append(c.line_handle(color, label, marker="o", ms=3.5))
+    ax.axhline(0, color="0.3", lw=0.6)
+    ax.set_xlim(-0.6, len(layers) - 0.4)
+    c.set_label_ticks(ax, [c.layer_label(layer) for layer in layers], length=width - 1.2)
+    ax.grid(False, axis="x")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(f"head-averaged {c.METRIC_SHORT[metric]}")
+    if given:
+        ax.legend(handles=handles, fontsize=8)
+        ax.set_title(f"{source} · {view.call}", fontsize=9)
+        return fig
+    firsts = sorted({s["first_frame"] for s in stats})
+    return c.finish(
+        fig,
+        title=f"First, middle, last and own frames of the last block (query frames {c.frames_text(view.query_frames, base)})",
+        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
+        legend=handles,
+        caption=(f"Values of each layer's head-averaged curve (sinkscope.summaries.curve_stats, as in layer_stats): "
+                 f"first = the oldest cache frame (frame {c.frames_text(firsts, base)}), last = the newest cache frame "
+                 "before the block, middle = mean of the cache frames between."),
+    )  # fmt: skip

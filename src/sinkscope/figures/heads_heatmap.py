@@ -1,0 +1,50 @@
+"""One layer, every head: heads x key frames of the last block's query-averaged attention,
+diverging colours centred on 0 for logits, sequential for the softmax mass; the query
+block's own frames boxed, frames not in the KV cache grey."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import common as c
+
+
+def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options: Mapping[str, Any], ax=None, **_: Any):
+    kind = "heads_heatmap"
+    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
+    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
+    view = c.figure4_view(frame[frame["layer"] == layer], c.option(options, "step"), metric)
+    per_head = view.curves.loc[layer]
+    heads, frames = list(per_head.index), view.frames.astype(int)
+    values = per_head.to_numpy(dtype=float)
+    width = min(12.0, max(6.5, 0.36 * len(frames) + 2.5))
+    row = c.cell_size(len(heads), 1, largest=0.32, smallest=0.15, budget=7)
+    given = ax is not None
+    fig = ax.figure if given else c.new_figure(width, max(2.4, row * len(heads) + 1.0))
+    ax = ax if given else fig.add_subplot()
+    cmap, norm = c.colour_scale(values, metric)
+    image = c.heat(ax, values, cmap, norm)
+    c.outline_frames(ax, view.query_frames, (len(heads) - 0.5, -0.5), gid="own-block-heatmap")
+    ax.set_xlim(frames[0] - 0.5, frames[-1] + 0.5)
+    c.set_frame_ticks(ax, frames, base, length=width - 2)
+    c.set_label_ticks(ax, [f"H{h + 1}" for h in heads], axis="y", length=row * len(heads))
+    ax.set_xlabel("key frame")
+    ax.set_ylabel("head")
+    bar = fig.colorbar(image, ax=ax, pad=0.02)
+    bar.set_label(c.METRIC_SHORT[metric].replace(" (", "\n("))
+    if given:
+        ax.set_title(f"{c.layer_label(layer)} · {source} · {view.call}", fontsize=9)
+        return fig
+    missing = [f for f in frames if np.isnan(values[:, list(frames).index(f)]).all()]
+    legend = [c.own_box_handle(view.query_frames, base)] + ([c.nan_handle()] if missing else [])
+    return c.finish(
+        fig,
+        title=f"Layer {c.layer_label(layer)} (index {layer}): query frames {c.frames_text(view.query_frames, base)} "
+        "across every head",
+        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
+        legend=legend,
+    )  # fmt: skip

@@ -1,0 +1,114 @@
+"""Where in the picture the attention lands: for each head of ``heads``, the token profile
+of its sink frame (the first frame it sees: frame 0 unless evicted) and of its most
+attended other frames, reshaped to the latent patch grid (30 x 52 for Wan2.1 at 480x832).
+
+The frames are chosen on the frame-level softmax mass of the last block
+(``summaries.figure4_curves``); each head's row shares one colour scale, so its frames
+compare. ``metric`` picks the token statistic: prob_mass (default here: the softmax
+probability of each key token) or logit_mean (its pre-softmax score)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import common as c
+
+COLUMNS = {"logit_mean": "token_logit_mean", "prob_mass": "token_prob_mean"}
+TOP = 3  # most attended frames beside the sink frame
+
+
+def grid_shape(tokens: int, grid: Sequence[int] | None) -> tuple[int, int]:
+    """The latent patch grid; without metadata, the factorization of the token count
+    nearest to Wan's 30:52 aspect."""
+    if grid:
+        return int(grid[0]), int(grid[1])
+    pairs = [(r, tokens // r) for r in range(1, int(tokens**0.5) + 1) if tokens % r == 0]
+    return min(pairs, key=lambda p: abs(np.log(p[1] / p[0]) - np.log(52 / 30)))
+
+
+def chosen_frames(masses: pd.Series, first: int) -> list[tuple[int, str]]:
+    """(frame, why) of the sink frame and the most attended other frames."""
+    chosen = [(first, "first frame it sees")] if first >= 0 else []
+    others = masses.drop(index=first, errors="ignore").dropna().sort_values(ascending=False, kind="stable")
+    chosen += [(int(f), f"#{rank + 1} most attended") for rank, f in enumerate(others.index[:TOP])]
+    return chosen
+
+
+def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], grid=None, ax=None, **_: Any):
+    kind = "key_frame_maps"
+    if ax is not None:
+        raise ValueError(f"{kind} is a grid of panels; it draws its own figure (leave ax out)")
+    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
+    tokens = c.one_source(c.table(tables, "token_profiles", kind), kind)
+    metric = options.get("metric") or "prob_mass"
+    base = int(c.option(options, "frame_base"))
+    frame = c.layers_of(frame, c.heads_of(options))
+    masses = c.figure4_view(frame, c.option(options, "step"), "prob_mass")
+    view = masses if metric == "prob_mass" else c.figure4_view(frame, c.option(options, "step"), metric)
+    rows = tokens[(tokens["pass"] == view.pass_) & (tokens["step"] == view.step)]
+    if not rows.empty:
+        rows = rows[rows["block"] == rows.groupby(["prompt_id", "seed"], observed=True)["block"].transform("max")]
+    if rows.empty:
+        raise ValueError(f"figure {kind}: no token profiles of the last block for {view.call}")
+    length = int(rows["token"].max()) + 1 if not grid else int(grid[0]) * int(grid[1])
+    shape = grid_shape(length, grid)
+    heads = c.heads_of(options)
+    ncols = 1 + TOP
+    panel_w = 2.7 if shape[1] >= shape[0] else 2.0
+    panel_h = max(1.3, panel_w * shape[0] / shape[1]) + 0.45
+    fig = c.new_figure(ncols * panel_w + 0.9, len(heads) * panel_h)
+    axes = fig.subplots(len(heads), ncols, squeeze=False)
+    for r, (label, layer, head) in enumerate(heads):
+        cells = axes[r]
+        own = rows[(rows["layer"] == layer) & (rows["head"] == head)]
+        if own.empty or not masses.has(layer, head):
+            c.message_panel(cells[0], f"no token profiles of {label}")
+            for a in cells[1:]:
+                a.set_visible(False)
+            cells[0].set_title(label, fontweight="bold", fontsize=9)
+            continue
+        profile = own.groupby(["key_frame", "token"], observed=True)[COLUMNS[metric]].mean()
+        stats = masses.stats(layer, head)
+        picks = chosen_frames(masses.curve(layer, head), stats["first_frame"])
+        images = {}
+        for f, _ in picks:
+            values = np.full(shape[0] * shape[1], np.nan)
+            if f in profile.index.get_level_values("key_frame"):
+                part = profile.loc[f]
+                values[part.index.to_numpy().astype(int)] = part.to_numpy(dtype=float)
+            if metric == "prob_mass":
+                # Where inside the frame: each token's share of the frame's mass, x the token
+                # count (1 = a uniform spread); the frame's own mass is in the title.
+                values = values / np.nansum(values) * np.isfinite(values).sum() if np.nansum(values) > 0 else values
+            images[f] = values.reshape(shape)
+        cmap, norm = c.colour_scale(np.concatenate([m.ravel() for m in images.values()]), metric)
+        image = None
+        for a, (f, why) in zip(cells, picks):
+            image = c.heat(a, images[f], cmap, norm)
+            a.set_xticks([])
+            a.set_yticks([])
+            mass = masses.curve(layer, head).get(f, np.nan)
+            own_frame = " (own)" if f in view.query_frames else ""
+            a.set_title(f"{label} · frame {f + base}{own_frame}\n{why} · mass {c.number(mass, 'prob_mass')}", fontsize=8.5)
+        for a in cells[len(picks):]:
+            a.set_visible(False)
+        if image is not None:
+            bar = fig.colorbar(image, ax=list(cells), shrink=0.9, pad=0.01, aspect=12)
+            bar.set_label("x uniform within the frame" if metric == "prob_mass" else "q·k/√d", fontsize=8)
+            bar.ax.tick_params(labelsize=7)
+    what = ("softmax probability of each key token relative to a uniform spread over its frame (token_prob_mean / "
+            "frame mass x tokens; 1 = uniform)") if metric == "prob_mass" else "pre-softmax q·k/√d of each key token"
+    return c.finish(
+        fig,
+        title="Where the last block's attention lands in its key frames",
+        subtitle=c.subtitle(source, view.call, f"token {c.METRIC_SHORT[metric]}", c.run_count(rows)),
+        caption=(f"Each map: the {what}, queries averaged over the last block (frames "
+                 f"{c.frames_text(view.query_frames, base)}), on the {shape[0]} x {shape[1]} latent patch grid "
+                 "(token = row x width + column). Frames: the first frame the head sees (its sink) and its most "
+                 "attended other frames by frame-level softmax mass (mass in the titles, sinkscope.summaries); one "
+                 "colour scale a row; grey = token not present."),
+    )  # fmt: skip

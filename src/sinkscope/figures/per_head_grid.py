@@ -1,0 +1,46 @@
+"""One layer, every head: the last block's Figure 4 bars of each head on one shared y
+scale (the heads compare), its own frames shaded, gaps where frames are not in the KV
+cache, and each head's sink score (``summaries.curve_stats``) in its title."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from . import common as c
+
+
+def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options: Mapping[str, Any], ax=None, **_: Any):
+    kind = "per_head_grid"
+    if ax is not None:
+        raise ValueError(f"{kind} is a grid of panels; it draws its own figure (leave ax out)")
+    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
+    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
+    view = c.figure4_view(frame[frame["layer"] == layer], c.option(options, "step"), metric)
+    heads = view.heads(layer)
+    ncols = c.panel_columns(len(heads))
+    panel = (3.5, 2.3) if ncols <= 4 else (2.8, 2.0) if ncols <= 6 else (2.3, 1.8)
+    fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=panel)
+    color = c.PANEL_COLORS[0]
+    gaps = False
+    for ax_, head in zip(axes, heads):
+        label = c.head_label(layer, head)
+        gaps |= c.curve_panel(ax_, view.curve(layer, head), view.query_frames, color=color, base=base, gid=label,
+                              length=panel[0] - 0.6, markersize=1.8)  # fmt: skip
+        stats = view.stats(layer, head)
+        ax_.set_title(f"H{head + 1} · sink {c.number(stats['sink_score'], metric, signed=True)}", fontsize=9)
+    c.share_y(axes)
+    c.outer_ticks(axes)
+    c.outer_labels(axes, "key frame", c.METRIC_SHORT[metric].split(" (")[0])
+    legend = [c.own_handle(view.query_frames, base)] + ([c.gap_handle()] if gaps else [])
+    return c.finish(
+        fig,
+        title=f"Layer {c.layer_label(layer)} (index {layer}): every head's attention, query frames "
+        f"{c.frames_text(view.query_frames, base)}",
+        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
+        legend=legend,
+        caption=("One y scale for every head. sink = first cache frame − mean of the cache frames between the first "
+                 "and the last (sinkscope.summaries.curve_stats, the head_stats rows with prompt_id '*')."),
+    )  # fmt: skip

@@ -1,0 +1,72 @@
+"""One layer, every head: query frame x key frame of the whole generation at one call of
+every block (grey = not visible to that query), on one colour scale (diverging around 0
+for logits); dashed squares: each block's own frames. ``video_frames`` expands latent
+frames to the video frames they decode to (Wan's VAE: 4 per latent, frame 0 alone)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import common as c
+
+
+def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[int], dict[str, Any]]:
+    """[heads, F, F] run-averaged query x key matrices of one call of every block (NaN = not visible)."""
+    pass_, index = c.step_of(frame, step)
+    rows = frame[(frame["pass"] == pass_) & (frame["step"] == index)]
+    if rows.empty:
+        raise ValueError(f"no rows for pass={pass_!r}, step={index}")
+    cells = rows.groupby(["head", "query_frame", "key_frame"], observed=True)[metric].mean()
+    heads = sorted(int(h) for h in rows["head"].unique())
+    count = int(max(rows["query_frame"].max(), rows["key_frame"].max())) + 1
+    out = np.full((len(heads), count, count), np.nan)
+    h = cells.index.get_level_values("head").map({head: i for i, head in enumerate(heads)}).to_numpy()
+    out[h, cells.index.get_level_values("query_frame").to_numpy(), cells.index.get_level_values("key_frame").to_numpy()] = cells.to_numpy()
+    call = c.call_label(pass_, index, float(rows["timestep"].iloc[0]))
+    return out, heads, {"call": call, "runs": c.run_count(rows), "blocks": c.block_frames(rows)}
+
+
+def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options: Mapping[str, Any], ax=None, **_: Any):
+    kind = "query_key_maps"
+    if ax is not None:
+        raise ValueError(f"{kind} is a grid of panels; it draws its own figure (leave ax out)")
+    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
+    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
+    values, heads, info = matrices(frame[frame["layer"] == layer], c.option(options, "step"), metric)
+    count = values.shape[1]
+    axis_name, blocks = "frame", info["blocks"]
+    if options.get("video_frames"):
+        video = np.arange(c.VAE_TEMPORAL_STRIDE * (count - 1) + 1)
+        index = c.latent_of_video_frame(video)
+        values = values[:, index][:, :, index]
+        count, axis_name = len(video), "video frame"
+        blocks = {b: [v for v in video if index[v] in fs] for b, fs in blocks.items()}
+    ncols = c.panel_columns(len(heads))
+    size = 2.9 if ncols <= 4 else 2.4 if ncols <= 6 else 2.0
+    fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(size, size), extra=(0.8, 0))
+    cmap, norm = c.colour_scale(values, metric)
+    image = None
+    for ax_, head, matrix in zip(axes, heads, values):
+        image = c.heat(ax_, matrix, cmap, norm, origin="lower")
+        for b, fs in blocks.items():
+            c.outline_frames(ax_, fs, (min(fs) - 0.5, max(fs) + 0.5), gid=f"own-block-H{head + 1}-{b}", color="0.15")
+        ax_.set_title(f"H{head + 1}", fontsize=9.5, fontweight="bold")
+        c.set_frame_ticks(ax_, range(count), base, length=size - 0.6)
+        c.set_frame_ticks(ax_, range(count), base, axis="y", length=size - 0.6)
+    for patch in [p for a in axes for p in a.patches]:
+        patch.set_linewidth(0.6)
+    c.outer_ticks(axes)
+    c.outer_labels(axes, f"key {axis_name}", f"query {axis_name}")
+    bar = fig.colorbar(image, ax=axes, pad=0.01, shrink=0.8, aspect=30)
+    bar.set_label(c.METRIC_SHORT[metric])
+    return c.finish(
+        fig,
+        title=f"Layer {c.layer_label(layer)} (index {layer}): query x key {axis_name} attention of every head",
+        subtitle=c.subtitle(source, f"{info['call']} of every block", c.METRIC_SHORT[metric], info["runs"]),
+        legend=[c.nan_handle("not visible to the query"),
+                c.Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
+    )  # fmt: skip

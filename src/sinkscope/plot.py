@@ -1,0 +1,324 @@
+"""Every figure of the pipeline in one line, from a table you already hold.
+
+Each ``plot_*`` function takes a pandas DataFrame (read with pandas, DuckDB, or anything
+else), draws with the same code as the pipeline (``sinkscope.figures``), in the package
+style, with the config's figure defaults (``figures:`` of the config schema) for what you
+leave out, and returns the matplotlib Figure. Single-panel figures draw into ``ax`` when
+you give one. A table that holds several checkpoints (or variants) needs
+``checkpoint=`` (``variant=``) to pick one. ``save(fig, prefix)`` writes PREFIX.svg (text
+kept as text) and PREFIX.png.
+
+Example::
+
+    import pandas as pd
+    from sinkscope import plot
+
+    table = pd.read_parquet("results/tables/frame_attention.parquet")
+    fig = plot.plot_figure4(table, checkpoint="demo", heads=["L1H1", "L5H10"])
+    plot.save(fig, "figure4")                       # figure4.svg, figure4.png
+
+    # The same table through DuckDB, two layers only:
+    import duckdb
+    table = duckdb.sql("select * from 'results/tables/frame_attention.parquet' where layer in (0, 4)").df()
+    plot.plot_layer_comparison(table, checkpoint="demo", metric="prob_mass")
+    plot.plot_per_head_grid(table, layer=4, checkpoint="demo", frame_base=1)
+
+    diagnostics = pd.read_parquet("results/tables/head_diagnostics.parquet")
+    plot.plot_head_classes(diagnostics, checkpoint="demo")
+
+    # Token profiles are a dataset folder: read only what the figure needs.
+    tokens = pd.read_parquet("results/tables/token_profiles.parquet",
+                             filters=[("layer", "in", [0, 4]), ("head", "in", [0, 9])])
+    plot.plot_figure4_tokens(tokens, table, checkpoint="demo", heads=["L1H1", "L5H10"], grid=(30, 52))
+
+Layers and heads are 0-based in tables; ``heads`` use the paper's 1-based labels
+('L1H1' = layer 0, head 0); ``layer`` takes 0-based 4 or 'L5'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import figures
+from .figures.common import save_figure
+from .tables import DEFAULT_VARIANT, with_default_columns
+
+__all__ = [
+    "plot_attention_across_checkpoints",
+    "plot_attention_over_time",
+    "plot_entropy_overview",
+    "plot_figure4",
+    "plot_figure4_steps",
+    "plot_figure4_tokens",
+    "plot_first_middle_last",
+    "plot_head_classes",
+    "plot_heads_heatmap",
+    "plot_key_frame_maps",
+    "plot_layer_comparison",
+    "plot_per_head_grid",
+    "plot_policy_comparison",
+    "plot_query_key_maps",
+    "plot_sink_mass_over_time",
+    "plot_sink_score_overview",
+    "save",
+]
+
+
+@lru_cache(maxsize=1)
+def defaults() -> dict[str, Any]:
+    """The figures defaults of the config schema."""
+    from .config import load_schema
+
+    properties = load_schema()["properties"]["figures"]["properties"]
+    return {name: spec.get("default") for name, spec in properties.items()}
+
+
+def _options(**given: Any) -> dict[str, Any]:
+    options = dict(defaults())
+    options.update({name: value for name, value in given.items() if value is not None})
+    if isinstance(options.get("heads"), str):
+        options["heads"] = [options["heads"]]
+    return options
+
+
+def _layer(layer: int | str) -> int:
+    if isinstance(layer, str):
+        text = layer.strip().upper()
+        if not text.startswith("L") or not text[1:].isdigit() or int(text[1:]) < 1:
+            raise ValueError(f"layer {layer!r} is not a 0-based index or a label like 'L5'")
+        return int(text[1:]) - 1
+    return int(layer)
+
+
+def _pick(
+    table: pd.DataFrame, *, checkpoint: str | None, variant: str | None, what: str, variants: bool = False,
+    checkpoints: bool = False,
+) -> pd.DataFrame:  # fmt: skip
+    """The rows of one checkpoint (and variant), or a clear error naming what is there."""
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"{what}: expected a pandas DataFrame, got {type(table).__name__}")
+    if table.empty:
+        raise ValueError(f"{what}: the table has no rows")
+    if "variant" not in table.columns:
+        table = with_default_columns(table) if "logit_mean" in table.columns else table.assign(variant=DEFAULT_VARIANT)
+    if checkpoint is not None:
+        table = table[table["checkpoint"] == checkpoint]
+        if table.empty:
+            raise ValueError(f"{what}: no rows of checkpoint {checkpoint!r}")
+    names = [str(x) for x in pd.unique(table["checkpoint"])]
+    if len(names) > 1 and not checkpoints:
+        raise ValueError(f"{what}: the table holds checkpoints {', '.join(sorted(names))}; pick one with checkpoint=...")
+    if variant is not None:
+        table = table[table["variant"] == variant]
+        if table.empty:
+            raise ValueError(f"{what}: no rows of variant {variant!r}")
+    found = [str(x) for x in pd.unique(table["variant"])]
+    if len(found) > 1 and not variants:
+        raise ValueError(f"{what}: the table holds variants {', '.join(sorted(found))}; pick one with variant=...")
+    return table
+
+
+def _source(table: pd.DataFrame, source: str | None) -> str:
+    if source:
+        return source
+    checkpoint = str(table["checkpoint"].iloc[0])
+    variant = str(table["variant"].iloc[0]) if "variant" in table.columns else DEFAULT_VARIANT
+    return checkpoint if variant == DEFAULT_VARIANT else f"{checkpoint}@{variant}"
+
+
+def _draw(kind: str, tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], **kwargs: Any):
+    return figures.draw(kind, dict(tables), source=source, options=options, **kwargs)
+
+
+# -- the figures of a source ---------------------------------------------------------------------
+
+
+def plot_figure4(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *, checkpoint: str | None = None,
+                 variant: str | None = None, step: str | int | None = None, metric: str | None = None,
+                 frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
+    """Deep Forcing Figure 4 (frame bars) of the last block, one panel per head; ``ax``
+    for one head."""
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_figure4")
+    options = _options(heads=heads, step=step, metric=metric, frame_base=frame_base)
+    return _draw("figure4", {"frame_attention": table}, source=_source(table, source), options=options, ax=ax)
+
+
+def plot_figure4_tokens(tokens: pd.DataFrame, table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
+                        grid: Sequence[int] | None = None, checkpoint: str | None = None, variant: str | None = None,
+                        step: str | int | None = None, metric: str | None = None, frame_base: int | None = None,
+                        source: str | None = None, ax=None):  # fmt: skip
+    """Figure 4 at token resolution from token_profiles rows (``tokens``) and the
+    frame_attention ``table`` (query block, gaps, frame means); ``grid`` = (rows, cols) of
+    the latent patch grid (30, 52 for Wan2.1 at 480x832)."""
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_figure4_tokens")
+    tokens = _pick(tokens, checkpoint=checkpoint, variant=variant, what="plot_figure4_tokens (tokens)")
+    options = _options(heads=heads, step=step, metric=metric, frame_base=frame_base)
+    return _draw("figure4_tokens", {"frame_attention": table, "token_profiles": tokens}, source=_source(table, source),
+                 options=options, grid=grid, ax=ax)  # fmt: skip
+
+
+def plot_figure4_steps(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *, checkpoint: str | None = None,
+                       variant: str | None = None, metric: str | None = None, frame_base: int | None = None,
+                       source: str | None = None):  # fmt: skip
+    """Figure 4 at every denoising step and the cache pass (Deep Forcing Fig. 11)."""
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_figure4_steps")
+    options = _options(heads=heads, metric=metric, frame_base=frame_base)
+    return _draw("figure4_steps", {"frame_attention": table}, source=_source(table, source), options=options)
+
+
+def plot_key_frame_maps(tokens: pd.DataFrame, table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
+                        grid: Sequence[int] | None = None, checkpoint: str | None = None, variant: str | None = None,
+                        step: str | int | None = None, metric: str = "prob_mass", frame_base: int | None = None,
+                        source: str | None = None):  # fmt: skip
+    """Token profiles of each head's sink frame and most attended frames on the patch grid."""
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_key_frame_maps")
+    tokens = _pick(tokens, checkpoint=checkpoint, variant=variant, what="plot_key_frame_maps (tokens)")
+    options = _options(heads=heads, step=step, metric=metric, frame_base=frame_base)
+    return _draw("key_frame_maps", {"frame_attention": table, "token_profiles": tokens}, source=_source(table, source),
+                 options=options, grid=grid)  # fmt: skip
+
+
+def plot_layer_comparison(table: pd.DataFrame, *, highlight_layers: Sequence[int] | None = None,
+                          checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
+                          metric: str | None = None, frame_base: int | None = None, source: str | None = None):  # fmt: skip
+    """Layers x key frames heat map plus chosen layers as curves with a ±1 std band."""
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_layer_comparison")
+    options = _options(step=step, metric=metric, frame_base=frame_base,
+                       highlight_layers=[_layer(x) for x in highlight_layers] if highlight_layers else None)  # fmt: skip
+    return _draw("layer_comparison", {"frame_attention": table}, source=_source(table, source), options=options)
+
+
+def plot_first_middle_last(table: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
+                           step: str | int | None = None, metric: str | None = None, frame_base: int | None = None,
+                           source: str | None = None, ax=None):  # fmt: skip
+    """First, middle, last and own frames of each layer's head-averaged curve."""
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_first_middle_last")
+    options = _options(step=step, metric=metric, frame_base=frame_base)
+    return _draw("first_middle_last", {"frame_attention": table}, source=_source(table, source), options=options, ax=ax)
+
+
+def plot_sink_score_overview(table: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
+                             step: str | int | None = None, metric: str | None = None, source: str | None = None,
+                             ax=None):  # fmt: skip
+    """Sink score of every layer x head."""
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_sink_score_overview")
+    options = _options(step=step, metric=metric)
+    return _draw("sink_score_overview", {"frame_attention": table}, source=_source(table, source), options=options, ax=ax)
+
+
+def plot_head_classes(diagnostics: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
+                      step: str | int | None = None, source: str | None = None, ax=None):  # fmt: skip
+    """Layers x heads coloured by head_class (head_diagnostics)."""
+    diagnostics = _pick(diagnostics, checkpoint=checkpoint, variant=variant, what="plot_head_classes")
+    options = _options(step=step)
+    return _draw("head_classes", {"head_diagnostics": diagnostics}, source=_source(diagnostics, source), options=options,
+                 ax=ax)  # fmt: skip
+
+
+def plot_entropy_overview(diagnostics: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
+                          step: str | int | None = None, source: str | None = None):  # fmt: skip
+    """entropy_frames and entropy_tokens of every layer x head, and their layer means."""
+    diagnostics = _pick(diagnostics, checkpoint=checkpoint, variant=variant, what="plot_entropy_overview")
+    options = _options(step=step)
+    return _draw("entropy_overview", {"head_diagnostics": diagnostics}, source=_source(diagnostics, source), options=options)
+
+
+def plot_attention_over_time(table: pd.DataFrame, head: str | None = None, *, heads: Sequence[str] | None = None,
+                             checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
+                             frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
+    """Blocks x absolute key frames of the softmax mass, for ``head`` (or ``heads``)."""
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_attention_over_time")
+    chosen = [head] if head else (list(heads) if heads else None)
+    options = _options(heads=chosen, step=step, frame_base=frame_base)
+    return _draw("attention_over_time", {"frame_attention": table}, source=_source(table, source), options=options, ax=ax)
+
+
+# -- the figures of one layer --------------------------------------------------------------------
+
+
+def _layer_figure(kind: str, table: pd.DataFrame, layer: int | str, checkpoint, variant, source, options, **kwargs):
+    table = _pick(table, checkpoint=checkpoint, variant=variant, what=f"plot_{kind}")
+    index = _layer(layer)
+    rows = table[table["layer"] == index]
+    if rows.empty:
+        layers = ", ".join(str(int(x)) for x in sorted(pd.unique(table["layer"])))
+        raise ValueError(f"plot_{kind}: no rows of layer {index} (0-based); the table holds layers {layers}")
+    return figures.draw(kind, {"frame_attention": rows}, source=_source(rows, source), layer=index, options=options,
+                        **kwargs)  # fmt: skip
+
+
+def plot_per_head_grid(table: pd.DataFrame, layer: int | str, *, checkpoint: str | None = None,
+                       variant: str | None = None, step: str | int | None = None, metric: str | None = None,
+                       frame_base: int | None = None, source: str | None = None):  # fmt: skip
+    """One layer: every head's Figure 4 bars on one y scale."""
+    return _layer_figure("per_head_grid", table, layer, checkpoint, variant, source,
+                         _options(step=step, metric=metric, frame_base=frame_base))  # fmt: skip
+
+
+def plot_heads_heatmap(table: pd.DataFrame, layer: int | str, *, checkpoint: str | None = None,
+                       variant: str | None = None, step: str | int | None = None, metric: str | None = None,
+                       frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
+    """One layer: heads x key frames heat map of the last block."""
+    return _layer_figure("heads_heatmap", table, layer, checkpoint, variant, source,
+                         _options(step=step, metric=metric, frame_base=frame_base), ax=ax)  # fmt: skip
+
+
+def plot_query_key_maps(table: pd.DataFrame, layer: int | str, *, video_frames: bool | None = None,
+                        checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
+                        metric: str | None = None, frame_base: int | None = None, source: str | None = None):  # fmt: skip
+    """One layer: query x key frame maps of every head over the whole generation."""
+    return _layer_figure("query_key_maps", table, layer, checkpoint, variant, source,
+                         _options(step=step, metric=metric, frame_base=frame_base, video_frames=video_frames))  # fmt: skip
+
+
+# -- the figures of a checkpoint and of the study ------------------------------------------------
+
+
+def plot_sink_mass_over_time(block_stats: pd.DataFrame, *, checkpoint: str | None = None,
+                             variants: Sequence[str] | None = None, source: str | None = None):  # fmt: skip
+    """Sink mass block by block, one panel per layer, one line per variant (block_stats)."""
+    table = _pick(block_stats, checkpoint=checkpoint, variant=None, what="plot_sink_mass_over_time", variants=True)
+    if variants:
+        table = table[table["variant"].isin(list(variants))]
+    return _draw("sink_mass_over_time", {"block_stats": table}, source=source or str(table["checkpoint"].iloc[0]),
+                 options=_options())  # fmt: skip
+
+
+def plot_policy_comparison(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
+                           checkpoint: str | None = None, variants: Sequence[str] | None = None,
+                           step: str | int | None = None, metric: str | None = None, frame_base: int | None = None,
+                           source: str | None = None):  # fmt: skip
+    """Figure 4 of the last block, one row per variant (KV-cache policy) of one checkpoint."""
+    table = _pick(table, checkpoint=checkpoint, variant=None, what="plot_policy_comparison", variants=True)
+    if variants:
+        table = table[table["variant"].isin(list(variants))]
+    options = _options(heads=heads, step=step, metric=metric, frame_base=frame_base)
+    return _draw("policy_comparison", {"frame_attention": table}, source=source or str(table["checkpoint"].iloc[0]),
+                 options=options)  # fmt: skip
+
+
+def plot_attention_across_checkpoints(diagnostics: pd.DataFrame, *, train_steps: Mapping[str, int | None] | None = None,
+                                      checkpoints: Sequence[str] | None = None, variant: str | None = None,
+                                      source: str | None = None):  # fmt: skip
+    """frame0_mass and entropy_frames per layer against training step (``train_steps``:
+    checkpoint -> step) or checkpoint order (``checkpoints``, else the table's order)."""
+    table = _pick(diagnostics, checkpoint=None, variant=variant, what="plot_attention_across_checkpoints",
+                  variants=True, checkpoints=True)  # fmt: skip
+    if checkpoints:
+        table = table[table["checkpoint"].isin(list(checkpoints))]
+        train_steps = train_steps or {name: None for name in checkpoints}
+    return _draw("attention_across_checkpoints", {"head_diagnostics": table}, source=source or "study",
+                 options=_options(), train_steps=train_steps)  # fmt: skip
+
+
+def save(fig, prefix: str | Path, dpi: int | None = None) -> tuple[Path, Path]:
+    """Write ``prefix``.svg (editable text) and ``prefix``.png, atomically; returns both paths."""
+    prefix = Path(prefix)
+    svg, png = prefix.with_name(prefix.name + ".svg"), prefix.with_name(prefix.name + ".png")
+    save_figure(fig, svg, png, dpi=int(dpi or defaults()["dpi"]))
+    return svg, png

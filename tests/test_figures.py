@@ -1,0 +1,551 @@
+"""Figures: every kind drawn from synthetic tables at the demo's, the 1.3B's and the 14B's
+sizes, with layout checks (sizes, overlapping texts, legends over data, titles that fit),
+editable SVG text, own-block marking, broken lines at gaps, the summaries' numbers,
+byte-identical reruns, and the pipeline job on real Parquet files."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sinkscope import figures, summaries
+from sinkscope.figures import common
+from sinkscope.labels import head_label
+from sinkscope.tables import ALL_PROMPTS, SCHEMAS, write_table
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STEPS = (1000, 750, 500, 250)
+
+# -- synthetic tables ------------------------------------------------------------------------------
+
+
+def head_kind(layer: int, head: int) -> str:
+    """A fixed mix of head behaviours: sink heads (L1H1 among them), local, periodic, diffuse."""
+    return ("sink", "local", "periodic", "diffuse")[(layer * 5 + head * 3) % 4]
+
+
+def synthetic_frames(
+    layers: int,
+    heads: int,
+    *,
+    frames: int = 21,
+    per_block: int = 3,
+    steps: tuple[int, ...] = STEPS,
+    runs: tuple[tuple[str, int], ...] = (("eagle", 0), ("city", 0)),
+    checkpoint: str = "demo",
+    variant: str = "default",
+    window: int | None = None,
+    sinks: int = 0,
+    tokens: int = 24,
+) -> pd.DataFrame:
+    """frame_attention rows of a block-causal generation: every block, every call (the
+    denoising steps and the cache pass), every head; a sliding ``window`` (frames,
+    own block included) keeps the first ``sinks`` frames, so later blocks see gaps."""
+    rng = np.random.default_rng(layers * 1000 + heads + (window or 0) + sinks)
+    structure = []  # (block, pass, step, timestep, query_frame, key_frame)
+    calls = [("denoise", i, float(t)) for i, t in enumerate(steps)] + [("cache", len(steps), 0.0)]
+    for block in range(frames // per_block):
+        own = list(range(block * per_block, (block + 1) * per_block))
+        visible = [k for k in range(own[-1] + 1)
+                   if window is None or k > own[-1] - window or k < sinks]  # fmt: skip
+        for pass_, step, t in calls:
+            for q in own:
+                structure += [(block, pass_, step, t, q, k) for k in visible]
+    base = pd.DataFrame(structure, columns=["block", "pass", "step", "timestep", "query_frame", "key_frame"])
+    lh = np.array([(layer, head) for layer in range(layers) for head in range(heads)])
+    kinds = np.array([("sink", "local", "periodic", "diffuse").index(head_kind(a, b)) for a, b in lh])
+    parts = []
+    for run_index, (prompt, seed) in enumerate(runs):
+        n, m = len(base), len(lh)
+        k = np.tile(base["key_frame"].to_numpy(), m)
+        q = np.tile(base["query_frame"].to_numpy(), m)
+        step = np.tile(base["step"].to_numpy(), m)
+        kind = np.repeat(kinds, n)
+        scale = np.repeat(1.0 + 0.05 * lh[:, 0], n)
+        logit = np.select(
+            [kind == 0, kind == 1, kind == 2],
+            [1.0 + 4.5 * (k == 0) + 1.5 * (k < sinks), 3.0 - 0.35 * (q - k), 2.0 * np.cos(2 * np.pi * k / 6)],
+            0.3 * np.sin(k),
+        ) * scale + 0.15 * step / len(steps) + rng.normal(0, 0.08, n * m) + 0.05 * run_index
+        rows = pd.DataFrame({
+            "checkpoint": checkpoint, "variant": variant, "prompt_id": prompt, "seed": seed,
+            "layer": np.repeat(lh[:, 0], n), "head": np.repeat(lh[:, 1], n),
+            **{c: np.tile(base[c].to_numpy(), m) for c in ["block", "pass", "step", "timestep", "query_frame", "key_frame"]},
+            "logit_mean": logit,
+        })  # fmt: skip
+        call = ["layer", "head", "block", "pass", "step", "query_frame"]
+        peak = rows.groupby(call, sort=False)["logit_mean"].transform("max")
+        weight = np.exp(rows["logit_mean"] - peak)
+        rows["prob_mass"] = weight / weight.groupby([rows[c] for c in call]).transform("sum")
+        sharp = np.exp(4 * (rows["logit_mean"] - peak))
+        rows["argmax_share"] = sharp / sharp.groupby([rows[c] for c in call]).transform("sum")
+        rows["key_tokens"] = tokens
+        rows["key_position_shift"] = 0
+        parts.append(rows)
+    frame = pd.concat(parts, ignore_index=True)
+    return frame.astype({"logit_mean": "float32", "prob_mass": "float32", "argmax_share": "float32", "layer": "int16",
+                         "head": "int16", "block": "int16", "step": "int16", "timestep": "float32",
+                         "query_frame": "int16", "key_frame": "int16", "key_tokens": "int32", "key_position_shift": "int32"})  # fmt: skip
+
+
+def synthetic_queries(frame: pd.DataFrame, tokens: int) -> pd.DataFrame:
+    keys = [c for c in SCHEMAS["query_stats"].names if c in frame.columns]
+    p = frame["prob_mass"].clip(lower=1e-12)
+    rows = frame.assign(plogp=-p * np.log(p)).groupby(keys, observed=True).agg(
+        entropy=("plogp", "sum"), num_key_frames=("key_frame", "size")).reset_index()  # fmt: skip
+    rows["num_keys"] = rows["num_key_frames"] * tokens
+    rows["entropy_tokens"] = rows["entropy"] + 0.8 * np.log(tokens)
+    return rows.drop(columns="entropy")
+
+
+def synthetic_tokens(frame: pd.DataFrame, heads: list[tuple[int, int]], grid: tuple[int, int]) -> pd.DataFrame:
+    """token_profiles of the last block's calls for ``heads``: each frame's tokens spread
+    around its frame value (mean = logit_mean, sum = prob_mass) with a blob in the picture."""
+    rows, cols = grid
+    n = rows * cols
+    yy, xx = np.divmod(np.arange(n), cols)
+    last = frame[frame["block"] == frame["block"].max()]
+    wanted = pd.MultiIndex.from_tuples(heads, names=["layer", "head"])
+    last = last[pd.MultiIndex.from_frame(last[["layer", "head"]].astype(int)).isin(wanted)]
+    keys = ["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step", "timestep", "key_frame"]
+    per_frame = last.groupby(keys, observed=True)[["logit_mean", "prob_mass"]].mean().reset_index()
+    out = []
+    for record in per_frame.to_dict("records"):
+        k = record["key_frame"]
+        cy, cx = (k * 7) % rows, (k * 11 + record["head"] * 5) % cols
+        blob = np.exp(-(((yy - cy) / max(rows / 5, 1)) ** 2 + ((xx - cx) / max(cols / 5, 1)) ** 2))
+        pattern = 2.0 * blob + 0.2 * np.sin(xx / 3.0)
+        logits = record["logit_mean"] + pattern - pattern.mean()
+        weight = np.exp(pattern)
+        out.append(pd.DataFrame({**{c: record[c] for c in keys}, "token": np.arange(n),
+                                 "token_logit_mean": logits, "token_prob_mean": record["prob_mass"] * weight / weight.sum()}))  # fmt: skip
+    table = pd.concat(out, ignore_index=True)
+    return table.astype({"token": "int32", "token_logit_mean": "float32", "token_prob_mean": "float32"})
+
+
+SIZES = {
+    # name: (layers, heads, latent patch grid, denoising steps, runs)
+    "demo": (6, 12, (4, 6), STEPS, (("eagle", 0), ("city", 0))),
+    "wan1.3b": (30, 12, (30, 52), STEPS, (("eagle", 0),)),
+    "wan14b": (40, 40, (30, 52), (1000, 500), (("eagle", 0),)),
+}
+
+
+@lru_cache(maxsize=None)
+def study(size: str, window: int | None = None, sinks: int = 0) -> dict[str, pd.DataFrame]:
+    """Every table a figure reads, for one source at ``size`` (and a sliding-window variant
+    of the same checkpoint for the checkpoint figures)."""
+    layers, heads, grid, steps, runs = SIZES[size]
+    tokens = grid[0] * grid[1]
+    frame = synthetic_frames(layers, heads, steps=steps, runs=runs, window=window, sinks=sinks, tokens=tokens)
+    token_heads = [(0, 0), (min(4, layers - 1), min(9, heads - 1))]
+    windowed = synthetic_frames(layers, heads, steps=steps, runs=runs, window=12, sinks=3, variant="sink", tokens=tokens)
+    both = pd.concat([frame, windowed], ignore_index=True)
+    queries = synthetic_queries(frame, tokens)
+    last = frame["block"] == frame["block"].max()  # all head_diagnostics reads (and 4x faster)
+    diagnostics = summaries.head_diagnostics(frame[last], queries[queries["block"] == frame["block"].max()])
+    return {
+        "frame_attention": frame,
+        "token_profiles": synthetic_tokens(frame, token_heads, grid),
+        "head_diagnostics": diagnostics,
+        "block_stats": summaries.block_stats(both, {"default": 0, "sink": 3}),
+        "variants": both,
+        "grid": grid,
+        "diagnostics_all": pd.concat([
+            diagnostics,
+            diagnostics.assign(checkpoint="step2000", frame0_mass=diagnostics["frame0_mass"] * 1.5,
+                               entropy_frames=diagnostics["entropy_frames"] * 0.8),
+            diagnostics.assign(checkpoint="step500", frame0_mass=diagnostics["frame0_mass"] * 0.5),
+        ], ignore_index=True),  # fmt: skip
+    }
+
+
+# -- layout checks ---------------------------------------------------------------------------------
+
+MAX_SIZE = (20.0, 30.0)  # inches: a page, or two
+MIN_PANEL = (1.0, 0.6)  # inches a data panel needs to be read
+
+
+def _drawn_ticks(axis):
+    """The tick labels matplotlib draws: those inside the view interval."""
+    lo, hi = sorted(axis.get_view_interval())
+    tolerance = (hi - lo) * 1e-6
+    return [tick.label1 for tick in axis.get_major_ticks()[: len(axis.get_majorticklocs())]
+            if lo - tolerance <= tick.get_loc() <= hi + tolerance and tick.label1.get_visible()]  # fmt: skip
+
+
+def _texts(fig):
+    """(kind, owner, Text) of every visible, non-empty text of the figure."""
+    found = []
+    for text in fig.texts:
+        found.append(("page", None, text))
+    for legend in fig.legends:
+        found += [("legend", legend, t) for t in legend.get_texts()]
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        for text in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label):
+            found.append(("label", ax, text))
+        found += [("xtick", ax, t) for t in _drawn_ticks(ax.xaxis)]
+        found += [("ytick", ax, t) for t in _drawn_ticks(ax.yaxis)]
+        found += [("annotation", ax, t) for t in ax.texts]
+        if ax.get_legend() is not None:
+            found += [("legend", ax.get_legend(), t) for t in ax.get_legend().get_texts()]
+    return [(kind, owner, t) for kind, owner, t in found if t.get_visible() and t.get_text().strip()]
+
+
+def _overlap(a, b, pad=0.5) -> bool:
+    return a.x0 + pad < b.x1 and b.x0 + pad < a.x1 and a.y0 + pad < b.y1 and b.y0 + pad < a.y1
+
+
+def layout_problems(fig) -> list[str]:
+    """What makes the figure hard to read: its size, overlapping texts, legends over data
+    panels, texts outside the page, panels too small."""
+    problems = []
+    width, height = fig.get_size_inches()
+    if width > MAX_SIZE[0] or height > MAX_SIZE[1]:
+        problems.append(f"figure is {width:.1f} x {height:.1f} in, more than {MAX_SIZE}")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    texts = [(kind, owner, t, t.get_window_extent(renderer)) for kind, owner, t in _texts(fig)]
+    for kind, _, text, box in texts:
+        if box.x0 < page.x0 - 1 or box.x1 > page.x1 + 1 or box.y0 < page.y0 - 1 or box.y1 > page.y1 + 1:
+            problems.append(f"{kind} {text.get_text()!r} leaves the page")
+    for i, (kind_a, owner_a, a, box_a) in enumerate(texts):
+        for kind_b, owner_b, b, box_b in texts[i + 1 :]:
+            if kind_a == kind_b == "legend" and owner_a is owner_b:
+                continue
+            if _overlap(box_a, box_b):
+                problems.append(f"{kind_a} {a.get_text()!r} overlaps {kind_b} {b.get_text()!r}")
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
+    for legend in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]:
+        box = legend.get_window_extent(renderer)
+        for ax in panels:
+            if ax.get_legend() is legend:
+                continue
+            if _overlap(box, ax.get_window_extent(renderer), pad=1):
+                problems.append(f"a legend overlaps the panel {ax.get_title()!r}")
+    for i, a in enumerate(fig.axes):
+        for b in fig.axes[i + 1 :]:
+            if a.get_visible() and b.get_visible() and _overlap(a.get_window_extent(renderer), b.get_window_extent(renderer), pad=1):
+                problems.append(f"panels {a.get_title()!r} and {b.get_title()!r} overlap")
+    for ax in panels:
+        box = ax.get_window_extent(renderer)
+        if box.width / fig.dpi < MIN_PANEL[0] or box.height / fig.dpi < MIN_PANEL[1]:
+            problems.append(f"panel {ax.get_title()!r} is {box.width / fig.dpi:.2f} x {box.height / fig.dpi:.2f} in")
+    return problems
+
+
+# -- rendering every kind at every size ------------------------------------------------------------
+
+# Kinds that mark the query block's own frames (a span or a box with an 'own-block' id).
+MARKS_OWN = {"figure4", "figure4_tokens", "figure4_steps", "layer_comparison", "attention_over_time", "per_head_grid",
+             "heads_heatmap", "query_key_maps", "policy_comparison"}  # fmt: skip
+
+
+# Redrawn from scratch and compared byte for byte: one of each way of drawing (bars and
+# lines, rasterized token curves, images with masks and alpha, many panels, a categorical map).
+RERUN = {"figure4", "figure4_tokens", "key_frame_maps", "attention_over_time", "query_key_maps", "head_classes",
+         "sink_mass_over_time"}
+
+
+def tables_for(kind: str, data: dict) -> dict[str, pd.DataFrame]:
+    if kind in figures.CHECKPOINT_KINDS:
+        return {"frame_attention": data["variants"], "block_stats": data["block_stats"]}
+    if kind in figures.STUDY_KINDS:
+        return {"head_diagnostics": data["diagnostics_all"]}
+    return {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
+
+
+def render(kind: str, size: str = "demo", options: dict | None = None, data: dict | None = None, **kwargs):
+    data = data or study(size)
+    layer = 0 if kind in figures.LAYER_KINDS else None
+    return figures.draw(kind, tables_for(kind, data), source="demo", layer=layer, options={"dpi": 40, **(options or {})},
+                        grid=data["grid"], train_steps={"demo": 1000, "step2000": 2000, "step500": 500}, **kwargs)  # fmt: skip
+
+
+def saved(fig, tmp_path: Path, name: str, dpi: int = 40) -> tuple[str, bytes]:
+    svg, png = tmp_path / f"{name}.svg", tmp_path / f"{name}.png"
+    figures.save_figure(fig, svg, png, dpi=dpi)
+    return svg.read_text(), png.read_bytes()
+
+
+def page_text(svg: str, gid: str) -> str:
+    """The text of the page element ``gid`` (title, subtitle, caption) in the SVG."""
+    root = ET.fromstring(svg)
+    for element in root.iter():
+        if element.get("id") == gid:
+            return " ".join(t.strip() for t in element.itertext() if t.strip())
+    return ""
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("kind", list(figures.KINDS))
+def test_every_kind_renders_legibly_at_every_size(kind, size, tmp_path):
+    fig = render(kind, size)
+    assert layout_problems(fig) == []
+    svg, png = saved(fig, tmp_path, f"{size}-{kind}")
+    ET.fromstring(svg)  # well-formed
+    assert svg.count("<text") >= 5 and "font-family" in svg  # text stays text (svg.fonttype none)
+    assert png[:8] == PNG_MAGIC
+    subtitle = page_text(svg, "page-subtitle")
+    assert re.search(r"mean of \d+ runs?", subtitle) and ("demo" in subtitle or "checkpoint" in subtitle), subtitle
+    if kind in MARKS_OWN:
+        assert 'id="own-block' in svg
+    if size == "demo" and kind in RERUN:  # a rerun draws the same bytes (no timestamps, stable ids)
+        assert saved(render(kind, size), tmp_path, f"{size}-{kind}-again") == (svg, png)
+
+
+# -- what the figures say ----------------------------------------------------------------------------
+
+
+def head_stats_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The run-averaged head_stats rows of the last denoising step (what the summary page shows)."""
+    stats = summaries.head_stats(frame)
+    pass_, step = summaries.resolve_step(stats, "last")
+    return stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == metric) & (stats["pass"] == pass_)
+                 & (stats["step"] == step)].set_index(["layer", "head"])  # fmt: skip
+
+
+@pytest.mark.parametrize("metric", ["logit_mean", "prob_mass"])
+def test_figure4_prints_the_summaries_numbers(metric, tmp_path):
+    data = study("demo")
+    rows = head_stats_rows(data["frame_attention"], metric)
+    svg, _ = saved(render("figure4", options={"metric": metric, "heads": ["L1H1", "L5H10", "L2H3"]}), tmp_path, "f4")
+    digits = 3 if metric == "prob_mass" else 2
+    for layer, head in [(0, 0), (4, 9), (1, 2)]:
+        row = rows.loc[(layer, head)]
+        assert f"{head_label(layer, head)} (layer {layer}, head {head}) · sink score {row['sink_score']:+.{digits}f}" in svg
+        assert f"max@{int(row['argmax_frame'])}<" in svg
+
+
+def test_per_head_grid_and_overview_print_the_summaries_numbers(tmp_path):
+    rows = head_stats_rows(study("demo")["frame_attention"], "logit_mean")
+    grid, _ = saved(render("per_head_grid"), tmp_path, "grid")
+    titles = re.findall(r"H(\d+) · sink ([+-]\d+\.\d\d)", grid)
+    assert len(titles) == 12
+    for head, score in titles:
+        assert float(score) == pytest.approx(rows.loc[(0, int(head) - 1), "sink_score"], abs=0.005)
+    overview, _ = saved(render("sink_score_overview"), tmp_path, "overview")
+    cells = [float(x) for x in re.findall(r">(-?\d+\.\d\d)</text>", overview)]
+    expected = rows["sink_score"].sort_index().to_numpy()
+    assert np.allclose(cells, expected, atol=0.005)
+
+
+def test_layer_figures_print_the_layer_stats_numbers(tmp_path):
+    frame = study("demo")["frame_attention"]
+    fig = render("first_middle_last")
+    stats = summaries.layer_stats(frame)
+    pass_, step = summaries.resolve_step(stats, "last")
+    rows = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == "logit_mean") & (stats["pass"] == pass_)
+                 & (stats["step"] == step)].set_index("layer")  # fmt: skip
+    bars = [p for p in fig.axes[0].patches]
+    heights = np.array([b.get_height() for b in bars]).reshape(4, -1)  # first, middle, last, own x layers
+    for i, name in enumerate(["first", "middle", "last", "own"]):
+        assert np.allclose(heights[i], rows[name].to_numpy(), atol=1e-9)
+
+
+def gappy() -> dict:
+    """The demo at the sink-window policy: last block sees frames 0-2 and 9-20."""
+    return study("demo", 12, 3)
+
+
+def curve_paths(svg: str, prefix: str) -> list[str]:
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    groups = [group for group in root.iter(f"{ns}g") if (group.get("id") or "").startswith(prefix)]
+    return [next(group.iter(f"{ns}path")).get("d") for group in groups]  # the line (its markers follow)
+
+
+@pytest.mark.parametrize("kind, prefix", [("figure4", "curve-L1H1"), ("per_head_grid", "curve-L1H1"),
+                                          ("layer_comparison", "curve-L1"), ("policy_comparison", "curve-L1H1-sink")])  # fmt: skip
+def test_gaps_stay_gaps(kind, prefix, tmp_path):
+    data = gappy()
+    if kind == "policy_comparison":
+        data = study("demo")
+    svg, _ = saved(render(kind, data=data), tmp_path, kind)
+    paths = curve_paths(svg, prefix)
+    assert paths, f"no {prefix} line in the SVG"
+    # A line across frames 3-8 (evicted) would be one stroke: the curve must break in two.
+    assert all(d.count("M") >= 2 for d in paths), paths
+    assert 'id="gap-' in svg  # the evicted frames are shaded grey
+
+
+def test_curves_of_the_window_policy_have_nan_at_evicted_frames():
+    view = common.figure4_view(gappy()["frame_attention"], "last", "logit_mean")
+    curve = view.curve(0, 0)
+    assert curve.index.tolist() == list(range(21))
+    assert curve.loc[3:8].isna().all() and curve.loc[[0, 1, 2, 9, 20]].notna().all()
+    assert common.frames_text(view.visible) == "0-2, 9-20"
+    assert common.frames_text(view.visible, base=1) == "1-3, 10-21"
+
+
+def test_frame_base_shows_the_papers_numbers(tmp_path):
+    svg, _ = saved(render("figure4", options={"frame_base": 1}), tmp_path, "base1")
+    assert "query frames 19-21" in page_text(svg, "page-title")
+    assert "max@1<" in svg  # L1H1's sink, frame 0, printed 1-based
+    svg0, _ = saved(render("figure4"), tmp_path, "base0")
+    assert "query frames 18-20" in page_text(svg0, "page-title") and "max@0<" in svg0
+
+
+def test_signed_metrics_get_a_zero_centred_diverging_scale():
+    cmap, norm = common.colour_scale(np.array([-1.0, 3.0, np.nan]), "logit_mean")
+    assert (norm.vmin, norm.vmax) == (-3.0, 3.0) and cmap.name.startswith("RdBu")
+    cmap, norm = common.colour_scale(np.array([0.1, 0.4]), "prob_mass")
+    assert (norm.vmin, norm.vmax) == (0.0, 0.4) and cmap.name.startswith("viridis")
+    fig = render("heads_heatmap")
+    image = fig.axes[0].images[0]
+    assert image.norm.vmin == -image.norm.vmax
+
+
+def test_figure4_legend_keeps_off_the_bars():
+    fig = render("figure4")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not _overlap(legend, ax.get_tightbbox(renderer))
+
+
+def test_own_frames_show_in_svg_and_png(tmp_path):
+    svg, png = saved(render("figure4"), tmp_path, "own", dpi=60)
+    root = ET.fromstring(svg)
+    spans = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if (g.get("id") or "").startswith("own-block-")]
+    assert spans
+    fills = {p.get("style", "") for g in spans for p in g.iter("{http://www.w3.org/2000/svg}path")}
+    assert any(common.OWN_COLOR.lower() in style.lower() for style in fills), fills
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(tmp_path / "own.png"))[..., :3]
+    own = np.array(common.matplotlib.colors.to_rgb(common.OWN_COLOR))
+    assert (np.abs(pixels - own).max(axis=-1) < 0.02).sum() > 200  # the span shows in the PNG
+
+
+def test_figure4_steps_shows_every_call_and_turns_for_many_heads():
+    fig = render("figure4_steps")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert sum("cache pass" in t for t in titles) == 2 and sum("step 0 (t=1000)" in t for t in titles) == 2
+    many = render("figure4_steps", options={"heads": ["L1H1", "L1H2", "L2H1", "L2H2", "L3H1"]})
+    assert many.axes[0].get_subplotspec().get_gridspec().get_geometry() == (5, 5)
+    assert layout_problems(many) == []
+
+
+def test_missing_heads_and_layers_say_so():
+    data = study("demo")
+    frame = data["frame_attention"]
+    fig = figures.draw("figure4", {"frame_attention": frame[frame["layer"] != 4]}, source="demo",
+                       options={"heads": ["L1H1", "L5H10"]})  # fmt: skip
+    assert any("was not extracted" in t.get_text() for ax in fig.axes for t in ax.texts)
+    with pytest.raises(ValueError, match="needs the token_profiles table"):
+        figures.draw("figure4_tokens", {"frame_attention": frame}, source="demo", options={})
+    with pytest.raises(ValueError, match="unknown figure"):
+        figures.draw("figure5", {"frame_attention": frame}, source="demo", options={})
+    two = pd.concat([frame, frame.assign(checkpoint="other")])
+    with pytest.raises(ValueError, match="demo, other"):
+        figures.draw("figure4", {"frame_attention": two}, source="demo", options={})
+
+
+# -- the package's shape ---------------------------------------------------------------------------
+
+
+def test_defaults_are_the_config_schemas():
+    from sinkscope.config import load_schema
+
+    schema = load_schema()["properties"]["figures"]["properties"]
+    assert common.DEFAULTS == {name: spec.get("default") for name, spec in schema.items()}
+
+
+def test_registry_is_the_workflows_kinds():
+    from sinkscope import workflow
+
+    assert figures.SOURCE_KINDS == workflow.SOURCE_FIGURES and figures.LAYER_KINDS == workflow.LAYER_FIGURES
+    assert figures.CHECKPOINT_KINDS == workflow.CHECKPOINT_FIGURES and figures.STUDY_KINDS == workflow.STUDY_FIGURES
+    assert figures.TOKEN_KINDS == workflow.TOKEN_FIGURES
+    for kind, module in figures.KINDS.items():
+        assert module == workflow.figure_module(kind) and callable(figures.module(kind).draw)
+
+
+def test_each_kind_module_imports_only_the_shared_code():
+    """A changed figure module reruns that figure only: no kind imports another."""
+    from sinkscope.codedigest import _imports
+
+    allowed = {"sinkscope.figures", "sinkscope.figures.common", "sinkscope.summaries", "sinkscope.tables",
+               "sinkscope.labels"}  # fmt: skip
+    for kind, module in figures.KINDS.items():
+        assert _imports(module) <= allowed, (kind, _imports(module) - allowed)
+    assert _imports("sinkscope.figures.common") <= {"sinkscope.io", "sinkscope.labels", "sinkscope.summaries"}
+    digests = {kind: __import__("sinkscope.workflow", fromlist=["Study"]).Study.code(kind) for kind in figures.KINDS}
+    assert len(set(digests.values())) == len(digests)
+
+
+# -- the pipeline job on real files ----------------------------------------------------------------
+
+
+def write_source(root: Path, data: dict, *, source: str = "demo") -> dict[str, str]:
+    """The per-source tables and token dataset folder the aggregation writes, and one
+    extraction folder per run (layer files only)."""
+    meta = {"frame_grid": list(data["grid"]), "checkpoint": source}
+    paths = {}
+    frame = data["frame_attention"]
+    for name in ("frame_attention", "head_diagnostics", "block_stats"):
+        rows = data["variants"] if name == "frame_attention" and source == "variants" else data[name]
+        path = root / "tables" / source / f"{name}.parquet"
+        write_table(rows, path, SCHEMAS[name], meta)
+        paths[name] = str(path)
+    tokens = root / "tables" / source / "token_profiles.parquet"
+    for (prompt, seed, layer), rows in data["token_profiles"].groupby(["prompt_id", "seed", "layer"]):
+        write_table(rows, tokens / prompt / f"seed{seed}" / "layers0-5" / f"layer{layer}.tokens.parquet",
+                    SCHEMAS["token_profiles"], meta)  # fmt: skip
+    paths["token_profiles"] = str(tokens)
+    extractions = []
+    for (prompt, seed), rows in frame.groupby(["prompt_id", "seed"]):
+        folder = root / "extract" / source / prompt / f"seed{seed}" / "layers0-5"
+        for layer, layer_rows in rows.groupby("layer"):
+            write_table(layer_rows, folder / f"layer{layer}.parquet", SCHEMAS["frame_attention"], meta)
+        extractions.append(str(folder))
+    paths["extract"] = extractions
+    return paths
+
+
+def test_figure_job_reads_tables_token_folders_and_layer_files(tmp_path):
+    data = study("demo")
+    paths = write_source(tmp_path, data)
+    options = {"dpi": 50, "frame_base": 0, "step": "last", "heads": ["L1H1", "L5H10"]}
+    jobs = [
+        ("figure4_tokens", [paths["token_profiles"], paths["frame_attention"]], None),
+        ("head_classes", [paths["head_diagnostics"]], None),
+        ("per_head_grid", paths["extract"], 4),
+        ("sink_mass_over_time", [paths["block_stats"]], None),
+    ]
+    for kind, inputs, layer in jobs:
+        out = tmp_path / "figures" / kind
+        figures.figure_job(kind=kind, inputs=inputs, svg=f"{out}.svg", png=f"{out}.png", options=options, source="demo",
+                           layer=layer)  # fmt: skip
+        assert "<text" in Path(f"{out}.svg").read_text() and Path(f"{out}.png").read_bytes()[:8] == PNG_MAGIC
+    assert "30 x 52" not in Path(tmp_path / "figures" / "figure4_tokens.svg").read_text()
+    assert "4 x 6 patch grid" in Path(tmp_path / "figures" / "figure4_tokens.svg").read_text()
+
+
+def test_token_profiles_are_read_with_a_filter(tmp_path):
+    data = study("demo")
+    paths = write_source(tmp_path, data)
+    rows = figures.read_token_profiles(paths["token_profiles"], data["frame_attention"], {"heads": ["L5H10"], "step": "cache"})
+    assert set(zip(rows["layer"], rows["head"])) == {(4, 9)}
+    assert set(rows["pass"]) == {"cache"} and set(rows["block"]) == {6}
+
+
+def test_study_figure_orders_checkpoints_by_training_step(tmp_path):
+    data = study("demo")
+    fig = figures.draw("attention_across_checkpoints", {"head_diagnostics": data["diagnostics_all"]}, source=None,
+                       options={}, train_steps={"demo": 1000, "step2000": 2000, "step500": 500})  # fmt: skip
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["500", "1000", "2000"]
+    fig = figures.draw("attention_across_checkpoints", {"head_diagnostics": data["diagnostics_all"]}, source=None,
+                       options={}, train_steps={"step500": None, "demo": 1000, "step2000": None})  # fmt: skip
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["step500", "demo", "step2000"]
