@@ -29,7 +29,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         parts.append(rows[(rows["pass"] == pass_) & (rows["step"] == index)])
     rows = pd.concat(parts, ignore_index=True)
     found = [str(x) for x in pd.unique(rows["checkpoint"])]
-    order = [name for name in (train_steps or {}) if name in found] + [name for name in found if name not in (train_steps or {})]
+    named = list(train_steps or {})
+    order = [name for name in named if name in found] + [name for name in found if name not in named]
     numeric = bool(train_steps) and all(train_steps.get(name) is not None for name in order)
     if numeric:
         order.sort(key=lambda name: train_steps[name])
