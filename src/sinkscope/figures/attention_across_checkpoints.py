@@ -59,7 +59,11 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             ax_.set_title(f"{variant} · {metric}" if len(variants) > 1 else metric, fontsize=9.5)
             ax_.set_ylabel(what, fontsize=8.5)
             if numeric:
-                ax_.set_xticks([x_of[n] for n in order], labels=[f"{int(train_steps[n])}" for n in order])
+                steps = [x_of[n] for n in order]
+                if min(steps) > 0 and max(steps) / min(steps) >= 50:  # steps spanning decades
+                    ax_.set_xscale("log")
+                    ax_.minorticks_off()
+                ax_.set_xticks(steps, labels=[f"{int(train_steps[n])}" for n in order])
             else:
                 c.set_label_ticks(ax_, order, length=4.0)
             ax_.set_xlabel("training step" if numeric else "checkpoint (config order)")
