@@ -29,7 +29,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         parts.append(rows[(rows["pass"] == pass_) & (rows["step"] == index)])
     rows = pd.concat(parts, ignore_index=True)
     found = [str(x) for x in pd.unique(rows["checkpoint"])]
-    order = [name for name in (train_steps or {}) if name in found] + [name for name in found if name not in (train_steps or {})]
+    named = list(train_steps or {})
+    order = [name for name in named if name in found] + [name for name in found if name not in named]
     numeric = bool(train_steps) and all(train_steps.get(name) is not None for name in order)
     if numeric:
         order.sort(key=lambda name: train_steps[name])
@@ -58,7 +59,11 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             ax_.set_title(f"{variant} · {metric}" if len(variants) > 1 else metric, fontsize=9.5)
             ax_.set_ylabel(what, fontsize=8.5)
             if numeric:
-                ax_.set_xticks([x_of[n] for n in order], labels=[f"{int(train_steps[n])}" for n in order])
+                steps = [x_of[n] for n in order]
+                if min(steps) > 0 and max(steps) / min(steps) >= 50:  # steps spanning decades
+                    ax_.set_xscale("log")
+                    ax_.minorticks_off()
+                ax_.set_xticks(steps, labels=[f"{int(train_steps[n])}" for n in order])
             else:
                 c.set_label_ticks(ax_, order, length=4.0)
             ax_.set_xlabel("training step" if numeric else "checkpoint (config order)")

@@ -31,6 +31,7 @@ import pandas as pd
 from matplotlib import colors as mcolors
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
@@ -86,6 +87,7 @@ CLASS_COLORS = {"sink": "#C73E1D", "local": "#2E86AB", "periodic": "#F18F01", "d
 TITLE_SIZE, SUBTITLE_SIZE, CAPTION_SIZE = 12.5, 9.5, 8.5
 VAE_TEMPORAL_STRIDE = 4
 _PAD = 0.08  # inches around the page's texts
+PAGE = "sinkscope-page"  # the gid of a figure laid out by finish()
 
 
 # -- style and saving --------------------------------------------------------------------------
@@ -117,11 +119,13 @@ def save_figure(fig: Figure, svg: str | Path, png: str | Path, dpi: int = 200) -
         if engine is not None and not isinstance(engine, PlaceHolderLayoutEngine):
             settle(fig)
             fig.set_layout_engine("none")
+        # A page laid out by finish() fits its figure already: no second, "tight" layout pass.
+        bbox = None if fig.get_gid() == PAGE else "tight"
         try:
             with atomic_path(svg) as tmp:
-                fig.savefig(tmp, format="svg", dpi=dpi, metadata={"Date": None})
+                fig.savefig(tmp, format="svg", dpi=dpi, metadata={"Date": None}, bbox_inches=bbox)
             with atomic_path(png) as tmp:
-                fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None})
+                fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None}, bbox_inches=bbox)
         finally:
             if engine is not None:
                 fig.set_layout_engine(engine)
@@ -263,7 +267,8 @@ class View:
         """``summaries.curve_stats`` of one head's curve (the head_stats row with prompt '*')."""
         key = (layer, head)
         if key not in self.stats_cache:
-            self.stats_cache[key] = curve_stats(self.curve(layer, head).to_numpy(), self.frames, self.query_frames, self.metric)
+            values = self.curve(layer, head).to_numpy()
+            self.stats_cache[key] = curve_stats(values, self.frames, self.query_frames, self.metric)
         return self.stats_cache[key]
 
     def layer_mean(self, layer: int) -> pd.Series:
@@ -343,20 +348,41 @@ def _text_size(fig: Figure, text: str, size: float, weight: str = "normal") -> t
 
 
 def wrap(fig: Figure, text: str, width: float, size: float, weight: str = "normal") -> str:
-    """``text`` wrapped so that every line is at most ``width`` inches wide."""
-    lines = []
-    for paragraph in text.split("\n"):
+    """``text`` wrapped so that every line is at most ``width`` inches wide; a subtitle's
+    ' · ' parts stay whole where they fit."""
+    def fits(line: str) -> bool:
+        return _text_size(fig, line, size, weight)[0] <= width
+
+    def by_words(paragraph: str) -> list[str]:
         measured = _text_size(fig, paragraph, size, weight)[0]
-        if measured <= width or len(paragraph) < 8:
-            lines.append(paragraph)
-            continue
         chars = max(8, int(len(paragraph) * width / measured))
         while chars > 8:
             candidate = textwrap.wrap(paragraph, chars, break_on_hyphens=False)
-            if all(_text_size(fig, line, size, weight)[0] <= width for line in candidate):
-                break
+            if all(fits(line) for line in candidate):
+                return candidate
             chars -= 2
-        lines.extend(textwrap.wrap(paragraph, chars, break_on_hyphens=False))
+        return textwrap.wrap(paragraph, chars, break_on_hyphens=False)
+
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        if fits(paragraph) or len(paragraph) < 8:
+            lines.append(paragraph)
+            continue
+        current = ""
+        for part in paragraph.split(" · "):
+            joined = f"{current} · {part}" if current else part
+            if fits(joined):
+                current = joined
+                continue
+            if current:
+                lines.append(current)
+            if fits(part):
+                current = part
+            else:
+                *full, current = by_words(part)
+                lines.extend(full)
+        if current:
+            lines.append(current)
     return "\n".join(lines)
 
 
@@ -421,6 +447,7 @@ def finish(
     if declutter(fig):
         settle(fig)
     freeze(fig)
+    fig.set_gid(PAGE)
     return fig
 
 
@@ -585,7 +612,8 @@ def set_label_ticks(ax: Axes, labels: Sequence[str], *, axis: str = "x", length:
     setter(keep, labels=[labels[i] for i in keep])
 
 
-def mark_own(ax: Axes, query_frames: Sequence[int], *, left: float = -0.5, width: float = 1.0, gid: str = "own-block") -> None:
+def mark_own(ax: Axes, query_frames: Sequence[int], *, left: float = -0.5, width: float = 1.0,
+             gid: str = "own-block") -> None:  # fmt: skip
     """A light span behind the query block's own frames (frame f covers f+left .. f+left+width)."""
     if not query_frames:
         return
@@ -615,12 +643,16 @@ def outline_frames(ax: Axes, frames: Sequence[int], rows: tuple[float, float], *
     ax.add_patch(box)
 
 
+def own_label(query_frames: Sequence[int], base: int) -> str:
+    return f"query block's own frames ({frames_text(query_frames, base)})"
+
+
 def own_handle(query_frames: Sequence[int], base: int) -> Patch:
-    return Patch(facecolor=OWN_COLOR, edgecolor="none", label=f"query block's own frames ({frames_text(query_frames, base)})")
+    return Patch(facecolor=OWN_COLOR, edgecolor="none", label=own_label(query_frames, base))
 
 
 def own_box_handle(query_frames: Sequence[int], base: int) -> Patch:
-    return Patch(facecolor="none", edgecolor="black", ls="--", label=f"query block's own frames ({frames_text(query_frames, base)})")
+    return Patch(facecolor="none", edgecolor="black", ls="--", label=own_label(query_frames, base))
 
 
 def gap_handle() -> Patch:
@@ -645,7 +677,7 @@ def curve_panel(ax: Axes, curve: pd.Series, query_frames: Sequence[int], *, colo
     present = ~np.isnan(values)
     gaps = mark_gaps(ax, frames, frames[~present], gid=f"gap-{gid}")
     mark_own(ax, query_frames, gid=f"own-block-{gid}")
-    ax.bar(frames[present], values[present], width=0.8, color=color, alpha=0.75, zorder=2, lw=0)
+    bars(ax, frames[present], values[present], color=color)
     (line,) = ax.plot(frames, values, "o-", color=darker(color), lw=1.2, ms=markersize, zorder=3)
     line.set_gid(f"curve-{gid}")
     ax.axhline(0, color="0.3", lw=0.6, zorder=2.5)
@@ -653,6 +685,21 @@ def curve_panel(ax: Axes, curve: pd.Series, query_frames: Sequence[int], *, colo
     ax.grid(False, axis="x")
     set_frame_ticks(ax, frames, base, length=length)
     return gaps
+
+
+def bars(ax: Axes, x: Sequence[float], heights: Sequence[float], *, color, width: float = 0.8, alpha: float = 0.75,
+         zorder: float = 2) -> PolyCollection:  # fmt: skip
+    """Bars from 0, as one collection: one artist to draw (a grid of 40 panels of 21 bars
+    draws several times faster than with Axes.bar) and one group in the SVG."""
+    x, heights = np.asarray(x, dtype=float), np.asarray(heights, dtype=float)
+    half = width / 2
+    verts = np.stack([np.stack([x - half, np.zeros_like(x)], 1), np.stack([x - half, heights], 1),
+                      np.stack([x + half, heights], 1), np.stack([x + half, np.zeros_like(x)], 1)], axis=1)  # fmt: skip
+    collection = PolyCollection(verts, facecolors=color, alpha=alpha, linewidths=0, zorder=zorder)
+    collection.sticky_edges.y.append(0.0)  # no margin below a bar's base, as Axes.bar
+    ax.add_collection(collection, autolim=True)
+    ax.autoscale_view()
+    return collection
 
 
 def annotate_max(ax: Axes, frame: int, value: float, base: int, fontsize: float = 8.0) -> None:

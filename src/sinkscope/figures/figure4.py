@@ -49,7 +49,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(width, 3.4 if ncols < 3 else 3.0))
     gaps = False
     for index, (ax_, (_, layer, head)) in enumerate(zip(axes, heads)):
-        gaps |= panel(ax_, view, layer, head, color=c.PANEL_COLORS[index % len(c.PANEL_COLORS)], base=base, length=width - 0.8)
+        color = c.PANEL_COLORS[index % len(c.PANEL_COLORS)]
+        gaps |= panel(ax_, view, layer, head, color=color, base=base, length=width - 0.8)
     legend = [c.own_handle(view.query_frames, base)] + ([c.gap_handle()] if gaps else [])
     visible = c.frames_text(view.visible, base)
     return c.finish(

@@ -57,7 +57,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     firsts = sorted({s["first_frame"] for s in stats})
     return c.finish(
         fig,
-        title=f"First, middle, last and own frames of the last block (query frames {c.frames_text(view.query_frames, base)})",
+        title="First, middle, last and own frames of the last block "
+        f"(query frames {c.frames_text(view.query_frames, base)})",
         subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
         legend=handles,
         caption=(f"Values of each layer's head-averaged curve (sinkscope.summaries.curve_stats, as in layer_stats): "

@@ -48,7 +48,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     top.set_ylabel("layer")
     top.set_title("head-averaged, every layer", fontsize=9.5)
     # Beside both panels (so their key frames line up), as tall as the map.
-    bar = fig.colorbar(image, ax=[top, bottom], pad=0.01, shrink=map_h / (map_h + 3.6), anchor=(0.0, 1.0), aspect=max(6, 3 * map_h))
+    bar = fig.colorbar(image, ax=[top, bottom], pad=0.01, shrink=map_h / (map_h + 3.6), anchor=(0.0, 1.0),
+                       aspect=max(6, 3 * map_h))  # fmt: skip
     bar.set_label(f"head-averaged\n{c.METRIC_SHORT[metric]}", fontsize=8.5)
 
     chosen = chosen_layers(layers, options.get("highlight_layers"))

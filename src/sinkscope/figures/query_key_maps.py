@@ -24,8 +24,9 @@ def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[i
     heads = sorted(int(h) for h in rows["head"].unique())
     count = int(max(rows["query_frame"].max(), rows["key_frame"].max())) + 1
     out = np.full((len(heads), count, count), np.nan)
-    h = cells.index.get_level_values("head").map({head: i for i, head in enumerate(heads)}).to_numpy()
-    out[h, cells.index.get_level_values("query_frame").to_numpy(), cells.index.get_level_values("key_frame").to_numpy()] = cells.to_numpy()
+    level = cells.index.get_level_values
+    h = level("head").map({head: i for i, head in enumerate(heads)}).to_numpy()
+    out[h, level("query_frame").to_numpy(), level("key_frame").to_numpy()] = cells.to_numpy()
     call = c.call_label(pass_, index, float(rows["timestep"].iloc[0]))
     return out, heads, {"call": call, "runs": c.run_count(rows), "blocks": c.block_frames(rows)}
 
