@@ -494,7 +494,7 @@ def test_registry_is_the_workflows_kinds():
     assert figures.CHECKPOINT_KINDS == workflow.CHECKPOINT_FIGURES and figures.STUDY_KINDS == workflow.STUDY_FIGURES
     assert figures.TOKEN_KINDS == workflow.TOKEN_FIGURES
     for kind, module in figures.KINDS.items():
-        assert module == workflow.figure_module(kind) and callable(figures.module(kind).draw)
+        assert module == f"sinkscope.figures.{kind}" and callable(figures.module(kind).draw)
 
 
 def test_each_kind_module_imports_only_the_shared_code():

@@ -120,3 +120,28 @@ def test_reading_several_files_verifies_each(tmp_path):
     with pytest.raises(DamagedFileError, match="b.parquet"):
         read_table([good, bad])
     assert isinstance(read_table([good, good]), pd.DataFrame) and np.isfinite(read_table(good)["prob_mass"]).all()
+
+
+def test_cli_figure_refuses_mixed_checkpoints_and_draws_one(tmp_path, capsys):
+    from sinkscope.cli import main as cli
+
+    path = tmp_path / "mixed.parquet"
+    write_table(pd.concat([synthetic_rows(checkpoint="a"), synthetic_rows(1, checkpoint="b")]), path, FRAME_ATTENTION_SCHEMA)
+    assert cli(["figure", "figure4", "--input", str(path), "--out-prefix", str(tmp_path / "f"), "--heads", "L4H1"]) == 2
+    assert "several checkpoints (a, b)" in capsys.readouterr().err
+    assert cli(["figure", "figure4", "--input", str(path), "--checkpoint", "b", "--out-prefix", str(tmp_path / "f"),
+                "--heads", "L4H1", "--dpi", "60"]) == 0  # fmt: skip
+    assert (tmp_path / "f.svg").exists() and (tmp_path / "f.png").exists()
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    from sinkscope.cli import main as cli
+
+    monkeypatch.setattr("sinkscope.resources.cuda_device_count", lambda: 0)
+    (tmp_path / "config.yaml").write_text("layers: [0]\n")
+    code = cli(["extract", "--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "x"), "--set", "device=cuda"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "config key device: 'cuda'" in err
+    code = cli(["check", str(tmp_path / "config.yaml"), "generation.num_frames=20"])
+    err = capsys.readouterr().err
+    assert code == 2 and "generation.num_frames: 20 must be a multiple" in err and "Traceback" not in err

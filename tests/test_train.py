@@ -107,7 +107,9 @@ def test_teacher_forcing_equals_kv_cache_generation():
     x_t = (1 - sigma) * x0 + sigma * noise
     context = class_contexts(TINY)[:1]
     trained = teacher_forcing_forward(model, x0, x_t, t, context, [3, 3, 3])
-    cache = model.new_kv_cache(batch_size=1, frame_seq_length=24, capacity_frames=9)
+    from sinkscope.policies import new_policy
+
+    cache = new_policy(model, "global", frame_seq_length=24, num_frames=9)
     for start in (0, 3, 6):
         step = model(x_t[:, :, start : start + 3], t[:, start : start + 3], context, kv_cache=cache, start_frame=start)
         torch.testing.assert_close(step, trained[:, :, start : start + 3], atol=1e-5, rtol=1e-5)

@@ -25,7 +25,8 @@ from .io import atomic_path
 from .jobs import provenance
 from .summaries import block_stats, head_class_grid, head_diagnostics, head_stats, layer_stats
 from .tables import SCHEMAS, read_metadata, read_table, with_default_columns, write_table
-from .workflow import decode_layers, layer_file
+from .integrity import layer_file
+from .workflow import decode_layers
 
 log = logging.getLogger("sinkscope")
 _SOURCE_KEYS = ("checkpoint", "variant", "prompt_id", "seed", "layer", "config_hash", "checkpoint_digest", "device_name",

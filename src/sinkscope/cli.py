@@ -121,8 +121,9 @@ def cmd_import_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_figure(args: argparse.Namespace) -> int:
-    from .figures import figure_job
+    from .figures import draw, save_figure
     from .jobs import log_to
+    from .tables import read_table
     from .workflow import LAYER_FIGURES
 
     log_to(None)
@@ -130,9 +131,27 @@ def cmd_figure(args: argparse.Namespace) -> int:
         raise ConfigError(f"figure {args.kind!r} needs --layer")
     options = {"step": args.step if args.step in ("last", "cache") else int(args.step), "metric": args.metric,
                "heads": args.heads, "video_frames": args.video_frames, "dpi": args.dpi, "frame_base": args.frame_base,
-               "highlight_layers": None, "checkpoint": args.checkpoint}  # fmt: skip
-    figure_job(kind=args.kind, inputs=args.input, svg=f"{args.out_prefix}.svg", png=f"{args.out_prefix}.png",
-               options=options, source=args.source or args.checkpoint, layer=args.layer)  # fmt: skip
+               "highlight_layers": args.highlight_layers}  # fmt: skip
+    tables = {}
+    for path in args.input:
+        name = Path(path).name.removesuffix(".parquet")
+        name = name if name in ("frame_attention", "head_diagnostics", "block_stats", "token_profiles") else "frame_attention"
+        table = read_table(path)
+        tables[name] = table if name not in tables else __import__("pandas").concat([tables[name], table], ignore_index=True)
+    for name, table in tables.items():
+        for column, wanted in (("checkpoint", args.checkpoint), ("variant", args.variant)):
+            if column not in table:
+                continue
+            present = sorted(set(table[column]))
+            if wanted is not None:
+                if wanted not in present:
+                    raise ConfigError(f"{column} {wanted!r} is not in the input (it has {', '.join(present)})")
+                table = table[table[column] == wanted]
+            elif len(present) > 1 and args.kind not in ("policy_comparison", "sink_mass_over_time"):
+                raise ConfigError(f"the input holds several {column}s ({', '.join(present)}); choose one (--{column})")
+        tables[name] = table
+    figure = draw(args.kind, tables, source=args.source or args.checkpoint or "sinkscope", layer=args.layer, options=options)
+    save_figure(figure, f"{args.out_prefix}.svg", f"{args.out_prefix}.png", dpi=args.dpi)
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
 
@@ -212,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--input", nargs="+", required=True, help="tables (.parquet) or extraction folders the figure reads")
     fig.add_argument("--out-prefix", required=True, help="writes PREFIX.svg and PREFIX.png")
     fig.add_argument("--checkpoint", help="the checkpoint to draw, when the input holds several")
+    fig.add_argument("--variant", help="the variant to draw, when the input holds several")
+    fig.add_argument("--highlight-layers", type=int, nargs="+", help="layers drawn as curves in layer_comparison")
     fig.add_argument("--source", help="name shown in titles (default: the checkpoint)")
     fig.add_argument("--layer", type=int)
     fig.add_argument("--step", default="last")

@@ -146,3 +146,22 @@ def _digest(modules: tuple[str, ...]) -> str:
         digest.update(module.encode())
         digest.update(_module_file(module).read_bytes())
     return digest.hexdigest()[:16]
+
+
+# The package module each pipeline stage runs; figures run their own module (plus the
+# shared drawing code). A stage's digest is a param of its rule.
+STAGE_MODULES = {
+    "encode_prompt": ("sinkscope.text", "sinkscope.jobs"),
+    "extract_attention": ("sinkscope.extract", "sinkscope.jobs"),
+    "import_cache": ("sinkscope.legacy", "sinkscope.jobs"),
+    "aggregate_source": ("sinkscope.aggregate", "sinkscope.jobs"),
+    "combine_tables": ("sinkscope.aggregate", "sinkscope.jobs"),
+    "summary_page": ("sinkscope.report", "sinkscope.jobs"),
+}
+
+
+def stage_digest(stage: str) -> str:
+    """Digest of the package code pipeline stage (or figure kind) ``stage`` runs."""
+    if stage in STAGE_MODULES:
+        return code_digest(*STAGE_MODULES[stage])
+    return code_digest(f"sinkscope.figures.{stage}", "sinkscope.figures.common", "sinkscope.jobs")

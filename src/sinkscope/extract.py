@@ -25,11 +25,10 @@ import pandas as pd
 from .checkpoints import CheckpointSpec, resolve_checkpoint
 from .config import stable_hash
 from .errors import SinkscopeError
-from .integrity import check_layer_rows, write_manifest
+from .integrity import check_layer_rows, layer_file, write_manifest
 from .jobs import cuda_visible_devices, pick_device, provenance
 from .options import GenerationOptions
 from .tables import FRAME_ATTENTION_SCHEMA, QUERY_STATS_SCHEMA, TOKEN_PROFILES_SCHEMA, write_table
-from .workflow import layer_file
 
 log = logging.getLogger("sinkscope")
 

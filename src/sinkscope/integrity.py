@@ -33,6 +33,12 @@ MANIFEST = "manifest.json"
 PROB_TOLERANCE = 1e-3
 
 
+def layer_file(directory: str | Path, layer: int | str, kind: str = "frames") -> str:
+    """A layer's file inside an extraction folder: frames, queries or tokens."""
+    suffix = {"frames": "", "queries": ".queries", "tokens": ".tokens"}[kind]
+    return f"{directory}/layer{layer}{suffix}.parquet"
+
+
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -125,12 +125,12 @@ def code_commit() -> str | None:
 
 def provenance(stage: str, device: "torch.device | None" = None) -> dict[str, Any]:
     """Package version, commit and code digest of ``stage``; versions; the device if any."""
-    from .workflow import Study
+    from .codedigest import stage_digest
 
     info: dict[str, Any] = {
         "package_version": __version__,
         "code_commit": code_commit(),
-        "code_digest": Study.code(stage),
+        "code_digest": stage_digest(stage),
         "python_version": platform.python_version(),
     }
     if device is not None:

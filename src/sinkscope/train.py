@@ -327,9 +327,10 @@ def ode_generate(
     sigmas = (shift * u / (1 + (shift - 1) * u)).tolist()
     device = model.device
     batch, _, frames_total, height, width = noise.shape
-    cache = model.new_kv_cache(
-        batch_size=batch, frame_seq_length=model.config.frame_seq_length(height, width), capacity_frames=frames_total
-    )
+    from .policies import new_policy
+
+    cache = new_policy(model, "global", frame_seq_length=model.config.frame_seq_length(height, width),
+                       num_frames=frames_total, batch_size=batch)  # fmt: skip
     context = context.to(device)
     out = torch.empty(noise.shape, device=device, dtype=torch.float32)
     states = torch.empty((batch, len(positions), *noise.shape[1:]), device=device, dtype=torch.float32)

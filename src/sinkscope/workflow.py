@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import ResolvedCheckpoint, cached_value, files_digest
-from .codedigest import code_digest
+from .codedigest import stage_digest
 from .config import generation_options, resolve_checkpoints, variant_names
 from .errors import ConfigError
+from .integrity import layer_file  # noqa: F401 - the extraction folder's layout, re-exported
 from .options import GenerationOptions
 from .resources import default_dtype
 
@@ -86,26 +87,9 @@ PATTERNS = {
     "summary": RESULTS + "/report/summary.html",
 }
 
-# The package module each stage runs: its code (and what it imports) is a rule param.
-STAGE_MODULES = {
-    "encode_prompt": ("sinkscope.text", "sinkscope.jobs"),
-    "extract_attention": ("sinkscope.extract", "sinkscope.jobs"),
-    "import_cache": ("sinkscope.legacy", "sinkscope.jobs"),
-    "aggregate_source": ("sinkscope.aggregate", "sinkscope.jobs"),
-    "combine_tables": ("sinkscope.aggregate", "sinkscope.jobs"),
-    "summary_page": ("sinkscope.report", "sinkscope.jobs"),
-}
-
-
 def path(name: str, **wildcards: Any) -> str:
     """A results path: ``PATTERNS[name]`` with its wildcards filled in."""
     return PATTERNS[name].format(**wildcards)
-
-
-def layer_file(directory: str | Path, layer: int | str, kind: str = "frames") -> str:
-    """A layer's file inside an extraction folder: frames, queries or tokens."""
-    suffix = {"frames": "", "queries": ".queries", "tokens": ".tokens"}[kind]
-    return f"{directory}/layer{layer}{suffix}.parquet"
 
 
 def encode_layers(layers: list[int]) -> str:
@@ -127,11 +111,6 @@ def decode_layers(name: str) -> list[int]:
         first, _, last = part.partition("-")
         layers.extend(range(int(first), int(last or first) + 1))
     return layers
-
-
-def figure_module(kind: str) -> str:
-    """The module that draws figure ``kind`` (its code digest is the figure's param)."""
-    return f"sinkscope.figures.{kind}"
 
 
 @dataclass
@@ -390,6 +369,4 @@ class Study:
     @staticmethod
     def code(stage: str) -> str:
         """Digest of the package code a stage runs (a rule param: changed code reruns it)."""
-        if stage in STAGE_MODULES:
-            return code_digest(*STAGE_MODULES[stage])
-        return code_digest(figure_module(stage), "sinkscope.figures.common", "sinkscope.jobs")
+        return stage_digest(stage)

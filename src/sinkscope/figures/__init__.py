@@ -106,7 +106,7 @@ def _table_name(path: str | Path) -> str:
 
 def _layer_rows(inputs: Sequence[str], layer: int) -> tuple[pd.DataFrame, dict[str, Any]]:
     """One layer's frame_attention rows from extraction folders (or an imported file)."""
-    from ..workflow import layer_file
+    from ..integrity import layer_file
 
     parts, meta = [], {}
     for entry in map(Path, inputs):
