@@ -149,6 +149,54 @@ def section_policies(model, frames: int) -> dict:
     return out
 
 
+def section_job_overhead(model) -> dict:
+    """What the default token profiles add to a one-layer extraction job's own work:
+    the generation with capture, building the rows and writing the layer's files."""
+    import tempfile
+
+    import pandas as pd
+
+    from sinkscope.tables import FRAME_ATTENTION_SCHEMA, QUERY_STATS_SCHEMA, TOKEN_PROFILES_SCHEMA, write_table
+
+    schemas = {"frames": FRAME_ATTENTION_SCHEMA, "queries": QUERY_STATS_SCHEMA, "tokens": TOKEN_PROFILES_SCHEMA}
+    fsl = model.config.frame_seq_length()
+    out: dict = {}
+    run(model, GenerationOptions(), [LAYER], "none")  # warm-up
+    for mode in ("none", "last_block") * 3:
+        sync()
+        began = time.perf_counter()
+        capture = FrameStatsCapture(model, [LAYER], frame_seq_length=fsl, token_profiles=mode)
+        with capture:
+            generate(model, context(model), options=GenerationOptions(), seed=0, observers=[capture])
+        parts = capture.layer_tables()[LAYER]
+        with tempfile.TemporaryDirectory() as tmp:
+            for kind, rows in parts.items():
+                if rows is None:
+                    continue
+                runs = {n: pd.Categorical.from_codes([0] * len(rows), [v]) for n, v in
+                        (("checkpoint", "x"), ("variant", "default"), ("prompt_id", "p"))}  # fmt: skip
+                write_table(rows.assign(**runs, seed=0), f"{tmp}/{kind}.parquet", schemas[kind], {}, row_groups_by="block")
+        out.setdefault(mode, []).append(time.perf_counter() - began)
+    out["extra_seconds"] = min(out["last_block"]) - min(out["none"])
+    # A one-layer extraction job took 14.4 s end to end (docs/performance.md (c)).
+    out["extra_pct_of_a_14.4s_job"] = 100 * out["extra_seconds"] / 14.4
+    return out
+
+
+def section_compiled(model, frames: int) -> dict:
+    """The same rollouts with the tensor work around attention compiled (capture.compile)."""
+    model.compile_blocks(dynamic=False)
+    out = {}
+    began = time.perf_counter()
+    run(model, GenerationOptions(num_frames=21), [LAYER])  # compiles
+    out["compile_warmup_seconds"] = time.perf_counter() - began
+    for policy in ("window", "deep_sink", "participative_compression"):
+        options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy})
+        out[policy] = run(model, options, [LAYER])
+        print(policy, "compiled", json.dumps(out[policy]), flush=True)
+    return out
+
+
 def section_memory(model, policy: str = "deep_sink", lengths=(21, 120, 480)) -> dict:
     out = {}
     for frames in lengths:
@@ -179,6 +227,10 @@ def main() -> int:
                 results[section] = section_tokens(model)
             elif section == "policies":
                 results[section] = section_policies(model, args.frames)
+            elif section == "job":
+                results[section] = section_job_overhead(model)
+            elif section == "compiled":
+                results[section] = section_compiled(model, args.frames)
             elif section == "memory":
                 results[section] = section_memory(model, lengths=(21, 120, 480) if DEVICE != "cpu" else (21, 30))
         except Exception as error:  # noqa: BLE001
