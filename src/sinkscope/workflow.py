@@ -292,8 +292,12 @@ class Study:
         return [path("table", table=t) for t in FIGURE_INPUTS[kind]]
 
     def figure_kinds(self, source: str) -> list[str]:
+        """Source figures to draw: token figures only with token profiles of a chosen head's layer."""
+        from .labels import parse_head_label
+
         kinds = list(SOURCE_FIGURES)
-        if not self.token_profiles(source):
+        head_layers = {parse_head_label(label)[0] for label in self.config["figures"]["heads"]}
+        if not self.token_profiles(source) or not head_layers & set(self.source_layers(source)):
             kinds = [kind for kind in kinds if kind not in TOKEN_FIGURES]
         return kinds
 

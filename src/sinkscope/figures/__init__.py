@@ -124,7 +124,11 @@ def _layer_rows(inputs: Sequence[str], layer: int) -> tuple[pd.DataFrame, dict[s
 def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mapping[str, Any]) -> pd.DataFrame:
     """The token profiles a token figure draws: the chosen heads, the last block, the chosen
     call; read with a filter from the (possibly GB-sized) dataset folder, never whole."""
-    heads = [parse_head_label(label) for label in option(options, "heads")]
+    present = set(frame["layer"].unique())
+    heads = [head for head in map(parse_head_label, option(options, "heads")) if head[0] in present]
+    if not heads:  # none of the chosen heads' layers was extracted: panels say so
+        return pd.DataFrame(columns=["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step",
+                                     "timestep", "key_frame", "token", "token_logit_mean", "token_prob_mean"])  # fmt: skip
     view = figure4_view(frame[frame["layer"].isin({layer for layer, _ in heads})], option(options, "step"), "logit_mean")
     last_blocks = sorted({int(b) for b in frame.groupby(["prompt_id", "seed"], observed=True)["block"].max()})
     filters = [
