@@ -125,3 +125,20 @@ def test_figure_table_and_summary_show_the_same_numbers(workflow):
                  & (layers["metric"] == "logit_mean")].iloc[0]  # fmt: skip
     summary = workflow.path("results/report/summary.html").read_text()
     assert re.search(rf">\s*{row['sink_score']:.4g}\s*<", summary)
+
+
+def test_attention_across_training_checkpoints(workflow):
+    """A few training steps saved along the way, then the study across those checkpoints."""
+    from sinkscope.train import train_demo
+
+    train_demo(workflow.path("train"), steps=4, batch_size=2, save_every=2, seed=0, progress=False)
+    steps = {"untrained": ({"model": "demo", "format": "demo"}, 0),
+             "step2": ({"model": "demo", "format": "self_forcing", "weights": "train/checkpoints/step_000002.pt"}, 2),
+             "final": ({"model": "demo", "format": "self_forcing", "weights": "train/final.pt"}, 4)}  # fmt: skip
+    workflow.write_config({"checkpoints": {name: {**entry, "train_step": step} for name, (entry, step) in steps.items()},
+                           "layers": [0], "generation": {"num_frames": 6}, "capture": {"token_profiles": "none"}})  # fmt: skip
+    workflow.run()
+    svg = workflow.path("results/figures/attention_across_checkpoints.svg").read_text()
+    assert "<text" in svg and "training step" in svg.lower()
+    diagnostics = pd.read_parquet(workflow.path("results/tables/head_diagnostics.parquet"))
+    assert set(diagnostics["checkpoint"]) == set(steps)
