@@ -104,3 +104,12 @@ def figure_options(wildcards):
 
 def figure_code(wildcards):
     return STUDY.code(wildcards.kind)
+
+
+def figure_output(pattern, category, subcategory, labels):
+    """SVG (in the report) and PNG outputs of a figure; update(): a failed redraw keeps the old."""
+    return dict(
+        svg=update(report(pattern.replace("{ext}", "svg"), caption="../report/figure.rst", category=category,
+                          subcategory=subcategory, labels=labels)),
+        png=update(pattern.replace("{ext}", "png")),
+    )  # fmt: skip

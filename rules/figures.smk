@@ -3,19 +3,11 @@
 # or a figure's code, reruns only those figures.
 
 
-def _figure_output(pattern, category, subcategory, labels):
-    return dict(
-        svg=update(report(pattern.replace("{ext}", "svg"), caption="../report/figure.rst", category=category,
-                          subcategory=subcategory, labels=labels)),
-        png=update(pattern.replace("{ext}", "png")),
-    )  # fmt: skip
-
-
 rule source_figure:
     input:
         lambda wildcards: STUDY.figure_inputs(wildcards.kind, wildcards.source),
     output:
-        **_figure_output(PATTERNS["source_figure"], "{source}", "Overview", {"figure": "{kind}"}),
+        **figure_output(PATTERNS["source_figure"], "{source}", "Overview", {"figure": "{kind}"}),
     params:
         options=figure_options,
         code=figure_code,
@@ -36,7 +28,7 @@ rule layer_figure:
     input:
         lambda wildcards: STUDY.source_inputs(wildcards.source, int(wildcards.layer)),
     output:
-        **_figure_output(PATTERNS["layer_figure"], "{source}", "Layer {layer}", {"figure": "{kind}", "layer": "{layer}"}),
+        **figure_output(PATTERNS["layer_figure"], "{source}", "Layer {layer}", {"figure": "{kind}", "layer": "{layer}"}),
     params:
         options=figure_options,
         code=figure_code,
@@ -57,7 +49,7 @@ rule checkpoint_figure:
     input:
         lambda wildcards: STUDY.figure_inputs(wildcards.kind, wildcards.checkpoint),
     output:
-        **_figure_output(PATTERNS["checkpoint_figure"], "{checkpoint}", "Variants", {"figure": "{kind}"}),
+        **figure_output(PATTERNS["checkpoint_figure"], "{checkpoint}", "Variants", {"figure": "{kind}"}),
     params:
         options=figure_options,
         code=figure_code,
@@ -78,7 +70,7 @@ rule study_figure:
     input:
         lambda wildcards: STUDY.study_figure_inputs(wildcards.kind),
     output:
-        **_figure_output(PATTERNS["study_figure"], "Study", "Across checkpoints", {"figure": "{kind}"}),
+        **figure_output(PATTERNS["study_figure"], "Study", "Across checkpoints", {"figure": "{kind}"}),
     params:
         options=figure_options,
         code=figure_code,

@@ -81,7 +81,9 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     partial = False
     for info, q, k, layout in recorder.calls:
         ref = brute_force_statistics(q, k, FSL, len(layout.query_frames), list(layout.key_lengths), q.shape[-1] ** -0.5)
-        call = lambda t: t[(t["block"] == info.block) & (t["pass"] == info.pass_) & (t["step"] == info.step)]  # noqa: E731
+        def call(t, info=info):
+            return t[(t["block"] == info.block) & (t["pass"] == info.pass_) & (t["step"] == info.step)]
+
         got = call(frame_rows).sort_values(["head", "query_frame", "key_frame"])
         order = np.argsort(layout.key_frames, kind="stable")  # rows are sorted by absolute key frame
         for name, atol in (("logit_mean", 1e-6), ("prob_mass", 1e-7), ("argmax_share", 1e-9)):
