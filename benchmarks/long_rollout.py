@@ -104,19 +104,10 @@ def section_tokens(model) -> dict:
     v = torch.randn_like(k)
     kwargs = dict(frame_seq_length=1560, query_frames=range(18, 21), key_frames=range(21))
 
-    def timed(fn, reps=30):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
+    from gpu_benchmark import cuda_time
+
+    def timed(fn):
+        return cuda_time(fn, reps=30)["median_ms"]
 
     out["sdpa_ms"] = timed(lambda: sdpa(q[None], k[None], v[None]))
     out["stats_ms"] = timed(lambda: attention_statistics(q, k, **kwargs))

@@ -22,6 +22,7 @@ from .checkpoints import ResolvedCheckpoint, cached_value, files_digest
 from .codedigest import stage_digest
 from .config import generation_options, resolve_checkpoints, variant_names
 from .errors import ConfigError
+from .figure_kinds import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
 from .integrity import layer_file  # noqa: F401 - the extraction folder's layout, re-exported
 from .options import GenerationOptions
 from .resources import default_dtype
@@ -37,25 +38,6 @@ LEGACY_CACHE = ".snakemake/sinkscope/legacy-layers.json"
 # Tables per source (and combined over sources); token_profiles only with token capture.
 TABLES = ("frame_attention", "head_stats", "layer_stats", "block_stats", "head_diagnostics")
 SOURCE_TABLES = (*TABLES, "query_stats", "token_profiles")
-# Figures drawn once per source, once per layer of a source, once per checkpoint (its
-# variants side by side), and once for the whole study (its checkpoints side by side).
-SOURCE_FIGURES = (
-    "figure4",
-    "figure4_tokens",
-    "figure4_steps",
-    "key_frame_maps",
-    "layer_comparison",
-    "first_middle_last",
-    "sink_score_overview",
-    "head_classes",
-    "entropy_overview",
-    "attention_over_time",
-)
-TOKEN_FIGURES = ("figure4_tokens", "key_frame_maps")  # need token profiles of the last block
-LAYER_FIGURES = ("per_head_grid", "heads_heatmap", "query_key_maps")
-CHECKPOINT_FIGURES = ("sink_mass_over_time", "policy_comparison")
-STUDY_FIGURES = ("attention_across_checkpoints",)
-
 # The per-source tables each figure reads (layer figures read the extraction files).
 FIGURE_INPUTS = {
     "figure4": ("frame_attention",),

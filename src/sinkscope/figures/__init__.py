@@ -30,29 +30,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DamagedFileError
+from ..figure_kinds import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
 from ..labels import parse_head_label
 from ..tables import read_metadata, read_table, with_default_columns
 from .common import DEFAULTS, figure4_view, figure_style, option, save_figure
 
 log = logging.getLogger("sinkscope")
 
-SOURCE_KINDS = (
-    "figure4",
-    "figure4_tokens",
-    "figure4_steps",
-    "key_frame_maps",
-    "layer_comparison",
-    "first_middle_last",
-    "sink_score_overview",
-    "head_classes",
-    "entropy_overview",
-    "attention_over_time",
-)
-LAYER_KINDS = ("per_head_grid", "heads_heatmap", "query_key_maps")
-CHECKPOINT_KINDS = ("sink_mass_over_time", "policy_comparison")
-STUDY_KINDS = ("attention_across_checkpoints",)
+SOURCE_KINDS, LAYER_KINDS, CHECKPOINT_KINDS, STUDY_KINDS = SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES
 KINDS = {kind: f"{__name__}.{kind}" for kind in SOURCE_KINDS + LAYER_KINDS + CHECKPOINT_KINDS + STUDY_KINDS}
-TOKEN_KINDS = ("figure4_tokens", "key_frame_maps")
+TOKEN_KINDS = TOKEN_FIGURES
 # Kept for callers of the former single module: the kinds drawn from frame_attention alone.
 SOURCE_DRAWERS = {kind: KINDS[kind] for kind in
                   ("figure4", "figure4_steps", "layer_comparison", "first_middle_last", "sink_score_overview",
