@@ -9,7 +9,7 @@ from snakemake.utils import validate
 
 from sinkscope.config import check_machine, normalize_config
 from sinkscope.errors import SinkscopeError
-from sinkscope.integrity import quarantine, scan_extractions
+from sinkscope.integrity import invocation_mode, quarantine, scan_extractions
 from sinkscope.workflow import (
     CHECKPOINT_FIGURES,
     LAYER_FIGURES,
@@ -53,18 +53,23 @@ except SinkscopeError as error:
 
 # Extraction folders are directory() outputs, inside which Snakemake sees no loss:
 # compare each with its manifest before any job runs (stat calls, hashes only on
-# changed mtimes). A damaged one is moved aside so that this run's retry rebuilds it.
+# changed mtimes). A run that would execute jobs moves a damaged one aside and stops,
+# so that the next run rebuilds it; a dry run stops naming it; other inspections warn.
 if _MAIN:
     _damaged = scan_extractions(STUDY.all_extract_dirs())
     if _damaged:
-        _lines = [problem for problems in _damaged.values() for problem in problems]
-        if workflow.dryrun:
-            _reject("damaged results (a real run moves them aside to be rebuilt):\n  " + "\n  ".join(_lines))
-        _moved = [f"{folder} -> {quarantine(folder)}" for folder in _damaged]
-        _reject(
-            "damaged results:\n  " + "\n  ".join(_lines) + "\nmoved aside (kept for a look):\n  " + "\n  ".join(_moved)
-            + "\nrun the same snakemake command again: it rebuilds exactly those jobs and what depends on them"
-        )
+        _lines = "\n  ".join(problem for problems in _damaged.values() for problem in problems)
+        _mode = invocation_mode(sys.argv)
+        if _mode == "inspect":
+            sys.stderr.write(f"sinkscope: warning: damaged results (a run moves them aside and rebuilds them):\n  {_lines}\n")
+        elif _mode == "dry-run":
+            _reject(f"damaged results (a real run moves them aside; the run after it rebuilds them):\n  {_lines}")
+        else:
+            _moved = "\n  ".join(f"{folder} -> {quarantine(folder)}" for folder in _damaged)
+            _reject(
+                f"damaged results:\n  {_lines}\nmoved aside (kept for a look):\n  {_moved}\n"
+                "run the same snakemake command again: it rebuilds exactly those jobs and what depends on them"
+            )
 
 
 def _names(values):

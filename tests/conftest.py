@@ -56,3 +56,10 @@ class Workflow:
 @pytest.fixture
 def workflow(tmp_path: Path) -> Workflow:
     return Workflow(tmp_path)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Workflow and Slurm tests are slow: `pytest -m "not slow"` leaves them out."""
+    for item in items:
+        if item.get_closest_marker("workflow") or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slow)

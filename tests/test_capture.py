@@ -69,6 +69,7 @@ def test_every_call_is_captured_with_absolute_frames():
     assert len(queries) == 15 * 12 * 3 and (queries["entropy_tokens"] > 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", CACHE_POLICIES)
 def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     extra = {"participative_compression": dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3),

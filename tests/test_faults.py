@@ -41,11 +41,23 @@ def flip(path: Path, at: int | None = None) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.fixture
-def done(workflow):
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """One finished run, copied for each test (mtimes and Snakemake's records included)."""
+    from conftest import Workflow
+
+    workflow = Workflow(tmp_path_factory.mktemp("template"))
     workflow.write_config(BASE)
     workflow.run()
-    return workflow
+    return workflow.directory
+
+
+@pytest.fixture
+def done(template, tmp_path):
+    from conftest import Workflow
+
+    shutil.copytree(template, tmp_path / "run", symlinks=True)
+    return Workflow(tmp_path / "run")
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete", "truncate", "stray"])
@@ -100,7 +112,6 @@ def test_a_damaged_table_fails_its_reader_and_earlier_figures_are_restored(done)
     [
         (["device=cuda"], "config key device: 'cuda' was asked for, but no CUDA device is visible"),
         (["generation={num_frames: 6, latent_height: 100000}"], "an extraction job needs about"),
-        (["prompts={1: a ball}"], "the name 1 is a int; names must be strings"),
         ([f"prompts={{{'p' * 250}: a ball}}"], "is longer than 64 characters"),
         (["checkpoints={demo: {weights: notes.pt, model: demo}}"], "notes.pt is not a torch .pt file"),
         (["generation={num_frames: 6, cache_policy: sink, local_attn_frames: 3}"], "local_attn_frames: a window of 3"),
@@ -115,6 +126,14 @@ def test_configs_that_cannot_run_are_refused_before_any_job(done, override, mess
     output = result.stdout + result.stderr
     assert result.returncode != 0 and message in output and "Traceback" not in output
     assert snapshot(done) == before
+
+
+def test_integer_names_in_the_config_file_are_refused(done):
+    before = snapshot(done)
+    done.path("config.yaml").write_text("prompts:\n  1: a ball moving in a circle\nlayers: [0, 1]\n")
+    result = done.run(check=False)
+    assert result.returncode != 0 and "config key prompts: the name 1 is a int; names must be strings" in result.stderr
+    assert "Traceback" not in result.stderr and snapshot(done) == before
 
 
 def test_changed_package_code_reruns_exactly_what_runs_it(tmp_path):

@@ -119,7 +119,7 @@ def test_figure_table_and_summary_show_the_same_numbers(workflow):
     assert (chosen["runs"] == 2).all()
     grid = workflow.path("results/figures/demo/layer0/per_head_grid.svg").read_text()
     for head, row in chosen.iterrows():
-        assert f"H{head + 1} (sink={row['sink_score']:+.2f})" in grid
+        assert f"H{head + 1} · sink {row['sink_score']:+.2f}" in grid
     layers = pd.read_parquet(workflow.path("results/tables/layer_stats.parquet"))
     row = layers[(layers["prompt_id"] == "*") & (layers["pass"] == "denoise") & (layers["step"] == 3)
                  & (layers["metric"] == "logit_mean")].iloc[0]  # fmt: skip

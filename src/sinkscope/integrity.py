@@ -216,3 +216,24 @@ def quarantine(path: str | Path) -> Path | None:
         target = path.with_name(f"{path.name}.damaged-{number}")
     os.replace(path, target)
     return target
+
+
+_INSPECT_FLAGS = ("--lint", "--report", "--list", "--summary", "--detailed-summary", "--dag", "--rulegraph", "--filegraph",
+                  "--d3dag", "--unlock", "--cleanup-metadata", "--list-changes", "--touch", "--delete-all-output",
+                  "--delete-temp-output", "--archive", "--containerize", "--export-cwl", "--generate-unit-tests")  # fmt: skip
+
+
+def invocation_mode(argv: list[str]) -> str:
+    """'run', 'dry-run' or 'inspect' (lint, report, graphs...), from Snakemake's command line.
+
+    While the Snakefile is parsed, Snakemake does not yet say whether it will execute
+    jobs; moving damaged results aside must happen only when it will.
+    """
+    for arg in argv[1:]:
+        if arg in ("-n", "--dry-run", "--dryrun", "--just-print") or (
+            arg.startswith("-") and not arg.startswith("--") and "n" in arg[1:] and arg[1:].isalpha()
+        ):
+            return "dry-run"
+        if any(arg == flag or arg.startswith(flag + "-") or arg.startswith(flag + "=") for flag in _INSPECT_FLAGS):
+            return "inspect"
+    return "run"
