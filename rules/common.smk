@@ -9,7 +9,7 @@ from snakemake.utils import validate
 
 from sinkscope.config import check_machine, normalize_config
 from sinkscope.errors import SinkscopeError
-from sinkscope.integrity import invocation_mode, quarantine, scan_extractions
+from sinkscope.integrity import forget_inventory, invocation_mode, quarantine, scan_extractions
 from sinkscope.workflow import (
     CHECKPOINT_FIGURES,
     LAYER_FIGURES,
@@ -58,6 +58,9 @@ except SinkscopeError as error:
 if _MAIN:
     _damaged = scan_extractions(STUDY.all_extract_dirs())
     if _damaged:
+        # A dry run leaves Snakemake's file inventory behind for the next run to reuse;
+        # it would still list what is being moved aside.
+        forget_inventory()
         _lines = "\n  ".join(problem for problems in _damaged.values() for problem in problems)
         _mode = invocation_mode(sys.argv)
         if _mode == "inspect":

@@ -237,3 +237,9 @@ def invocation_mode(argv: list[str]) -> str:
         if any(arg == flag or arg.startswith(flag + "-") or arg.startswith(flag + "=") for flag in _INSPECT_FLAGS):
             return "inspect"
     return "run"
+
+
+def forget_inventory(workdir: str | Path = ".") -> None:
+    """Drop the file inventory a Snakemake dry run saves for the next run to reuse
+    (``.snakemake/iocache/latest.pkl``): after results are moved aside it is stale."""
+    Path(workdir, ".snakemake", "iocache", "latest.pkl").unlink(missing_ok=True)

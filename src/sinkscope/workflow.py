@@ -299,11 +299,15 @@ class Study:
         return paths
 
     def all_targets(self) -> list[str]:
-        tables = [path("table", table=t) for t in TABLES]
-        if any(self.token_profiles(source) for source in self.sources):
-            tables.append(path("table", table="token_profiles"))
-        csvs = [path("head_classes_csv", source=source) for source in self.sources]
-        return tables + csvs + self.figure_targets() + [PATTERNS["summary"]]
+        """Everything the study makes, intermediate results included: Snakemake does not
+        rebuild a missing intermediate whose consumers are up to date, and a result
+        moved aside as damaged must come back on the next run."""
+        tables = [path("table", table=t) for t in (*TABLES, "token_profiles")]
+        per_source = [p for source in self.sources for p in self.source_tables(source).values()]
+        per_source += [path("head_classes_csv", source=source) for source in self.sources]
+        inputs = self.all_extract_dirs() + [path("imported", source=name) for name in self.legacy]
+        embeddings = sorted({self.embedding(checkpoint, prompt) for checkpoint in self.checkpoints for prompt in self.prompts})
+        return tables + per_source + inputs + embeddings + self.figure_targets() + [PATTERNS["summary"]]
 
     # -- rule params (canonical: equivalent configs give equal params) -----------------------------
 
