@@ -61,7 +61,7 @@ def main() -> None:
         command = snakemake + ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(study_dir)]
         first = timed(command, study_dir, 1)  # fills the digest caches (.snakemake/sinkscope)
         study = timed(command, study_dir, args.repeat)
-        jobs = subprocess.run(command[:-1], cwd=study_dir, capture_output=True, text=True).stdout
+        jobs = subprocess.run([c for c in command if c != "-q"], cwd=study_dir, capture_output=True, text=True).stdout
     total = next((line.split()[-1] for line in jobs.splitlines() if line.startswith("total")), "?")
     result = {
         "floor_median_s": statistics.median(floor),

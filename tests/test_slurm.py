@@ -39,6 +39,9 @@ CONFIG = {
     "seeds": [0],
     "layers": [0, 4],
     "generation": {"num_frames": 6},
+    # The test cluster's GPU is a Slurm gres without CUDA behind it; on a cluster,
+    # device: auto means CUDA, so the jobs would rightly refuse to start.
+    "device": "cpu",
 }
 SUBMITTED = {"encode_prompt": 1, "extract_attention": 2}  # the rest are localrules
 GPU_RULES = {"extract_attention"}

@@ -86,7 +86,7 @@ def pick_device(option: str = "auto") -> "torch.device":
         visible = torch.cuda.device_count()
         index = int(option.partition(":")[2] or 0)
         if not visible:
-            raise ConfigError(f"config key device: {option!r} was asked for, but no CUDA device is visible to this job")
+            raise ConfigError(f"config key device: {option!r} was asked for, but no CUDA device is visible to this job (set device: cpu to compute on the CPU)")
         if index >= visible:
             raise ConfigError(f"config key device: {option!r} was asked for, but only {visible} CUDA device(s) are visible")
         if option == "cuda":
