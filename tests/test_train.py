@@ -228,3 +228,14 @@ def test_evaluate_demo_runs():
     assert result["trained"]["videos"] == 5 and 0 <= result["trained"]["classifier_accuracy"] <= 1
     assert result["data"]["classifier_accuracy"] >= 0.9
     assert len(result["trained"]["frame_std"]) == 21
+
+
+def test_the_cli_command_trains_with_the_full_option_set(tmp_path, capsys):
+    from sinkscope.cli import main as cli_main
+
+    out = tmp_path / "cli"
+    assert cli_main(["train-demo", "--out", str(out), "--steps", "2", "--batch-size", "1",
+                     "--dtype", "float32", "--schedule", "constant", "--log-every", "1"]) == 0  # fmt: skip
+    assert "trained 2 steps" in capsys.readouterr().out
+    data = torch.load(out / "final.pt", weights_only=True)
+    assert data["step"] == 2 and next(iter(data["generator_ema"].values())).dtype == torch.float32

@@ -180,15 +180,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def cmd_train_demo(args: argparse.Namespace) -> int:
-    from .train import train_demo
-
-    result = train_demo(args.out, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
-                        save_every=args.save_every, lr=args.lr, compile=args.compile, max_seconds=args.max_seconds)  # fmt: skip
-    print(f"wrote {result.final_checkpoint}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .workflow import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES
 
@@ -247,22 +238,18 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("results", nargs="?", default="results")
     verify.set_defaults(func=cmd_verify)
 
-    train = sub.add_parser("train-demo", help="train the demo model on synthetic videos (docs/trained-demo.md)")
-    train.add_argument("--out", required=True, help="folder for checkpoints (Self-Forcing .pt format) and the loss log")
-    train.add_argument("--steps", type=int, default=2000)
-    train.add_argument("--batch-size", type=int, default=8)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--device", default="cpu")
-    train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--save-every", type=int, default=None, help="also save checkpoints/step_N.pt every N steps")
-    train.add_argument("--compile", action="store_true", help="torch.compile the blocks (CUDA)")
-    train.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
-    train.epilog = "More options (ODE distillation, data, schedule): python -m sinkscope.train --help"
-    train.set_defaults(func=cmd_train_demo)
+    # Only listed here: main() hands its arguments to sinkscope.train (which imports torch).
+    sub.add_parser("train-demo", add_help=False,
+                   help="train the demo model on synthetic videos (options: sinkscope train-demo --help; docs/trained-demo.md)")  # fmt: skip
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train-demo"]:
+        from .train import main as train_main
+
+        return train_main(argv[1:], prog="sinkscope train-demo")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -1016,9 +1016,10 @@ def format_attention(result: dict) -> str:
 # -- command line ------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.train") -> int:
+    """The training command line: ``sinkscope train-demo`` and ``python -m sinkscope.train``."""
     parser = argparse.ArgumentParser(
-        prog="python -m sinkscope.train",
+        prog=prog,
         description="Train the demo model on sinkscope's synthetic videos (and evaluate it).",
     )
     parser.add_argument("--out", required=True, help="output folder (checkpoints/, final.pt, loss.csv, train.json)")
