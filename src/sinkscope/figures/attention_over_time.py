@@ -42,13 +42,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     panel_w = min(7.5, max(3.6, 0.22 * frames + 1.2))
     panel_h = min(6.5, max(2.2, 0.22 * blocks + 1.0))
     given = ax is not None
-    if given:
-        if len(heads) != 1:
-            raise ValueError(f"{kind} draws into one axes only for one head (head='L1H1')")
-        fig, axes = ax.figure, [ax]
-    else:
-        ncols = min(len(heads), 3 if panel_w < 5 else 2)
-        fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(panel_w, panel_h), extra=(0.9, 0))
+    fig, axes = c.panels(ax, len(heads), kind=kind, one="head (head='L1H1')", ncols=min(len(heads), 3 if panel_w < 5 else 2),
+                         panel=(panel_w, panel_h), extra=(0.9, 0))  # fmt: skip
     matrices = {}
     for label, layer, head in heads:
         if ((frame["layer"] == layer) & (frame["head"] == head)).any():

@@ -544,6 +544,17 @@ def panel_grid(count: int, *, ncols: int, panel: tuple[float, float], extra: tup
     return fig, axes[:count]
 
 
+def panels(ax: Axes | None, count: int, *, kind: str, one: str, ncols: int, panel: tuple[float, float],
+           extra: tuple[float, float] = (0.0, 0.0)) -> tuple[Figure, list[Axes]]:  # fmt: skip
+    """The caller's axes (plot API: ``ax=``, one panel only), else a new grid of ``count``
+    panels; ``one`` says how to ask for a single panel, e.g. "head (heads=['L1H1'])"."""
+    if ax is not None:
+        if count != 1:
+            raise ValueError(f"{kind} draws into one axes only for one {one}")
+        return ax.figure, [ax]
+    return panel_grid(count, ncols=ncols, panel=panel, extra=extra)
+
+
 def share_y(axes: Sequence[Axes], labels: str = "first") -> None:
     """One y range for panels that compare (set, not matplotlib's sharing: that costs
     O(panels²) per draw); y tick labels on the first column only (``labels='first'``)."""

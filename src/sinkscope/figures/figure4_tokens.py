@@ -84,12 +84,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     length = frame_length(tokens, grid)
     ncols = 1 if len(heads) == 1 else 2 if len(heads) <= 4 else 3
     width = {1: 10.0, 2: 7.0, 3: 5.2}[ncols]
-    if ax is not None:
-        if len(heads) != 1:
-            raise ValueError(f"{kind} draws into one axes only for one head (heads=['L1H1'])")
-        axes, fig = [ax], None
-    else:
-        fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(width, 3.3))
+    given = ax is not None
+    fig, axes = c.panels(ax, len(heads), kind=kind, one="head (heads=['L1H1'])", ncols=ncols, panel=(width, 3.3))
     gaps = False
     for index, (ax_, (label, layer, head)) in enumerate(zip(axes, heads)):
         values = profile(tokens, layer, head, column)
@@ -105,7 +101,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                           fontweight="bold")  # fmt: skip
         ax_.set_xlabel("key frame (token resolution)")
         ax_.set_ylabel(c.metric_axis_label(metric))
-    if fig is None:
+    if given:
         return ax.figure
     runs = c.run_count(tokens)
     shape = f"{int(grid[0])} x {int(grid[1])} patch grid" if grid else f"{length} tokens a frame"

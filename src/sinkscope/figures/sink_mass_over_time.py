@@ -28,13 +28,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     layers = sorted(int(x) for x in rows["layer"].unique())
     shown = c.evenly(layers, MOST_PANELS)
     given = ax is not None
-    if given:
-        if len(shown) != 1:
-            raise ValueError(f"{kind} draws into one axes only for one layer (layers=[...])")
-        fig, axes = ax.figure, [ax]
-    else:
-        ncols = min(len(shown), 4)
-        fig, axes = c.panel_grid(len(shown), ncols=ncols, panel=(3.3, 2.4))
+    fig, axes = c.panels(ax, len(shown), kind=kind, one="layer (layers=[...])", ncols=min(len(shown), 4), panel=(3.3, 2.4))
     colors = {v: c.PANEL_COLORS[i % len(c.PANEL_COLORS)] for i, v in enumerate(variants)}
     per_head = rows.groupby(["variant", "layer", "block", "head"], observed=True)["sink_mass"].mean()
     mean = per_head.groupby(["variant", "layer", "block"], observed=True).mean()
