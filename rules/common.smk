@@ -9,7 +9,14 @@ from snakemake.utils import validate
 
 from sinkscope.config import check_machine, normalize_config
 from sinkscope.errors import SinkscopeError
-from sinkscope.integrity import forget_inventory, invocation_mode, quarantine, scan_extractions
+from sinkscope.integrity import (
+    LOCAL_EXECUTORS,
+    forget_inventory,
+    invocation_mode,
+    quarantine,
+    requested_executor,
+    scan_extractions,
+)
 from sinkscope.workflow import (
     CHECKPOINT_FIGURES,
     LAYER_FIGURES,
@@ -32,7 +39,13 @@ def _reject(message):
 # Checks of this machine and of earlier results belong to the main Snakemake process,
 # not to the re-parse inside a cluster job.
 _MAIN = not (workflow.remote_exec or workflow.subprocess_exec)
-_LOCAL = workflow.local_exec and not workflow.remote_exec
+# While parsing, workflow.local_exec is true even for --executor slurm (the executor is
+# set up later): read the executor from the command line and profiles instead.
+_LOCAL = (
+    workflow.local_exec
+    and not workflow.remote_exec
+    and requested_executor(sys.argv, workflow.basedir) in LOCAL_EXECUTORS
+)
 
 try:
     _normalized = normalize_config(config)

@@ -184,6 +184,10 @@ def test_equivalent_configs_give_equal_params():
     assert params({"generation": {"num_frames": 30, "cache_policy": "deep_sink"}}) == params(
         {"generation": {"num_frames": 30, "cache_policy": "deep_sink", "local_attn_frames": 21, "sink_frames": 10}}
     )
+    trained = {"model": "demo", "format": "self_forcing", "weights": "sinkscope:demo_trained.pt"}
+    assert params({"checkpoints": {"demo": trained}}) == params(
+        {"checkpoints": {"demo": {**trained, "format": "auto", "train_step": 1436}}}
+    )  # train_step orders a figure only; 'auto' is the format it detects
     assert params({}) != params({"generation": {"timestep_shift": 3}})
 
 

@@ -145,3 +145,61 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     code = cli(["check", str(tmp_path / "config.yaml"), "generation.num_frames=20"])
     err = capsys.readouterr().err
     assert code == 2 and "generation.num_frames: 20 must be a multiple" in err and "Traceback" not in err
+
+
+def test_a_damaged_prompt_embedding_is_named_not_used(tmp_path):
+    import torch
+
+    from sinkscope.text import TextEncoderSpec, load_embedding, save_embedding
+
+    path = tmp_path / "eagle.safetensors"
+    context = torch.randn(7, 16, generator=torch.Generator().manual_seed(0))
+    save_embedding(path, context, prompt="an eagle", encoder=TextEncoderSpec(kind="demo", text_dim=16))
+    loaded, metadata = load_embedding(path)
+    assert torch.equal(loaded, context) and metadata["prompt"] == "an eagle"
+
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x40  # inside the tensor's bytes
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedFileError, match="do not match the digest") as caught:
+        load_embedding(path)
+    assert caught.value.path == str(path)
+
+    path.write_bytes(b"\xff" * 8 + b"{not json")
+    with pytest.raises(DamagedFileError, match="not a readable prompt embedding"):
+        load_embedding(path)
+
+
+def test_the_executor_is_read_from_the_command_line_and_the_profiles(tmp_path):
+    from sinkscope.integrity import requested_executor
+
+    workflow_dir = tmp_path / "workflow"
+    (workflow_dir / "profiles" / "default").mkdir(parents=True)
+    (workflow_dir / "profiles" / "default" / "config.yaml").write_text("cores: 1\n")
+    slurm = tmp_path / "slurm-profile"
+    slurm.mkdir()
+    (slurm / "config.yaml").write_text("executor: slurm\njobs: 10\n")
+    env = {}
+    assert requested_executor(["snakemake", "--cores", "1"], workflow_dir, env) == "local"
+    assert requested_executor(["snakemake", "--executor", "slurm"], workflow_dir, env) == "slurm"
+    assert requested_executor(["snakemake", "-e", "slurm", "-n"], workflow_dir, env) == "slurm"
+    assert requested_executor(["snakemake", "--executor=cluster-generic"], workflow_dir, env) == "cluster-generic"
+    assert requested_executor(["snakemake", "--workflow-profile", str(slurm)], workflow_dir, env) == "slurm"
+    assert requested_executor(["snakemake", "--profile", str(slurm)], workflow_dir, env) == "slurm"
+    assert requested_executor(["snakemake"], workflow_dir, {"SNAKEMAKE_PROFILE": str(slurm)}) == "slurm"
+    # The command line wins over a profile.
+    assert requested_executor(["snakemake", "--profile", str(slurm), "--executor", "local"], workflow_dir, env) == "local"
+    # The workflow's default profile names an executor: that one.
+    (workflow_dir / "profiles" / "default" / "config.yaml").write_text("executor: slurm\n")
+    assert requested_executor(["snakemake"], workflow_dir, env) == "slurm"
+
+
+def test_mixed_precisions_are_refused_naming_the_files():
+    from sinkscope.aggregate import _check_precision
+    from sinkscope.errors import SinkscopeError
+
+    fp32 = {"file": "results/extract/demo/a/seed0/layers0/layer0.parquet", "device_kind": "cpu", "dtype": "float32"}
+    bf16 = {"file": "results/extract/demo/a/seed1/layers0/layer0.parquet", "device_kind": "cuda", "dtype": "bfloat16"}
+    _check_precision([fp32, dict(fp32, file="other.parquet"), {"file": "imported.parquet"}], "source 'demo'")
+    with pytest.raises(SinkscopeError, match=r"source .demo. mixes precisions \(float32 on cpu: .*seed0.*; bfloat16 on cuda: .*seed1"):
+        _check_precision([fp32, bf16], "source 'demo'")

@@ -503,3 +503,15 @@ def test_workflow_imports_a_legacy_cache(workflow):
     assert "<text" in workflow.path("results/figures/sf_old/figure4.svg").read_text()
     assert workflow.path("results/figures/sf_old/layer0/query_key_maps.png").exists()
     assert read_metadata(workflow.path("results/imported/sf_old/frame_attention.parquet"))["legacy_layout"] == "token_level"
+
+
+def test_a_broadcast_tensor_that_claims_more_than_the_file_holds_is_refused(tmp_path):
+    """A stride-0 view is saved with its one small storage: a few bytes claiming
+    12 x 4680 x 4.6e6 values must fail at once, naming the field, not stream for minutes."""
+    claimed = torch.zeros(1).expand(HEADS, 4680, 4_600_000)
+    path = tmp_path / "broadcast.pt"
+    torch.save({"layer_index": 2, "full_frame_attention": claimed, "is_logits": True, "block_sizes": [1, 1],
+                "frame_seq_length": FSL}, path)  # fmt: skip
+    assert path.stat().st_size < 10_000
+    with pytest.raises(LegacyCacheError, match=r"broadcast.pt: field full_frame_attention: claims .* a broadcast \(stride-0\) view"):
+        import_cache(path, checkpoint="old")

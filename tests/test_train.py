@@ -239,3 +239,16 @@ def test_the_cli_command_trains_with_the_full_option_set(tmp_path, capsys):
     assert "trained 2 steps" in capsys.readouterr().out
     data = torch.load(out / "final.pt", weights_only=True)
     assert data["step"] == 2 and next(iter(data["generator_ema"].values())).dtype == torch.float32
+
+
+def test_attention_summary_of_random_weights_is_near_uniform():
+    from sinkscope.train import attention_summary
+
+    with torch.no_grad():
+        summary = attention_summary(build_model("demo", seed=0), classes=("circle",))
+    assert summary["query_frames"] == [18, 19, 20] and len(summary["layers"]) == 6
+    for layer in summary["layers"]:
+        # Random weights: near-uniform attention (docs/trained-demo.md, "Attention").
+        assert 0.97 < layer["entropy_frames"] <= 1.0 + 1e-9
+        assert abs(layer["frame0"] - summary["uniform_per_frame"]) < 0.01
+    assert abs(sum(summary["frame_profile"]) - 1.0) < 1e-3

@@ -75,7 +75,7 @@ def _source_record(path: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     return {key: meta.get(key) for key in _SOURCE_KEYS if key in meta} | {"file": str(path)}
 
 
-def _check_precision(records: Sequence[Mapping[str, Any]], name: str) -> None:
+def _check_precision(records: Sequence[Mapping[str, Any]], what: str) -> None:
     kinds: dict[tuple, list[str]] = {}
     for record in records:
         if "dtype" in record:
@@ -84,7 +84,7 @@ def _check_precision(records: Sequence[Mapping[str, Any]], name: str) -> None:
         described = "; ".join(f"{dtype} on {device}: {files[0]}" + (f" (+{len(files) - 1} more)" if len(files) > 1 else "")
                               for (device, dtype), files in sorted(kinds.items(), key=str))  # fmt: skip
         raise SinkscopeError(
-            f"source {name!r} mixes precisions ({described}); extract them all on one device kind "
+            f"{what} mixes precisions ({described}); extract them all on one device kind "
             "and dtype (config device / checkpoints.<name>.dtype), e.g. snakemake --forcerun extract_attention"
         )
 
@@ -115,7 +115,7 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
                 model_configs[json.dumps(meta["model_config"], sort_keys=True)] = meta["model_config"]
         parts["queries"] += [_read_checked(path, manifest) for path in files["queries"]]
         token_files += [(path, entry) for path in files["tokens"]]
-    _check_precision(records, name)
+    _check_precision(records, f"source {name!r}")
     frame = pd.concat(parts["frames"], ignore_index=True)
     queries = pd.concat(parts["queries"], ignore_index=True) if parts["queries"] else None
     thresholds = dict(params.get("diagnostics") or {})
@@ -164,6 +164,7 @@ def combine_job(inputs: Mapping[str, Sequence[str | Path]], outputs: Mapping[str
             continue
         frame = read_table(paths)
         parts = [read_metadata(path) for path in paths]
+        _check_precision([source for part in parts for source in part.get("sources", [])], "the study (results/tables/)")
         metadata = {
             **provenance("combine_tables"),
             "checkpoints": sorted(set(frame["checkpoint"])) if len(frame) else [],

@@ -22,7 +22,7 @@ import yaml
 from .checkpoints import CheckpointSpec, ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
 from .errors import ConfigError
 from .labels import head_label, parse_head_label
-from .options import GenerationOptions, OptionsError
+from .options import GLOBAL, POLICY_KEYS, GenerationOptions, OptionsError
 
 __all__ = [
     "CheckpointSpec",
@@ -227,11 +227,33 @@ def _check_names(raw: Mapping) -> None:
                     )
 
 
+def merge_variant(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A variant's ``generation:`` mapping: the base with the variant's keys on top.
+
+    A variant that names a ``cache_policy`` starts that policy afresh: the base's window
+    keys (``local_attn_frames`` ...) belong to the base's policy and are dropped unless
+    the variant restates them. A variant that sets window keys without a policy over a
+    ``global`` base means the older keys' policy (a window is ``window``, with sinks
+    ``sink``). ``null`` removes a key: the policy's default applies.
+    """
+    data = dict(base)
+    if overrides.get("cache_policy") is not None:
+        data = {k: v for k, v in data.items() if k not in POLICY_KEYS}
+    elif any(overrides.get(k) is not None for k in POLICY_KEYS) and data.get("cache_policy") in (None, GLOBAL):
+        data.pop("cache_policy", None)
+    for key, value in overrides.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return data
+
+
 def generation_options(config: Mapping, variant: str | None = None) -> GenerationOptions:
     """The resolved options of the config's generation, or of one of its variants."""
     data = dict(config["generation"])
     if variant is not None and variant in config.get("variants", {}):
-        data.update({k: v for k, v in config["variants"][variant].items() if v is not None})
+        data = merge_variant(data, config["variants"][variant])
     try:
         return GenerationOptions.from_config(data)
     except OptionsError as exc:

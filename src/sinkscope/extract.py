@@ -24,7 +24,7 @@ import pandas as pd
 
 from .checkpoints import CheckpointSpec, resolve_checkpoint
 from .config import stable_hash
-from .errors import SinkscopeError
+from .errors import DamagedFileError, SinkscopeError
 from .integrity import check_layer_rows, layer_file, write_manifest
 from .jobs import cuda_visible_devices, pick_device, provenance
 from .options import GenerationOptions
@@ -134,7 +134,11 @@ def extract_job(
     files, counts = [], {}
     for layer in layers:
         parts = tables[layer]
-        check_layer_rows(parts["frames"], layer=layer, calls=options.num_calls, heads=config.num_heads, where=str(output))
+        try:
+            check_layer_rows(parts["frames"], layer=layer, calls=options.num_calls, heads=config.num_heads, where=str(output))
+        except DamagedFileError as error:
+            # A computation that went wrong, not a damaged file: the previous result stays.
+            raise SinkscopeError(f"the generation's rows fail their check, nothing written: {error.problem}") from None
         for kind, schema in (("frames", FRAME_ATTENTION_SCHEMA), ("queries", QUERY_STATS_SCHEMA), ("tokens", TOKEN_PROFILES_SCHEMA)):
             rows = parts.get(kind)
             if rows is None:

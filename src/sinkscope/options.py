@@ -59,7 +59,8 @@ class OptionsError(ConfigError):
 class GenerationOptions:
     """How a video is generated; field names are the config's ``generation:`` keys.
 
-    Construct with ``from_config`` (resolves the policy's defaults); the fields hold
+    Construct with ``from_config`` (it fills in the policy's published defaults); built
+    directly, a bounded policy needs its window keys spelled out. The fields hold
     resolved values only, so ``to_dict()`` is canonical.
     """
 
@@ -119,9 +120,11 @@ class GenerationOptions:
             raise OptionsError(
                 f"config key generation.cache_policy: {policy!r} is not one of {', '.join(CACHE_POLICIES)}"
             )
-        explicit = values.get("cache_policy") is not None
+        inferred = values.get("cache_policy") is None
         for key in POLICY_KEYS:
-            if explicit and key in values and key not in _USED_KEYS[policy] and values[key] != POLICY_DEFAULTS[policy][key]:
+            if inferred and key == "sink_frames":
+                continue  # the inference read it; a sink without a window gets its own message below
+            if key in values and key not in _USED_KEYS[policy] and values[key] != POLICY_DEFAULTS[policy][key]:
                 raise OptionsError(
                     f"config key generation.{key}: {values[key]} has no meaning for cache_policy {policy!r} "
                     f"(it uses {', '.join(_USED_KEYS[policy]) or 'none of the window keys'})"

@@ -228,7 +228,7 @@ class DeepSinkPolicy(SinkPolicy):
     FIFO after the sink; on every rolling call (first call of an overflowing block) the
     stored, already-roped sink keys are rotated in place in their temporal channels, so
     that the sink starts at ``desired = cs - tail - S`` (cs: the block's start frame,
-    tail: frames after the sink, = cs - W with a full cache). The first roll sets the
+    tail: frames after the sink, = W - S with a full cache, so desired = cs - W). The first roll sets the
     base (delta 0); later rolls rotate by desired - base (cumulative, float64 math cast
     back to the cache dtype). The block's later calls reuse that position.
     """

@@ -184,19 +184,39 @@ def encode_prompts(
 def save_embedding(path: str | Path, context: torch.Tensor, *, prompt: str, encoder: TextEncoderSpec) -> None:
     from safetensors.torch import save_file
 
+    context = context.contiguous().float()
     with atomic_path(path) as tmp:
         save_file(
-            {"context": context.contiguous().float()},
+            {"context": context},
             str(tmp),
-            metadata={"prompt": prompt, "encoder": encoder.key},
+            metadata={"prompt": prompt, "encoder": encoder.key, "context_sha256": _tensor_sha256(context)},
         )
 
 
+def _tensor_sha256(tensor: torch.Tensor) -> str:
+    import hashlib
+
+    return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
 def load_embedding(path: str | Path) -> tuple[torch.Tensor, dict[str, str]]:
+    """A prompt embedding and its metadata, its bytes checked against the digest written
+    with it (files from before the digest existed load unchecked)."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as handle:
-        return handle.get_tensor("context"), dict(handle.metadata() or {})
+    from .errors import DamagedFileError
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            context, metadata = handle.get_tensor("context"), dict(handle.metadata() or {})
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own types for a broken header
+        raise DamagedFileError(path, f"not a readable prompt embedding ({str(error).splitlines()[0]})") from None
+    expected = metadata.get("context_sha256")
+    if expected is not None and _tensor_sha256(context) != expected:
+        raise DamagedFileError(path, "the embedding's bytes do not match the digest written with them")
+    return context, metadata
 
 
 def encode_prompt_job(encoder: dict, prompt_id: str, text: str, output: str | Path, device: str = "auto") -> None:

@@ -848,7 +848,9 @@ def attention_summary(model: WanModel, *, seed: int = 0, classes: Sequence[str] 
     Mean attention probability mass (over heads, query frames and class prompts) on
     key frame 0, on the query's own block, on the frame 6 back, and the share of
     heads whose largest mass outside their own block is on frame 0; "uniform" is
-    what each would be with equal mass on every key token.
+    what each would be with equal mass on every key token. ``entropy_frames``: the
+    entropy of each (prompt, head, query frame)'s key-frame distribution over ln(key
+    frames), averaged: 1 = uniform over frames (as ``head_diagnostics.entropy_frames``).
     """
     from .capture import FrameStatsCapture
 
@@ -869,8 +871,11 @@ def attention_summary(model: WanModel, *, seed: int = 0, classes: Sequence[str] 
                 r for r in capture.records
                 if r.layer == layer and r.call.block == last_block and r.call.pass_ == "denoise" and r.call.step == last_step
             ]  # fmt: skip
-            per_layer.append(record.prob_mass.float().cpu())  # [H, Q, K]
+            per_layer.append(record.stats.prob_mass.float().cpu())  # [H, Q, K], key frames in order (global cache)
         masses.append(torch.stack(per_layer))  # [L, H, Q, K]
+    per_prompt = torch.stack(masses).double()  # [C, L, H, Q, K]
+    plogp = torch.where(per_prompt > 0, -per_prompt * per_prompt.clamp_min(1e-300).log(), torch.zeros_like(per_prompt))
+    entropy = (plogp.sum(-1) / math.log(per_prompt.shape[-1])).mean((0, 2, 3))  # [L]
     mass = torch.stack(masses).mean(0)  # [L, H, Q=3, K=21]
     frames = mass.shape[-1]
     q0 = frames - mass.shape[2]
@@ -892,6 +897,7 @@ def attention_summary(model: WanModel, *, seed: int = 0, classes: Sequence[str] 
             "own_block": float(own[layer].mean()),
             "lag6": float(lag6[layer].mean()),
             "heads_peak_on_frame0": float((top_outside[layer] == 0).float().mean()),
+            "entropy_frames": float(entropy[layer]),
         })  # fmt: skip
     summary["frame_profile"] = [round(float(v), 4) for v in mass.mean((0, 1, 2))]
     return summary
@@ -1001,14 +1007,17 @@ def format_attention(result: dict) -> str:
         f"Last block (query frames {first['query_frames'][0]}-{first['query_frames'][-1]}), last denoising step; "
         f"uniform: {first['uniform_per_frame']:.3f} per frame, {first['uniform_own_block']:.3f} own block.",
         "",
-        "| layer | " + " | ".join(f"{c}: frame 0 | {c}: own block | {c}: lag 6 | {c}: heads peaking at frame 0" for c in columns) + " |",
-        "| --- |" + " ---: |" * (4 * len(columns)),
+        "| layer | " + " | ".join(f"{c}: frame 0 | {c}: own block | {c}: lag 6 | {c}: heads peaking at frame 0 | {c}: entropy / uniform"
+                                   for c in columns) + " |",  # fmt: skip
+        "| --- |" + " ---: |" * (5 * len(columns)),
     ]
     for layer in range(len(first["layers"])):
         cells = []
         for c in columns:
             entry = result[c]["attention"]["layers"][layer]
-            cells += [f"{entry['frame0']:.3f}", f"{entry['own_block']:.3f}", f"{entry['lag6']:.3f}", f"{entry['heads_peak_on_frame0']:.2f}"]
+            entropy = entry.get("entropy_frames")  # absent in evaluations made before it existed
+            cells += [f"{entry['frame0']:.3f}", f"{entry['own_block']:.3f}", f"{entry['lag6']:.3f}", f"{entry['heads_peak_on_frame0']:.2f}",
+                      "n/a" if entropy is None else f"{entropy:.3f}"]  # fmt: skip
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

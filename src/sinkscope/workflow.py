@@ -318,8 +318,12 @@ class Study:
     def extract_params(self, source: str, group: str) -> dict[str, Any]:
         checkpoint, variant = self.runs[source]
         capture = self.config["capture"]
+        resolved = self.checkpoints[checkpoint]
+        # train_step only orders a figure; format 'auto' and the format it detects are one.
+        spec = {**resolved.spec.to_dict(), "format": resolved.format}
+        spec.pop("train_step", None)
         return {
-            "checkpoint": self.checkpoints[checkpoint].spec.to_dict(),
+            "checkpoint": spec,
             "variant": variant,
             "layers": decode_layers(group),
             "generation": self.options[variant].to_dict(),
