@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 
 from sinkscope import figures, summaries
+from sinkscope.errors import DamagedFileError
+from sinkscope.integrity import DATASET_MANIFEST, write_manifest
 from sinkscope.figures import common
 from sinkscope.labels import head_label
 from sinkscope.tables import ALL_PROMPTS, SCHEMAS, write_table
@@ -524,9 +526,11 @@ def write_source(root: Path, data: dict, source: str = "demo") -> dict[str, str]
         write_table(data[name], path, SCHEMAS[name], meta)
         paths[name] = str(path)
     tokens = root / "tables" / source / "token_profiles.parquet"
+    listed = []
     for (prompt, seed, layer), rows in data["token_profiles"].groupby(["prompt_id", "seed", "layer"]):
-        write_table(rows, tokens / prompt / f"seed{seed}" / "layers0-5" / f"layer{layer}.tokens.parquet",
-                    SCHEMAS["token_profiles"], meta)  # fmt: skip
+        listed.append(f"{prompt}/seed{seed}/layers0-5/layer{layer}.tokens.parquet")
+        write_table(rows, tokens / listed[-1], SCHEMAS["token_profiles"], meta)
+    write_manifest(tokens, listed, {"table": "token_profiles", "source": source}, name=DATASET_MANIFEST)
     paths["token_profiles"] = str(tokens)
     extractions = []
     for (prompt, seed), rows in frame.groupby(["prompt_id", "seed"]):
@@ -560,6 +564,22 @@ def test_figure_job_reads_tables_token_folders_and_layer_files(written):
     tokens = Path(root / "figures" / "figure4_tokens.svg").read_text()
     assert "4 x 6 patch grid" in tokens  # the frame grid came from the tables' metadata
     assert "Layer L5 (index 4)" in Path(root / "figures" / "per_head_grid.svg").read_text()
+
+
+def test_a_token_folder_that_lost_or_gained_a_file_is_damaged(tmp_path):
+    paths = write_source(tmp_path, study("demo"))
+    folder = Path(paths["token_profiles"])
+    frame = study("demo")["frame_attention"]
+    options = {"heads": ["L5H10"], "step": "cache"}
+    victim = sorted(folder.rglob("*.tokens.parquet"))[0]
+    victim.rename(victim.with_name("moved"))
+    with pytest.raises(DamagedFileError, match=r"token_profiles.parquet: .*tokens.parquet: missing"):
+        figures.read_token_profiles(folder, frame, options)
+    victim.with_name("moved").rename(victim)
+    figures.read_token_profiles(folder, frame, options)
+    (folder / "stray.parquet").write_bytes(b"PAR1")
+    with pytest.raises(DamagedFileError, match=r"holds files its job did not write \(stray.parquet\)"):
+        figures.read_token_profiles(folder, frame, options)
 
 
 def test_token_profiles_are_read_with_a_filter(written):

@@ -203,3 +203,26 @@ def test_mixed_precisions_are_refused_naming_the_files():
     _check_precision([fp32, dict(fp32, file="other.parquet"), {"file": "imported.parquet"}], "source 'demo'")
     with pytest.raises(SinkscopeError, match=r"source .demo. mixes precisions \(float32 on cpu: .*seed0.*; bfloat16 on cuda: .*seed1"):
         _check_precision([fp32, bf16], "source 'demo'")
+
+
+def test_verify_checks_extraction_folders_dataset_folders_and_tables(tmp_path, capsys):
+    from sinkscope.cli import main as cli_main
+    from sinkscope.integrity import DATASET_MANIFEST
+
+    results = tmp_path / "results"
+    (results / "extract").mkdir(parents=True)
+    extraction = _folder(results / "extract")
+    write_table(synthetic_rows(seed=3), results / "tables" / "frame_attention.parquet", FRAME_ATTENTION_SCHEMA)
+    dataset = results / "tables" / "token_profiles.parquet"
+    write_table(synthetic_rows(seed=4), dataset / "p" / "layer0.parquet", FRAME_ATTENTION_SCHEMA)
+    write_manifest(dataset, ["p/layer0.parquet"], {"table": "token_profiles"}, name=DATASET_MANIFEST)
+    assert cli_main(["verify", str(results)]) == 0
+    assert "checked 1 extraction folders, 1 dataset folders and 2 Parquet files: all whole" in capsys.readouterr().err
+
+    (dataset / "p" / "layer0.parquet").unlink()
+    data = bytearray((extraction / "layer1.parquet").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (extraction / "layer1.parquet").write_bytes(bytes(data))
+    assert cli_main(["verify", str(results)]) == 1
+    printed = capsys.readouterr().out
+    assert "layer1.parquet: damaged" in printed and "p/layer0.parquet: missing" in printed

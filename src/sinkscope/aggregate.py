@@ -20,12 +20,19 @@ from typing import Any
 import pandas as pd
 
 from .errors import DamagedFileError, SinkscopeError
-from .integrity import check_layer_rows, read_manifest, verify_file
+from .integrity import (
+    DATASET_MANIFEST,
+    check_dataset_folder,
+    check_layer_rows,
+    layer_file,
+    read_manifest,
+    verify_file,
+    write_manifest,
+)
 from .io import atomic_path
 from .jobs import provenance
 from .summaries import block_stats, head_class_grid, head_diagnostics, head_stats, layer_stats
 from .tables import SCHEMAS, read_metadata, read_table, with_default_columns, write_table
-from .integrity import layer_file
 from .workflow import decode_layers
 
 log = logging.getLogger("sinkscope")
@@ -145,8 +152,12 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
     folder = Path(outputs["token_profiles"])
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    linked = []
     for path, directory in token_files:
-        _link_or_copy(path, folder / directory.parent.parent.name / directory.parent.name / directory.name / path.name)
+        relative = Path(directory.parent.parent.name, directory.parent.name, directory.name, path.name)
+        _link_or_copy(path, folder / relative)
+        linked.append(relative.as_posix())
+    write_manifest(folder, linked, {"table": "token_profiles", "source": name}, name=DATASET_MANIFEST)
     log.info("aggregated %d files, %d frame rows, %d token files for %s in %.2f s",
              len(records), len(frame), len(token_files), name, time.perf_counter() - began)  # fmt: skip
 
@@ -158,9 +169,14 @@ def combine_job(inputs: Mapping[str, Sequence[str | Path]], outputs: Mapping[str
             folder = Path(outputs[table])
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
+            linked = []
             for source_folder in map(Path, paths):
-                for file in sorted(source_folder.rglob("*.parquet")):
-                    _link_or_copy(file, folder / source_folder.parent.name / file.relative_to(source_folder))
+                check_dataset_folder(source_folder)
+                for name in sorted(read_manifest(source_folder, DATASET_MANIFEST)["files"]):
+                    relative = Path(source_folder.parent.name, name)
+                    _link_or_copy(source_folder / name, folder / relative)
+                    linked.append(relative.as_posix())
+            write_manifest(folder, linked, {"table": "token_profiles", "sources": [str(p) for p in paths]}, name=DATASET_MANIFEST)
             continue
         frame = read_table(paths)
         parts = [read_metadata(path) for path in paths]

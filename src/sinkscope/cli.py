@@ -157,7 +157,7 @@ def cmd_figure(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .integrity import check_directory
+    from .integrity import DATASET_MANIFEST, check_directory
     from .tables import read_arrow
 
     problems: list[str] = []
@@ -167,6 +167,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     folders = sorted({p.parent for p in root.rglob("manifest.json")})
     for folder in folders:
         problems += check_directory(folder, full=True)
+    datasets = sorted({p.parent for p in root.rglob(DATASET_MANIFEST)})
+    for folder in datasets:  # token-profile folders: the files they list, hashed
+        problems += check_directory(folder, full=True, name=DATASET_MANIFEST)
     files = [p for p in sorted(root.rglob("*.parquet")) if p.is_file() and not any(f in p.parents for f in folders)]
     for file in files:
         try:
@@ -175,7 +178,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             problems.append(str(error))
     for line in problems:
         print(line)
-    print(f"checked {len(folders)} extraction folders and {len(files)} tables: "
+    print(f"checked {len(folders)} extraction folders, {len(datasets)} dataset folders and {len(files)} Parquet files: "
           f"{'all whole' if not problems else f'{len(problems)} problems'}", file=sys.stderr)  # fmt: skip
     return 1 if problems else 0
 

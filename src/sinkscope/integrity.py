@@ -29,6 +29,9 @@ from .errors import DamagedFileError
 from .io import atomic_path
 
 MANIFEST = "manifest.json"
+# Parquet dataset folders (token profiles) list their files in "_manifest.json": dataset
+# readers skip names starting with "_", so the folder stays a plain Parquet dataset.
+DATASET_MANIFEST = "_manifest.json"
 # How far a query frame's prob_mass (or argmax_share) may sum from 1.
 PROB_TOLERANCE = 1e-3
 
@@ -115,21 +118,21 @@ def file_record(path: Path) -> dict[str, Any]:
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
 
 
-def write_manifest(directory: str | Path, files: Iterable[str], contents: Mapping[str, Any]) -> None:
-    """Record ``files`` (names inside ``directory``) and what they hold; written last."""
+def write_manifest(directory: str | Path, files: Iterable[str], contents: Mapping[str, Any], name: str = MANIFEST) -> None:
+    """Record ``files`` (paths relative to ``directory``) and what they hold; written last."""
     directory = Path(directory)
     manifest = {
         "files": {name: file_record(directory / name) for name in sorted(files)},
         "contents": dict(contents),
     }
-    with atomic_path(directory / MANIFEST) as tmp:
+    with atomic_path(directory / name) as tmp:
         tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
 
-def read_manifest(directory: str | Path) -> dict[str, Any]:
-    path = Path(directory) / MANIFEST
+def read_manifest(directory: str | Path, name: str = MANIFEST) -> dict[str, Any]:
+    path = Path(directory) / name
     if not path.is_file():
-        raise DamagedFileError(directory, "incomplete: it has no manifest.json (the job that wrote it did not finish)")
+        raise DamagedFileError(directory, f"incomplete: it has no {name} (the job that wrote it did not finish)")
     try:
         manifest = json.loads(path.read_text())
         manifest["files"], manifest["contents"]  # noqa: B018 - both must exist
@@ -138,7 +141,7 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def check_directory(directory: str | Path, *, full: bool = False) -> list[str]:
+def check_directory(directory: str | Path, *, full: bool = False, name: str = MANIFEST) -> list[str]:
     """Problems of one extraction folder against its manifest ([] when it is whole).
 
     By default only sizes and mtimes are compared, and a file is hashed only when its
@@ -146,12 +149,12 @@ def check_directory(directory: str | Path, *, full: bool = False) -> list[str]:
     """
     directory = Path(directory)
     try:
-        manifest = read_manifest(directory)
+        manifest = read_manifest(directory, name)
     except DamagedFileError as exc:
         return [str(exc)]
     problems = []
-    for name, record in manifest["files"].items():
-        path = directory / name
+    for listed_name, record in manifest["files"].items():
+        path = directory / listed_name
         try:
             stat = path.stat()
         except FileNotFoundError:
@@ -161,11 +164,20 @@ def check_directory(directory: str | Path, *, full: bool = False) -> list[str]:
             problems.append(f"{path}: damaged (size {stat.st_size} bytes, written as {record['size']})")
         elif (full or stat.st_mtime_ns != record["mtime_ns"]) and file_sha256(path) != record["sha256"]:
             problems.append(f"{path}: damaged (its content changed after it was written)")
-    listed = set(manifest["files"]) | {MANIFEST}
-    extra = sorted(p.name for p in directory.iterdir() if p.name not in listed and not p.name.startswith("."))
+    listed = set(manifest["files"]) | {name}
+    present = (p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    extra = sorted(p for p in present if p not in listed and not any(part.startswith(".") for part in p.split("/")))
     if extra:
         problems.append(f"{directory}: holds files its job did not write ({', '.join(extra[:3])})")
     return problems
+
+
+def check_dataset_folder(folder: str | Path) -> None:
+    """Fail naming the first problem unless a Parquet dataset folder holds exactly the
+    files its ``_manifest.json`` lists, unchanged (sizes, and content where mtimes moved)."""
+    problems = check_directory(folder, name=DATASET_MANIFEST)
+    if problems:
+        raise DamagedFileError(folder, problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
 def scan_extractions(directories: Iterable[str | Path]) -> dict[str, list[str]]:
@@ -205,7 +217,7 @@ def quarantine(path: str | Path) -> Path | None:
     in_extraction = re.fullmatch(r"layer\d+(\.queries|\.tokens)?\.parquet", path.name) and re.fullmatch(
         r"layers[\d_-]+", path.parent.name
     )
-    if path.name == MANIFEST or in_extraction:
+    if path.name in (MANIFEST, DATASET_MANIFEST) or in_extraction:
         path = path.parent
     if not path.exists():
         return None

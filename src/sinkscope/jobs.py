@@ -53,7 +53,7 @@ def run_job(name: str, log_path: str | Path, function: Callable[..., Any], *args
         function(*args, **kwargs)
     except SinkscopeError as error:
         log.error("%s failed:\n%s", name, traceback.format_exc())
-        message = str(error)
+        message = _one_line(error, log_path)
         if isinstance(error, DamagedFileError):
             from .integrity import quarantine
 
@@ -64,8 +64,15 @@ def run_job(name: str, log_path: str | Path, function: Callable[..., Any], *args
         sys.exit(1)
     except Exception as error:  # noqa: BLE001 - a bug: say so, keep the traceback in the log
         log.error("%s failed:\n%s", name, traceback.format_exc())
-        console.write(f"sinkscope: {name}: unexpected {type(error).__name__}: {error} (traceback in {log_path})\n")
+        console.write(f"sinkscope: {name}: unexpected {type(error).__name__}: {_one_line(error)} (traceback in {log_path})\n")
         sys.exit(1)
+
+
+def _one_line(error: BaseException, log_path: str | Path | None = None) -> str:
+    """The console's line for an error: its first line (the rest is in the log)."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    more = f" (more in {log_path})" if len(lines) > 1 and log_path is not None else ""
+    return lines[0] + more
 
 
 # -- devices ---------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DamagedFileError
+from ..integrity import check_dataset_folder
 from ..figure_kinds import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
 from ..labels import parse_head_label
 from ..tables import read_metadata, read_table, with_default_columns
@@ -125,6 +126,7 @@ def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mappin
         ("pass", "=", view.pass_),
         ("step", "=", view.step),
     ]
+    check_dataset_folder(folder)
     try:
         rows = pq.read_table(folder, filters=filters, page_checksum_verification=True).to_pandas()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
