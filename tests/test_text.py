@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 from fakes import tiny_tokenizer, tiny_umt5, write_umt5
@@ -92,4 +94,5 @@ def test_embedding_file_round_trip(tmp_path):
     save_embedding(path, context, prompt="a red fox", encoder=spec)
     loaded, meta = load_embedding(path)
     assert torch.equal(loaded, context)
+    assert meta.pop("context_sha256") == hashlib.sha256(context.float().numpy().tobytes()).hexdigest()
     assert meta == {"prompt": "a red fox", "encoder": "demo-8x32"}
