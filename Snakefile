@@ -6,7 +6,7 @@
 # Stages (rules/): extract (prompt embeddings, one GPU job per checkpoint x variant x
 # prompt x seed x layer group), import (older .pt caches), aggregate (verified Parquet
 # tables), figures (SVG + PNG), report (summary page). Paths, params and checks come
-# from the sinkscope package (sinkscope.workflow); see README.md.
+# from the sinkscope package (sinkscope.pipeline.study); see README.md.
 
 from snakemake.utils import min_version
 

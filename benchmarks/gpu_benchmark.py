@@ -38,10 +38,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from sinkscope.capture import FrameStatsCapture  # noqa: E402
-from sinkscope.generation import GenerationOptions, generate  # noqa: E402
+from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
+from sinkscope.generation.sampler import GenerationOptions, generate  # noqa: E402
 from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
-from sinkscope.stats import frame_attention_stats  # noqa: E402
+from sinkscope.stats.attention import frame_attention_stats  # noqa: E402
 from sinkscope.stats.reference import logit_mean_factorized, prob_mass_chunked  # noqa: E402
 
 MiB = 2**20
@@ -326,7 +326,7 @@ JOB_DRIVER = """
 import json, sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, {src!r})
-from sinkscope.jobs import extract_job
+from sinkscope.pipeline.jobs import extract_job
 t1 = time.perf_counter()
 meta = extract_job(checkpoint={checkpoint!r}, prompt_id="eagle", seed=0, layers={layers!r},
                    outputs=[{out!r} + f"/layer{{l}}.parquet" for l in {layers!r}], embedding={embedding!r},
@@ -354,7 +354,7 @@ def write_release_folder(folder: Path) -> float:
 
 
 def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cache_dir: Path | None = None) -> dict:
-    from sinkscope.text import TextEncoderSpec, save_embedding
+    from sinkscope.model.text import TextEncoderSpec, save_embedding
 
     embedding = workdir / "eagle.safetensors"
     if not embedding.exists():

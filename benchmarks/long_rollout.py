@@ -31,11 +31,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from sinkscope.capture import FrameStatsCapture  # noqa: E402
-from sinkscope.generation import generate  # noqa: E402
+from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
+from sinkscope.generation.sampler import generate  # noqa: E402
 from sinkscope.model import WanModel, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import CACHE_POLICIES, GenerationOptions  # noqa: E402
-from sinkscope.stats import attention_statistics  # noqa: E402
+from sinkscope.stats.attention import attention_statistics  # noqa: E402
 
 GiB = 2**30
 LAYER = 4

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two extraction jobs at once on a 2-GPU machine: `snakemake --cores 16 --resources gpu=2`.
-# Snakemake counts GPUs but assigns none; each job takes a free one (sinkscope.resources.acquire_gpu).
+# Snakemake counts GPUs but assigns none; each job takes a free one (sinkscope.pipeline.resources.acquire_gpu).
 # Prints, per job, the GPU it ran on and its start and end, from the job logs.
 #   bash benchmarks/multi_gpu.sh WORKDIR
 set -euo pipefail

@@ -1,28 +1,19 @@
 # Config validation, the pre-run checks and the helpers every rule uses. The logic
-# lives in the sinkscope package (sinkscope.config, sinkscope.workflow,
-# sinkscope.integrity); this file wires it in. Nothing here imports torch.
+# lives in the sinkscope package (sinkscope.pipeline.config, sinkscope.pipeline.study,
+# sinkscope.pipeline.integrity); this file wires it in. Nothing here imports torch.
 
 import re
 import sys
 
 from snakemake.utils import validate
 
-from sinkscope.config import check_machine, normalize_config
+from sinkscope.pipeline.config import check_machine, normalize_config
 from sinkscope.errors import SinkscopeError
-from sinkscope.integrity import (
-    LOCAL_EXECUTORS,
-    forget_inventory,
-    invocation_mode,
-    quarantine,
-    requested_executor,
-    scan_extractions,
-)
-from sinkscope.workflow import (
-    CHECKPOINT_FIGURES,
-    LAYER_FIGURES,
+from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
+from sinkscope.pipeline.integrity import quarantine, scan_extractions
+from sinkscope.pipeline.invocation import LOCAL_EXECUTORS, forget_inventory, invocation_mode, requested_executor
+from sinkscope.pipeline.study import (
     PATTERNS,
-    SOURCE_FIGURES,
-    STUDY_FIGURES,
     SOURCE_TABLES,
     TABLES,
     Study,
@@ -56,7 +47,7 @@ try:
     STUDY = Study(config)
     STUDY.device = check_machine(config, STUDY.checkpoints, local=_LOCAL) if _MAIN else STUDY.device
     if not _MAIN:
-        from sinkscope.resources import resolve_device
+        from sinkscope.pipeline.resources import resolve_device
 
         STUDY.device = resolve_device(config["device"], local=False)
     ENCODERS = {key: encoder.to_dict() for key, encoder in STUDY.encoders.items()}

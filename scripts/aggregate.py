@@ -2,8 +2,8 @@
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.aggregate import aggregate_job
-from sinkscope.jobs import run_job
+from sinkscope.pipeline.aggregate import aggregate_job
+from sinkscope.pipeline.jobs import run_job
 
 run_job("aggregate_source", snakemake.log[0], aggregate_job, list(snakemake.input), dict(snakemake.output.items()),
         snakemake.params.aggregate)  # fmt: skip

@@ -2,8 +2,8 @@
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.aggregate import combine_job
-from sinkscope.jobs import run_job
+from sinkscope.pipeline.aggregate import combine_job
+from sinkscope.pipeline.jobs import run_job
 
 inputs = {name: list(paths) for name, paths in snakemake.input.items()}
 run_job("combine_tables", snakemake.log[0], combine_job, inputs, dict(snakemake.output.items()))

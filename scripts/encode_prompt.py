@@ -2,8 +2,8 @@
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.jobs import run_job
-from sinkscope.text import encode_prompt_job
+from sinkscope.model.text import encode_prompt_job
+from sinkscope.pipeline.jobs import run_job
 
 run_job("encode_prompt", snakemake.log[0], encode_prompt_job, snakemake.params.encoder, snakemake.wildcards.prompt,
         snakemake.params.text, snakemake.output[0], device=snakemake.params.device)  # fmt: skip

@@ -2,8 +2,8 @@
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.extract import extract_job
-from sinkscope.jobs import run_job
+from sinkscope.pipeline.extract import extract_job
+from sinkscope.pipeline.jobs import run_job
 
 run = snakemake.params.run
 run_job(

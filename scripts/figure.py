@@ -2,8 +2,8 @@
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.figures import figure_job
-from sinkscope.jobs import run_job
+from sinkscope.figures.render import figure_job
+from sinkscope.pipeline.jobs import run_job
 
 wildcards = snakemake.wildcards
 run_job(

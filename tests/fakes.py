@@ -114,7 +114,7 @@ def tiny_umt5(d_model: int = 16, seed: int = 0):
 
 
 def to_wan_t5_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' UMT5EncoderModel keys -> the Wan .pth names (written independently of sinkscope.text)."""
+    """transformers' UMT5EncoderModel keys -> the Wan .pth names (written independently of sinkscope.model.text)."""
     out = {}
     names = {
         "layer.0.layer_norm": "norm1", "layer.0.SelfAttention.q": "attn.q", "layer.0.SelfAttention.k": "attn.k",

@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_stats_calls import brute_force_statistics
 
-from sinkscope.capture import FrameStatsCapture
-from sinkscope.generation import FlowMatchSchedule, generate
+from sinkscope.generation.capture import FrameStatsCapture
+from sinkscope.generation.sampler import FlowMatchSchedule, generate
 from sinkscope.model import build_model
 from sinkscope.options import CACHE_POLICIES, GenerationOptions
 

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from sinkscope.config import ConfigError, check_machine, coerce, load_config, load_schema, normalize_config, parse_head_label
 from sinkscope.io import atomic_path
-from sinkscope.workflow import Study
+from sinkscope.pipeline.config import (
+    ConfigError,
+    check_machine,
+    coerce,
+    load_config,
+    load_schema,
+    normalize_config,
+    parse_head_label,
+)
+from sinkscope.pipeline.study import Study
 
 
 def test_defaults_fill_the_demo_study():
@@ -193,7 +201,7 @@ def test_equivalent_configs_give_equal_params():
 
 def test_machine_checks_refuse_a_missing_gpu_and_an_oversized_job(monkeypatch):
     config = normalize_config({"device": "cuda"})
-    monkeypatch.setattr("sinkscope.resources.cuda_device_count", lambda: 0)
+    monkeypatch.setattr("sinkscope.pipeline.resources.cuda_device_count", lambda: 0)
     with pytest.raises(ConfigError, match="config key device: 'cuda' was asked for, but no CUDA device is visible"):
         check_machine(config, Study(config).checkpoints)
     big = normalize_config({"generation": {"latent_height": 100000}})

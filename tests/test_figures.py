@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sinkscope import figures, summaries
+from sinkscope import figures
 from sinkscope.errors import DamagedFileError
-from sinkscope.integrity import DATASET_MANIFEST, write_manifest
 from sinkscope.figures import common
-from sinkscope.labels import head_label
+from sinkscope.naming import head_label
+from sinkscope.pipeline.integrity import DATASET_MANIFEST, write_manifest
+from sinkscope.stats import summaries
 from sinkscope.tables import ALL_PROMPTS, SCHEMAS, write_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -483,14 +484,14 @@ def test_missing_heads_and_layers_say_so():
 
 
 def test_defaults_are_the_config_schemas():
-    from sinkscope.config import load_schema
+    from sinkscope.pipeline.config import load_schema
 
     schema = load_schema()["properties"]["figures"]["properties"]
     assert common.DEFAULTS == {name: spec.get("default") for name, spec in schema.items()}
 
 
 def test_registry_is_the_workflows_kinds():
-    from sinkscope import workflow
+    from sinkscope.pipeline import study as workflow
 
     assert figures.SOURCE_KINDS == workflow.SOURCE_FIGURES and figures.LAYER_KINDS == workflow.LAYER_FIGURES
     assert figures.CHECKPOINT_KINDS == workflow.CHECKPOINT_FIGURES and figures.STUDY_KINDS == workflow.STUDY_FIGURES
@@ -501,14 +502,14 @@ def test_registry_is_the_workflows_kinds():
 
 def test_each_kind_module_imports_only_the_shared_code():
     """A changed figure module reruns that figure only: no kind imports another."""
-    from sinkscope.codedigest import _imports
+    from sinkscope.pipeline.codedigest import _imports
 
-    allowed = {"sinkscope.figures", "sinkscope.figures.common", "sinkscope.summaries", "sinkscope.tables",
-               "sinkscope.labels"}  # fmt: skip
+    allowed = {"sinkscope.figures", "sinkscope.figures.common", "sinkscope.stats.summaries", "sinkscope.tables",
+               "sinkscope.naming"}  # fmt: skip
     for kind, module in figures.KINDS.items():
         assert _imports(module) <= allowed, (kind, _imports(module) - allowed)
-    assert _imports("sinkscope.figures.common") <= {"sinkscope.io", "sinkscope.labels", "sinkscope.summaries"}
-    digests = {kind: __import__("sinkscope.workflow", fromlist=["Study"]).Study.code(kind) for kind in figures.KINDS}
+    assert _imports("sinkscope.figures.common") <= {"sinkscope.io", "sinkscope.naming", "sinkscope.stats.summaries"}
+    digests = {kind: __import__("sinkscope.pipeline.study", fromlist=["Study"]).Study.code(kind) for kind in figures.KINDS}
     assert len(set(digests.values())) == len(digests)
 
 

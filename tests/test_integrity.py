@@ -12,15 +12,8 @@ import pytest
 from synthetic import synthetic_rows
 
 from sinkscope.errors import DamagedFileError
-from sinkscope.integrity import (
-    check_directory,
-    column_digests,
-    quarantine,
-    read_manifest,
-    scan_extractions,
-    write_manifest,
-)
-from sinkscope.tables import FRAME_ATTENTION_SCHEMA, read_arrow, read_metadata, read_table, write_table
+from sinkscope.pipeline.integrity import check_directory, quarantine, read_manifest, scan_extractions, write_manifest
+from sinkscope.tables import FRAME_ATTENTION_SCHEMA, column_digests, read_arrow, read_metadata, read_table, write_table
 
 
 def test_column_digests_do_not_depend_on_chunking_or_storage(tmp_path):
@@ -137,7 +130,7 @@ def test_cli_figure_refuses_mixed_checkpoints_and_draws_one(tmp_path, capsys):
 def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     from sinkscope.cli import main as cli
 
-    monkeypatch.setattr("sinkscope.resources.cuda_device_count", lambda: 0)
+    monkeypatch.setattr("sinkscope.pipeline.resources.cuda_device_count", lambda: 0)
     (tmp_path / "config.yaml").write_text("layers: [0]\n")
     code = cli(["extract", "--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "x"), "--set", "device=cuda"])
     err = capsys.readouterr().err
@@ -150,7 +143,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
 def test_a_damaged_prompt_embedding_is_named_not_used(tmp_path):
     import torch
 
-    from sinkscope.text import TextEncoderSpec, load_embedding, save_embedding
+    from sinkscope.model.text import TextEncoderSpec, load_embedding, save_embedding
 
     path = tmp_path / "eagle.safetensors"
     context = torch.randn(7, 16, generator=torch.Generator().manual_seed(0))
@@ -171,7 +164,7 @@ def test_a_damaged_prompt_embedding_is_named_not_used(tmp_path):
 
 
 def test_the_executor_is_read_from_the_command_line_and_the_profiles(tmp_path):
-    from sinkscope.integrity import requested_executor
+    from sinkscope.pipeline.invocation import requested_executor
 
     workflow_dir = tmp_path / "workflow"
     (workflow_dir / "profiles" / "default").mkdir(parents=True)
@@ -195,8 +188,8 @@ def test_the_executor_is_read_from_the_command_line_and_the_profiles(tmp_path):
 
 
 def test_mixed_precisions_are_refused_naming_the_files():
-    from sinkscope.aggregate import _check_precision
     from sinkscope.errors import SinkscopeError
+    from sinkscope.pipeline.aggregate import _check_precision
 
     fp32 = {"file": "results/extract/demo/a/seed0/layers0/layer0.parquet", "device_kind": "cpu", "dtype": "float32"}
     bf16 = {"file": "results/extract/demo/a/seed1/layers0/layer0.parquet", "device_kind": "cuda", "dtype": "bfloat16"}
@@ -207,7 +200,7 @@ def test_mixed_precisions_are_refused_naming_the_files():
 
 def test_verify_checks_extraction_folders_dataset_folders_and_tables(tmp_path, capsys):
     from sinkscope.cli import main as cli_main
-    from sinkscope.integrity import DATASET_MANIFEST
+    from sinkscope.pipeline.integrity import DATASET_MANIFEST
 
     results = tmp_path / "results"
     (results / "extract").mkdir(parents=True)

@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sinkscope import legacy
 from sinkscope.cli import main as cli_main
-from sinkscope.figures import LAYER_DRAWERS, SOURCE_DRAWERS, draw, save_figure
-from sinkscope.legacy import LegacyCacheError, import_cache, import_to_parquet, peek_layers
+from sinkscope.figures.render import LAYER_KINDS, draw, save_figure
+from sinkscope.legacy import importer as legacy
+from sinkscope.legacy.importer import LegacyCacheError, import_cache, import_to_parquet, peek_layers
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, read_metadata
 
 FSL = 6  # tokens per frame: small, so a frame slice is a handful of tokens
@@ -474,7 +474,9 @@ def test_figures_render_from_an_imported_cache_alone(token_cache, matrix_cache, 
     path = token_cache[0] if layout == "token_level" else matrix_cache[0]
     frame, meta = import_cache(path, checkpoint="old")
     options = {"step": "last", "metric": "logit_mean", "heads": ["L1H1", "L5H10"], "video_frames": False, "dpi": 80}
-    kinds = [(kind, None) for kind in SOURCE_DRAWERS] + [(kind, layer) for kind in LAYER_DRAWERS for layer in meta["layers"][-1:]]
+    frame_only = ("figure4", "figure4_steps", "layer_comparison", "first_middle_last", "sink_score_overview",
+                  "attention_over_time")  # the source figures drawn from frame_attention alone
+    kinds = [(kind, None) for kind in frame_only] + [(kind, layer) for kind in LAYER_KINDS for layer in meta["layers"][-1:]]
     for kind, layer in kinds:
         fig = draw(kind, frame, source="old", layer=layer, options=options)
         svg, png = tmp_path / f"{layout}_{kind}.svg", tmp_path / f"{layout}_{kind}.png"

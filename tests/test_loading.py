@@ -9,15 +9,10 @@ import torch
 from fakes import TINY, diffusers_model, tiny_state, write_self_forcing_pt, write_wan_folder
 from safetensors.torch import save_file
 
-from sinkscope.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.errors import ConfigError
 from sinkscope.model import build_model
-from sinkscope.model.loading import (
-    WeightsError,
-    detect_format,
-    load_checkpoint,
-    load_transformer,
-)
+from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
+from sinkscope.model.loading import WeightsError, detect_format, load_checkpoint, load_transformer
 
 
 def sample_inputs(batch=1, frames=3, height=4, width=6, seed=0):

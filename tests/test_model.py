@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkscope.generation import block_causal_frame_mask
+from sinkscope.generation.sampler import block_causal_frame_mask
 from sinkscope.model import KVCache, WanConfig, build_model, get_model_config
+from sinkscope.model.policies import GlobalPolicy, SinkPolicy, new_policy
 from sinkscope.model.wan import RotaryTables, apply_rope, sinusoidal_embedding
-from sinkscope.policies import GlobalPolicy, SinkPolicy, new_policy
 
 TINY = WanConfig(
     dim=48, ffn_dim=64, num_heads=4, num_layers=2, text_dim=16, text_len=8, freq_dim=16, latent_height=4, latent_width=6

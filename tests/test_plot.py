@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from test_figures import PNG_MAGIC, layout_problems, study
 
 from sinkscope import figures, plot
-from sinkscope.workflow import FIGURE_INPUTS
+from sinkscope.pipeline.study import FIGURE_INPUTS
 
 ONE_LINERS = {
     # kind: how a notebook user calls it on the demo's tables

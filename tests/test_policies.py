@@ -16,11 +16,11 @@ import pytest
 import torch
 from test_model import TINY, tiny_model
 
-from sinkscope.generation import GenerationOptions, NoiseStream, generate, seeded_noise
+from sinkscope.generation.sampler import GenerationOptions, NoiseStream, generate, seeded_noise
 from sinkscope.model import KVCache, build_model
 from sinkscope.model.cache import Segment, whole_frames
+from sinkscope.model.policies import MAX_REUSE, ParticipativeCompressionPolicy, new_policy
 from sinkscope.options import OptionsError
-from sinkscope.policies import MAX_REUSE, ParticipativeCompressionPolicy, new_policy
 
 FSL = TINY.frame_seq_length()  # 6 tokens a frame: a 2 x 3 patch grid
 GRID_W = TINY.latent_width // 2

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, SNAKEFILE, Workflow
 
 CLUSTER_SH = Path(__file__).resolve().parent / "slurm" / "cluster.sh"

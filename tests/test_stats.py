@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkscope.stats import check_frame_layout, frame_attention_stats, triton_available
+from sinkscope.stats.attention import check_frame_layout, frame_attention_stats, triton_available
 
 
 def brute_force(q, k, fsl, query_frames, key_frames, scale):

@@ -14,7 +14,13 @@ import textwrap
 import pytest
 import torch
 
-from sinkscope.stats import CallStatistics, attention_statistics, check_frame_layout, frame_attention_stats, triton_available
+from sinkscope.stats.attention import (
+    CallStatistics,
+    attention_statistics,
+    check_frame_layout,
+    frame_attention_stats,
+    triton_available,
+)
 from sinkscope.stats.reference import statistics_chunked
 
 FIELDS = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")

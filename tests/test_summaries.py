@@ -1,4 +1,4 @@
-"""The derived tables (sinkscope.summaries) against hand computations."""
+"""The derived tables (sinkscope.stats.summaries) against hand computations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from synthetic import synthetic_rows
 
-from sinkscope.summaries import (
+from sinkscope.stats.summaries import (
     block_stats,
     classify_head,
     curve_stats,

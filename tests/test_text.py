@@ -8,8 +8,7 @@ import pytest
 import torch
 from fakes import tiny_tokenizer, tiny_umt5, write_umt5
 
-from sinkscope.config import CheckpointSpec
-from sinkscope.text import (
+from sinkscope.model.text import (
     TextEncoderSpec,
     clean_prompt,
     demo_embedding,
@@ -18,6 +17,7 @@ from sinkscope.text import (
     save_embedding,
     text_encoder_for,
 )
+from sinkscope.pipeline.config import CheckpointSpec
 
 pytest.importorskip("transformers")
 

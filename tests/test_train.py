@@ -7,13 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from sinkscope import synthetic
-from sinkscope.generation import block_causal_frame_mask
-from sinkscope.model import get_model_config
-from sinkscope.model.loading import load_transformer
-from sinkscope.model.wan import build_model
-from sinkscope.text import demo_embedding
-from sinkscope.train import (
+from sinkscope.demo import data as synthetic
+from sinkscope.demo.train import (
     class_contexts,
     evaluate_demo,
     export_checkpoint,
@@ -27,6 +22,11 @@ from sinkscope.train import (
     train_demo,
     validation_loss,
 )
+from sinkscope.generation.sampler import block_causal_frame_mask
+from sinkscope.model import get_model_config
+from sinkscope.model.loading import load_transformer
+from sinkscope.model.text import demo_embedding
+from sinkscope.model.wan import build_model
 
 # The demo's latent grid at a tiny width and depth, for fast training tests.
 TINY = dataclasses.replace(get_model_config("demo"), dim=48, ffn_dim=96, num_heads=4, num_layers=2, freq_dim=32)
@@ -66,7 +66,7 @@ def test_data_has_about_unit_variance():
 
 
 def test_drift_moves_left_to_right():
-    from sinkscope.train import video_features
+    from sinkscope.demo.train import video_features
 
     feats = video_features(synthetic.synthetic_batch(2, 8, classes="drift").latents)
     assert (feats["com_x"][:, -1] - feats["com_x"][:, 0] > 5).all()
@@ -107,7 +107,7 @@ def test_teacher_forcing_equals_kv_cache_generation():
     x_t = (1 - sigma) * x0 + sigma * noise
     context = class_contexts(TINY)[:1]
     trained = teacher_forcing_forward(model, x0, x_t, t, context, [3, 3, 3])
-    from sinkscope.policies import new_policy
+    from sinkscope.model.policies import new_policy
 
     cache = new_policy(model, "global", frame_seq_length=24, num_frames=9)
     for start in (0, 3, 6):
@@ -242,7 +242,7 @@ def test_the_cli_command_trains_with_the_full_option_set(tmp_path, capsys):
 
 
 def test_attention_summary_of_random_weights_is_near_uniform():
-    from sinkscope.train import attention_summary
+    from sinkscope.demo.train import attention_summary
 
     with torch.no_grad():
         summary = attention_summary(build_model("demo", seed=0), classes=("circle",))

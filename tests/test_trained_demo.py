@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from sinkscope.capture import FrameStatsCapture
-from sinkscope.generation import generate
+from sinkscope.generation.capture import FrameStatsCapture
+from sinkscope.generation.sampler import generate
 from sinkscope.model import load_transformer
+from sinkscope.model.text import demo_embedding
 from sinkscope.options import GenerationOptions
-from sinkscope.summaries import figure4_curves, head_diagnostics
-from sinkscope.text import demo_embedding
+from sinkscope.stats.summaries import figure4_curves, head_diagnostics
 
 UNIFORM = 1 / 21
 

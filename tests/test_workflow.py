@@ -9,8 +9,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
+from sinkscope.pipeline.study import TABLES
 from sinkscope.tables import SCHEMAS, read_metadata
-from sinkscope.workflow import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TABLES
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
@@ -129,7 +130,7 @@ def test_figure_table_and_summary_show_the_same_numbers(workflow):
 
 def test_attention_across_training_checkpoints(workflow):
     """A few training steps saved along the way, then the study across those checkpoints."""
-    from sinkscope.train import train_demo
+    from sinkscope.demo.train import train_demo
 
     train_demo(workflow.path("train"), steps=4, batch_size=2, save_every=2, seed=0, progress=False)
     steps = {"untrained": ({"model": "demo", "format": "demo"}, 0),

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__
-from .errors import ConfigError, SinkscopeError
+from sinkscope import __version__
+from sinkscope.errors import ConfigError, SinkscopeError
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -38,13 +38,13 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _load(args: argparse.Namespace) -> dict:
-    from .config import load_config
+    from sinkscope.pipeline.config import load_config
 
     return load_config(args.config, _overrides(args.overrides))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .config import check_machine, resolve_checkpoints
+    from sinkscope.pipeline.config import check_machine, resolve_checkpoints
 
     config = _load(args)
     device = check_machine(config, resolve_checkpoints(config), local=not args.cluster)
@@ -54,8 +54,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .model import MODEL_CONFIGS
-    from .resources import parameter_count
+    from sinkscope.model import MODEL_CONFIGS
+    from sinkscope.pipeline.resources import parameter_count
 
     for name, config in MODEL_CONFIGS.items():
         print(f"{name}: {config.num_layers} layers x {config.num_heads} heads, dim {config.dim}, "
@@ -65,11 +65,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from .config import check_machine
-    from .extract import extract_job
-    from .jobs import log_to, pick_device
-    from .text import encode_prompts, save_embedding
-    from .workflow import Study
+    from sinkscope.model.text import encode_prompts, save_embedding
+    from sinkscope.pipeline.config import check_machine
+    from sinkscope.pipeline.extract import extract_job
+    from sinkscope.pipeline.jobs import log_to, pick_device
+    from sinkscope.pipeline.study import Study
 
     log_to(None)
     config = _load(args)
@@ -110,8 +110,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_import_cache(args: argparse.Namespace) -> int:
-    from .jobs import log_to
-    from .legacy import import_job
+    from sinkscope.legacy.importer import import_job
+    from sinkscope.pipeline.jobs import log_to
 
     log_to(None)
     entry = {"prompt_id": args.prompt_id, "seed": args.seed, "allow_pickle": args.allow_pickle}
@@ -121,10 +121,10 @@ def cmd_import_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_figure(args: argparse.Namespace) -> int:
-    from .figures import draw, save_figure
-    from .jobs import log_to
-    from .tables import read_table
-    from .workflow import LAYER_FIGURES
+    from sinkscope.figures.registry import LAYER_FIGURES
+    from sinkscope.figures.render import draw, save_figure
+    from sinkscope.pipeline.jobs import log_to
+    from sinkscope.tables import read_table
 
     log_to(None)
     if args.kind in LAYER_FIGURES and args.layer is None:
@@ -157,8 +157,8 @@ def cmd_figure(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .integrity import DATASET_MANIFEST, check_directory
-    from .tables import read_arrow
+    from sinkscope.pipeline.integrity import DATASET_MANIFEST, check_directory
+    from sinkscope.tables import read_arrow
 
     problems: list[str] = []
     root = Path(args.results)
@@ -184,7 +184,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .workflow import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES
+    from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES
 
     parser = argparse.ArgumentParser(prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sinkscope {__version__}")
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train-demo"]:
-        from .train import main as train_main
+        from sinkscope.demo.train import main as train_main
 
         return train_main(argv[1:], prog="sinkscope train-demo")
     args = build_parser().parse_args(argv)

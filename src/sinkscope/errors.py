@@ -3,7 +3,7 @@
 Everything the user can fix (a config key, a weights file, a damaged result) raises a
 ``SinkscopeError`` whose message names the file, key or value. The command line and
 the Snakemake jobs turn it into one line on the console and keep the traceback in the
-log (``sinkscope.jobs.job_main``); anything else is a bug and is reported as one.
+log (``sinkscope.pipeline.jobs.job_main``); anything else is a bug and is reported as one.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ params, without importing it. ``GenerationOptions.from_config`` resolves a KV-ca
 policy's defaults, so that equivalent configs (``local_attn_frames: 21`` or
 ``cache_policy: window``) give the same canonical options and rerun nothing.
 
-KV-cache policies (``cache_policy``; their code is in ``sinkscope.policies``):
+KV-cache policies (``cache_policy``; their code is in ``sinkscope.model.policies``):
 
 =============================  ==================================================  ======================
 policy                         follows                                             defaults (frames)
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from sinkscope.errors import ConfigError
 
 GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
     "global",

@@ -44,9 +44,9 @@ from typing import Any
 
 import pandas as pd
 
-from . import figures
-from .figures.common import save_figure
-from .tables import DEFAULT_VARIANT, with_default_columns
+from sinkscope import figures
+from sinkscope.figures.common import save_figure
+from sinkscope.tables import DEFAULT_VARIANT, with_default_columns
 
 __all__ = [
     "plot_attention_across_checkpoints",
@@ -72,7 +72,7 @@ __all__ = [
 @lru_cache(maxsize=1)
 def defaults() -> dict[str, Any]:
     """The figures defaults of the config schema."""
-    from .config import load_schema
+    from sinkscope.pipeline.config import load_schema
 
     properties = load_schema()["properties"]["figures"]["properties"]
     return {name: spec.get("default") for name, spec in properties.items()}

@@ -5,7 +5,7 @@ content, the definitions of its columns and the provenance under ``sinkscope.*``
 metadata keys. Every read verifies the checksums; a full read also verifies the
 content digests, so a damaged file fails naming itself instead of flowing on.
 
-The tables (DESIGN.md; the derived ones are computed in ``sinkscope.summaries``):
+The tables (DESIGN.md; the derived ones are computed in ``sinkscope.stats.summaries``):
 
 - ``frame_attention``: one row per call x head x query frame x key frame.
 - ``query_stats``: one row per call x head x query frame (token-level entropy).
@@ -17,6 +17,7 @@ The tables (DESIGN.md; the derived ones are computed in ``sinkscope.summaries``)
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -27,9 +28,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import DamagedFileError
-from .integrity import column_digests
-from .io import atomic_path
+from sinkscope.errors import DamagedFileError
+from sinkscope.io import atomic_path
 
 METRICS = ("logit_mean", "prob_mass")
 META_PREFIX = "sinkscope."
@@ -352,3 +352,35 @@ def with_default_columns(frame: pd.DataFrame, frame_seq_length: int | None = Non
         if name not in frame:
             frame[name] = value
     return frame
+
+
+def column_digests(table) -> dict[str, str]:
+    """sha256 of each column's values (pyarrow Table), independent of chunking and of
+    how the file stores them, so a writer and a reader compute the same digest."""
+    import numpy as np
+    import pyarrow as pa
+
+    digests = {}
+    for name in table.column_names:
+        column = table.column(name)
+        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        digest = hashlib.sha256(str(array.type).encode())
+        digest.update(len(array).to_bytes(8, "little"))
+        if array.null_count:
+            digest.update(np.asarray(array.is_null()).tobytes())
+        if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_binary(array.type):
+            array = array.cast(pa.large_binary())
+            offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
+            data = array.buffers()[2]
+            digest.update((offsets - offsets[0]).tobytes())
+            if data is not None:
+                digest.update(memoryview(data)[offsets[0] : offsets[-1]])
+        elif not array.null_count and array.type.bit_width % 8 == 0 and not pa.types.is_boolean(array.type):
+            width = array.type.bit_width // 8  # the values buffer itself, no copy
+            digest.update(memoryview(array.buffers()[1])[array.offset * width : (array.offset + len(array)) * width])
+        else:
+            digest.update(np.ascontiguousarray(array.fill_null(0).to_numpy(zero_copy_only=False)).tobytes())
+        digests[name] = digest.hexdigest()
+    return digests

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 METRICS = (("frame0_mass", "softmax mass on frame 0"), ("entropy_frames", "normalized entropy over key frames"))
 

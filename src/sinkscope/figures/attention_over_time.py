@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..summaries import figure4_curves
-from . import common as c
+from sinkscope.figures import common as c
+from sinkscope.stats.summaries import figure4_curves
 
 
 def matrix(frame: pd.DataFrame, layer: int, head: int, step, frames: int) -> tuple[np.ndarray, list[int], dict]:
@@ -90,5 +90,5 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         subtitle=c.subtitle(source, call, "softmax mass", runs),
         legend=legend,
         caption=("Each row: one block's queries, averaged over its frames and the runs (the Figure 4 view of that "
-                 "block, sinkscope.summaries.figure4_curves), against every absolute key frame."),
+                 "block, sinkscope.stats.summaries.figure4_curves), against every absolute key frame."),
     )  # fmt: skip

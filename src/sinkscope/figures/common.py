@@ -6,7 +6,7 @@ runs averaged), a legend strip, the panels, a caption. Title, subtitle and capti
 wrapped to the figure's width by measuring them, and the panels are laid out by
 matplotlib's constrained layout inside what is left, so nothing overlaps at any size.
 
-Every number a figure prints comes from ``sinkscope.summaries``; the views here only
+Every number a figure prints comes from ``sinkscope.stats.summaries``; the views here only
 select and reindex what it returns (every key frame 0..F-1 becomes a column, NaN where
 a frame is not visible, so bars are missing and lines break there).
 
@@ -39,9 +39,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FixedLocator
 
-from ..io import atomic_path
-from ..labels import head_label, layer_label, parse_head_label  # noqa: F401 - the kind modules use c.layer_label
-from ..summaries import curve_stats, figure4_curves, resolve_step, runs_in
+from sinkscope.io import atomic_path
+from sinkscope.naming import head_label, layer_label, parse_head_label  # noqa: F401 - the kind modules use c.layer_label
+from sinkscope.stats.summaries import curve_stats, figure4_curves, resolve_step, runs_in
 
 STYLE = {
     "svg.fonttype": "none",  # SVG text stays text: editable in Illustrator / Inkscape
@@ -62,7 +62,7 @@ STYLE = {
     "grid.linestyle": "--",
     "image.interpolation": "nearest",
 }
-# The config schema's figures defaults (sinkscope.config.load_schema; a test keeps them
+# The config schema's figures defaults (sinkscope.pipeline.config.load_schema; a test keeps them
 # equal): what a kind draws with when its options leave a key out.
 DEFAULTS: dict[str, Any] = {
     "heads": ["L1H1", "L5H10"],

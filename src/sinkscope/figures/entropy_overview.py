@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 COLUMNS = (("entropy_frames", "over key frames"), ("entropy_tokens", "over key tokens"))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 
 def panel(ax, view: c.View, layer: int, head: int, *, color: str, base: int, length: float) -> bool:
@@ -62,7 +62,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         caption=(
             f"Bars: {c.METRIC_LABELS[metric]} of each key frame, queries averaged over the last block. "
             "Sink score = first cache frame − mean of the cache frames between the first and the last; "
-            "max@ = the key frame with the largest value (sinkscope.summaries.curve_stats)."
+            "max@ = the key frame with the largest value (sinkscope.stats.summaries.curve_stats)."
         ),
     )
 

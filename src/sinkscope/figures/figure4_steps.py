@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 
 def short_call(view: c.View) -> str:
@@ -69,5 +69,5 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         legend=legend,
         caption=(f"{layout}; each head's panels share one y scale. Bars: {c.METRIC_LABELS[metric]} per key frame, "
                  "queries averaged over the last block. sink = first cache frame − mean of the cache frames between; "
-                 "max@ = the largest key frame (sinkscope.summaries.curve_stats)."),
+                 "max@ = the largest key frame (sinkscope.stats.summaries.curve_stats)."),
     )  # fmt: skip

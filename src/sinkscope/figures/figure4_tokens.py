@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 COLUMNS = {"logit_mean": "token_logit_mean", "prob_mass": "token_prob_mean"}
 WHAT = {
@@ -116,7 +116,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             f"Plotted: {WHAT[metric]}, queries averaged over the last block (frames "
             f"{c.frames_text(view.query_frames, base)}), call: {view.call}, {c.runs_text(runs)}. "
             f"x = key frame + token / {length} (tokens row-major over the {shape}). "
-            "Sink score: the frame curve's first cache frame − mean of the cache frames between (sinkscope.summaries)."
+            "Sink score: the frame curve's first cache frame − mean of the cache frames between (sinkscope.stats.summaries)."
         ),
     )
 

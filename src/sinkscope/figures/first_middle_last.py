@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 SERIES = (
     ("first", "first: oldest cache frame", "#2E86AB"),
@@ -61,7 +61,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         f"(query frames {c.frames_text(view.query_frames, base)})",
         subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
         legend=handles,
-        caption=(f"Values of each layer's head-averaged curve (sinkscope.summaries.curve_stats, as in layer_stats): "
+        caption=(f"Values of each layer's head-averaged curve (sinkscope.stats.summaries.curve_stats, as in layer_stats): "
                  f"first = the oldest cache frame (frame {c.frames_text(firsts, base)}), last = the newest cache frame "
                  "before the block, middle = mean of the cache frames between."),
     )  # fmt: skip

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..summaries import HEAD_CLASSES, head_class_grid
-from . import common as c
+from sinkscope.figures import common as c
+from sinkscope.stats.summaries import HEAD_CLASSES, head_class_grid
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 COLUMNS = {"logit_mean": "token_logit_mean", "prob_mass": "token_prob_mean"}
 TOP = 3  # most attended frames beside the sink frame
@@ -109,6 +109,6 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         caption=(f"Each map: the {what}, queries averaged over the last block (frames "
                  f"{c.frames_text(view.query_frames, base)}), on the {shape[0]} x {shape[1]} latent patch grid "
                  "(token = row x width + column). Frames: the first frame the head sees (its sink) and its most "
-                 "attended other frames by frame-level softmax mass (mass in the titles, sinkscope.summaries); one "
+                 "attended other frames by frame-level softmax mass (mass in the titles, sinkscope.stats.summaries); one "
                  "colour scale a row; grey = token not present."),
     )  # fmt: skip

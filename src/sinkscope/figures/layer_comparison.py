@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 MOST_CURVES = 6
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options: Mapping[str, Any], ax=None, **_: Any):
@@ -42,5 +42,5 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
         legend=legend,
         caption=("One y scale for every head. sink = first cache frame − mean of the cache frames between the first "
-                 "and the last (sinkscope.summaries.curve_stats, the head_stats rows with prompt_id '*')."),
+                 "and the last (sinkscope.stats.summaries.curve_stats, the head_stats rows with prompt_id '*')."),
     )  # fmt: skip

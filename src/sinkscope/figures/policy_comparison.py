@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
@@ -60,5 +60,5 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         " · ".join([source, first.call, c.METRIC_SHORT[metric], f"means of {', '.join(map(str, runs))} runs"]),
         legend=legend,
         caption=("Each head's panels share one y scale. sink = first cache frame − mean of the cache frames between; "
-                 "max@ = the largest key frame (sinkscope.summaries.curve_stats)."),
+                 "max@ = the largest key frame (sinkscope.stats.summaries.curve_stats)."),
     )  # fmt: skip

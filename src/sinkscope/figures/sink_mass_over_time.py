@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 MOST_PANELS = 12
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import common as c
+from sinkscope.figures import common as c
 
 
 def scores(view: c.View) -> pd.DataFrame:
@@ -51,7 +51,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         title="Sink score of every head",
         subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
         caption=("Sink score = first cache frame − mean of the cache frames between the first and the last, on each "
-                 "head's curve of the last block (sinkscope.summaries.curve_stats; head_stats rows with prompt_id '*'). "
+                 "head's curve of the last block (sinkscope.stats.summaries.curve_stats; head_stats rows with prompt_id '*'). "
                  "Red: the first frame draws more than the middle."),
     )  # fmt: skip
 

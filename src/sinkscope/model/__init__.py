@@ -5,7 +5,7 @@ the Snakefile reads model configs while it parses. The torch-side names load on
 first use.
 """
 
-from .config import MODEL_CONFIGS, WanConfig, get_model_config
+from sinkscope.model.config import MODEL_CONFIGS, WanConfig, get_model_config
 
 __all__ = [
     "KVCache",
@@ -23,15 +23,15 @@ __all__ = [
 def __getattr__(name: str):
     # Explicit imports (not importlib) keep the code digest's import scan complete.
     if name == "KVCache":
-        from .cache import KVCache
+        from sinkscope.model.cache import KVCache
 
         return KVCache
     if name in ("WanModel", "build_model", "init_random_weights"):
-        from . import wan
+        from sinkscope.model import wan
 
         return getattr(wan, name)
     if name in ("load_transformer", "load_checkpoint"):
-        from . import loading
+        from sinkscope.model import loading
 
         return getattr(loading, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

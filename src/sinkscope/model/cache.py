@@ -1,6 +1,6 @@
 """Storage of the block-causal KV cache: per-layer key/value buffers and what each token is.
 
-Policy-free. A cache policy (``sinkscope.policies``) decides, call by call, what to
+Policy-free. A cache policy (``sinkscope.model.policies``) decides, call by call, what to
 append, evict, compact or move to another RoPE position; this module only does it:
 
 - ``k``/``v``: one buffer per layer, stacked as [layers, B, capacity_tokens, H, D] in
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .layout import AttentionLayout
+from sinkscope.model.layout import AttentionLayout
 
 
 @dataclass(frozen=True, eq=False)

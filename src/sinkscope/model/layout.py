@@ -2,7 +2,7 @@
 
 A cache policy may evict frames, drop tokens or move keys to other RoPE positions; the
 layout is how statistics stay labelled by the frame each key token was generated at.
-It is handed to attention observers (``sinkscope.capture``) with the q and k of the call.
+It is handed to attention observers (``sinkscope.generation.capture``) with the q and k of the call.
 """
 
 from __future__ import annotations

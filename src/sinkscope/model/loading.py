@@ -1,6 +1,6 @@
-"""Loading transformer weights (the torch side of ``sinkscope.checkpoints``).
+"""Loading transformer weights (the torch side of ``sinkscope.model.checkpoints``).
 
-``sinkscope.checkpoints`` finds out what a checkpoint is (format, model config,
+``sinkscope.model.checkpoints`` finds out what a checkpoint is (format, model config,
 files) without torch; this module reads the state dict and builds the model.
 
 Loading is strict (missing/unexpected keys and shape mismatches fail, with counts and
@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from ..checkpoints import (
+from sinkscope.errors import WeightsError
+from sinkscope.model.checkpoints import (
     CheckpointSpec,
     ResolvedCheckpoint,
     check_torch_file,
@@ -31,9 +32,8 @@ from ..checkpoints import (
     safetensors_header,
     transformer_folder,
 )
-from ..errors import WeightsError
-from .config import WanConfig, get_model_config
-from .wan import WanModel, build_model
+from sinkscope.model.config import WanConfig, get_model_config
+from sinkscope.model.wan import WanModel, build_model
 
 __all__ = ["WeightsError", "detect_format", "load_checkpoint", "load_transformer", "torch_load"]
 

@@ -12,7 +12,7 @@ Two ways to call it:
   frame (optionally with a frame-level attention mask, e.g. block-causal);
 - ``model(latents, timestep, context, kv_cache=policy, start_frame=s)``: one causal
   block step of KV-cache inference, as Self-Forcing generates; ``policy`` is a
-  ``sinkscope.policies.CachePolicy`` (the KV cache and what it keeps).
+  ``sinkscope.model.policies.CachePolicy`` (the KV cache and what it keeps).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import WanConfig, get_model_config
-from .layout import AttentionLayout
+from sinkscope.model.config import WanConfig, get_model_config
+from sinkscope.model.layout import AttentionLayout
 
 if TYPE_CHECKING:
-    from ..policies import CachePolicy
+    from sinkscope.model.policies import CachePolicy
 
 
 class AttentionObserver(Protocol):
@@ -192,7 +192,7 @@ class WanSelfAttention(_WanAttention):
 
     def __init__(self, dim: int, num_heads: int, eps: float, qk_norm: bool = True) -> None:
         super().__init__(dim, num_heads, eps, qk_norm)
-        # Set by sinkscope.capture; not part of the state dict.
+        # Set by sinkscope.generation.capture; not part of the state dict.
         self.observer: AttentionObserver | None = None
         self.layer_index = 0
 

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import CallStatistics, one_hot_float, token_mean
+from sinkscope.stats.reference import CallStatistics, one_hot_float, token_mean
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453

@@ -19,9 +19,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO
 
-from .errors import ConfigError
-from .model.config import WanConfig
-from .options import PARTICIPATIVE, GenerationOptions
+from sinkscope.errors import ConfigError
+from sinkscope.model.config import WanConfig
+from sinkscope.options import PARTICIPATIVE, GenerationOptions
 
 GIB = 2**30
 # Where extraction jobs on one machine take their GPU (see acquire_gpu).

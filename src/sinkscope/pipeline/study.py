@@ -18,14 +18,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import ResolvedCheckpoint, cached_value, files_digest
-from .codedigest import stage_digest
-from .config import generation_options, resolve_checkpoints, variant_names
-from .errors import ConfigError
-from .figure_kinds import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
-from .integrity import layer_file  # noqa: F401 - the extraction folder's layout, re-exported
-from .options import GenerationOptions
-from .resources import default_dtype
+from sinkscope.errors import ConfigError
+from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
+from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_digest
+from sinkscope.naming import decode_layers, encode_layers
+from sinkscope.options import GenerationOptions
+from sinkscope.pipeline.codedigest import stage_digest
+from sinkscope.pipeline.config import generation_options, resolve_checkpoints, variant_names
+from sinkscope.pipeline.resources import default_dtype
 
 RESULTS = "results"
 DEFAULT_VARIANT = "default"
@@ -74,25 +74,8 @@ def path(name: str, **wildcards: Any) -> str:
     return PATTERNS[name].format(**wildcards)
 
 
-def encode_layers(layers: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2_5_7-8': a compact, path-safe name for a layer group."""
-    layers = sorted(layers)
-    parts, start = [], None
-    for i, layer in enumerate(layers):
-        if start is None:
-            start = layer
-        if i + 1 == len(layers) or layers[i + 1] != layer + 1:
-            parts.append(str(start) if start == layer else f"{start}-{layer}")
-            start = None
-    return "_".join(parts)
 
 
-def decode_layers(name: str) -> list[int]:
-    layers: list[int] = []
-    for part in name.split("_"):
-        first, _, last = part.partition("-")
-        layers.extend(range(int(first), int(last or first) + 1))
-    return layers
 
 
 @dataclass
@@ -253,7 +236,7 @@ class Study:
         cache = Path(self.base_dir) / LEGACY_CACHE
 
         def peek() -> list[int]:
-            from .legacy import peek_layers
+            from sinkscope.legacy.importer import peek_layers
 
             return peek_layers(file, allow_pickle=entry["allow_pickle"])
 
@@ -275,7 +258,7 @@ class Study:
 
     def figure_kinds(self, source: str) -> list[str]:
         """Source figures to draw: token figures only with token profiles of a chosen head's layer."""
-        from .labels import parse_head_label
+        from sinkscope.naming import parse_head_label
 
         kinds = list(SOURCE_FIGURES)
         head_layers = {parse_head_label(label)[0] for label in self.config["figures"]["heads"]}

@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, WeightsError
-from .io import atomic_path
-from .model.config import WanConfig, get_model_config
+from sinkscope.errors import ConfigError, WeightsError
+from sinkscope.io import atomic_path
+from sinkscope.model.config import WanConfig, get_model_config
 
 WAN_WEIGHTS = "diffusion_pytorch_model.safetensors"
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 PACKAGE_PREFIX = "sinkscope:"
-PACKAGE_WEIGHTS = Path(__file__).with_name("weights")
+PACKAGE_WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 WAN_T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 WAN_TOKENIZER_DIR = "google/umt5-xxl"
 FORMATS = ("auto", "demo", "wan", "self_forcing", "diffusers")
@@ -307,7 +307,7 @@ def text_encoder_spec(folders: list[Path], config: WanConfig, *, demo: bool) -> 
     """umT5 from the first folder that holds it; the seeded demo encoder for the demo
     models; otherwise a FileNotFoundError naming what is missing."""
     if demo:
-        # The demo's stand-in for umT5 (sinkscope.text.demo_embedding).
+        # The demo's stand-in for umT5 (sinkscope.model.text.demo_embedding).
         return TextEncoderSpec("demo", text_dim=config.text_dim, text_len=config.text_len)
     for folder in folders:
         layout = umt5_layout(folder)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .tables import (
+from sinkscope.tables import (
     ALL_PROMPTS,
     ALL_SEEDS,
     BLOCK_STATS_SCHEMA,

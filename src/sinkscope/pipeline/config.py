@@ -9,8 +9,6 @@ and rejected only when they cannot be.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import re
 from collections.abc import Mapping
 from functools import lru_cache
@@ -19,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from .checkpoints import CheckpointSpec, ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
-from .errors import ConfigError
-from .labels import head_label, parse_head_label
-from .options import GLOBAL, POLICY_KEYS, GenerationOptions, OptionsError
+from sinkscope.errors import ConfigError
+from sinkscope.model.checkpoints import CheckpointSpec, ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
+from sinkscope.naming import head_label, parse_head_label
+from sinkscope.options import GLOBAL, POLICY_KEYS, GenerationOptions, OptionsError
 
 __all__ = [
     "CheckpointSpec",
@@ -37,7 +35,7 @@ __all__ = [
     "stable_hash",
 ]
 
-SCHEMA_PATH = Path(__file__).with_name("schemas") / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 # Sections whose keys are names the user chose (they become file and folder names).
 NAMED_SECTIONS = ("checkpoints", "prompts", "legacy_caches", "variants")
 
@@ -205,10 +203,6 @@ def validate_schema(config: Mapping) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
 
 
-def stable_hash(data: Any) -> str:
-    """Short sha256 of a JSON-serializable value (sorted keys): the config hash."""
-    blob = json.dumps(data, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 # -- semantic checks -----------------------------------------------------------------
@@ -340,7 +334,13 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
     what the device has). For cluster executors (``local=False``) only an explicit
     ``max_job_memory_gib`` is checked: this machine is not where jobs run.
     """
-    from .resources import GIB, default_dtype, device_memory_bytes, estimate_job_memory, resolve_device
+    from sinkscope.pipeline.resources import (
+        GIB,
+        default_dtype,
+        device_memory_bytes,
+        estimate_job_memory,
+        resolve_device,
+    )
 
     device = resolve_device(config["device"], local=local)
     limit_gib = config.get("max_job_memory_gib")

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = "sinkscope"
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 # Digests are reused while every source file keeps its size and mtime (a parse of the
 # workflow then reads no source at all).
 CACHE = ".snakemake/sinkscope/code-digests.json"
@@ -131,7 +131,7 @@ def code_digest(*modules: str) -> str:
     if key not in _cache:
         _cache[key] = _digest(modules)
         try:
-            from .io import atomic_path
+            from sinkscope.io import atomic_path
 
             with atomic_path(path) as tmp:
                 tmp.write_text(json.dumps({"signature": signature, "digests": _cache}, indent=1))
@@ -151,12 +151,12 @@ def _digest(modules: tuple[str, ...]) -> str:
 # The package module each pipeline stage runs; figures run their own module (plus the
 # shared drawing code). A stage's digest is a param of its rule.
 STAGE_MODULES = {
-    "encode_prompt": ("sinkscope.text", "sinkscope.jobs"),
-    "extract_attention": ("sinkscope.extract", "sinkscope.jobs"),
-    "import_cache": ("sinkscope.legacy", "sinkscope.jobs"),
-    "aggregate_source": ("sinkscope.aggregate", "sinkscope.jobs"),
-    "combine_tables": ("sinkscope.aggregate", "sinkscope.jobs"),
-    "summary_page": ("sinkscope.report", "sinkscope.jobs"),
+    "encode_prompt": ("sinkscope.model.text", "sinkscope.pipeline.jobs"),
+    "extract_attention": ("sinkscope.pipeline.extract", "sinkscope.pipeline.jobs"),
+    "import_cache": ("sinkscope.legacy", "sinkscope.pipeline.jobs"),
+    "aggregate_source": ("sinkscope.pipeline.aggregate", "sinkscope.pipeline.jobs"),
+    "combine_tables": ("sinkscope.pipeline.aggregate", "sinkscope.pipeline.jobs"),
+    "summary_page": ("sinkscope.figures.report", "sinkscope.pipeline.jobs"),
 }
 
 
@@ -164,4 +164,4 @@ def stage_digest(stage: str) -> str:
     """Digest of the package code pipeline stage (or figure kind) ``stage`` runs."""
     if stage in STAGE_MODULES:
         return code_digest(*STAGE_MODULES[stage])
-    return code_digest(f"sinkscope.figures.{stage}", "sinkscope.figures.common", "sinkscope.jobs")
+    return code_digest(f"sinkscope.figures.{stage}", "sinkscope.figures.common", "sinkscope.pipeline.jobs")

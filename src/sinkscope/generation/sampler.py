@@ -15,7 +15,7 @@ Timesteps come from a shifted flow-matching schedule (shift 5): the denoising li
 All noise comes from one seeded CPU generator, in the order Self-Forcing draws it
 (the initial noise of every frame, then the re-noising draws block by block), so a
 seed gives the same video on any device. What the KV cache keeps is the cache
-policy's business (``sinkscope.policies``); device memory stays flat under a bounded
+policy's business (``sinkscope.model.policies``); device memory stays flat under a bounded
 policy: the cache is sized by the policy, noise goes to the device one block at a
 time and the finished latents come back to the CPU block by block.
 """
@@ -30,9 +30,9 @@ from typing import Protocol
 
 import torch
 
-from .model import WanModel
-from .options import GenerationOptions, OptionsError
-from .policies import policy_from_options
+from sinkscope.model import WanModel
+from sinkscope.model.policies import policy_from_options
+from sinkscope.options import GenerationOptions, OptionsError
 
 PASS_DENOISE = "denoise"
 PASS_CACHE = "cache"

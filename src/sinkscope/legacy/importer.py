@@ -45,9 +45,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .errors import SinkscopeError
-from .jobs import provenance
-from .tables import DEFAULT_VARIANT, FRAME_ATTENTION_SCHEMA, write_table
+from sinkscope.errors import SinkscopeError
+from sinkscope.pipeline.jobs import provenance
+from sinkscope.tables import DEFAULT_VARIANT, FRAME_ATTENTION_SCHEMA, write_table
 
 log = logging.getLogger("sinkscope.legacy")
 
@@ -474,7 +474,7 @@ def _plan(data: Any, path: Path) -> _Plan:
 
 
 def _load(path: str | Path, allow_pickle: bool) -> tuple[Path, Any]:
-    from .model.loading import torch_load
+    from sinkscope.model.loading import torch_load
 
     path = Path(path)
     if not path.is_file():

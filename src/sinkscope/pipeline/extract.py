@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .checkpoints import CheckpointSpec, resolve_checkpoint
-from .config import stable_hash
-from .errors import DamagedFileError, SinkscopeError
-from .integrity import check_layer_rows, layer_file, write_manifest
-from .jobs import cuda_visible_devices, pick_device, provenance
-from .options import GenerationOptions
-from .tables import FRAME_ATTENTION_SCHEMA, QUERY_STATS_SCHEMA, TOKEN_PROFILES_SCHEMA, write_table
+from sinkscope.errors import DamagedFileError, SinkscopeError
+from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
+from sinkscope.naming import layer_file, stable_hash
+from sinkscope.options import GenerationOptions
+from sinkscope.pipeline.integrity import check_layer_rows, write_manifest
+from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
+from sinkscope.tables import FRAME_ATTENTION_SCHEMA, QUERY_STATS_SCHEMA, TOKEN_PROFILES_SCHEMA, write_table
 
 log = logging.getLogger("sinkscope")
 
@@ -59,10 +59,10 @@ def extract_job(
 ) -> dict[str, Any]:
     """Generate one video, capture ``layers``, write the extraction folder ``output``."""
     job_began = time.perf_counter()
-    from .capture import FrameStatsCapture
-    from .generation import generate
-    from .model.loading import load_checkpoint
-    from .text import load_embedding
+    from sinkscope.generation.capture import FrameStatsCapture
+    from sinkscope.generation.sampler import generate
+    from sinkscope.model.loading import load_checkpoint
+    from sinkscope.model.text import load_embedding
 
     spec = CheckpointSpec(**checkpoint)
     options = GenerationOptions.from_config(generation)

@@ -1,7 +1,7 @@
 """What every pipeline job shares: its log, its error line, its device, its provenance.
 
-The stage modules (``sinkscope.extract``, ``sinkscope.aggregate``, ``sinkscope.figures``,
-``sinkscope.report``, ``sinkscope.text``, ``sinkscope.legacy``) hold the job functions;
+The stage modules (``sinkscope.pipeline.extract``, ``sinkscope.pipeline.aggregate``, ``sinkscope.figures``,
+``sinkscope.figures.report``, ``sinkscope.model.text``, ``sinkscope.legacy``) hold the job functions;
 the Snakemake scripts call them through ``run_job``, which keeps the traceback in the
 job's log and gives the console one line naming the file, key or value.
 """
@@ -19,14 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from . import __version__
-from .errors import ConfigError, DamagedFileError, SinkscopeError
+from sinkscope import __version__
+from sinkscope.errors import ConfigError, DamagedFileError, SinkscopeError
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("sinkscope")
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _GPU_LOCK: IO | None = None  # held for the life of the job process
 
 
@@ -44,7 +44,7 @@ def run_job(name: str, log_path: str | Path, function: Callable[..., Any], *args
     """Run one job: log to ``log_path``; on failure, the traceback goes to the log and one
     line to the console, and the process exits with status 1.
 
-    A damaged input is moved aside (``sinkscope.integrity.quarantine``), so that the next
+    A damaged input is moved aside (``sinkscope.pipeline.integrity.quarantine``), so that the next
     ``snakemake`` run rebuilds it; the line says so.
     """
     console = sys.__stderr__
@@ -55,7 +55,7 @@ def run_job(name: str, log_path: str | Path, function: Callable[..., Any], *args
         log.error("%s failed:\n%s", name, traceback.format_exc())
         message = _one_line(error, log_path)
         if isinstance(error, DamagedFileError):
-            from .integrity import quarantine
+            from sinkscope.pipeline.integrity import quarantine
 
             moved = quarantine(error.path)
             if moved:
@@ -82,7 +82,7 @@ def pick_device(option: str = "auto") -> "torch.device":
     """The torch device of a job: 'cpu', 'cuda' (a free GPU of this machine), 'cuda:N', or auto.
 
     Several jobs at once on a multi-GPU machine (``--resources gpu=2``) take different
-    GPUs: Snakemake counts GPUs but assigns none (``sinkscope.resources.acquire_gpu``).
+    GPUs: Snakemake counts GPUs but assigns none (``sinkscope.pipeline.resources.acquire_gpu``).
     """
     import torch
 
@@ -97,7 +97,7 @@ def pick_device(option: str = "auto") -> "torch.device":
         if index >= visible:
             raise ConfigError(f"config key device: {option!r} was asked for, but only {visible} CUDA device(s) are visible")
         if option == "cuda":
-            from .resources import acquire_gpu
+            from sinkscope.pipeline.resources import acquire_gpu
 
             index, _GPU_LOCK = acquire_gpu()
         torch.cuda.set_device(index)
@@ -132,7 +132,7 @@ def code_commit() -> str | None:
 
 def provenance(stage: str, device: "torch.device | None" = None) -> dict[str, Any]:
     """Package version, commit and code digest of ``stage``; versions; the device if any."""
-    from .codedigest import stage_digest
+    from sinkscope.pipeline.codedigest import stage_digest
 
     info: dict[str, Any] = {
         "package_version": __version__,

@@ -90,7 +90,7 @@ def class_index(name: str) -> int:
 def describe() -> dict:
     """The data set's definition, JSON-ready (stored in training checkpoints)."""
     return {
-        "name": "sinkscope.synthetic",
+        "name": "sinkscope.demo.data",
         "version": DATA_VERSION,
         "shape": [CHANNELS, FRAMES, HEIGHT, WIDTH],
         "classes": list(CLASSES),

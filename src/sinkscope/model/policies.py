@@ -37,18 +37,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .model.cache import KVCache, host_to_device, whole_frames
-from .model.layout import AttentionLayout
-from .model.wan import RotaryTables, WanModel, apply_rope
-from .options import (
-    DEEP_SINK,
-    GLOBAL,
-    PARTICIPATIVE,
-    REROPE_SINK,
-    SINK,
-    WINDOW,
-    GenerationOptions,
-)
+from sinkscope.model.cache import KVCache, host_to_device, whole_frames
+from sinkscope.model.layout import AttentionLayout
+from sinkscope.model.wan import RotaryTables, WanModel, apply_rope
+from sinkscope.options import DEEP_SINK, GLOBAL, PARTICIPATIVE, REROPE_SINK, SINK, WINDOW, GenerationOptions
 
 # Deep Forcing's PC_topc_max_reuse (DF causal_model.py: CausalWanModel's default, which
 # their wrapper cannot change): a token may be selected as top-C this many times; after

@@ -19,21 +19,20 @@ from typing import Any
 
 import pandas as pd
 
-from .errors import DamagedFileError, SinkscopeError
-from .integrity import (
+from sinkscope.errors import DamagedFileError, SinkscopeError
+from sinkscope.io import atomic_path
+from sinkscope.naming import decode_layers, layer_file
+from sinkscope.pipeline.integrity import (
     DATASET_MANIFEST,
     check_dataset_folder,
     check_layer_rows,
-    layer_file,
     read_manifest,
     verify_file,
     write_manifest,
 )
-from .io import atomic_path
-from .jobs import provenance
-from .summaries import block_stats, head_class_grid, head_diagnostics, head_stats, layer_stats
-from .tables import SCHEMAS, read_metadata, read_table, with_default_columns, write_table
-from .workflow import decode_layers
+from sinkscope.pipeline.jobs import provenance
+from sinkscope.stats.summaries import block_stats, head_class_grid, head_diagnostics, head_stats, layer_stats
+from sinkscope.tables import SCHEMAS, read_metadata, read_table, with_default_columns, write_table
 
 log = logging.getLogger("sinkscope")
 _SOURCE_KEYS = ("checkpoint", "variant", "prompt_id", "seed", "layer", "config_hash", "checkpoint_digest", "device_name",

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .checkpoints import (
+from sinkscope.io import atomic_path
+from sinkscope.model.checkpoints import (
     WAN_T5_FILE,
     WAN_TOKENIZER_DIR,
     TextEncoderSpec,
@@ -27,11 +28,10 @@ from .checkpoints import (
     text_encoder_spec,
     umt5_layout,
 )
-from .io import atomic_path
-from .model.config import WanConfig
+from sinkscope.model.config import WanConfig
 
 if TYPE_CHECKING:
-    from .checkpoints import CheckpointSpec
+    from sinkscope.model.checkpoints import CheckpointSpec
 
 __all__ = ["TextEncoderSpec", "encode_prompts", "load_embedding", "save_embedding", "text_encoder_for", "umt5_layout"]
 
@@ -130,7 +130,7 @@ def load_umt5(spec: TextEncoderSpec, *, device: torch.device, dtype: torch.dtype
     """(tokenizer, UMT5EncoderModel) from a Wan release folder or a diffusers folder."""
     from transformers import AutoTokenizer, UMT5EncoderModel
 
-    from .model.loading import torch_load
+    from sinkscope.model.loading import torch_load
 
     folder = Path(spec.folder)
     if spec.layout == "diffusers":
@@ -204,7 +204,7 @@ def load_embedding(path: str | Path) -> tuple[torch.Tensor, dict[str, str]]:
     with it (files from before the digest existed load unchecked)."""
     from safetensors import safe_open
 
-    from .errors import DamagedFileError
+    from sinkscope.errors import DamagedFileError
 
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -224,7 +224,7 @@ def encode_prompt_job(encoder: dict, prompt_id: str, text: str, output: str | Pa
     import logging
     import time
 
-    from .jobs import pick_device
+    from sinkscope.pipeline.jobs import pick_device
 
     spec = TextEncoderSpec(**encoder)
     began = time.perf_counter()

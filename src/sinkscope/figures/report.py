@@ -2,7 +2,7 @@
 the strongest sinks and the head classes.
 
 Every number comes from the tables' run-averaged rows (``prompt_id == '*'``): the same
-numbers the figures annotate (``sinkscope.summaries``), never recomputed here.
+numbers the figures annotate (``sinkscope.stats.summaries``), never recomputed here.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from .io import atomic_path
-from .labels import head_label, layer_label
-from .summaries import HEAD_CLASSES, resolve_step
-from .tables import ALL_PROMPTS, read_table
+from sinkscope.io import atomic_path
+from sinkscope.naming import head_label, layer_label
+from sinkscope.stats.summaries import HEAD_CLASSES, resolve_step
+from sinkscope.tables import ALL_PROMPTS, read_table
 
 _CURVE_COLUMNS = {
     "logit_mean": {"first": "first", "middle": "middle", "last": "last", "own": "own", "sink_score": "sink score",

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import DamagedFileError
-from .io import atomic_path
+from sinkscope.errors import DamagedFileError
+from sinkscope.io import atomic_path
 
 MANIFEST = "manifest.json"
 # Parquet dataset folders (token profiles) list their files in "_manifest.json": dataset
@@ -36,10 +36,6 @@ DATASET_MANIFEST = "_manifest.json"
 PROB_TOLERANCE = 1e-3
 
 
-def layer_file(directory: str | Path, layer: int | str, kind: str = "frames") -> str:
-    """A layer's file inside an extraction folder: frames, queries or tokens."""
-    suffix = {"frames": "", "queries": ".queries", "tokens": ".tokens"}[kind]
-    return f"{directory}/layer{layer}{suffix}.parquet"
 
 
 def file_sha256(path: str | Path) -> str:
@@ -50,36 +46,6 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def column_digests(table) -> dict[str, str]:
-    """sha256 of each column's values (pyarrow Table), independent of chunking and of
-    how the file stores them, so a writer and a reader compute the same digest."""
-    import numpy as np
-    import pyarrow as pa
-
-    digests = {}
-    for name in table.column_names:
-        column = table.column(name)
-        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-        if pa.types.is_dictionary(array.type):
-            array = array.dictionary_decode()
-        digest = hashlib.sha256(str(array.type).encode())
-        digest.update(len(array).to_bytes(8, "little"))
-        if array.null_count:
-            digest.update(np.asarray(array.is_null()).tobytes())
-        if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_binary(array.type):
-            array = array.cast(pa.large_binary())
-            offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
-            data = array.buffers()[2]
-            digest.update((offsets - offsets[0]).tobytes())
-            if data is not None:
-                digest.update(memoryview(data)[offsets[0] : offsets[-1]])
-        elif not array.null_count and array.type.bit_width % 8 == 0 and not pa.types.is_boolean(array.type):
-            width = array.type.bit_width // 8  # the values buffer itself, no copy
-            digest.update(memoryview(array.buffers()[1])[array.offset * width : (array.offset + len(array)) * width])
-        else:
-            digest.update(np.ascontiguousarray(array.fill_null(0).to_numpy(zero_copy_only=False)).tobytes())
-        digests[name] = digest.hexdigest()
-    return digests
 
 
 # -- contents
@@ -230,78 +196,13 @@ def quarantine(path: str | Path) -> Path | None:
     return target
 
 
-_INSPECT_FLAGS = ("--lint", "--report", "--list", "--summary", "--detailed-summary", "--dag", "--rulegraph", "--filegraph",
-                  "--d3dag", "--unlock", "--cleanup-metadata", "--list-changes", "--touch", "--delete-all-output",
-                  "--delete-temp-output", "--archive", "--containerize", "--export-cwl", "--generate-unit-tests")  # fmt: skip
 
 
-def invocation_mode(argv: list[str]) -> str:
-    """'run', 'dry-run' or 'inspect' (lint, report, graphs...), from Snakemake's command line.
-
-    While the Snakefile is parsed, Snakemake does not yet say whether it will execute
-    jobs; moving damaged results aside must happen only when it will.
-    """
-    for arg in argv[1:]:
-        if arg in ("-n", "--dry-run", "--dryrun", "--just-print") or (
-            arg.startswith("-") and not arg.startswith("--") and "n" in arg[1:] and arg[1:].isalpha()
-        ):
-            return "dry-run"
-        if any(arg == flag or arg.startswith(flag + "-") or arg.startswith(flag + "=") for flag in _INSPECT_FLAGS):
-            return "inspect"
-    return "run"
 
 
-LOCAL_EXECUTORS = ("local", "dryrun", "touch")
 
 
-def requested_executor(argv: list[str], workflow_dir: str | Path, environ: Mapping[str, str] | None = None) -> str:
-    """The executor Snakemake will use ('local' unless one is named), from its command
-    line, else the workflow profile, else the user profile.
-
-    Snakemake parses the Snakefile before it sets up the executor, so while parsing,
-    ``workflow.local_exec`` is true even for ``--executor slurm``; checks of this
-    machine (devices, memory) must not apply to jobs that run elsewhere.
-    """
-    environ = os.environ if environ is None else environ
-    value = _argument(argv, ("--executor", "-e"))
-    if value:
-        return value
-    profiles = [_argument(argv, ("--workflow-profile",)) or str(Path(workflow_dir, "profiles", "default")),
-                _argument(argv, ("--profile",)) or environ.get("SNAKEMAKE_PROFILE")]  # fmt: skip
-    for profile in profiles:
-        if not profile or profile == "none":
-            continue
-        for folder in (Path(profile), Path.home() / ".config" / "snakemake" / profile, Path("/etc/xdg/snakemake", profile)):
-            for name in ("config.v8+.yaml", "config.yaml"):
-                if (folder / name).is_file():
-                    import yaml
-
-                    try:
-                        settings = yaml.safe_load((folder / name).read_text()) or {}
-                    except (OSError, yaml.YAMLError):
-                        settings = {}
-                    if isinstance(settings, Mapping) and settings.get("executor"):
-                        return str(settings["executor"])
-                    break
-            else:
-                continue
-            break
-    return "local"
 
 
-def _argument(argv: list[str], names: tuple[str, ...]) -> str | None:
-    """The value of the last of ``names`` on a command line (``--x v`` or ``--x=v``)."""
-    found = None
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                found = argv[i + 1]
-            elif arg.startswith(name + "=") and name.startswith("--"):
-                found = arg.split("=", 1)[1]
-    return found
 
 
-def forget_inventory(workdir: str | Path = ".") -> None:
-    """Drop the file inventory a Snakemake dry run saves for the next run to reuse
-    (``.snakemake/iocache/latest.pkl``): after results are moved aside it is stale."""
-    Path(workdir, ".snakemake", "iocache", "latest.pkl").unlink(missing_ok=True)

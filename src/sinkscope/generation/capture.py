@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .generation import PASS_CACHE, PASS_DENOISE, CallInfo
-from .model import WanModel
-from .model.layout import AttentionLayout
-from .stats import CallStatistics, attention_statistics
+from sinkscope.generation.sampler import PASS_CACHE, PASS_DENOISE, CallInfo
+from sinkscope.model import WanModel
+from sinkscope.model.layout import AttentionLayout
+from sinkscope.stats.attention import CallStatistics, attention_statistics
 
 TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
 

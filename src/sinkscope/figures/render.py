@@ -1,0 +1,189 @@
+"""Drawing a figure kind from its tables, and the figure job.
+
+One module per figure kind, named like the kind (``sinkscope.figures.figure4`` draws
+``figure4``); each imports only ``common``, ``sinkscope.stats.summaries``, ``sinkscope.tables``
+and ``sinkscope.naming``, so the pipeline reruns a figure only when its own code (or
+the shared code) changed. This module imports the kind modules by name at run time.
+
+Source figures (one checkpoint and variant, every layer): ``figure4``, ``figure4_tokens``,
+``figure4_steps``, ``key_frame_maps``, ``layer_comparison``, ``first_middle_last``,
+``sink_score_overview``, ``head_classes``, ``entropy_overview``, ``attention_over_time``.
+Layer figures: ``per_head_grid``, ``heads_heatmap``, ``query_key_maps``. Checkpoint
+figures (its variants side by side): ``sink_mass_over_time``, ``policy_comparison``.
+Study figure (checkpoints side by side): ``attention_across_checkpoints``.
+
+Labels follow the paper: L1H1 is layer 0, head 0; tables stay 0-based. Frame numbers
+are 0-based unless the option ``frame_base`` is 1 (the paper's "frames 19-21").
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sinkscope.errors import DamagedFileError
+from sinkscope.figures.common import DEFAULTS, figure4_view, figure_style, option, save_figure
+from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
+from sinkscope.naming import parse_head_label
+from sinkscope.pipeline.integrity import check_dataset_folder
+from sinkscope.tables import read_metadata, read_table, with_default_columns
+
+log = logging.getLogger("sinkscope")
+
+SOURCE_KINDS, LAYER_KINDS, CHECKPOINT_KINDS, STUDY_KINDS = SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES
+KINDS = {kind: f"sinkscope.figures.{kind}" for kind in SOURCE_KINDS + LAYER_KINDS + CHECKPOINT_KINDS + STUDY_KINDS}
+TOKEN_KINDS = TOKEN_FIGURES
+
+__all__ = ["DEFAULTS", "KINDS", "draw", "figure_job", "save_figure"]
+
+
+def module(kind: str):
+    """The module that draws ``kind``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown figure {kind!r}; known: {', '.join(KINDS)}")
+    return importlib.import_module(KINDS[kind])
+
+
+def draw(
+    kind: str,
+    tables: Mapping[str, pd.DataFrame] | pd.DataFrame,
+    *,
+    source: str,
+    layer: int | None = None,
+    options: Mapping[str, Any],
+    grid: Sequence[int] | None = None,
+    train_steps: Mapping[str, int | None] | None = None,
+    ax: Any = None,
+):
+    """Draw figure ``kind`` from ``tables`` (table name -> DataFrame; a DataFrame alone is
+    frame_attention) and return the matplotlib Figure. ``grid`` is the latent patch grid
+    (rows, cols) of token figures; ``ax`` draws single-panel figures into that axes."""
+    drawer = module(kind)
+    if isinstance(tables, pd.DataFrame):
+        tables = {"frame_attention": tables}
+    if kind in LAYER_KINDS:
+        if layer is None:
+            raise ValueError(f"figure {kind} needs a layer")
+        frame = tables.get("frame_attention")
+        if frame is not None:
+            tables = {**tables, "frame_attention": frame[frame["layer"] == layer]}
+    with figure_style():
+        return drawer.draw(dict(tables), source=source, layer=layer, options=dict(options), grid=grid,
+                           train_steps=train_steps, ax=ax)  # fmt: skip
+
+
+# -- the pipeline job ----------------------------------------------------------------------------
+
+
+def _table_name(path: str | Path) -> str:
+    return Path(path).name.removesuffix(".parquet")
+
+
+def _layer_rows(inputs: Sequence[str], layer: int) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """One layer's frame_attention rows from extraction folders (or an imported file)."""
+    from sinkscope.naming import layer_file
+
+    parts, meta = [], {}
+    for entry in map(Path, inputs):
+        if entry.is_dir():
+            file = layer_file(entry, layer)
+            rows = read_table(file)
+        else:  # an imported legacy cache: one file of every layer
+            file = str(entry)
+            rows = read_table(file, filters=[("layer", "=", layer)])
+        meta = meta or read_metadata(file)
+        parts.append(with_default_columns(rows, meta.get("frame_seq_length")))
+    return pd.concat(parts, ignore_index=True), meta
+
+
+def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mapping[str, Any]) -> pd.DataFrame:
+    """The token profiles a token figure draws: the chosen heads, the last block, the chosen
+    call; read with a filter from the (possibly GB-sized) dataset folder, never whole."""
+    present = set(frame["layer"].unique())
+    heads = [head for head in map(parse_head_label, option(options, "heads")) if head[0] in present]
+    if not heads:  # none of the chosen heads' layers was extracted: panels say so
+        return pd.DataFrame(columns=["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step",
+                                     "timestep", "key_frame", "token", "token_logit_mean", "token_prob_mean"])  # fmt: skip
+    view = figure4_view(frame[frame["layer"].isin({layer for layer, _ in heads})], option(options, "step"), "logit_mean")
+    last_blocks = sorted({int(b) for b in frame.groupby(["prompt_id", "seed"], observed=True)["block"].max()})
+    filters = [
+        ("layer", "in", sorted({layer for layer, _ in heads})),
+        ("head", "in", sorted({head for _, head in heads})),
+        ("block", "in", last_blocks),
+        ("pass", "=", view.pass_),
+        ("step", "=", view.step),
+    ]
+    check_dataset_folder(folder)
+    try:
+        rows = pq.read_table(folder, filters=filters, page_checksum_verification=True).to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise DamagedFileError(folder, f"is damaged or not a Parquet dataset ({str(exc).splitlines()[0][:160]})") from None
+    if rows.empty:
+        return rows
+    wanted = pd.MultiIndex.from_tuples(heads, names=["layer", "head"])
+    keep = pd.MultiIndex.from_frame(rows[["layer", "head"]].astype(int)).isin(wanted)
+    rows = rows[keep]
+    last = rows.groupby(["prompt_id", "seed"], observed=True)["block"].transform("max")
+    return rows[rows["block"] == last].reset_index(drop=True)
+
+
+def _frame_grid(paths: Sequence[str | Path]) -> list[int] | None:
+    for path in paths:
+        path = Path(path)
+        if path.is_file():
+            grid = read_metadata(path).get("frame_grid")
+            if grid:
+                return list(grid)
+        elif path.is_dir():
+            for file in sorted(path.rglob("*.parquet")):
+                grid = read_metadata(file).get("frame_grid")
+                if grid:
+                    return list(grid)
+                break
+    return None
+
+
+def figure_job(
+    *,
+    kind: str,
+    inputs: list[str],
+    svg: str,
+    png: str,
+    options: dict,
+    source: str | None,
+    layer: int | None = None,
+    train_steps: dict[str, int | None] | None = None,
+) -> None:
+    """Draw one figure of a source, a layer, a checkpoint or the study; write SVG and PNG."""
+    began = time.perf_counter()
+    module(kind)  # an unknown kind fails before anything is read
+    source = source or ("study" if kind in STUDY_KINDS else "sinkscope")
+    grid = None
+    if kind in LAYER_KINDS:
+        if layer is None:
+            raise ValueError(f"figure {kind} needs a layer")
+        frame, meta = _layer_rows(inputs, layer)
+        tables = {"frame_attention": frame}
+        grid = meta.get("frame_grid")
+    else:
+        by_name: dict[str, list[str]] = {}
+        for path in inputs:
+            by_name.setdefault(_table_name(path), []).append(path)
+        tables = {name: read_table(paths) for name, paths in by_name.items() if name != "token_profiles"}
+        if "token_profiles" in by_name:
+            frame = tables["frame_attention"]
+            parts = [read_token_profiles(folder, frame, options) for folder in by_name["token_profiles"]]
+            tables["token_profiles"] = pd.concat(parts, ignore_index=True)
+            grid = _frame_grid(by_name.get("frame_attention", []) + by_name["token_profiles"])
+    fig = draw(kind, tables, source=source, layer=layer, options=options, grid=grid, train_steps=train_steps)
+    save_figure(fig, svg, png, dpi=int(option(options, "dpi")))
+    log.info("figure %s of %s%s in %.2f s", kind, source, f" layer {layer}" if layer is not None else "",
+             time.perf_counter() - began)  # fmt: skip

@@ -1,0 +1,10 @@
+"""Generating a video with the KV-cache procedure, and observing its attention.
+
+- ``sampler``: Self-Forcing's block-causal few-step generation (schedule, noise,
+  denoising and cache passes, ``generate``).
+- ``capture``: ``FrameStatsCapture``, the observer that turns each self-attention call
+  of the chosen layers into frame statistics.
+
+May import ``sinkscope.model``, ``sinkscope.stats`` and the base modules (``errors``,
+``io``, ``naming``, ``options``); nothing from figures, legacy, demo or pipeline.
+"""
