@@ -7,7 +7,6 @@ import sys
 
 from snakemake.utils import validate
 
-from sinkscope.pipeline.config import check_machine, normalize_config
 from sinkscope.errors import SinkscopeError
 from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
 from sinkscope.pipeline.integrity import quarantine, scan_extractions
@@ -16,7 +15,7 @@ from sinkscope.pipeline.study import (
     PATTERNS,
     SOURCE_TABLES,
     TABLES,
-    Study,
+    load_study,
     path,
 )
 
@@ -39,17 +38,12 @@ _LOCAL = (
 )
 
 try:
-    _normalized = normalize_config(config)
+    # The one check (sinkscope check runs the same): config, files, this machine.
+    STUDY = load_study(config, local=_LOCAL, check_this_machine=_MAIN, config_files=workflow.configfiles)
     config.clear()
-    config.update(_normalized)
+    config.update(STUDY.config)
     # The ecosystem's check against the same schema (a no-op once normalized).
     validate(config, schema="../schemas/config.schema.yaml")
-    STUDY = Study(config)
-    STUDY.device = check_machine(config, STUDY.checkpoints, local=_LOCAL) if _MAIN else STUDY.device
-    if not _MAIN:
-        from sinkscope.pipeline.resources import resolve_device
-
-        STUDY.device = resolve_device(config["device"], local=False)
     ENCODERS = {key: encoder.to_dict() for key, encoder in STUDY.encoders.items()}
     TARGETS = STUDY.all_targets()
 except SinkscopeError as error:

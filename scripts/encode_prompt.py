@@ -2,7 +2,7 @@
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.model.text import encode_prompt_job
+from sinkscope.pipeline.prompts import encode_prompt_job
 from sinkscope.pipeline.jobs import run_job
 
 run_job("encode_prompt", snakemake.log[0], encode_prompt_job, snakemake.params.encoder, snakemake.wildcards.prompt,

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from sinkscope.errors import ConfigError
 from sinkscope.io import atomic_path
-from sinkscope.pipeline.config import (
-    ConfigError,
-    check_machine,
-    coerce,
-    load_config,
-    load_schema,
-    normalize_config,
-    parse_head_label,
-)
+from sinkscope.naming import parse_head_label
+from sinkscope.pipeline.config import check_machine, coerce, load_config, normalize_config
 from sinkscope.pipeline.study import Study
+from sinkscope.schema import load_schema
 
 
 def test_defaults_fill_the_demo_study():

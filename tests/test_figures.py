@@ -484,7 +484,7 @@ def test_missing_heads_and_layers_say_so():
 
 
 def test_defaults_are_the_config_schemas():
-    from sinkscope.pipeline.config import load_schema
+    from sinkscope.schema import load_schema
 
     schema = load_schema()["properties"]["figures"]["properties"]
     assert common.DEFAULTS == {name: spec.get("default") for name, spec in schema.items()}

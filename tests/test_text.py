@@ -17,7 +17,7 @@ from sinkscope.model.text import (
     save_embedding,
     text_encoder_for,
 )
-from sinkscope.pipeline.config import CheckpointSpec
+from sinkscope.model.checkpoints import CheckpointSpec
 
 pytest.importorskip("transformers")
 

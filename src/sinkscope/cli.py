@@ -37,19 +37,18 @@ def _overrides(pairs: list[str]) -> dict:
     return result
 
 
-def _load(args: argparse.Namespace) -> dict:
-    from sinkscope.pipeline.config import load_config
+def _study(args: argparse.Namespace, *, local: bool = True):
+    """The config file plus overrides, through the Snakefile's own check (load_study)."""
+    from sinkscope.pipeline.config import apply_overrides, read_config_file
+    from sinkscope.pipeline.study import load_study
 
-    return load_config(args.config, _overrides(args.overrides))
+    return load_study(apply_overrides(read_config_file(args.config), _overrides(args.overrides)), local=local)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from sinkscope.pipeline.config import check_machine, resolve_checkpoints
-
-    config = _load(args)
-    device = check_machine(config, resolve_checkpoints(config), local=not args.cluster)
-    print(yaml.safe_dump(config, sort_keys=False), end="")
-    print(f"# extraction jobs compute on: {device}", file=sys.stderr)
+    study = _study(args, local=not args.cluster)
+    print(yaml.safe_dump(dict(study.config), sort_keys=False), end="")
+    print(f"# extraction jobs compute on: {study.device}", file=sys.stderr)
     return 0
 
 
@@ -66,15 +65,12 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_extract(args: argparse.Namespace) -> int:
     from sinkscope.model.text import encode_prompts, save_embedding
-    from sinkscope.pipeline.config import check_machine
     from sinkscope.pipeline.extract import extract_job
     from sinkscope.pipeline.jobs import log_to, pick_device
-    from sinkscope.pipeline.study import Study
 
     log_to(None)
-    config = _load(args)
-    study = Study(config)
-    study.device = check_machine(config, study.checkpoints)
+    study = _study(args)
+    config = study.config
     name = args.checkpoint or next(iter(config["checkpoints"]))
     if name not in config["checkpoints"]:
         raise ConfigError(f"checkpoint {name!r} is not in the config (known: {', '.join(config['checkpoints'])})")
@@ -110,7 +106,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_import_cache(args: argparse.Namespace) -> int:
-    from sinkscope.legacy.importer import import_job
+    from sinkscope.pipeline.imports import import_job
     from sinkscope.pipeline.jobs import log_to
 
     log_to(None)

@@ -72,7 +72,7 @@ __all__ = [
 @lru_cache(maxsize=1)
 def defaults() -> dict[str, Any]:
     """The figures defaults of the config schema."""
-    from sinkscope.pipeline.config import load_schema
+    from sinkscope.schema import load_schema
 
     properties = load_schema()["properties"]["figures"]["properties"]
     return {name: spec.get("default") for name, spec in properties.items()}

@@ -5,6 +5,6 @@ them as a verified table, ``peek_layers`` lists a cache's layers without loading
 May import the model's loader, ``tables`` and the base modules.
 """
 
-from sinkscope.legacy.importer import LegacyCacheError, import_cache, import_job, import_to_parquet, peek_layers
+from sinkscope.legacy.importer import LegacyCacheError, import_cache, import_to_parquet, peek_layers
 
-__all__ = ["LegacyCacheError", "import_cache", "import_job", "import_to_parquet", "peek_layers"]
+__all__ = ["LegacyCacheError", "import_cache", "import_to_parquet", "peek_layers"]

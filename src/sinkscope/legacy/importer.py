@@ -46,7 +46,6 @@ import pandas as pd
 import torch
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.pipeline.jobs import provenance
 from sinkscope.tables import DEFAULT_VARIANT, FRAME_ATTENTION_SCHEMA, write_table
 
 log = logging.getLogger("sinkscope.legacy")
@@ -508,8 +507,10 @@ def import_cache(
     prompt_id: str | None = None,
     seed: int = 0,
     allow_pickle: bool = False,
+    provenance: Mapping[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Rows with exactly the columns of ``FRAME_ATTENTION_SCHEMA``, plus a metadata dict.
+    """Rows with exactly the columns of ``FRAME_ATTENTION_SCHEMA``, plus a metadata dict
+    (``provenance``, the pipeline's record of the code that ran, is copied into it).
 
     The metadata holds what the table has no column for: the layout, the prompt text,
     num_frames, frame_seq_length, the blocks, what each entry held (logits or
@@ -577,7 +578,7 @@ def import_cache(
         "notes": plan.notes,
         "extra_fields": {str(k): _describe(v) for k, v in data.items() if k not in _TOP_LEVEL_FIELDS},
         "allow_pickle": bool(allow_pickle),
-        **provenance("import_cache"),
+        **(provenance or {}),
         "torch_version": torch.__version__,
     }
     log.info("%s: %s layout, layers %s: %d rows (%d entries imported, %d skipped)", path, plan.layout, plan.layers, len(frame),
@@ -593,22 +594,12 @@ def import_to_parquet(
     prompt_id: str | None = None,
     seed: int = 0,
     allow_pickle: bool = False,
+    provenance: Mapping[str, Any] | None = None,
 ) -> None:
     """``import_cache`` + ``write_table`` (atomic): a failing import leaves no file at ``output``."""
-    frame, metadata = import_cache(path, checkpoint=checkpoint, prompt_id=prompt_id, seed=seed, allow_pickle=allow_pickle)
+    frame, metadata = import_cache(path, checkpoint=checkpoint, prompt_id=prompt_id, seed=seed, allow_pickle=allow_pickle,
+                                   provenance=provenance)  # fmt: skip
     write_table(frame, output, FRAME_ATTENTION_SCHEMA, metadata)
-
-
-def import_job(path: str | Path, output: str | Path, name: str, entry: Mapping[str, Any]) -> None:
-    """The pipeline's import job: one ``legacy_caches:`` entry -> frame_attention rows."""
-    import_to_parquet(
-        path,
-        output,
-        checkpoint=name,
-        prompt_id=entry.get("prompt_id"),
-        seed=int(entry.get("seed", 0)),
-        allow_pickle=bool(entry.get("allow_pickle", False)),
-    )
 
 
 # -- frame matrices ---------------------------------------------------------------------------

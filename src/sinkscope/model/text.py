@@ -217,20 +217,3 @@ def load_embedding(path: str | Path) -> tuple[torch.Tensor, dict[str, str]]:
     if expected is not None and _tensor_sha256(context) != expected:
         raise DamagedFileError(path, "the embedding's bytes do not match the digest written with them")
     return context, metadata
-
-
-def encode_prompt_job(encoder: dict, prompt_id: str, text: str, output: str | Path, device: str = "auto") -> None:
-    """The pipeline's job: one prompt's context embedding for one text encoder."""
-    import logging
-    import time
-
-    from sinkscope.pipeline.jobs import pick_device
-
-    spec = TextEncoderSpec(**encoder)
-    began = time.perf_counter()
-    target = pick_device(device) if spec.kind != "demo" else torch.device("cpu")
-    context = encode_prompts(spec, {prompt_id: text}, device=target)[prompt_id]
-    save_embedding(output, context, prompt=text, encoder=spec)
-    logging.getLogger("sinkscope").info(
-        "encoded prompt %s with %s: %s tokens in %.2f s", prompt_id, spec.key, tuple(context.shape), time.perf_counter() - began
-    )

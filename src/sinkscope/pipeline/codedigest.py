@@ -1,11 +1,19 @@
-"""Digests of the package code a pipeline stage runs, for Snakemake's rerun triggers.
+"""Digests of the code a pipeline stage runs, for Snakemake's rerun triggers.
 
 The Snakemake rules call thin scripts, so Snakemake's own ``code`` trigger sees none of
-the logic. Each rule therefore gets, as a param, the digest of the source of the
-package module it runs and of every package module that one imports (transitively,
-lazy imports inside functions included; found by reading the source, not by importing
-it, so this costs no torch import). A changed line of the statistics reruns extraction;
-a changed figure module reruns that figure only.
+the logic. Each rule therefore gets, as a param, the digest of the package modules that
+compute its result: the stage's job module and every package module it imports,
+transitively (imports inside functions included; found by reading the source, not by
+importing it, so this costs no torch import). A changed line of the statistics reruns
+extraction; a changed figure module reruns that figure only.
+
+Left out, so that editing them reruns nothing: imports under ``if TYPE_CHECKING:``
+(never run), and the modules that run a job but compute none of its values
+(``NOT_RESULT_CODE``: the planning and validation code, the job wrapper with its logs,
+error lines and provenance, the error classes, and package ``__init__`` files that only
+route names). ``tests/test_codedigest.py`` pins each stage's modules, so a change of a
+closure is a visible change of that test. docs/reruns-and-faults.md says how to force
+or skip a rerun.
 """
 
 from __future__ import annotations
@@ -40,6 +48,39 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
+# Modules that run a job but compute none of its values: editing them reruns nothing.
+NOT_RESULT_CODE = frozenset({
+    "sinkscope",  # the version string
+    "sinkscope.errors",  # exception classes and their messages
+    "sinkscope.pipeline",
+    "sinkscope.pipeline.codedigest",
+    "sinkscope.pipeline.config",
+    "sinkscope.pipeline.invocation",
+    "sinkscope.pipeline.jobs",  # logs, one-line errors, device choice (a param), provenance
+    "sinkscope.pipeline.resources",
+    "sinkscope.pipeline.study",
+})
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _skipped_nodes(tree: ast.Module, lazy: bool) -> set[int]:
+    """Nodes whose imports never run with the module: ``if TYPE_CHECKING:`` blocks, and
+    (``lazy=False``) a package's module-level ``__getattr__``."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            skipped.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    if not lazy:
+        skipped |= _lazy_nodes(tree)
+    return skipped
+
+
 def _lazy_nodes(tree: ast.Module) -> set[int]:
     """Nodes inside a module-level ``__getattr__`` (a package's lazy attributes)."""
     lazy: set[int] = set()
@@ -60,7 +101,7 @@ def _imports(name: str, lazy: bool = True) -> frozenset[str]:
     if path is None:
         return frozenset()
     tree = ast.parse(path.read_text(), filename=str(path))
-    skip = set() if lazy else _lazy_nodes(tree)
+    skip = _skipped_nodes(tree, lazy)
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     found: set[str] = set()
@@ -78,15 +119,19 @@ def _imports(name: str, lazy: bool = True) -> frozenset[str]:
                 base = node.module or ""
             if base.split(".")[0] != PACKAGE:
                 continue
-            found.add(base)
-            # `from . import wan` imports a submodule; `from .x import name` a name.
-            found.update(f"{base}.{alias.name}" for alias in node.names if _module_file(f"{base}.{alias.name}"))
+            # `from . import wan` imports a submodule (the package's __init__ only runs on the
+            # way); `from .x import name` takes a name from x, through its lazy attributes too.
+            submodules = {f"{base}.{alias.name}" for alias in node.names if _module_file(f"{base}.{alias.name}")}
+            found.update(submodules)
+            if len(submodules) < len(node.names):
+                found.add(base)
     return frozenset(module for module in found if _module_file(module) is not None)
 
 
 @lru_cache(maxsize=None)
 def module_closure(name: str) -> tuple[str, ...]:
-    """``name`` and every package module it imports, transitively (package __init__s too)."""
+    """``name`` and every package module it imports, transitively (package __init__s
+    too), less ``NOT_RESULT_CODE`` (neither counted nor followed)."""
     # (module, whether its lazy attributes are used): a module imported by name uses
     # them; a package whose __init__ only runs on the way to a submodule does not.
     seen: set[tuple[str, bool]] = set()
@@ -94,6 +139,8 @@ def module_closure(name: str) -> tuple[str, ...]:
     while todo:
         module, lazy = todo.pop()
         if (module, lazy) in seen or (module, True) in seen or _module_file(module) is None:
+            continue
+        if module in NOT_RESULT_CODE and module != name:
             continue
         seen.add((module, lazy))
         todo.extend((imported, True) for imported in _imports(module, lazy))
@@ -144,19 +191,36 @@ def _digest(modules: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for module in sorted({m for name in modules for m in module_closure(name)}):
         digest.update(module.encode())
-        digest.update(_module_file(module).read_bytes())
+        digest.update(code_text(_module_file(module)).encode())
     return digest.hexdigest()[:16]
+
+
+def code_text(path: Path) -> str:
+    """A module's code without its comments, docstrings and layout (an AST dump): editing
+    an explanation reruns nothing; a changed string or number in the code does."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 # The package module each pipeline stage runs; figures run their own module (plus the
 # shared drawing code). A stage's digest is a param of its rule.
 STAGE_MODULES = {
-    "encode_prompt": ("sinkscope.model.text", "sinkscope.pipeline.jobs"),
-    "extract_attention": ("sinkscope.pipeline.extract", "sinkscope.pipeline.jobs"),
-    "import_cache": ("sinkscope.legacy", "sinkscope.pipeline.jobs"),
-    "aggregate_source": ("sinkscope.pipeline.aggregate", "sinkscope.pipeline.jobs"),
-    "combine_tables": ("sinkscope.pipeline.aggregate", "sinkscope.pipeline.jobs"),
-    "summary_page": ("sinkscope.figures.report", "sinkscope.pipeline.jobs"),
+    "encode_prompt": ("sinkscope.pipeline.prompts",),
+    "extract_attention": ("sinkscope.pipeline.extract",),
+    "import_cache": ("sinkscope.pipeline.imports",),
+    "aggregate_source": ("sinkscope.pipeline.aggregate",),
+    "combine_tables": ("sinkscope.pipeline.aggregate",),
+    "summary_page": ("sinkscope.figures.report",),
 }
 
 
@@ -164,4 +228,4 @@ def stage_digest(stage: str) -> str:
     """Digest of the package code pipeline stage (or figure kind) ``stage`` runs."""
     if stage in STAGE_MODULES:
         return code_digest(*STAGE_MODULES[stage])
-    return code_digest(f"sinkscope.figures.{stage}", "sinkscope.figures.common", "sinkscope.pipeline.jobs")
+    return code_digest(f"sinkscope.figures.{stage}", "sinkscope.figures.render")

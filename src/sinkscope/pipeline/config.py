@@ -9,9 +9,10 @@ and rejected only when they cannot be.
 from __future__ import annotations
 
 import copy
+import importlib.util
+import math
 import re
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +22,24 @@ from sinkscope.errors import ConfigError
 from sinkscope.model.checkpoints import CheckpointSpec, ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
 from sinkscope.naming import head_label, parse_head_label
 from sinkscope.options import GLOBAL, POLICY_KEYS, GenerationOptions, OptionsError
+from sinkscope.schema import load_schema
 
 __all__ = [
-    "CheckpointSpec",
-    "ConfigError",
-    "checkpoint_specs",
+    "apply_overrides",
+    "check_machine",
+    "checked_config",
     "coerce",
-    "head_label",
+    "generation_options",
     "load_config",
-    "load_schema",
     "normalize_config",
-    "parse_head_label",
-    "stable_hash",
+    "read_config_file",
+    "resolve_checkpoints",
+    "resolve_layers_per_job",
+    "variant_names",
 ]
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 # Sections whose keys are names the user chose (they become file and folder names).
 NAMED_SECTIONS = ("checkpoints", "prompts", "legacy_caches", "variants")
-
-
-@lru_cache(maxsize=1)
-def load_schema() -> dict:
-    with open(SCHEMA_PATH) as handle:
-        return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 # -- coercion ------------------------------------------------------------------------
@@ -269,6 +265,29 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
             options[variant] = generation_options(config, variant)
         except OptionsError as exc:
             problems.append(str(exc))
+    for variant, option in options.items():
+        where = "generation" if not config.get("variants") else f"variants.{variant}"
+        steps = list(option.denoising_steps)
+        if any(later >= earlier for earlier, later in zip(steps, steps[1:])):
+            problems.append(f"config key {where}.denoising_steps: {steps} must decrease strictly (noisiest first)")
+    for prompt_id, text in config["prompts"].items():
+        if not text.strip():
+            problems.append(f"config key prompts.{prompt_id}: the prompt is empty or only white space")
+    for section in NAMED_SECTIONS:
+        for name in config.get(section) or {}:
+            match = _PERIODIC.search(name)
+            if match:
+                problems.append(
+                    f"config key {section}.{name}: the name ends in {match.group(1)!r} repeated "
+                    f"{len(match.group(0)) // len(match.group(1))} times, which Snakemake refuses as a wildcard value"
+                )
+    first_k = config["diagnostics"]["first_k"]
+    for variant, option in options.items():
+        if first_k > option.num_frames:
+            problems.append(
+                f"config key diagnostics.first_k: {first_k} frames are more than the {option.num_frames} frames"
+                + ("" if variant == "default" else f" of variant {variant!r}")
+            )
 
     heads = []
     for label in config["figures"]["heads"]:
@@ -296,12 +315,13 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                     f"config key {where}.num_frames: {option.num_frames} exceeds the {model_config.rope_max_positions} "
                     f"RoPE positions of checkpoint {name!r}"
                 )
-        bad_layers = [layer for layer in config["layers"] if layer >= model_config.num_layers]
-        if bad_layers:
-            problems.append(
-                f"config key layers: {bad_layers} do not exist in checkpoint {name!r} "
-                f"(model has layers 0..{model_config.num_layers - 1})"
-            )
+        for key, chosen in (("layers", config["layers"]), ("figures.highlight_layers", config["figures"]["highlight_layers"])):
+            bad_layers = [layer for layer in chosen or [] if layer >= model_config.num_layers]
+            if bad_layers:
+                problems.append(
+                    f"config key {key}: {bad_layers} do not exist in checkpoint {name!r} "
+                    f"(model has layers 0..{model_config.num_layers - 1})"
+                )
         for label, layer, head in heads:
             if layer >= model_config.num_layers or head >= model_config.num_heads:
                 problems.append(
@@ -343,13 +363,19 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
     )
 
     device = resolve_device(config["device"], local=local)
+    backend = config["capture"]["backend"]
+    if backend == "triton" and not device.startswith("cuda"):
+        raise ConfigError(f"invalid config:\n  config key capture.backend: 'triton' runs on CUDA only, and the jobs compute on "
+                          f"{device!r}; use auto or torch")  # fmt: skip
+    if backend == "triton" and local and importlib.util.find_spec("triton") is None:
+        raise ConfigError("invalid config:\n  config key capture.backend: 'triton' is not installed here; use auto or torch")
     limit_gib = config.get("max_job_memory_gib")
     limit = int(limit_gib * GIB) if limit_gib is not None else (device_memory_bytes(device) if local else None)
     if limit is None:
         return device
     where = f"max_job_memory_gib = {limit_gib}" if limit_gib is not None else f"the {device} here"
     problems = []
-    captured = len(config["layers"]) if config["layers_per_job"] == "auto" else int(config["layers_per_job"])
+    captured = resolve_layers_per_job(config["layers_per_job"], len(config["layers"]), device)
     for name, checkpoint in resolved.items():
         dtype = default_dtype(device, checkpoint.spec.dtype)
         for variant in variant_names(config):
@@ -371,17 +397,49 @@ def normalize_config(raw: Mapping | None, base_dir: str | Path = ".") -> dict:
     """Coerce, fill defaults, validate; return the config every rule reads.
 
     ``base_dir`` resolves relative paths (the workflow's working directory).
-    Raises ConfigError naming every problem found. Machine checks (device, memory)
-    are separate: ``check_machine``.
+    Raises ConfigError naming every problem found. The whole check, machine and files
+    included, is ``sinkscope.pipeline.study.load_study``.
     """
+    return checked_config(raw, base_dir)[0]
+
+
+def checked_config(raw: Mapping | None, base_dir: str | Path = ".") -> tuple[dict, dict[str, ResolvedCheckpoint]]:
+    """The normalized config and its checkpoints, resolved once (files found and opened)."""
     raw = dict(raw or {})
     _check_names(raw)
     schema = load_schema()
     config = coerce(copy.deepcopy(raw), schema)
+    _check_finite(config)
     config = fill_defaults(config, schema)
     validate_schema(config)
-    _check_semantics(config, Path(base_dir))
-    return config
+    resolved = _check_semantics(config, Path(base_dir))
+    return config, resolved
+
+
+def _check_finite(value: Any, key: str = "") -> None:
+    """NaN and infinity pass every JSON-schema bound (comparisons with NaN are false)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"invalid config:\n  config key {key or '<config>'}: {value!r} is not a finite number")
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            _check_finite(item, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_finite(item, f"{key}[{index}]")
+
+
+# Snakemake refuses a wildcard value that ends in a substring repeated 20 times or more
+# (it takes it for a rule applied to its own output); names become wildcard values.
+_PERIODIC = re.compile(r"(.+?)\1{19,}$")
+
+
+def resolve_layers_per_job(value: int | str, layers: int, device: str) -> int:
+    """How many layers one extraction job captures. ``auto``: every layer in one job on
+    CUDA (one generation serves all: 27x less GPU time for 30 layers), one a job on the
+    CPU (reruns stay per layer and cost little)."""
+    if value == "auto":
+        return max(1, layers) if device.startswith("cuda") else 1
+    return int(value)
 
 
 def resolve_checkpoints(config: Mapping, base_dir: str | Path = ".") -> dict[str, ResolvedCheckpoint]:
@@ -389,21 +447,57 @@ def resolve_checkpoints(config: Mapping, base_dir: str | Path = ".") -> dict[str
     return {name: resolve_checkpoint(spec, base_dir) for name, spec in checkpoint_specs(config).items()}
 
 
-def load_config(path: str | Path, overrides: Mapping | None = None, base_dir: str | Path = ".") -> dict:
-    """Read a YAML config file (plus overrides) and normalize it; paths resolve from base_dir.
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last)."""
 
-    Override keys may be dotted (``generation.local_attn_frames``) to set one nested key.
-    """
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise ConfigError(
+                f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); YAML would "
+                "silently keep the last"
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A config file's mapping, refusing what YAML would accept silently (a key twice, an
+    empty file) and naming the file in every error."""
     path = Path(path)
+    where = f"config file {str(path)!r}"
     try:
-        with open(path) as handle:
-            raw = yaml.safe_load(handle) or {}
+        text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        raise ConfigError(f"{where} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where} is a folder, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not a text file") from None
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read: {exc.strerror}") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if raw is None:
+        raise ConfigError(f"{where} is empty; it must hold a mapping of config keys (see config.yaml)")
     if not isinstance(raw, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys")
+        raise ConfigError(f"{where} must hold a mapping of config keys, not a {type(raw).__name__}")
+    return raw
+
+
+def apply_overrides(raw: dict, overrides: Mapping | None) -> dict:
+    """Set ``key=value`` overrides on a raw config; dotted keys set one nested key
+    (``generation.local_attn_frames``)."""
     for key, value in (overrides or {}).items():
         target = raw
         *parents, leaf = key.split(".")
@@ -412,4 +506,9 @@ def load_config(path: str | Path, overrides: Mapping | None = None, base_dir: st
                 target[part] = {}
             target = target[part]
         target[leaf] = value
-    return normalize_config(raw, base_dir=base_dir)
+    return raw
+
+
+def load_config(path: str | Path, overrides: Mapping | None = None, base_dir: str | Path = ".") -> dict:
+    """Read a YAML config file (plus overrides) and normalize it; paths resolve from base_dir."""
+    return normalize_config(apply_overrides(read_config_file(path), overrides), base_dir=base_dir)

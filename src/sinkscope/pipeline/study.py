@@ -12,7 +12,7 @@ variant is ``<checkpoint>@<variant>``; imported legacy caches are sources too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +24,15 @@ from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_
 from sinkscope.naming import decode_layers, encode_layers
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.codedigest import stage_digest
-from sinkscope.pipeline.config import generation_options, resolve_checkpoints, variant_names
+from sinkscope.pipeline.config import (
+    check_machine,
+    checked_config,
+    generation_options,
+    read_config_file,
+    resolve_checkpoints,
+    resolve_layers_per_job,
+    variant_names,
+)
 from sinkscope.pipeline.resources import default_dtype
 
 RESULTS = "results"
@@ -76,6 +84,41 @@ def path(name: str, **wildcards: Any) -> str:
 
 
 
+
+
+def load_study(
+    config: Mapping[str, Any] | None,
+    base_dir: str | Path = ".",
+    *,
+    local: bool = True,
+    check_this_machine: bool = True,
+    config_files: Sequence[str | Path] = (),
+) -> Study:
+    """The one check of a study: what the Snakefile, ``sinkscope check`` and every command
+    run before any job, so they refuse the same configs.
+
+    ``config`` is the raw config (Snakemake's ``config``, or a file's mapping plus
+    overrides); ``config_files`` are re-read for what YAML silently accepts (a key given
+    twice). It is coerced, defaulted and validated against the schema; names, numbers
+    and ranges are checked; every checkpoint is resolved once (weight, adapter and
+    text-encoder files found and opened far enough to know they are whole), legacy
+    caches are read far enough to know their layers; and, with ``check_this_machine``,
+    the device must exist and every job must fit its memory (``local=False``: jobs run
+    elsewhere, only the explicit limits apply). Raises ConfigError naming every problem.
+    """
+    for file in config_files:
+        read_config_file(file)
+    normalized, resolved = checked_config(config, base_dir)
+    from sinkscope.pipeline.resources import resolve_device
+
+    device = check_machine(normalized, resolved, local=local) if check_this_machine else resolve_device(
+        normalized["device"], local=False
+    )
+    study = Study(normalized, str(base_dir), device=device, checkpoints=resolved)
+    study.encoders  # noqa: B018 - resolves every text encoder now, not while rules are built
+    for source in study.legacy:
+        study.source_layers(source)
+    return study
 
 
 @dataclass
@@ -146,12 +189,7 @@ class Study:
 
     @cached_property
     def layers_per_job(self) -> int:
-        value = self.config.get("layers_per_job", "auto")
-        if value == "auto":
-            # One generation serves every layer on a GPU (27x less GPU time for 30 layers);
-            # on the CPU per-layer jobs keep reruns per layer and cost little.
-            return max(1, len(self.layers)) if self.device.startswith("cuda") else 1
-        return int(value)
+        return resolve_layers_per_job(self.config.get("layers_per_job", "auto"), len(self.layers), self.device)
 
     @cached_property
     def layer_groups(self) -> list[list[int]]:
@@ -159,9 +197,6 @@ class Study:
         so ``layers: [0, 4]`` with ``layers_per_job: 4`` is one generation."""
         size = self.layers_per_job
         return [self.layers[i : i + size] for i in range(0, len(self.layers), size)]
-
-    def group_of(self, layer: int) -> list[int]:
-        return next(group for group in self.layer_groups if layer in group)
 
     # -- paths -----------------------------------------------------------------------------------
 
