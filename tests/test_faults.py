@@ -136,31 +136,6 @@ def test_integer_names_in_the_config_file_are_refused(done):
     assert "Traceback" not in result.stderr and snapshot(done) == before
 
 
-def test_changed_package_code_reruns_exactly_what_runs_it(tmp_path):
-    """A copy of the repository: change a figure's module, then the statistics."""
-    copy = tmp_path / "repo"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "*.egg-info"))
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "config.yaml").write_text("layers: [0]\ngeneration: {num_frames: 3}\ncapture: {token_profiles: none}\n")
-    env = dict(os.environ, PYTHONPATH=str(copy / "src"))
-
-    def snakemake(*args):
-        command = [sys.executable, "-m", "snakemake", "--snakefile", str(copy / "Snakefile"), "--directory", str(work),
-                   "--cores", "2", "--resources", "gpu=1", *args]  # fmt: skip
-        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=work, check=True).stdout
-
-    snakemake()
-    figure = copy / "src/sinkscope/figures/figure4.py"
-    figure.write_text(figure.read_text() + "\n# a changed line\n")
-    plan = snakemake("-n")
-    assert "source_figure" in plan and "extract_attention" not in plan and "aggregate_source" not in plan
-    assert plan.count("rule source_figure") == 1 and "figure4.svg" in plan
-    stats = copy / "src/sinkscope/stats/reference.py"
-    stats.write_text(stats.read_text() + "\n# a changed line\n")
-    assert "rule extract_attention" in snakemake("-n")
-
-
 def test_parsing_the_workflow_imports_no_torch(workflow):
     """`snakemake -n` with a torch that refuses to be imported still plans the study."""
     blocker = workflow.path("blocker/torch")

@@ -98,3 +98,102 @@ def test_snakemake_refuses_what_sinkscope_check_refuses(workflow, tmp_path, caps
         assert not (workflow.directory / "results").exists()
 
 
+
+
+# -- weight files are opened far enough at config time ---------------------------------------
+
+
+def _demo_state() -> dict:
+    from fakes import tiny_state
+
+    from sinkscope.model.config import get_model_config
+
+    return tiny_state(config=get_model_config("demo"))
+
+
+def _bad_weights(tmp_path, kind: str):
+    """A weights file damaged or mistyped as a user's could be; (path, format, message)."""
+    import argparse
+
+    import torch
+    from fakes import write_self_forcing_pt
+    from safetensors.torch import save_file
+
+    state = _demo_state()
+    good = write_self_forcing_pt(tmp_path / "good.pt", state, ema_state=state)
+    raw = good.read_bytes()
+    path = tmp_path / f"{kind}.pt"
+    if kind == "truncated":
+        path.write_bytes(raw[: len(raw) * 2 // 3])
+        return path, "self_forcing", "not a whole zip archive"
+    if kind == "bit_flipped":
+        damaged = bytearray(raw)
+        damaged[len(raw) // 2] ^= 0x10  # inside a storage record
+        path.write_bytes(bytes(damaged))
+        return path, "self_forcing", "fails its CRC check"
+    if kind == "pickled":
+        write_self_forcing_pt(path, state, ema_state=state, extra={"args": argparse.Namespace(lr=1e-4)})
+        return path, "self_forcing", "pickled objects beyond tensors (argparse.Namespace)"
+    if kind == "generator_less":
+        torch.save({"critic": {"w": torch.zeros(2)}, "step": 3}, path)
+        return path, "self_forcing", "neither 'generator_ema' nor 'generator'"
+    if kind == "wrong_keys":
+        torch.save({"generator_ema": {f"model.{k}x": v for k, v in state.items()}}, path)
+        return path, "self_forcing", "does not fit the model"
+    if kind == "wrong_model":
+        from fakes import TINY, tiny_state
+
+        write_self_forcing_pt(path, tiny_state(config=TINY), ema_state=tiny_state(config=TINY))
+        return path, "self_forcing", "shape mismatches"
+    if kind == "safetensors_wrong_tensors":
+        path = tmp_path / "wrong.safetensors"
+        save_file({k: v.contiguous() for k, v in list(state.items())[:-3]}, str(path))
+        return path, "wan", "3 missing"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "bit_flipped", "pickled", "generator_less", "wrong_keys", "wrong_model",
+                                  "safetensors_wrong_tensors"])  # fmt: skip
+def test_damaged_or_wrong_weights_are_refused_at_config_time(tmp_path, kind):
+    path, fmt, message = _bad_weights(tmp_path, kind)
+    raw = {"checkpoints": {"mine": {"model": "demo", "format": fmt, "weights": str(path)}}}
+    with pytest.raises(ConfigError, match="checkpoints.mine") as caught:
+        load_study(raw, base_dir=tmp_path)
+    assert message in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_whole_weights_pass_and_pickles_pass_when_allowed(tmp_path):
+    path, fmt, _ = _bad_weights(tmp_path, "pickled")
+    study = load_study({"checkpoints": {"mine": {"model": "demo", "format": fmt, "weights": str(path), "allow_pickle": True}}},
+                       base_dir=tmp_path)  # fmt: skip
+    assert study.checkpoints["mine"].format == "self_forcing"
+    assert load_study({"checkpoints": {"mine": {"model": "demo", "weights": str(tmp_path / "good.pt")}}}, base_dir=tmp_path)
+
+
+def test_parameter_shapes_match_the_model():
+    import torch
+    from fakes import TINY
+
+    from sinkscope.model.config import WanConfig, get_model_config, parameter_shapes
+    from sinkscope.model.wan import WanModel
+
+    for config in (get_model_config("demo"), TINY, WanConfig(dim=64, ffn_dim=96, num_heads=4, num_layers=2, text_dim=32,
+                                                                qk_norm=False, cross_attn_norm=False)):  # fmt: skip
+        with torch.device("meta"):
+            model = WanModel(config)
+        assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == parameter_shapes(config)
+
+
+@pytest.mark.parametrize("layer", [10**9, -1])
+def test_a_legacy_cache_is_read_at_config_time_by_both_entry_points(tmp_path, capsys, layer):
+    import torch
+    from test_legacy import token_level_cache
+
+    data = token_level_cache(layers=(0,), num_frames=6)
+    data["attention_weights"][0]["layer_idx"] = layer
+    torch.save(data, tmp_path / "old.pt")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"legacy_caches:\n  old: {{path: {tmp_path / 'old.pt'}}}\n")
+    assert cli_main(["check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "legacy_caches.old" in err and "layer_idx" in err and "Traceback" not in err

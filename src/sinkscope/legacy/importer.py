@@ -103,7 +103,7 @@ def _fail(path: Path, where: str, message: str) -> LegacyCacheError:
     return LegacyCacheError(f"{path}: field {where}: {message}")
 
 
-def _as_int(value: Any, path: Path, where: str, minimum: int = 0) -> int:
+def _as_int(value: Any, path: Path, where: str, minimum: int = 0, maximum: int | None = None) -> int:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     integral = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
@@ -113,6 +113,8 @@ def _as_int(value: Any, path: Path, where: str, minimum: int = 0) -> int:
     number = int(value)
     if number < minimum:
         raise _fail(path, where, f"expected an integer >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise _fail(path, where, f"expected an integer <= {maximum}, got {number}")
     return number
 
 
@@ -319,7 +321,8 @@ def _frame_seq_length(entry: Mapping[str, Any], data: Mapping[str, Any], path: P
 def _layer_of(entry: Mapping[str, Any], path: Path, prefix: str) -> int:
     for key in ("layer_idx", "layer_index"):
         if key in entry:
-            return _as_int(entry[key], path, f"{prefix}{key}")
+            # Layers are int16 in the tables.
+            return _as_int(entry[key], path, f"{prefix}{key}", maximum=2**15 - 1)
     raise _fail(path, f"{prefix}layer_idx", "the layer index is missing (expected an integer 'layer_idx')")
 
 

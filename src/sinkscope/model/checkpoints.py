@@ -400,6 +400,7 @@ def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
                 f"no model config for {fmt} weights {spec.weights!r}: set 'model' (e.g. wan2.1-t2v-1.3b) "
                 "or 'base' (a Wan release folder with config.json)"
             )
+    check_weights(weights, fmt, spec, config, base_dir)
     return ResolvedCheckpoint(spec, fmt, weights, base, config)
 
 
@@ -462,3 +463,110 @@ def _hash_files(files: list[Path]) -> str:
             while chunk := handle.read(1 << 24):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+# -- what the weights hold -------------------------------------------------------------------
+
+# Results of check_weights, reused while every file keeps its size and mtime (the check
+# reads a whole .pt once to verify its CRCs).
+WEIGHT_CHECKS = ".snakemake/sinkscope/weight-checks.json"
+
+_DIFFUSERS_TO_WAN = [
+    (r"^condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
+    (r"^condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),
+    (r"^condition_embedder\.text_embedder\.linear_1\.", "text_embedding.0."),
+    (r"^condition_embedder\.text_embedder\.linear_2\.", "text_embedding.2."),
+    (r"^condition_embedder\.time_proj\.", "time_projection.1."),
+    (r"^scale_shift_table$", "head.modulation"),
+    (r"^proj_out\.", "head.head."),
+    (r"^(blocks\.\d+)\.scale_shift_table$", r"\1.modulation"),
+    (r"^(blocks\.\d+)\.attn1\.", r"\1.self_attn."),
+    (r"^(blocks\.\d+)\.attn2\.", r"\1.cross_attn."),
+    # diffusers' norm2 is the affine norm before cross-attention, Wan's norm3.
+    (r"^(blocks\.\d+)\.norm2\.", r"\1.norm3."),
+    (r"^(blocks\.\d+)\.ffn\.net\.0\.proj\.", r"\1.ffn.0."),
+    (r"^(blocks\.\d+)\.ffn\.net\.2\.", r"\1.ffn.2."),
+    (r"\.to_q\.", ".q."),
+    (r"\.to_k\.", ".k."),
+    (r"\.to_v\.", ".v."),
+    (r"\.to_out\.0\.", ".o."),
+]
+
+
+def diffusers_to_wan_key(key: str) -> str:
+    for pattern, replacement in _DIFFUSERS_TO_WAN:
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
+def check_shapes(found: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]], source: str) -> None:
+    """Strict key and shape comparison, failing with counts and the first names."""
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    mismatched = [f"{k} {tuple(found[k])} vs model {tuple(expected[k])}" for k in expected
+                  if k in found and tuple(found[k]) != tuple(expected[k])]  # fmt: skip
+    problems = [f"{len(names)} {label} (first: {', '.join(names[:4])})"
+                for label, names in (("missing", missing), ("unexpected", unexpected), ("shape mismatches", mismatched))
+                if names]  # fmt: skip
+    if problems:
+        raise WeightsError(f"{source} does not fit the model: " + "; ".join(problems))
+
+
+def check_weights(weights: Path, fmt: str, spec: CheckpointSpec, config: WanConfig, base_dir: Path) -> None:
+    """That the weights are whole and hold exactly the tensors the model needs, with their
+    shapes, read from headers and the archive's pickle without torch and without
+    unpickling (sinkscope.model.torchfile); cached by the files' sizes and mtimes."""
+    files = [weights] if weights.is_file() else folder_weight_files(transformer_folder(weights))
+    key = json.dumps([fmt, spec.ema, spec.allow_pickle, dataclasses.asdict(config),
+                      [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]])  # fmt: skip
+    cached_value(key, base_dir / WEIGHT_CHECKS, lambda: _check_weights(files, fmt, spec, config) or "ok")
+
+
+def _check_weights(files: list[Path], fmt: str, spec: CheckpointSpec, config: WanConfig) -> None:
+    from sinkscope.model.config import parameter_shapes
+    from sinkscope.model.torchfile import read_archive, tensor_shapes
+
+    expected = parameter_shapes(config)
+    if fmt == "self_forcing":
+        path = files[0]
+        with open(path, "rb") as handle:
+            if handle.read(4) != b"PK\x03\x04":
+                return  # torch's pre-1.6 format: only torch.load can index it
+        archive = read_archive(path, verify=True)
+        if archive.unsafe_globals and not spec.allow_pickle:
+            raise WeightsError(
+                f"{path} holds pickled objects beyond tensors ({', '.join(archive.unsafe_globals[:3])}); set "
+                "allow_pickle: true only for a file you trust"
+            )
+        data = archive.data
+        if not isinstance(data, dict):
+            raise WeightsError(f"{path} holds a {type(data).__name__}, not a dict of state dicts")
+        wanted = "generator_ema" if spec.ema else "generator"
+        if wanted in data:
+            state = tensor_shapes(data[wanted])
+            if state is None:
+                raise WeightsError(f"{path}: {wanted!r} is not a state dict of tensors")
+        elif any(k in data for k in ("generator", "generator_ema")):
+            present = [k for k in ("generator", "generator_ema") if k in data]
+            option = "ema: false" if wanted == "generator_ema" else "ema: true"
+            raise WeightsError(f"{path} has no {wanted!r} (it has {present}); set {option} to load the other")
+        else:
+            state = tensor_shapes(data)
+            if state is None:
+                keys = ", ".join(map(str, list(data)[:8]))
+                raise WeightsError(f"{path} has neither 'generator_ema' nor 'generator' (keys: {keys})")
+        for prefix in ("model.", "_orig_mod."):
+            if state and all(k.startswith(prefix) for k in state):
+                state = {k[len(prefix) :]: v for k, v in state.items()}
+        check_shapes(state, expected, str(path))
+        return
+    found: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        for name, entry in safetensors_header(file).items():
+            if isinstance(entry, dict) and "shape" in entry:
+                found[name] = tuple(int(s) for s in entry["shape"])
+    if fmt == "diffusers":
+        found = {diffusers_to_wan_key(k): v for k, v in found.items() if not k.startswith("rope.")}
+    elif found and all(k.startswith("model.diffusion_model.") for k in found):
+        found = {k[len("model.diffusion_model.") :]: v for k, v in found.items()}
+    check_shapes(found, expected, str(files[0]) if len(files) == 1 else f"the weights in {files[0].parent}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -100,3 +101,42 @@ def get_model_config(name_or_config: str | WanConfig | Mapping[str, Any]) -> Wan
     except KeyError:
         known = ", ".join(sorted(MODEL_CONFIGS))
         raise KeyError(f"unknown model config {name_or_config!r}; known: {known}") from None
+
+
+def parameter_shapes(config: WanConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the transformer's state dict and its shape, in Wan's original names,
+    without torch (the config check compares weight files against it; a test compares it
+    with the model's own state dict)."""
+    d, f, patch = config.dim, config.ffn_dim, math.prod(config.patch_size)
+    shapes: dict[str, tuple[int, ...]] = {
+        "patch_embedding.weight": (d, config.in_dim, *config.patch_size),
+        "patch_embedding.bias": (d,),
+        "text_embedding.0.weight": (d, config.text_dim),
+        "text_embedding.0.bias": (d,),
+        "text_embedding.2.weight": (d, d),
+        "text_embedding.2.bias": (d,),
+        "time_embedding.0.weight": (d, config.freq_dim),
+        "time_embedding.0.bias": (d,),
+        "time_embedding.2.weight": (d, d),
+        "time_embedding.2.bias": (d,),
+        "time_projection.1.weight": (6 * d, d),
+        "time_projection.1.bias": (6 * d,),
+    }
+    for i in range(config.num_layers):
+        block = f"blocks.{i}"
+        shapes[f"{block}.modulation"] = (1, 6, d)
+        for attention in ("self_attn", "cross_attn"):
+            for projection in "qkvo":
+                shapes[f"{block}.{attention}.{projection}.weight"] = (d, d)
+                shapes[f"{block}.{attention}.{projection}.bias"] = (d,)
+            if config.qk_norm:
+                shapes[f"{block}.{attention}.norm_q.weight"] = (d,)
+                shapes[f"{block}.{attention}.norm_k.weight"] = (d,)
+        if config.cross_attn_norm:
+            shapes[f"{block}.norm3.weight"] = (d,)
+            shapes[f"{block}.norm3.bias"] = (d,)
+        shapes |= {f"{block}.ffn.0.weight": (f, d), f"{block}.ffn.0.bias": (f,), f"{block}.ffn.2.weight": (d, f),
+                   f"{block}.ffn.2.bias": (d,)}  # fmt: skip
+    shapes |= {"head.modulation": (1, 2, d), "head.head.weight": (patch * config.out_dim, d),
+               "head.head.bias": (patch * config.out_dim,)}  # fmt: skip
+    return shapes

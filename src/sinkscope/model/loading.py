@@ -23,9 +23,11 @@ from sinkscope.errors import WeightsError
 from sinkscope.model.checkpoints import (
     CheckpointSpec,
     ResolvedCheckpoint,
+    check_shapes,
     check_torch_file,
     config_in_folder,
     detect_format,
+    diffusers_to_wan_key,
     folder_weight_files,
     resolve_checkpoint,
     resolve_path,
@@ -124,34 +126,6 @@ def read_self_forcing_state(path: Path, *, ema: bool = True, allow_pickle: bool 
     return _strip_prefix(_strip_prefix(state, "model."), "_orig_mod.")
 
 
-_DIFFUSERS_TO_WAN = [
-    (r"^condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
-    (r"^condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),
-    (r"^condition_embedder\.text_embedder\.linear_1\.", "text_embedding.0."),
-    (r"^condition_embedder\.text_embedder\.linear_2\.", "text_embedding.2."),
-    (r"^condition_embedder\.time_proj\.", "time_projection.1."),
-    (r"^scale_shift_table$", "head.modulation"),
-    (r"^proj_out\.", "head.head."),
-    (r"^(blocks\.\d+)\.scale_shift_table$", r"\1.modulation"),
-    (r"^(blocks\.\d+)\.attn1\.", r"\1.self_attn."),
-    (r"^(blocks\.\d+)\.attn2\.", r"\1.cross_attn."),
-    # diffusers' norm2 is the affine norm before cross-attention, Wan's norm3.
-    (r"^(blocks\.\d+)\.norm2\.", r"\1.norm3."),
-    (r"^(blocks\.\d+)\.ffn\.net\.0\.proj\.", r"\1.ffn.0."),
-    (r"^(blocks\.\d+)\.ffn\.net\.2\.", r"\1.ffn.2."),
-    (r"\.to_q\.", ".q."),
-    (r"\.to_k\.", ".k."),
-    (r"\.to_v\.", ".v."),
-    (r"\.to_out\.0\.", ".o."),
-]
-
-
-def diffusers_to_wan_key(key: str) -> str:
-    for pattern, replacement in _DIFFUSERS_TO_WAN:
-        key = re.sub(pattern, replacement, key)
-    return key
-
-
 def read_state_dict(path: Path, fmt: str, *, ema: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """The transformer state dict at ``path`` in original Wan key names."""
     if fmt == "self_forcing":
@@ -176,20 +150,8 @@ def read_state_dict(path: Path, fmt: str, *, ema: bool = True, allow_pickle: boo
 
 def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
     """Strict key and shape check, failing with counts and the first names."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    mismatched = [
-        f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in expected
-        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
-    ]
-    problems = []
-    for label, names in (("missing", missing), ("unexpected", unexpected), ("shape mismatches", mismatched)):
-        if names:
-            problems.append(f"{len(names)} {label} (first: {', '.join(names[:4])})")
-    if problems:
-        raise WeightsError(f"{source} does not fit the model: " + "; ".join(problems))
+    check_shapes({k: tuple(v.shape) for k, v in state.items()}, {k: tuple(v.shape) for k, v in model.state_dict().items()},
+                 source)  # fmt: skip
 
 
 def load_transformer(

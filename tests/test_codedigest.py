@@ -1,0 +1,123 @@
+"""Code-aware reruns: each stage's digest covers the code that computes its result, and
+nothing else (sinkscope.pipeline.codedigest).
+
+The closures are pinned here: a change of what a stage's digest covers is a visible
+change of this file."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO
+from test_legacy import token_level_cache
+
+from sinkscope.pipeline.codedigest import STAGE_MODULES, code_text, module_closure
+
+_MODEL = {"model", "model.checkpoints", "model.config", "model.layout", "model.loading", "model.wan"}
+_SUMMARIES = {"io", "naming", "stats", "stats.summaries", "tables"}
+PINNED = {
+    "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},
+    "extract_attention": {
+        "io", "naming", "options", "tables", *_MODEL, "model.cache", "model.policies", "model.text",
+        "generation", "generation.capture", "generation.sampler",
+        "stats", "stats.attention", "stats.reference", "stats.triton_kernels",
+        "pipeline.extract", "pipeline.integrity",
+    },
+    "import_cache": {"io", "tables", *_MODEL, "legacy", "legacy.importer", "pipeline.imports"},
+    "aggregate_source": {*_SUMMARIES, "pipeline.aggregate", "pipeline.integrity"},
+    "combine_tables": {*_SUMMARIES, "pipeline.aggregate", "pipeline.integrity"},
+    "summary_page": {*_SUMMARIES, "figures", "figures.report"},
+}  # fmt: skip
+
+
+def _closure(modules) -> set[str]:
+    return {m.removeprefix("sinkscope.") for name in modules for m in module_closure(name)}
+
+
+@pytest.mark.parametrize("stage", sorted(PINNED))
+def test_each_stage_digest_covers_exactly_its_pinned_modules(stage):
+    assert _closure(STAGE_MODULES[stage]) == PINNED[stage]
+
+
+def test_planning_and_job_plumbing_are_in_no_stage():
+    for stage, modules in STAGE_MODULES.items():
+        closure = _closure(modules)
+        for planning in ("pipeline.config", "pipeline.study", "pipeline.resources", "pipeline.jobs", "errors", "legacy.importer"):
+            assert planning not in closure or (stage == "import_cache" and planning == "legacy.importer"), (stage, planning)
+
+
+def test_comments_and_docstrings_do_not_count_but_code_does(tmp_path):
+    source = '"""Doc."""\n\ndef f(x):\n    """Doc."""\n    return x + 1  # why\n'
+    variants = {
+        "same": source.replace("Doc.", "Other words.").replace("# why", "# because"),
+        "layout": source.replace("x + 1", "(x\n            + 1)"),
+        "code": source.replace("x + 1", "x + 2"),
+        "message": source.replace("return x + 1", "raise ValueError('new text')"),
+    }
+    base = tmp_path / "base.py"
+    base.write_text(source)
+    for name, text in variants.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        assert (code_text(path) == code_text(base)) == (name in ("same", "layout")), name
+
+
+@pytest.mark.workflow
+def test_changed_package_code_reruns_exactly_what_runs_it(tmp_path):
+    """A copy of the repository; one edit at a time, undone before the next; a dry run says
+    which jobs would rerun."""
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "*.egg-info",
+                                                              ".carry"))  # fmt: skip
+    work = tmp_path / "work"
+    work.mkdir()
+    torch.save(token_level_cache(layers=(0,), num_frames=6), work / "old_cache.pt")
+    (work / "config.yaml").write_text(
+        "layers: [0]\ngeneration: {num_frames: 3}\ncapture: {token_profiles: none}\n"
+        "legacy_caches: {old: {path: old_cache.pt}}\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(copy / "src"))
+
+    def planned() -> dict[str, int]:
+        command = [sys.executable, "-m", "snakemake", "--snakefile", str(copy / "Snakefile"), "--directory", str(work),
+                   "--cores", "2", "--resources", "gpu=1", "-n"]  # fmt: skip
+        out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=work, check=True).stdout
+        if "Job stats:" not in out:
+            return {}
+        rows = re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:", 1)[1], flags=re.M)
+        return {rule: int(count) for rule, count in rows if rule not in ("total", "all")}
+
+    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(copy / "Snakefile"), "--directory", str(work),
+                    "--cores", "2", "--resources", "gpu=1"], env=env, cwd=work, check=True, capture_output=True)  # fmt: skip
+    assert planned() == {}
+
+    def after_edit(relative: str, edit) -> dict[str, int]:
+        path = copy / "src/sinkscope" / relative
+        original = path.read_text()
+        path.write_text(edit(original))
+        try:
+            return planned()
+        finally:
+            path.write_text(original)
+
+    add_code = lambda text: text + "\n_EDITED = 1\n"  # noqa: E731 - a changed line of code
+    # Planning and validation: nothing reruns.
+    assert after_edit("pipeline/config.py", add_code) == {}
+    assert after_edit("pipeline/resources.py", add_code) == {}
+    # An explanation of the statistics: nothing reruns.
+    assert after_edit("stats/reference.py", lambda text: text.replace('"""', '"""An edited explanation. ', 1)) == {}
+    # The legacy importer: the import and what reads it, no extraction.
+    legacy = after_edit("legacy/importer.py", add_code)
+    assert legacy.get("import_cache") == 1 and "extract_attention" not in legacy and "encode_prompt" not in legacy
+    assert legacy.get("aggregate_source") == 1
+    # One figure: that figure of each source, nothing else.
+    assert after_edit("figures/figure4.py", add_code) == {"source_figure": 2}
+    # The statistics kernel: every extraction, and what depends on it.
+    kernel = after_edit("stats/triton_kernels.py", add_code)
+    assert kernel.get("extract_attention") == 1 and "import_cache" not in kernel and "encode_prompt" not in kernel
