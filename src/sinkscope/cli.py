@@ -20,7 +20,18 @@ from pathlib import Path
 import yaml
 
 from sinkscope import __version__
-from sinkscope.errors import ConfigError, SinkscopeError
+from sinkscope.errors import ConfigError, OneLineArgumentParser, SinkscopeError
+
+
+def _natural(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -69,6 +80,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from sinkscope.pipeline.jobs import log_to, pick_device
 
     log_to(None)
+    # The chosen layers and seed go through the study's own check (layers within the model,
+    # seeds within int64), before any weights are loaded.
+    if args.layers:
+        args.overrides = [*args.overrides, f"layers={list(args.layers)}"]
+    if args.seed is not None:
+        args.overrides = [*args.overrides, f"seeds=[{args.seed}]"]
     study = _study(args)
     config = study.config
     name = args.checkpoint or next(iter(config["checkpoints"]))
@@ -80,7 +97,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     prompt_id = args.prompt or next(iter(config["prompts"]))
     if prompt_id not in config["prompts"]:
         raise ConfigError(f"prompt {prompt_id!r} is not in the config (known: {', '.join(config['prompts'])})")
-    layers = args.layers or study.layers
+    layers = study.layers
     out = Path(args.out)
     encoder = study.text_encoder(name)
     embedding = out.with_name(out.name + ".prompt.safetensors")
@@ -92,7 +109,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         checkpoint=params["checkpoint"],
         variant=variant,
         prompt_id=prompt_id,
-        seed=args.seed if args.seed is not None else config["seeds"][0],
+        seed=config["seeds"][0],
         layers=layers,
         output=out,
         embedding=embedding,
@@ -182,7 +199,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES
 
-    parser = argparse.ArgumentParser(prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sinkscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -200,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     extract.add_argument("--checkpoint", help="checkpoint name (default: the first)")
     extract.add_argument("--variant", help="generation variant (default: the first)")
     extract.add_argument("--prompt", help="prompt id (default: the first)")
-    extract.add_argument("--seed", type=int)
-    extract.add_argument("--layers", type=int, nargs="+", help="0-based layers (default: the config's)")
+    extract.add_argument("--seed", type=_natural, help="noise seed (default: the config's first)")
+    extract.add_argument("--layers", type=_natural, nargs="+", help="0-based layers (default: the config's)")
     extract.add_argument("--out", required=True, help="folder for the layer<N>*.parquet files and manifest.json")
     extract.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                          help="config override (YAML value; dotted keys, e.g. generation.local_attn_frames=9), repeatable")

@@ -8,6 +8,9 @@ log (``sinkscope.pipeline.jobs.job_main``); anything else is a bug and is report
 
 from __future__ import annotations
 
+import argparse
+from typing import NoReturn
+
 
 class SinkscopeError(ValueError):
     """A user-fixable problem; the message names the file, key or value."""
@@ -15,6 +18,13 @@ class SinkscopeError(ValueError):
 
 class ConfigError(SinkscopeError):
     """A config that cannot run; the message names the key and the value."""
+
+    @classmethod
+    def invalid(cls, problems: list[str]) -> "ConfigError":
+        """Every problem found, each naming its key: one line for one problem, a list for several."""
+        if len(problems) == 1:
+            return cls(f"invalid config: {problems[0]}")
+        return cls("invalid config:\n  " + "\n  ".join(problems))
 
 
 class WeightsError(SinkscopeError):
@@ -28,3 +38,11 @@ class DamagedFileError(SinkscopeError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{path}: {problem}")
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported as one line that names it (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+

@@ -196,7 +196,7 @@ def validate_schema(config: Mapping) -> None:
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         lines = sorted({_describe(error) for error in errors})
-        raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
+        raise ConfigError.invalid(lines)
 
 
 
@@ -211,10 +211,8 @@ def _check_names(raw: Mapping) -> None:
         if isinstance(entries, Mapping):
             for key in entries:
                 if not isinstance(key, str):
-                    raise ConfigError(
-                        f"invalid config:\n  config key {section}: the name {key!r} is a {type(key).__name__}; "
-                        f"names must be strings (write '{key}' in quotes)"
-                    )
+                    raise ConfigError.invalid([f"config key {section}: the name {key!r} is a {type(key).__name__}; "
+                                               f"names must be strings (write '{key}' in quotes)"])  # fmt: skip
 
 
 def merge_variant(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -342,7 +340,7 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
         if name in config["checkpoints"]:
             problems.append(f"config key legacy_caches.{name}: the name is also a checkpoint; names must differ")
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        raise ConfigError.invalid(problems)
     return resolved
 
 
@@ -365,10 +363,10 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
     device = resolve_device(config["device"], local=local)
     backend = config["capture"]["backend"]
     if backend == "triton" and not device.startswith("cuda"):
-        raise ConfigError(f"invalid config:\n  config key capture.backend: 'triton' runs on CUDA only, and the jobs compute on "
-                          f"{device!r}; use auto or torch")  # fmt: skip
+        raise ConfigError.invalid([f"config key capture.backend: 'triton' runs on CUDA only, and the jobs compute on "
+                                   f"{device!r}; use auto or torch"])  # fmt: skip
     if backend == "triton" and local and importlib.util.find_spec("triton") is None:
-        raise ConfigError("invalid config:\n  config key capture.backend: 'triton' is not installed here; use auto or torch")
+        raise ConfigError.invalid(["config key capture.backend: 'triton' is not installed here; use auto or torch"])
     limit_gib = config.get("max_job_memory_gib")
     limit = int(limit_gib * GIB) if limit_gib is not None else (device_memory_bytes(device) if local else None)
     if limit is None:
@@ -389,7 +387,7 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
                     "bounded cache_policy, or set max_job_memory_gib"
                 )
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        raise ConfigError.invalid(problems)
     return device
 
 
@@ -419,7 +417,7 @@ def checked_config(raw: Mapping | None, base_dir: str | Path = ".") -> tuple[dic
 def _check_finite(value: Any, key: str = "") -> None:
     """NaN and infinity pass every JSON-schema bound (comparisons with NaN are false)."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"invalid config:\n  config key {key or '<config>'}: {value!r} is not a finite number")
+        raise ConfigError.invalid([f"config key {key or '<config>'}: {value!r} is not a finite number"])
     if isinstance(value, Mapping):
         for name, item in value.items():
             _check_finite(item, f"{key}.{name}" if key else str(name))

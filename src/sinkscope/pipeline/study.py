@@ -246,7 +246,7 @@ class Study:
             try:
                 encoder = self.text_encoder(name)
             except (FileNotFoundError, ValueError) as error:
-                raise ConfigError(f"invalid config:\n  config key checkpoints.{name}: {error}") from None
+                raise ConfigError.invalid([f"config key checkpoints.{name}: {error}"]) from None
             found[encoder.key] = encoder
         return found
 
