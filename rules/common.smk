@@ -9,6 +9,7 @@ from snakemake.utils import validate
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
+from sinkscope.naming import LAYER_GROUP
 from sinkscope.pipeline.integrity import quarantine, scan_extractions
 from sinkscope.pipeline.invocation import LOCAL_EXECUTORS, forget_inventory, invocation_mode, requested_executor
 from sinkscope.pipeline.study import (
@@ -84,7 +85,7 @@ wildcard_constraints:
     encoder=_names(ENCODERS),
     seed=r"\d+",
     layer=r"\d+",
-    group=r"\d+(-\d+)?(_\d+(-\d+)?)*",
+    group=LAYER_GROUP,
 
 
 def embedding_of(wildcards):

@@ -42,6 +42,13 @@ def stable_hash(data: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+# A layer group's name ('0-2_5_7-8'), as a regex: the Snakefile's wildcard constraint and
+# the checks of extraction folders use it.
+LAYER_GROUP = r"\d+(?:-\d+)?(?:_\d+(?:-\d+)?)*"
+# The file of each kind a layer has inside an extraction folder.
+_LAYER_SUFFIXES = {"frames": "", "queries": ".queries", "tokens": ".tokens"}
+
+
 def encode_layers(layers: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2_5_7-8': a compact, path-safe name for a layer group."""
     layers = sorted(layers)
@@ -56,6 +63,7 @@ def encode_layers(layers: list[int]) -> str:
 
 
 def decode_layers(name: str) -> list[int]:
+    """'0-2_5_7-8' -> [0, 1, 2, 5, 7, 8] (the inverse of ``encode_layers``)."""
     layers: list[int] = []
     for part in name.split("_"):
         first, _, last = part.partition("-")
@@ -65,5 +73,15 @@ def decode_layers(name: str) -> list[int]:
 
 def layer_file(directory: str | Path, layer: int | str, kind: str = "frames") -> str:
     """A layer's file inside an extraction folder: frames, queries or tokens."""
-    suffix = {"frames": "", "queries": ".queries", "tokens": ".tokens"}[kind]
-    return f"{directory}/layer{layer}{suffix}.parquet"
+    return f"{directory}/layer{layer}{_LAYER_SUFFIXES[kind]}.parquet"
+
+
+def is_group_folder(name: str) -> bool:
+    """Whether ``name`` is an extraction folder's name (``layers<group>``)."""
+    return re.fullmatch(f"layers{LAYER_GROUP}", name) is not None
+
+
+def is_layer_file(name: str) -> bool:
+    """Whether ``name`` is a layer's file inside an extraction folder."""
+    suffixes = "|".join(re.escape(suffix) for suffix in _LAYER_SUFFIXES.values() if suffix)
+    return re.fullmatch(rf"layer\d+(?:{suffixes})?\.parquet", name) is not None
