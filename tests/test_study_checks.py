@@ -197,3 +197,16 @@ def test_a_legacy_cache_is_read_at_config_time_by_both_entry_points(tmp_path, ca
     assert cli_main(["check", str(config)]) == 2
     err = capsys.readouterr().err
     assert "legacy_caches.old" in err and "layer_idx" in err and "Traceback" not in err
+
+
+def test_a_bit_flipped_legacy_cache_is_refused_at_config_time(tmp_path):
+    import torch
+    from test_legacy import token_level_cache
+
+    path = tmp_path / "old.pt"
+    torch.save(token_level_cache(layers=(0,), num_frames=6), path)
+    damaged = bytearray(path.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x08
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(ConfigError, match="legacy_caches.old: .*fails its CRC check"):
+        load_study({"legacy_caches": {"old": {"path": str(path)}}}, base_dir=tmp_path)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,18 @@ import pandas as pd
 import torch
 
 from sinkscope.legacy.frames import _import_frame_matrix
-from sinkscope.legacy.plan import _TOP_LEVEL_FIELDS, DEFAULT_PROMPT_ID, _describe, _load, _plan
+from sinkscope.legacy.plan import (
+    _TOP_LEVEL_FIELDS,
+    DEFAULT_PROMPT_ID,
+    PICKLE_OPTION,
+    LegacyCacheError,
+    _describe,
+    _load,
+    _plan,
+)
 from sinkscope.legacy.rows import _KEY_COLUMNS, _with_constant_columns
 from sinkscope.legacy.tokens import _import_token_entries
+from sinkscope.model.torchfile import read_archive
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, write_table
 
 log = logging.getLogger("sinkscope.legacy")
@@ -54,7 +64,15 @@ def peek_layers(path: str | Path, allow_pickle: bool = False) -> list[int]:
 
     Only the pickled structure is read; tensors stay memory-mapped and unread. Layers
     whose every entry would be skipped on import (see the module docstring) are left out.
+    A zip archive is first checked without unpickling (``model.torchfile``): every
+    record's CRC, and no objects beyond tensors unless ``allow_pickle``.
     """
+    path = Path(path)
+    if zipfile.is_zipfile(path):
+        archive = read_archive(path, verify=True)
+        if archive.unsafe_globals and not allow_pickle:
+            raise LegacyCacheError(f"{path}: holds pickled objects beyond tensors ({', '.join(archive.unsafe_globals[:3])}); "
+                                   f"{PICKLE_OPTION} only for a file you trust")  # fmt: skip
     path, data = _load(path, allow_pickle)
     return _plan(data, path).layers
 
