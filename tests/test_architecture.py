@@ -14,8 +14,8 @@ from sinkscope.pipeline.codedigest import ROOT, _imports
 # Lowest first. A base module may import other base modules; a subpackage's modules may
 # import each other; anything else only from a lower layer.
 LAYERS = (
-    ("sinkscope", "sinkscope.errors", "sinkscope.io", "sinkscope.naming", "sinkscope.options", "sinkscope.schema",
-     "sinkscope.tables"),
+    ("sinkscope", "sinkscope.errors", "sinkscope.io", "sinkscope.manifests", "sinkscope.naming", "sinkscope.options",
+     "sinkscope.schema", "sinkscope.tables"),
     ("sinkscope.model", "sinkscope.stats"),
     ("sinkscope.generation",),
     ("sinkscope.legacy", "sinkscope.demo", "sinkscope.figures"),

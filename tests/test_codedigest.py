@@ -27,12 +27,12 @@ PINNED = {
         "io", "naming", "options", "tables", *_MODEL, "model.cache", "model.policies", "model.text",
         "generation", "generation.capture", "generation.sampler",
         "stats", "stats.attention", "stats.reference", "stats.triton_kernels",
-        "pipeline.extract", "pipeline.integrity",
+        "manifests", "pipeline.extract", "pipeline.integrity",
     },
     "import_cache": {"io", "tables", *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",
                      "legacy.tokens", "pipeline.imports"},
-    "aggregate_source": {*_SUMMARIES, "pipeline.aggregate", "pipeline.integrity"},
-    "combine_tables": {*_SUMMARIES, "pipeline.aggregate", "pipeline.integrity"},
+    "aggregate_source": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
+    "combine_tables": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
     "summary_page": {*_SUMMARIES, "figures", "figures.report"},
 }  # fmt: skip
 

@@ -17,8 +17,8 @@ import pytest
 from sinkscope import figures
 from sinkscope.errors import DamagedFileError
 from sinkscope.figures import common
+from sinkscope.manifests import DATASET_MANIFEST, write_manifest
 from sinkscope.naming import head_label
-from sinkscope.pipeline.integrity import DATASET_MANIFEST, write_manifest
 from sinkscope.stats import summaries
 from sinkscope.tables import ALL_PROMPTS, SCHEMAS, write_table
 

@@ -12,7 +12,8 @@ import pytest
 from synthetic import synthetic_rows
 
 from sinkscope.errors import DamagedFileError
-from sinkscope.pipeline.integrity import check_directory, quarantine, read_manifest, scan_extractions, write_manifest
+from sinkscope.manifests import check_directory, read_manifest, write_manifest
+from sinkscope.pipeline.integrity import quarantine, scan_extractions
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, column_digests, read_arrow, read_metadata, read_table, write_table
 
 
@@ -200,7 +201,7 @@ def test_mixed_precisions_are_refused_naming_the_files():
 
 def test_verify_checks_extraction_folders_dataset_folders_and_tables(tmp_path, capsys):
     from sinkscope.cli import main as cli_main
-    from sinkscope.pipeline.integrity import DATASET_MANIFEST
+    from sinkscope.manifests import DATASET_MANIFEST
 
     results = tmp_path / "results"
     (results / "extract").mkdir(parents=True)

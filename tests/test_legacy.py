@@ -19,8 +19,8 @@ import torch
 
 from sinkscope.cli import main as cli_main
 from sinkscope.figures.render import LAYER_KINDS, draw, save_figure
-from sinkscope.legacy import tokens as legacy
 from sinkscope.legacy import LegacyCacheError, import_cache, import_to_parquet, peek_layers
+from sinkscope.legacy import tokens as legacy
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, read_metadata
 
 FSL = 6  # tokens per frame: small, so a frame slice is a handful of tokens

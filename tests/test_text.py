@@ -8,6 +8,7 @@ import pytest
 import torch
 from fakes import tiny_tokenizer, tiny_umt5, write_umt5
 
+from sinkscope.model.checkpoints import CheckpointSpec
 from sinkscope.model.text import (
     TextEncoderSpec,
     clean_prompt,
@@ -17,7 +18,6 @@ from sinkscope.model.text import (
     save_embedding,
     text_encoder_for,
 )
-from sinkscope.model.checkpoints import CheckpointSpec
 
 pytest.importorskip("transformers")
 

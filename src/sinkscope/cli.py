@@ -170,7 +170,7 @@ def cmd_figure(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from sinkscope.pipeline.integrity import DATASET_MANIFEST, check_directory
+    from sinkscope.manifests import DATASET_MANIFEST, check_directory
     from sinkscope.tables import read_arrow
 
     problems: list[str] = []

@@ -32,8 +32,8 @@ import pyarrow.parquet as pq
 from sinkscope.errors import DamagedFileError
 from sinkscope.figures.common import DEFAULTS, figure4_view, figure_style, option, save_figure
 from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
+from sinkscope.manifests import check_dataset_folder
 from sinkscope.naming import parse_head_label
-from sinkscope.pipeline.integrity import check_dataset_folder
 from sinkscope.tables import read_metadata, read_table, with_default_columns
 
 log = logging.getLogger("sinkscope")

@@ -21,15 +21,9 @@ import pandas as pd
 
 from sinkscope.errors import DamagedFileError, SinkscopeError
 from sinkscope.io import atomic_path
+from sinkscope.manifests import DATASET_MANIFEST, check_dataset_folder, read_manifest, write_manifest
 from sinkscope.naming import decode_layers, layer_file
-from sinkscope.pipeline.integrity import (
-    DATASET_MANIFEST,
-    check_dataset_folder,
-    check_layer_rows,
-    read_manifest,
-    verify_file,
-    write_manifest,
-)
+from sinkscope.pipeline.integrity import check_layer_rows, verify_file
 from sinkscope.pipeline.jobs import provenance
 from sinkscope.stats.summaries import block_stats, head_class_grid, head_diagnostics, head_stats, layer_stats
 from sinkscope.tables import SCHEMAS, read_metadata, read_table, with_default_columns, write_table

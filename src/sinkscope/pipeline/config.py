@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from sinkscope.errors import ConfigError
-from sinkscope.model.checkpoints import CheckpointSpec, ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
-from sinkscope.naming import head_label, parse_head_label
+from sinkscope.model.checkpoints import ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
+from sinkscope.naming import parse_head_label
 from sinkscope.options import GLOBAL, POLICY_KEYS, GenerationOptions, OptionsError
 from sinkscope.schema import load_schema
 

@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 from sinkscope.errors import DamagedFileError, SinkscopeError
+from sinkscope.manifests import write_manifest
 from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.naming import layer_file, stable_hash
 from sinkscope.options import GenerationOptions
-from sinkscope.pipeline.integrity import check_layer_rows, write_manifest
+from sinkscope.pipeline.integrity import check_layer_rows
 from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, QUERY_STATS_SCHEMA, TOKEN_PROFILES_SCHEMA, write_table
 

@@ -17,8 +17,6 @@ Three layers, each cheap where it runs often:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -26,24 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from sinkscope.errors import DamagedFileError
-from sinkscope.io import atomic_path
+from sinkscope.manifests import (
+    DATASET_MANIFEST,
+    MANIFEST,
+    check_directory,
+    file_sha256,
+)
 
-MANIFEST = "manifest.json"
-# Parquet dataset folders (token profiles) list their files in "_manifest.json": dataset
-# readers skip names starting with "_", so the folder stays a plain Parquet dataset.
-DATASET_MANIFEST = "_manifest.json"
 # How far a query frame's prob_mass (or argmax_share) may sum from 1.
 PROB_TOLERANCE = 1e-3
 
 
 
 
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 
@@ -79,71 +72,14 @@ def check_layer_rows(frames, *, layer: int, calls: int, heads: int, where: str) 
 # -- extraction manifests ------------------------------------------------------------------
 
 
-def file_record(path: Path) -> dict[str, Any]:
-    stat = path.stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
 
 
-def write_manifest(directory: str | Path, files: Iterable[str], contents: Mapping[str, Any], name: str = MANIFEST) -> None:
-    """Record ``files`` (paths relative to ``directory``) and what they hold; written last."""
-    directory = Path(directory)
-    manifest = {
-        "files": {name: file_record(directory / name) for name in sorted(files)},
-        "contents": dict(contents),
-    }
-    with atomic_path(directory / name) as tmp:
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
 
-def read_manifest(directory: str | Path, name: str = MANIFEST) -> dict[str, Any]:
-    path = Path(directory) / name
-    if not path.is_file():
-        raise DamagedFileError(directory, f"incomplete: it has no {name} (the job that wrote it did not finish)")
-    try:
-        manifest = json.loads(path.read_text())
-        manifest["files"], manifest["contents"]  # noqa: B018 - both must exist
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise DamagedFileError(path, "is damaged (not the JSON manifest sinkscope writes)") from None
-    return manifest
 
 
-def check_directory(directory: str | Path, *, full: bool = False, name: str = MANIFEST) -> list[str]:
-    """Problems of one extraction folder against its manifest ([] when it is whole).
-
-    By default only sizes and mtimes are compared, and a file is hashed only when its
-    mtime changed (a touch is not damage); ``full`` hashes every file.
-    """
-    directory = Path(directory)
-    try:
-        manifest = read_manifest(directory, name)
-    except DamagedFileError as exc:
-        return [str(exc)]
-    problems = []
-    for listed_name, record in manifest["files"].items():
-        path = directory / listed_name
-        try:
-            stat = path.stat()
-        except FileNotFoundError:
-            problems.append(f"{path}: missing (its extraction job wrote it)")
-            continue
-        if stat.st_size != record["size"]:
-            problems.append(f"{path}: damaged (size {stat.st_size} bytes, written as {record['size']})")
-        elif (full or stat.st_mtime_ns != record["mtime_ns"]) and file_sha256(path) != record["sha256"]:
-            problems.append(f"{path}: damaged (its content changed after it was written)")
-    listed = set(manifest["files"]) | {name}
-    present = (p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
-    extra = sorted(p for p in present if p not in listed and not any(part.startswith(".") for part in p.split("/")))
-    if extra:
-        problems.append(f"{directory}: holds files its job did not write ({', '.join(extra[:3])})")
-    return problems
 
 
-def check_dataset_folder(folder: str | Path) -> None:
-    """Fail naming the first problem unless a Parquet dataset folder holds exactly the
-    files its ``_manifest.json`` lists, unchanged (sizes, and content where mtimes moved)."""
-    problems = check_directory(folder, name=DATASET_MANIFEST)
-    if problems:
-        raise DamagedFileError(folder, problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
 def scan_extractions(directories: Iterable[str | Path]) -> dict[str, list[str]]:
