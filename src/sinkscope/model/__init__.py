@@ -1,8 +1,16 @@
-"""The Wan2.1 transformer, its named configs, its KV cache, and weight loading.
+"""The Wan2.1 transformer and everything it is built from or loaded with.
 
-Importing ``sinkscope.model`` (or ``sinkscope.model.config``) does not import torch:
-the Snakefile reads model configs while it parses. The torch-side names load on
-first use.
+- ``config``: named model configs (``WanConfig``) and the state dict's shapes.
+- ``wan``: the transformer (``WanModel``); ``cache``: KV cache storage; ``layout``: what
+  each attention call sees; ``policies``: the KV-cache policies of long rollouts.
+- ``checkpoints``: a config's checkpoint entry resolved and its files checked (no
+  torch); ``torchfile``: a torch.save archive read without unpickling; ``loading``:
+  weights into the model (``load_transformer``); ``text``: prompt encoders.
+
+May import the base modules (``errors``, ``io``, ``naming``, ``options``, ``tables``)
+only. Importing ``sinkscope.model`` (or ``model.config``, ``model.checkpoints``) does not
+import torch: the Snakefile reads model configs while it parses. The torch-side names
+load on first use.
 """
 
 from sinkscope.model.config import MODEL_CONFIGS, WanConfig, get_model_config
