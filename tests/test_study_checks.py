@@ -210,3 +210,17 @@ def test_a_bit_flipped_legacy_cache_is_refused_at_config_time(tmp_path):
     path.write_bytes(bytes(damaged))
     with pytest.raises(ConfigError, match="legacy_caches.old: .*fails its CRC check"):
         load_study({"legacy_caches": {"old": {"path": str(path)}}}, base_dir=tmp_path)
+
+
+@pytest.mark.workflow
+def test_a_variant_inherits_the_base_generation_through_the_snakefile(workflow):
+    """Snakemake's own schema check must fill no defaults into a variant (its missing keys
+    come from generation:): a 3-frame base gives 3-frame variants."""
+    import pyarrow.parquet as pq
+
+    workflow.write_config({"layers": [0], "generation": {"num_frames": 3}, "capture": {"token_profiles": "none"},
+                           "variants": {"win": {"cache_policy": "window", "local_attn_frames": 3}}})  # fmt: skip
+    workflow.run("--until", "extract_attention")
+    files = sorted(workflow.directory.glob("results/extract/demo@win/*/seed0/layers0/layer0.parquet"))
+    assert files and pq.read_table(files[0], columns=["key_frame"]).column("key_frame").to_pylist()
+    assert max(pq.read_table(files[0], columns=["query_frame"]).column("query_frame").to_pylist()) == 2

@@ -20,18 +20,19 @@ def load_schema() -> dict:
         return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def _resolve(node: dict[str, Any]) -> dict[str, Any]:
-    ref = node.get("$ref")
-    if not ref:
+def resolve_ref(node: Any) -> Any:
+    """A schema node with its ``$ref`` (within this schema) followed; its own keys (a
+    description, a default) kept beside the referenced ones."""
+    if not isinstance(node, dict) or "$ref" not in node:
         return node
     target: Any = load_schema()
-    for part in ref.removeprefix("#/").split("/"):
+    for part in node["$ref"].removeprefix("#/").split("/"):
         target = target[part]
-    return target
+    return {**target, **{key: value for key, value in node.items() if key != "$ref"}}
 
 
 def schema_defaults(section: str) -> dict[str, Any]:
     """The defaults the schema declares for the keys of one config section (``figures``,
     ``diagnostics``, ``generation``...); a copy the caller may change."""
-    properties = _resolve(load_schema()["properties"][section]).get("properties", {})
+    properties = resolve_ref(load_schema()["properties"][section]).get("properties", {})
     return {key: copy.deepcopy(sub["default"]) for key, sub in properties.items() if "default" in sub}

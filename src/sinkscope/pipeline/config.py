@@ -22,7 +22,7 @@ from sinkscope.errors import ConfigError
 from sinkscope.model.checkpoints import ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
 from sinkscope.naming import parse_head_label
 from sinkscope.options import GLOBAL, POLICY_KEYS, GenerationOptions, OptionsError
-from sinkscope.schema import load_schema
+from sinkscope.schema import load_schema, resolve_ref
 
 __all__ = [
     "apply_overrides",
@@ -88,6 +88,7 @@ def _coerce_scalar(value: Any, types: list[str]) -> Any:
 
 def coerce(value: Any, schema: Mapping) -> Any:
     """Convert strings (and scalars given for lists) to the types ``schema`` asks for."""
+    schema = resolve_ref(schema)
     for key in ("anyOf", "oneOf"):
         if key in schema:
             for option in schema[key]:
@@ -125,8 +126,12 @@ def coerce(value: Any, schema: Mapping) -> Any:
 
 
 def fill_defaults(value: Any, schema: Mapping) -> Any:
-    """Fill ``default:`` values of the schema, recursively (nested objects included)."""
-    if not isinstance(value, dict):
+    """Fill ``default:`` values of the schema, recursively (nested objects included).
+
+    A section marked ``x-inherits`` (variants) is left as given: its missing keys are
+    inherited from another section, not defaulted."""
+    schema = resolve_ref(schema)
+    if not isinstance(value, dict) or schema.get("x-inherits"):
         return value
     properties = schema.get("properties", {})
     for key, sub in properties.items():
