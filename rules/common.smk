@@ -12,6 +12,7 @@ from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE
 from sinkscope.naming import LAYER_GROUP
 from sinkscope.pipeline.integrity import quarantine, scan_extractions
 from sinkscope.pipeline.invocation import LOCAL_EXECUTORS, forget_inventory, invocation_mode, requested_executor
+from sinkscope.pipeline.recovery import recover_interrupted_run
 from sinkscope.pipeline.study import (
     PATTERNS,
     SOURCE_TABLES,
@@ -50,6 +51,14 @@ try:
     TARGETS = STUDY.all_targets()
 except SinkscopeError as error:
     _reject(error)
+
+# A run stopped half-way (Ctrl-C, a kill, a full disk) leaves Snakemake's backups of
+# update() outputs and a job's temporaries behind, which would block every later run:
+# a run that will execute jobs, with no Snakemake holding this directory, resolves them
+# first (sinkscope.pipeline.recovery), keeping whichever result is whole.
+if _MAIN and invocation_mode(sys.argv) == "run":
+    for _action in recover_interrupted_run():
+        sys.stderr.write(f"sinkscope: {_action}\n")
 
 # Extraction folders are directory() outputs, inside which Snakemake sees no loss:
 # compare each with its manifest before any job runs (stat calls, hashes only on

@@ -1,0 +1,209 @@
+"""Runs that heal themselves: an interrupted run (Ctrl-C, a killed process group, a full
+disk) leaves nothing that blocks the next plain run, and the results it gives equal a
+clean run's (sinkscope.pipeline.recovery)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import SNAKEFILE
+
+from sinkscope.pipeline.recovery import recover_interrupted_run
+
+TINY = "layers: [0]\ngeneration: {num_frames: 3}\ncapture: {token_profiles: none}\n"
+
+
+def _backup(workdir: Path, relative: str) -> Path:
+    return workdir / ".snakemake" / "backups" / relative
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _png(size: int = 200) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * (size // 256 + 1) + b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def test_a_whole_result_stays_and_its_leftover_backup_goes(tmp_path):
+    result = _write(tmp_path / "results/figures/demo/figure4.png", _png())
+    _write(_backup(tmp_path, "results/figures/demo/figure4.png"), _png(400))
+    before = result.read_bytes()
+    assert recover_interrupted_run(tmp_path) == []
+    assert result.read_bytes() == before and not (tmp_path / ".snakemake/backups").exists()
+
+
+@pytest.mark.parametrize(
+    "relative, truncate",
+    [
+        ("results/figures/demo/figure4.png", lambda data: data[: len(data) // 2]),
+        ("results/figures/demo/figure4.svg", lambda data: data[:40]),
+        ("results/tables/checkpoints/demo/head_classes.csv", lambda data: data[:7]),
+        ("results/report/summary.html", lambda data: b""),
+    ],
+)
+def test_a_result_cut_short_by_a_failed_restore_gets_the_previous_one_back(tmp_path, relative, truncate):
+    whole = {".png": _png(), ".svg": b"<svg>" + b"x" * 100 + b"</svg>\n", ".csv": b"layer,head\n0,1\n1,2\n",
+             ".html": b"<html>" + b"y" * 50 + b"</html>\n"}[Path(relative).suffix]  # fmt: skip
+    result = _write(tmp_path / relative, truncate(whole))
+    _write(_backup(tmp_path, relative), whole)
+    actions = recover_interrupted_run(tmp_path)
+    assert result.read_bytes() == whole and len(actions) == 1 and "restored the previous result" in actions[0]
+
+
+def test_a_damaged_parquet_or_folder_is_replaced_by_its_whole_backup(tmp_path):
+    import pyarrow as pa
+
+    from sinkscope.manifests import write_manifest
+
+    table = tmp_path / "results/tables/checkpoints/demo/frame_attention.parquet"
+    table.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"x": list(range(100))}), table)
+    _write(_backup(tmp_path, "results/tables/checkpoints/demo/frame_attention.parquet"), table.read_bytes())
+    table.write_bytes(table.read_bytes()[:100])
+    folder = tmp_path / "results/extract/demo/circle/seed0/layers0"
+    folder.mkdir(parents=True)
+    (folder / "layer0.parquet").write_bytes(b"rows" * 10)
+    write_manifest(folder, ["layer0.parquet"], {})
+    backup = _backup(tmp_path, "results/extract/demo/circle/seed0/layers0")
+    shutil.copytree(folder, backup)
+    (folder / "layer0.parquet").write_bytes(b"rows")  # a restore cut short
+    recover_interrupted_run(tmp_path)
+    assert pq.read_table(table).num_rows == 100
+    assert (folder / "layer0.parquet").read_bytes() == b"rows" * 10 and not backup.exists()
+
+
+def test_temporaries_of_an_interrupted_job_are_removed(tmp_path):
+    stray = [_write(tmp_path / "results/tables/.frame_attention.parquet.k2j3.tmp", b"partial"),
+             tmp_path / "results/extract/demo/circle/seed0/.layers0.tmp-4242"]  # fmt: skip
+    stray[1].mkdir(parents=True)
+    keep = _write(tmp_path / "results/tables/frame_attention.parquet", b"data")
+    recover_interrupted_run(tmp_path)
+    assert not any(path.exists() for path in stray) and keep.exists()
+
+
+def test_nothing_is_touched_while_another_snakemake_works_here(tmp_path):
+    _write(tmp_path / ".snakemake/locks/0.output.lock", b"results/x\n")
+    backup = _write(_backup(tmp_path, "results/figures/demo/figure4.png"), _png())
+    # A process whose command line names snakemake, working in this directory.
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "snakemake"], cwd=tmp_path)
+    try:
+        time.sleep(0.3)
+        assert recover_interrupted_run(tmp_path) == []
+        assert backup.exists() and (tmp_path / ".snakemake/locks/0.output.lock").exists()
+    finally:
+        other.kill()
+        other.wait()
+    actions = recover_interrupted_run(tmp_path)
+    assert any("removed the locks of a stopped run" in line for line in actions)
+    assert not (tmp_path / ".snakemake/locks/0.output.lock").exists()
+
+
+# -- real runs, interrupted ------------------------------------------------------------------
+
+
+def _snakemake(workdir: Path, *args: str, **kwargs) -> subprocess.Popen:
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
+               "--cores", "1", "--resources", "gpu=1", *args]  # fmt: skip
+    return subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, **kwargs)  # fmt: skip
+
+
+def _run(workdir: Path, *args: str) -> str:
+    process = _snakemake(workdir, *args)
+    out, _ = process.communicate(timeout=900)
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+def _values(workdir: Path):
+    table = pq.read_table(workdir / "results/tables/frame_attention.parquet")
+    return table.drop([name for name in ("code_digest",) if name in table.column_names]).to_pandas()
+
+
+def _interrupt(workdir: Path, moment: str, signal_number: int) -> None:
+    """A forced rerun of the extraction, stopped at ``moment``: 'before' (the job just
+    scheduled), 'during' (the job computing), 'after' (its folder written, downstream
+    jobs running)."""
+    folder = next(workdir.glob("results/extract/demo/circle/seed0/layers0"))
+    written = (folder / "manifest.json").stat().st_mtime_ns
+    log = workdir / "interrupted.log"
+    with open(log, "w") as handle:
+        command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
+                   "--cores", "1", "--resources", "gpu=1", "--forcerun", "extract_attention"]  # fmt: skip
+        process = subprocess.Popen(command, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+
+    def reached() -> bool:
+        text = log.read_text()
+        if moment == "before":
+            return "rule extract_attention" in text
+        if moment == "during":
+            job_log = workdir / "results/logs/extract_attention/demo/circle/seed0/layers0.log"
+            return "rule extract_attention" in text and job_log.exists() and job_log.stat().st_size > 0
+        manifest = folder / "manifest.json"
+        return manifest.exists() and manifest.stat().st_mtime_ns != written
+
+    while not reached():
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    if signal_number == signal.SIGKILL:
+        os.killpg(process.pid, signal.SIGKILL)
+    else:
+        process.send_signal(signal_number)
+    process.wait(timeout=300)
+
+
+@pytest.mark.workflow
+def test_an_interrupted_run_never_blocks_the_next_plain_run(tmp_path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "config.yaml").write_text(TINY)
+    _run(workdir)
+    reference = _values(workdir)
+    for moment, signal_number in (("before", signal.SIGKILL), ("during", signal.SIGKILL), ("after", signal.SIGKILL),
+                                  ("during", signal.SIGINT)):  # fmt: skip
+        _interrupt(workdir, moment, signal_number)
+        out = _run(workdir)  # the next plain run
+        assert "FileExistsError" not in out and "Traceback" not in out, (moment, out[-3000:])
+        assert _run(workdir, "--dry-run").count("rule ") == 0, moment  # nothing left to do
+        assert _values(workdir).equals(reference), moment
+    assert not any((workdir / ".snakemake" / "backups").rglob("*.*")), "no backups left behind"
+
+
+@pytest.mark.workflow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
+def test_a_full_disk_never_blocks_the_next_run_nor_damages_the_previous_result(tmp_path):
+    workdir = tmp_path / "small"
+    workdir.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(workdir)]).returncode != 0:
+        pytest.skip("this machine refuses to mount a tmpfs")
+    try:
+        (workdir / "config.yaml").write_text(TINY)
+        _run(workdir)
+        reference = _values(workdir)
+        for leave_free in (40_000, 400_000, 2_000_000):  # full during the backup, the job, the downstream jobs
+            filler = workdir / "filler"
+            free = shutil.disk_usage(workdir).free
+            with open(filler, "wb") as handle:
+                handle.truncate(0)
+                handle.write(b"\0" * max(0, free - leave_free))
+            process = _snakemake(workdir, "--forcerun", "extract_attention")
+            process.communicate(timeout=900)  # fails somewhere: the backup, the job, or after
+            filler.unlink()
+            out = _run(workdir)
+            assert "Traceback" not in out, out[-3000:]
+            assert _values(workdir).equals(reference), leave_free
+    finally:
+        subprocess.run(["umount", "-l", str(workdir)])
