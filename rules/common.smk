@@ -10,7 +10,7 @@ from snakemake.utils import validate
 from sinkscope.errors import SinkscopeError
 from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
 from sinkscope.naming import LAYER_GROUP
-from sinkscope.pipeline.integrity import quarantine, scan_extractions
+from sinkscope.pipeline.integrity import quarantine, scan_results
 from sinkscope.pipeline.invocation import LOCAL_EXECUTORS, forget_inventory, invocation_mode, requested_executor
 from sinkscope.pipeline.recovery import recover_interrupted_run
 from sinkscope.pipeline.study import (
@@ -60,12 +60,14 @@ if _MAIN and invocation_mode(sys.argv) == "run":
     for _action in recover_interrupted_run():
         sys.stderr.write(f"sinkscope: {_action}\n")
 
-# Extraction folders are directory() outputs, inside which Snakemake sees no loss:
-# compare each with its manifest before any job runs (stat calls, hashes only on
-# changed mtimes). A run that would execute jobs moves a damaged one aside and stops,
-# so that the next run rebuilds it; a dry run stops naming it; other inspections warn.
+# Snakemake sees a result missing, never damaged (and nothing inside a directory()
+# output): before any job runs, check every result that exists (folders against their
+# manifests, Parquet files by checksums and digests, figures and pages by their
+# structure; sinkscope.pipeline.integrity.check_result). A run that would execute jobs
+# moves a damaged one aside and stops, so that the next run rebuilds it; a dry run stops
+# naming it; other inspections warn.
 if _MAIN:
-    _damaged = scan_extractions(STUDY.all_extract_dirs())
+    _damaged = scan_results(STUDY.all_targets())
     if _damaged:
         # A dry run leaves Snakemake's file inventory behind for the next run to reuse;
         # it would still list what is being moved aside.

@@ -13,7 +13,7 @@ from synthetic import synthetic_rows
 
 from sinkscope.errors import DamagedFileError
 from sinkscope.manifests import check_directory, read_manifest, write_manifest
-from sinkscope.pipeline.integrity import quarantine, scan_extractions
+from sinkscope.pipeline.integrity import quarantine, scan_results
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, column_digests, read_arrow, read_metadata, read_table, write_table
 
 
@@ -97,7 +97,7 @@ def test_manifest_checks_find_missing_changed_and_extra_files(tmp_path):
 def test_a_folder_without_manifest_is_incomplete_and_quarantine_keeps_it(tmp_path):
     folder = _folder(tmp_path)
     (folder / "manifest.json").unlink()
-    damaged = scan_extractions([folder, tmp_path / "not-yet-run"])
+    damaged = scan_results([folder, tmp_path / "not-yet-run"])
     assert list(damaged) == [str(folder)] and "incomplete" in damaged[str(folder)][0]
     moved = quarantine(folder / "layer0.parquet")
     assert moved == tmp_path / "layers0-1.damaged" and not folder.exists() and (moved / "layer0.parquet").exists()
@@ -211,7 +211,7 @@ def test_verify_checks_extraction_folders_dataset_folders_and_tables(tmp_path, c
     write_table(synthetic_rows(seed=4), dataset / "p" / "layer0.parquet", FRAME_ATTENTION_SCHEMA)
     write_manifest(dataset, ["p/layer0.parquet"], {"table": "token_profiles"}, name=DATASET_MANIFEST)
     assert cli_main(["verify", str(results)]) == 0
-    assert "checked 1 extraction folders, 1 dataset folders and 2 Parquet files: all whole" in capsys.readouterr().err
+    assert "checked 3 results (2 folders, 1 files): all whole" in capsys.readouterr().err
 
     (dataset / "p" / "layer0.parquet").unlink()
     data = bytearray((extraction / "layer1.parquet").read_bytes())

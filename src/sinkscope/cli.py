@@ -14,6 +14,7 @@ Errors print one line naming the file, key or value, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -170,30 +171,47 @@ def cmd_figure(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from sinkscope.manifests import DATASET_MANIFEST, check_directory
-    from sinkscope.tables import read_arrow
+    from sinkscope.pipeline.integrity import check_result, is_moved_aside
 
-    problems: list[str] = []
     root = Path(args.results)
-    if not root.is_dir():
-        raise ConfigError(f"results folder {str(root)!r} does not exist")
-    folders = sorted({p.parent for p in root.rglob("manifest.json")})
-    for folder in folders:
-        problems += check_directory(folder, full=True)
-    datasets = sorted({p.parent for p in root.rglob(DATASET_MANIFEST)})
-    for folder in datasets:  # token-profile folders: the files they list, hashed
-        problems += check_directory(folder, full=True, name=DATASET_MANIFEST)
-    files = [p for p in sorted(root.rglob("*.parquet")) if p.is_file() and not any(f in p.parents for f in folders)]
-    for file in files:
-        try:
-            read_arrow(file)
-        except SinkscopeError as error:
-            problems.append(str(error))
+    if not root.exists():
+        raise ConfigError(f"{str(root)!r} does not exist (give the results folder or one result)")
+    results, moved_aside = _results_under(root, is_moved_aside)
+    problems = [problem for result in results for problem in check_result(result, full=True)]
     for line in problems:
         print(line)
-    print(f"checked {len(folders)} extraction folders, {len(datasets)} dataset folders and {len(files)} Parquet files: "
+    folders = sum(p.is_dir() for p in results)
+    aside = f"; {len(moved_aside)} moved aside as damaged, not checked" if moved_aside else ""
+    print(f"checked {len(results)} results ({folders} folders, {len(results) - folders} files){aside}: "
           f"{'all whole' if not problems else f'{len(problems)} problems'}", file=sys.stderr)  # fmt: skip
     return 1 if problems else 0
+
+
+def _results_under(root: Path, is_moved_aside) -> tuple[list[Path], list[Path]]:
+    """The results at or below ``root``: folders that hold a manifest (taken whole), and
+    Parquet files, figures and pages outside them; and what was moved aside as damaged."""
+    from sinkscope.manifests import DATASET_MANIFEST, MANIFEST
+
+    if root.is_file():
+        return ([], [root]) if is_moved_aside(root) else ([root], [])
+    results, moved_aside = [], []
+    for directory, folders, files in os.walk(root):
+        here = Path(directory)
+        if is_moved_aside(here):
+            moved_aside.append(here)
+            folders.clear()
+            continue
+        if MANIFEST in files or DATASET_MANIFEST in files:
+            results.append(here)
+            folders.clear()
+            continue
+        for name in sorted(files):
+            path = here / name
+            if is_moved_aside(path):
+                moved_aside.append(path)
+            elif path.suffix in (".parquet", ".png", ".svg", ".html") and not name.startswith("."):
+                results.append(path)
+    return results, moved_aside
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--dpi", type=int, default=200)
     fig.set_defaults(func=cmd_figure)
 
-    verify = sub.add_parser("verify", help="check every result file (manifests, checksums, content digests)")
-    verify.add_argument("results", nargs="?", default="results")
+    verify = sub.add_parser("verify", help="check every result in full (manifests, checksums, content digests, figures); "
+                                           "results moved aside as damaged are counted, not checked")  # fmt: skip
+    verify.add_argument("results", nargs="?", default="results", help="the results folder, or one result (file or folder)")
     verify.set_defaults(func=cmd_verify)
 
     # Only listed here: main() hands its arguments to sinkscope.train (which imports torch).

@@ -32,19 +32,40 @@ def file_sha256(path: str | Path) -> str:
 
 
 def file_record(path: Path) -> dict[str, Any]:
-    stat = path.stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
+    return {"size": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+# Beside a manifest, the files' mtimes when it was written: the cheap check hashes a file
+# only when its mtime changed. Kept out of the manifest, so that a folder's results are
+# byte-identical across runs; a hidden name, so that folder readers never see it.
+STAT_SIDECAR = ".mtimes.json"
 
 
 def write_manifest(directory: str | Path, files: Iterable[str], contents: Mapping[str, Any], name: str = MANIFEST) -> None:
-    """Record ``files`` (paths relative to ``directory``) and what they hold; written last."""
+    """Record ``files`` (paths relative to ``directory``) and what they hold; written last.
+
+    The manifest carries a digest of itself, so that a damaged manifest is named as the
+    culprit rather than the file it no longer matches."""
     directory = Path(directory)
     manifest = {
-        "files": {name: file_record(directory / name) for name in sorted(files)},
+        "files": {file: file_record(directory / file) for file in sorted(files)},
         "contents": dict(contents),
     }
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    mtimes = {file: (directory / file).stat().st_mtime_ns for file in manifest["files"]}
+    with atomic_path(directory / _sidecar(name)) as tmp:
+        tmp.write_text(json.dumps(mtimes, sort_keys=True))
     with atomic_path(directory / name) as tmp:
         tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def _sidecar(name: str) -> str:
+    return STAT_SIDECAR if name == MANIFEST else f"{name.removesuffix('.json')}{STAT_SIDECAR}"
+
+
+def _manifest_digest(manifest: Mapping[str, Any]) -> str:
+    body = {key: value for key, value in manifest.items() if key != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def read_manifest(directory: str | Path, name: str = MANIFEST) -> dict[str, Any]:
@@ -56,6 +77,8 @@ def read_manifest(directory: str | Path, name: str = MANIFEST) -> dict[str, Any]
         manifest["files"], manifest["contents"]  # noqa: B018 - both must exist
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
         raise DamagedFileError(path, "is damaged (not the JSON manifest sinkscope writes)") from None
+    if "manifest_sha256" in manifest and manifest["manifest_sha256"] != _manifest_digest(manifest):
+        raise DamagedFileError(path, "is damaged: it does not match its own digest (the manifest, not the files it lists)")
     return manifest
 
 
@@ -70,6 +93,10 @@ def check_directory(directory: str | Path, *, full: bool = False, name: str = MA
         manifest = read_manifest(directory, name)
     except DamagedFileError as exc:
         return [str(exc)]
+    try:
+        mtimes = json.loads((directory / _sidecar(name)).read_text())
+    except (OSError, ValueError):
+        mtimes = {}
     problems = []
     for listed_name, record in manifest["files"].items():
         path = directory / listed_name
@@ -80,9 +107,12 @@ def check_directory(directory: str | Path, *, full: bool = False, name: str = MA
             continue
         if stat.st_size != record["size"]:
             problems.append(f"{path}: damaged (size {stat.st_size} bytes, written as {record['size']})")
-        elif (full or stat.st_mtime_ns != record["mtime_ns"]) and file_sha256(path) != record["sha256"]:
+        # An older manifest kept the mtime in the record; without either, hash.
+        elif (full or stat.st_mtime_ns != mtimes.get(listed_name, record.get("mtime_ns"))) and (
+            file_sha256(path) != record["sha256"]
+        ):
             problems.append(f"{path}: damaged (its content changed after it was written)")
-    listed = set(manifest["files"]) | {name}
+    listed = set(manifest["files"]) | {name, _sidecar(name)}
     present = (p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
     extra = sorted(p for p in present if p not in listed and not any(part.startswith(".") for part in p.split("/")))
     if extra:

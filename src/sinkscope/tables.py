@@ -330,6 +330,17 @@ def read_arrow(path: str | Path, columns: Sequence[str] | None = None, filters=N
     return table
 
 
+def check_footer(path: str | Path) -> None:
+    """The cheap check of a Parquet file: its footer reads and matches its metadata digest
+    (a truncated file, or a damaged footer); the pages are checked by ``read_arrow``."""
+    try:
+        footer = pq.read_metadata(path).metadata or {}
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DamagedFileError(path, f"is damaged or not a Parquet file ({str(exc).splitlines()[0][:160]})") from None
+    if _METADATA_DIGEST in footer and footer[_METADATA_DIGEST] != _metadata_digest(footer):
+        raise DamagedFileError(path, "is damaged: its metadata does not match its digest")
+
+
 def read_table(
     paths: str | Path | Iterable[str | Path], columns: Sequence[str] | None = None, filters=None
 ) -> pd.DataFrame:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import html
+import json
 import re
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -182,15 +184,17 @@ def encode_prompts(
 
 
 def save_embedding(path: str | Path, context: torch.Tensor, *, prompt: str, encoder: TextEncoderSpec) -> None:
-    from safetensors.torch import save_file
-
-    context = context.contiguous().float()
+    """A prompt embedding as safetensors (``context``, float32, with its digest). Written
+    here rather than by ``safetensors.save_file``, whose header orders the metadata
+    differently from run to run: the same prompt gives the same bytes."""
+    context = context.detach().cpu().contiguous().float()
+    data = context.numpy().tobytes()
+    metadata = {"context_sha256": _tensor_sha256(context), "encoder": encoder.key, "prompt": prompt}
+    header = {"__metadata__": metadata, "context": {"dtype": "F32", "shape": list(context.shape), "data_offsets": [0, len(data)]}}
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
     with atomic_path(path) as tmp:
-        save_file(
-            {"context": context},
-            str(tmp),
-            metadata={"prompt": prompt, "encoder": encoder.key, "context_sha256": _tensor_sha256(context)},
-        )
+        tmp.write_bytes(struct.pack("<Q", len(text)) + text + data)
 
 
 def _tensor_sha256(tensor: torch.Tensor) -> str:

@@ -30,6 +30,7 @@ from sinkscope.manifests import (
     check_directory,
     file_sha256,
 )
+from sinkscope.naming import is_group_folder, is_layer_file
 
 # How far a query frame's prob_mass (or argmax_share) may sum from 1.
 PROB_TOLERANCE = 1e-3
@@ -82,17 +83,80 @@ def check_layer_rows(frames, *, layer: int, calls: int, heads: int, where: str) 
 
 
 
-def scan_extractions(directories: Iterable[str | Path]) -> dict[str, list[str]]:
-    """{folder: problems} for the existing folders among ``directories`` that are not whole.
+# Parquet files up to this size are read in full by every pre-run scan (page checksums
+# and column digests: a flipped byte anywhere is seen); larger ones by their footer, and
+# in full by `sinkscope verify`.
+FULL_SCAN_BYTES = 64 * 2**20
 
-    Folders that do not exist are Snakemake's business (it will run their jobs).
-    """
+
+def check_result(path: str | Path, *, full: bool = False) -> list[str]:
+    """Problems of one result the pipeline owns ([] when it is whole): a folder against
+    its manifest, a Parquet file by its checksums and digests (its footer only, past
+    ``FULL_SCAN_BYTES``, unless ``full``), a PNG by its chunks' CRCs, an SVG or HTML page
+    by its closing tag, any file by being non-empty."""
+    path = Path(path)
+    if path.is_dir():
+        for name in (MANIFEST, DATASET_MANIFEST):
+            if (path / name).is_file():
+                return check_directory(path, full=full, name=name)
+        return [f"{path}: incomplete: it has no manifest (the job that wrote it did not finish)"]
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return []
+    if size == 0:
+        return [f"{path}: empty (its job did not finish writing it)"]
+    try:
+        if path.suffix == ".parquet":
+            from sinkscope.tables import check_footer, read_arrow
+
+            if full or size <= FULL_SCAN_BYTES:
+                read_arrow(path)
+            else:
+                check_footer(path)
+        elif path.suffix == ".png":
+            _check_png(path)
+        elif path.suffix in (".svg", ".html"):
+            closing = b"</svg>" if path.suffix == ".svg" else b"</html>"
+            with open(path, "rb") as handle:
+                handle.seek(max(0, size - 256))
+                if closing not in handle.read():
+                    raise DamagedFileError(path, f"is cut short (no closing {closing.decode()})")
+    except DamagedFileError as exc:
+        return [str(exc)]
+    return []
+
+
+def _check_png(path: Path) -> None:
+    """Every chunk's CRC, up to IEND (a PNG is a few hundred kB: read whole)."""
+    import zlib
+
+    data = path.read_bytes()
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise DamagedFileError(path, "is not a PNG image (its signature is damaged)")
+    offset = 8
+    while offset + 12 <= len(data):
+        length = int.from_bytes(data[offset : offset + 4], "big")
+        kind = data[offset + 4 : offset + 8]
+        end = offset + 12 + length
+        if end > len(data):
+            break
+        if zlib.crc32(data[offset + 4 : end - 4]) != int.from_bytes(data[end - 4 : end], "big"):
+            raise DamagedFileError(path, f"is damaged (its {kind.decode('latin-1')} chunk fails its CRC)")
+        if kind == b"IEND":
+            return
+        offset = end
+    raise DamagedFileError(path, "is cut short (no IEND chunk)")
+
+
+def scan_results(paths: Iterable[str | Path]) -> dict[str, list[str]]:
+    """{result: problems} for the existing results among ``paths`` that are not whole;
+    results that do not exist are Snakemake's business (it will run their jobs)."""
     damaged = {}
-    for directory in directories:
-        if os.path.isdir(directory):
-            problems = check_directory(directory)
-            if problems:
-                damaged[str(directory)] = problems
+    for path in paths:
+        problems = check_result(path)
+        if problems:
+            damaged[str(path)] = problems
     return damaged
 
 
@@ -108,6 +172,14 @@ def verify_file(path: str | Path, manifest: Mapping[str, Any] | None) -> None:
         raise DamagedFileError(path, "is damaged (it differs from what its extraction job wrote)")
 
 
+_MOVED_ASIDE = re.compile(r"\.damaged(-\d+)?$")
+
+
+def is_moved_aside(path: str | Path) -> bool:
+    """Whether ``path`` is a result moved aside as damaged (``<name>.damaged[-N]``)."""
+    return _MOVED_ASIDE.search(Path(path).name) is not None
+
+
 def quarantine(path: str | Path) -> Path | None:
     """Move a damaged result aside (``<name>.damaged``), so Snakemake sees it missing and
     rebuilds it on the next run; kept, not deleted, for a look at what went wrong.
@@ -116,9 +188,7 @@ def quarantine(path: str | Path) -> Path | None:
     the job's output). Returns the new path, or None when there is nothing to move.
     """
     path = Path(path)
-    in_extraction = re.fullmatch(r"layer\d+(\.queries|\.tokens)?\.parquet", path.name) and re.fullmatch(
-        r"layers[\d_-]+", path.parent.name
-    )
+    in_extraction = is_layer_file(path.name) and is_group_folder(path.parent.name)
     if path.name in (MANIFEST, DATASET_MANIFEST) or in_extraction:
         path = path.parent
     if not path.exists():
