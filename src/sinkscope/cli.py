@@ -22,6 +22,7 @@ import yaml
 
 from sinkscope import __version__
 from sinkscope.errors import ConfigError, OneLineArgumentParser, SinkscopeError
+from sinkscope.schema import load_schema, schema_defaults
 
 
 def _natural(text: str) -> int:
@@ -33,6 +34,31 @@ def _natural(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return value
+
+
+def _step(text: str) -> str | int:
+    """argparse type: last, cache, or a denoising step index."""
+    return text if text in ("last", "cache") else _natural(text)
+
+
+def _dpi(text: str) -> int:
+    """argparse type: a PNG resolution within the schema's bounds."""
+    bounds = load_schema()["properties"]["figures"]["properties"]["dpi"]
+    value = _natural(text)
+    if not bounds["minimum"] <= value <= bounds["maximum"]:
+        raise argparse.ArgumentTypeError(f"{value} is outside {bounds['minimum']}..{bounds['maximum']}")
+    return value
+
+
+def parse_head(text: str) -> str:
+    """argparse type: a head in the paper's notation (checked, returned as given)."""
+    from sinkscope.naming import parse_head_label
+
+    try:
+        parse_head_label(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a head like L1H1 (1-based layer and head)") from None
+    return text
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -81,6 +107,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from sinkscope.pipeline.jobs import log_to, pick_device
 
     log_to(None)
+    _check_output(Path(args.out), inputs=[Path(args.config)], force=args.force, ours=_is_extraction_folder,
+                  what="an extraction folder")  # fmt: skip
     # The chosen layers and seed go through the study's own check (layers within the model,
     # seeds within int64), before any weights are loaded.
     if args.layers:
@@ -128,46 +156,142 @@ def cmd_import_cache(args: argparse.Namespace) -> int:
     from sinkscope.pipeline.jobs import log_to
 
     log_to(None)
+    source, out = Path(args.path), Path(args.out)
+    if not source.is_file():
+        raise ConfigError(f"attention cache {str(source)!r} does not exist")
+    _check_output(out, inputs=[source], force=args.force, ours=_is_imported_table, what="a table it imported")
     entry = {"prompt_id": args.prompt_id, "seed": args.seed, "allow_pickle": args.allow_pickle}
-    import_job(args.path, args.out, args.checkpoint, entry)
+    import_job(source, out, args.checkpoint, entry)
     print(f"wrote {args.out}")
     return 0
 
 
+def _check_output(out: Path, *, inputs: list[Path], force: bool, ours, what: str) -> None:
+    """Refuse an ``--out`` that would replace an input or something this command did not
+    write; an earlier output of the same command is replaced only with ``--force``."""
+    if any(out.resolve() == path.resolve() for path in inputs):
+        raise ConfigError(f"--out {str(out)!r} is an input of this command; choose another path")
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not any(out.iterdir()):
+        return
+    if not ours(out):
+        kind = "folder" if out.is_dir() else "file"
+        raise ConfigError(f"--out {str(out)!r} is an existing {kind} this command did not write; choose another path")
+    if not force:
+        raise ConfigError(f"--out {str(out)!r} holds {what} already; add --force to replace it")
+
+
+def _is_imported_table(path: Path) -> bool:
+    from sinkscope.tables import read_metadata
+
+    try:
+        return path.is_file() and "legacy_layout" in read_metadata(path)
+    except SinkscopeError:
+        return False
+
+
+def _is_extraction_folder(path: Path) -> bool:
+    from sinkscope.manifests import read_manifest
+
+    try:
+        return path.is_dir() and "layers" in read_manifest(path)["contents"]
+    except SinkscopeError:
+        return False
+
+
 def cmd_figure(args: argparse.Namespace) -> int:
-    from sinkscope.figures.registry import LAYER_FIGURES
+    from sinkscope.figures.registry import LAYER_FIGURES, TOKEN_FIGURES
     from sinkscope.figures.render import draw, save_figure
+    from sinkscope.naming import head_label, parse_head_label
     from sinkscope.pipeline.jobs import log_to
-    from sinkscope.tables import read_table
+    from sinkscope.stats.summaries import block_stats, head_diagnostics
 
     log_to(None)
     if args.kind in LAYER_FIGURES and args.layer is None:
         raise ConfigError(f"figure {args.kind!r} needs --layer")
-    options = {"step": args.step if args.step in ("last", "cache") else int(args.step), "metric": args.metric,
-               "heads": args.heads, "video_frames": args.video_frames, "dpi": args.dpi, "frame_base": args.frame_base,
-               "highlight_layers": args.highlight_layers}  # fmt: skip
-    tables = {}
-    for path in args.input:
-        name = Path(path).name.removesuffix(".parquet")
-        name = name if name in ("frame_attention", "head_diagnostics", "block_stats", "token_profiles") else "frame_attention"
-        table = read_table(path)
-        tables[name] = table if name not in tables else __import__("pandas").concat([tables[name], table], ignore_index=True)
-    for name, table in tables.items():
+    tables = _figure_tables(args.input)
+    frame = tables.get("frame_attention")
+    if frame is None and args.kind not in ("head_classes", "entropy_overview", "attention_across_checkpoints"):
+        raise ConfigError(f"figure {args.kind!r} draws frame_attention rows; --input holds none "
+                          "(give results/tables/frame_attention.parquet or extraction folders)")  # fmt: skip
+    if args.kind in TOKEN_FIGURES and "token_profiles" not in tables:
+        raise ConfigError(f"figure {args.kind!r} draws token profiles; --input holds none (give the token_profiles.parquet "
+                          "folder, or extraction folders captured with capture.token_profiles)")  # fmt: skip
+    for name, table in list(tables.items()):
         for column, wanted in (("checkpoint", args.checkpoint), ("variant", args.variant)):
             if column not in table:
                 continue
-            present = sorted(set(table[column]))
+            present = sorted(set(table[column].astype(str)))
             if wanted is not None:
                 if wanted not in present:
-                    raise ConfigError(f"{column} {wanted!r} is not in the input (it has {', '.join(present)})")
-                table = table[table[column] == wanted]
+                    raise ConfigError(f"--{column} {wanted!r} is not in the input (it has {', '.join(present)})")
+                table = table[table[column].astype(str) == wanted]
             elif len(present) > 1 and args.kind not in ("policy_comparison", "sink_mass_over_time"):
-                raise ConfigError(f"the input holds several {column}s ({', '.join(present)}); choose one (--{column})")
+                raise ConfigError(f"the input holds several {column}s ({', '.join(present)}); choose one with --{column}")
         tables[name] = table
-    figure = draw(args.kind, tables, source=args.source or args.checkpoint or "sinkscope", layer=args.layer, options=options)
+    frame = tables.get("frame_attention")
+    if frame is not None:
+        layers = sorted({int(x) for x in frame["layer"].unique()})
+        heads = sorted({int(x) for x in frame["head"].unique()})
+        steps = sorted({int(x) for x in frame.loc[frame["pass"] == "denoise", "step"].unique() if x >= 0})
+        if isinstance(args.step, int) and steps and args.step > steps[-1]:
+            raise ConfigError(f"--step {args.step} is past the last denoising step {steps[-1]} of the input")
+        if args.layer is not None and args.layer not in layers:
+            raise ConfigError(f"--layer {args.layer} is not in the input (it has layers {layers})")
+        chosen = [(label, *parse_head_label(label)) for label in args.heads]
+        for label, _, head in chosen:
+            if head not in heads:
+                raise ConfigError(f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)")
+        if args.kind in _HEAD_FIGURES and not any(layer in layers for _, layer, _ in chosen):
+            shown = ", ".join(head_label(layer, 0) for layer in layers[:4])
+            raise ConfigError(f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)")
+        if args.kind in ("sink_mass_over_time", "head_classes", "entropy_overview", "attention_across_checkpoints"):
+            tables.setdefault("block_stats", block_stats(frame))
+            tables.setdefault("head_diagnostics", head_diagnostics(frame, tables.get("query_stats")))
+    options = {"step": args.step, "metric": args.metric, "heads": args.heads, "video_frames": args.video_frames,
+               "dpi": args.dpi, "frame_base": args.frame_base, "highlight_layers": args.highlight_layers}  # fmt: skip
+    figure = draw(args.kind, tables, source=args.source or args.checkpoint or "the input", layer=args.layer, options=options)
     save_figure(figure, f"{args.out_prefix}.svg", f"{args.out_prefix}.png", dpi=args.dpi)
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
+
+
+# The figures that draw the chosen heads (--heads); each panel of a head whose layer was
+# not captured says so, but a figure of no captured head is refused.
+_HEAD_FIGURES = ("figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "attention_over_time", "policy_comparison")
+
+
+def _figure_tables(inputs: list[str]) -> dict:
+    """The tables a figure reads, by name, from table files, the token_profiles dataset
+    folder, or extraction folders (their per-layer files)."""
+    import pandas as pd
+
+    from sinkscope.manifests import DATASET_MANIFEST, MANIFEST, read_manifest
+    from sinkscope.tables import read_table
+
+    known = ("frame_attention", "head_diagnostics", "block_stats", "token_profiles", "query_stats")
+    parts: dict[str, list] = {}
+    for entry in map(Path, inputs):
+        if not entry.exists():
+            raise ConfigError(f"--input {str(entry)!r} does not exist")
+        if entry.is_dir() and (entry / MANIFEST).is_file():  # an extraction folder
+            files = read_manifest(entry)["files"]
+            kinds = {"": "frame_attention", ".queries": "query_stats", ".tokens": "token_profiles"}
+            for name in sorted(files):
+                stem = name.removesuffix(".parquet")
+                kind = kinds.get(stem[stem.find("."):] if "." in stem else "")
+                if kind:
+                    parts.setdefault(kind, []).append(read_table(entry / name))
+        elif entry.is_dir() and (entry / DATASET_MANIFEST).is_file():  # the token_profiles dataset folder
+            files = sorted(read_manifest(entry, DATASET_MANIFEST)["files"])
+            parts.setdefault("token_profiles", []).append(read_table([entry / name for name in files]))
+        elif entry.is_file():
+            name = entry.name.removesuffix(".parquet")
+            parts.setdefault(name if name in known else "frame_attention", []).append(read_table(entry))
+        else:
+            raise ConfigError(f"--input {str(entry)!r} is neither a table nor a folder sinkscope wrote")
+    return {name: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] for name, frames in parts.items()}
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -238,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     extract.add_argument("--seed", type=_natural, help="noise seed (default: the config's first)")
     extract.add_argument("--layers", type=_natural, nargs="+", help="0-based layers (default: the config's)")
     extract.add_argument("--out", required=True, help="folder for the layer<N>*.parquet files and manifest.json")
+    extract.add_argument("--force", action="store_true", help="replace an extraction folder an earlier extract wrote at --out")
     extract.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                          help="config override (YAML value; dotted keys, e.g. generation.local_attn_frames=9), repeatable")
     extract.set_defaults(func=cmd_extract)
@@ -247,8 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--out", required=True, help="output .parquet")
     imp.add_argument("--checkpoint", default="legacy", help="name for the checkpoint column (default: legacy)")
     imp.add_argument("--prompt-id", default=None, help="prompt id for the rows (default: legacy)")
-    imp.add_argument("--seed", type=int, default=0)
+    imp.add_argument("--seed", type=_natural, default=0, help="seed for the rows (older caches did not record one)")
     imp.add_argument("--allow-pickle", action="store_true", help="allow unpickling objects beyond tensors (trusted files only)")
+    imp.add_argument("--force", action="store_true", help="replace a table an earlier import-cache wrote at --out")
     imp.set_defaults(func=cmd_import_cache)
 
     fig = sub.add_parser("figure", help="draw one figure from sinkscope tables")
@@ -257,15 +383,20 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--out-prefix", required=True, help="writes PREFIX.svg and PREFIX.png")
     fig.add_argument("--checkpoint", help="the checkpoint to draw, when the input holds several")
     fig.add_argument("--variant", help="the variant to draw, when the input holds several")
-    fig.add_argument("--highlight-layers", type=int, nargs="+", help="layers drawn as curves in layer_comparison")
+    defaults = schema_defaults("figures")
+    fig.add_argument("--highlight-layers", type=_natural, nargs="+", help="0-based layers drawn as curves in layer_comparison")
     fig.add_argument("--source", help="name shown in titles (default: the checkpoint)")
-    fig.add_argument("--layer", type=int)
-    fig.add_argument("--step", default="last")
-    fig.add_argument("--metric", default="logit_mean", choices=["logit_mean", "prob_mass"])
-    fig.add_argument("--heads", nargs="+", default=["L1H1", "L5H10"])
-    fig.add_argument("--video-frames", action="store_true")
-    fig.add_argument("--frame-base", type=int, choices=[0, 1], default=0)
-    fig.add_argument("--dpi", type=int, default=200)
+    fig.add_argument("--layer", type=_natural, help="0-based layer (the layer figures)")
+    fig.add_argument("--step", type=_step, default=defaults["step"],
+                     help="the call drawn: last (the last denoising step), cache (the cache pass) or a step index")
+    fig.add_argument("--metric", default=defaults["metric"], choices=["logit_mean", "prob_mass"],
+                     help="logit_mean (pre-softmax, the paper's y axis) or prob_mass (softmax mass per frame)")
+    fig.add_argument("--heads", type=parse_head, nargs="+", default=defaults["heads"],
+                     help="heads in the paper's notation (L1H1 = layer 0, head 0)")
+    fig.add_argument("--video-frames", action="store_true", help="label video frames (stride 4) in the query x key maps")
+    fig.add_argument("--frame-base", type=int, choices=[0, 1], default=defaults["frame_base"],
+                     help="first frame number in labels (1 matches the paper)")
+    fig.add_argument("--dpi", type=_dpi, default=defaults["dpi"], help="PNG resolution (50 to 1200)")
     fig.set_defaults(func=cmd_figure)
 
     verify = sub.add_parser("verify", help="check every result in full (manifests, checksums, content digests, figures); "

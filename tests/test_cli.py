@@ -1,0 +1,105 @@
+"""Every subcommand refuses bad arguments before doing any work: exit status 2, one line
+on stderr naming the argument, no traceback; and no command replaces a file it did not
+write."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_legacy import token_level_cache
+
+from sinkscope.tables import FRAME_ATTENTION_SCHEMA, write_table
+from synthetic import synthetic_rows
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _sinkscope(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sinkscope.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("cli")
+    write_table(synthetic_rows(seed=1), folder / "frame_attention.parquet", FRAME_ATTENTION_SCHEMA)
+    torch.save(token_level_cache(layers=(0,), num_frames=6), folder / "old.pt")
+    (folder / "notes.txt").write_text("the user's own file\n")
+    (folder / "blob.bin").write_bytes(bytes(range(256)) * 8)
+    (folder / "own").mkdir()
+    (folder / "own" / "keep.txt").write_text("keep\n")
+    (folder / "config.yaml").write_text((REPO / "config.yaml").read_text())
+    return folder
+
+
+BAD = [
+    (["check", "."], "is a folder, not a YAML file"),
+    (["check", "blob.bin"], "is not a text file"),
+    (["check", "--bogus"], "unrecognized arguments: --bogus"),
+    (["models", "extra"], "unrecognized arguments: extra"),
+    (["extract", "--out", "x", "--seed", "-1"], "argument --seed: -1 is negative"),
+    (["extract", "--out", "x", "--seed", "abc"], "argument --seed: 'abc' is not a whole number"),
+    (["extract", "--out", "x", "--layers", "-1"], "argument --layers: -1 is negative"),
+    (["extract", "--out", "x", "--layers", "99"], "config key layers: [99] do not exist"),
+    (["extract", "--out", "x", "--prompt", "nope"], "prompt 'nope' is not in the config"),
+    (["extract", "--out", "notes.txt"], "--out 'notes.txt' is an existing file this command did not write"),
+    (["extract", "--out", "own"], "--out 'own' is an existing folder this command did not write"),
+    (["extract", "--out", "config.yaml"], "--out 'config.yaml' is an input of this command"),
+    (["import-cache", "old.pt", "--out", "old.pt"], "--out 'old.pt' is an input of this command"),
+    (["import-cache", "missing.pt", "--out", "o.parquet"], "attention cache 'missing.pt' does not exist"),
+    (["import-cache", "old.pt", "--out", "notes.txt"], "--out 'notes.txt' is an existing file this command did not write"),
+    (["import-cache", "old.pt", "--out", "o.parquet", "--seed", "-3"], "argument --seed: -3 is negative"),
+    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "abc"],
+     "argument --step: 'abc' is not a whole number"),
+    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "-1"],
+     "argument --step: -1 is negative"),
+    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "99"],
+     "--step 99 is past the last denoising step"),
+    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--dpi", "0"],
+     "argument --dpi: 0 is outside 50..1200"),
+    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--dpi", "100000"],
+     "argument --dpi: 100000 is outside 50..1200"),
+    (["figure", "per_head_grid", "--input", "frame_attention.parquet", "--out-prefix", "f", "--layer", "99"],
+     "--layer 99 is not in the input"),
+    (["figure", "figure4_tokens", "--input", "frame_attention.parquet", "--out-prefix", "f"],
+     "figure 'figure4_tokens' draws token profiles; --input holds none"),
+    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--heads", "L99H99"],
+     "--heads L99H99: the input has heads"),
+    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--heads", "X1"],
+     "argument --heads: 'X1' is not a head like L1H1"),
+    (["figure", "figure4", "--input", "missing.parquet", "--out-prefix", "f"], "--input 'missing.parquet' does not exist"),
+    (["verify", "missing"], "'missing' does not exist"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[" ".join(args)[:60] for args, _ in BAD])
+def test_bad_arguments_are_one_line_naming_the_argument(inputs, args, message):
+    def files() -> dict:
+        # What the user has (the .snakemake/ caches of file checks aside).
+        return {path: path.read_bytes() for path in inputs.rglob("*") if path.is_file() and ".snakemake" not in path.parts}
+
+    before = files()
+    result = _sinkscope(*args, cwd=inputs)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert files() == before
+
+
+def test_an_earlier_import_is_replaced_only_with_force(inputs, tmp_path):
+    out = tmp_path / "imported.parquet"
+    assert _sinkscope("import-cache", str(inputs / "old.pt"), "--out", str(out), cwd=inputs).returncode == 0
+    written = out.read_bytes()
+    again = _sinkscope("import-cache", str(inputs / "old.pt"), "--out", str(out), cwd=inputs)
+    assert again.returncode == 2 and "add --force" in again.stderr and out.read_bytes() == written
+    assert _sinkscope("import-cache", str(inputs / "old.pt"), "--out", str(out), "--force", cwd=inputs).returncode == 0
+
+
+def test_verify_takes_one_file(inputs):
+    result = _sinkscope("verify", "frame_attention.parquet", cwd=inputs)
+    assert result.returncode == 0 and "checked 1 results (0 folders, 1 files): all whole" in result.stderr
