@@ -207,3 +207,52 @@ def test_a_full_disk_never_blocks_the_next_run_nor_damages_the_previous_result(t
             assert _values(workdir).equals(reference), leave_free
     finally:
         subprocess.run(["umount", "-l", str(workdir)])
+
+
+@pytest.mark.workflow
+def test_damage_to_any_result_is_seen_moved_aside_and_rebuilt_by_the_next_run(tmp_path):
+    """Snakemake sees a result missing, never damaged: the pre-run scan must see it."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "config.yaml").write_text("layers: [0]\ngeneration: {num_frames: 3}\n")
+    _run(workdir)
+    reference = _values(workdir)
+    results = workdir / "results"
+    table = results / "tables/frame_attention.parquet"
+    png = results / "figures/demo/figure4.png"
+    dataset = results / "tables/checkpoints/demo/token_profiles.parquet"
+    extraction = results / "extract/demo/circle/seed0/layers0"
+    manifest = extraction / "manifest.json"
+
+    def flip(path: Path, keep_mtime: bool = False) -> None:
+        stat = path.stat()
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x20
+        path.write_bytes(bytes(data))
+        if keep_mtime:
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    rounds = [
+        # flipped bytes in a table; a figure cut short; a file lost from a dataset folder;
+        # one digit of a manifest's sha256 changed
+        (lambda: (flip(table), png.write_bytes(png.read_bytes()[:300]),
+                  next(p for p in dataset.rglob("*.parquet")).unlink(),
+                  manifest.write_text(manifest.read_text().replace('"sha256": "', '"sha256": "0', 1))),
+         [str(table), str(png), str(dataset), f"{manifest}: is damaged: it does not match its own digest"]),
+        # a stray file in a dataset folder; a layer file damaged with its mtime put back
+        (lambda: ((dataset / "stray.parquet").write_bytes(b"x"), flip(extraction / "layer0.parquet", keep_mtime=True)),
+         [f"{dataset}: holds files its job did not write", str(extraction / "layer0.parquet")]),
+    ]  # fmt: skip
+    for damage, named in rounds:
+        damage()
+        process = _snakemake(workdir)
+        out, _ = process.communicate(timeout=900)
+        assert process.returncode == 1 and "moved aside" in out, out[-3000:]
+        for name in named:
+            name = name.replace(f"{workdir}/", "")  # the run names results relative to its directory
+            assert name in out, (name, out[-3000:])
+        _run(workdir)  # the next run rebuilds exactly what was moved aside
+        assert _values(workdir).equals(reference)
+        verify = subprocess.run([sys.executable, "-m", "sinkscope.cli", "verify", str(results)], capture_output=True,
+                                text=True)  # fmt: skip
+        assert verify.returncode == 0 and "moved aside as damaged, not checked" in verify.stderr, verify.stdout

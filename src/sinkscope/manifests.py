@@ -39,6 +39,9 @@ def file_record(path: Path) -> dict[str, Any]:
 # only when its mtime changed. Kept out of the manifest, so that a folder's results are
 # byte-identical across runs; a hidden name, so that folder readers never see it.
 STAT_SIDECAR = ".mtimes.json"
+# Files up to this size are hashed by every check, whatever their mtime says (a damaged
+# file whose mtime was put back is still seen); larger ones only when their mtime changed.
+HASH_ALWAYS_BYTES = 8 * 2**20
 
 
 def write_manifest(directory: str | Path, files: Iterable[str], contents: Mapping[str, Any], name: str = MANIFEST) -> None:
@@ -85,8 +88,9 @@ def read_manifest(directory: str | Path, name: str = MANIFEST) -> dict[str, Any]
 def check_directory(directory: str | Path, *, full: bool = False, name: str = MANIFEST) -> list[str]:
     """Problems of one extraction folder against its manifest ([] when it is whole).
 
-    By default only sizes and mtimes are compared, and a file is hashed only when its
-    mtime changed (a touch is not damage); ``full`` hashes every file.
+    By default sizes are compared, files up to ``HASH_ALWAYS_BYTES`` hashed, and larger
+    ones hashed only when their mtime changed (a touch is not damage); ``full`` hashes
+    every file.
     """
     directory = Path(directory)
     try:
@@ -108,9 +112,9 @@ def check_directory(directory: str | Path, *, full: bool = False, name: str = MA
         if stat.st_size != record["size"]:
             problems.append(f"{path}: damaged (size {stat.st_size} bytes, written as {record['size']})")
         # An older manifest kept the mtime in the record; without either, hash.
-        elif (full or stat.st_mtime_ns != mtimes.get(listed_name, record.get("mtime_ns"))) and (
-            file_sha256(path) != record["sha256"]
-        ):
+        elif (
+            full or stat.st_size <= HASH_ALWAYS_BYTES or stat.st_mtime_ns != mtimes.get(listed_name, record.get("mtime_ns"))
+        ) and file_sha256(path) != record["sha256"]:
             problems.append(f"{path}: damaged (its content changed after it was written)")
     listed = set(manifest["files"]) | {name, _sidecar(name)}
     present = (p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
