@@ -73,6 +73,22 @@ BAD = [
      "argument --heads: 'X1' is not a head like L1H1"),
     (["figure", "figure4", "--input", "missing.parquet", "--out-prefix", "f"], "--input 'missing.parquet' does not exist"),
     (["verify", "missing"], "'missing' does not exist"),
+    *[(["train-demo", "--out", "t", *bad], message) for bad, message in [
+        (["--steps", "0"], "argument --steps: 0 is not positive"),
+        (["--steps", "-1"], "argument --steps: -1 is negative"),
+        (["--batch-size", "0"], "argument --batch-size: 0 is not positive"),
+        (["--lr", "-1"], "argument --lr: -1 is not positive"),
+        (["--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
+        (["--device", "foo"], "argument --device: 'foo' is not cpu, cuda or cuda:N"),
+        (["--stage", "ode"], "argument --teacher: --stage ode distils a teacher"),
+        (["--stage", "ode", "--teacher", "missing.pt"], "argument --teacher: 'missing.pt' does not exist"),
+        (["--autocast", "garbage"], "argument --autocast: invalid choice: 'garbage'"),
+        (["--log-every", "0"], "argument --log-every: 0 is not positive"),
+        (["--ema", "2"], "argument --ema: 2 is not between 0 and 1"),
+        (["--sampler-prob", "2"], "argument --sampler-prob: 2 is not between 0 and 1"),
+        (["--warmup", "-5"], "argument --warmup: -5 is negative"),
+        (["--ode-steps", "6"], "argument --ode-steps: 6 is not a multiple of 4"),
+    ]],
 ]  # fmt: skip
 
 

@@ -21,30 +21,20 @@ from pathlib import Path
 import yaml
 
 from sinkscope import __version__
-from sinkscope.errors import ConfigError, OneLineArgumentParser, SinkscopeError
+from sinkscope.arguments import OneLineArgumentParser, natural
+from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.schema import load_schema, schema_defaults
-
-
-def _natural(text: str) -> int:
-    """argparse type: a whole number >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
 
 
 def _step(text: str) -> str | int:
     """argparse type: last, cache, or a denoising step index."""
-    return text if text in ("last", "cache") else _natural(text)
+    return text if text in ("last", "cache") else natural(text)
 
 
 def _dpi(text: str) -> int:
     """argparse type: a PNG resolution within the schema's bounds."""
     bounds = load_schema()["properties"]["figures"]["properties"]["dpi"]
-    value = _natural(text)
+    value = natural(text)
     if not bounds["minimum"] <= value <= bounds["maximum"]:
         raise argparse.ArgumentTypeError(f"{value} is outside {bounds['minimum']}..{bounds['maximum']}")
     return value
@@ -359,8 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     extract.add_argument("--checkpoint", help="checkpoint name (default: the first)")
     extract.add_argument("--variant", help="generation variant (default: the first)")
     extract.add_argument("--prompt", help="prompt id (default: the first)")
-    extract.add_argument("--seed", type=_natural, help="noise seed (default: the config's first)")
-    extract.add_argument("--layers", type=_natural, nargs="+", help="0-based layers (default: the config's)")
+    extract.add_argument("--seed", type=natural, help="noise seed (default: the config's first)")
+    extract.add_argument("--layers", type=natural, nargs="+", help="0-based layers (default: the config's)")
     extract.add_argument("--out", required=True, help="folder for the layer<N>*.parquet files and manifest.json")
     extract.add_argument("--force", action="store_true", help="replace an extraction folder an earlier extract wrote at --out")
     extract.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -372,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--out", required=True, help="output .parquet")
     imp.add_argument("--checkpoint", default="legacy", help="name for the checkpoint column (default: legacy)")
     imp.add_argument("--prompt-id", default=None, help="prompt id for the rows (default: legacy)")
-    imp.add_argument("--seed", type=_natural, default=0, help="seed for the rows (older caches did not record one)")
+    imp.add_argument("--seed", type=natural, default=0, help="seed for the rows (older caches did not record one)")
     imp.add_argument("--allow-pickle", action="store_true", help="allow unpickling objects beyond tensors (trusted files only)")
     imp.add_argument("--force", action="store_true", help="replace a table an earlier import-cache wrote at --out")
     imp.set_defaults(func=cmd_import_cache)
@@ -384,9 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--checkpoint", help="the checkpoint to draw, when the input holds several")
     fig.add_argument("--variant", help="the variant to draw, when the input holds several")
     defaults = schema_defaults("figures")
-    fig.add_argument("--highlight-layers", type=_natural, nargs="+", help="0-based layers drawn as curves in layer_comparison")
+    fig.add_argument("--highlight-layers", type=natural, nargs="+", help="0-based layers drawn as curves in layer_comparison")
     fig.add_argument("--source", help="name shown in titles (default: the checkpoint)")
-    fig.add_argument("--layer", type=_natural, help="0-based layer (the layer figures)")
+    fig.add_argument("--layer", type=natural, help="0-based layer (the layer figures)")
     fig.add_argument("--step", type=_step, default=defaults["step"],
                      help="the call drawn: last (the last denoising step), cache (the cache pass) or a step index")
     fig.add_argument("--metric", default=defaults["metric"], choices=["logit_mean", "prob_mass"],

@@ -8,9 +8,6 @@ log (``sinkscope.pipeline.jobs.job_main``); anything else is a bug and is report
 
 from __future__ import annotations
 
-import argparse
-from typing import NoReturn
-
 
 class SinkscopeError(ValueError):
     """A user-fixable problem; the message names the file, key or value."""
@@ -38,11 +35,4 @@ class DamagedFileError(SinkscopeError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{path}: {problem}")
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse, with a bad argument reported as one line that names it (no usage dump)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 

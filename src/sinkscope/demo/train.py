@@ -35,7 +35,6 @@ KV-cache sampler compared with the data, against the random-weights baseline),
 
 from __future__ import annotations
 
-import argparse
 import copy
 import csv
 import json
@@ -50,6 +49,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sinkscope.arguments import OneLineArgumentParser, fraction, natural, positive, positive_number, torch_device
 from sinkscope.demo import data as synthetic
 from sinkscope.generation.sampler import FlowMatchSchedule, block_causal_frame_mask, generate, seeded_noise
 from sinkscope.io import atomic_path
@@ -1027,40 +1027,52 @@ def format_attention(result: dict) -> str:
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.train") -> int:
     """The training command line: ``sinkscope train-demo`` and ``python -m sinkscope.train``."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog=prog,
         description="Train the demo model on sinkscope's synthetic videos (and evaluate it).",
     )
     parser.add_argument("--out", required=True, help="output folder (checkpoints/, final.pt, loss.csv, train.json)")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--ema", type=float, default=0.995)
-    parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--save-every", type=int, default=None)
-    parser.add_argument("--schedule", choices=("cosine", "constant"), default="cosine")
-    parser.add_argument("--mode", choices=MODES, default="teacher_forcing")
+    parser.add_argument("--steps", type=positive, default=2000, help="optimizer steps")
+    parser.add_argument("--batch-size", type=positive, default=8, help="videos a step")
+    parser.add_argument("--seed", type=natural, default=0, help="seed of the data, the weights and the noise")
+    parser.add_argument("--device", type=torch_device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--lr", type=positive_number, default=1e-3, help="peak learning rate")
+    parser.add_argument("--ema", type=fraction, default=0.995, help="EMA decay of the saved weights (0..1)")
+    parser.add_argument("--warmup", type=natural, default=50, help="linear warm-up steps")
+    parser.add_argument("--save-every", type=positive, default=None, help="save a checkpoint every N steps")
+    parser.add_argument("--schedule", choices=("cosine", "constant"), default="cosine", help="learning-rate schedule")
+    parser.add_argument("--mode", choices=MODES, default="teacher_forcing", help="how the context frames are noised")
     parser.add_argument("--stage", choices=("flow", "ode"), default="flow", help="flow matching, or ODE distillation of --teacher")
     parser.add_argument("--teacher", help="stage ode: the flow-matching checkpoint to distil")
-    parser.add_argument("--pool-size", type=int, default=16384, help="stage ode: teacher ODE trajectories")
-    parser.add_argument("--ode-steps", type=int, default=32, help="stage ode: Euler steps a block (a multiple of 4)")
-    parser.add_argument("--ode-chunk", type=int, default=256, help="stage ode: trajectories generated at once")
-    parser.add_argument("--sampler-prob", type=float, default=0.5)
+    parser.add_argument("--pool-size", type=positive, default=16384, help="stage ode: teacher ODE trajectories")
+    parser.add_argument("--ode-steps", type=positive, default=32, help="stage ode: Euler steps a block (a multiple of 4)")
+    parser.add_argument("--ode-chunk", type=positive, default=256, help="stage ode: trajectories generated at once")
+    parser.add_argument("--sampler-prob", type=fraction, default=0.5, help="share of steps at the sampler's timesteps (0..1)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="weights dtype of final.pt")
     parser.add_argument("--keep-generator", action="store_true", help="final.pt also holds the non-EMA weights")
-    parser.add_argument("--autocast", default="auto", help="auto, bfloat16 or none")
+    parser.add_argument("--autocast", choices=("auto", "bfloat16", "none"), default="auto", help="mixed precision")
     parser.add_argument("--compile", action="store_true", help="torch.compile the blocks (GPU)")
-    parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--max-seconds", type=float, default=None, help="stop early after this many seconds")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--log-every", type=positive, default=10, help="log the loss every N steps")
+    parser.add_argument("--max-seconds", type=positive_number, default=None, help="stop early after this many seconds")
+    parser.add_argument("--threads", type=positive, default=None, help="CPU threads")
     parser.add_argument("--evaluate", action="store_true", help="evaluate final.pt after training (eval.json)")
-    parser.add_argument("--eval-seeds", type=int, default=8, help="sampled videos per class prompt")
-    parser.add_argument("--eval-ode-steps", type=int, default=None, help="also sample by the flow ODE (diagnostic)")
-    parser.add_argument("--eval-device", default="cpu")
+    parser.add_argument("--eval-seeds", type=positive, default=8, help="sampled videos per class prompt")
+    parser.add_argument("--eval-ode-steps", type=positive, default=None, help="also sample by the flow ODE (diagnostic)")
+    parser.add_argument("--eval-device", type=torch_device, default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--evaluate-only", metavar="CHECKPOINT", help="only evaluate this checkpoint into --out")
     args = parser.parse_args(argv)
+    if args.stage == "ode" and not args.teacher and not args.evaluate_only:
+        parser.error("argument --teacher: --stage ode distils a teacher; give its checkpoint")
+    if args.ode_steps % 4:
+        parser.error(f"argument --ode-steps: {args.ode_steps} is not a multiple of 4")
+    for option, path in (("--teacher", args.teacher), ("--evaluate-only", args.evaluate_only)):
+        if path and not Path(path).is_file():
+            parser.error(f"argument {option}: {path!r} does not exist")
+    if args.device.startswith("cuda") or args.eval_device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("argument --device: CUDA is not available here")
     out = Path(args.out)
     if args.evaluate_only:
         checkpoint = Path(args.evaluate_only)
@@ -1070,7 +1082,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
             ema=args.ema, warmup=args.warmup, save_every=args.save_every, schedule=args.schedule, mode=args.mode,
             sampler_prob=args.sampler_prob, dtype=args.dtype, stage=args.stage, teacher=args.teacher,
             pool_size=args.pool_size, ode_steps=args.ode_steps, ode_chunk=args.ode_chunk, keep_generator=args.keep_generator,
-            autocast=None if args.autocast.lower() == "none" else args.autocast, compile=args.compile,
+            autocast=None if args.autocast == "none" else args.autocast, compile=args.compile,
             log_every=args.log_every, max_seconds=args.max_seconds, num_threads=args.threads,
         )  # fmt: skip
         print(f"trained {result.steps} steps in {result.seconds:.1f} s; final loss {result.final_loss:.4f}; {result.final_checkpoint}")
