@@ -223,3 +223,16 @@ def test_layer_groups_follow_the_config_order():
     auto = normalize_config({"layers": [0, 1, 2]})
     assert Study(auto, device="cuda").layer_groups == [[0, 1, 2]]
     assert Study(auto, device="cpu").layer_groups == [[0], [1], [2]]
+
+
+def test_generation_options_built_directly_default_as_the_schema_does():
+    import dataclasses
+
+    from sinkscope.options import GenerationOptions
+    from sinkscope.schema import schema_defaults
+
+    fields = {field.name: field.default for field in dataclasses.fields(GenerationOptions)}
+    for key, default in schema_defaults("generation").items():
+        if default is not None:  # null: the policy's default, resolved by from_config
+            expected = tuple(default) if isinstance(default, list) else default
+            assert fields[key] == expected, key

@@ -41,6 +41,7 @@ from matplotlib.ticker import FixedLocator
 
 from sinkscope.io import atomic_path
 from sinkscope.naming import head_label, layer_label, parse_head_label  # noqa: F401 - the kind modules use c.layer_label
+from sinkscope.schema import schema_defaults
 from sinkscope.stats.summaries import curve_stats, figure4_curves, resolve_step, runs_in
 
 STYLE = {
@@ -62,17 +63,9 @@ STYLE = {
     "grid.linestyle": "--",
     "image.interpolation": "nearest",
 }
-# The config schema's figures defaults (sinkscope.pipeline.config.load_schema; a test keeps them
-# equal): what a kind draws with when its options leave a key out.
-DEFAULTS: dict[str, Any] = {
-    "heads": ["L1H1", "L5H10"],
-    "step": "last",
-    "metric": "logit_mean",
-    "video_frames": False,
-    "frame_base": 0,
-    "highlight_layers": None,
-    "dpi": 200,
-}
+# What a kind draws with when its options leave a key out: the config schema's
+# figures defaults (one definition, sinkscope.schema).
+DEFAULTS: dict[str, Any] = schema_defaults("figures")
 METRIC_LABELS = {
     "logit_mean": "attention logit (mean q·k/√d)",
     "prob_mass": "attention mass (softmax, per frame)",

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sinkscope.schema import schema_defaults
 from sinkscope.tables import (
     ALL_PROMPTS,
     ALL_SEEDS,
@@ -39,7 +40,8 @@ from sinkscope.tables import (
 
 SOURCE_KEYS = ["checkpoint", "variant"]
 HEAD_CLASSES = ("sink", "local", "periodic", "diffuse")
-DEFAULT_THRESHOLDS = {"sink_mass": 0.3, "local_mass": 0.5, "periodic_power": 0.5, "first_k": 3}
+# The head-class thresholds of config diagnostics:, as the schema defines them.
+DEFAULT_THRESHOLDS = schema_defaults("diagnostics")
 _PROB_ONLY = ("first_middle_ratio", "spread_pct", "frame0_mass", "first_k_mass", "cache_share", "own_share")
 
 
