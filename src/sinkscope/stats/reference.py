@@ -56,15 +56,10 @@ def key_segments(key_lengths: Sequence[int]) -> list[tuple[int, int]]:
 
 @lru_cache(maxsize=256)
 def _token_frames(key_lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """[Lk] int64: the position (in ``key_frames``) of the frame of each key token;
+    cached per layout and device (the few layouts of a generation repeat every call)."""
     lengths = torch.tensor(key_lengths, device=device)
     return torch.repeat_interleave(torch.arange(len(key_lengths), device=device), lengths)
-
-
-def token_frames(key_lengths: Sequence[int], device: torch.device) -> torch.Tensor:
-    """[Lk] int64: the position (in ``key_frames``) of the frame of each key token.
-
-    Cached per layout and device: the few layouts of a generation repeat every call."""
-    return _token_frames(tuple(int(n) for n in key_lengths), torch.device(device))
 
 
 @lru_cache(maxsize=256)
