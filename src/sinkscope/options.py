@@ -37,18 +37,69 @@ GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
     "participative_compression",
     "rerope_sink",
 )
-CACHE_POLICIES = (GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK)
-
-# The published defaults of each policy's reference code (docs/cache-policies.md).
-POLICY_DEFAULTS: dict[str, dict[str, int]] = {
-    GLOBAL: {"local_attn_frames": -1, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
-    WINDOW: {"local_attn_frames": 21, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
-    SINK: {"local_attn_frames": 12, "sink_frames": 3, "budget_frames": 0, "recent_frames": 0},
-    DEEP_SINK: {"local_attn_frames": 21, "sink_frames": 10, "budget_frames": 0, "recent_frames": 0},
-    PARTICIPATIVE: {"local_attn_frames": 21, "sink_frames": 10, "budget_frames": 16, "recent_frames": 4},
-    REROPE_SINK: {"local_attn_frames": 21, "sink_frames": 3, "budget_frames": 0, "recent_frames": 0},
-}
 POLICY_KEYS = ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One KV-cache policy, as every planning step sees it (no torch).
+
+    The options read its defaults and keys, ``sinkscope.model.policies`` its cache size,
+    the memory estimate too: one table, so the three cannot disagree.
+    """
+
+    name: str
+    # The published defaults of its reference code (docs/cache-policies.md); -1: every frame.
+    defaults: Mapping[str, int]
+    # The window keys it reads; any other window key set to a non-default value is refused.
+    keys: tuple[str, ...]
+    # Whether it needs at least one sink frame.
+    needs_sink: bool = False
+    # Participative compression holds the new block beside a full window while it compresses.
+    holds_block_beyond_window: bool = False
+
+    def capacity_frames(self, *, num_frames: int, local_attn_frames: int, largest_block: int) -> int:
+        """Frames' worth of key slots its cache allocates."""
+        if local_attn_frames == -1:
+            return num_frames
+        return local_attn_frames + (largest_block if self.holds_block_beyond_window else 0)
+
+
+def _defaults(window: int = -1, sink: int = 0, budget: int = 0, recent: int = 0) -> dict[str, int]:
+    return dict(zip(POLICY_KEYS, (window, sink, budget, recent), strict=True))
+
+
+_WINDOW_AND_SINK = ("local_attn_frames", "sink_frames")
+CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
+    spec.name: spec
+    for spec in (
+        PolicySpec(GLOBAL, _defaults(), ()),
+        PolicySpec(WINDOW, _defaults(21), ("local_attn_frames",)),
+        PolicySpec(SINK, _defaults(12, 3), _WINDOW_AND_SINK, needs_sink=True),
+        PolicySpec(DEEP_SINK, _defaults(21, 10), _WINDOW_AND_SINK, needs_sink=True),
+        PolicySpec(PARTICIPATIVE, _defaults(21, 10, 16, 4), POLICY_KEYS, holds_block_beyond_window=True),
+        PolicySpec(REROPE_SINK, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True),
+    )
+}
+CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
+POLICY_DEFAULTS: dict[str, Mapping[str, int]] = {name: spec.defaults for name, spec in CACHE_POLICY_TABLE.items()}
+
+
+def infer_policy(local_attn_frames: int | None, sink_frames: int | None) -> str:
+    """The policy the older keys mean when no ``cache_policy`` is given: a window is
+    ``window``, a window with sink frames ``sink``, no window ``global``."""
+    if local_attn_frames in (None, -1):
+        return GLOBAL
+    return SINK if sink_frames else WINDOW
+
+
+def policy_spec(name: str) -> PolicySpec:
+    try:
+        return CACHE_POLICY_TABLE[name]
+    except KeyError:
+        raise OptionsError(
+            f"config key generation.cache_policy: {name!r} is not one of {', '.join(CACHE_POLICIES)}"
+        ) from None
 
 
 class OptionsError(ConfigError):
@@ -91,8 +142,7 @@ class GenerationOptions:
         object.__setattr__(self, "timestep_shift", float(self.timestep_shift))
         object.__setattr__(self, "context_noise", float(self.context_noise))
         if self.cache_policy is None:
-            legacy = GLOBAL if self.local_attn_frames == -1 else (SINK if self.sink_frames else WINDOW)
-            object.__setattr__(self, "cache_policy", legacy)
+            object.__setattr__(self, "cache_policy", infer_policy(self.local_attn_frames, self.sink_frames))
         self.block_sizes()  # validates the frame counts
         if not self.denoising_steps:
             raise OptionsError("config key generation.denoising_steps: name at least one step")
@@ -101,7 +151,7 @@ class GenerationOptions:
     # -- construction ------------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, data: Mapping[str, Any]) -> "GenerationOptions":
+    def from_config(cls, data: Mapping[str, Any]) -> GenerationOptions:
         """Options from a ``generation:`` mapping; ``None`` values take the policy's defaults.
 
         Without ``cache_policy`` the older keys decide, as before: a window
@@ -112,24 +162,18 @@ class GenerationOptions:
         if unknown:
             raise OptionsError(f"unknown config key generation.{unknown[0]} (known: {', '.join(sorted(known))})")
         values = {k: v for k, v in data.items() if v is not None}
-        policy = values.get("cache_policy")
-        if policy is None:
-            window = values.get("local_attn_frames", -1)
-            policy = GLOBAL if window == -1 else (SINK if values.get("sink_frames", 0) else WINDOW)
-        if policy not in CACHE_POLICIES:
-            raise OptionsError(
-                f"config key generation.cache_policy: {policy!r} is not one of {', '.join(CACHE_POLICIES)}"
-            )
         inferred = values.get("cache_policy") is None
+        policy = infer_policy(values.get("local_attn_frames"), values.get("sink_frames")) if inferred else values["cache_policy"]
+        spec = policy_spec(policy)
         for key in POLICY_KEYS:
             if inferred and key == "sink_frames":
                 continue  # the inference read it; a sink without a window gets its own message below
-            if key in values and key not in _USED_KEYS[policy] and values[key] != POLICY_DEFAULTS[policy][key]:
+            if key in values and key not in spec.keys and values[key] != spec.defaults[key]:
                 raise OptionsError(
                     f"config key generation.{key}: {values[key]} has no meaning for cache_policy {policy!r} "
-                    f"(it uses {', '.join(_USED_KEYS[policy]) or 'none of the window keys'})"
+                    f"(it uses {', '.join(spec.keys) or 'none of the window keys'})"
                 )
-        resolved = {**POLICY_DEFAULTS[policy], **values, "cache_policy": policy}
+        resolved = {**spec.defaults, **values, "cache_policy": policy}
         return cls(**resolved)
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,8 +181,6 @@ class GenerationOptions:
         data = dataclasses.asdict(self)
         data["denoising_steps"] = list(self.denoising_steps)
         return data
-
-    from_dict = from_config  # the name older callers use
 
     # -- derived -------------------------------------------------------------------------
 
@@ -172,6 +214,13 @@ class GenerationOptions:
         return self.num_frames if self.local_attn_frames == -1 else min(self.local_attn_frames, self.num_frames)
 
     @property
+    def cache_capacity_frames(self) -> int:
+        """Frames' worth of key slots the policy's cache allocates (``PolicySpec.capacity_frames``)."""
+        return policy_spec(self.cache_policy).capacity_frames(
+            num_frames=self.num_frames, local_attn_frames=self.local_attn_frames, largest_block=max(self.block_sizes())
+        )
+
+    @property
     def num_calls(self) -> int:
         """Model calls of one generation: per block, every denoising step plus the cache pass."""
         return len(self.block_sizes()) * (len(self.denoising_steps) + 1)
@@ -181,8 +230,7 @@ class GenerationOptions:
     def _check_policy(self) -> None:
         policy, window, sink = self.cache_policy, self.local_attn_frames, self.sink_frames
         largest = max(self.block_sizes())
-        if policy not in CACHE_POLICIES:
-            raise OptionsError(f"config key generation.cache_policy: {policy!r} is not one of {', '.join(CACHE_POLICIES)}")
+        spec = policy_spec(policy)
         if policy == GLOBAL:
             if sink:
                 raise OptionsError(
@@ -196,7 +244,7 @@ class GenerationOptions:
             raise OptionsError(f"config key generation.local_attn_frames: {window} must be positive for cache_policy {policy!r}")
         if policy == WINDOW and sink:
             raise OptionsError(f"config key generation.sink_frames: {sink} needs cache_policy 'sink' (or another sink policy), not 'window'")
-        if policy in (SINK, DEEP_SINK, REROPE_SINK) and sink < 1:
+        if spec.needs_sink and sink < 1:
             raise OptionsError(f"config key generation.sink_frames: {sink} must be at least 1 for cache_policy {policy!r}")
         if window < sink + largest:
             raise OptionsError(
@@ -218,12 +266,3 @@ class GenerationOptions:
                     f"config key generation.budget_frames: {budget} exceeds the window local_attn_frames = {window}"
                 )
 
-
-_USED_KEYS: dict[str, tuple[str, ...]] = {
-    GLOBAL: (),
-    WINDOW: ("local_attn_frames",),
-    SINK: ("local_attn_frames", "sink_frames"),
-    DEEP_SINK: ("local_attn_frames", "sink_frames"),
-    PARTICIPATIVE: ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames"),
-    REROPE_SINK: ("local_attn_frames", "sink_frames"),
-}

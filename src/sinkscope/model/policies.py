@@ -40,7 +40,16 @@ import torch
 from sinkscope.model.cache import KVCache, host_to_device, whole_frames
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.model.wan import RotaryTables, WanModel, apply_rope
-from sinkscope.options import DEEP_SINK, GLOBAL, PARTICIPATIVE, REROPE_SINK, SINK, WINDOW, GenerationOptions
+from sinkscope.options import (
+    CACHE_POLICY_TABLE,
+    DEEP_SINK,
+    GLOBAL,
+    PARTICIPATIVE,
+    REROPE_SINK,
+    SINK,
+    WINDOW,
+    GenerationOptions,
+)
 
 # Deep Forcing's PC_topc_max_reuse (DF causal_model.py: CausalWanModel's default, which
 # their wrapper cannot change): a token may be selected as top-C this many times; after
@@ -554,16 +563,13 @@ def new_policy(
     every other policy holds W frames.
     """
     config = model.config
-    if cache_policy == GLOBAL:
-        if num_frames is None:
-            raise ValueError("cache_policy 'global' needs num_frames (its cache grows with the video)")
-        capacity = num_frames
-    elif cache_policy == PARTICIPATIVE:
-        capacity = local_attn_frames + (largest_block or recent_frames)
-    elif cache_policy in POLICY_CLASSES:
-        capacity = local_attn_frames
-    else:
+    if cache_policy not in POLICY_CLASSES:
         raise ValueError(f"unknown cache_policy {cache_policy!r} (known: {', '.join(POLICY_CLASSES)})")
+    if cache_policy == GLOBAL and num_frames is None:
+        raise ValueError("cache_policy 'global' needs num_frames (its cache grows with the video)")
+    capacity = CACHE_POLICY_TABLE[cache_policy].capacity_frames(
+        num_frames=num_frames or 0, local_attn_frames=local_attn_frames, largest_block=largest_block or recent_frames
+    )
     cache = KVCache(
         num_layers=config.num_layers,
         batch_size=batch_size,

@@ -21,7 +21,7 @@ from typing import IO
 
 from sinkscope.errors import ConfigError
 from sinkscope.model.config import WanConfig
-from sinkscope.options import PARTICIPATIVE, GenerationOptions
+from sinkscope.options import GenerationOptions
 
 GIB = 2**30
 # Where extraction jobs on one machine take their GPU (see acquire_gpu).
@@ -182,8 +182,7 @@ def estimate_job_memory(config: WanConfig, options: GenerationOptions, dtype: st
     size = 4 if dtype == "float32" else 2
     fsl = config.frame_seq_length(options.latent_height, options.latent_width)
     block = max(options.block_sizes())
-    cache_frames = options.cache_frames + (block if options.cache_policy == PARTICIPATIVE else 0)
-    kv_cache = config.num_layers * 2 * (cache_frames * fsl + config.text_len) * config.dim * size
+    kv_cache = config.num_layers * 2 * (options.cache_capacity_frames * fsl + config.text_len) * config.dim * size
     tokens = block * fsl
     # Hidden states, q/k/v, attention output, the FFN's hidden layer, fp32 norm copies.
     activations = tokens * (12 * config.dim + 2 * config.ffn_dim) * 4
