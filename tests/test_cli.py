@@ -66,7 +66,7 @@ BAD = [
     (["figure", "per_head_grid", "--input", "frame_attention.parquet", "--out-prefix", "f", "--layer", "99"],
      "--layer 99 is not in the input"),
     (["figure", "figure4_tokens", "--input", "frame_attention.parquet", "--out-prefix", "f"],
-     "figure 'figure4_tokens' draws token profiles; --input holds none"),
+     "figure 'figure4_tokens' draws token_profiles rows; --input holds none"),
     (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--heads", "L99H99"],
      "--heads L99H99: the input has heads"),
     (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--heads", "X1"],

@@ -17,6 +17,7 @@ import pytest
 from sinkscope import figures
 from sinkscope.errors import DamagedFileError
 from sinkscope.figures import common
+from sinkscope.figures.registry import FIGURES
 from sinkscope.manifests import DATASET_MANIFEST, write_manifest
 from sinkscope.naming import head_label
 from sinkscope.stats import summaries
@@ -261,16 +262,16 @@ RERUN = {"figure4", "figure4_tokens", "attention_over_time"}
 
 
 def tables_for(kind: str, data: dict) -> dict[str, pd.DataFrame]:
-    if kind in figures.CHECKPOINT_KINDS:
+    if FIGURES[kind].scope == "checkpoint":
         return {"frame_attention": data["variants"], "block_stats": data["block_stats"]}
-    if kind in figures.STUDY_KINDS:
+    if FIGURES[kind].scope == "study":
         return {"head_diagnostics": data["diagnostics_all"]}
     return {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
 
 
 def render(kind: str, size: str = "demo", options: dict | None = None, data: dict | None = None, **kwargs):
     data = data or study(size)
-    layer = 0 if kind in figures.LAYER_KINDS else None
+    layer = 0 if FIGURES[kind].scope == "layer" else None
     return figures.draw(kind, tables_for(kind, data), source="demo", layer=layer, options={"dpi": 40, **(options or {})},
                         grid=data["grid"], train_steps={"demo": 1000, "step2000": 2000, "step500": 500}, **kwargs)  # fmt: skip
 
@@ -490,14 +491,22 @@ def test_defaults_are_the_config_schemas():
     assert common.DEFAULTS == {name: spec.get("default") for name, spec in schema.items()}
 
 
-def test_registry_is_the_workflows_kinds():
-    from sinkscope.pipeline import study as workflow
+def test_registry_declares_the_options_each_kind_draws_with():
+    """The registry is the truth the workflow's params are built from: a kind that reads
+    an option the registry does not list would not rerun when that option changes."""
+    import inspect
+    import re
 
-    assert figures.SOURCE_KINDS == workflow.SOURCE_FIGURES and figures.LAYER_KINDS == workflow.LAYER_FIGURES
-    assert figures.CHECKPOINT_KINDS == workflow.CHECKPOINT_FIGURES and figures.STUDY_KINDS == workflow.STUDY_FIGURES
-    assert figures.TOKEN_KINDS == workflow.TOKEN_FIGURES
-    for kind, module in figures.KINDS.items():
-        assert module == f"sinkscope.figures.{kind}" and callable(figures.module(kind).draw)
+    from sinkscope.figures.registry import COMMON_OPTIONS, FIGURES
+
+    for name, kind in FIGURES.items():
+        module = figures.module(name)
+        assert figures.KINDS[name] == f"sinkscope.figures.{name}" and callable(module.draw)
+        pairs = re.findall(r'option\(options, "(\w+)"\)|options(?:\.get\(|\[)"(\w+)"', inspect.getsource(module))
+        read = {a or b for a, b in pairs} - {"heads"}  # heads are read through common.chosen heads
+        declared = set(kind.options) | set(kind.extra_options) | set(COMMON_OPTIONS)
+        assert read <= declared, (name, read - declared)
+        assert set(kind.options) - {"heads"} <= read, (name, set(kind.options) - read)
 
 
 def test_each_kind_module_imports_only_the_shared_code():

@@ -18,8 +18,14 @@ import pytest
 import torch
 
 from sinkscope.cli import main as cli_main
-from sinkscope.figures.render import LAYER_KINDS, draw, save_figure
-from sinkscope.legacy import LegacyCacheError, import_cache, import_to_parquet, peek_layers
+from sinkscope.figures.registry import LAYER_FIGURES
+from sinkscope.figures.render import draw, save_figure
+from sinkscope.legacy import (
+    LegacyCacheError,
+    import_cache,
+    import_to_parquet,
+    peek_layers,
+)
 from sinkscope.legacy import tokens as legacy
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, read_metadata
 
@@ -476,7 +482,7 @@ def test_figures_render_from_an_imported_cache_alone(token_cache, matrix_cache, 
     options = {"step": "last", "metric": "logit_mean", "heads": ["L1H1", "L5H10"], "video_frames": False, "dpi": 80}
     frame_only = ("figure4", "figure4_steps", "layer_comparison", "first_middle_last", "sink_score_overview",
                   "attention_over_time")  # the source figures drawn from frame_attention alone
-    kinds = [(kind, None) for kind in frame_only] + [(kind, layer) for kind in LAYER_KINDS for layer in meta["layers"][-1:]]
+    kinds = [(kind, None) for kind in frame_only] + [(kind, layer) for kind in LAYER_FIGURES for layer in meta["layers"][-1:]]
     for kind, layer in kinds:
         fig = draw(kind, frame, source="old", layer=layer, options=options)
         svg, png = tmp_path / f"{layout}_{kind}.svg", tmp_path / f"{layout}_{kind}.png"

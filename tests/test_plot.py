@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from test_figures import PNG_MAGIC, layout_problems, study
 
 from sinkscope import figures, plot
-from sinkscope.pipeline.study import FIGURE_INPUTS
+from sinkscope.figures.registry import FIGURES
 
 ONE_LINERS = {
     # kind: how a notebook user calls it on the demo's tables
@@ -59,12 +59,20 @@ def test_one_liners_on_pandas_tables(kind, monkeypatch):
     monkeypatch.setattr(figures, "draw", spy)
     assert isinstance(ONE_LINERS[kind](tables), Figure)
     (drawn, given, kwargs), = calls
-    assert drawn == kind and set(given) == set(FIGURE_INPUTS.get(kind, ("frame_attention",)))
+    assert drawn == kind and set(given) == set(FIGURES[kind].tables)
     assert all(isinstance(t, pd.DataFrame) and len(t) for t in given.values())
-    assert set(plot.defaults()) <= set(kwargs["options"])  # every option filled in from the schema
+    # Exactly the options the workflow passes this kind, filled in from the schema.
+    spec = FIGURES[kind]
+    assert set(spec.options) | {"dpi", "frame_base"} <= set(kwargs["options"])
+    assert set(kwargs["options"]) <= set(spec.options) | set(spec.extra_options) | {"dpi", "frame_base"}
     assert kwargs["source"] == "demo" or kind == "attention_across_checkpoints"
-    if kind in figures.LAYER_KINDS:
+    if FIGURES[kind].scope == "layer":
         assert kwargs["layer"] in (0, 4) and set(given["frame_attention"]["layer"]) == {kwargs["layer"]}
+
+
+def test_options_a_kind_does_not_draw_with_are_refused():
+    with pytest.raises(TypeError, match="no option 'metric'"):
+        plot.plot("head_classes", study("demo")["head_diagnostics"], metric="prob_mass")
 
 
 def test_save_writes_svg_and_png(tmp_path):

@@ -191,23 +191,36 @@ def _is_extraction_folder(path: Path) -> bool:
 
 
 def cmd_figure(args: argparse.Namespace) -> int:
-    from sinkscope.figures.registry import LAYER_FIGURES, TOKEN_FIGURES
-    from sinkscope.figures.render import draw, save_figure
+    from sinkscope import plot
+    from sinkscope.figures.registry import (
+        CHECKPOINT,
+        COMMON_OPTIONS,
+        LAYER,
+        STUDY,
+        figure_kind,
+    )
     from sinkscope.naming import head_label, parse_head_label
     from sinkscope.pipeline.jobs import log_to
     from sinkscope.stats.summaries import block_stats, head_diagnostics
 
     log_to(None)
-    if args.kind in LAYER_FIGURES and args.layer is None:
+    kind = figure_kind(args.kind)
+    if kind.scope == LAYER and args.layer is None:
         raise ConfigError(f"figure {args.kind!r} needs --layer")
     tables = _figure_tables(args.input)
     frame = tables.get("frame_attention")
-    if frame is None and args.kind not in ("head_classes", "entropy_overview", "attention_across_checkpoints"):
-        raise ConfigError(f"figure {args.kind!r} draws frame_attention rows; --input holds none "
-                          "(give results/tables/frame_attention.parquet or extraction folders)")  # fmt: skip
-    if args.kind in TOKEN_FIGURES and "token_profiles" not in tables:
-        raise ConfigError(f"figure {args.kind!r} draws token profiles; --input holds none (give the token_profiles.parquet "
-                          "folder, or extraction folders captured with capture.token_profiles)")  # fmt: skip
+    if frame is not None:  # the tables aggregation derives from frame rows
+        if "block_stats" in kind.tables:
+            tables.setdefault("block_stats", block_stats(frame))
+        if "head_diagnostics" in kind.tables:
+            tables.setdefault("head_diagnostics", head_diagnostics(frame, tables.get("query_stats")))
+    for name in kind.tables:
+        if name not in tables:
+            hint = {"token_profiles": "the token_profiles.parquet folder, or extraction folders captured with "
+                                      "capture.token_profiles"}.get(name, "results/tables/frame_attention.parquet "
+                                                                          "or extraction folders")  # fmt: skip
+            raise ConfigError(f"figure {args.kind!r} draws {name} rows; --input holds none (give {hint})")
+    several = {"variant": kind.scope == CHECKPOINT, "checkpoint": kind.scope == STUDY}
     for name, table in list(tables.items()):
         for column, wanted in (("checkpoint", args.checkpoint), ("variant", args.variant)):
             if column not in table:
@@ -217,11 +230,11 @@ def cmd_figure(args: argparse.Namespace) -> int:
                 if wanted not in present:
                     raise ConfigError(f"--{column} {wanted!r} is not in the input (it has {', '.join(present)})")
                 table = table[table[column].astype(str) == wanted]
-            elif len(present) > 1 and args.kind not in ("policy_comparison", "sink_mass_over_time"):
+            elif len(present) > 1 and not several[column]:
                 raise ConfigError(f"the input holds several {column}s ({', '.join(present)}); choose one with --{column}")
         tables[name] = table
     frame = tables.get("frame_attention")
-    if frame is not None:
+    if frame is not None and "frame_attention" in kind.tables:
         layers = sorted({int(x) for x in frame["layer"].unique()})
         heads = sorted({int(x) for x in frame["head"].unique()})
         steps = sorted({int(x) for x in frame.loc[frame["pass"] == "denoise", "step"].unique() if x >= 0})
@@ -233,23 +246,17 @@ def cmd_figure(args: argparse.Namespace) -> int:
         for label, _, head in chosen:
             if head not in heads:
                 raise ConfigError(f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)")
-        if args.kind in _HEAD_FIGURES and not any(layer in layers for _, layer, _ in chosen):
+        if kind.draws_heads and not any(layer in layers for _, layer, _ in chosen):
             shown = ", ".join(head_label(layer, 0) for layer in layers[:4])
             raise ConfigError(f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)")
-        if args.kind in ("sink_mass_over_time", "head_classes", "entropy_overview", "attention_across_checkpoints"):
-            tables.setdefault("block_stats", block_stats(frame))
-            tables.setdefault("head_diagnostics", head_diagnostics(frame, tables.get("query_stats")))
-    options = {"step": args.step, "metric": args.metric, "heads": args.heads, "video_frames": args.video_frames,
-               "dpi": args.dpi, "frame_base": args.frame_base, "highlight_layers": args.highlight_layers}  # fmt: skip
-    figure = draw(args.kind, tables, source=args.source or args.checkpoint or "the input", layer=args.layer, options=options)
-    save_figure(figure, f"{args.out_prefix}.svg", f"{args.out_prefix}.png", dpi=args.dpi)
+    # Only the options this kind draws with; the plotting API fills the rest as the pipeline does.
+    given = {name: getattr(args, name) for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS)}
+    figure = plot.plot(args.kind, {name: tables[name] for name in kind.tables}, layer=args.layer,
+                       source=args.source or args.checkpoint or "the input",
+                       **{name: value for name, value in given.items() if value is not None})  # fmt: skip
+    plot.save(figure, args.out_prefix, dpi=args.dpi)
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
-
-
-# The figures that draw the chosen heads (--heads); each panel of a head whose layer was
-# not captured says so, but a figure of no captured head is refused.
-_HEAD_FIGURES = ("figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "attention_over_time", "policy_comparison")
 
 
 def _figure_tables(inputs: list[str]) -> dict:
@@ -329,7 +336,7 @@ def _results_under(root: Path, is_moved_aside) -> tuple[list[Path], list[Path]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES
+    from sinkscope.figures.registry import FIGURES
 
     parser = OneLineArgumentParser(prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sinkscope {__version__}")
@@ -368,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.set_defaults(func=cmd_import_cache)
 
     fig = sub.add_parser("figure", help="draw one figure from sinkscope tables")
-    fig.add_argument("kind", choices=SOURCE_FIGURES + LAYER_FIGURES + CHECKPOINT_FIGURES)
+    fig.add_argument("kind", choices=list(FIGURES), metavar="KIND",
+                     help="; ".join(f"{name}: {kind.shows}" for name, kind in FIGURES.items()))
     fig.add_argument("--input", nargs="+", required=True, help="tables (.parquet) or extraction folders the figure reads")
     fig.add_argument("--out-prefix", required=True, help="writes PREFIX.svg and PREFIX.png")
     fig.add_argument("--checkpoint", help="the checkpoint to draw, when the input holds several")
@@ -379,8 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--layer", type=natural, help="0-based layer (the layer figures)")
     fig.add_argument("--step", type=_step, default=defaults["step"],
                      help="the call drawn: last (the last denoising step), cache (the cache pass) or a step index")
-    fig.add_argument("--metric", default=defaults["metric"], choices=["logit_mean", "prob_mass"],
-                     help="logit_mean (pre-softmax, the paper's y axis) or prob_mass (softmax mass per frame)")
+    fig.add_argument("--metric", choices=["logit_mean", "prob_mass"],
+                     help=f"logit_mean (pre-softmax, the paper's y axis) or prob_mass (softmax mass per frame); "
+                          f"default {defaults['metric']} (key_frame_maps: prob_mass)")
     fig.add_argument("--heads", type=parse_head, nargs="+", default=defaults["heads"],
                      help="heads in the paper's notation (L1H1 = layer 0, head 0)")
     fig.add_argument("--video-frames", action="store_true", help="label video frames (stride 4) in the query x key maps")

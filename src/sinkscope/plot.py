@@ -46,9 +46,18 @@ import pandas as pd
 
 from sinkscope import figures
 from sinkscope.figures.common import save_figure
+from sinkscope.figures.registry import (
+    CHECKPOINT,
+    COMMON_OPTIONS,
+    LAYER,
+    STUDY,
+    FigureKind,
+    figure_kind,
+)
 from sinkscope.tables import DEFAULT_VARIANT, with_default_columns
 
 __all__ = [
+    "plot",
     "plot_attention_across_checkpoints",
     "plot_attention_over_time",
     "plot_entropy_overview",
@@ -78,8 +87,10 @@ def defaults() -> dict[str, Any]:
     return {name: spec.get("default") for name, spec in properties.items()}
 
 
-def _options(**given: Any) -> dict[str, Any]:
-    options = dict(defaults())
+def _options(kind: FigureKind, **given: Any) -> dict[str, Any]:
+    """The options ``kind`` draws with, the config's defaults for those left out (the
+    pipeline passes the same); options only the API takes stay out unless given."""
+    options = {name: defaults()[name] for name in (*COMMON_OPTIONS, *kind.options)}
     options.update({name: value for name, value in given.items() if value is not None})
     if isinstance(options.get("heads"), str):
         options["heads"] = [options["heads"]]
@@ -131,8 +142,69 @@ def _source(table: pd.DataFrame, source: str | None) -> str:
     return checkpoint if variant == DEFAULT_VARIANT else f"{checkpoint}@{variant}"
 
 
-def _draw(kind: str, tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], **kwargs: Any):
-    return figures.draw(kind, dict(tables), source=source, options=options, **kwargs)
+def plot(
+    kind: str,
+    tables: Mapping[str, pd.DataFrame] | pd.DataFrame,
+    *,
+    layer: int | str | None = None,
+    checkpoint: str | None = None,
+    variant: str | None = None,
+    variants: Sequence[str] | None = None,
+    checkpoints: Sequence[str] | None = None,
+    grid: Sequence[int] | None = None,
+    train_steps: Mapping[str, int | None] | None = None,
+    source: str | None = None,
+    ax: Any = None,
+    **options: Any,
+):
+    """Any figure kind from its tables (table name -> DataFrame; a DataFrame alone is the
+    kind's first table). ``sinkscope.figures.registry.FIGURES`` says which tables a kind
+    reads and which ``options`` (``figures:`` keys) it draws with; the ``plot_<kind>``
+    functions are this call with the kind's arguments spelled out."""
+    spec = figure_kind(kind)
+    takes = (*spec.options, *spec.extra_options, *COMMON_OPTIONS)
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        takes = ", ".join(takes)
+        raise TypeError(f"plot {kind!r}: no option {unknown[0]!r} (it draws with {takes})")
+    if isinstance(tables, pd.DataFrame):
+        tables = {spec.tables[0]: tables}
+    missing = [name for name in spec.tables if name not in tables]
+    if missing:
+        raise ValueError(f"plot {kind!r} draws {', '.join(spec.tables)}; {missing[0]} is missing")
+    what = f"plot_{kind}"
+    picked = {}
+    for name in spec.tables:
+        rows = _pick(tables[name], checkpoint=checkpoint, variant=variant, what=what if name == spec.tables[-1] else
+                     f"{what} ({name})", variants=spec.scope == CHECKPOINT, checkpoints=spec.scope == STUDY)  # fmt: skip
+        if variants and spec.scope == CHECKPOINT:
+            rows = rows[rows["variant"].isin(list(variants))]
+        if checkpoints and spec.scope == STUDY:
+            rows = rows[rows["checkpoint"].isin(list(checkpoints))]
+        picked[name] = rows
+    main = picked[spec.tables[-1]]
+    if spec.scope == STUDY:
+        source = source or "study"
+        if checkpoints:
+            train_steps = train_steps or {name: None for name in checkpoints}
+    elif spec.scope == CHECKPOINT:
+        source = source or str(main["checkpoint"].iloc[0])
+    else:
+        source = _source(main, source)
+    index = None
+    if spec.scope == LAYER:
+        if layer is None:
+            raise TypeError(f"plot {kind!r} needs a layer")
+        index = _layer(layer)
+        rows = main[main["layer"] == index]
+        if rows.empty:
+            layers = ", ".join(str(int(x)) for x in sorted(pd.unique(main["layer"])))
+            raise ValueError(f"{what}: no rows of layer {index} (0-based); the table holds layers {layers}")
+        picked[spec.tables[-1]] = rows
+    if options.get("highlight_layers"):
+        options["highlight_layers"] = [_layer(x) for x in options["highlight_layers"]]
+    return figures.draw(kind, picked, source=source, layer=index, options=_options(spec, **options), grid=grid,
+                        train_steps=train_steps, ax=ax)  # fmt: skip
 
 
 # -- the figures of a source ---------------------------------------------------------------------
@@ -143,9 +215,8 @@ def plot_figure4(table: pd.DataFrame, heads: Sequence[str] | str | None = None, 
                  frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
     """Deep Forcing Figure 4 (frame bars) of the last block, one panel per head; ``ax``
     for one head."""
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_figure4")
-    options = _options(heads=heads, step=step, metric=metric, frame_base=frame_base)
-    return _draw("figure4", {"frame_attention": table}, source=_source(table, source), options=options, ax=ax)
+    return plot("figure4", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax, heads=heads, step=step,
+                metric=metric, frame_base=frame_base)  # fmt: skip
 
 
 def plot_figure4_tokens(tokens: pd.DataFrame, table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
@@ -155,125 +226,98 @@ def plot_figure4_tokens(tokens: pd.DataFrame, table: pd.DataFrame, heads: Sequen
     """Figure 4 at token resolution from token_profiles rows (``tokens``) and the
     frame_attention ``table`` (query block, gaps, frame means); ``grid`` = (rows, cols) of
     the latent patch grid (30, 52 for Wan2.1 at 480x832)."""
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_figure4_tokens")
-    tokens = _pick(tokens, checkpoint=checkpoint, variant=variant, what="plot_figure4_tokens (tokens)")
-    options = _options(heads=heads, step=step, metric=metric, frame_base=frame_base)
-    return _draw("figure4_tokens", {"frame_attention": table, "token_profiles": tokens}, source=_source(table, source),
-                 options=options, grid=grid, ax=ax)  # fmt: skip
+    return plot("figure4_tokens", {"token_profiles": tokens, "frame_attention": table}, grid=grid, checkpoint=checkpoint,
+                variant=variant, source=source, ax=ax, heads=heads, step=step, metric=metric,
+                frame_base=frame_base)  # fmt: skip
 
 
 def plot_figure4_steps(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *, checkpoint: str | None = None,
                        variant: str | None = None, metric: str | None = None, frame_base: int | None = None,
                        source: str | None = None):  # fmt: skip
     """Figure 4 at every denoising step and the cache pass (Deep Forcing Fig. 11)."""
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_figure4_steps")
-    options = _options(heads=heads, metric=metric, frame_base=frame_base)
-    return _draw("figure4_steps", {"frame_attention": table}, source=_source(table, source), options=options)
+    return plot("figure4_steps", table, checkpoint=checkpoint, variant=variant, source=source, heads=heads,
+                metric=metric, frame_base=frame_base)  # fmt: skip
 
 
 def plot_key_frame_maps(tokens: pd.DataFrame, table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
                         grid: Sequence[int] | None = None, checkpoint: str | None = None, variant: str | None = None,
                         step: str | int | None = None, metric: str = "prob_mass", frame_base: int | None = None,
                         source: str | None = None):  # fmt: skip
-    """Token profiles of each head's sink frame and most attended frames on the patch grid."""
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_key_frame_maps")
-    tokens = _pick(tokens, checkpoint=checkpoint, variant=variant, what="plot_key_frame_maps (tokens)")
-    options = _options(heads=heads, step=step, metric=metric, frame_base=frame_base)
-    return _draw("key_frame_maps", {"frame_attention": table, "token_profiles": tokens}, source=_source(table, source),
-                 options=options, grid=grid)  # fmt: skip
+    """Token profiles of each head's most attended key frames on the patch grid."""
+    return plot("key_frame_maps", {"token_profiles": tokens, "frame_attention": table}, grid=grid, checkpoint=checkpoint,
+                variant=variant, source=source, heads=heads, step=step, metric=metric, frame_base=frame_base)  # fmt: skip
 
 
-def plot_layer_comparison(table: pd.DataFrame, *, highlight_layers: Sequence[int] | None = None,
+def plot_layer_comparison(table: pd.DataFrame, *, highlight_layers: Sequence[int | str] | None = None,
                           checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
                           metric: str | None = None, frame_base: int | None = None, source: str | None = None):  # fmt: skip
     """Layers x key frames heat map plus chosen layers as curves with a ±1 std band."""
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_layer_comparison")
-    options = _options(step=step, metric=metric, frame_base=frame_base,
-                       highlight_layers=[_layer(x) for x in highlight_layers] if highlight_layers else None)  # fmt: skip
-    return _draw("layer_comparison", {"frame_attention": table}, source=_source(table, source), options=options)
+    return plot("layer_comparison", table, checkpoint=checkpoint, variant=variant, source=source,
+                highlight_layers=highlight_layers, step=step, metric=metric, frame_base=frame_base)  # fmt: skip
 
 
 def plot_first_middle_last(table: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
                            step: str | int | None = None, metric: str | None = None, frame_base: int | None = None,
                            source: str | None = None, ax=None):  # fmt: skip
     """First, middle, last and own frames of each layer's head-averaged curve."""
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_first_middle_last")
-    options = _options(step=step, metric=metric, frame_base=frame_base)
-    return _draw("first_middle_last", {"frame_attention": table}, source=_source(table, source), options=options, ax=ax)
+    return plot("first_middle_last", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax, step=step,
+                metric=metric, frame_base=frame_base)  # fmt: skip
 
 
 def plot_sink_score_overview(table: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
                              step: str | int | None = None, metric: str | None = None, source: str | None = None,
                              ax=None):  # fmt: skip
-    """Sink score of every layer x head."""
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_sink_score_overview")
-    options = _options(step=step, metric=metric)
-    return _draw("sink_score_overview", {"frame_attention": table}, source=_source(table, source), options=options, ax=ax)
+    """Frame-0 score of every layer x head."""
+    return plot("sink_score_overview", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax, step=step,
+                metric=metric)  # fmt: skip
 
 
 def plot_head_classes(diagnostics: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
                       step: str | int | None = None, source: str | None = None, ax=None):  # fmt: skip
     """Layers x heads coloured by head_class (head_diagnostics)."""
-    diagnostics = _pick(diagnostics, checkpoint=checkpoint, variant=variant, what="plot_head_classes")
-    options = _options(step=step)
-    return _draw("head_classes", {"head_diagnostics": diagnostics}, source=_source(diagnostics, source), options=options,
-                 ax=ax)  # fmt: skip
+    return plot("head_classes", diagnostics, checkpoint=checkpoint, variant=variant, source=source, ax=ax, step=step)
 
 
 def plot_entropy_overview(diagnostics: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
                           step: str | int | None = None, source: str | None = None):  # fmt: skip
     """entropy_frames and entropy_tokens of every layer x head, and their layer means."""
-    diagnostics = _pick(diagnostics, checkpoint=checkpoint, variant=variant, what="plot_entropy_overview")
-    options = _options(step=step)
-    return _draw("entropy_overview", {"head_diagnostics": diagnostics}, source=_source(diagnostics, source), options=options)
+    return plot("entropy_overview", diagnostics, checkpoint=checkpoint, variant=variant, source=source, step=step)
 
 
 def plot_attention_over_time(table: pd.DataFrame, head: str | None = None, *, heads: Sequence[str] | None = None,
                              checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
                              frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
     """Blocks x absolute key frames of the softmax mass, for ``head`` (or ``heads``)."""
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what="plot_attention_over_time")
     chosen = [head] if head else (list(heads) if heads else None)
-    options = _options(heads=chosen, step=step, frame_base=frame_base)
-    return _draw("attention_over_time", {"frame_attention": table}, source=_source(table, source), options=options, ax=ax)
+    return plot("attention_over_time", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax,
+                heads=chosen, step=step, frame_base=frame_base)  # fmt: skip
 
 
 # -- the figures of one layer --------------------------------------------------------------------
-
-
-def _layer_figure(kind: str, table: pd.DataFrame, layer: int | str, checkpoint, variant, source, options, **kwargs):
-    table = _pick(table, checkpoint=checkpoint, variant=variant, what=f"plot_{kind}")
-    index = _layer(layer)
-    rows = table[table["layer"] == index]
-    if rows.empty:
-        layers = ", ".join(str(int(x)) for x in sorted(pd.unique(table["layer"])))
-        raise ValueError(f"plot_{kind}: no rows of layer {index} (0-based); the table holds layers {layers}")
-    return figures.draw(kind, {"frame_attention": rows}, source=_source(rows, source), layer=index, options=options,
-                        **kwargs)  # fmt: skip
 
 
 def plot_per_head_grid(table: pd.DataFrame, layer: int | str, *, checkpoint: str | None = None,
                        variant: str | None = None, step: str | int | None = None, metric: str | None = None,
                        frame_base: int | None = None, source: str | None = None):  # fmt: skip
     """One layer: every head's Figure 4 bars on one y scale."""
-    return _layer_figure("per_head_grid", table, layer, checkpoint, variant, source,
-                         _options(step=step, metric=metric, frame_base=frame_base))  # fmt: skip
+    return plot("per_head_grid", table, layer=layer, checkpoint=checkpoint, variant=variant, source=source, step=step,
+                metric=metric, frame_base=frame_base)  # fmt: skip
 
 
 def plot_heads_heatmap(table: pd.DataFrame, layer: int | str, *, checkpoint: str | None = None,
                        variant: str | None = None, step: str | int | None = None, metric: str | None = None,
                        frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
     """One layer: heads x key frames heat map of the last block."""
-    return _layer_figure("heads_heatmap", table, layer, checkpoint, variant, source,
-                         _options(step=step, metric=metric, frame_base=frame_base), ax=ax)  # fmt: skip
+    return plot("heads_heatmap", table, layer=layer, checkpoint=checkpoint, variant=variant, source=source, ax=ax,
+                step=step, metric=metric, frame_base=frame_base)  # fmt: skip
 
 
 def plot_query_key_maps(table: pd.DataFrame, layer: int | str, *, video_frames: bool | None = None,
                         checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
                         metric: str | None = None, frame_base: int | None = None, source: str | None = None):  # fmt: skip
     """One layer: query x key frame maps of every head over the whole generation."""
-    return _layer_figure("query_key_maps", table, layer, checkpoint, variant, source,
-                         _options(step=step, metric=metric, frame_base=frame_base, video_frames=video_frames))  # fmt: skip
+    return plot("query_key_maps", table, layer=layer, checkpoint=checkpoint, variant=variant, source=source,
+                video_frames=video_frames, step=step, metric=metric, frame_base=frame_base)  # fmt: skip
 
 
 # -- the figures of a checkpoint and of the study ------------------------------------------------
@@ -281,12 +325,8 @@ def plot_query_key_maps(table: pd.DataFrame, layer: int | str, *, video_frames: 
 
 def plot_sink_mass_over_time(block_stats: pd.DataFrame, *, checkpoint: str | None = None,
                              variants: Sequence[str] | None = None, source: str | None = None):  # fmt: skip
-    """Sink mass block by block, one panel per layer, one line per variant (block_stats)."""
-    table = _pick(block_stats, checkpoint=checkpoint, variant=None, what="plot_sink_mass_over_time", variants=True)
-    if variants:
-        table = table[table["variant"].isin(list(variants))]
-    return _draw("sink_mass_over_time", {"block_stats": table}, source=source or str(table["checkpoint"].iloc[0]),
-                 options=_options())  # fmt: skip
+    """Frame-0 mass block by block, one panel per layer, one line per variant (block_stats)."""
+    return plot("sink_mass_over_time", block_stats, checkpoint=checkpoint, variants=variants, source=source)
 
 
 def plot_policy_comparison(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
@@ -294,12 +334,8 @@ def plot_policy_comparison(table: pd.DataFrame, heads: Sequence[str] | str | Non
                            step: str | int | None = None, metric: str | None = None, frame_base: int | None = None,
                            source: str | None = None):  # fmt: skip
     """Figure 4 of the last block, one row per variant (KV-cache policy) of one checkpoint."""
-    table = _pick(table, checkpoint=checkpoint, variant=None, what="plot_policy_comparison", variants=True)
-    if variants:
-        table = table[table["variant"].isin(list(variants))]
-    options = _options(heads=heads, step=step, metric=metric, frame_base=frame_base)
-    return _draw("policy_comparison", {"frame_attention": table}, source=source or str(table["checkpoint"].iloc[0]),
-                 options=options)  # fmt: skip
+    return plot("policy_comparison", table, checkpoint=checkpoint, variants=variants, source=source, heads=heads,
+                step=step, metric=metric, frame_base=frame_base)  # fmt: skip
 
 
 def plot_attention_across_checkpoints(diagnostics: pd.DataFrame, *, train_steps: Mapping[str, int | None] | None = None,
@@ -307,13 +343,8 @@ def plot_attention_across_checkpoints(diagnostics: pd.DataFrame, *, train_steps:
                                       source: str | None = None):  # fmt: skip
     """frame0_mass and entropy_frames per layer against training step (``train_steps``:
     checkpoint -> step) or checkpoint order (``checkpoints``, else the table's order)."""
-    table = _pick(diagnostics, checkpoint=None, variant=variant, what="plot_attention_across_checkpoints",
-                  variants=True, checkpoints=True)  # fmt: skip
-    if checkpoints:
-        table = table[table["checkpoint"].isin(list(checkpoints))]
-        train_steps = train_steps or {name: None for name in checkpoints}
-    return _draw("attention_across_checkpoints", {"head_diagnostics": table}, source=source or "study",
-                 options=_options(), train_steps=train_steps)  # fmt: skip
+    return plot("attention_across_checkpoints", diagnostics, train_steps=train_steps, checkpoints=checkpoints,
+                variant=variant, source=source)  # fmt: skip
 
 
 def save(fig, prefix: str | Path, dpi: int | None = None) -> tuple[Path, Path]:

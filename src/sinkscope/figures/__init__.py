@@ -1,7 +1,8 @@
 """Every figure of the study, as SVG with editable text and PNG.
 
-- ``registry``: the figure kinds (what each is drawn for, which tables it reads, which
-  options it takes); no imports, so the Snakefile reads it while parsing.
+- ``registry``: every figure kind declared once (``FIGURES``: what each is drawn for,
+  the tables it reads, the options it draws with); the workflow, ``sinkscope.plot`` and
+  the CLI derive from it. No imports, so the Snakefile reads it while parsing.
 - ``common``: the shared drawing code and style; one module per kind
   (``sinkscope.figures.figure4`` draws ``figure4``), each importing only ``common``,
   ``sinkscope.stats.summaries``, ``sinkscope.tables`` and ``sinkscope.naming``.
@@ -11,8 +12,7 @@
 May import ``tables``, ``stats.summaries`` and the base modules; never torch.
 """
 
-__all__ = ["CHECKPOINT_KINDS", "DEFAULTS", "KINDS", "LAYER_KINDS", "SOURCE_KINDS", "STUDY_KINDS", "TOKEN_KINDS", "draw",
-           "figure_job", "module", "read_token_profiles", "save_figure"]
+__all__ = ["DEFAULTS", "KINDS", "draw", "figure_job", "module", "read_token_profiles", "save_figure"]
 
 
 def __getattr__(name: str):

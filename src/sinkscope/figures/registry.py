@@ -1,24 +1,103 @@
-"""The figure kinds, by what they are drawn for (no imports: the Snakefile and the
-figures package both read them)."""
+"""Every figure kind, declared once: what it is drawn for, the tables it reads, the
+options it draws with.
 
-# Once per source (checkpoint x variant, or imported cache).
-SOURCE_FIGURES = (
-    "figure4",
-    "figure4_tokens",
-    "figure4_steps",
-    "key_frame_maps",
-    "layer_comparison",
-    "first_middle_last",
-    "sink_score_overview",
-    "head_classes",
-    "entropy_overview",
-    "attention_over_time",
-)
-# Need token profiles of the last block.
-TOKEN_FIGURES = ("figure4_tokens", "key_frame_maps")
-# Once per layer of a source.
-LAYER_FIGURES = ("per_head_grid", "heads_heatmap", "query_key_maps")
-# Once per checkpoint, its variants side by side.
-CHECKPOINT_FIGURES = ("sink_mass_over_time", "policy_comparison")
-# Once for the study, its checkpoints side by side.
-STUDY_FIGURES = ("attention_across_checkpoints",)
+The workflow's targets, inputs and rule params, the plotting API (``sinkscope.plot``)
+and the command line (``sinkscope figure``) all derive from ``FIGURES``; adding a kind is
+one entry here plus its drawing module ``sinkscope.figures.<name>``. No imports beyond
+the standard library, so the Snakefile reads it while it parses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# What one figure is drawn for.
+SOURCE, LAYER, CHECKPOINT, STUDY = "source", "layer", "checkpoint", "study"
+# Options every figure takes (the ``figures:`` keys of the config).
+COMMON_OPTIONS = ("dpi", "frame_base")
+# The other ``figures:`` keys a kind may draw with, in the order rule params list them.
+DRAWING_OPTIONS = ("step", "metric", "heads", "video_frames", "highlight_layers")
+
+
+@dataclass(frozen=True)
+class FigureKind:
+    name: str
+    # SOURCE: one checkpoint and variant, every layer; LAYER: one layer of a source;
+    # CHECKPOINT: the variants of one checkpoint side by side; STUDY: its checkpoints.
+    scope: str
+    # The tables it reads (layer figures: the frame_attention rows of their layer, read
+    # from the extraction files).
+    tables: tuple[str, ...]
+    # The ``DRAWING_OPTIONS`` it draws with; changing any other reruns nothing.
+    options: tuple[str, ...]
+    # One line: what it shows (the CLI's help, the docs).
+    shows: str
+    # Options the plotting API and the CLI take but the pipeline leaves at the kind's own
+    # default (key_frame_maps shows softmax mass unless asked for another metric).
+    extra_options: tuple[str, ...] = ()
+
+    @property
+    def needs_token_profiles(self) -> bool:
+        return "token_profiles" in self.tables
+
+    @property
+    def draws_heads(self) -> bool:
+        """Draws the chosen heads (``figures.heads``), one panel each."""
+        return "heads" in self.options
+
+
+_STEP_METRIC = ("step", "metric")
+_HEADS = ("step", "metric", "heads")
+FIGURES: dict[str, FigureKind] = {
+    kind.name: kind
+    for kind in (
+        FigureKind("figure4", SOURCE, ("frame_attention",), _HEADS,
+                   "Deep Forcing Figure 4: the last block's attention to each key frame, one panel per head"),
+        FigureKind("figure4_tokens", SOURCE, ("token_profiles", "frame_attention"), _HEADS,
+                   "Figure 4 at token resolution"),
+        FigureKind("figure4_steps", SOURCE, ("frame_attention",), ("metric", "heads"),
+                   "Figure 4 at every denoising step and the cache pass"),
+        FigureKind("key_frame_maps", SOURCE, ("token_profiles", "frame_attention"), ("step", "heads"),
+                   "token profiles of each head's most attended key frames on the patch grid",
+                   extra_options=("metric",)),
+        FigureKind("layer_comparison", SOURCE, ("frame_attention",), (*_STEP_METRIC, "highlight_layers"),
+                   "layers x key frames, and chosen layers as curves"),
+        FigureKind("first_middle_last", SOURCE, ("frame_attention",), _STEP_METRIC,
+                   "first, middle, last and own frames of each layer's head-averaged curve"),
+        FigureKind("sink_score_overview", SOURCE, ("frame_attention",), _STEP_METRIC,
+                   "frame-0 score of every layer x head"),
+        FigureKind("head_classes", SOURCE, ("head_diagnostics",), ("step",),
+                   "layers x heads coloured by head class"),
+        FigureKind("entropy_overview", SOURCE, ("head_diagnostics",), ("step",),
+                   "attention entropy of every layer x head"),
+        FigureKind("attention_over_time", SOURCE, ("frame_attention",), ("step", "heads"),
+                   "blocks x absolute key frames of the chosen heads"),
+        FigureKind("per_head_grid", LAYER, ("frame_attention",), _STEP_METRIC,
+                   "one layer: every head's Figure 4 bars on one scale"),
+        FigureKind("heads_heatmap", LAYER, ("frame_attention",), _STEP_METRIC,
+                   "one layer: heads x key frames of the last block"),
+        FigureKind("query_key_maps", LAYER, ("frame_attention",), (*_STEP_METRIC, "video_frames"),
+                   "one layer: query x key frame maps over the whole generation"),
+        FigureKind("sink_mass_over_time", CHECKPOINT, ("block_stats",), ("step",),
+                   "frame-0 mass block by block, one line per variant"),
+        FigureKind("policy_comparison", CHECKPOINT, ("frame_attention",), _HEADS,
+                   "Figure 4 of the last block, one row per variant (KV-cache policy)"),
+        FigureKind("attention_across_checkpoints", STUDY, ("head_diagnostics",), ("step",),
+                   "frame-0 mass and entropy per layer across checkpoints (training steps)"),
+    )
+}  # fmt: skip
+
+
+def figure_kind(name: str) -> FigureKind:
+    try:
+        return FIGURES[name]
+    except KeyError:
+        raise ValueError(f"unknown figure {name!r}; known: {', '.join(FIGURES)}") from None
+
+
+def kinds(scope: str) -> tuple[str, ...]:
+    return tuple(name for name, kind in FIGURES.items() if kind.scope == scope)
+
+
+SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY))
+TOKEN_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_token_profiles)

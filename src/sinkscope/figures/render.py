@@ -5,12 +5,7 @@ One module per figure kind, named like the kind (``sinkscope.figures.figure4`` d
 and ``sinkscope.naming``, so the pipeline reruns a figure only when its own code (or
 the shared code) changed. This module imports the kind modules by name at run time.
 
-Source figures (one checkpoint and variant, every layer): ``figure4``, ``figure4_tokens``,
-``figure4_steps``, ``key_frame_maps``, ``layer_comparison``, ``first_middle_last``,
-``sink_score_overview``, ``head_classes``, ``entropy_overview``, ``attention_over_time``.
-Layer figures: ``per_head_grid``, ``heads_heatmap``, ``query_key_maps``. Checkpoint
-figures (its variants side by side): ``sink_mass_over_time``, ``policy_comparison``.
-Study figure (checkpoints side by side): ``attention_across_checkpoints``.
+The kinds, and what each reads and draws with, are declared in ``registry.FIGURES``.
 
 Labels follow the paper: L1H1 is layer 0, head 0; tables stay 0-based. Frame numbers
 are 0-based unless the option ``frame_base`` is 1 (the paper's "frames 19-21").
@@ -30,26 +25,29 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinkscope.errors import DamagedFileError
-from sinkscope.figures.common import DEFAULTS, figure4_view, figure_style, option, save_figure
-from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
+from sinkscope.figures.common import (
+    DEFAULTS,
+    figure4_view,
+    figure_style,
+    option,
+    save_figure,
+)
+from sinkscope.figures.registry import FIGURES, LAYER, STUDY, figure_kind
 from sinkscope.manifests import check_dataset_folder
 from sinkscope.naming import parse_head_label
 from sinkscope.tables import read_metadata, read_table, with_default_columns
 
 log = logging.getLogger("sinkscope")
 
-SOURCE_KINDS, LAYER_KINDS, CHECKPOINT_KINDS, STUDY_KINDS = SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES
-KINDS = {kind: f"sinkscope.figures.{kind}" for kind in SOURCE_KINDS + LAYER_KINDS + CHECKPOINT_KINDS + STUDY_KINDS}
-TOKEN_KINDS = TOKEN_FIGURES
+# The drawing module of each kind.
+KINDS = {kind: f"sinkscope.figures.{kind}" for kind in FIGURES}
 
 __all__ = ["DEFAULTS", "KINDS", "draw", "figure_job", "save_figure"]
 
 
 def module(kind: str):
     """The module that draws ``kind``."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown figure {kind!r}; known: {', '.join(KINDS)}")
-    return importlib.import_module(KINDS[kind])
+    return importlib.import_module(KINDS[figure_kind(kind).name])
 
 
 def draw(
@@ -69,7 +67,7 @@ def draw(
     drawer = module(kind)
     if isinstance(tables, pd.DataFrame):
         tables = {"frame_attention": tables}
-    if kind in LAYER_KINDS:
+    if figure_kind(kind).scope == LAYER:
         if layer is None:
             raise ValueError(f"figure {kind} needs a layer")
         frame = tables.get("frame_attention")
@@ -165,9 +163,10 @@ def figure_job(
     """Draw one figure of a source, a layer, a checkpoint or the study; write SVG and PNG."""
     began = time.perf_counter()
     module(kind)  # an unknown kind fails before anything is read
-    source = source or ("study" if kind in STUDY_KINDS else "sinkscope")
+    scope = figure_kind(kind).scope
+    source = source or ("study" if scope == STUDY else "sinkscope")
     grid = None
-    if kind in LAYER_KINDS:
+    if scope == LAYER:
         if layer is None:
             raise ValueError(f"figure {kind} needs a layer")
         frame, meta = _layer_rows(inputs, layer)

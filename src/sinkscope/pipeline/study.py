@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from sinkscope.errors import ConfigError
-from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, TOKEN_FIGURES
+from sinkscope.figures.registry import (
+    CHECKPOINT_FIGURES,
+    COMMON_OPTIONS,
+    DRAWING_OPTIONS,
+    FIGURES,
+    LAYER_FIGURES,
+    SOURCE_FIGURES,
+    STUDY_FIGURES,
+    TOKEN_FIGURES,
+)
 from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_digest
 from sinkscope.naming import decode_layers, encode_layers
 from sinkscope.options import GenerationOptions
@@ -46,23 +55,6 @@ LEGACY_CACHE = ".snakemake/sinkscope/legacy-layers.json"
 # Tables per source (and combined over sources); token_profiles only with token capture.
 TABLES = ("frame_attention", "head_stats", "layer_stats", "block_stats", "head_diagnostics")
 SOURCE_TABLES = (*TABLES, "query_stats", "token_profiles")
-# The per-source tables each figure reads (layer figures read the extraction files).
-FIGURE_INPUTS = {
-    "figure4": ("frame_attention",),
-    "figure4_tokens": ("token_profiles", "frame_attention"),
-    "figure4_steps": ("frame_attention",),
-    "key_frame_maps": ("token_profiles", "frame_attention"),
-    "layer_comparison": ("frame_attention",),
-    "first_middle_last": ("frame_attention",),
-    "sink_score_overview": ("frame_attention",),
-    "head_classes": ("head_diagnostics",),
-    "entropy_overview": ("head_diagnostics",),
-    "attention_over_time": ("frame_attention",),
-    "sink_mass_over_time": ("block_stats",),
-    "policy_comparison": ("frame_attention",),
-    "attention_across_checkpoints": ("head_diagnostics",),
-}
-
 PATTERNS = {
     "embedding": RESULTS + "/prompts/{encoder}/{prompt}.safetensors",
     "extract_dir": RESULTS + "/extract/{source}/{prompt}/seed{seed}/layers{group}",
@@ -286,10 +278,10 @@ class Study:
     def figure_inputs(self, kind: str, source: str) -> list[str]:
         """The tables figure ``kind`` of ``source`` reads (a checkpoint's: all its variants)."""
         sources = self.sources_of(source) if kind in CHECKPOINT_FIGURES else [source]
-        return [path("source_table", source=s, table=t) for s in sources for t in FIGURE_INPUTS[kind]]
+        return [path("source_table", source=s, table=t) for s in sources for t in FIGURES[kind].tables]
 
     def study_figure_inputs(self, kind: str) -> list[str]:
-        return [path("table", table=t) for t in FIGURE_INPUTS[kind]]
+        return [path("table", table=t) for t in FIGURES[kind].tables]
 
     def figure_kinds(self, source: str) -> list[str]:
         """Source figures to draw: token figures only with token profiles of a chosen head's layer."""
@@ -359,23 +351,19 @@ class Study:
         }
 
     def figure_options(self, kind: str) -> dict[str, Any]:
-        """Only the options figure ``kind`` draws with: changing another reruns nothing."""
+        """Only the options figure ``kind`` draws with (the registry says which): changing
+        another reruns nothing. ``summary`` is the report page."""
         options = self.config["figures"]
-        chosen: dict[str, Any] = {"dpi": options["dpi"], "frame_base": options["frame_base"]}
-        if kind not in ("head_classes", "attention_across_checkpoints", "sink_mass_over_time"):
-            chosen["step"] = options["step"]
-        if kind in ("figure4", "first_middle_last", "layer_comparison", "sink_score_overview", "per_head_grid",
-                    "heads_heatmap", "query_key_maps", "policy_comparison", "figure4_steps", "summary"):  # fmt: skip
-            chosen["metric"] = options["metric"]
+        chosen: dict[str, Any] = {name: options[name] for name in COMMON_OPTIONS}
         if kind == "summary":
+            chosen.update(step=options["step"], metric=options["metric"])
             chosen["checkpoints"] = {name: {"format": c.spec.format, "weights": c.spec.weights}
                                      for name, c in self.checkpoints.items()}  # fmt: skip
-        if kind in ("figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "attention_over_time", "policy_comparison"):
-            chosen["heads"] = list(options["heads"])
-        if kind == "query_key_maps":
-            chosen["video_frames"] = options["video_frames"]
-        if kind == "layer_comparison":
-            chosen["highlight_layers"] = options["highlight_layers"]
+            return chosen
+        drawn = FIGURES[kind].options
+        chosen.update((name, options[name]) for name in DRAWING_OPTIONS if name in drawn)
+        if "heads" in chosen:
+            chosen["heads"] = list(chosen["heads"])
         return chosen
 
     @staticmethod
