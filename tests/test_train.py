@@ -8,20 +8,11 @@ import pytest
 import torch
 
 from sinkscope.demo import data as synthetic
-from sinkscope.demo.train import (
-    class_contexts,
-    evaluate_demo,
-    export_checkpoint,
-    fit_motion_classifier,
-    main,
-    ode_generate,
-    read_loss_log,
-    sampler_timesteps,
-    teacher_forcing_forward,
-    teacher_forcing_mask,
-    train_demo,
-    validation_loss,
-)
+from sinkscope.demo.evaluation import evaluate_demo, fit_motion_classifier, validation_loss
+from sinkscope.demo.objective import class_contexts, sampler_timesteps, teacher_forcing_forward, teacher_forcing_mask
+from sinkscope.demo.ode import ode_generate
+from sinkscope.demo.saving import export_checkpoint
+from sinkscope.demo.train import TrainConfig, main, read_loss_log, train_demo
 from sinkscope.generation.sampler import block_causal_frame_mask
 from sinkscope.model import get_model_config
 from sinkscope.model.loading import load_transformer
@@ -66,7 +57,7 @@ def test_data_has_about_unit_variance():
 
 
 def test_drift_moves_left_to_right():
-    from sinkscope.demo.train import video_features
+    from sinkscope.demo.evaluation import video_features
 
     feats = video_features(synthetic.synthetic_batch(2, 8, classes="drift").latents)
     assert (feats["com_x"][:, -1] - feats["com_x"][:, 0] > 5).all()
@@ -242,7 +233,7 @@ def test_the_cli_command_trains_with_the_full_option_set(tmp_path, capsys):
 
 
 def test_attention_summary_of_random_weights_is_near_uniform():
-    from sinkscope.demo.train import attention_summary
+    from sinkscope.demo.evaluation import attention_summary
 
     with torch.no_grad():
         summary = attention_summary(build_model("demo", seed=0), classes=("circle",))
@@ -252,3 +243,21 @@ def test_attention_summary_of_random_weights_is_near_uniform():
         assert 0.97 < layer["entropy_frames"] <= 1.0 + 1e-9
         assert abs(layer["frame0"] - summary["uniform_per_frame"]) < 0.01
     assert abs(sum(summary["frame_profile"]) - 1.0) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("mode", "forcing", "mode 'forcing'"), ("stage", "rl", "stage 'rl'"), ("schedule", "linear", "schedule 'linear'"),
+     ("steps", 0, "steps and batch_size"), ("stage", "ode", "needs a teacher")],
+)  # fmt: skip
+def test_train_config_refuses_bad_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{field: value})
+
+
+def test_command_line_defaults_are_the_train_configs(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr("sinkscope.demo.train.train_demo", lambda out, config: seen.setdefault("config", config))
+    with pytest.raises(AttributeError):  # the stand-in returns the config, not a TrainResult
+        main(["--out", str(tmp_path)])
+    assert seen["config"] == TrainConfig()

@@ -2,7 +2,11 @@
 a structured attention.
 
 - ``data``: the seeded synthetic data set (latent videos of moving balls, one class a prompt).
-- ``train``: flow-matching and ODE-distillation training, evaluation, the command line
+- ``objective``: what the model learns: teacher / diffusion forcing, block timesteps.
+- ``ode``: the ODE stage (teacher trajectories for distillation).
+- ``saving``: checkpoints in Self-Forcing's layout.
+- ``evaluation``: samples from the real sampler against the data, attention summary.
+- ``train``: ``TrainConfig``, the training loop (``train_demo``) and the command line
   (``python -m sinkscope.train``, ``sinkscope train-demo``).
 
 May import the model, generation, statistics and base modules; nothing from figures or
