@@ -41,11 +41,18 @@ sys.path.insert(0, str(ROOT / "src"))
 from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
 from sinkscope.generation.sampler import GenerationOptions, generate  # noqa: E402
 from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
-from sinkscope.stats.attention import frame_attention_stats  # noqa: E402
-from sinkscope.stats.reference import logit_mean_factorized, prob_mass_chunked  # noqa: E402
+from sinkscope.stats.attention import attention_statistics  # noqa: E402
+from sinkscope.stats.reference import logit_mean_factorized, statistics_chunked  # noqa: E402
 
 MiB = 2**20
 GiB = 2**30
+
+
+def frame_stats(q, k, *, frame_seq_length, query_frames, key_frames, backend="auto"):
+    """(logit_mean, prob_mass) of one call: the frame statistics the first benchmark rows compare."""
+    stats = attention_statistics(q, k, frame_seq_length=frame_seq_length, query_frames=query_frames,
+                                 key_frames=key_frames, backend=backend)  # fmt: skip
+    return stats.logit_mean, stats.prob_mass
 
 
 def cuda_time(fn, reps: int = 20, warmup: int = 3) -> dict:
@@ -158,7 +165,7 @@ def float64_reference(q, k, fsl, num_q, num_k, scale, heads=(0, 5, 11)):
 
 
 def section_stats() -> dict:
-    from sinkscope.stats.triton_kernels import _CONFIGS, frame_stats_triton
+    from sinkscope.stats.triton_kernels import _CONFIGS, statistics_triton
 
     fsl, num_q, num_k, dim = 1560, 3, 21, 128
     scale = dim**-0.5
@@ -171,18 +178,18 @@ def section_stats() -> dict:
         return torch.nn.functional.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
 
     def ours():
-        return frame_attention_stats(q, k, frame_seq_length=fsl, query_frames=frames_q, key_frames=frames_k)
+        return frame_stats(q, k, frame_seq_length=fsl, query_frames=frames_q, key_frames=frames_k)
 
     def torch_logit():
         return logit_mean_factorized(q, k, num_q, num_k, scale, torch.float32)
 
     def torch_chunked():
-        return prob_mass_chunked(q, k, fsl, num_q, num_k, scale)
+        return statistics_chunked(q, k, fsl, num_q, (fsl,) * num_k, scale).prob_mass
 
     rows = {}
     for name, fn, reps in (
         ("SDPA (default backend), the attention call itself", sdpa, 30),
-        ("sinkscope frame_attention_stats: Triton kernel, both statistics", ours, 30),
+        ("sinkscope attention_statistics: Triton kernel, every frame statistic", ours, 30),
         ("torch path on the GPU: logit_mean by factorization", torch_logit, 50),
         ("torch path on the GPU: prob_mass by chunked fp32 softmax", torch_chunked, 5),
     ):
@@ -224,8 +231,8 @@ def section_stats() -> dict:
     # A sliding window with sinks: 2 sink frames + 10 recent frames, non-contiguous key frames.
     window_k = [0, 1] + list(range(11, 21))
     kw = k4[:, : len(window_k) * fsl][0].transpose(0, 1)
-    got = frame_attention_stats(q, kw, frame_seq_length=fsl, query_frames=frames_q, key_frames=window_k)
-    ref = frame_attention_stats(q, kw, frame_seq_length=fsl, query_frames=frames_q, key_frames=window_k, backend="torch")
+    got = frame_stats(q, kw, frame_seq_length=fsl, query_frames=frames_q, key_frames=window_k)
+    ref = frame_stats(q, kw, frame_seq_length=fsl, query_frames=frames_q, key_frames=window_k, backend="torch")
     results["accuracy"]["window_with_sinks_vs_torch"] = max((a - b).abs().max().item() for a, b in zip(got, ref))
 
     sweep = {}
@@ -233,7 +240,7 @@ def section_stats() -> dict:
         params = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
         label = "BLOCK_M={BLOCK_M} BLOCK_N={BLOCK_N} warps={num_warps} stages={num_stages}".format(**params)
         try:
-            sweep[label] = cuda_time(lambda params=params: frame_stats_triton(q, k, fsl, num_q, num_k, scale, config=params), reps=20)["median_ms"]
+            sweep[label] = cuda_time(lambda params=params: statistics_triton(q, k, fsl, num_q, (fsl,) * num_k, scale, config=params), reps=20)["median_ms"]
         except Exception as error:  # noqa: BLE001 - report, keep going
             sweep[label] = f"failed: {error}"
     results["triton_sweep_ms"] = sweep

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_stats_calls import brute_force_statistics
+from test_stats import brute_force_statistics
 
 from sinkscope.generation.capture import FrameStatsCapture
 from sinkscope.generation.sampler import FlowMatchSchedule, generate

@@ -1,96 +1,233 @@
-"""The frame statistics against a float64 brute force on small random inputs."""
+"""The per-call statistics: attention_statistics (every statistic, variable-length key frames) against a float64
+brute force, for the torch reference and for the Triton kernels in Triton's CPU
+interpreter; CUDA tests compare the kernels with the CPU reference at real sizes."""
 
 from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
-from sinkscope.stats.attention import check_frame_layout, frame_attention_stats, triton_available
+from sinkscope.stats.attention import (
+    CallStatistics,
+    attention_statistics,
+    check_frame_layout,
+    triton_available,
+)
+from sinkscope.stats.reference import statistics_chunked
+
+FIELDS = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")
 
 
-def brute_force(q, k, fsl, query_frames, key_frames, scale):
-    """Materialize every score in float64, as the seed notebooks do, frame slice by slice."""
+def brute_force_statistics(q, k, fsl, num_q, key_lengths, scale):
+    """Every statistic from the full float64 score matrix, frame slice by frame slice."""
     q, k = q.double(), k.double()
     scores = torch.einsum("hqd,hkd->hqk", q, k) * scale
     probs = torch.softmax(scores, dim=-1)
-    heads = q.shape[0]
-    logit = torch.empty(heads, len(query_frames), len(key_frames), dtype=torch.float64)
-    mass = torch.empty_like(logit)
-    for a in range(len(query_frames)):
-        for b in range(len(key_frames)):
-            rows = slice(a * fsl, (a + 1) * fsl)
-            cols = slice(b * fsl, (b + 1) * fsl)
-            logit[:, a, b] = scores[:, rows, cols].mean(dim=(1, 2))
-            mass[:, a, b] = probs[:, rows, cols].sum(dim=2).mean(dim=1)
-    return logit, mass
+    log_probs = torch.log_softmax(scores, dim=-1)
+    heads, num_k = q.shape[0], len(key_lengths)
+    bounds = [(sum(key_lengths[:f]), sum(key_lengths[: f + 1])) for f in range(num_k)]
+    token_frame = torch.repeat_interleave(torch.arange(num_k), torch.tensor(key_lengths))
+    top_frame = token_frame[scores.argmax(dim=-1)]  # [H, Lq]
+    out = {name: torch.empty(heads, num_q, num_k, dtype=torch.float64) for name in FIELDS[:3]}
+    out["entropy"] = torch.empty(heads, num_q, dtype=torch.float64)
+    for a in range(num_q):
+        rows = slice(a * fsl, (a + 1) * fsl)
+        for b, (lo, hi) in enumerate(bounds):
+            out["logit_mean"][:, a, b] = scores[:, rows, lo:hi].mean(dim=(1, 2))
+            out["prob_mass"][:, a, b] = probs[:, rows, lo:hi].sum(dim=2).mean(dim=1)
+            out["argmax_share"][:, a, b] = (top_frame[:, rows] == b).double().mean(dim=1)
+        out["entropy"][:, a] = -(probs[:, rows] * log_probs[:, rows]).sum(dim=-1).mean(dim=1)
+    out["token_logit_mean"] = scores.mean(dim=1)
+    out["token_prob_mean"] = probs.mean(dim=1)
+    return out
 
 
-def random_case(seed, *, heads, fsl, dim, query_frames, key_frames, dtype=torch.float32, offset=1.0):
+def make_inputs(seed, heads, fsl, dim, num_q, key_lengths, dtype=torch.float32, sharp=1.5):
+    """q and k with per-frame offsets (clearly non-zero frame means) and a few large keys
+    (peaked rows, low entropy), so every statistic varies across frames."""
     g = torch.Generator().manual_seed(seed)
-    # Per-frame offsets make the frame means (and so logit_mean) clearly non-zero.
-    q = torch.randn(heads, len(query_frames) * fsl, dim, generator=g)
-    q += offset * torch.randn(heads, len(query_frames), 1, dim, generator=g).repeat_interleave(fsl, 1).flatten(1, 2)
-    k = torch.randn(heads, len(key_frames) * fsl, dim, generator=g)
-    k += offset * torch.randn(heads, len(key_frames), 1, dim, generator=g).repeat_interleave(fsl, 1).flatten(1, 2)
-    return q.to(dtype), k.to(dtype)
+    num_k = len(key_lengths)
+    q = torch.randn(heads, num_q * fsl, dim, generator=g)
+    q += torch.randn(heads, num_q, 1, dim, generator=g).repeat_interleave(fsl, 1).flatten(1, 2)
+    k = torch.randn(heads, sum(key_lengths), dim, generator=g)
+    k += torch.randn(heads, num_k, 1, dim, generator=g).repeat_interleave(torch.tensor(key_lengths), 1).squeeze(2)
+    return (q * sharp).to(dtype), k.to(dtype)
 
 
-CASES = [
-    # (heads, fsl, dim, query frames, key frames): the last block of a global cache,
-    # a first block, an independent first frame, a sliding window with 2 sink frames.
-    (12, 7, 16, [6, 7, 8], list(range(9))),
-    (2, 5, 8, [0, 1, 2], [0, 1, 2]),
-    (3, 4, 6, [0], [0]),
-    (4, 6, 16, [12, 13, 14], [0, 1, 8, 9, 10, 11, 12, 13, 14]),
-    (1, 33, 32, [3, 4], [0, 3, 4]),
+def random_layout(seed):
+    """A call's layout: 2-3 heads, 1-4 query frames, 1-8 key frames in a non-ascending
+    order, partial frames (1 token included), head_dim 8, 16 or 128."""
+    rng = random.Random(seed)
+    fsl = rng.randint(5, 24)
+    num_k = rng.randint(1, 8)
+    lengths = [rng.choice([fsl, fsl, 1, rng.randint(1, fsl)]) for _ in range(num_k)]
+    key_frames = rng.sample(range(40), num_k)
+    return dict(heads=rng.randint(2, 3), fsl=fsl, dim=rng.choice([8, 16, 128]), num_q=rng.randint(1, 4), key_lengths=lengths, key_frames=key_frames)
+
+
+HAND_LAYOUTS = [
+    # Sinks kept whole, a window with dropped tokens, key frames out of order.
+    dict(heads=2, fsl=12, dim=16, num_q=2, key_lengths=[12, 12, 5, 1, 12, 12, 12], key_frames=[0, 1, 9, 8, 10, 11, 12]),
+    # Every key frame a single token; one key frame; a segment longer than a frame.
+    dict(heads=3, fsl=7, dim=8, num_q=2, key_lengths=[1, 1, 1, 1], key_frames=[3, 2, 1, 0]),
+    dict(heads=2, fsl=9, dim=128, num_q=1, key_lengths=[4], key_frames=[5]),
+    dict(heads=2, fsl=6, dim=16, num_q=2, key_lengths=[6, 20, 3], key_frames=[2, 0, 1]),
+    # Whole frames (the default layout).
+    dict(heads=2, fsl=20, dim=16, num_q=1, key_lengths=[20] * 3, key_frames=[0, 1, 2]),
 ]
+LAYOUTS = HAND_LAYOUTS + [random_layout(seed) for seed in range(10)]
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
-@pytest.mark.parametrize("seed", [0, 1])
-def test_reference_matches_float64_brute_force(case, seed):
-    heads, fsl, dim, qf, kf = CASES[case]
-    q, k = random_case(seed * 17 + case, heads=heads, fsl=fsl, dim=dim, query_frames=qf, key_frames=kf)
-    scale = dim**-0.5
-    logit, mass = frame_attention_stats(q, k, frame_seq_length=fsl, query_frames=qf, key_frames=kf, backend="torch")
-    ref_logit, ref_mass = brute_force(q, k, fsl, qf, kf, scale)
-    assert logit.dtype == mass.dtype == torch.float32
-    assert logit.shape == mass.shape == (heads, len(qf), len(kf))
-    torch.testing.assert_close(logit.double(), ref_logit, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(mass.double(), ref_mass, rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(mass.sum(-1).double(), torch.ones(heads, len(qf), dtype=torch.float64), atol=1e-5, rtol=0)
+def layout_inputs(index, dtype=torch.float32):
+    lay = LAYOUTS[index]
+    q, k = make_inputs(100 + index, lay["heads"], lay["fsl"], lay["dim"], lay["num_q"], lay["key_lengths"], dtype)
+    return lay, q, k
+
+
+def assert_matches(stats, ref, *, token_profiles=True, atol=1e-6, share_atol=1e-6):
+    """stats (a CallStatistics, any device) against the float64 brute force."""
+    for name in FIELDS:
+        got = getattr(stats, name)
+        if name.startswith("token") and not token_profiles:
+            assert got is None
+            continue
+        assert got.dtype == torch.float32, name
+        assert got.shape == ref[name].shape, name
+        got = got.double().cpu()
+        if name == "argmax_share":
+            torch.testing.assert_close(got, ref[name], rtol=0, atol=share_atol, msg=name)
+        elif name in ("logit_mean", "token_logit_mean", "entropy"):
+            torch.testing.assert_close(got, ref[name], rtol=1e-5, atol=10 * atol, msg=name)
+        else:
+            torch.testing.assert_close(got, ref[name], rtol=1e-4, atol=atol, msg=name)
+
+
+def assert_identities(stats, key_lengths, *, atol=1e-6):
+    """The relations between the frame statistics and the token profiles."""
+    heads, num_q, num_k = stats.prob_mass.shape
+    ones = torch.ones(heads, num_q, dtype=torch.float64)
+    torch.testing.assert_close(stats.prob_mass.double().sum(-1).cpu(), ones, rtol=0, atol=1e-5)
+    torch.testing.assert_close(stats.argmax_share.double().sum(-1).cpu(), ones, rtol=0, atol=1e-6)
+    num_keys = sum(key_lengths)
+    assert stats.entropy.min().item() >= -1e-5
+    assert stats.entropy.max().item() <= math.log(num_keys) + 1e-5
+    if stats.token_prob_mean is None:
+        return
+    starts = [sum(key_lengths[:f]) for f in range(num_k)]
+    for f, (start, length) in enumerate(zip(starts, key_lengths)):
+        tokens = slice(start, start + length)
+        torch.testing.assert_close(
+            stats.token_prob_mean[:, tokens].double().sum(-1).cpu(), stats.prob_mass[:, :, f].double().mean(-1).cpu(), rtol=1e-5, atol=atol
+        )
+        torch.testing.assert_close(
+            stats.token_logit_mean[:, tokens].double().mean(-1).cpu(), stats.logit_mean[:, :, f].double().mean(-1).cpu(), rtol=1e-5, atol=1e-5
+        )
+
+
+# -- the torch reference ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index", range(len(LAYOUTS)))
+def test_reference_statistics_match_float64_brute_force(index):
+    lay, q, k = layout_inputs(index)
+    stats = attention_statistics(
+        q, k, frame_seq_length=lay["fsl"], query_frames=list(range(lay["num_q"])), key_frames=lay["key_frames"],
+        key_lengths=lay["key_lengths"], token_profiles=True, backend="torch",
+    )  # fmt: skip
+    assert isinstance(stats, CallStatistics)
+    ref = brute_force_statistics(q, k, lay["fsl"], lay["num_q"], lay["key_lengths"], lay["dim"] ** -0.5)
+    assert_matches(stats, ref)
+    assert_identities(stats, lay["key_lengths"])
+
+
+def test_token_profiles_only_when_asked_and_default_lengths_are_whole_frames():
+    q, k = make_inputs(7, 2, 8, 16, 2, [8, 8, 8])
+    kwargs = dict(frame_seq_length=8, query_frames=[1, 2], key_frames=[0, 1, 2], backend="torch")
+    plain = attention_statistics(q, k, **kwargs)
+    assert plain.token_logit_mean is None and plain.token_prob_mean is None
+    explicit = attention_statistics(q, k, key_lengths=[8, 8, 8], token_profiles=True, **kwargs)
+    for name in FIELDS[:4]:
+        torch.testing.assert_close(getattr(plain, name), getattr(explicit, name), rtol=0, atol=0)
+    assert explicit.token_prob_mean.shape == explicit.token_logit_mean.shape == (2, 24)
+
+
+def test_custom_scale_and_bf16_inputs_with_partial_frames():
+    lengths = [3, 10, 1]
+    q, k = make_inputs(11, 2, 10, 16, 1, lengths, dtype=torch.bfloat16)
+    stats = attention_statistics(
+        q, k, frame_seq_length=10, query_frames=[2], key_frames=[2, 0, 1], key_lengths=lengths, token_profiles=True, scale=0.3
+    )
+    assert_matches(stats, brute_force_statistics(q, k, 10, 1, lengths, 0.3))
 
 
 def test_small_budget_streams_exactly():
-    from sinkscope.stats.reference import prob_mass_chunked
-
-    qf, kf = [4, 5], [0, 3, 4, 5]
-    q, k = random_case(3, heads=3, fsl=9, dim=8, query_frames=qf, key_frames=kf)
-    full = prob_mass_chunked(q, k, 9, 2, 4, 8**-0.5)
-    # A budget of one query row at a time still gives the same numbers.
-    tiny = prob_mass_chunked(q, k, 9, 2, 4, 8**-0.5, score_budget=1)
-    torch.testing.assert_close(full, tiny)
+    lay, q, k = layout_inputs(0)
+    args = (q, k, lay["fsl"], lay["num_q"], lay["key_lengths"], 0.25)
+    full = statistics_chunked(*args, token_profiles=True)
+    tiny = statistics_chunked(*args, token_profiles=True, score_budget=1)  # one query row at a time
+    for name in FIELDS:
+        torch.testing.assert_close(getattr(tiny, name), getattr(full, name), rtol=1e-6, atol=1e-7)
 
 
-def test_custom_scale_and_bf16_inputs():
-    qf, kf = [2], [0, 1, 2]
-    q, k = random_case(5, heads=2, fsl=8, dim=16, query_frames=qf, key_frames=kf, dtype=torch.bfloat16)
-    logit, mass = frame_attention_stats(q, k, frame_seq_length=8, query_frames=qf, key_frames=kf, scale=0.3)
-    ref_logit, ref_mass = brute_force(q, k, 8, qf, kf, 0.3)
-    torch.testing.assert_close(logit.double(), ref_logit, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(mass.double(), ref_mass, rtol=1e-5, atol=1e-7)
+def test_token_mean_streams_in_small_conversions():
+    from sinkscope.stats.reference import token_mean
+
+    x = torch.randn(3, 37, 8).to(torch.bfloat16)
+    expected = x.double().mean(dim=1)
+    for budget in (1, 24, 10**6):
+        torch.testing.assert_close(token_mean(x, torch.float64, budget), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_peaked_rows_reach_zero_entropy_and_full_argmax():
+    # One key far above the rest: every query puts (almost) all mass on it.
+    q = torch.ones(1, 4, 8)
+    k = torch.zeros(1, 6, 8)
+    k[0, 4] = 100.0
+    stats = attention_statistics(q, k, frame_seq_length=4, query_frames=[1], key_frames=[0, 1], key_lengths=[3, 3], backend="torch")
+    assert stats.entropy.abs().max().item() < 1e-6
+    torch.testing.assert_close(stats.argmax_share, torch.tensor([[[0.0, 1.0]]]))
+    torch.testing.assert_close(stats.prob_mass, torch.tensor([[[0.0, 1.0]]]))
+    # Uniform rows: entropy ln Lk, and ties go to the first key token's frame.
+    uniform = attention_statistics(torch.zeros(1, 4, 8), torch.zeros(1, 6, 8), frame_seq_length=4, query_frames=[1],
+                                   key_frames=[0, 1], key_lengths=[2, 4], backend="torch")  # fmt: skip
+    torch.testing.assert_close(uniform.entropy, torch.full((1, 1), math.log(6)))
+    torch.testing.assert_close(uniform.prob_mass, torch.tensor([[[2 / 6, 4 / 6]]]))
+    torch.testing.assert_close(uniform.argmax_share, torch.tensor([[[1.0, 0.0]]]))
+
+
+@pytest.mark.parametrize(
+    "key_frames, key_lengths, message",
+    [
+        ([0, 1], [5, 4], "not sum\\(key_lengths\\) = 9"),
+        ([0, 1, 2], [5, 5, 0], "positive integers"),
+        ([0, 1, 2], [5, -1, 6], "positive integers"),
+        ([0, 1, 2], [5, 2.5, 2.5], "positive integers"),
+        ([0, 1], [10], "1 entries for 2 key frames"),
+    ],
+)
+def test_bad_key_lengths_are_named(key_frames, key_lengths, message):
+    with pytest.raises(ValueError, match=message):
+        check_frame_layout(torch.zeros(2, 5, 4), torch.zeros(2, 10, 4), 5, [0], key_frames, key_lengths)
+
+
+def test_a_call_needs_frames():
+    with pytest.raises(ValueError, match="needs query and key frames"):
+        check_frame_layout(torch.zeros(2, 0, 4), torch.zeros(2, 5, 4), 5, [], [0])
 
 
 def test_strided_views_like_the_kv_cache():
     # The capture passes q[0].transpose(0, 1) of a [B, L, H, D] tensor: no copy needed.
-    qf, kf = [1], [0, 1]
-    q4 = torch.randn(1, 5, 3, 8)
-    k4 = torch.randn(1, 10, 3, 8)
+    q4, k4 = torch.randn(1, 5, 3, 8), torch.randn(1, 10, 3, 8)
     q, k = q4[0].transpose(0, 1), k4[0].transpose(0, 1)
-    logit, mass = frame_attention_stats(q, k, frame_seq_length=5, query_frames=qf, key_frames=kf)
-    ref_logit, ref_mass = brute_force(q, k, 5, qf, kf, 8**-0.5)
-    torch.testing.assert_close(logit.double(), ref_logit, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(mass.double(), ref_mass, rtol=1e-5, atol=1e-7)
+    stats = attention_statistics(q, k, frame_seq_length=5, query_frames=[1], key_frames=[0, 1], token_profiles=True)
+    assert_matches(stats, brute_force_statistics(q, k, 5, 1, [5, 5], 8**-0.5))
 
 
 @pytest.mark.parametrize(
@@ -108,36 +245,176 @@ def test_bad_layouts_are_named(q_shape, k_shape, qf, kf, message):
         check_frame_layout(torch.zeros(q_shape), torch.zeros(k_shape), 5, qf, kf)
 
 
-def test_unknown_backend():
+@pytest.mark.parametrize(
+    "backend, other, message",
+    [("cuda-magic", None, "unknown statistics backend"), ("auto", torch.float64, "differ in dtype or device"),
+     ("triton", None, "triton backend needs CUDA tensors")],
+)  # fmt: skip
+def test_bad_backends_and_inputs_are_named(backend, other, message):
     q = torch.randn(1, 4, 8)
-    with pytest.raises(ValueError, match="unknown statistics backend"):
-        frame_attention_stats(q, q, frame_seq_length=4, query_frames=[0], key_frames=[0], backend="cuda-magic")
+    k = q if other is None else q.to(other)
+    with pytest.raises(ValueError, match=message):
+        attention_statistics(q, k, frame_seq_length=4, query_frames=[0], key_frames=[0], backend=backend)
 
 
-# The Triton kernels in Triton's CPU interpreter: tests/test_stats_calls.py.
+# -- the Triton kernels in the CPU interpreter ------------------------------------------------
+
+# The kernels' logic on the CPU, run by Triton's interpreter. TRITON_INTERPRET must be
+# set before triton is imported, so one subprocess runs every case (the inputs and the
+# results travel through torch.save) and the comparisons happen here. The interpreter's
+# default tiles are small (32 x 16) so that every masking path is taken: partial tiles,
+# padded head_dim, segments shorter than a tile or not aligned to one, several key tiles
+# in a segment (online rescaling), several query blocks in kernel 2.
+INTERPRETER_CASES = list(range(len(HAND_LAYOUTS))) + [len(HAND_LAYOUTS) + i for i in (1, 2, 3)]
+# (kernel 1 config, kernel 2 config) per case; None = the interpreter default.
+INTERPRETER_CONFIGS = {1: ({"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 16, "BLOCK_N": 32})}
+# This case also runs kernel 1 alone.
+FRAME_ONLY_CASE = 3
+
+_INTERPRETER_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    from sinkscope.stats.triton_kernels import statistics_triton
+    cases, results = torch.load(sys.argv[1]), {}
+    for index, case in cases.items():
+        q, k, fsl, num_q, lengths, scale = (case[key] for key in ("q", "k", "fsl", "num_q", "key_lengths", "scale"))
+        args = (q, k, fsl, num_q, lengths, scale)
+        stats = statistics_triton(*args, token_profiles=True, config=case["config"], profile_config=case["profile_config"])
+        results[index] = {"stats": vars(stats)}
+        if index == case["frame_only_case"]:
+            results[index]["frame_only"] = vars(statistics_triton(*args))
+        if index == case["frame_only_case"]:
+            # The GPU's loop bound (each segment's own length), where this interpreter can run it.
+            try:
+                results["dynamic_bound"] = vars(statistics_triton(*args, config={"LOOP_END": 0}, profile_config={"LOOP_END": 0},
+                                                                  token_profiles=True))
+            except Exception as error:
+                results["dynamic_bound"] = repr(error)
+    torch.save(results, sys.argv[2])
+    print("ok")
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    """Index -> (inputs, results) of every interpreter case, from one subprocess."""
+    pytest.importorskip("triton")
+    folder = tmp_path_factory.mktemp("interpreter")
+    cases = {}
+    for index in INTERPRETER_CASES:
+        lay, q, k = layout_inputs(index)
+        config, profile_config = INTERPRETER_CONFIGS.get(index, (None, None))
+        cases[index] = dict(q=q, k=k, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"], scale=lay["dim"] ** -0.5,
+                            config=config, profile_config=profile_config,
+                            frame_only_case=FRAME_ONLY_CASE)  # fmt: skip
+    torch.save(cases, folder / "cases.pt")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    src = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "src"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-c", _INTERPRETER_SCRIPT, str(folder / "cases.pt"), str(folder / "results.pt")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = torch.load(folder / "results.pt")
+    out = {index: (cases[index], results[index]) for index in INTERPRETER_CASES}
+    out["dynamic_bound"] = results["dynamic_bound"]
+    return out
+
+
+def _case_args(case):
+    return case["q"], case["k"], case["fsl"], case["num_q"], case["key_lengths"], case["scale"]
+
+
+@pytest.mark.parametrize("index", INTERPRETER_CASES)
+def test_triton_kernels_in_the_interpreter(interpreted, index):
+    case, out = interpreted[index]
+    stats = CallStatistics(**out["stats"])
+    ref = brute_force_statistics(*_case_args(case))
+    assert_matches(stats, ref)
+    assert_identities(stats, case["key_lengths"])
+
+
+def test_triton_frame_statistics_alone_in_the_interpreter(interpreted):
+    """Kernel 1 without kernel 2: the same frame statistics, no profiles."""
+    case, out = interpreted[FRAME_ONLY_CASE]
+    stats, frame_only = CallStatistics(**out["stats"]), CallStatistics(**out["frame_only"])
+    assert_matches(frame_only, brute_force_statistics(*_case_args(case)), token_profiles=False)
+    for name in FIELDS[:4]:
+        torch.testing.assert_close(getattr(frame_only, name), getattr(stats, name), rtol=0, atol=0)
+
+
+def test_triton_runtime_loop_bounds_in_the_interpreter(interpreted):
+    """In the interpreter the kernels' loops run to compile-time bounds (kernel 1: the
+    longest segment, see LOOP_END); this runs the GPU's runtime bounds, where the
+    interpreter supports them."""
+    dynamic = interpreted["dynamic_bound"]
+    if isinstance(dynamic, str):
+        if "0-dimensional" in dynamic:
+            pytest.skip(f"this Triton's interpreter cannot bound a loop by a loaded value: {dynamic}")
+        raise AssertionError(dynamic)
+    case, out = interpreted[FRAME_ONLY_CASE]
+    for name in FIELDS:
+        torch.testing.assert_close(dynamic[name], out["stats"][name], rtol=1e-6, atol=1e-7)
+
+
+# -- CUDA: the kernels against the CPU reference -----------------------------------------------
+
+CUDA_LAYOUTS = [
+    # Wan2.1's frame size: 2 query frames, 5 key frames (one partial, out of order).
+    dict(heads=4, fsl=1560, dim=128, num_q=2, key_lengths=[1560, 1560, 611, 1560, 1560], key_frames=[0, 1, 4, 3, 5]),
+    # The capture's whole-frame layout at Wan2.1's size, the last block of 6 frames.
+    dict(heads=2, fsl=1560, dim=128, num_q=3, key_lengths=[1560] * 6, key_frames=list(range(6))),
+    # Odd sizes: segments of 1 token, lengths not multiples of any tile, head_dim 64 and 16.
+    dict(heads=3, fsl=37, dim=64, num_q=3, key_lengths=[1, 37, 200, 5, 37, 1], key_frames=[7, 0, 1, 5, 6, 3]),
+    dict(heads=2, fsl=130, dim=16, num_q=1, key_lengths=[129, 1, 130], key_frames=[2, 1, 0]),
+]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not triton_available(), reason="needs a CUDA device and triton")
-@pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_path_matches_cpu_reference(case, dtype):
-    heads, fsl, dim, qf, kf = CASES[case]
-    q, k = random_case(case, heads=heads, fsl=fsl * 40, dim=max(dim, 16), query_frames=qf, key_frames=kf, dtype=dtype)
-    cpu = frame_attention_stats(q, k, frame_seq_length=fsl * 40, query_frames=qf, key_frames=kf, backend="torch")
-    gpu = frame_attention_stats(q.cuda(), k.cuda(), frame_seq_length=fsl * 40, query_frames=qf, key_frames=kf)
-    for ref, got in zip(cpu, gpu):
-        assert got.is_cuda
-        torch.testing.assert_close(got.cpu(), ref, rtol=0, atol=1e-5)
+@pytest.mark.parametrize("index", range(len(CUDA_LAYOUTS)))
+def test_cuda_statistics_match_cpu_reference(index, dtype):
+    lay = CUDA_LAYOUTS[index]
+    q, k = make_inputs(index, lay["heads"], lay["fsl"], lay["dim"], lay["num_q"], lay["key_lengths"], dtype)
+    kwargs = dict(frame_seq_length=lay["fsl"], query_frames=list(range(10, 10 + lay["num_q"])), key_frames=lay["key_frames"],
+                  key_lengths=lay["key_lengths"], token_profiles=True)  # fmt: skip
+    cpu = attention_statistics(q, k, backend="torch", **kwargs)
+    got = attention_statistics(q.cuda(), k.cuda(), **kwargs)
+    for name in FIELDS:
+        value = getattr(got, name)
+        assert value.is_cuda and value.dtype == torch.float32, name
+        ref = getattr(cpu, name)
+        if name == "argmax_share":
+            # A near-tie between two frames' top keys may resolve differently in another
+            # summation order: allow a few query tokens.
+            torch.testing.assert_close(value.cpu(), ref, rtol=0, atol=3 / lay["fsl"] + 1e-6, msg=name)
+        elif name in ("logit_mean", "token_logit_mean", "entropy"):
+            torch.testing.assert_close(value.cpu(), ref, rtol=1e-5, atol=5e-5, msg=name)
+        else:
+            torch.testing.assert_close(value.cpu(), ref, rtol=1e-4, atol=2e-6, msg=name)
+    assert_identities(got, lay["key_lengths"], atol=2e-6)
 
 
-def test_inputs_must_share_dtype_and_device():
-    q = torch.randn(1, 4, 8)
-    with pytest.raises(ValueError, match="differ in dtype or device"):
-        frame_attention_stats(q, q.double(), frame_seq_length=4, query_frames=[0], key_frames=[0])
-
-
-def test_triton_backend_refuses_cpu_tensors():
-    q = torch.randn(1, 4, 8)
-    with pytest.raises(ValueError, match="triton backend needs CUDA tensors"):
-        frame_attention_stats(q, q, frame_seq_length=4, query_frames=[0], key_frames=[0], backend="triton")
+@pytest.mark.gpu
+@pytest.mark.skipif(not triton_available(), reason="needs a CUDA device and triton")
+def test_cuda_token_profiles_allocate_no_score_matrix():
+    heads, fsl, dim, num_q = 12, 1560, 128, 3
+    lengths = [1560] * 6 + [700]
+    q, k = make_inputs(0, heads, fsl, dim, num_q, lengths, torch.bfloat16)
+    q, k = q.cuda(), k.cuda()
+    kwargs = dict(frame_seq_length=fsl, query_frames=[6, 7, 8], key_frames=list(range(7)), key_lengths=lengths, token_profiles=True)
+    attention_statistics(q, k, **kwargs)  # compile both kernels first
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    stats = attention_statistics(q, k, **kwargs)
+    torch.cuda.synchronize()
+    growth = torch.cuda.max_memory_allocated() - base
+    num_queries, num_keys = q.shape[1], k.shape[1]
+    # One head's score matrix would be Lq x Lk values: stay below a quarter of its fp32
+    # bytes, and within a small multiple of the per-(query, frame) partials (the
+    # kernels' outputs and the combine's temporaries) plus the [H, Lk] profiles.
+    assert growth < num_queries * num_keys, growth
+    assert growth < 16 * heads * num_queries * len(lengths) * 4 + 4 * heads * num_keys * 4 + 2**20, growth
+    assert stats.token_prob_mean.shape == (heads, num_keys)

@@ -88,6 +88,8 @@ PAGE = "sinkscope-page"  # the gid of a figure laid out by finish()
 
 @contextlib.contextmanager
 def figure_style() -> Iterator[None]:
+    # A style matplotlib ships (seaborn's look without the seaborn package, which the
+    # figures do not otherwise need).
     with matplotlib.style.context("seaborn-v0_8-whitegrid"), matplotlib.rc_context(STYLE):
         yield
 

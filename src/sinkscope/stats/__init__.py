@@ -3,11 +3,11 @@
 of the tables (``summaries``: head, layer and block statistics, head diagnostics).
 
 ``summaries`` needs only numpy and pandas; the call statistics need torch and load on
-first use (``sinkscope.stats.frame_attention_stats`` stays importable). May import the
+first use (``sinkscope.stats.attention_statistics``). May import the
 base modules only.
 """
 
-__all__ = ["attention_statistics", "check_frame_layout", "frame_attention_stats", "resolve_key_lengths", "triton_available"]
+__all__ = ["attention_statistics", "check_frame_layout", "resolve_key_lengths", "triton_available"]
 
 
 def __getattr__(name: str):

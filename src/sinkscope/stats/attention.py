@@ -16,8 +16,7 @@ position: axis order follows ``query_frames`` / ``key_frames``.
 - token profiles (on request): per key token, the mean over all query tokens of s_ij
   and of p_ij.
 
-``frame_attention_stats`` returns the first two; ``attention_statistics`` all of them,
-as a :class:`CallStatistics`.
+``attention_statistics`` returns all of them as a :class:`CallStatistics`.
 
 Neither path materializes the Lq x Lk score matrix: the CPU reference streams over
 query chunks within a fixed memory budget; the CUDA path is a Triton kernel that
@@ -40,7 +39,6 @@ __all__ = [
     "CallStatistics",
     "attention_statistics",
     "check_frame_layout",
-    "frame_attention_stats",
     "resolve_key_lengths",
     "triton_available",
 ]
@@ -147,25 +145,3 @@ def attention_statistics(
         return statistics_chunked(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
     raise ValueError(f"unknown statistics backend {backend!r}; use 'auto', 'torch' or 'triton'")
 
-
-def frame_attention_stats(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    *,
-    frame_seq_length: int,
-    query_frames: Sequence[int],
-    key_frames: Sequence[int],
-    key_lengths: Sequence[int] | None = None,
-    scale: float | None = None,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logit_mean, prob_mass), each float32 [H, len(query_frames), len(key_frames)].
-
-    The frame statistics of :func:`attention_statistics` (same arguments, no token
-    profiles): one pass over the keys on CUDA. Results stay on q's device.
-    """
-    stats = attention_statistics(
-        q, k, frame_seq_length=frame_seq_length, query_frames=query_frames, key_frames=key_frames,
-        key_lengths=key_lengths, scale=scale, backend=backend,
-    )  # fmt: skip
-    return stats.logit_mean, stats.prob_mass

@@ -205,22 +205,3 @@ def statistics_chunked(
         stats.token_prob_mean = (col_sum / num_queries).float()
     return stats
 
-
-def prob_mass_chunked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    frame_seq_length: int,
-    num_q: int,
-    num_k: int,
-    scale: float,
-    score_budget: int = DEFAULT_SCORE_BUDGET,
-    key_lengths: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """Softmax mass per key frame, averaged over each query frame's tokens, [H, nq, nk] fp32.
-
-    Exact softmax over every key, one chunk of queries at a time (see
-    :func:`statistics_chunked`); ``key_lengths`` defaults to ``num_k`` whole frames.
-    """
-    if key_lengths is None:
-        key_lengths = (frame_seq_length,) * num_k
-    return statistics_chunked(q, k, frame_seq_length, num_q, key_lengths, scale, score_budget=score_budget).prob_mass

@@ -363,19 +363,3 @@ def statistics_triton(
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 
-
-def frame_stats_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    frame_seq_length: int,
-    num_q: int,
-    num_k: int,
-    scale: float,
-    config: dict | None = None,
-    key_lengths: Sequence[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logit_mean, prob_mass), each [H, num_q, num_k] fp32, from one kernel pass."""
-    if key_lengths is None:
-        key_lengths = (frame_seq_length,) * num_k
-    stats = statistics_triton(q, k, frame_seq_length, num_q, key_lengths, scale, config=config)
-    return stats.logit_mean, stats.prob_mass
