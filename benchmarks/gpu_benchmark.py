@@ -7,6 +7,9 @@ Sections (``--sections``, comma-separated; default all):
   32760 keys, head_dim 128, bf16) against the SDPA call and the seed notebooks'
   materialize-and-loop method; accuracy against the float32 and float64 references;
   extra GPU memory; the Triton config sweep.
+- ``fused``: the captured call: SDPA then the statistics (before) against kernel 3, the
+  output and every frame statistic from one pass over the keys; with token profiles;
+  the output's accuracy against SDPA and float64; kernel 3's tile sweep.
 - ``generation``: the full 21-frame generation (7 blocks x (4 steps + cache pass)),
   eager and torch.compile'd, with no capture, one layer and all 30 layers captured:
   video frames per second (81 / seconds), overhead, peak GPU memory, KV cache size.
@@ -250,6 +253,86 @@ def section_stats() -> dict:
 # -- generation ------------------------------------------------------------------------------
 
 
+def section_fused() -> dict:
+    """The captured call: SDPA then the statistics (before) against kernel 3, which gives the
+    output and every frame statistic from one pass; token profiles on top; tile sweep."""
+    from sinkscope.stats.attention import attention_statistics, attention_with_statistics
+    from sinkscope.stats.triton_kernels import attention_statistics_lse, attention_statistics_triton, sdpa_with_lse
+
+    fsl, num_q, num_k, dim = 1560, 3, 21, 128
+    frames_q, frames_k = list(range(18, 21)), list(range(21))
+    q4, k4, v4 = last_block_inputs()
+    q, k, v = (x[0].transpose(0, 1) for x in (q4, k4, v4))  # [H, L, D] views, as the capture passes them
+    layout = dict(frame_seq_length=fsl, query_frames=frames_q, key_frames=frames_k)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
+
+    def before():
+        sdpa()
+        return attention_statistics(q, k, **layout)
+
+    def before_tokens():
+        sdpa()
+        return attention_statistics(q, k, token_profiles=True, **layout)
+
+    def fused():
+        return attention_with_statistics(q, k, v, **layout)
+
+    def fused_tokens():
+        return attention_with_statistics(q, k, v, token_profiles=True, **layout)
+
+    def with_lse():
+        return attention_statistics_lse(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5)
+
+    def with_lse_tokens():
+        return attention_statistics_lse(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, token_profiles=True)
+
+    rows = {}
+    for name, fn in (
+        ("SDPA (default backend), the attention call itself", sdpa),
+        ("before: SDPA, then attention_statistics (kernel 1 + combine)", before),
+        ("kernel 3 (fused, Triton) + combine: output and every frame statistic", fused),
+        ("cuDNN attention with its log-sum-exp", lambda: sdpa_with_lse(q, k, v, dim**-0.5)),
+        ("cuDNN attention + log-sum-exp, then kernel 4 (no running max): every frame statistic", with_lse),
+        ("before, with token profiles (+ kernel 2)", before_tokens),
+        ("kernel 3, with token profiles (+ kernel 2)", fused_tokens),
+        ("cuDNN + kernel 4, with token profiles (+ kernel 2)", with_lse_tokens),
+    ):
+        rows[name] = {**cuda_time(fn, reps=30), "extra_mib": extra_memory(fn)}
+    base = rows["SDPA (default backend), the attention call itself"]["median_ms"]
+    for row in rows.values():
+        row["x_sdpa"] = row["median_ms"] / base
+    out, stats = fused()
+    reference = sdpa().transpose(1, 2)[0]  # [Lq, H, D]
+    heads = (0, 5, 11)
+    exact = torch.stack([(torch.softmax(q[h].double() @ k[h].double().T * dim**-0.5, -1) @ v[h].double()) for h in heads], 1)
+    accuracy = {
+        "output_vs_sdpa_max_abs": (out.float() - reference.float()).abs().max().item(),
+        "output_vs_fp64_max_abs_3_heads": (out[:, list(heads)].double() - exact).abs().max().item(),
+        "sdpa_vs_fp64_max_abs_3_heads": (reference[:, list(heads)].double() - exact).abs().max().item(),
+        "output_abs_max": reference.float().abs().max().item(),
+    }
+    plain = attention_statistics(q, k, token_profiles=True, **layout)
+    lse_out, lse_stats = attention_statistics_lse(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, token_profiles=True)
+    accuracy["lse_route_output_vs_sdpa_max_abs"] = (lse_out.float() - reference.float()).abs().max().item()
+    for name in ("logit_mean", "prob_mass", "argmax_share", "entropy"):
+        accuracy[f"{name}_vs_kernel_1_max_abs"] = (getattr(stats, name) - getattr(plain, name)).abs().max().item()
+    for name in ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_prob_mean", "token_logit_mean"):
+        accuracy[f"lse_route_{name}_vs_kernel_1_max_abs"] = (getattr(lse_stats, name) - getattr(plain, name)).abs().max().item()
+    sweep = {}
+    for block_m, block_n, warps, stages in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3),
+                                            (64, 128, 4, 3), (128, 32, 4, 3), (64, 64, 4, 4)):  # fmt: skip
+        params = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+        label = f"BLOCK_M={block_m} BLOCK_N={block_n} warps={warps} stages={stages}"
+        try:
+            sweep[label] = cuda_time(lambda params=params: attention_statistics_triton(
+                q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params), reps=20)["median_ms"]  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - report, keep going
+            sweep[label] = f"failed: {str(error)[:200]}"
+    return {"timings": rows, "accuracy": accuracy, "kernel_3_sweep_ms": sweep}
+
+
 def random_real_model(name: str = "wan2.1-t2v-1.3b"):
     with torch.device("cuda"):
         model = build_model(get_model_config(name), seed=None, device="cuda", dtype=torch.float32)
@@ -472,6 +555,13 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['max_ms']:.3f} | {row['extra_mib']:.1f} | {row['x_sdpa']:.2f} |")
         lines += ["", "Accuracy (max abs error): " + ", ".join(f"{k} {v:.2e}" for k, v in stats["accuracy"].items()), ""]
         lines += ["Triton sweep (ms): " + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in stats["triton_sweep_ms"].items()), ""]
+    fused = results.get("fused", {})
+    if "timings" in fused:
+        lines += ["| captured call (last block, 12 x 4680 x 32760, bf16) | median ms | min | max | extra GPU MiB | x SDPA |", "|---|---|---|---|---|---|"]
+        for name, row in fused["timings"].items():
+            lines.append(f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['max_ms']:.3f} | {row['extra_mib']:.1f} | {row['x_sdpa']:.2f} |")
+        lines += ["", "Accuracy: " + ", ".join(f"{k} {v:.2e}" for k, v in fused["accuracy"].items()), ""]
+        lines += ["Kernel 3 sweep (ms): " + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in fused["kernel_3_sweep_ms"].items()), ""]
     gen = results.get("generation", {})
     if gen:
         lines += ["| generation, 21 latent frames (81 video frames) | s (median) | min-max | video FPS | overhead | peak GiB | extra peak MiB |",
@@ -507,7 +597,7 @@ def markdown(results: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
-    parser.add_argument("--sections", default="env,stats,generation,job")
+    parser.add_argument("--sections", default="env,stats,fused,generation,job")
     parser.add_argument("--reps", type=int, default=3, help="timed generations per variant (after one warm-up)")
     parser.add_argument("--modes", default="eager,compile", help="generation variants: eager, compile")
     parser.add_argument("--probe-warmup", nargs=2, metavar=("BACKEND", "LAYERS"), help=argparse.SUPPRESS)
@@ -527,6 +617,7 @@ def main() -> int:
     runners = {
         "env": section_env,
         "stats": section_stats,
+        "fused": section_fused,
         "generation": lambda: section_generation(args.reps, modes),
         "job": lambda: section_jobs(Path(tempfile.mkdtemp(prefix="sinkscope-bench-")), modes),
         "warmup": section_warmup,

@@ -26,7 +26,7 @@ class Recorder:
     def begin_call(self, info):
         self.info = info
 
-    def __call__(self, q, k, layout):
+    def __call__(self, q, k, v, layout):
         self.calls.append((self.info, q[0].transpose(0, 1).clone(), k[0].transpose(0, 1).clone(), layout))
 
 
@@ -43,8 +43,8 @@ def run(options, layers=(0, 4), device="cpu", seed=0, token_profiles="last_block
 
 def _tee(first, second):
     def both(*args):
-        first(*args)
         second(*args)
+        return first(*args)
 
     return both
 
@@ -122,6 +122,18 @@ def test_seed_determines_the_video():
     assert not torch.equal(a.latents, c.latents)
 
 
+def test_capture_leaves_the_video_unchanged():
+    """The captured layers' attention comes from the statistics pass: the same video (up
+    to float32 rounding: the captured call runs SDPA over another batch layout)."""
+    extra = dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3)
+    options = GenerationOptions.from_config({"num_frames": 12, "cache_policy": "participative_compression", **extra})
+    _, _, captured = run(options, layers=(0, 1, 2, 3, 4))
+    model = build_model("demo", seed=0)
+    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
+    plain = generate(model, context, options=options, seed=0)
+    torch.testing.assert_close(captured.latents, plain.latents, rtol=1e-5, atol=1e-5)
+
+
 def test_schedule_matches_self_forcing():
     schedule = FlowMatchSchedule(shift=5.0)
     steps = schedule.denoising_timesteps([1000, 750, 500, 250], warp=True)
@@ -151,6 +163,11 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
     cpu, _, cpu_result = run(options, device="cpu")
     gpu, _, gpu_result = run(options, device="cuda")
     torch.testing.assert_close(gpu_result.latents.cpu(), cpu_result.latents, rtol=1e-3, atol=1e-3)
+    # The captured layers' output came from the Triton kernel: the video stays SDPA's.
+    model = build_model("demo", seed=0, device="cuda")
+    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).cuda()
+    plain = generate(model, context, options=options, seed=0)
+    torch.testing.assert_close(gpu_result.latents, plain.latents, rtol=1e-4, atol=1e-4)
     for kind, names in (("frames", ("logit_mean", "prob_mass")), ("tokens", ("token_logit_mean", "token_prob_mean")),
                         ("queries", ("entropy_tokens",))):  # fmt: skip
         for name in names:

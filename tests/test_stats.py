@@ -274,13 +274,20 @@ FRAME_ONLY_CASE = 3
 _INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    from sinkscope.stats.triton_kernels import statistics_triton
+    from sinkscope.stats.triton_kernels import attention_statistics_triton, statistics_given_lse, statistics_triton
     cases, results = torch.load(sys.argv[1]), {}
     for index, case in cases.items():
         q, k, fsl, num_q, lengths, scale = (case[key] for key in ("q", "k", "fsl", "num_q", "key_lengths", "scale"))
         args = (q, k, fsl, num_q, lengths, scale)
         stats = statistics_triton(*args, token_profiles=True, config=case["config"], profile_config=case["profile_config"])
         results[index] = {"stats": vars(stats)}
+        out, fused = attention_statistics_triton(q, k, case["v"], fsl, num_q, lengths, scale, token_profiles=True,
+                                                 config=case["config"], profile_config=case["profile_config"])
+        results[index]["fused"] = vars(fused)
+        results[index]["output"] = out
+        lse = torch.logsumexp(q.double() @ k.double().transpose(1, 2) * scale, dim=-1).float()
+        results[index]["given_lse"] = vars(statistics_given_lse(q, k, lse, fsl, num_q, lengths, scale, token_profiles=True,
+                                                                config=case["config"], profile_config=case["profile_config"]))
         if index == case["frame_only_case"]:
             results[index]["frame_only"] = vars(statistics_triton(*args))
         if index == case["frame_only_case"]:
@@ -305,7 +312,8 @@ def interpreted(tmp_path_factory):
     for index in INTERPRETER_CASES:
         lay, q, k = layout_inputs(index)
         config, profile_config = INTERPRETER_CONFIGS.get(index, (None, None))
-        cases[index] = dict(q=q, k=k, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"], scale=lay["dim"] ** -0.5,
+        v = torch.randn(k.shape, generator=torch.Generator().manual_seed(index))
+        cases[index] = dict(q=q, k=k, v=v, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"], scale=lay["dim"] ** -0.5,
                             config=config, profile_config=profile_config,
                             frame_only_case=FRAME_ONLY_CASE)  # fmt: skip
     torch.save(cases, folder / "cases.pt")
@@ -331,6 +339,28 @@ def test_triton_kernels_in_the_interpreter(interpreted, index):
     stats = CallStatistics(**out["stats"])
     ref = brute_force_statistics(*_case_args(case))
     assert_matches(stats, ref)
+    assert_identities(stats, case["key_lengths"])
+
+
+@pytest.mark.parametrize("index", INTERPRETER_CASES)
+def test_fused_attention_kernel_in_the_interpreter(interpreted, index):
+    """Kernel 3: the attention output and every statistic from one pass over the keys."""
+    case, out = interpreted[index]
+    q, k, v, scale = case["q"].double(), case["k"].double(), case["v"].double(), case["scale"]
+    expected = (torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1) @ v).transpose(0, 1)  # [Lq, H, D]
+    assert out["output"].shape == expected.shape and out["output"].dtype == torch.float32
+    torch.testing.assert_close(out["output"].double(), expected, rtol=1e-5, atol=1e-5)
+    stats = CallStatistics(**out["fused"])
+    assert_matches(stats, brute_force_statistics(*_case_args(case)))
+    assert_identities(stats, case["key_lengths"])
+
+
+@pytest.mark.parametrize("index", INTERPRETER_CASES)
+def test_statistics_given_the_log_sum_exp_in_the_interpreter(interpreted, index):
+    """Kernel 4: the statistics when the attention call gave each query's log-sum-exp."""
+    case, out = interpreted[index]
+    stats = CallStatistics(**out["given_lse"])
+    assert_matches(stats, brute_force_statistics(*_case_args(case)))
     assert_identities(stats, case["key_lengths"])
 
 
@@ -418,3 +448,40 @@ def test_cuda_token_profiles_allocate_no_score_matrix():
     assert growth < num_queries * num_keys, growth
     assert growth < 16 * heads * num_queries * len(lengths) * 4 + 4 * heads * num_keys * 4 + 2**20, growth
     assert stats.token_prob_mean.shape == (heads, num_keys)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not triton_available(), reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("route", ["default", "kernel 3"])
+@pytest.mark.parametrize("index", range(len(CUDA_LAYOUTS)))
+def test_cuda_attention_with_statistics_matches_sdpa_and_the_reference(index, route):
+    """The captured call's output is SDPA's (bit for bit by the default route, cuDNN with
+    its log-sum-exp and kernel 4; within bf16 rounding by kernel 3); its statistics are
+    the reference's."""
+    from sinkscope.stats.attention import attention_with_statistics
+    from sinkscope.stats.triton_kernels import attention_statistics_triton
+
+    lay = CUDA_LAYOUTS[index]
+    q, k = make_inputs(index, lay["heads"], lay["fsl"], lay["dim"], lay["num_q"], lay["key_lengths"], torch.bfloat16)
+    v = torch.randn(k.shape, generator=torch.Generator().manual_seed(index)).to(torch.bfloat16)
+    q, k, v = q.cuda(), k.cuda(), v.cuda()
+    kwargs = dict(frame_seq_length=lay["fsl"], query_frames=list(range(lay["num_q"])), key_frames=lay["key_frames"],
+                  key_lengths=lay["key_lengths"], token_profiles=True)  # fmt: skip
+    scale = lay["dim"] ** -0.5
+    if route == "default":
+        out, stats = attention_with_statistics(q, k, v, **kwargs)
+    else:
+        out, stats = attention_statistics_triton(q, k, v, lay["fsl"], lay["num_q"], lay["key_lengths"], scale, token_profiles=True)
+    exact = (torch.softmax(q.double() @ k.double().transpose(1, 2) * scale, dim=-1) @ v.double()).transpose(0, 1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(0, 1)
+    ours_error = (out.double() - exact).abs().max().item()
+    sdpa_error = (sdpa.double() - exact).abs().max().item()
+    # The same rounding as SDPA's: bf16 output, probabilities rounded to bf16 for P @ V.
+    assert out.dtype == torch.bfloat16 and out.shape == sdpa.shape
+    assert ours_error <= 2 * sdpa_error + 2**-9, (ours_error, sdpa_error)
+    cpu = attention_statistics(q.cpu(), k.cpu(), backend="torch", **kwargs)
+    for name in FIELDS:
+        got, ref = getattr(stats, name).cpu(), getattr(cpu, name)
+        atol = 3 / lay["fsl"] + 1e-6 if name == "argmax_share" else (5e-5 if "logit" in name or name == "entropy" else 2e-6)
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=atol, msg=name)
+    assert_identities(stats, lay["key_lengths"], atol=2e-6)

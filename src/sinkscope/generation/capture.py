@@ -1,11 +1,12 @@
 """Per-call attention statistics of chosen layers while a video is generated.
 
 ``FrameStatsCapture`` hooks the self-attention of the chosen layers: every call hands
-it the q and k that the softmax sees and the call's ``AttentionLayout`` (which absolute
-frame each key segment was generated at, how many of its tokens are present, at which
-RoPE shift). Each call is reduced right away (``sinkscope.stats.attention_statistics``:
-frame statistics, token entropy, argmax shares; key-token profiles for the chosen
-calls) and nothing token x token is kept. Results stay on the device until the
+it the q, k and v that the softmax sees and the call's ``AttentionLayout`` (which
+absolute frame each key segment was generated at, how many of its tokens are present,
+at which RoPE shift). The capture computes the layer's attention output itself, in the
+same pass over the keys as the call's statistics
+(``sinkscope.stats.attention_with_statistics``: frame statistics, token entropy, argmax
+shares; key-token profiles for the chosen calls), and nothing token x token is kept. Results stay on the device until the
 generation ends, so capturing costs no host synchronization per call.
 """
 
@@ -21,7 +22,7 @@ import torch
 from sinkscope.generation.sampler import PASS_CACHE, PASS_DENOISE, CallInfo
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
-from sinkscope.stats.attention import CallStatistics, attention_statistics
+from sinkscope.stats.attention import CallStatistics, attention_with_statistics
 
 TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
 
@@ -80,15 +81,17 @@ class FrameStatsCapture:
         return self.token_profiles == "all" or (self.token_profiles == "last_block" and call.is_last_block)
 
     def _observer(self, layer: int):
-        def observe(q: torch.Tensor, k: torch.Tensor, layout: AttentionLayout) -> None:
+        def observe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
             call = self._call
             if call is None:
                 raise RuntimeError("a captured attention call ran outside a generation")
             if q.shape[0] != 1:
                 raise ValueError(f"capture expects batch size 1, got {q.shape[0]}")
-            stats = attention_statistics(
+            # The layer's attention output comes from the same pass as its statistics.
+            out, stats = attention_with_statistics(
                 q[0].transpose(0, 1),
                 k[0].transpose(0, 1),
+                v[0].transpose(0, 1),
                 frame_seq_length=self.frame_seq_length,
                 query_frames=layout.query_frames,
                 key_frames=layout.key_frames,
@@ -97,6 +100,7 @@ class FrameStatsCapture:
                 backend=self.backend,
             )
             self.records.append(_Record(layer, call, layout, stats))
+            return out[None]
 
         return observe
 

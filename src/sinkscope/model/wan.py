@@ -33,14 +33,19 @@ if TYPE_CHECKING:
 
 
 class AttentionObserver(Protocol):
-    """Called by a self-attention layer in KV-cache mode with the q and k its softmax sees.
+    """Called by a self-attention layer in KV-cache mode with the q, k, v its softmax sees.
 
-    q [B, Lq, H, D] and k [B, Lk, H, D] exactly as the softmax sees them (after RMSNorm
+    q [B, Lq, H, D], k and v [B, Lk, H, D] exactly as the softmax sees them (after RMSNorm
     and RoPE, k after the cache policy's eviction, compaction and RoPE moves); ``layout``
-    names the query frames and, segment by segment in k's order, the key frames.
+    names the query frames and, segment by segment in k's order, the key frames. An
+    observer that computes the attention itself (the capture does, in the same pass as
+    its statistics) returns the output [B, Lq, H, D]; one that returns None leaves it to
+    SDPA.
     """
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, layout: AttentionLayout) -> None: ...
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor | None: ...
 
 
 def sinusoidal_embedding(freq_dim: int, positions: torch.Tensor) -> torch.Tensor:
@@ -222,7 +227,9 @@ class WanSelfAttention(_WanAttention):
         if kv_cache is not None:
             k, v = kv_cache.attend(self.layer_index, q, k, v, raw_k)
             if self.observer is not None:
-                self.observer(q, k, kv_cache.layout(self.layer_index))
+                out = self.observer(q, k, v, kv_cache.layout(self.layer_index))
+                if out is not None and attn_mask is None:
+                    return out.flatten(2)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
         )

@@ -38,6 +38,7 @@ from sinkscope.stats.reference import CallStatistics, statistics_chunked
 __all__ = [
     "CallStatistics",
     "attention_statistics",
+    "attention_with_statistics",
     "check_frame_layout",
     "resolve_key_lengths",
     "triton_available",
@@ -145,3 +146,51 @@ def attention_statistics(
         return statistics_chunked(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
     raise ValueError(f"unknown statistics backend {backend!r}; use 'auto', 'torch' or 'triton'")
 
+
+
+def attention_with_statistics(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    frame_seq_length: int,
+    query_frames: Sequence[int],
+    key_frames: Sequence[int],
+    key_lengths: Sequence[int] | None = None,
+    token_profiles: bool = False,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, CallStatistics]:
+    """The attention call itself and its statistics: (output [Lq, H, D] in q's dtype,
+    :class:`CallStatistics`). Arguments as :func:`attention_statistics`, plus v [H, Lk, D].
+
+    On CUDA: cuDNN's attention (what SDPA runs on Hopper) gives the output and each
+    query's log-sum-exp, and one Triton pass over the keys (kernel 4) the statistics,
+    whose probabilities are then final (``triton_kernels.attention_statistics_lse``): the
+    output is SDPA's, bit for bit on an H100. Where no backend returns the log-sum-exp,
+    kernel 3 computes the output and the statistics in one pass (a flash-attention
+    forward, ``attention_statistics_triton``; SDPA's output within bf16 rounding).
+    Elsewhere: SDPA, then the chunked reference. docs/performance.md compares them.
+    """
+    lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths)
+    if v.shape[:2] != k.shape[:2] or v.dtype != k.dtype or v.device != k.device:
+        raise ValueError(f"v {tuple(v.shape)} ({v.dtype}, {v.device}) does not match k {tuple(k.shape)}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if backend == "auto":
+        backend = "triton" if q.is_cuda and triton_available() else "torch"
+    if backend == "triton":
+        if not q.is_cuda:
+            raise ValueError(f"the triton backend needs CUDA tensors; q is on {q.device} (use backend 'torch' or 'auto')")
+        from sinkscope.stats.triton_kernels import attention_statistics_lse, attention_statistics_triton
+
+        args = (q, k, v, frame_seq_length, len(query_frames), lengths, scale)
+        try:
+            return attention_statistics_lse(*args, token_profiles=token_profiles)
+        except NotImplementedError:
+            return attention_statistics_triton(*args, token_profiles=token_profiles)
+    if backend == "torch":
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
+        stats = statistics_chunked(q, k, frame_seq_length, len(query_frames), lengths, scale, token_profiles=token_profiles)
+        return out, stats
+    raise ValueError(f"unknown statistics backend {backend!r}; use 'auto', 'torch' or 'triton'")

@@ -73,6 +73,8 @@ _CONFIGS = [
 # block: 64x128 (4 warps, 3 stages) 1.03-1.08 ms, (8, 3) 1.11-1.13, 128x64 (8, 3)
 # 1.15-1.23, 64x64 (4, 3) 1.12-1.18, 128x128 (8, 2) 1.54-1.60. Fixed, no autotuning.
 DEFAULT_PROFILE_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+# Kernel 3 (attention output + frame partials): a flash-attention forward's tiles.
+DEFAULT_FUSED_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 # Small tiles for Triton's CPU interpreter (tests): fast, and every masking path taken.
 # Under the interpreter the loops run to compile-time bounds (see _interpreter_loop_end).
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16}
@@ -163,6 +165,252 @@ def _frame_softmax_partials(
     tl.store(l_ptr + out, l_i, mask=m_valid)
     tl.store(u_ptr + out, u_i, mask=m_valid)
     tl.store(sum_ptr + out, tl.sum(raw_acc, 1), mask=m_valid)
+
+
+@triton.jit
+def _fused_tile(
+    q,
+    k_seg,
+    v_seg,
+    start,
+    seg_len,
+    acc,
+    g_i,
+    big_l,
+    m_f,
+    l_f,
+    w_f,
+    key_sum,
+    stride_kl,
+    stride_vl,
+    offs_d,
+    d_valid,
+    qk_scale_log2,
+    sum_keys,
+    MASKED: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One key tile of kernel 3 (inlined). Unmasked tiles skip every per-score select."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    k_ptrs = k_seg + offs_n[None, :] * stride_kl + offs_d[:, None]
+    v_ptrs = v_seg + offs_n[:, None] * stride_vl + offs_d[None, :]
+    if MASKED:
+        n_valid = offs_n < seg_len
+        k = tl.load(k_ptrs, mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=d_valid[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=d_valid[None, :], other=0.0)
+    if IEEE:
+        s = tl.dot(q, k, input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    t = s * qk_scale_log2
+    if MASKED:
+        t = tl.where(n_valid[None, :], t, float("-inf"))
+    tile_max = tl.max(t, 1)
+    m_f = tl.maximum(m_f, tile_max)
+    g_new = tl.maximum(g_i, tile_max)
+    alpha = tl.exp2(g_i - g_new)
+    p = tl.exp2(t - g_new[:, None])
+    p_sum = tl.sum(p, 1)
+    # sum p t for the entropy; masked keys have p = 0 (t is -inf there: use 0 instead).
+    if MASKED:
+        p_t = tl.sum(p * tl.where(n_valid[None, :], t, 0.0), 1)
+    else:
+        p_t = tl.sum(p * t, 1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    big_l = big_l * alpha + p_sum
+    l_f = l_f * alpha + p_sum
+    w_f = w_f * alpha + p_t
+    if sum_keys:
+        key_sum += tl.sum(k.to(tl.float32), 1)
+    return acc, g_new, big_l, m_f, l_f, w_f, key_sum
+
+
+@triton.jit
+def _attention_frame_partials(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    starts_ptr,
+    lengths_ptr,
+    m_ptr,
+    g_ptr,
+    l_ptr,
+    w_ptr,
+    key_sum_ptr,
+    stride_qh,
+    stride_ql,
+    stride_kh,
+    stride_kl,
+    stride_vh,
+    stride_vl,
+    stride_oh,
+    stride_ol,
+    num_queries,
+    num_key_frames,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    IEEE: tl.constexpr,
+    LOOP_END: tl.constexpr,
+    FRAMES_END: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Kernel 3: the attention output and every frame statistic's partials in one pass.
+
+    A flash-attention forward (one running max G per query, the output accumulator and
+    its normalizer L rescaled when G grows) whose key loop runs frame by frame and keeps,
+    per frame, sums relative to the same G: l_f = sum 2^(t - G) and w_f = sum 2^(t - G) t,
+    rescaled with the accumulator, and the frame's own max m_f (for argmax_share). When a
+    frame ends it stores (m_f, G, l_f, w_f); the combine brings every frame to the final
+    max. Per score this adds one multiply-add (p t) to flash attention's work. Programs of
+    the first query block also sum each frame's keys (for logit_mean by factorization).
+    """
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    m_valid = offs_m < num_queries
+    d_valid = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :],
+        mask=m_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    sum_keys = pid_m == 0
+    g_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    big_l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see _interpreter_loop_end):
+    # there every tile is masked and every loop runs to a compile-time bound.
+    for frame in range(0, FRAMES_END if FRAMES_END > 0 else num_key_frames):
+        seg_start = tl.load(starts_ptr + frame)
+        seg_len = tl.load(lengths_ptr + frame)
+        k_seg = k_ptr + head * stride_kh + seg_start * stride_kl
+        v_seg = v_ptr + head * stride_vh + seg_start * stride_vl
+        m_f = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_f = tl.zeros([BLOCK_M], tl.float32)
+        w_f = tl.zeros([BLOCK_M], tl.float32)
+        key_sum = tl.zeros([D_PAD], tl.float32)
+        if LOOP_END > 0:
+            for start in range(0, LOOP_END, BLOCK_N):
+                acc, g_i, big_l, m_f, l_f, w_f, key_sum = _fused_tile(
+                    q, k_seg, v_seg, start, seg_len, acc, g_i, big_l, m_f, l_f, w_f, key_sum, stride_kl, stride_vl,
+                    offs_d, d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N,
+                )  # fmt: skip
+        else:
+            whole = (seg_len // BLOCK_N) * BLOCK_N
+            for start in range(0, whole, BLOCK_N):
+                acc, g_i, big_l, m_f, l_f, w_f, key_sum = _fused_tile(
+                    q, k_seg, v_seg, start, seg_len, acc, g_i, big_l, m_f, l_f, w_f, key_sum, stride_kl, stride_vl,
+                    offs_d, d_valid, qk_scale_log2, sum_keys, False, D_PAD == HEAD_DIM, IEEE, BLOCK_N,
+                )  # fmt: skip
+            if whole < seg_len:
+                acc, g_i, big_l, m_f, l_f, w_f, key_sum = _fused_tile(
+                    q, k_seg, v_seg, whole, seg_len, acc, g_i, big_l, m_f, l_f, w_f, key_sum, stride_kl, stride_vl,
+                    offs_d, d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N,
+                )  # fmt: skip
+        out = (head * num_queries + offs_m) * num_key_frames + frame
+        tl.store(m_ptr + out, m_f, mask=m_valid)
+        tl.store(g_ptr + out, g_i, mask=m_valid)
+        tl.store(l_ptr + out, l_f, mask=m_valid)
+        tl.store(w_ptr + out, w_f, mask=m_valid)
+        if sum_keys:
+            tl.store(key_sum_ptr + (head * num_key_frames + frame) * HEAD_DIM + offs_d, key_sum, mask=d_valid)
+    o = acc / big_l[:, None]
+    tl.store(
+        o_ptr + head * stride_oh + offs_m[:, None] * stride_ol + offs_d[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=m_valid[:, None] & d_valid[None, :],
+    )
+
+
+@triton.jit
+def _frame_partials_given_lse(
+    q_ptr,
+    k_ptr,
+    lse_ptr,
+    starts_ptr,
+    lengths_ptr,
+    m_ptr,
+    l_ptr,
+    w_ptr,
+    key_sum_ptr,
+    stride_qh,
+    stride_ql,
+    stride_kh,
+    stride_kl,
+    num_queries,
+    num_key_frames,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    IEEE: tl.constexpr,
+    LOOP_END: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Kernel 4: kernel 1's pass when the attention call already gave each query's
+    log-sum-exp (``lse_ptr``: base 2, of t = q.k * scale * log2 e, [H, Lq]). Then
+    p = 2^(t - lse) is final: no running max, no rescaling. Per (query, key frame) it
+    stores the frame's max t (argmax_share), sum p (prob_mass) and sum p t (entropy)."""
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    frame = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    m_valid = offs_m < num_queries
+    d_valid = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :],
+        mask=m_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    lse = tl.load(lse_ptr + head * num_queries + offs_m, mask=m_valid, other=0.0)
+    seg_start = tl.load(starts_ptr + frame)
+    seg_len = tl.load(lengths_ptr + frame)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    w_i = tl.zeros([BLOCK_M], tl.float32)
+    key_sum = tl.zeros([D_PAD], tl.float32)
+    k_seg = k_ptr + head * stride_kh + seg_start * stride_kl
+    for start in range(0, LOOP_END if LOOP_END > 0 else seg_len, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < seg_len
+        k = tl.load(
+            k_seg + offs_n[None, :] * stride_kl + offs_d[:, None],
+            mask=n_valid[None, :] & d_valid[:, None],
+            other=0.0,
+        )
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee")
+        else:
+            s = tl.dot(q, k)
+        t = tl.where(n_valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_i = tl.maximum(m_i, tl.max(t, 1))
+        p = tl.exp2(t - lse[:, None])
+        l_i += tl.sum(p, 1)
+        w_i += tl.sum(p * tl.where(n_valid[None, :], t, 0.0), 1)
+        if pid_m == 0:
+            key_sum += tl.sum(k.to(tl.float32), 1)
+    out = (head * num_queries + offs_m) * num_key_frames + frame
+    tl.store(m_ptr + out, m_i, mask=m_valid)
+    tl.store(l_ptr + out, l_i, mask=m_valid)
+    tl.store(w_ptr + out, w_i, mask=m_valid)
+    if pid_m == 0:
+        tl.store(key_sum_ptr + (head * num_key_frames + frame) * HEAD_DIM + offs_d, key_sum, mask=d_valid)
 
 
 @triton.jit
@@ -327,6 +575,39 @@ def token_profile_sums(
     return prob_sums, logit_means.mul_(scale)
 
 
+def _combine(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    m: torch.Tensor,
+    l: torch.Tensor,
+    u: torch.Tensor,
+    logit_mean: torch.Tensor,
+    frame_seq_length: int,
+    num_q: int,
+    scale: float,
+    token_profiles: bool,
+    profile_config: dict | None,
+) -> CallStatistics:
+    """Every statistic from the per-frame partials (m, l, u) of kernel 1 or 3, each
+    [H, Lq, num_k]; kernel 2 for the token profiles."""
+    heads, num_queries, num_k = m.shape
+    per_frame = (heads, num_q, frame_seq_length)
+    row_max = m.amax(dim=-1, keepdim=True)  # M_i, [H, Lq, 1]
+    rescale = torch.exp2(m - row_max)
+    weights = l * rescale
+    row_sum = weights.sum(dim=-1, keepdim=True)  # L_i >= 1
+    prob_mass = (weights / row_sum).view(*per_frame, num_k).mean(dim=2)
+    below_max = (rescale * (u + (row_max - m) * l)).sum(dim=-1, keepdim=True)  # sum_j 2^(t-M) (M - t)
+    entropy_tok = torch.log(row_sum) + LN2 * below_max / row_sum
+    entropy = entropy_tok.view(per_frame).mean(dim=2)
+    argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
+    stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
+    if token_profiles:
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, row_max[..., 0], 1.0 / row_sum[..., 0], scale, profile_config)
+        stats.token_prob_mean = prob_sums.div_(num_queries)
+    return stats
+
+
 def statistics_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -343,23 +624,167 @@ def statistics_triton(
     profiles) kernel 2, and torch for the combine, all on q's device."""
     key_lengths = tuple(int(n) for n in key_lengths)
     num_k = len(key_lengths)
-    heads, num_queries, _ = q.shape
+    heads = q.shape[0]
     m, l, u, sums = frame_softmax_partials(q, k, frame_seq_length, num_k, scale, config, key_lengths)
     _, _, lengths = _segments_on(q.device, key_lengths)
+    logit_mean = sums.view(heads, num_q, frame_seq_length, num_k).sum(dim=2) * scale / (frame_seq_length * lengths)
+    return _combine(q, k, m, l, u, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
+
+
+def attention_statistics_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    frame_seq_length: int,
+    num_q: int,
+    key_lengths: Sequence[int],
+    scale: float,
+    *,
+    token_profiles: bool = False,
+    config: dict | None = None,
+    profile_config: dict | None = None,
+) -> tuple[torch.Tensor, CallStatistics]:
+    """The attention output, [Lq, H, D] in q's dtype, and every statistic: kernel 3 (one
+    pass over the keys for both; ``_combine_fused``), kernel 2 only for token profiles. q, k, v are [H, L, D]
+    (any strides with unit stride last). logit_mean by factorization: (mean of the query
+    frame's q) . (mean of the key frame's k) * scale, the key sums taken by kernel 3."""
+    key_lengths = tuple(int(n) for n in key_lengths)
+    num_k = len(key_lengths)
+    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+    heads, num_queries, head_dim = q.shape
+    starts, lengths, lengths_float = _segments_on(q.device, key_lengths)
+    m, g, l, w = torch.empty(4, heads, num_queries, num_k, dtype=torch.float32, device=q.device).unbind(0)
+    key_sums = torch.empty(heads, num_k, head_dim, dtype=torch.float32, device=q.device)
+    out = torch.empty(num_queries, heads, head_dim, dtype=q.dtype, device=q.device)
+    config, launch = _launch_config(config, DEFAULT_FUSED_CONFIG)
+    grid = (math.ceil(num_queries / config["BLOCK_M"]), heads)
+    _attention_frame_partials[grid](
+        q, k, v, out, starts, lengths, m, g, l, w, key_sums,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(1), out.stride(0),
+        num_queries, num_k, scale * LOG2E,
+        **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), "FRAMES_END": _interpreter_loop_end(num_k),
+           **config}, **launch,
+    )  # fmt: skip
+    query_means = q.unflatten(1, (num_q, frame_seq_length)).sum(dim=2, dtype=torch.float32).div_(frame_seq_length)
+    logit_mean = torch.einsum("hqd,hkd->hqk", query_means, key_sums).mul_(scale / lengths_float)
+    return out, _combine_fused(q, k, m, g, l, w, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
+
+
+def _combine_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    m: torch.Tensor,
+    g: torch.Tensor,
+    l: torch.Tensor,
+    w: torch.Tensor,
+    logit_mean: torch.Tensor,
+    frame_seq_length: int,
+    num_q: int,
+    scale: float,
+    token_profiles: bool,
+    profile_config: dict | None,
+) -> CallStatistics:
+    """Every statistic from kernel 3's partials, each [H, Lq, num_k]: per frame its max m,
+    the running max g its sums l = sum 2^(t - g) and w = sum 2^(t - g) t refer to. With
+    M = max_f g_f (the row's max), L = sum_f l_f 2^(g_f - M): mass_f = l_f 2^(g_f - M) / L;
+    entropy (nats) = ln 2 (M + log2 L - sum_f w_f 2^(g_f - M) / L)."""
+    heads, num_queries, num_k = m.shape
     per_frame = (heads, num_q, frame_seq_length)
-    row_max = m.amax(dim=-1, keepdim=True)  # M_i, [H, Lq, 1]
-    rescale = torch.exp2(m - row_max)
+    row_max = g.amax(dim=-1, keepdim=True)
+    rescale = torch.exp2(g - row_max)
     weights = l * rescale
-    row_sum = weights.sum(dim=-1, keepdim=True)  # L_i >= 1
+    row_sum = weights.sum(dim=-1, keepdim=True)
     prob_mass = (weights / row_sum).view(*per_frame, num_k).mean(dim=2)
-    below_max = (rescale * (u + (row_max - m) * l)).sum(dim=-1, keepdim=True)  # sum_j 2^(t-M) (M - t)
-    entropy_tok = torch.log(row_sum) + LN2 * below_max / row_sum
+    expected_t = (w * rescale).sum(dim=-1, keepdim=True) / row_sum
+    entropy_tok = LN2 * (row_max + torch.log2(row_sum) - expected_t)
     entropy = entropy_tok.view(per_frame).mean(dim=2)
     argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
-    logit_mean = sums.view(*per_frame, num_k).sum(dim=2) * scale / (frame_seq_length * lengths)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
         prob_sums, stats.token_logit_mean = token_profile_sums(q, k, row_max[..., 0], 1.0 / row_sum[..., 0], scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 
+
+def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [Lq, H, D], natural-log log-sum-exp [H, Lq] fp32) of one attention call, from
+    cuDNN's attention (the backend SDPA picks on Hopper), or flash attention where cuDNN
+    is not available. q, k, v are [H, L, D]."""
+    q4, k4, v4 = q[None], k[None], v[None]
+    errors = []
+    for attend in (
+        lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(q4, k4, v4, None, True, 0.0, False, False, scale=scale),
+        lambda: torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, False, False, scale=scale),
+    ):
+        try:
+            out, lse = attend()[:2]
+        except (RuntimeError, AttributeError) as error:  # not built, or not for this dtype / head_dim
+            errors.append(str(error).splitlines()[0][:120])
+            continue
+        return out[0].transpose(0, 1), lse.reshape(q.shape[0], q.shape[1]).float()
+    raise NotImplementedError(f"no attention backend returns the log-sum-exp here ({'; '.join(errors)})")
+
+
+def attention_statistics_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    frame_seq_length: int,
+    num_q: int,
+    key_lengths: Sequence[int],
+    scale: float,
+    *,
+    token_profiles: bool = False,
+    config: dict | None = None,
+    profile_config: dict | None = None,
+) -> tuple[torch.Tensor, CallStatistics]:
+    """The attention call by cuDNN (its output and log-sum-exp), then kernel 4 for the
+    frame statistics: a second pass over the keys, without kernel 1's running max."""
+    out, lse = sdpa_with_lse(q, k, v, scale)
+    stats = statistics_given_lse(q, k, lse, frame_seq_length, num_q, key_lengths, scale, token_profiles=token_profiles,
+                                 config=config, profile_config=profile_config)  # fmt: skip
+    return out, stats
+
+
+def statistics_given_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    frame_seq_length: int,
+    num_q: int,
+    key_lengths: Sequence[int],
+    scale: float,
+    *,
+    token_profiles: bool = False,
+    config: dict | None = None,
+    profile_config: dict | None = None,
+) -> CallStatistics:
+    """Every statistic, given each query's natural-log log-sum-exp of q.k * scale over
+    all keys (``lse``, [H, Lq] fp32): kernel 4, kernel 2 for token profiles, a combine."""
+    key_lengths = tuple(int(n) for n in key_lengths)
+    num_k = len(key_lengths)
+    q, k = _unit_stride(q), _unit_stride(k)
+    heads, num_queries, head_dim = q.shape
+    starts, lengths, lengths_float = _segments_on(q.device, key_lengths)
+    lse2 = (lse * LOG2E).contiguous()
+    m, l, w = torch.empty(3, heads, num_queries, num_k, dtype=torch.float32, device=q.device).unbind(0)
+    key_sums = torch.empty(heads, num_k, head_dim, dtype=torch.float32, device=q.device)
+    config, launch = _launch_config(config, DEFAULT_CONFIG)
+    grid = (math.ceil(num_queries / config["BLOCK_M"]), heads, num_k)
+    _frame_partials_given_lse[grid](
+        q, k, lse2, starts, lengths, m, l, w, key_sums,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        num_queries, num_k, scale * LOG2E,
+        **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), **config}, **launch,
+    )  # fmt: skip
+    query_means = q.unflatten(1, (num_q, frame_seq_length)).sum(dim=2, dtype=torch.float32).div_(frame_seq_length)
+    logit_mean = torch.einsum("hqd,hkd->hqk", query_means, key_sums).mul_(scale / lengths_float)
+    per_frame = (heads, num_q, frame_seq_length)
+    prob_mass = l.view(*per_frame, num_k).mean(dim=2)
+    entropy = (LN2 * (lse2 - w.sum(dim=-1))).view(per_frame).mean(dim=2)
+    argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
+    stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
+    if token_profiles:
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, torch.ones_like(lse2), scale, profile_config)
+        stats.token_prob_mean = prob_sums.div_(num_queries)
+    return stats
