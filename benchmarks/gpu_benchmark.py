@@ -256,8 +256,15 @@ def section_stats() -> dict:
 def section_fused() -> dict:
     """The captured call: SDPA then the statistics (before) against kernel 3, which gives the
     output and every frame statistic from one pass; token profiles on top; tile sweep."""
-    from sinkscope.stats.attention import attention_statistics, attention_with_statistics
-    from sinkscope.stats.triton_kernels import attention_statistics_lse, attention_statistics_triton, sdpa_with_lse
+    from sinkscope.stats.attention import (
+        attention_statistics,
+        attention_with_statistics,
+    )
+    from sinkscope.stats.triton_kernels import (
+        attention_statistics_lse,
+        attention_statistics_triton,
+        sdpa_with_lse,
+    )
 
     fsl, num_q, num_k, dim = 1560, 3, 21, 128
     frames_q, frames_k = list(range(18, 21)), list(range(21))

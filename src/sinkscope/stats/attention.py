@@ -182,7 +182,10 @@ def attention_with_statistics(
     if backend == "triton":
         if not q.is_cuda:
             raise ValueError(f"the triton backend needs CUDA tensors; q is on {q.device} (use backend 'torch' or 'auto')")
-        from sinkscope.stats.triton_kernels import attention_statistics_lse, attention_statistics_triton
+        from sinkscope.stats.triton_kernels import (
+            attention_statistics_lse,
+            attention_statistics_triton,
+        )
 
         args = (q, k, v, frame_seq_length, len(query_frames), lengths, scale)
         try:
