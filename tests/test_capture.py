@@ -74,8 +74,9 @@ def test_every_call_is_captured_with_absolute_frames():
 def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     extra = {"participative_compression": dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3),
              "deep_sink": dict(local_attn_frames=7, sink_frames=2), "rerope_sink": dict(local_attn_frames=7, sink_frames=3),
-             "sink": dict(local_attn_frames=6, sink_frames=2), "window": dict(local_attn_frames=6)}.get(policy, {})  # fmt: skip
-    frames = 9 if policy == "global" else 15
+             "sink": dict(local_attn_frames=6, sink_frames=2), "window": dict(local_attn_frames=6),
+             "rolling_sink": dict(local_attn_frames=12, sink_frames=3)}.get(policy, {})  # fmt: skip
+    frames = {"global": 9, "rolling_sink": 18}.get(policy, 15)  # rolling_sink: frames 6..8 attended twice at cs 15
     options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy, **extra})
     tables, recorder, _ = run(options, token_profiles="all")
     frame_rows, token_rows, query_rows = tables[0]["frames"], tables[0]["tokens"], tables[0]["queries"]
@@ -85,8 +86,8 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
         def call(t, info=info):
             return t[(t["block"] == info.block) & (t["pass"] == info.pass_) & (t["step"] == info.step)]
 
-        got = call(frame_rows).sort_values(["head", "query_frame", "key_frame"])
-        order = np.argsort(layout.key_frames, kind="stable")  # rows are sorted by absolute key frame
+        got = call(frame_rows).sort_values(["head", "query_frame", "key_frame"], kind="stable")
+        order = np.argsort(layout.key_frames, kind="stable")  # rows are sorted by absolute key frame (ties: k's order)
         for name, atol in (("logit_mean", 1e-6), ("prob_mass", 1e-7), ("argmax_share", 1e-9)):
             expected = ref[name][:, :, order].flatten().numpy()
             assert np.allclose(got[name].to_numpy(), expected, atol=atol, rtol=1e-5), (policy, info, name)
@@ -100,7 +101,7 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     # Dropped tokens show as partial key frames under participative compression only.
     assert partial == (policy == "participative_compression")
     shifted = (frame_rows["key_position_shift"] != 0).any()
-    assert shifted == (policy in ("deep_sink", "participative_compression", "rerope_sink"))
+    assert shifted == (policy in ("deep_sink", "participative_compression", "rerope_sink", "rolling_sink", "relative_rope", "ema_sink"))
 
 
 def test_token_profiles_sum_and_average_to_the_frame_statistics():

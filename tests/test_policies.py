@@ -362,6 +362,9 @@ SMALL = {
     "deep_sink": dict(local_attn_frames=9, sink_frames=3),
     "participative_compression": dict(local_attn_frames=9, sink_frames=2, budget_frames=6, recent_frames=3),
     "rerope_sink": dict(local_attn_frames=9, sink_frames=3),
+    "rolling_sink": dict(local_attn_frames=9, sink_frames=3),
+    "relative_rope": dict(local_attn_frames=6, sink_frames=1),
+    "ema_sink": dict(local_attn_frames=9, sink_frames=3),
 }
 
 
@@ -387,7 +390,7 @@ def test_generate_runs_every_policy_with_a_cache_independent_of_the_video_length
 def test_generate_with_policy_defaults_past_the_first_eviction():
     model = build_model("demo", seed=0)
     context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
-    for policy in ("deep_sink", "participative_compression", "rerope_sink"):
+    for policy in ("deep_sink", "participative_compression", "rerope_sink", "rolling_sink", "relative_rope", "ema_sink"):
         options = GenerationOptions.from_config(dict(cache_policy=policy, num_frames=30, denoising_steps=[1000]))
         assert torch.isfinite(generate(model, context, options=options, seed=0).latents).all()
 

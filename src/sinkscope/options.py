@@ -17,6 +17,9 @@ policy                         follows                                          
 ``participative_compression``  Deep Forcing, Deep Sink + Participative Compr.      window 21, sink 10,
                                                                                     budget 16, recent 4
 ``rerope_sink``                Rolling Forcing's anchor (un-roped, re-roped)       window 21, sink 3
+``rolling_sink``               Rolling Sink: first-window segments re-inserted     window 21, segment 3
+``relative_rope``              Infinity-RoPE: block-relativistic RoPE              window 6, sink 1
+``ema_sink``                   Reward Forcing: evicted frames blended into sink    window 9, sink 3
 =============================  ==================================================  ======================
 """
 
@@ -37,6 +40,7 @@ GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
     "participative_compression",
     "rerope_sink",
 )
+ROLLING_SINK, RELATIVE_ROPE, EMA_SINK = "rolling_sink", "relative_rope", "ema_sink"
 POLICY_KEYS = ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames")
 
 
@@ -57,12 +61,19 @@ class PolicySpec:
     needs_sink: bool = False
     # Participative compression holds the new block beside a full window while it compresses.
     holds_block_beyond_window: bool = False
+    # Rolling Sink keeps the un-roped keys and the values of the first W - S frames beside the cache.
+    keeps_first_window: bool = False
 
     def capacity_frames(self, *, num_frames: int, local_attn_frames: int, largest_block: int) -> int:
         """Frames' worth of key slots its cache allocates."""
         if local_attn_frames == -1:
             return num_frames
         return local_attn_frames + (largest_block if self.holds_block_beyond_window else 0)
+
+    def kv_frames(self, *, num_frames: int, local_attn_frames: int, sink_frames: int, largest_block: int) -> int:
+        """Frames' worth of keys and values it keeps in all: the cache plus its copies."""
+        capacity = self.capacity_frames(num_frames=num_frames, local_attn_frames=local_attn_frames, largest_block=largest_block)
+        return capacity + (max(0, local_attn_frames - sink_frames) if self.keeps_first_window else 0)
 
 
 def _defaults(window: int = -1, sink: int = 0, budget: int = 0, recent: int = 0) -> dict[str, int]:
@@ -79,6 +90,11 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
         PolicySpec(DEEP_SINK, _defaults(21, 10), _WINDOW_AND_SINK, needs_sink=True),
         PolicySpec(PARTICIPATIVE, _defaults(21, 10, 16, 4), POLICY_KEYS, holds_block_beyond_window=True),
         PolicySpec(REROPE_SINK, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True),
+        # sink_frames: the re-inserted segment (Rolling Sink has no fixed sink: its
+        # reference runs a plain 21-frame FIFO window with sink_size 0).
+        PolicySpec(ROLLING_SINK, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True, keeps_first_window=True),
+        PolicySpec(RELATIVE_ROPE, _defaults(6, 1), _WINDOW_AND_SINK, needs_sink=True),
+        PolicySpec(EMA_SINK, _defaults(9, 3), _WINDOW_AND_SINK, needs_sink=True),
     )
 }
 CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
@@ -127,7 +143,8 @@ class GenerationOptions:
     cache_policy: str | None = None
     # Frames the KV cache holds (sink included); -1: every frame (global).
     local_attn_frames: int = -1
-    # Frames kept at the start of the cache (the sink), never evicted.
+    # Frames kept at the start of the cache (the sink), never evicted; rolling_sink: the
+    # frames of the re-inserted segment.
     sink_frames: int = 0
     # Participative compression: frames' worth of tokens kept when compressing, and
     # how many of them are the most recent frames (the current block included).
@@ -219,6 +236,14 @@ class GenerationOptions:
         return policy_spec(self.cache_policy).capacity_frames(
             num_frames=self.num_frames, local_attn_frames=self.local_attn_frames, largest_block=max(self.block_sizes())
         )
+
+    @property
+    def kv_cache_frames(self) -> int:
+        """Frames' worth of keys and values the policy keeps on the device (``PolicySpec.kv_frames``)."""
+        return policy_spec(self.cache_policy).kv_frames(
+            num_frames=self.num_frames, local_attn_frames=self.local_attn_frames, sink_frames=self.sink_frames,
+            largest_block=max(self.block_sizes()),
+        )  # fmt: skip
 
     @property
     def num_calls(self) -> int:

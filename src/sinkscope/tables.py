@@ -152,7 +152,7 @@ COLUMN_DOCS: dict[str, str] = {
     "prob_mass": "mean over the query frame's tokens of the softmax mass on the key frame's tokens present; sums to 1 over key frames",
     "argmax_share": "share of the query frame's tokens whose highest-scoring key token lies in this key frame",
     "key_tokens": "tokens of the key frame present in the call (frame_seq_length unless a policy dropped tokens)",
-    "key_position_shift": "RoPE temporal position the frame's keys were attended at minus their generation position",
+    "key_position_shift": "(RoPE temporal position the keys were attended at minus the queries') minus (key frame minus query frame): how far the cache moved the keys relative to the queries; 0 when they kept their phase",
     "entropy_tokens": "mean over the query frame's tokens of the entropy (nats) of its softmax over every key token",
     "num_keys": "key tokens the call saw",
     "num_key_frames": "key frames present (in the call, or in the summarized curve)",

@@ -3,10 +3,11 @@
 ``FrameStatsCapture`` hooks the self-attention of the chosen layers: every call hands
 it the q, k and v that the softmax sees and the call's ``AttentionLayout`` (which
 absolute frame each key segment was generated at, how many of its tokens are present,
-at which RoPE shift). The capture computes the layer's attention output itself, in the
-same pass over the keys as the call's statistics
-(``sinkscope.stats.attention_with_statistics``: frame statistics, token entropy, argmax
-shares; key-token profiles for the chosen calls), and nothing token x token is kept. Results stay on the device until the
+at which RoPE shift; rows carry the shift relative to the queries',
+``relative_position_shift``). The capture computes the layer's attention output
+itself, in the same call as its statistics (``sinkscope.stats.attention_with_statistics``:
+frame statistics, token entropy, argmax shares; key-token profiles for the chosen
+calls), and nothing token x token is kept. Results stay on the device until the
 generation ends, so capturing costs no host synchronization per call.
 """
 
@@ -98,6 +99,7 @@ class FrameStatsCapture:
                 key_lengths=layout.key_lengths,
                 token_profiles=self._wants_tokens(call),
                 backend=self.backend,
+                key_position_shift=layout.key_position_shift,
             )
             self.records.append(_Record(layer, call, layout, stats))
             return out[None]
@@ -187,7 +189,8 @@ def _frame_rows(record: _Record, arrays: dict[str, np.ndarray]) -> dict[str, np.
         "prob_mass": arrays["prob_mass"].ravel(),
         "argmax_share": arrays["argmax_share"].ravel(),
         "key_tokens": np.asarray(layout.key_lengths, np.int32)[k],
-        "key_position_shift": np.asarray(layout.key_position_shift, np.int32)[k],
+        # Relative to the queries' own shift: what RoPE lets attention see.
+        "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[k],
     }
 
 

@@ -16,7 +16,10 @@ append, evict, compact or move to another RoPE position; this module only does i
   ``keep`` (compaction to a token subset, order preserved; ``keep_later`` does it with
   an index still on the device and updates the metadata when it is first read, so a
   compaction costs no host sync), ``rotate`` (move keys to another temporal RoPE
-  position in place) and ``set_positions`` (metadata only).
+  position in place), ``set_positions`` and ``relabel`` (metadata only).
+
+A policy may also store keys before RoPE (``relative_rope``, ``ema_sink``: roped at
+attention time); a segment's ``position`` is then the position they are attended at.
 
 Layers share one metadata tuple while every operation applied to all of them, so an
 attention layout built from it serves every layer of a call (``layout``).
@@ -164,10 +167,14 @@ class KVCache:
         """Per stored token of ``layer``: (absolute frame, index within the frame, RoPE position)."""
         return _token_metadata(self.segments_of(layer))
 
-    def layout(self, layer: int, query_frames: Sequence[int]) -> AttentionLayout:
-        """What a call of ``layer`` with these query frames sees; built once per metadata tuple."""
+    def layout(self, layer: int, query_frames: Sequence[int], query_shift: int = 0) -> AttentionLayout:
+        """What a call of ``layer`` with these query frames sees; built once per metadata tuple.
+
+        ``query_shift``: the queries' RoPE position minus their frames (cache-relative
+        policies rope the queries at their slot, not at their frame).
+        """
         segs = self.segments_of(layer)
-        key = (id(segs), tuple(query_frames))
+        key = (id(segs), tuple(query_frames), int(query_shift))
         hit = self._layouts.get(key)
         if hit is not None and hit[0] is segs:
             return hit[1]
@@ -181,6 +188,7 @@ class KVCache:
             key_lengths=tuple(s.length for s in segs),
             key_position_shift=tuple(s.shift for s in segs),
             key_token_index=token_index,
+            query_position_shift=int(query_shift),
         )
         if len(self._layouts) >= 4 * self.num_layers:
             self._layouts.clear()
@@ -311,6 +319,22 @@ class KVCache:
             turned = torch.view_as_complex(chunk.to(torch.float64).unflatten(-1, (pairs, 2)).contiguous()) * rotation
             chunk.copy_(torch.view_as_real(turned).flatten(-2).to(chunk.dtype))
         self.set_positions(first, count, None, layers, delta=delta)
+
+    def relabel(self, first: int, segments: Sequence[Segment], layers: Iterable[int] | None = None) -> None:
+        """Metadata only: segments [first, first + len(segments)) are now ``segments``.
+
+        For a policy that overwrote those tokens with the keys of other frames (at other
+        positions); the lengths must stay the same.
+        """
+        segments = tuple(segments)
+
+        def build(old: tuple[Segment, ...]) -> tuple[Segment, ...]:
+            replaced = old[first : first + len(segments)]
+            if len(replaced) != len(segments) or any(a.length != b.length for a, b in zip(replaced, segments)):
+                raise ValueError(f"relabel must keep the lengths of segments {first}..{first + len(segments) - 1}")
+            return old[:first] + segments + old[first + len(segments) :]
+
+        self._assign(self._layers(layers), build)
 
     def set_positions(
         self,

@@ -17,7 +17,9 @@ class AttentionLayout:
 
     ``k`` holds one contiguous segment per key frame, in ``key_frames`` order (not
     necessarily ascending), ``key_lengths[i]`` tokens long: the frame's full
-    ``frame_seq_length`` unless a policy dropped tokens of it.
+    ``frame_seq_length`` unless a policy dropped tokens of it. A frame may hold more
+    than one segment when a policy re-inserts copies of its keys at other RoPE positions
+    (``rolling_sink``); the (frame, shift) pairs are unique.
     """
 
     query_frames: tuple[int, ...]
@@ -29,19 +31,34 @@ class AttentionLayout:
     # Index within its frame of every key token, in k's order (a 1-D integer array on
     # the CPU), when some frame is partial; None when every frame is whole.
     key_token_index: Any = field(default=None, compare=False)
+    # RoPE temporal position of the queries minus their frames (one number for the
+    # call): 0 unless the policy ropes the queries at cache-relative positions
+    # (``relative_rope``, ``ema_sink``).
+    query_position_shift: int = 0
 
     def __post_init__(self) -> None:
         if not (len(self.key_frames) == len(self.key_lengths) == len(self.key_position_shift)):
             raise ValueError("key_frames, key_lengths and key_position_shift must have one entry per key frame")
-        if len(set(self.key_frames)) != len(self.key_frames):
-            raise ValueError(f"key frames repeat: {list(self.key_frames)}")
+        pairs = list(zip(self.key_frames, self.key_position_shift))
+        if len(set(pairs)) != len(pairs):
+            raise ValueError(f"key frames repeat at the same RoPE shift: {pairs}")
 
     @property
     def num_keys(self) -> int:
         return sum(self.key_lengths)
 
+    @property
+    def relative_position_shift(self) -> tuple[int, ...]:
+        """Per key segment: its RoPE distance to the queries minus its frame distance.
+
+        ``key_position_shift - query_position_shift``: what RoPE lets attention see (it
+        only sees position differences). Equal to ``key_position_shift`` when the queries
+        sit at their own frames; the capture writes this into ``key_position_shift``.
+        """
+        return tuple(s - self.query_position_shift for s in self.key_position_shift)
+
     @classmethod
-    def whole_frames(cls, query_frames, key_frames, frame_seq_length: int, shifts=None) -> "AttentionLayout":
+    def whole_frames(cls, query_frames, key_frames, frame_seq_length: int, shifts=None, query_shift: int = 0) -> "AttentionLayout":
         """A layout of whole frames (no dropped tokens)."""
         key_frames = tuple(int(f) for f in key_frames)
         return cls(
@@ -49,4 +66,5 @@ class AttentionLayout:
             key_frames=key_frames,
             key_lengths=(int(frame_seq_length),) * len(key_frames),
             key_position_shift=tuple(int(s) for s in shifts) if shifts is not None else (0,) * len(key_frames),
+            query_position_shift=int(query_shift),
         )

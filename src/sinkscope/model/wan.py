@@ -276,9 +276,12 @@ class WanAttentionBlock(nn.Module):
         before, after = self.step_functions
         raw_k = None
         if kv_cache is not None and kv_cache.wants_raw_keys:
-            # A policy that stores some keys un-roped (Rolling Forcing's anchor) gets both.
-            # Only the first blocks' calls: eager, so compiling needs no second graph.
-            q, raw_k, v = WanAttentionBlock.attention_inputs(self, x, e0, rope, False)
+            # A policy that stores some keys un-roped gets both. Rolling Forcing's anchor and
+            # Rolling Sink's first window want them in the first blocks' calls only: eager,
+            # so compiling needs no second graph. Cache-relative policies want them on every
+            # call: the compiled function, specialized once for rope_k=False.
+            inputs = before if kv_cache.raw_keys_every_call else WanAttentionBlock.attention_inputs
+            q, raw_k, v = inputs(self, x, e0, rope, False)
             k = apply_rope(raw_k, rope)
         else:
             q, k, v = before(self, x, e0, rope)
@@ -427,15 +430,15 @@ class WanModel(nn.Module):
         batch, _, frames, height, width = x.shape
         x = x.flatten(2).transpose(1, 2)
         e, e0 = self.time_embeddings(timestep, batch, frames)
-        rope = self.rope.phases(
-            start_frame, frames, height, width, x.device, torch.float64 if x.dtype == torch.float64 else torch.float32
-        )
 
         attn_mask = None
+        position = start_frame
         if kv_cache is not None:
             if frame_mask is not None:
                 raise ValueError("frame_mask applies to the full forward, not to KV-cache steps")
             kv_cache.begin_call(start_frame, frames, grid=(height, width))
+            # Queries (and the block's keys) at their frame, or where a cache-relative policy puts them.
+            position = start_frame + kv_cache.query_position_shift
             store = kv_cache.cache
             if store.cross[0] is None:
                 if context is None:
@@ -449,6 +452,9 @@ class WanModel(nn.Module):
             if frame_mask is not None:
                 tokens = height * width
                 attn_mask = frame_mask.to(x.device, torch.bool).repeat_interleave(tokens, 0).repeat_interleave(tokens, 1)
+        rope = self.rope.phases(
+            position, frames, height, width, x.device, torch.float64 if x.dtype == torch.float64 else torch.float32
+        )
 
         for block, context_kv in zip(self.blocks, cross):
             x = block(x, e0, rope, context_kv, kv_cache, attn_mask)

@@ -182,7 +182,7 @@ def estimate_job_memory(config: WanConfig, options: GenerationOptions, dtype: st
     size = 4 if dtype == "float32" else 2
     fsl = config.frame_seq_length(options.latent_height, options.latent_width)
     block = max(options.block_sizes())
-    kv_cache = config.num_layers * 2 * (options.cache_capacity_frames * fsl + config.text_len) * config.dim * size
+    kv_cache = config.num_layers * 2 * (options.kv_cache_frames * fsl + config.text_len) * config.dim * size
     tokens = block * fsl
     # Hidden states, q/k/v, attention output, the FFN's hidden layer, fp32 norm copies.
     activations = tokens * (12 * config.dim + 2 * config.ffn_dim) * 4

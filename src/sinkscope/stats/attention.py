@@ -76,10 +76,13 @@ def check_frame_layout(
     query_frames: Sequence[int],
     key_frames: Sequence[int],
     key_lengths: Sequence[int] | None = None,
+    key_position_shift: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
     """Raise ValueError unless q is [H, nq x frame_seq_length, D] and k [H, sum(key_lengths), D].
 
-    Returns the key lengths (``num key frames x frame_seq_length`` by default).
+    Returns the key lengths (``num key frames x frame_seq_length`` by default). Key frames
+    are unique, or, given ``key_position_shift``, the (frame, shift) pairs are (a policy
+    may attend copies of a frame's keys at other positions: ``rolling_sink``).
     """
     if q.ndim != 3 or k.ndim != 3:
         raise ValueError(f"q and k must be [H, L, D]; got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -102,8 +105,15 @@ def check_frame_layout(
                 f"k has {k.shape[1]} tokens, not {len(key_frames)} key frames x {frame_seq_length}"
             )
         raise ValueError(f"k has {k.shape[1]} tokens, not sum(key_lengths) = {sum(lengths)}")
-    if len(set(key_frames)) != len(key_frames):
-        raise ValueError(f"key_frames repeat a frame: {list(key_frames)}")
+    if key_position_shift is None:
+        if len(set(key_frames)) != len(key_frames):
+            raise ValueError(f"key_frames repeat a frame: {list(key_frames)}")
+    else:
+        if len(key_position_shift) != len(key_frames):
+            raise ValueError(f"key_position_shift has {len(key_position_shift)} entries for {len(key_frames)} key frames")
+        pairs = list(zip(key_frames, key_position_shift))
+        if len(set(pairs)) != len(pairs):
+            raise ValueError(f"key_frames repeat a frame at the same position shift: {pairs}")
     return lengths
 
 
@@ -118,6 +128,7 @@ def attention_statistics(
     token_profiles: bool = False,
     scale: float | None = None,
     backend: str = "auto",
+    key_position_shift: Sequence[int] | None = None,
 ) -> CallStatistics:
     """Every statistic of one attention call, as a :class:`CallStatistics` on q's device.
 
@@ -130,7 +141,7 @@ def attention_statistics(
     pass over the call, so it is off by default. ``backend``: "auto" (Triton on CUDA when
     available, else torch), "torch" (the chunked reference, any device) or "triton".
     """
-    lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths)
+    lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     num_q = len(query_frames)
@@ -160,6 +171,7 @@ def attention_with_statistics(
     token_profiles: bool = False,
     scale: float | None = None,
     backend: str = "auto",
+    key_position_shift: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, CallStatistics]:
     """The attention call itself and its statistics: (output [Lq, H, D] in q's dtype,
     :class:`CallStatistics`). Arguments as :func:`attention_statistics`, plus v [H, Lk, D].
@@ -172,7 +184,7 @@ def attention_with_statistics(
     forward, ``attention_statistics_triton``; SDPA's output within bf16 rounding).
     Elsewhere: SDPA, then the chunked reference. docs/performance.md compares them.
     """
-    lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths)
+    lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     if v.shape[:2] != k.shape[:2] or v.dtype != k.dtype or v.device != k.device:
         raise ValueError(f"v {tuple(v.shape)} ({v.dtype}, {v.device}) does not match k {tuple(k.shape)}")
     if scale is None:
