@@ -80,7 +80,7 @@ class Probe:
                 return q, k, v
 
             attn.project = recording
-            attn.observer = lambda q, k, layout, layer=layer: self.observe(layer, q, k, layout)
+            attn.observer = lambda q, k, v, layout, layer=layer: self.observe(layer, q, k, layout)
 
     def observe(self, layer, q, k, layout):
         raw = self.pending.pop(layer)

@@ -58,7 +58,7 @@ class Recorder:
                 return q, k, v
 
             attn.project = recording
-            attn.observer = lambda q, k, layout, layer=layer: self.observe(layer, q, k, layout)
+            attn.observer = lambda q, k, v, layout, layer=layer: self.observe(layer, q, k, layout)
 
     def observe(self, layer, q, k, layout):
         raw_q, raw_k, raw_v = self.pending.pop(layer)
