@@ -14,6 +14,7 @@ import torch
 from conftest import REPO
 from fakes import TINY, tiny_state, write_self_forcing_pt, write_wan_folder
 from safetensors.torch import save_file
+from test_loading import spec
 
 from sinkscope.errors import ConfigError, WeightsError
 from sinkscope.model import build_model
@@ -37,13 +38,6 @@ def sample_inputs(dtype=torch.float32, seed=0):
 def forward(model, dtype=torch.float32):
     with torch.no_grad():
         return model(*sample_inputs(dtype))
-
-
-def spec(name="real", **entry):
-    fields = {"model": None, "format": "auto", "weights": None, "base": None, "seed": 0, "ema": True, "allow_pickle": False,
-              "dtype": "float32"}  # fmt: skip
-    fields.update(entry)
-    return CheckpointSpec(name=name, **fields)
 
 
 @pytest.fixture
