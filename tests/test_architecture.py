@@ -68,6 +68,7 @@ PLANNING = (
     "sinkscope.pipeline.integrity",
     "sinkscope.figures.registry",
     "sinkscope.model.checkpoints",
+    "sinkscope.model.lora",
     "sinkscope.options",
     "sinkscope.naming",
     "sinkscope.schema",

@@ -19,7 +19,8 @@ from test_legacy import token_level_cache
 
 from sinkscope.pipeline.codedigest import STAGE_MODULES, code_text, module_closure
 
-_MODEL = {"model", "model.checkpoints", "model.config", "model.layout", "model.loading", "model.torchfile", "model.wan"}
+_MODEL = {"model", "model.checkpoints", "model.config", "model.layout", "model.loading", "model.lora", "model.torchfile",
+          "model.wan"}
 _SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", "tables"}
 PINNED = {
     "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},

@@ -16,7 +16,7 @@ def test_defaults_fill_the_demo_study():
     config = normalize_config({})
     assert config["checkpoints"] == {
         "demo": {"model": "demo", "format": "self_forcing", "weights": "sinkscope:demo_trained.pt", "base": None, "seed": 0,
-                 "ema": True, "allow_pickle": False, "dtype": "auto", "train_step": None}  # fmt: skip
+                 "ema": True, "allow_pickle": False, "dtype": "auto", "train_step": None, "lora": None}  # fmt: skip
     }
     assert config["layers"] == [0, 1, 2, 3, 4, 5]
     assert config["generation"]["num_frames"] == 21

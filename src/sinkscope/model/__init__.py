@@ -4,8 +4,9 @@
 - ``wan``: the transformer (``WanModel``); ``cache``: KV cache storage; ``layout``: what
   each attention call sees; ``policies``: the KV-cache policies of long rollouts.
 - ``checkpoints``: a config's checkpoint entry resolved and its files checked (no
-  torch); ``torchfile``: a torch.save archive read without unpickling; ``loading``:
-  weights into the model (``load_transformer``); ``text``: prompt encoders.
+  torch); ``lora``: its LoRA adapter read and checked (no torch); ``torchfile``: a
+  torch.save archive read without unpickling; ``loading``: weights into the model
+  (``load_transformer``, adapters merged); ``text``: prompt encoders.
 
 May import the base modules (``errors``, ``io``, ``naming``, ``options``, ``tables``)
 only. Importing ``sinkscope.model`` (or ``model.config``, ``model.checkpoints``) does not

@@ -18,6 +18,9 @@ Formats (detected, or forced by a checkpoint's ``format``):
 
 Weights paths may start with ``sinkscope:`` to name a file shipped in the package
 (``sinkscope:demo_trained.pt`` is the trained demo model).
+
+Any format but ``demo`` may carry ``lora:``, a LoRA adapter merged into the weights at
+load (``sinkscope.model.lora``; LongLive is a Self-Forcing-layout ``.pt`` plus one).
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sinkscope.errors import ConfigError, WeightsError
 from sinkscope.io import atomic_path
 from sinkscope.model.config import WanConfig, get_model_config
+
+if TYPE_CHECKING:
+    from sinkscope.model.lora import LoraSpec, ResolvedLora
 
 WAN_WEIGHTS = "diffusion_pytorch_model.safetensors"
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
@@ -62,6 +68,19 @@ class CheckpointSpec:
     allow_pickle: bool = False
     dtype: str = "auto"
     train_step: int | None = None
+    # A LoRA adapter merged into the weights: a path, or {path, rank, alpha}; kept as
+    # the config gives it (a LoraSpec, or a string or mapping the config check reads).
+    lora: LoraSpec | str | Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # One form for equal entries ('x.pt' and {path: x.pt}), so their params are equal.
+        if self.lora is not None:
+            from sinkscope.model.lora import LoraSpec
+
+            try:
+                object.__setattr__(self, "lora", LoraSpec.from_config(self.lora))
+            except WeightsError as exc:
+                raise ConfigError(f"config key checkpoints.{self.name}.lora: {exc}") from None
 
     @classmethod
     def from_config(cls, name: str, entry: Mapping[str, Any]) -> "CheckpointSpec":
@@ -69,7 +88,12 @@ class CheckpointSpec:
         return cls(name=name, **{key: entry[key] for key in fields if key in entry})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if self.lora is None:
+            # Entries without an adapter keep the params (and results) they had before
+            # the key existed.
+            del data["lora"]
+        return data
 
     @property
     def is_demo(self) -> bool:
@@ -329,6 +353,7 @@ class ResolvedCheckpoint:
     weights: Path | None
     base: Path | None
     model_config: WanConfig
+    lora: ResolvedLora | None = None
 
     @property
     def name(self) -> str:
@@ -351,11 +376,18 @@ class ResolvedCheckpoint:
         return text_encoder_spec(folders, self.model_config, demo=demo)
 
     def digest(self, cache: str | Path | None = None) -> str:
-        """sha256 of the weights' names and bytes; for the random demo, of what seeds them."""
+        """sha256 of the weights' names and bytes; for the random demo, of what seeds them;
+        with an adapter, of the weights' digest, the adapter's files and every module's scale."""
         if self.format == "demo":
             blob = json.dumps({"demo": self.model_config.to_dict(), "seed": self.spec.seed}, sort_keys=True)
             return hashlib.sha256(blob.encode()).hexdigest()
-        return files_digest(self.weight_files(), cache)
+        weights = files_digest(self.weight_files(), cache)
+        if self.lora is None:
+            return weights  # as before adapters existed: nothing reruns
+        # The scales depend on the config's lora.alpha as well as on the files.
+        blob = json.dumps({"weights": weights, "lora": files_digest(self.lora.files(), cache), "scales": self.lora.scales()},
+                          sort_keys=True)  # fmt: skip
+        return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def resolve_checkpoint(spec: CheckpointSpec, base_dir: str | Path = ".") -> ResolvedCheckpoint:
@@ -365,9 +397,15 @@ def resolve_checkpoint(spec: CheckpointSpec, base_dir: str | Path = ".") -> Reso
     """
     try:
         return _resolve(spec, Path(base_dir))
+    except _AdapterProblem as exc:
+        raise ConfigError(f"config key checkpoints.{spec.name}.lora: {exc}") from None
     except (WeightsError, FileNotFoundError, KeyError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise ConfigError(f"config key checkpoints.{spec.name}: {message}") from None
+
+
+class _AdapterProblem(Exception):
+    """A problem of the checkpoint's lora: adapter (named as its own config key)."""
 
 
 def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
@@ -376,6 +414,8 @@ def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
     if spec.format == "demo":
         if spec.weights:
             raise WeightsError("format 'demo' takes no weights file (it builds seeded random weights)")
+        if spec.lora is not None:
+            raise WeightsError("format 'demo' takes no lora adapter (its weights are seeded random weights)")
         return ResolvedCheckpoint(spec, "demo", None, None, get_model_config(spec.model or "demo"))
     weights = resolve_path(spec.weights, base_dir)
     if weights is None:
@@ -401,7 +441,16 @@ def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
                 "or 'base' (a Wan release folder with config.json)"
             )
     check_weights(weights, fmt, spec, config, base_dir)
-    return ResolvedCheckpoint(spec, fmt, weights, base, config)
+    lora = None
+    if spec.lora is not None:
+        from sinkscope.model.lora import resolve_lora
+
+        try:
+            lora = resolve_lora(spec.lora, config, base_dir=base_dir, allow_pickle=spec.allow_pickle,
+                                cache=base_dir / WEIGHT_CHECKS)  # fmt: skip
+        except (WeightsError, FileNotFoundError, ValueError) as exc:
+            raise _AdapterProblem(str(exc)) from None
+    return ResolvedCheckpoint(spec, fmt, weights, base, config, lora)
 
 
 def _check_files(weights: Path, fmt: str) -> None:

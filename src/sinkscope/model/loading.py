@@ -7,13 +7,18 @@ Loading is strict (missing/unexpected keys and shape mismatches fail, with count
 the first names), safe (``torch.load(weights_only=True)`` unless ``allow_pickle``) and
 lazy where the format allows (safetensors and ``.pt`` files are memory-mapped, and the
 model is built on the meta device, so the weights are never copied twice).
+
+A LoRA adapter (``lora:``) is merged into the state dict before it is loaded:
+``W <- W + scale * (B @ A)``, computed in float32 (float64 for a float64 model) on the
+target device and cast to the model's dtype once.
 """
 
 from __future__ import annotations
 
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +40,10 @@ from sinkscope.model.checkpoints import (
     transformer_folder,
 )
 from sinkscope.model.config import WanConfig, get_model_config
+from sinkscope.model.lora import LoraSpec, ResolvedLora, resolve_lora
 from sinkscope.model.wan import WanModel, build_model
 
-__all__ = ["WeightsError", "detect_format", "load_checkpoint", "load_transformer", "torch_load"]
+__all__ = ["WeightsError", "detect_format", "load_checkpoint", "load_transformer", "merge_lora", "torch_load"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -154,6 +160,76 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], 
                  source)  # fmt: skip
 
 
+# -- LoRA adapters -----------------------------------------------------------------------
+
+
+def read_lora_tensors(lora: ResolvedLora, *, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """The adapter's tensors by their keys in the file (the .pt's ``generator_lora`` entry, or its top level)."""
+    if lora.tensors.suffix == ".safetensors":
+        return _load_safetensors([lora.tensors])
+    data = torch_load(lora.tensors, allow_pickle=allow_pickle)
+    if lora.state_key is not None:
+        data = data.get(lora.state_key) if isinstance(data, Mapping) else None
+    if not isinstance(data, Mapping):
+        raise WeightsError(f"{lora.tensors} no longer holds the LoRA state dict it held when the config was checked")
+    return dict(data)
+
+
+@contextmanager
+def _full_float32_matmul() -> Iterator[None]:
+    """Matmuls in full float32 (no TF32) while the adapter is merged: the merge is exact,
+    whatever precision the rest of the run chose."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def merge_lora(
+    state: dict[str, torch.Tensor],
+    lora: ResolvedLora,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> None:
+    """``W <- W + scale * (B @ A)`` for every adapted Linear of ``state`` (Wan names), in place.
+
+    The sum is computed in float32 (float64 when ``dtype`` is) on ``device`` from the
+    weights as stored, and cast to ``dtype`` once: a bfloat16 model gets the rounded
+    merged weight, not the sum of two rounded terms.
+    """
+    compute = torch.promote_types(torch.float32, dtype)
+    with _full_float32_matmul(), torch.no_grad():
+        for module in lora.modules:
+            key = f"{module.module}.weight"
+            lora_a, lora_b, weight = tensors.get(module.key_a), tensors.get(module.key_b), state.get(key)
+            # Keys and shapes were checked without torch (against the config the adapter was
+            # resolved with); a file replaced since then, or another model, is caught here.
+            if weight is None:
+                raise WeightsError(f"{lora.tensors}: key {module.key_a!r} adapts {module.module!r}, which this model lacks")
+            if lora_a is None or lora_b is None:
+                raise WeightsError(f"{lora.tensors}: key {module.key_a!r} or {module.key_b!r} is gone since the config check")
+            out_features, in_features = weight.shape
+            if tuple(lora_a.shape) != (module.rank, in_features) or tuple(lora_b.shape) != (out_features, module.rank):
+                raise WeightsError(f"{lora.tensors}: key {module.key_a!r} no longer fits {key} (replaced since the check?)")
+            delta = lora_b.to(device, compute) @ lora_a.to(device, compute)
+            state[key] = (weight.to(device, compute) + module.scale * delta).to(dtype)
+
+
+def _resolved_lora(
+    lora: str | Mapping | LoraSpec | ResolvedLora | None, config: WanConfig, allow_pickle: bool
+) -> ResolvedLora | None:
+    if lora is None or isinstance(lora, ResolvedLora):
+        return lora
+    return resolve_lora(LoraSpec.from_config(lora), config, allow_pickle=allow_pickle)
+
+
+# -- the transformer ----------------------------------------------------------------------
+
+
 def load_transformer(
     path: str | Path,
     *,
@@ -164,11 +240,13 @@ def load_transformer(
     allow_pickle: bool = False,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | str = torch.float32,
+    lora: str | Mapping | LoraSpec | ResolvedLora | None = None,
 ) -> WanModel:
     """The project's transformer with the weights at ``path`` (format detected or forced).
 
     ``model`` names the config (e.g. ``"wan2.1-t2v-1.3b"``); without it the config
-    comes from the weights folder's config.json, or from ``base``'s.
+    comes from the weights folder's config.json, or from ``base``'s. ``lora`` (a path,
+    a ``{path, rank, alpha}`` mapping, or a resolved adapter) is merged into the weights.
     """
     path = resolve_path(str(path))
     if not path.exists():
@@ -191,10 +269,13 @@ def load_transformer(
                 break
         if config is None:
             raise WeightsError(f"no config.json beside {path}; pass model= (e.g. 'wan2.1-t2v-1.3b') or base=")
+    adapter = _resolved_lora(lora, config, allow_pickle)
     state = read_state_dict(path, fmt, ema=ema, allow_pickle=allow_pickle)
     with torch.device("meta"):
         net = WanModel(config)
     check_state_dict(net, state, f"{fmt} weights {path}")
+    if adapter is not None:
+        merge_lora(state, adapter, read_lora_tensors(adapter, allow_pickle=allow_pickle), dtype=dtype, device=device)
     net.load_state_dict(state, strict=True, assign=True)
     return net.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
@@ -228,4 +309,5 @@ def load_checkpoint(
         allow_pickle=spec.allow_pickle,
         device=device,
         dtype=dtype,
+        lora=checkpoint.lora,
     )
