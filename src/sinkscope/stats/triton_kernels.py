@@ -710,6 +710,9 @@ def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     """(output [Lq, H, D], natural-log log-sum-exp [H, Lq] fp32) of one attention call, from
     cuDNN's attention (the backend SDPA picks on Hopper), or flash attention where cuDNN
     is not available. q, k, v are [H, L, D]."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        # cuDNN's op takes float32 without complaint and returns NaN (H100, torch 2.11).
+        raise NotImplementedError(f"cuDNN and flash attention compute in fp16 / bf16, not {q.dtype}")
     q4, k4, v4 = q[None], k[None], v[None]
     errors = []
     for attend in (
