@@ -66,7 +66,7 @@ def test_strings_from_the_command_line_are_coerced():
          "generation.budget_frames: 12 is below sink_frames + recent_frames = 14"),
         ({"generation": {"cache_policy": "participative_compression", "recent_frames": 2}}, "recent_frames: 2 must hold the current block"),
         ({"variants": {"ds": {"cache_policy": "sink", "local_attn_frames": 5}}}, "config key variants.ds.local_attn_frames: a window of 5"),
-        ({"generation": {"num_frames": 1026}}, "config key generation.num_frames: 1026 is greater than the maximum of 1024"),
+        ({"generation": {"num_frames": 65537}}, "config key generation.num_frames: 65537 is greater than the maximum of 65536"),
         ({"prompts": {1: "x"}}, "config key prompts: the name 1 is a int; names must be strings"),
         ({"prompts": {"p" * 250: "x"}}, "is longer than 64 characters"),
         ({"figures": {"heads": ["L1H13"]}}, "figures.heads: 'L1H13' does not exist in checkpoint 'demo'"),

@@ -130,6 +130,33 @@ def test_rope_matches_complex_multiplication_in_float64():
     torch.testing.assert_close(rotated, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_rope_positions_past_the_models_table_follow_the_same_formula():
+    """Rollouts past 1024 latent frames: positions beyond the model's table are computed,
+    not refused, and agree with a table large enough to hold them."""
+    small, large = RotaryTables(head_dim=12, max_positions=8), RotaryTables(head_dim=12, max_positions=4096)
+    for start in (6, 1500, 4000):
+        torch.testing.assert_close(small.phases(start, 3, 2, 2, torch.device("cpu"), torch.float64),
+                                   large.phases(start, 3, 2, 2, torch.device("cpu"), torch.float64), rtol=0, atol=0)  # fmt: skip
+    with pytest.raises(ValueError, match="negative"):
+        small.phases(-1, 2, 2, 2, torch.device("cpu"), torch.float64)
+
+
+def test_a_rollout_runs_past_the_models_rope_table():
+    import dataclasses
+
+    from sinkscope.generation.sampler import generate
+    from sinkscope.model.wan import WanModel, init_random_weights
+    from sinkscope.options import GenerationOptions
+
+    config = dataclasses.replace(get_model_config("demo"), rope_max_positions=6, num_layers=1)
+    model = WanModel(config)
+    init_random_weights(model, 0)
+    options = GenerationOptions.from_config({"num_frames": 12, "cache_policy": "sink", "local_attn_frames": 6,
+                                             "sink_frames": 3, "denoising_steps": [1000]})  # fmt: skip
+    result = generate(model, torch.randn(1, 7, config.text_dim), options=options, seed=0)
+    assert result.latents.shape[2] == 12 and torch.isfinite(result.latents).all()
+
+
 def test_sinusoidal_embedding_is_cos_first():
     emb = sinusoidal_embedding(8, torch.tensor([0.0, 2.0]))
     assert emb.dtype == torch.float64

@@ -32,7 +32,7 @@ import torch
 
 from sinkscope.model import WanModel
 from sinkscope.model.policies import policy_from_options
-from sinkscope.options import GenerationOptions, OptionsError
+from sinkscope.options import GenerationOptions
 
 PASS_DENOISE = "denoise"
 PASS_CACHE = "cache"
@@ -212,11 +212,6 @@ def generate(
     width = options.latent_width or config.latent_width
     frame_seq_length = config.frame_seq_length(height, width)
     blocks = options.block_sizes()
-    if options.num_frames > config.rope_max_positions:
-        raise OptionsError(
-            f"config key generation.num_frames: {options.num_frames} frames exceed the model's "
-            f"{config.rope_max_positions} temporal RoPE positions"
-        )
     schedule = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
     timesteps = schedule.denoising_timesteps(options.denoising_steps, options.warp_denoising_step)
     num_steps = len(timesteps)

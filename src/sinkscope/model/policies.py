@@ -174,10 +174,9 @@ class CachePolicy:
         layers_list = range(self.cache.num_layers) if layers is None else layers
         for layer in layers_list:
             positions = [s.position + delta for s in self.cache.segments_of(layer)[:count]]
-            if min(positions) < 0 or max(positions) >= self.rope.max_positions:
+            if min(positions) < 0:
                 raise ValueError(
-                    f"cache_policy {self.name!r}: sink keys would move to temporal positions {min(positions)}.."
-                    f"{max(positions)}, outside the {self.rope.max_positions} RoPE positions"
+                    f"cache_policy {self.name!r}: sink keys would move to negative temporal positions {min(positions)}"
                 )
         self.cache.rotate(0, count, delta, self.rope.temporal_angles(delta, self.cache.device), layers)
 

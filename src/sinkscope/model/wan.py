@@ -86,7 +86,10 @@ class RotaryTables:
     """Wan's 3-axis RoPE: head_dim split t:h:w = d-4(d//6) : 2(d//6) : 2(d//6), theta 1e4.
 
     Tables are computed in float64 from absolute positions; temporal positions start
-    at the block's first frame (Self-Forcing's frame offset). Channel pairs
+    at the block's first frame (Self-Forcing's frame offset). ``max_positions`` is the
+    model's own table (Wan: 1024 rows); positions past it are computed by the same
+    formula, as the long-rollout methods that enlarge the table do (Rolling Sink: 8192),
+    so rollouts are not limited to 1024 latent frames. Channel pairs
     (2i, 2i+1) rotate together (the interleaved convention). A few recent tables are
     kept on the device (a bounded LRU, so long rollouts do not grow device memory).
     """
@@ -113,11 +116,8 @@ class RotaryTables:
 
         Computed in float64; ``dtype`` is the real type returned (float32, or float64).
         """
-        if start_frame < 0 or start_frame + frames > self.max_positions:
-            raise ValueError(
-                f"temporal positions {start_frame}..{start_frame + frames - 1} leave the "
-                f"{self.max_positions} RoPE positions [0, {self.max_positions})"
-            )
+        if start_frame < 0:
+            raise ValueError(f"temporal positions {start_frame}..{start_frame + frames - 1} are negative")
         key = (start_frame, frames, height, width, torch.device(device), dtype)
         cached = self._cache.get(key)
         if cached is not None:

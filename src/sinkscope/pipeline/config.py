@@ -313,11 +313,6 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                 model_config.frame_seq_length(option.latent_height, option.latent_width)
             except ValueError as exc:
                 problems.append(f"config key {where}.latent_height/latent_width: {exc}")
-            if option.num_frames > model_config.rope_max_positions:
-                problems.append(
-                    f"config key {where}.num_frames: {option.num_frames} exceeds the {model_config.rope_max_positions} "
-                    f"RoPE positions of checkpoint {name!r}"
-                )
         for key, chosen in (("layers", config["layers"]), ("figures.highlight_layers", config["figures"]["highlight_layers"])):
             bad_layers = [layer for layer in chosen or [] if layer >= model_config.num_layers]
             if bad_layers:
