@@ -142,20 +142,24 @@ def attention_statistics(
     available, else torch), "torch" (the chunked reference, any device) or "triton".
     """
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     num_q = len(query_frames)
-    if backend == "auto":
-        backend = "triton" if q.is_cuda and triton_available() else "torch"
-    if backend == "triton":
-        if not q.is_cuda:
-            raise ValueError(f"the triton backend needs CUDA tensors; q is on {q.device} (use backend 'torch' or 'auto')")
+    if _resolve_backend(q, backend) == "triton":
         from sinkscope.stats.triton_kernels import statistics_triton
 
         return statistics_triton(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
-    if backend == "torch":
-        return statistics_chunked(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
-    raise ValueError(f"unknown statistics backend {backend!r}; use 'auto', 'torch' or 'triton'")
+    return statistics_chunked(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
+
+
+def _resolve_backend(q: torch.Tensor, backend: str) -> str:
+    """'triton' or 'torch': "auto" is Triton on CUDA where it runs, else torch."""
+    if backend == "auto":
+        return "triton" if q.is_cuda and triton_available() else "torch"
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"unknown statistics backend {backend!r}; use 'auto', 'torch' or 'triton'")
+    if backend == "triton" and not q.is_cuda:
+        raise ValueError(f"the triton backend needs CUDA tensors; q is on {q.device} (use backend 'torch' or 'auto')")
+    return backend
 
 
 
@@ -187,13 +191,8 @@ def attention_with_statistics(
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     if v.shape[:2] != k.shape[:2] or v.dtype != k.dtype or v.device != k.device:
         raise ValueError(f"v {tuple(v.shape)} ({v.dtype}, {v.device}) does not match k {tuple(k.shape)}")
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    if backend == "auto":
-        backend = "triton" if q.is_cuda and triton_available() else "torch"
-    if backend == "triton":
-        if not q.is_cuda:
-            raise ValueError(f"the triton backend needs CUDA tensors; q is on {q.device} (use backend 'torch' or 'auto')")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if _resolve_backend(q, backend) == "triton":
         from sinkscope.stats.triton_kernels import (
             attention_statistics_lse,
             attention_statistics_triton,
@@ -204,8 +203,6 @@ def attention_with_statistics(
             return attention_statistics_lse(*args, token_profiles=token_profiles)
         except NotImplementedError:
             return attention_statistics_triton(*args, token_profiles=token_profiles)
-    if backend == "torch":
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
-        stats = statistics_chunked(q, k, frame_seq_length, len(query_frames), lengths, scale, token_profiles=token_profiles)
-        return out, stats
-    raise ValueError(f"unknown statistics backend {backend!r}; use 'auto', 'torch' or 'triton'")
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
+    stats = statistics_chunked(q, k, frame_seq_length, len(query_frames), lengths, scale, token_profiles=token_profiles)
+    return out, stats

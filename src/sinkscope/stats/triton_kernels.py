@@ -87,6 +87,13 @@ def _interpreting() -> bool:
 
 
 @triton.jit
+def _load_rows(base, stride_row, offs_row, row_valid, offs_d, d_valid):
+    """A [rows, D_PAD] tile of a [L, D] matrix (one head's q); padding reads 0."""
+    return tl.load(base + offs_row[:, None] * stride_row + offs_d[None, :], mask=row_valid[:, None] & d_valid[None, :],
+                   other=0.0)  # fmt: skip
+
+
+@triton.jit
 def _frame_softmax_partials(
     q_ptr,
     k_ptr,
@@ -117,11 +124,7 @@ def _frame_softmax_partials(
     offs_d = tl.arange(0, D_PAD)
     m_valid = offs_m < num_queries
     d_valid = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :],
-        mask=m_valid[:, None] & d_valid[None, :],
-        other=0.0,
-    )
+    q = _load_rows(q_ptr + head * stride_qh, stride_ql, offs_m, m_valid, offs_d, d_valid)
     seg_start = tl.load(starts_ptr + frame)
     seg_len = tl.load(lengths_ptr + frame)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -284,11 +287,7 @@ def _attention_frame_partials(
     offs_d = tl.arange(0, D_PAD)
     m_valid = offs_m < num_queries
     d_valid = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :],
-        mask=m_valid[:, None] & d_valid[None, :],
-        other=0.0,
-    )
+    q = _load_rows(q_ptr + head * stride_qh, stride_ql, offs_m, m_valid, offs_d, d_valid)
     sum_keys = pid_m == 0
     g_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     big_l = tl.zeros([BLOCK_M], tl.float32)
@@ -373,11 +372,7 @@ def _frame_partials_given_lse(
     offs_d = tl.arange(0, D_PAD)
     m_valid = offs_m < num_queries
     d_valid = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :],
-        mask=m_valid[:, None] & d_valid[None, :],
-        other=0.0,
-    )
+    q = _load_rows(q_ptr + head * stride_qh, stride_ql, offs_m, m_valid, offs_d, d_valid)
     lse = tl.load(lse_ptr + head * num_queries + offs_m, mask=m_valid, other=0.0)
     seg_start = tl.load(starts_ptr + frame)
     seg_len = tl.load(lengths_ptr + frame)
@@ -455,11 +450,7 @@ def _token_profiles(
     for start in range(0, LOOP_END if LOOP_END > 0 else num_queries, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         m_valid = offs_m < num_queries
-        q = tl.load(
-            q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :],
-            mask=m_valid[:, None] & d_valid[None, :],
-            other=0.0,
-        )
+        q = _load_rows(q_ptr + head * stride_qh, stride_ql, offs_m, m_valid, offs_d, d_valid)
         # Rows past the end read max 0 and 1/L 0: their p is exactly 0.
         row_max = tl.load(row_max_ptr + head * num_queries + offs_m, mask=m_valid, other=0.0)
         row_inv = tl.load(row_inv_ptr + head * num_queries + offs_m, mask=m_valid, other=0.0)
@@ -631,6 +622,15 @@ def statistics_triton(
     return _combine(q, k, m, l, u, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
 
 
+def _logit_mean_by_factorization(
+    q: torch.Tensor, key_sums: torch.Tensor, num_q: int, frame_seq_length: int, key_lengths: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """[H, num_q, num_k]: (mean q of the query frame) . (mean k of the key frame) * scale,
+    from the kernels' per-frame key sums [H, num_k, D] and their lengths (fp32)."""
+    query_means = q.unflatten(1, (num_q, frame_seq_length)).sum(dim=2, dtype=torch.float32).div_(frame_seq_length)
+    return torch.einsum("hqd,hkd->hqk", query_means, key_sums).mul_(scale / key_lengths)
+
+
 def attention_statistics_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -665,8 +665,7 @@ def attention_statistics_triton(
         **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), "FRAMES_END": _interpreter_loop_end(num_k),
            **config}, **launch,
     )  # fmt: skip
-    query_means = q.unflatten(1, (num_q, frame_seq_length)).sum(dim=2, dtype=torch.float32).div_(frame_seq_length)
-    logit_mean = torch.einsum("hqd,hkd->hqk", query_means, key_sums).mul_(scale / lengths_float)
+    logit_mean = _logit_mean_by_factorization(q, key_sums, num_q, frame_seq_length, lengths_float, scale)
     return out, _combine_fused(q, k, m, g, l, w, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
 
 
@@ -780,8 +779,7 @@ def statistics_given_lse(
         num_queries, num_k, scale * LOG2E,
         **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), **config}, **launch,
     )  # fmt: skip
-    query_means = q.unflatten(1, (num_q, frame_seq_length)).sum(dim=2, dtype=torch.float32).div_(frame_seq_length)
-    logit_mean = torch.einsum("hqd,hkd->hqk", query_means, key_sums).mul_(scale / lengths_float)
+    logit_mean = _logit_mean_by_factorization(q, key_sums, num_q, frame_seq_length, lengths_float, scale)
     per_frame = (heads, num_q, frame_seq_length)
     prob_mass = l.view(*per_frame, num_k).mean(dim=2)
     entropy = (LN2 * (lse2 - w.sum(dim=-1))).view(per_frame).mean(dim=2)
