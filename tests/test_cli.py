@@ -50,6 +50,10 @@ BAD = [
     (["extract", "--out", "own"], "--out 'own' is an existing folder this command did not write"),
     (["extract", "--out", "config.yaml"], "--out 'config.yaml' is an input of this command"),
     (["import-cache", "old.pt", "--out", "old.pt"], "--out 'old.pt' is an input of this command"),
+    (["aggregate", "--input", "missing", "--out", "o"], "--input 'missing' does not exist"),
+    (["aggregate", "--input", "frame_attention.parquet", "--out", "o"],
+     "--input 'frame_attention.parquet' is neither an extraction folder nor a table import-cache wrote"),
+    (["aggregate", "--out", "o"], "the following arguments are required: --input"),
     (["import-cache", "missing.pt", "--out", "o.parquet"], "attention cache 'missing.pt' does not exist"),
     (["import-cache", "old.pt", "--out", "notes.txt"], "--out 'notes.txt' is an existing file this command did not write"),
     (["import-cache", "old.pt", "--out", "o.parquet", "--seed", "-3"], "argument --seed: -3 is negative"),
@@ -119,3 +123,33 @@ def test_an_earlier_import_is_replaced_only_with_force(inputs, tmp_path):
 def test_verify_takes_one_file(inputs):
     result = _sinkscope("verify", "frame_attention.parquet", cwd=inputs)
     assert result.returncode == 0 and "checked 1 results (0 folders, 1 files): all whole" in result.stderr
+
+
+def test_aggregate_builds_every_table_from_extraction_folders(inputs, tmp_path):
+    """CLI parity with the workflow: `sinkscope aggregate` makes the source tables the
+    aggregation rule makes (block_stats included), and figures draw from them."""
+    import pandas as pd
+
+    from sinkscope.stats.summaries import block_stats
+
+    extraction = tmp_path / "ext"
+    done = _sinkscope("extract", "--out", str(extraction), "--layers", "0", "1", "--set", "generation.num_frames=6",
+                      cwd=inputs)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "tables"
+    result = _sinkscope("aggregate", "--input", str(extraction), "--out", str(out), cwd=inputs)
+    assert result.returncode == 0, result.stderr
+    for table in ("frame_attention", "query_stats", "head_stats", "layer_stats", "block_stats", "head_diagnostics"):
+        assert (out / f"{table}.parquet").is_file(), table
+    frame = pd.read_parquet(out / "frame_attention.parquet")
+    assert set(frame["layer"]) == {0, 1} and set(frame["checkpoint"]) == {"demo"}
+    expected = block_stats(frame, 0).reset_index(drop=True)
+    got = pd.read_parquet(out / "block_stats.parquet")[list(expected.columns)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False, check_categorical=False)
+    again = _sinkscope("aggregate", "--input", str(extraction), "--out", str(out), cwd=inputs)
+    assert again.returncode == 2 and "add --force" in again.stderr
+    drawn = _sinkscope("figure", "sink_mass_over_time", "--input", str(out / "block_stats.parquet"), "--out-prefix",
+                       str(tmp_path / "sink"), cwd=inputs)  # fmt: skip
+    assert drawn.returncode == 0, drawn.stderr
+    refused = _sinkscope("aggregate", "--input", "notes.txt", "--out", str(tmp_path / "x"), cwd=inputs)
+    assert refused.returncode == 2 and "is neither an extraction folder nor a table import-cache wrote" in refused.stderr

@@ -141,6 +141,65 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    """Every table of a source from its extraction folders (or imported tables), as the
+    workflow's aggregation makes them (the same job function)."""
+    from sinkscope.pipeline.aggregate import aggregate_job
+    from sinkscope.pipeline.jobs import log_to
+    from sinkscope.pipeline.study import SOURCE_TABLES
+
+    log_to(None)
+    inputs = [Path(path) for path in args.input]
+    for entry in inputs:
+        if not entry.exists():
+            raise ConfigError(f"--input {str(entry)!r} does not exist")
+        if not (_is_extraction_folder(entry) or _is_imported_table(entry)):
+            raise ConfigError(f"--input {str(entry)!r} is neither an extraction folder nor a table import-cache wrote")
+    out = Path(args.out)
+    _check_output(out, inputs=inputs, force=args.force, ours=_is_aggregated_folder, what="tables it aggregated")
+    out.mkdir(parents=True, exist_ok=True)
+    outputs = {table: str(out / table) if table == "token_profiles" else str(out / f"{table}.parquet") for table in SOURCE_TABLES}
+    outputs["head_classes"] = str(out / "head_classes.csv")
+    params = {"name": args.name or _source_name(inputs), "sink_frames": _sink_frames(inputs),
+              "diagnostics": schema_defaults("diagnostics")}  # fmt: skip
+    aggregate_job(inputs, outputs, params)
+    print(f"wrote {len(outputs)} tables of {params['name']} to {args.out}")
+    return 0
+
+
+def _source_name(inputs: list[Path]) -> str:
+    """The workflow's source name (checkpoint, or checkpoint@variant) of the first input."""
+    from sinkscope.manifests import read_manifest
+    from sinkscope.pipeline.study import Study
+    from sinkscope.tables import DEFAULT_VARIANT, read_metadata
+
+    first = inputs[0]
+    if first.is_dir():
+        first = first / sorted(read_manifest(first)["files"])[0]
+    meta = read_metadata(first)
+    checkpoint = (meta.get("checkpoint") or {}).get("name") if isinstance(meta.get("checkpoint"), dict) else meta.get("checkpoint")
+    return Study.source_name(str(checkpoint or "cli"), str(meta.get("variant") or DEFAULT_VARIANT))
+
+
+def _sink_frames(inputs: list[Path]) -> int:
+    """The sink frames of the generation that wrote the first extraction folder (0 for imports)."""
+    from sinkscope.manifests import read_manifest
+
+    for entry in inputs:
+        if entry.is_dir():
+            return int(read_manifest(entry)["contents"].get("generation", {}).get("sink_frames", 0))
+    return 0
+
+
+def _is_aggregated_folder(path: Path) -> bool:
+    from sinkscope.tables import read_metadata
+
+    try:
+        return path.is_dir() and "sources" in read_metadata(path / "frame_attention.parquet")
+    except (SinkscopeError, OSError):
+        return False
+
+
 def cmd_import_cache(args: argparse.Namespace) -> int:
     from sinkscope.pipeline.imports import import_job
     from sinkscope.pipeline.jobs import log_to
@@ -373,6 +432,15 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--allow-pickle", action="store_true", help="allow unpickling objects beyond tensors (trusted files only)")
     imp.add_argument("--force", action="store_true", help="replace a table an earlier import-cache wrote at --out")
     imp.set_defaults(func=cmd_import_cache)
+
+    agg = sub.add_parser("aggregate", help="build every table of a source (block_stats, head_diagnostics...) from "
+                                          "its extraction folders, as the workflow does")  # fmt: skip
+    agg.add_argument("--input", nargs="+", required=True,
+                     help="extraction folders (sinkscope extract --out, or results/extract/...) or imported tables")
+    agg.add_argument("--out", required=True, help="folder for <table>.parquet, head_classes.csv and token_profiles/")
+    agg.add_argument("--name", help="the source name in the tables (default: checkpoint[@variant] of the inputs)")
+    agg.add_argument("--force", action="store_true", help="replace tables an earlier aggregate wrote at --out")
+    agg.set_defaults(func=cmd_aggregate)
 
     fig = sub.add_parser("figure", help="draw one figure from sinkscope tables")
     fig.add_argument("kind", choices=list(FIGURES), metavar="KIND",

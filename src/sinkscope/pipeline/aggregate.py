@@ -22,7 +22,7 @@ import pandas as pd
 from sinkscope.errors import DamagedFileError, SinkscopeError
 from sinkscope.io import atomic_path
 from sinkscope.manifests import DATASET_MANIFEST, check_dataset_folder, read_manifest, write_manifest
-from sinkscope.naming import decode_layers, layer_file
+from sinkscope.naming import decode_layers, is_group_folder, layer_file
 from sinkscope.pipeline.integrity import check_layer_rows, verify_file
 from sinkscope.pipeline.jobs import provenance
 from sinkscope.stats.summaries import block_stats, head_class_grid, head_diagnostics, head_stats, layer_stats
@@ -47,9 +47,10 @@ def extraction_files(directory: str | Path) -> dict[str, list[Path]]:
     directory = Path(directory)
     manifest = read_manifest(directory)
     contents = manifest["contents"]
-    expected = decode_layers(directory.name.removeprefix("layers"))
-    if sorted(contents["layers"]) != sorted(expected):
-        raise DamagedFileError(directory, f"holds layers {contents['layers']}, its name says {expected}")
+    if is_group_folder(directory.name):  # the workflow's folders name their layers
+        expected = decode_layers(directory.name.removeprefix("layers"))
+        if sorted(contents["layers"]) != sorted(expected):
+            raise DamagedFileError(directory, f"holds layers {contents['layers']}, its name says {expected}")
     files: dict[str, list[Path]] = {"frames": [], "queries": [], "tokens": []}
     for layer in contents["layers"]:
         for kind in files:
