@@ -423,11 +423,12 @@ JOB_DRIVER = """
 import json, sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, {src!r})
-from sinkscope.pipeline.jobs import extract_job
+from sinkscope.pipeline.extract import extract_job
 t1 = time.perf_counter()
-meta = extract_job(checkpoint={checkpoint!r}, prompt_id="eagle", seed=0, layers={layers!r},
-                   outputs=[{out!r} + f"/layer{{l}}.parquet" for l in {layers!r}], embedding={embedding!r},
-                   weights_sha256="benchmark", generation={{}}, device="cuda", compile={compile!r})
+meta = extract_job(checkpoint={checkpoint!r}, variant="default", prompt_id="eagle", seed=0, layers={layers!r},
+                   output={out!r}, embedding={embedding!r}, weights_sha256="benchmark", generation={{}},
+                   capture={{"backend": "auto", "compile": {compile!r}, "token_profiles": "last_block"}},
+                   compute={{"device": "cuda", "dtype": "bfloat16"}})
 t2 = time.perf_counter()
 print("RESULT " + json.dumps({{"import_seconds": t1 - t0, "job_seconds": t2 - t1, "timings": meta["timings"]}}))
 """
@@ -457,7 +458,7 @@ def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cach
     if not embedding.exists():
         save_embedding(embedding, random_context()[0].cpu(), prompt="benchmark", encoder=TextEncoderSpec("umt5", "wan", str(release)))
     checkpoint = {"name": "bench", "model": None, "format": "wan", "weights": str(release), "base": None, "seed": 0, "ema": True,
-                  "allow_pickle": False, "dtype": "bfloat16"}  # fmt: skip
+                  "allow_pickle": False, "dtype": "bfloat16", "train_step": None}  # fmt: skip
     out = workdir / f"out-{len(layers)}-{compile}"
     script = JOB_DRIVER.format(src=str(ROOT / "src"), checkpoint=checkpoint, layers=layers, out=str(out),
                                embedding=str(embedding), compile=compile)  # fmt: skip

@@ -12,6 +12,7 @@ from sinkscope.generation.capture import FrameStatsCapture
 from sinkscope.generation.sampler import FlowMatchSchedule, generate
 from sinkscope.model import build_model
 from sinkscope.options import CACHE_POLICIES, GenerationOptions
+from sinkscope.tables import token_rows
 
 FSL = 24  # the demo's tokens a frame
 
@@ -62,9 +63,12 @@ def test_every_call_is_captured_with_absolute_frames():
     assert timesteps == [625.0, 833.3, 937.5, 1000.0]
     assert set(rows.loc[rows["pass"] == "cache", "timestep"]) == {0.0}
     assert (rows["key_tokens"] == FSL).all() and (rows["key_position_shift"] == 0).all()
-    # Token profiles for the last block only (the default), one row per head x key token.
+    # Token profiles for the last block only (the default): a row per head and key frame,
+    # the frame's tokens as lists; token_rows gives a row per key token.
     tokens = tables[4]["tokens"]
-    assert set(tokens["block"]) == {2} and len(tokens) == 5 * 12 * 9 * FSL
+    assert set(tokens["block"]) == {2} and len(tokens) == 5 * 12 * 9
+    assert {len(values) for values in tokens["token_prob_mean"]} == {FSL}
+    assert len(token_rows(tokens)) == 5 * 12 * 9 * FSL
     queries = tables[4]["queries"]
     assert len(queries) == 15 * 12 * 3 and (queries["entropy_tokens"] > 0).all()
 
@@ -79,7 +83,7 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     frames = {"global": 9, "rolling_sink": 18}.get(policy, 15)  # rolling_sink: frames 6..8 attended twice at cs 15
     options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy, **extra})
     tables, recorder, _ = run(options, token_profiles="all")
-    frame_rows, token_rows, query_rows = tables[0]["frames"], tables[0]["tokens"], tables[0]["queries"]
+    frame_rows, token_table, query_rows = tables[0]["frames"], tables[0]["tokens"], tables[0]["queries"]
     partial = False
     for info, q, k, layout in recorder.calls:
         ref = brute_force_statistics(q, k, FSL, len(layout.query_frames), list(layout.key_lengths), q.shape[-1] ** -0.5)
@@ -95,9 +99,17 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
         partial |= min(layout.key_lengths) < FSL
         queries = call(query_rows).sort_values(["head", "query_frame"])
         assert np.allclose(queries["entropy_tokens"].to_numpy(), ref["entropy"].flatten().numpy(), atol=1e-6)
-        tokens = call(token_rows)
-        assert np.allclose(tokens["token_prob_mean"].to_numpy(), ref["token_prob_mean"].flatten().numpy(), atol=1e-8)
-        assert np.allclose(tokens["token_logit_mean"].to_numpy(), ref["token_logit_mean"].flatten().numpy(), atol=1e-6)
+        # Token lists, a row per (head, key segment in k's order); back to k's columns by the
+        # layout: segment of each key column and its token index within the frame.
+        tokens = call(token_table)
+        lengths = np.asarray(layout.key_lengths)
+        segment = np.repeat(np.arange(len(lengths)), lengths)
+        index = (np.asarray(layout.key_token_index) if layout.key_token_index is not None
+                 else np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths))  # fmt: skip
+        for name, atol in (("token_prob_mean", 1e-8), ("token_logit_mean", 1e-6)):
+            lists = np.stack(tokens[name].to_numpy()).reshape(q.shape[0], len(lengths), FSL)
+            assert np.allclose(lists[:, segment, index], ref[name].numpy(), atol=atol), (policy, info, name)
+            assert np.isnan(lists).sum() == q.shape[0] * (len(lengths) * FSL - lengths.sum())
     # Dropped tokens show as partial key frames under participative compression only.
     assert partial == (policy == "participative_compression")
     shifted = (frame_rows["key_position_shift"] != 0).any()
@@ -106,7 +118,7 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
 
 def test_token_profiles_sum_and_average_to_the_frame_statistics():
     tables, _, _ = run(GenerationOptions(num_frames=9))
-    frames, tokens = tables[4]["frames"], tables[4]["tokens"]
+    frames, tokens = tables[4]["frames"], token_rows(tables[4]["tokens"])
     keys = ["block", "pass", "step", "head", "key_frame"]
     per_frame = frames[frames["block"] == 2].groupby(keys, observed=True)[["logit_mean", "prob_mass"]].mean()
     from_tokens = tokens.groupby(keys, observed=True).agg(logit=("token_logit_mean", "mean"), mass=("token_prob_mean", "sum"))
@@ -172,5 +184,5 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
     for kind, names in (("frames", ("logit_mean", "prob_mass")), ("tokens", ("token_logit_mean", "token_prob_mean")),
                         ("queries", ("entropy_tokens",))):  # fmt: skip
         for name in names:
-            a, b = gpu[4][kind][name].to_numpy(), cpu[4][kind][name].to_numpy()
+            a, b = (np.stack(t[4][kind][name].to_numpy()) if kind == "tokens" else t[4][kind][name].to_numpy() for t in (gpu, cpu))
             assert a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-4), (kind, name)

@@ -21,7 +21,7 @@ from sinkscope.figures.registry import FIGURES
 from sinkscope.manifests import DATASET_MANIFEST, write_manifest
 from sinkscope.naming import head_label
 from sinkscope.stats import summaries
-from sinkscope.tables import ALL_PROMPTS, SCHEMAS, write_table
+from sinkscope.tables import ALL_PROMPTS, SCHEMAS, token_lists, write_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = (1000, 750, 500, 250)
@@ -540,7 +540,7 @@ def write_source(root: Path, data: dict, source: str = "demo") -> dict[str, str]
     listed = []
     for (prompt, seed, layer), rows in data["token_profiles"].groupby(["prompt_id", "seed", "layer"]):
         listed.append(f"{prompt}/seed{seed}/layers0-5/layer{layer}.tokens.parquet")
-        write_table(rows, tokens / listed[-1], SCHEMAS["token_profiles"], meta)
+        write_table(token_lists(rows, int(np.prod(data["grid"]))), tokens / listed[-1], SCHEMAS["token_profiles"], meta)
     write_manifest(tokens, listed, {"table": "token_profiles", "source": source}, name=DATASET_MANIFEST)
     paths["token_profiles"] = str(tokens)
     extractions = []

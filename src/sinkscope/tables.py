@@ -9,7 +9,9 @@ The tables (DESIGN.md; the derived ones are computed in ``sinkscope.stats.summar
 
 - ``frame_attention``: one row per call x head x query frame x key frame.
 - ``query_stats``: one row per call x head x query frame (token-level entropy).
-- ``token_profiles``: one row per chosen call x head x key token.
+- ``token_profiles``: one row per chosen call x head x key frame, the frame's token values
+  as two lists of ``frame_seq_length`` values (NaN where a token is absent);
+  ``token_rows`` turns them into one row per key token.
 - ``head_stats`` / ``layer_stats``: the last block's Figure 4 view, summarized.
 - ``block_stats``: per block and call, where the mass goes (over-time view).
 - ``head_diagnostics``: per head, entropies, sink mass, sign rate, periodicity, class.
@@ -65,8 +67,13 @@ TOKEN_PROFILES_SCHEMA = pa.schema(
     _RUN_FIELDS
     + [("layer", pa.int16()), ("head", pa.int16())]
     + _CALL_FIELDS
-    + [("key_frame", pa.int16()), ("token", pa.int32()), ("token_logit_mean", pa.float32()), ("token_prob_mean", pa.float32())]
+    + [("key_frame", pa.int16()), ("key_tokens", pa.int32()), ("key_position_shift", pa.int32()),
+       ("token_logit_mean", pa.list_(pa.float32())),
+       ("token_prob_mean", pa.list_(pa.float32()))]
 )
+# The long form of token_profiles that figures and users read (``token_rows``).
+TOKEN_ROW_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "key_frame", "token", "token_logit_mean",
+                     "token_prob_mean")
 
 _SUMMARY_CALL = [("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()), ("metric", pa.string()), ("runs", pa.int16())]
 _CURVE_FIELDS = [
@@ -157,8 +164,8 @@ COLUMN_DOCS: dict[str, str] = {
     "num_keys": "key tokens the call saw",
     "num_key_frames": "key frames present (in the call, or in the summarized curve)",
     "token": "index of the key token within its frame (row-major over the latent patch grid)",
-    "token_logit_mean": "mean over the call's query tokens of q.k_token/sqrt(d); its mean over a frame's tokens is the query-averaged logit_mean",
-    "token_prob_mean": "mean over the call's query tokens of the softmax probability of the key token; its sum over a frame's tokens is the query-averaged prob_mass",
+    "token_logit_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's query tokens of q.k_token/sqrt(d); its mean over the frame's present tokens is the query-averaged logit_mean",
+    "token_prob_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's query tokens of the token's softmax probability; its sum over the frame is the query-averaged prob_mass",
     "metric": "which statistic the row summarizes: logit_mean or prob_mass",
     "runs": "prompt x seed runs averaged into the curve (1 for per-run rows)",
     "query_frames": "the query frames averaged (the last block's frames)",
@@ -227,7 +234,13 @@ def to_arrow(frame: pd.DataFrame, schema: pa.Schema, path: str | Path = "table")
     arrays = []
     for field in schema:
         column = frame[field.name]
-        if isinstance(column.dtype, pd.CategoricalDtype):
+        if pa.types.is_list(field.type) and len(column) and isinstance(column.iloc[0], np.ndarray):
+            # Equal-length value lists (one per row): one flat buffer, no per-element conversion.
+            values = np.stack(column.to_numpy()).astype(field.type.value_type.to_pandas_dtype(), copy=False)
+            width = values.shape[1]
+            offsets = pa.array(np.arange(0, (len(values) + 1) * width, width, dtype=np.int32))
+            array = pa.ListArray.from_arrays(offsets, pa.array(values.ravel()), type=field.type)
+        elif isinstance(column.dtype, pd.CategoricalDtype):
             # Codes + categories, cast in Arrow: no per-row Python objects (token tables are millions of rows).
             codes = pa.array(column.cat.codes.to_numpy(), mask=column.isna().to_numpy())
             array = pa.DictionaryArray.from_arrays(codes, pa.array(column.cat.categories.astype(str))).cast(field.type)
@@ -263,12 +276,15 @@ def write_table(
         # Dictionaries for keys (they repeat), byte-stream-split for floats (random-looking
         # values that dictionaries do not shrink): half the time of the defaults, smaller files.
         floats = [field.name for field in table.schema if pa.types.is_floating(field.type)]
+        float_lists = [field.name for field in table.schema
+                       if pa.types.is_list(field.type) and pa.types.is_floating(field.type.value_type)]  # fmt: skip
         options = dict(
             compression="zstd",
             write_page_checksum=True,
-            use_dictionary=[name for name in table.column_names if name not in floats],
-            column_encoding={name: "BYTE_STREAM_SPLIT" for name in floats},
-        )
+            use_dictionary=[name for name in table.column_names if name not in floats + float_lists],
+            column_encoding={**{name: "BYTE_STREAM_SPLIT" for name in floats},
+                             **{f"{name}.list.element": "BYTE_STREAM_SPLIT" for name in float_lists}},
+        )  # fmt: skip
         if row_groups_by is None or table.num_rows == 0:
             pq.write_table(table, tmp, **options)
             return
@@ -388,6 +404,10 @@ def column_digests(table) -> dict[str, str]:
             digest.update((offsets - offsets[0]).tobytes())
             if data is not None:
                 digest.update(memoryview(data)[offsets[0] : offsets[-1]])
+        elif pa.types.is_list(array.type):
+            offsets = np.asarray(array.offsets)
+            digest.update((offsets - offsets[0]).astype(np.int64).tobytes())
+            digest.update(np.ascontiguousarray(array.flatten().to_numpy(zero_copy_only=False)).tobytes())
         elif not array.null_count and array.type.bit_width % 8 == 0 and not pa.types.is_boolean(array.type):
             width = array.type.bit_width // 8  # the values buffer itself, no copy
             digest.update(memoryview(array.buffers()[1])[array.offset * width : (array.offset + len(array)) * width])
@@ -395,3 +415,45 @@ def column_digests(table) -> dict[str, str]:
             digest.update(np.ascontiguousarray(array.fill_null(0).to_numpy(zero_copy_only=False)).tobytes())
         digests[name] = digest.hexdigest()
     return digests
+
+
+def token_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """token_profiles rows (one per call, head and key frame, the frame's values as lists)
+    as one row per key token present: ``TOKEN_ROW_COLUMNS`` plus whatever run columns
+    the table has. A table already in that long form is returned as it is."""
+    if "token" in table.columns or table.empty:
+        return table
+    prob = table["token_prob_mean"].to_numpy()
+    width = len(prob[0])
+    prob = np.stack(prob)
+    logit = np.stack(table["token_logit_mean"].to_numpy())
+    present = ~np.isnan(prob)
+    row, token = np.nonzero(present)
+    keep = [name for name in table.columns if name not in ("token_prob_mean", "token_logit_mean", "key_tokens")]
+    out = table[keep].iloc[row].reset_index(drop=True)
+    out["token"] = token.astype(np.int32)
+    out["token_logit_mean"] = logit[present]
+    out["token_prob_mean"] = prob[present]
+    return out
+
+
+def token_lists(rows: pd.DataFrame, frame_seq_length: int) -> pd.DataFrame:
+    """The inverse of ``token_rows``: a row per key token -> the stored form, a row per
+    call, head and key frame with its tokens' values as ``frame_seq_length`` lists (NaN
+    where a token is absent); ``key_tokens`` counts the present ones."""
+    if "token" not in rows.columns:
+        return rows
+    value_columns = ("token", "token_logit_mean", "token_prob_mean")
+    keys = [name for name in rows.columns if name not in value_columns]
+    grouped = rows.groupby(keys, observed=True, sort=False, dropna=False)
+    group = grouped.ngroup().to_numpy()
+    out = grouped.size().reset_index(name="key_tokens")
+    out["key_tokens"] = out["key_tokens"].astype(np.int32)
+    if "key_position_shift" not in out.columns:
+        out["key_position_shift"] = np.int32(0)
+    token = rows["token"].to_numpy()
+    for name in ("token_logit_mean", "token_prob_mean"):
+        values = np.full((len(out), frame_seq_length), np.nan, np.float32)
+        values[group, token] = rows[name].to_numpy()
+        out[name] = list(values)
+    return out

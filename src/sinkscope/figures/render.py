@@ -35,7 +35,7 @@ from sinkscope.figures.common import (
 from sinkscope.figures.registry import FIGURES, LAYER, STUDY, figure_kind
 from sinkscope.manifests import check_dataset_folder
 from sinkscope.naming import parse_head_label
-from sinkscope.tables import read_metadata, read_table, with_default_columns
+from sinkscope.tables import read_metadata, read_table, token_rows, with_default_columns
 
 log = logging.getLogger("sinkscope")
 
@@ -67,6 +67,8 @@ def draw(
     drawer = module(kind)
     if isinstance(tables, pd.DataFrame):
         tables = {"frame_attention": tables}
+    if "token_profiles" in tables:  # the stored form (a list of a frame's values a row) -> a row a token
+        tables = {**tables, "token_profiles": token_rows(tables["token_profiles"])}
     if figure_kind(kind).scope == LAYER:
         if layer is None:
             raise ValueError(f"figure {kind} needs a layer")

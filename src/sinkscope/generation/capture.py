@@ -158,7 +158,7 @@ _CALL_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep")
 FRAME_COLUMNS = (*_CALL_COLUMNS, "query_frame", "key_frame", "logit_mean", "prob_mass", "argmax_share", "key_tokens",
                  "key_position_shift")  # fmt: skip
 QUERY_COLUMNS = (*_CALL_COLUMNS, "query_frame", "entropy_tokens", "num_keys", "num_key_frames")
-TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "token", "token_logit_mean", "token_prob_mean")
+TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "key_tokens", "key_position_shift", "token_logit_mean", "token_prob_mean")
 
 
 PASSES = (PASS_DENOISE, PASS_CACHE)
@@ -208,22 +208,30 @@ def _query_rows(record: _Record, arrays: dict[str, np.ndarray]) -> dict[str, np.
 
 
 def _token_rows(record: _Record, arrays: dict[str, np.ndarray], frame_seq_length: int) -> dict[str, np.ndarray]:
+    """One row per head and key frame, the frame's token values as a ``frame_seq_length``
+    list (list index = token index within the frame, NaN where the call lacked a token)."""
     layout = record.layout
     heads, num_keys = arrays["token_prob_mean"].shape
     lengths = np.asarray(layout.key_lengths)
-    frames = np.repeat(np.asarray(layout.key_frames, np.int16), lengths)
+    num_frames = len(lengths)
+    frame_of = np.repeat(np.arange(num_frames), lengths)
     if layout.key_token_index is not None:
-        tokens = np.asarray(layout.key_token_index, np.int32)
+        tokens = np.asarray(layout.key_token_index, np.int64)
     else:
-        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        tokens = (np.arange(num_keys) - starts).astype(np.int32)
-    h = np.repeat(np.arange(heads), num_keys)
+        tokens = np.arange(num_keys) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    dense = {}
+    for name in ("token_logit_mean", "token_prob_mean"):
+        values = np.full((heads, num_frames, frame_seq_length), np.nan, np.float32)
+        values[:, frame_of, tokens] = arrays[name]
+        dense[name] = values.reshape(heads * num_frames, frame_seq_length)
+    h = np.repeat(np.arange(heads), num_frames)
+    f = np.tile(np.arange(num_frames), heads)
     return {
         **_call_columns(record, h.size, h),
-        "key_frame": np.tile(frames, heads),
-        "token": np.tile(tokens, heads),
-        "token_logit_mean": arrays["token_logit_mean"].ravel(),
-        "token_prob_mean": arrays["token_prob_mean"].ravel(),
+        "key_frame": np.asarray(layout.key_frames, np.int16)[f],
+        "key_tokens": lengths.astype(np.int32)[f],
+        "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[f],
+        **dense,
     }
 
 
@@ -232,4 +240,5 @@ def _concat(parts: list[dict[str, np.ndarray]], columns: Sequence[str]) -> pd.Da
         return pd.DataFrame(columns=list(columns))
     data = {name: np.concatenate([part[name] for part in parts]) for name in columns}
     data["pass"] = pd.Categorical.from_codes(data["pass"], categories=list(PASSES))
-    return pd.DataFrame(data)
+    # Token lists as one array per row (tables.to_arrow stacks them back into one buffer).
+    return pd.DataFrame({name: list(values) if values.ndim == 2 else values for name, values in data.items()})

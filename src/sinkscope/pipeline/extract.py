@@ -59,7 +59,9 @@ def extract_job(
     compute: Mapping[str, str],
     base_dir: str | Path = ".",
 ) -> dict[str, Any]:
-    """Generate one video, capture ``layers``, write the extraction folder ``output``."""
+    """Generate one video, capture ``layers``, write the extraction folder ``output``;
+    returns the files' metadata plus ``timings`` (start-up, load, generation, collect,
+    write, the whole job: seconds)."""
     job_began = time.perf_counter()
     from sinkscope.generation.capture import FrameStatsCapture
     from sinkscope.generation.sampler import generate
@@ -159,9 +161,11 @@ def extract_job(
                                   "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
                                   "generation": options.to_dict()})  # fmt: skip
     _swap_in(built, output)
+    timings["job_seconds"] = time.perf_counter() - job_began
     log.info(
         "generation %.2f s (%d calls), load %.2f s, write %.2f s; latents sha256 %s; peak memory %s; timings %s",
         result.seconds, len(result.calls), timings["load_seconds"], timings["write_seconds"], latents_sha[:16],
         result.peak_memory_bytes, json.dumps({k: round(v, 4) for k, v in timings.items()}),
     )  # fmt: skip
-    return metadata
+    # Timings go back to the caller (and the log), never into the files.
+    return {**metadata, "timings": timings}
