@@ -176,11 +176,13 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
     cpu, _, cpu_result = run(options, device="cpu")
     gpu, _, gpu_result = run(options, device="cuda")
     torch.testing.assert_close(gpu_result.latents.cpu(), cpu_result.latents, rtol=1e-3, atol=1e-3)
-    # The captured layers' output came from the Triton kernel: the video stays SDPA's.
-    model = build_model("demo", seed=0, device="cuda")
-    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).cuda()
-    plain = generate(model, context, options=options, seed=0)
-    torch.testing.assert_close(gpu_result.latents, plain.latents, rtol=1e-4, atol=1e-4)
+    if policy == "global":
+        # The captured layers' output came from the Triton kernel: the video stays SDPA's.
+        # (Not under participative compression: its top-C choice can flip on a rounding.)
+        model = build_model("demo", seed=0, device="cuda")
+        context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).cuda()
+        plain = generate(model, context, options=options, seed=0)
+        torch.testing.assert_close(gpu_result.latents, plain.latents, rtol=1e-4, atol=1e-4)
     for kind, names in (("frames", ("logit_mean", "prob_mass")), ("tokens", ("token_logit_mean", "token_prob_mean")),
                         ("queries", ("entropy_tokens",))):  # fmt: skip
         for name in names:
