@@ -159,8 +159,10 @@ def plot(
 ):
     """Any figure kind from its tables (table name -> DataFrame; a DataFrame alone is the
     kind's first table). ``sinkscope.figures.registry.FIGURES`` says which tables a kind
-    reads and which ``options`` (``figures:`` keys) it draws with; the ``plot_<kind>``
-    functions are this call with the kind's arguments spelled out."""
+    reads (``tables``; ``uses``: read when given, e.g. head_diagnostics for the heads'
+    classes, else derived from the rows at the default thresholds) and which ``options``
+    (``figures:`` keys) it draws with; the ``plot_<kind>`` functions are this call with
+    the kind's arguments spelled out."""
     spec = figure_kind(kind)
     takes = (*spec.options, *spec.extra_options, *COMMON_OPTIONS)
     unknown = sorted(set(options) - set(takes))
@@ -174,7 +176,8 @@ def plot(
         raise ValueError(f"plot {kind!r} draws {', '.join(spec.tables)}; {missing[0]} is missing")
     what = f"plot_{kind}"
     picked = {}
-    for name in spec.tables:
+    # The tables it reads when given (head_diagnostics: the heads' classes) are picked alike.
+    for name in [*spec.tables, *(name for name in spec.uses if name in tables)]:
         rows = _pick(tables[name], checkpoint=checkpoint, variant=variant, what=what if name == spec.tables[-1] else
                      f"{what} ({name})", variants=spec.scope == CHECKPOINT, checkpoints=spec.scope == STUDY)  # fmt: skip
         if variants and spec.scope == CHECKPOINT:
