@@ -77,11 +77,14 @@ def test_full_run_then_only_what_changed(workflow):
     # An unchanged rerun does nothing.
     assert without_all(workflow.planned_jobs()) == {}
 
-    # A new layer: only its extraction (layers go one a job on the CPU), then what reads it.
+    # A new layer: only its extraction (layers go one a job on the CPU), then what reads it:
+    # its layer figures, and the per_head_grid of the other layers, whose titles give the
+    # head classes of the source's head_diagnostics (which the new layer's rows rewrite).
     first = digest(workflow.path("results/extract/demo/circle/seed0/layers0/layer0.parquet"))
     workflow.write_config({**BASE, "layers": [0, 4, 5]})
     jobs = without_all(workflow.planned_jobs())
-    assert jobs["extract_attention"] == 1 and jobs["layer_figure"] == len(LAYER_FIGURES) and "encode_prompt" not in jobs
+    assert jobs["extract_attention"] == 1 and "encode_prompt" not in jobs
+    assert jobs["layer_figure"] == len(LAYER_FIGURES) + len(BASE["layers"])
     workflow.run()
     assert digest(workflow.path("results/extract/demo/circle/seed0/layers0/layer0.parquet")) == first
 
