@@ -26,7 +26,7 @@ rule source_figure:
 
 rule layer_figure:
     input:
-        lambda wildcards: STUDY.source_inputs(wildcards.source, int(wildcards.layer)),
+        lambda wildcards: STUDY.layer_figure_inputs(wildcards.kind, wildcards.source, int(wildcards.layer)),
     output:
         **figure_output(PATTERNS["layer_figure"], "{source}", "Layer {layer}", {"figure": "{kind}", "layer": "{layer}"}),
     params:

@@ -1,5 +1,5 @@
-# The report stage: a summary page of the statistics, shown first in the
-# `snakemake --report` HTML next to every figure.
+# The report stage: a summary page of the statistics and the key figures, shown first
+# in the `snakemake --report` HTML next to every figure.
 
 
 rule summary_page:
@@ -7,6 +7,8 @@ rule summary_page:
         head_stats=path("table", table="head_stats"),
         layer_stats=path("table", table="layer_stats"),
         head_diagnostics=path("table", table="head_diagnostics"),
+        # The key figures, shown beside the tables (relative links).
+        figures=STUDY.summary_figure_paths(),
     output:
         update(
             report(

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sinkscope.errors import ConfigError
 from sinkscope.io import atomic_path
 from sinkscope.naming import parse_head_label
-from sinkscope.pipeline.config import check_machine, coerce, load_config, normalize_config
+from sinkscope.pipeline.config import (
+    check_machine,
+    coerce,
+    load_config,
+    normalize_config,
+)
 from sinkscope.pipeline.study import Study
 from sinkscope.schema import load_schema
 
@@ -236,3 +243,42 @@ def test_generation_options_built_directly_default_as_the_schema_does():
         if default is not None:  # null: the policy's default, resolved by from_config
             expected = tuple(default) if isinstance(default, list) else default
             assert fields[key] == expected, key
+
+
+def test_figures_that_compare_are_planned_only_with_two_of_what_they_compare():
+    """policy_comparison compares variants, attention_across_checkpoints checkpoints: one
+    of them makes a duplicate of figure4 or a single column of dots, so neither is planned;
+    sink_mass_over_time draws one variant as well and stays."""
+    from sinkscope.figures.registry import CHECKPOINT_FIGURES, FIGURES, STUDY_FIGURES
+
+    def planned(raw) -> set[str]:
+        return {Path(p).stem for p in Study(normalize_config(raw)).figure_targets()
+                if Path(p).stem in (*CHECKPOINT_FIGURES, *STUDY_FIGURES)}  # fmt: skip
+
+    assert FIGURES["policy_comparison"].compares == "variants"
+    assert FIGURES["attention_across_checkpoints"].compares == "checkpoints"
+    assert planned({}) == {"sink_mass_over_time"}
+    one = {"variants": {"window": {"cache_policy": "window", "local_attn_frames": 6}}}  # replaces the default
+    assert planned(one) == {"sink_mass_over_time"}
+    two_variants = {"variants": {**one["variants"], "global": {"cache_policy": "global"}}}
+    assert planned(two_variants) == {"sink_mass_over_time", "policy_comparison"}
+    two = {"checkpoints": {"demo": {"model": "demo", "format": "demo"}, "other": {"model": "demo", "format": "demo", "seed": 1}}}
+    study = Study(normalize_config(two))
+    assert {Path(p).stem for p in study.figure_targets()} >= {"attention_across_checkpoints", "sink_mass_over_time"}
+    assert "policy_comparison" not in {Path(p).stem for p in study.figure_targets()}
+    # What the summary page shows is only what is planned, and the rule reads it.
+    shown = Study(normalize_config({})).summary_figures()
+    assert shown["demo"]["sink_mass_over_time"] == "results/figures/demo/sink_mass_over_time.svg"
+    assert set(Study(normalize_config({})).summary_figure_paths()) <= set(Study(normalize_config({})).figure_targets())
+
+
+def test_figures_that_show_head_classes_read_head_diagnostics():
+    study = Study(normalize_config({"layers": [0, 4]}))
+    assert "results/tables/checkpoints/demo/head_diagnostics.parquet" in study.figure_inputs("figure4", "demo")
+    inputs = study.layer_figure_inputs("per_head_grid", "demo", 4)
+    assert inputs[-1] == "results/tables/checkpoints/demo/head_diagnostics.parquet"
+    assert inputs[:-1] == study.source_inputs("demo", 4)
+    assert study.layer_figure_inputs("heads_heatmap", "demo", 4) == study.source_inputs("demo", 4)
+    options = study.figure_options("summary")
+    assert options["checkpoints"]["demo"]["weights"] == "sinkscope:demo_trained.pt"
+    assert options["diagnostics"]["sink_mass"] == 0.3 and "figure4" in options["figures"]["demo"]

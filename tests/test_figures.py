@@ -5,6 +5,7 @@ byte-identical reruns, and the pipeline job on real Parquet files."""
 
 from __future__ import annotations
 
+import html
 import re
 import xml.etree.ElementTree as ET
 from functools import lru_cache
@@ -19,7 +20,7 @@ from sinkscope.errors import DamagedFileError
 from sinkscope.figures import common
 from sinkscope.figures.registry import FIGURES
 from sinkscope.manifests import DATASET_MANIFEST, write_manifest
-from sinkscope.naming import head_label
+from sinkscope.naming import head_label, parse_head_label
 from sinkscope.stats import summaries
 from sinkscope.tables import ALL_PROMPTS, SCHEMAS, token_lists, write_table
 
@@ -160,6 +161,7 @@ def study(size: str, window: int | None = None, sinks: int = 0) -> dict[str, pd.
         "head_diagnostics": diagnostics,
         "block_stats": summaries.block_stats(both, {"default": 0, "sink": 3}),
         "variants": both,
+        "variants_diagnostics": summaries.head_diagnostics(both[both["block"] == both["block"].max()]),
         "grid": grid,
         "diagnostics_all": pd.concat([
             diagnostics,
@@ -249,6 +251,32 @@ def layout_problems(fig) -> list[str]:
     return problems
 
 
+def unlabelled_axes(fig) -> list[str]:
+    """Axes a reader cannot name: a data panel's x axis needs a label on a panel of its
+    column, its y axis one on a panel of its row (grids label their outer panels); every
+    colour bar needs a label."""
+    problems = []
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    panels = [ax for ax in visible if ax.get_label() != "<colorbar>"]
+    for ax in visible:
+        if ax.get_label() == "<colorbar>" and not (ax.get_ylabel() or ax.get_xlabel()):
+            problems.append("a colour bar without a label")
+    for ax in panels:
+        spec = ax.get_subplotspec()
+        if not ax.has_data():  # a message panel ("was not extracted")
+            continue
+        column = [o for o in panels if spec is not None and o.get_subplotspec() is not None
+                  and o.get_subplotspec().colspan == spec.colspan] or [ax]  # fmt: skip
+        row = [o for o in panels if spec is not None and o.get_subplotspec() is not None
+               and o.get_subplotspec().get_gridspec() is spec.get_gridspec()
+               and o.get_subplotspec().rowspan == spec.rowspan] or [ax]  # fmt: skip
+        if not any(o.get_xlabel() for o in column):
+            problems.append(f"the x axis of {ax.get_title()!r} has no label")
+        if not any(o.get_ylabel() for o in row):
+            problems.append(f"the y axis of {ax.get_title()!r} has no label")
+    return problems
+
+
 # -- rendering every kind at every size ------------------------------------------------------------
 
 # Kinds that mark the query block's own frames (a span or a box with an 'own-block' id).
@@ -262,8 +290,10 @@ RERUN = {"figure4", "figure4_tokens", "attention_over_time"}
 
 
 def tables_for(kind: str, data: dict) -> dict[str, pd.DataFrame]:
+    """What the workflow hands the kind: its tables and the ones it uses (head classes)."""
     if FIGURES[kind].scope == "checkpoint":
-        return {"frame_attention": data["variants"], "block_stats": data["block_stats"]}
+        return {"frame_attention": data["variants"], "block_stats": data["block_stats"],
+                "head_diagnostics": data["variants_diagnostics"]}  # fmt: skip
     if FIGURES[kind].scope == "study":
         return {"head_diagnostics": data["diagnostics_all"]}
     return {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
@@ -306,7 +336,8 @@ def test_every_kind_renders_legibly_at_every_size(kind, size, tmp_path):
     fig = demo_figure(kind) if size == "demo" else render(kind, size)
     assert layout_problems(fig) == []
     subtitle = " ".join(next(t.get_text() for t in fig.texts if t.get_gid() == "page-subtitle").split())
-    assert re.search(r"mean of \d+ runs?", subtitle) and ("demo" in subtitle or "checkpoint" in subtitle), subtitle
+    assert re.search(r"n = \d+ runs?", subtitle) and ("demo" in subtitle or "checkpoint" in subtitle), subtitle
+    assert unlabelled_axes(fig) == []
     if kind in MARKS_OWN:
         assert any((a.get_gid() or "").startswith("own-block") for ax in fig.axes for a in ax.get_children())
     if size != "demo":
@@ -339,28 +370,219 @@ def head_stats_rows(metric: str) -> pd.DataFrame:
                  & (stats["step"] == step)].set_index(["layer", "head"])  # fmt: skip
 
 
+def classes_of(diagnostics: pd.DataFrame, pass_: str = "denoise", step: int = 3) -> dict[tuple[int, int], str]:
+    chosen = diagnostics[(diagnostics["pass"] == pass_) & (diagnostics["step"] == step)]
+    return {(int(a), int(b)): k for a, b, k in zip(chosen["layer"], chosen["head"], chosen["head_class"])}
+
+
+HEAD_TITLE = re.compile(r"(L\d+H\d+) \(layer \d+, head \d+\) · (\w+) head\n"
+                        r"frame-0 excess ([+-]\d+\.\d{3})(?: ± (\d+\.\d{3}))? · first − middle ([+-]\d+\.\d+)")
+
+
 @pytest.mark.parametrize("metric", ["logit_mean", "prob_mass"])
-def test_figure4_prints_the_summaries_numbers(metric, tmp_path):
-    rows = head_stats_rows(metric)
-    svg, _ = saved(render("figure4", options={"metric": metric, "heads": ["L1H1", "L5H10", "L2H3"]}), tmp_path, "f4")
+@pytest.mark.parametrize("kind", ["figure4", "figure4_tokens"])
+def test_head_titles_print_the_tables_numbers(kind, metric, tmp_path):
+    """Each head's title: its class (head_diagnostics), frame-0 excess ± its std between
+    runs (head_stats, prob_mass rows) and first − middle (head_stats sink_score of the
+    metric), read back from the SVG and compared with the tables of the same rows."""
+    data = study("demo")
+    heads = ["L1H1", "L5H10"] if kind == "figure4_tokens" else ["L1H1", "L5H10", "L2H3"]
+    fig = render(kind, options={"metric": metric, "heads": heads})
+    svg, _ = saved(fig, tmp_path, kind)
+    texts = [" ".join(t.strip() for t in e.itertext()) for e in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    mass, shown = head_stats_rows("prob_mass"), head_stats_rows(metric)
+    classes = classes_of(data["head_diagnostics"])
     digits = 3 if metric == "prob_mass" else 2
-    for layer, head in [(0, 0), (4, 9), (1, 2)]:
-        row = rows.loc[(layer, head)]
-        assert f"{head_label(layer, head)} (layer {layer}, head {head}) · sink score {row['sink_score']:+.{digits}f}" in svg
-        assert f"max@{int(row['argmax_frame'])}<" in svg
+    found = [HEAD_TITLE.fullmatch(ax.get_title()) for ax in fig.axes if ax.get_title()]
+    assert len([m for m in found if m]) == len(heads), [ax.get_title() for ax in fig.axes]
+    for match in filter(None, found):
+        label, klass, excess, std, difference = match.groups()
+        layer, head = parse_head_label(label)
+        assert klass == classes[(layer, head)]
+        assert excess == f"{mass.loc[(layer, head), 'frame0_excess']:+.3f}"
+        assert std == f"{mass.loc[(layer, head), 'frame0_excess_run_std']:.3f}"  # two runs: a spread
+        assert difference == f"{shown.loc[(layer, head), 'sink_score']:+.{digits}f}"
+        assert any(excess in t for t in texts) and any(difference in t for t in texts)  # the file says the same
+        if kind == "figure4":
+            assert f"max@{int(shown.loc[(layer, head), 'argmax_frame'])}<" in svg
 
 
-def test_per_head_grid_and_overview_print_the_summaries_numbers(tmp_path):
-    rows = head_stats_rows("logit_mean")
-    grid, _ = saved(demo_figure("per_head_grid"), tmp_path, "grid")
-    titles = re.findall(r"H(\d+) · sink ([+-]\d+\.\d\d)", grid)
+def test_small_panel_titles_print_the_tables_numbers():
+    """per_head_grid, figure4_steps and policy_comparison: class and frame-0 excess of
+    every panel against head_stats and head_diagnostics of the same rows."""
+    data = study("demo")
+    mass = head_stats_rows("prob_mass")
+    classes = classes_of(data["head_diagnostics"])
+    titles = [ax.get_title() for ax in demo_figure("per_head_grid").axes if ax.get_title()]
     assert len(titles) == 12
-    for head, score in titles:
-        assert float(score) == pytest.approx(rows.loc[(0, int(head) - 1), "sink_score"], abs=0.005)
+    for title in titles:
+        head, klass, excess = re.fullmatch(r"H(\d+) · (\w+)\nexcess ([+-]\d\.\d{3})", title).groups()
+        assert klass == classes[(0, int(head) - 1)]
+        assert excess == f"{mass.loc[(0, int(head) - 1), 'frame0_excess']:+.3f}"
+    # Every call of figure4_steps: the head_stats rows of that call.
+    stats = demo_head_stats()
+    for title in (ax.get_title() for ax in demo_figure("figure4_steps").axes):
+        label, call, klass, excess = re.fullmatch(r"(L\d+H\d+) · (.+) · (\w+) head\nframe-0 excess ([+-]\d\.\d{3})"
+                                                  r" · max@\d+", title).groups()  # fmt: skip
+        layer, head = parse_head_label(label)
+        pass_, step = ("cache", 4) if call.startswith("cache") else ("denoise", int(call.split()[1]))
+        row = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == "prob_mass") & (stats["pass"] == pass_)
+                    & (stats["step"] == step) & (stats["layer"] == layer) & (stats["head"] == head)]  # fmt: skip
+        assert excess == f"{row['frame0_excess'].item():+.3f}"
+        assert klass == classes_of(data["head_diagnostics"], pass_, step)[(layer, head)]
+    # policy_comparison: each variant's own rows and classes.
+    variants = data["variants"]
+    for title in (ax.get_title() for ax in demo_figure("policy_comparison").axes if ax.get_title()):
+        variant, label, klass, excess = re.fullmatch(r"variant '(\w+)' · (L\d+H\d+) · (\w+) head\nframe-0 excess "
+                                                     r"([+-]\d\.\d{3}) · max@\d+", title).groups()  # fmt: skip
+        layer, head = parse_head_label(label)
+        rows = summaries.head_stats(variants[(variants["variant"] == variant) & (variants["layer"] == layer)])
+        row = rows[(rows["prompt_id"] == ALL_PROMPTS) & (rows["metric"] == "prob_mass") & (rows["pass"] == "denoise")
+                   & (rows["step"] == 3) & (rows["head"] == head)]  # fmt: skip
+        assert excess == f"{row['frame0_excess'].item():+.3f}"
+        diagnostics = data["variants_diagnostics"]
+        assert klass == classes_of(diagnostics[diagnostics["variant"] == variant])[(layer, head)]
+
+
+HEAD_NAMED = re.compile(r"\b(L\d+H\d+|H\d+)\b")
+
+
+@pytest.mark.parametrize("kind", ["figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "per_head_grid",
+                                  "policy_comparison", "sink_score_overview"])  # fmt: skip
+def test_no_title_calls_a_head_a_sink_unless_its_class_is_sink(kind):
+    """"sink" in a head's title only for a head whose head_class is sink; and the demo's
+    heads include sink-class ones, which are called so."""
+    data = study("demo")
+    fig = demo_figure(kind)
+    said = 0
+    for ax in fig.axes:
+        title = ax.get_title()
+        names = HEAD_NAMED.findall(title)
+        if not names:
+            continue
+        name = names[0]
+        layer = 0 if kind == "per_head_grid" and not name.startswith("L") else int(name[1:name.index("H")]) - 1
+        head = int(name[name.index("H") + 1:]) - 1
+        variant = "default"
+        if kind == "policy_comparison":  # "variant 'sink' · L1H1 · ...": the variant's name is no claim about the head
+            variant = title.split("'")[1]
+            title = title.split(" · ", 1)[1]
+        diagnostics = data["variants_diagnostics"] if kind == "policy_comparison" else data["head_diagnostics"]
+        call = title.split(" · ")[1] if kind == "figure4_steps" else "step 3"
+        pass_, step = ("cache", 4) if call.startswith("cache") else ("denoise", int(call.split()[1]))
+        klass = classes_of(diagnostics[diagnostics["variant"] == variant], pass_, step).get((layer, head))
+        if "sink" in title.lower():
+            assert klass == "sink", (title, klass)
+            said += 1
+    assert said or kind == "sink_score_overview"
+    if kind == "sink_score_overview":  # the sink-class heads are outlined, and only they
+        outlined = {a.get_gid() for a in fig.axes[0].patches if (a.get_gid() or "").startswith("sink-head-")}
+        expected = {f"sink-head-{head_label(a, b)}" for (a, b), k in classes_of(data["head_diagnostics"]).items()
+                    if k == "sink"}  # fmt: skip
+        assert outlined == expected and expected
+
+
+def test_uniform_baselines_are_one_over_the_visible_frames(tmp_path):
+    """The dashed uniform line of a mass figure against a hand computation: 1 / 21 key
+    frames in the demo's last block; with half of frame 5's tokens dropped, frame 5 gets
+    12 / (20 x 24 + 12) and every other frame 24 / (20 x 24 + 12)."""
+    frame = study("demo")["frame_attention"]
+    fig = render("figure4", options={"metric": "prob_mass", "heads": ["L1H1"]})
+    (line,) = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "uniform-L1H1"]
+    y = np.asarray(line.get_ydata(), dtype=float)
+    assert np.allclose(y[np.isfinite(y)], 1 / 21)
+    dropped = frame.copy()
+    dropped.loc[dropped["key_frame"] == 5, "key_tokens"] = 12
+    fig = figures.draw("figure4", {"frame_attention": dropped}, source="demo",
+                       options={"metric": "prob_mass", "heads": ["L1H1"], "dpi": 40})  # fmt: skip
+    (line,) = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "uniform-L1H1"]
+    x, y = (np.asarray(v, dtype=float)[::3] for v in line.get_data())  # each step: its left end, right end, a break
+    steps = {round(a + 0.45): b for a, b in zip(x, y)}
+    assert steps[5] == pytest.approx(12 / 492) and steps[0] == pytest.approx(24 / 492) and len(steps) == 21
+    assert "frame-0 excess" in fig.axes[0].get_title()
+
+
+def test_sink_mass_over_time_shows_mass_uniform_and_excess_without_block_0():
+    """The mass, uniform and excess lines against block_stats and a hand computation:
+    without sink frames, frame 0's uniform share is 1 / 3(b + 1) in block b; the sink
+    variant (window of 12 with 3 sink frames) keeps 6, 9, 12, 15, 15, 15 frames from block
+    1 on, 3 of them sinks. Block 0 has no cache: no point."""
+    data = study("demo")
+    fig = demo_figure("sink_mass_over_time")
+    lines = {line.get_gid(): line for ax in fig.axes for line in ax.get_lines() if line.get_gid()}
+    uniform = np.asarray(lines["uniform-default-L1"].get_ydata(), dtype=float)
+    assert np.isnan(uniform[0]) and np.allclose(uniform[1:], [1 / (3 * (b + 1)) for b in range(1, 7)])
+    sink = np.asarray(lines["uniform-sink-L1"].get_ydata(), dtype=float)
+    assert np.isnan(sink[0]) and np.allclose(sink[1:], [3 / n for n in (6, 9, 12, 15, 15, 15)])
+    stats = data["block_stats"]
+    rows = stats[(stats["variant"] == "default") & (stats["layer"] == 0) & (stats["pass"] == "denoise")
+                 & (stats["step"] == 3)]  # fmt: skip
+    per_run = rows.groupby(["block", "prompt_id", "seed"])[["sink_mass", "sink_excess"]].mean()
+    for name in ("sink_mass", "sink_excess"):
+        y = np.asarray(lines[f"{name.replace('_', '-')}-default-L1"].get_ydata(), dtype=float)
+        expected = per_run[name].groupby("block").mean().to_numpy()
+        assert np.isnan(y[0]) and np.allclose(y[1:], expected[1:])
+    assert any((a.get_gid() or "").startswith("no-cache-") for ax in fig.axes for a in ax.patches)
+
+
+def test_spread_between_runs_is_drawn_and_stated():
+    """With two runs: figure4's error bars are the std between the runs' curves (by hand),
+    layer_comparison's bands exist, and subtitles say n; with one run they say so."""
+    frame = study("demo")["frame_attention"]
+    fig = render("figure4", options={"metric": "prob_mass", "heads": ["L5H10"]})
+    bars = [c for ax in fig.axes for c in ax.collections if c.get_gid() == "spread-L5H10"]
+    assert bars
+    last = frame[(frame["block"] == 6) & (frame["pass"] == "denoise") & (frame["step"] == 3) & (frame["layer"] == 4)
+                 & (frame["head"] == 9)]  # fmt: skip
+    runs = last.groupby(["prompt_id", "seed", "key_frame"])["prob_mass"].mean().unstack("key_frame")
+    std = runs.std(ddof=1).to_numpy()
+    segments = bars[0].get_segments()
+    assert np.allclose([abs(seg[1][1] - seg[0][1]) / 2 for seg in segments], std, atol=1e-7)
+    assert "mean of n = 2 runs" in fig.texts[1].get_text()
+    one = render("figure4", "wan1.3b")
+    assert "n = 1 run: no spread between runs" in " ".join(one.texts[1].get_text().split())
+    layers = demo_figure("layer_comparison")
+    assert any((c.get_gid() or "").startswith("spread-L") for ax in layers.axes for c in ax.collections)
+
+
+def test_first_middle_last_error_bars_are_the_layer_stats_run_std():
+    frame = study("demo")["frame_attention"]
+    stats = summaries.layer_stats(frame)
+    rows = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == "logit_mean") & (stats["pass"] == "denoise")
+                 & (stats["step"] == 3)].set_index("layer")  # fmt: skip
+    fig = demo_figure("first_middle_last")
+    bars = [c for c in fig.axes[0].collections if c.get_gid() == "spread-series-first"]
+    halves = [abs(seg[1][1] - seg[0][1]) / 2 for seg in bars[0].get_segments()]
+    assert np.allclose(halves, rows["first_run_std"].to_numpy(), atol=1e-9)
+
+
+def test_sink_score_overview_prints_head_stats_and_clips_an_outlier(tmp_path):
+    rows = head_stats_rows("logit_mean")
     overview, _ = saved(demo_figure("sink_score_overview"), tmp_path, "overview")
     cells = [float(x) for x in re.findall(r">(-?\d+\.\d\d)</text>", overview)]
-    expected = rows["sink_score"].sort_index().to_numpy()
-    assert np.allclose(cells, expected, atol=0.005)
+    assert np.allclose(cells, rows["sink_score"].sort_index().to_numpy(), atol=0.005)
+    # One head far off (as L2H5 at -15.93 in a demo run): the colours keep the others' range.
+    frame = study("demo")["frame_attention"].copy()
+    outlier = (frame["layer"] == 1) & (frame["head"] == 4) & (frame["key_frame"] == 0)
+    frame.loc[outlier, "logit_mean"] -= 20
+    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="demo", options={"dpi": 40})
+    image = fig.axes[0].images[0]
+    scores = image.get_array().compressed()
+    assert scores.min() < -15 and image.norm.vmax < 7
+    assert image.norm.vmin == -image.norm.vmax
+    label = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"][0].get_ylabel()
+    assert f"clipped to ±{common.significant(image.norm.vmax)} (2nd–98th pct)" in label
+
+
+def test_timesteps_print_as_whole_numbers():
+    assert common.call_label("denoise", 2, 833.3333) == "denoising step 2 (t=833)"
+    assert common.call_label("cache", 4, 0.0) == "cache pass (t=0)"
+    assert common.call_label("denoise", 1, 0.25) == "denoising step 1 (t=0.25)"
+    frame = study("demo")["frame_attention"]
+    shifted = frame.assign(timestep=frame["timestep"].where(frame["step"] != 1, np.float32(833.3333)))
+    fig = figures.draw("figure4_steps", {"frame_attention": shifted}, source="demo", options={"heads": ["L1H1"]})
+    titles = " ".join(ax.get_title() for ax in fig.axes)
+    assert "step 1 (t=833)" in titles and "833.3" not in titles
 
 
 def test_layer_figures_print_the_layer_stats_numbers(tmp_path):
@@ -427,10 +649,18 @@ def test_frame_base_shows_the_papers_numbers(tmp_path):
 
 
 def test_signed_metrics_get_a_zero_centred_diverging_scale():
+    # Few values: their extremes; many: the 2nd and 98th percentiles.
     cmap, norm = common.colour_scale(np.array([-1.0, 3.0, np.nan]), "logit_mean")
     assert (norm.vmin, norm.vmax) == (-3.0, 3.0) and cmap.name.startswith("RdBu")
     cmap, norm = common.colour_scale(np.array([0.1, 0.4]), "prob_mass")
     assert (norm.vmin, norm.vmax) == (0.0, 0.4) and cmap.name.startswith("viridis")
+    values = np.append(np.linspace(-1, 1, 99), 50.0)
+    cmap, norm = common.colour_scale(values, "logit_mean")
+    assert norm.vmax == pytest.approx(max(abs(np.percentile(values, 2)), np.percentile(values, 98)))
+    assert common.clip_note(values, norm) == f"clipped to ±{common.significant(norm.vmax)} (2nd–98th pct)"
+    cmap, norm = common.colour_scale(np.abs(values), "prob_mass")
+    assert (norm.vmin, norm.vmax) == (0.0, pytest.approx(np.percentile(np.abs(values), 98)))
+    assert common.clip_note(np.array([0.1, 0.2]), common.mcolors.Normalize(0, 0.3)) == ""
     image = demo_figure("heads_heatmap").axes[0].images[0]
     assert image.norm.vmin == -image.norm.vmax
 
@@ -564,7 +794,7 @@ def test_figure_job_reads_tables_token_folders_and_layer_files(written):
     options = {"dpi": 50, "frame_base": 0, "step": "last", "heads": ["L1H1", "L5H10"]}
     jobs = [
         ("figure4_tokens", [paths["token_profiles"], paths["frame_attention"]], None),
-        ("per_head_grid", paths["extract"], 4),
+        ("per_head_grid", paths["extract"] + [paths["head_diagnostics"]], 4),
         ("sink_mass_over_time", [paths["block_stats"]], None),
     ]
     for kind, inputs, layer in jobs:
@@ -574,7 +804,11 @@ def test_figure_job_reads_tables_token_folders_and_layer_files(written):
         assert "<text" in Path(f"{out}.svg").read_text() and Path(f"{out}.png").read_bytes()[:8] == PNG_MAGIC
     tokens = Path(root / "figures" / "figure4_tokens.svg").read_text()
     assert "4 x 6 patch grid" in tokens  # the frame grid came from the tables' metadata
-    assert "Layer L5 (index 4)" in Path(root / "figures" / "per_head_grid.svg").read_text()
+    grid = Path(root / "figures" / "per_head_grid.svg").read_text()
+    assert "Layer L5 (index 4)" in grid
+    # The head classes came from the head_diagnostics file among the layer figure's inputs.
+    klass = classes_of(study("demo")["head_diagnostics"])[(4, 0)]
+    assert f"H1 · {klass}<" in grid and "class (head_diagnostics;" in grid
 
 
 def test_a_token_folder_that_lost_or_gained_a_file_is_damaged(tmp_path):
@@ -609,3 +843,133 @@ def test_study_figure_orders_checkpoints_by_training_step(tmp_path):
     fig = figures.draw("attention_across_checkpoints", {"head_diagnostics": data["diagnostics_all"]}, source=None,
                        options={}, train_steps={"step500": None, "demo": 1000, "step2000": None})  # fmt: skip
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["step500", "demo", "step2000"]
+
+
+# -- the summary page ------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def summary_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    data = study("demo")
+    frame = data["frame_attention"]
+    return summaries.layer_stats(frame), demo_head_stats(), data["head_diagnostics"]
+
+
+TRAINED = {"demo": {"format": "self_forcing", "weights": "sinkscope:demo_trained.pt", "model": "demo"}}
+SUMMARY_OPTIONS = {"step": "last", "metric": "logit_mean", "checkpoints": TRAINED, "diagnostics": {"sink_mass": 0.3}}
+
+
+def cells(page: str) -> list[str]:
+    return [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", page)]
+
+
+def test_summary_page_lists_sink_class_heads_apart_from_the_highest_frame0_excess():
+    from sinkscope.figures.report import summary_html
+
+    layers, heads, diagnostics = summary_tables()
+    page = summary_html(layers, heads, diagnostics, SUMMARY_OPTIONS)
+    sinks = diagnostics[(diagnostics["head_class"] == "sink") & (diagnostics["pass"] == "denoise")
+                        & (diagnostics["step"] == 3)]  # fmt: skip
+    section = page.split("<h3>Sink-class heads</h3>")[1].split("<h3>")[0]
+    listed = re.findall(r"<tr><td>(L\d+H\d+)</td>", section)
+    assert sorted(listed) == sorted(head_label(a, b) for a, b in zip(sinks["layer"], sinks["head"])) and listed
+    top = page.split("Highest frame-0 excess over uniform")[1].split("</table>")[0]
+    rows = head_stats_rows("prob_mass").sort_values("frame0_excess", ascending=False).head(10)
+    assert re.findall(r"<tr><td>(L\d+H\d+)</td>", top) == [head_label(a, b) for a, b in rows.index]
+    first = rows.iloc[0]
+    assert f"<td>{report_number(first['frame0_excess'])} ± {report_number(first['frame0_excess_run_std'])}</td>" in top
+    # No sink-class head: the page says so, and lists the top heads as what they are.
+    none = diagnostics.assign(head_class=diagnostics["head_class"].replace("sink", "diffuse"))
+    page = summary_html(layers, heads, none, SUMMARY_OPTIONS)
+    assert "None: no head is classed sink at this call (frame0_mass ≥ 0.300" in page
+    assert "Strongest sink heads" not in page and "sink score" not in page
+    top = page.split("Highest frame-0 excess over uniform")[1].split("</table>")[0]
+    assert "<td>sink</td>" not in top
+
+
+def report_number(value) -> str:
+    from sinkscope.figures.report import number
+
+    return number(value)
+
+
+def test_summary_page_prints_every_number_to_three_significant_digits():
+    from sinkscope.figures.report import number, summary_html
+
+    layers, heads, diagnostics = summary_tables()
+    page = summary_html(layers, heads, diagnostics, SUMMARY_OPTIONS)
+    assert [number(x) for x in (0.0476190, 15.9312, -15.93, 0.09996, 1234.5, 3, 0.0)] == [
+        "0.0476", "15.9", "-15.9", "0.100", "1234", "3", "0"]  # fmt: skip
+    numbers = [n for cell in cells(page) for n in re.findall(r"-?\d+(?:\.\d+)?", cell)]
+    assert numbers
+    for text in numbers:
+        digits = text.lstrip("-").replace(".", "").lstrip("0")
+        assert len(digits) <= 3 or "." not in text, text  # integers (frames) as they are
+    # The same numbers as the tables: L1's first − middle of logits, ± its std between runs.
+    row = layers[(layers["prompt_id"] == ALL_PROMPTS) & (layers["metric"] == "logit_mean") & (layers["pass"] == "denoise")
+                 & (layers["step"] == 3) & (layers["layer"] == 0)].iloc[0]  # fmt: skip
+    assert f"{number(row['sink_score'])} ± {number(row['sink_score_run_std'])}" in cells(page)
+
+
+@pytest.mark.parametrize("entry, words", [
+    (TRAINED["demo"], "shipped demo model (trained here, not Self-Forcing)"),
+    ({"format": "demo", "weights": None, "model": "demo"}, "untrained"),
+    ({"format": "self_forcing", "weights": "/models/self_forcing_dmd.pt", "model": "wan2.1-t2v-1.3b"},
+     "your checkpoint <code>/models/self_forcing_dmd.pt</code> (format <code>self_forcing</code>"),
+])  # fmt: skip
+def test_summary_page_says_which_model_at_the_top(entry, words):
+    from sinkscope.figures.report import summary_html
+
+    layers, heads, diagnostics = summary_tables()
+    page = summary_html(layers, heads, diagnostics, {**SUMMARY_OPTIONS, "checkpoints": {"demo": entry}})
+    top = page.split("<h2>")[0]
+    assert words in top
+
+
+def test_summary_job_embeds_the_key_figures_with_relative_links(tmp_path):
+    from sinkscope.figures.report import summary_job
+
+    layers, heads, diagnostics = summary_tables()
+    paths = {}
+    for name, table in (("layer_stats", layers), ("head_stats", heads), ("head_diagnostics", diagnostics)):
+        paths[name] = tmp_path / "results" / "tables" / f"{name}.parquet"
+        write_table(table, paths[name], SCHEMAS[name])
+    shown = {"demo": {kind: f"results/figures/demo/{kind}.svg" for kind in ("figure4", "head_classes")}}
+    output = tmp_path / "results" / "report" / "summary.html"
+    import os
+
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        summary_job(paths["layer_stats"], paths["head_stats"], paths["head_diagnostics"], "results/report/summary.html",
+                    {**SUMMARY_OPTIONS, "figures": shown})  # fmt: skip
+    finally:
+        os.chdir(here)
+    page = output.read_text()
+    assert "<img src='../figures/demo/figure4.svg'" in page and "<img src='../figures/demo/head_classes.svg'" in page
+
+
+def test_without_head_diagnostics_the_classes_come_from_the_rows_at_default_thresholds():
+    data = study("demo")
+    frame = data["frame_attention"]
+    given = render("figure4")
+    derived = figures.draw("figure4", {"frame_attention": frame}, source="demo", options={"dpi": 40})
+    assert [ax.get_title() for ax in given.axes] == [ax.get_title() for ax in derived.axes]
+    caption = lambda fig: " ".join(next(t.get_text() for t in fig.texts if t.get_gid() == "page-caption").split())  # noqa: E731
+    assert "diffuse; head_diagnostics)" in caption(given)
+    assert "head_diagnostics of these rows at the default thresholds" in caption(derived)
+
+
+def test_summary_page_shows_a_checkpoints_figures_over_its_variants():
+    from sinkscope.figures.report import summary_html
+
+    layers, heads, diagnostics = summary_tables()
+    rename = lambda t: t.assign(variant="global")  # noqa: E731 - no source is named like the checkpoint
+    shown = {"demo@global": {"figure4": "../figures/demo@global/figure4.svg"},
+             "demo": {"sink_mass_over_time": "../figures/demo/sink_mass_over_time.svg",
+                      "policy_comparison": "../figures/demo/policy_comparison.svg"}}  # fmt: skip
+    page = summary_html(rename(layers), rename(heads), rename(diagnostics), SUMMARY_OPTIONS, shown)
+    assert "<h2>demo: every variant</h2>" in page
+    for link in ("../figures/demo@global/figure4.svg", "../figures/demo/sink_mass_over_time.svg",
+                 "../figures/demo/policy_comparison.svg"):
+        assert f"<img src='{link}'" in page

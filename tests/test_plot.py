@@ -130,3 +130,14 @@ def test_duckdb_tables(tmp_path):
     table = duckdb.sql(f"select * from '{path}' where layer in (0, 4)").df()
     fig = plot.plot_layer_comparison(table, metric="prob_mass")
     assert isinstance(fig, Figure) and layout_problems(fig) == []
+
+
+def test_head_diagnostics_given_to_the_api_name_the_classes():
+    """A table the kind uses when given (head_diagnostics: the heads' classes) is picked
+    like the others; a head the table calls local is titled so."""
+    data = study("demo")
+    diagnostics = data["head_diagnostics"].assign(head_class="local")
+    fig = plot.plot("figure4", {"frame_attention": data["frame_attention"], "head_diagnostics": diagnostics},
+                    heads=["L1H1"])  # fmt: skip
+    assert "L1H1 (layer 0, head 0) · local head" in fig.axes[0].get_title()
+    assert "sink" not in fig.axes[0].get_title()

@@ -20,6 +20,7 @@ from sinkscope.stats.summaries import (
     head_stats,
     layer_stats,
     resolve_step,
+    uniform_mass,
 )
 
 
@@ -168,3 +169,78 @@ def test_entropy_tokens_are_normalized_by_the_number_of_keys():
     diagnostics = head_diagnostics(rows, queries)
     assert diagnostics["entropy_tokens"].to_numpy() == pytest.approx(np.log(24) / np.log(144))
     assert isinstance(diagnostics, pd.DataFrame)
+
+
+def test_uniform_baseline_counts_the_key_tokens_by_hand():
+    """Uniform attention over the key tokens a query sees: 1 / visible frames when every
+    frame holds its tokens; a frame with half its tokens gets half the share."""
+    values, frames = np.array([0.4, 0.1, 0.1, 0.1, 0.2, 0.1]), np.arange(6)
+    plain = curve_stats(values, frames, query_frames=[4, 5], metric="prob_mass")
+    assert plain["frame0_uniform"] == pytest.approx(1 / 6) and plain["frame0_excess"] == pytest.approx(0.4 - 1 / 6)
+    tokens = np.array([12, 24, 24, 24, 24, 24])  # frame 0 lost half its tokens
+    uniform = tokens / tokens.sum()
+    dropped = curve_stats(values, frames, query_frames=[4, 5], metric="prob_mass", uniform=uniform)
+    assert dropped["frame0_uniform"] == pytest.approx(12 / 132) and dropped["frame0_excess"] == pytest.approx(0.4 - 12 / 132)
+    assert math.isnan(curve_stats(values, frames, [4, 5], "logit_mean")["frame0_excess"])  # mass only
+    assert math.isnan(curve_stats(np.array([np.nan, 0.6, 0.4]), np.arange(3), [2], "prob_mass")["frame0_uniform"])
+    rows = synthetic_rows(blocks=(3, 3))
+    rows.loc[(rows["key_frame"] == 1) & (rows["block"] == 1), "key_tokens"] = 6
+    shares = rows.assign(uniform=uniform_mass(rows))
+    block1 = shares[(shares["block"] == 1) & (shares["head"] == 0) & (shares["pass"] == "cache") & (shares["query_frame"] == 4)]
+    expected = {0: 24 / 126, 1: 6 / 126, **{k: 24 / 126 for k in range(2, 6)}}
+    assert block1.set_index("key_frame")["uniform"].to_dict() == pytest.approx(expected)
+    block0 = shares[(shares["block"] == 0) & (shares["head"] == 0) & (shares["pass"] == "cache") & (shares["query_frame"] == 1)]
+    assert np.allclose(block0["uniform"], 1 / 3)
+    assert np.allclose(uniform_mass(rows.drop(columns="key_tokens"))[rows["block"] == 1], 1 / 6)
+    assert np.allclose(uniform_mass(rows.assign(key_tokens=0))[rows["block"] == 1], 1 / 6)  # no counts: 1 / frames
+
+
+def test_head_and_layer_stats_carry_the_uniform_baseline_and_the_spread_between_runs():
+    rows = synthetic_rows(prompts=("a", "b"), seeds=(0, 3))
+    rows.loc[(rows["key_frame"] == 0) & (rows["block"] == 2), "key_tokens"] = 12
+    heads = head_stats(rows)
+    mass = heads[(heads["metric"] == "prob_mass") & (heads["head"] == 1) & (heads["pass"] == "denoise") & (heads["step"] == 1)]
+    averaged = mass[mass["prompt_id"] == "*"].iloc[0]
+    per_run = mass[mass["prompt_id"] != "*"]
+    assert averaged["frame0_uniform"] == pytest.approx(12 / (12 + 8 * 24))  # 9 frames, frame 0 at half its tokens
+    assert averaged["frame0_excess"] == pytest.approx(averaged["frame0_mass"] - 12 / 204)
+    for name in ("first", "sink_score", "frame0_mass", "frame0_excess", "cache_share"):
+        assert averaged[f"{name}_run_std"] == pytest.approx(per_run[name].std(ddof=1)), name
+        assert per_run[f"{name}_run_std"].isna().all()  # per-run rows have no spread
+    logits = heads[(heads["metric"] == "logit_mean") & (heads["prompt_id"] == "*")]
+    assert logits["frame0_excess"].isna().all() and logits["first_run_std"].notna().all()
+    layers = layer_stats(rows)
+    one = layers[(layers["metric"] == "prob_mass") & (layers["pass"] == "cache")]
+    assert one.loc[one["prompt_id"] == "*", "diagonal_mean_run_std"].item() == pytest.approx(
+        one.loc[one["prompt_id"] != "*", "diagonal_mean"].std(ddof=1))
+    assert one.loc[one["prompt_id"] == "*", "frame0_uniform"].item() == pytest.approx(12 / 204)
+    single = head_stats(synthetic_rows())
+    assert single.loc[single["prompt_id"] == "*", "first_run_std"].isna().all()  # one run: no spread
+
+
+def test_block_stats_uniform_sink_share_and_excess_by_hand():
+    rows = synthetic_rows(blocks=(3, 3, 3, 3, 3), window=7, sink=2)
+    stats = block_stats(rows, sink_frames=2)
+    one = stats[(stats["block"] == 4) & (stats["head"] == 0) & (stats["pass"] == "denoise") & (stats["step"] == 0)].iloc[0]
+    assert one["sink_uniform"] == pytest.approx(2 / 7)  # 2 sink frames of the 7 it sees
+    assert one["sink_excess"] == pytest.approx(one["sink_mass"] - 2 / 7)
+    first = stats[stats["block"] == 0]
+    assert first["sink_uniform"].isna().all() and first["sink_excess"].isna().all()  # no cache: no baseline
+    plain = block_stats(synthetic_rows(blocks=(3, 3, 3)), sink_frames=0)
+    second = plain[plain["block"] == 1]
+    assert np.allclose(second["sink_uniform"], 1 / 6)
+    # A sliding window without sinks evicts frame 0: no sink frame in the cache, no value.
+    evicting = block_stats(synthetic_rows(blocks=(3, 3, 3, 3), window=6), sink_frames=0)
+    assert evicting.loc[evicting["block"] == 3, "sink_uniform"].isna().all()
+
+
+def test_head_diagnostics_carry_frame0_uniform_excess_and_run_spread():
+    rows = synthetic_rows(blocks=(3,) * 3, prompts=("a", "b"))
+    diagnostics = head_diagnostics(rows)
+    assert np.allclose(diagnostics["frame0_uniform"], 1 / 9)
+    assert np.allclose(diagnostics["frame0_excess"], diagnostics["frame0_mass"] - 1 / 9)
+    last = rows[(rows["block"] == 2) & (rows["head"] == 0) & (rows["pass"] == "cache")]
+    per_run = last[last["key_frame"] == 0].groupby("prompt_id")["prob_mass"].mean()
+    row = diagnostics[(diagnostics["head"] == 0) & (diagnostics["pass"] == "cache")].iloc[0]
+    assert row["frame0_mass_run_std"] == pytest.approx(per_run.std(ddof=1)) and row["runs"] == 2
+    assert head_diagnostics(synthetic_rows())["frame0_mass_run_std"].isna().all()

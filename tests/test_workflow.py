@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import re
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
+from sinkscope.figures.registry import (
+    CHECKPOINT_FIGURES,
+    LAYER_FIGURES,
+    SOURCE_FIGURES,
+    STUDY_FIGURES,
+)
+from sinkscope.figures.report import number
 from sinkscope.pipeline.study import TABLES
 from sinkscope.tables import SCHEMAS, read_metadata
 
@@ -53,41 +58,50 @@ def test_full_run_then_only_what_changed(workflow):
         svg = workflow.path(f"results/figures/demo/{kind}.svg").read_text()
         assert "<text" in svg, kind  # editable text, not outlines
         assert workflow.path(f"results/figures/demo/{kind}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # One variant and one checkpoint: the figures that compare them are not drawn.
     for kind in CHECKPOINT_FIGURES:
-        assert workflow.path(f"results/figures/demo/{kind}.png").stat().st_size > 1000
+        drawn = workflow.path(f"results/figures/demo/{kind}.png")
+        assert drawn.exists() == (kind != "policy_comparison"), kind
+        assert not drawn.exists() or drawn.stat().st_size > 1000
     for kind in STUDY_FIGURES:
-        assert workflow.path(f"results/figures/{kind}.png").stat().st_size > 1000
+        assert not workflow.path(f"results/figures/{kind}.png").exists(), kind
     for layer in (0, 4):
         for kind in LAYER_FIGURES:
             assert workflow.path(f"results/figures/demo/layer{layer}/{kind}.png").stat().st_size > 1000
     assert "L5H10" in workflow.path("results/figures/demo/figure4.svg").read_text()
     assert workflow.path("results/tables/checkpoints/demo/head_classes.csv").read_text().startswith("layer,H1,")
-    assert "trained demo" in workflow.path("results/report/summary.html").read_text()
+    summary = workflow.path("results/report/summary.html").read_text()
+    assert "shipped demo model (trained here, not Self-Forcing)" in summary.split("<h2>")[0]
+    assert "<img src='../figures/demo/figure4.svg'" in summary
 
     # An unchanged rerun does nothing.
     assert without_all(workflow.planned_jobs()) == {}
 
-    # A new layer: only its extraction (layers go one a job on the CPU), then what reads it.
+    # A new layer: only its extraction (layers go one a job on the CPU), then what reads it:
+    # its layer figures, and the per_head_grid of the other layers, whose titles give the
+    # head classes of the source's head_diagnostics (which the new layer's rows rewrite).
     first = digest(workflow.path("results/extract/demo/circle/seed0/layers0/layer0.parquet"))
     workflow.write_config({**BASE, "layers": [0, 4, 5]})
     jobs = without_all(workflow.planned_jobs())
-    assert jobs["extract_attention"] == 1 and jobs["layer_figure"] == len(LAYER_FIGURES) and "encode_prompt" not in jobs
+    assert jobs["extract_attention"] == 1 and "encode_prompt" not in jobs
+    assert jobs["layer_figure"] == len(LAYER_FIGURES) + len(BASE["layers"])
     workflow.run()
     assert digest(workflow.path("results/extract/demo/circle/seed0/layers0/layer0.parquet")) == first
 
-    # A figure option reruns only the figures that draw with it (and the summary, which shows it).
+    # A figure option reruns only the figures that draw with it (and the summary, which shows it
+    # and some of them); sink_mass_over_time does not draw with the metric.
     workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass"}})
     jobs = without_all(workflow.planned_jobs())
-    assert set(jobs) == {"source_figure", "layer_figure", "checkpoint_figure", "summary_page"}
+    assert set(jobs) == {"source_figure", "layer_figure", "summary_page"}
     workflow.run()
     workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass", "heads": ["L1H2"]}})
     heads_kinds = {"figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "attention_over_time"}
-    assert without_all(workflow.planned_jobs()) == {"source_figure": len(heads_kinds), "checkpoint_figure": 1}
+    assert without_all(workflow.planned_jobs()) == {"source_figure": len(heads_kinds), "summary_page": 1}
 
     # Equivalent configs rerun nothing: 5 for 5.0, a policy's defaults spelled out.
     workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass", "heads": ["L1H2"]},
                            "generation": {"num_frames": 9, "timestep_shift": 5, "cache_policy": "global"}})  # fmt: skip
-    workflow.run("--allowed-rules", "source_figure", "checkpoint_figure")
+    workflow.run("--allowed-rules", "source_figure", "summary_page")
     assert without_all(workflow.planned_jobs()) == {}
 
 
@@ -117,15 +131,20 @@ def test_figure_table_and_summary_show_the_same_numbers(workflow):
     heads = pd.read_parquet(workflow.path("results/tables/head_stats.parquet"))
     chosen = heads[(heads["prompt_id"] == "*") & (heads["pass"] == "denoise") & (heads["step"] == 3)
                    & (heads["metric"] == "logit_mean")].set_index("head")  # fmt: skip
-    assert (chosen["runs"] == 2).all()
+    assert (chosen["runs"] == 2).all() and chosen["sink_score_run_std"].notna().all()
+    mass = heads[(heads["prompt_id"] == "*") & (heads["pass"] == "denoise") & (heads["step"] == 3)
+                 & (heads["metric"] == "prob_mass")].set_index("head")  # fmt: skip
+    classes = pd.read_parquet(workflow.path("results/tables/head_diagnostics.parquet"))
+    classes = classes[(classes["pass"] == "denoise") & (classes["step"] == 3)].set_index("head")["head_class"]
     grid = workflow.path("results/figures/demo/layer0/per_head_grid.svg").read_text()
-    for head, row in chosen.iterrows():
-        assert f"H{head + 1} · sink {row['sink_score']:+.2f}" in grid
+    for head, row in mass.iterrows():
+        assert f"H{head + 1} · {classes[head]}<" in grid and f"excess {row['frame0_excess']:+.3f}<" in grid
+    assert "mean of n = 2 runs" in grid
     layers = pd.read_parquet(workflow.path("results/tables/layer_stats.parquet"))
     row = layers[(layers["prompt_id"] == "*") & (layers["pass"] == "denoise") & (layers["step"] == 3)
                  & (layers["metric"] == "logit_mean")].iloc[0]  # fmt: skip
     summary = workflow.path("results/report/summary.html").read_text()
-    assert re.search(rf">\s*{row['sink_score']:.4g}\s*<", summary)
+    assert f"<td>{number(row['sink_score'])} ± {number(row['sink_score_run_std'])}</td>" in summary
 
 
 def test_attention_across_training_checkpoints(workflow):

@@ -271,7 +271,7 @@ def cmd_figure(args: argparse.Namespace) -> int:
     if frame is not None:  # the tables aggregation derives from frame rows
         if "block_stats" in kind.tables:
             tables.setdefault("block_stats", block_stats(frame))
-        if "head_diagnostics" in kind.tables:
+        if "head_diagnostics" in kind.inputs:  # read, or used for the heads' classes
             tables.setdefault("head_diagnostics", head_diagnostics(frame, tables.get("query_stats")))
     for name in kind.tables:
         if name not in tables:
@@ -310,7 +310,7 @@ def cmd_figure(args: argparse.Namespace) -> int:
             raise ConfigError(f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)")
     # Only the options this kind draws with; the plotting API fills the rest as the pipeline does.
     given = {name: getattr(args, name) for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS)}
-    figure = plot.plot(args.kind, {name: tables[name] for name in kind.tables}, layer=args.layer,
+    figure = plot.plot(args.kind, {name: tables[name] for name in kind.inputs if name in tables}, layer=args.layer,
                        source=args.source or args.checkpoint or "the input",
                        **{name: value for name, value in given.items() if value is not None})  # fmt: skip
     plot.save(figure, args.out_prefix, dpi=args.dpi)

@@ -159,8 +159,10 @@ def plot(
 ):
     """Any figure kind from its tables (table name -> DataFrame; a DataFrame alone is the
     kind's first table). ``sinkscope.figures.registry.FIGURES`` says which tables a kind
-    reads and which ``options`` (``figures:`` keys) it draws with; the ``plot_<kind>``
-    functions are this call with the kind's arguments spelled out."""
+    reads (``tables``; ``uses``: read when given, e.g. head_diagnostics for the heads'
+    classes, else derived from the rows at the default thresholds) and which ``options``
+    (``figures:`` keys) it draws with; the ``plot_<kind>`` functions are this call with
+    the kind's arguments spelled out."""
     spec = figure_kind(kind)
     takes = (*spec.options, *spec.extra_options, *COMMON_OPTIONS)
     unknown = sorted(set(options) - set(takes))
@@ -174,7 +176,8 @@ def plot(
         raise ValueError(f"plot {kind!r} draws {', '.join(spec.tables)}; {missing[0]} is missing")
     what = f"plot_{kind}"
     picked = {}
-    for name in spec.tables:
+    # The tables it reads when given (head_diagnostics: the heads' classes) are picked alike.
+    for name in [*spec.tables, *(name for name in spec.uses if name in tables)]:
         rows = _pick(tables[name], checkpoint=checkpoint, variant=variant, what=what if name == spec.tables[-1] else
                      f"{what} ({name})", variants=spec.scope == CHECKPOINT, checkpoints=spec.scope == STUDY)  # fmt: skip
         if variants and spec.scope == CHECKPOINT:
@@ -251,7 +254,7 @@ def plot_key_frame_maps(tokens: pd.DataFrame, table: pd.DataFrame, heads: Sequen
 def plot_layer_comparison(table: pd.DataFrame, *, highlight_layers: Sequence[int | str] | None = None,
                           checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
                           metric: str | None = None, frame_base: int | None = None, source: str | None = None):  # fmt: skip
-    """Layers x key frames heat map plus chosen layers as curves with a ±1 std band."""
+    """Layers x key frames heat map plus chosen layers as small multiples, ±1 std between runs."""
     return plot("layer_comparison", table, checkpoint=checkpoint, variant=variant, source=source,
                 highlight_layers=highlight_layers, step=step, metric=metric, frame_base=frame_base)  # fmt: skip
 
@@ -267,7 +270,9 @@ def plot_first_middle_last(table: pd.DataFrame, *, checkpoint: str | None = None
 def plot_sink_score_overview(table: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
                              step: str | int | None = None, metric: str | None = None, source: str | None = None,
                              ax=None):  # fmt: skip
-    """Frame-0 score of every layer x head."""
+    """First − middle of every layer x head (sink-class heads outlined: give head_diagnostics
+    through ``plot.plot('sink_score_overview', {'frame_attention': ..., 'head_diagnostics': ...})``
+    for the config's thresholds; without it, the rows' classes at the default ones)."""
     return plot("sink_score_overview", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax, step=step,
                 metric=metric)  # fmt: skip
 
@@ -325,7 +330,8 @@ def plot_query_key_maps(table: pd.DataFrame, layer: int | str, *, video_frames: 
 
 def plot_sink_mass_over_time(block_stats: pd.DataFrame, *, checkpoint: str | None = None,
                              variants: Sequence[str] | None = None, source: str | None = None):  # fmt: skip
-    """Frame-0 mass block by block, one panel per layer, one line per variant (block_stats)."""
+    """Mass on frame 0 (or the sink frames) block by block beside its uniform share, and the
+    excess over it; one panel pair per layer, one line per variant (block_stats)."""
     return plot("sink_mass_over_time", block_stats, checkpoint=checkpoint, variants=variants, source=source)
 
 

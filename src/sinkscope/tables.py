@@ -90,14 +90,33 @@ _CURVE_FIELDS = [
     ("first_middle_ratio", pa.float64()),
     ("spread_pct", pa.float64()),
     ("frame0_mass", pa.float64()),
+    ("frame0_uniform", pa.float64()),
+    ("frame0_excess", pa.float64()),
     ("first_k_mass", pa.float64()),
     ("cache_share", pa.float64()),
     ("own_share", pa.float64()),
 ]
-HEAD_STATS_SCHEMA = pa.schema(_RUN_FIELDS + [("layer", pa.int16()), ("head", pa.int16())] + _SUMMARY_CALL + _CURVE_FIELDS)
+# The statistics whose between-run standard deviation the run-averaged rows carry, as
+# <stat>_run_std (null in per-run rows and with one run).
+HEAD_RUN_STD = ("first", "middle", "last", "own", "sink_score", "first_middle_ratio", "spread_pct", "frame0_mass",
+                "frame0_excess", "first_k_mass", "cache_share", "own_share")
+LAYER_RUN_STD = (*HEAD_RUN_STD, "diagonal_mean", "first_column_mean")
+DIAGNOSTICS_RUN_STD = ("entropy_frames", "entropy_tokens", "frame0_mass", "frame0_excess", "frame0_argmax_share",
+                       "recent_mass")
+RUN_STD_SUFFIX = "_run_std"
+
+
+def run_std_fields(names: Sequence[str]) -> list[tuple[str, pa.DataType]]:
+    return [(name + RUN_STD_SUFFIX, pa.float64()) for name in names]
+
+
+HEAD_STATS_SCHEMA = pa.schema(
+    _RUN_FIELDS + [("layer", pa.int16()), ("head", pa.int16())] + _SUMMARY_CALL + _CURVE_FIELDS
+    + run_std_fields(HEAD_RUN_STD)
+)  # fmt: skip
 LAYER_STATS_SCHEMA = pa.schema(
     _RUN_FIELDS + [("layer", pa.int16())] + _SUMMARY_CALL + _CURVE_FIELDS
-    + [("diagonal_mean", pa.float64()), ("first_column_mean", pa.float64())]
+    + [("diagonal_mean", pa.float64()), ("first_column_mean", pa.float64())] + run_std_fields(LAYER_RUN_STD)
 )  # fmt: skip
 BLOCK_STATS_SCHEMA = pa.schema(
     _RUN_FIELDS
@@ -107,6 +126,8 @@ BLOCK_STATS_SCHEMA = pa.schema(
         ("query_frames", pa.string()),
         ("sink_frames", pa.string()),
         ("sink_mass", pa.float64()),
+        ("sink_uniform", pa.float64()),
+        ("sink_excess", pa.float64()),
         ("self_mass", pa.float64()),
         ("other_mass", pa.float64()),
         ("argmax_frame", pa.int16()),
@@ -122,6 +143,8 @@ HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
         ("entropy_frames", pa.float64()),
         ("entropy_tokens", pa.float64()),
         ("frame0_mass", pa.float64()),
+        ("frame0_uniform", pa.float64()),
+        ("frame0_excess", pa.float64()),
         ("frame0_argmax_share", pa.float64()),
         ("recent_mass", pa.float64()),
         ("sign_rate", pa.float64()),
@@ -129,6 +152,7 @@ HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
         ("period_power", pa.float64()),
         ("head_class", pa.string()),
     ]
+    + run_std_fields(DIAGNOSTICS_RUN_STD)
 )  # fmt: skip
 
 SCHEMAS = {
@@ -180,6 +204,10 @@ COLUMN_DOCS: dict[str, str] = {
     "first_middle_ratio": "first / middle; prob_mass only (null for logit_mean)",
     "spread_pct": "(max - min) / mean of the cache frames, in %; prob_mass only",
     "frame0_mass": "softmax mass on frame 0 (null when frame 0 is not visible); prob_mass only",
+    "frame0_uniform": "the mass frame 0 would get from uniform attention over every key token seen: its key_tokens / "
+                      "the tokens of every visible key frame (1 / visible key frames without dropped tokens); prob_mass only",
+    "frame0_excess": "frame-0 excess over uniform: frame0_mass - frame0_uniform (0 = no preference for frame 0); "
+                     "prob_mass only",
     "first_k_mass": "softmax mass on the first k visible cache frames (diagnostics.first_k); prob_mass only",
     "cache_share": "softmax mass on the cache frames (everything before the block); prob_mass only",
     "own_share": "softmax mass on the block's own frames (1 - cache_share); prob_mass only",
@@ -187,6 +215,9 @@ COLUMN_DOCS: dict[str, str] = {
     "first_column_mean": "mean over query frames of the value at key frame 0 (head-averaged, every block)",
     "sink_frames": "the policy's sink frames (frame 0 when the policy has none)",
     "sink_mass": "softmax mass on the sink frames, queries of the block averaged",
+    "sink_uniform": "the sink frames' share of the key tokens the block sees (the sink mass of uniform attention); "
+                    "null when no sink frame is in the cache (block 0, or evicted)",
+    "sink_excess": "sink_mass - sink_uniform; null when no sink frame is in the cache",
     "self_mass": "softmax mass on the block's own frames",
     "other_mass": "softmax mass on every other frame present; sink_mass + self_mass + other_mass = 1",
     "argmax_age": "frames between the block's first frame and argmax_frame (0 for its own frames)",
@@ -199,6 +230,11 @@ COLUMN_DOCS: dict[str, str] = {
     "period_power": "share of the profile's spectral power (DC excluded) at that period",
     "head_class": "sink, local, periodic or diffuse (thresholds: config diagnostics:, docs/statistics.md)",
 }
+for _name in {*LAYER_RUN_STD, *DIAGNOSTICS_RUN_STD}:
+    COLUMN_DOCS[_name + RUN_STD_SUFFIX] = (
+        f"sample standard deviation (ddof 1) of {_name} between the runs (prompts x seeds), each run's own value; "
+        "in run-averaged rows (prompt_id '*'; every head_diagnostics row); null in per-run rows and with one run"
+    )
 
 
 # -- writing and reading -----------------------------------------------------------------------

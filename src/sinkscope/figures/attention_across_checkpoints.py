@@ -1,7 +1,10 @@
 """How training moves the sink: for every checkpoint of the study (x: its training step
 when every checkpoint has one, else the config's order), the softmax mass on frame 0 and
 the normalized entropy over key frames of each layer, averaged over heads
-(head_diagnostics, last block, last denoising step); one row per variant."""
+(head_diagnostics, last block, last denoising step); one row per variant. The mean over
+layers carries error bars: the mean over heads of each head's std between runs
+(head_diagnostics ``*_run_std``); frame-0 mass has the uniform share beside it (dashed).
+The workflow draws it only for a study of two or more checkpoints."""
 
 from __future__ import annotations
 
@@ -41,6 +44,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     fig = c.new_figure(2 * 4.6 + 0.9, len(variants) * 3.0)
     axes = fig.subplots(len(variants), 2, squeeze=False)
     means = rows.groupby(["variant", "layer", "checkpoint"], observed=True)[[m for m, _ in METRICS]].mean()
+    single = len(order) < 2  # one point a line: markers only, and the legend says so
+    style = "o" if single else "o-"
+    runs = int(rows["runs"].max())
+    spread = False
     for i, variant in enumerate(variants):
         for j, (metric, what) in enumerate(METRICS):
             ax_ = axes[i, j]
@@ -50,12 +57,23 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                     continue
                 series = means.loc[key][metric].reindex(order)
                 xs = [x_of[name] for name in series.index]
-                (line,) = ax_.plot(xs, series.to_numpy(), "o-", color=colors[layer], lw=1.1, ms=3, alpha=0.85)
+                (line,) = ax_.plot(xs, series.to_numpy(), style, color=colors[layer], lw=1.1, ms=3, alpha=0.85)
                 line.set_gid(f"{metric}-{variant}-{c.layer_label(layer)}")
+            chosen = rows[rows["variant"] == variant]
             overall = means.loc[variant][metric].groupby("checkpoint", observed=True).mean().reindex(order)
-            (line,) = ax_.plot([x_of[n] for n in overall.index], overall.to_numpy(), "s-", color="black", lw=2.2, ms=4,
+            xs = [x_of[n] for n in overall.index]
+            (line,) = ax_.plot(xs, overall.to_numpy(), "s" if single else "s-", color="black", lw=2.2, ms=4,
                                zorder=5)  # fmt: skip
             line.set_gid(f"{metric}-{variant}-mean")
+            column = f"{metric}_run_std"
+            if runs >= 2 and column in chosen:
+                std = chosen.groupby("checkpoint", observed=True)[column].mean().reindex(order).to_numpy(dtype=float)
+                spread |= c.error_bars(ax_, xs, overall.to_numpy(), std, gid=f"{metric}-{variant}-mean", color="black")
+            if metric == "frame0_mass" and "frame0_uniform" in chosen:
+                uniform = chosen.groupby("checkpoint", observed=True)["frame0_uniform"].mean().reindex(order)
+                (line,) = ax_.plot(xs, uniform.to_numpy(), color=c.UNIFORM_COLOR, lw=1.1, marker="_" if single else "",
+                                   ls="none" if single else (0, (4, 2)), ms=14, zorder=4)  # fmt: skip
+                line.set_gid(f"uniform-{variant}")
             ax_.set_title(f"{variant} · {metric}" if len(variants) > 1 else metric, fontsize=9.5)
             ax_.set_ylabel(what, fontsize=8.5)
             if numeric:
@@ -68,23 +86,29 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 c.set_label_ticks(ax_, order, length=4.0)
             ax_.set_xlabel("training step" if numeric else "checkpoint (config order)")
             ax_.set_ylim(0, max(1.0, float(np.nanmax(means[metric].to_numpy())) * 1.05) if metric == "frame0_mass" else 1.0)
+    marker_only = {"ls": "none"} if single else {}
     if len(layers) <= 8:
-        legend = [c.line_handle(colors[layer], c.layer_label(layer), marker="o", ms=3) for layer in layers]
+        legend = [c.line_handle(colors[layer], c.layer_label(layer), marker="o", ms=3, **marker_only) for layer in layers]
     else:
         legend = []
         mappable = c.matplotlib.cm.ScalarMappable(norm=c.mcolors.Normalize(layers[0] + 1, layers[-1] + 1),
                                                    cmap=c.mcolors.ListedColormap([colors[x] for x in layers]))  # fmt: skip
         fig.colorbar(mappable, ax=axes.ravel().tolist(), pad=0.02, shrink=0.85, aspect=30).set_label("layer (L1 = first)")
-    legend.append(c.line_handle("black", "mean over layers", marker="s", ms=4, lw=2.2))
-    runs = int(rows["runs"].max())
+    legend.append(c.line_handle("black", "mean over layers", marker="s", ms=4, lw=2.2, **marker_only))
+    legend.append(c.line_handle(c.UNIFORM_COLOR, "uniform share of frame 0 (1 / visible frames)", lw=1.1,
+                                ls=(0, (4, 2))))  # fmt: skip
+    legend += [c.spread_handle("mean over heads of a head's ±1 std between runs")] if spread else []
     pass_, index = c.step_of(rows, step)
     return c.finish(
         fig,
-        title="Sink mass and entropy across checkpoints",
+        title="Frame-0 mass and entropy across checkpoints",
         subtitle=c.subtitle("every checkpoint of the study" if source in (None, "study") else source,
-                            c.call_label(pass_, index) + " of the last block", "head_diagnostics", runs),
+                            c.call_label(pass_, index) + " of the last block", "head_diagnostics", runs,
+                            "error bars on the mean over layers"),
         legend=legend,
-        caption=("Per layer, the mean over heads of frame0_mass (softmax mass of the last block's queries on frame 0) and "
-                 "entropy_frames (entropy over key frames / ln(frames)); runs averaged in head_diagnostics. Checkpoints: "
+        caption=("Per layer, the mean over heads of frame0_mass (softmax mass of the last block's queries on frame 0; "
+                 "dashed: the mass uniform attention over the key tokens would give it) and entropy_frames (entropy "
+                 "over key frames / ln(frames)); runs averaged in head_diagnostics, error bars: the mean over heads of "
+                 "each head's std between runs. Checkpoints: "
                  + ", ".join(f"{n}{f' (step {int(train_steps[n])})' if numeric else ''}" for n in order) + "."),
     )  # fmt: skip

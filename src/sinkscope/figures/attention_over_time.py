@@ -2,7 +2,9 @@
 frames, the softmax mass of each block's queries (averaged over its frames and the runs)
 on every key frame, at one call of every block (the last denoising step by default).
 Grey: a frame that is not in the KV cache (evicted); blank: not generated yet; boxes: each
-block's own frames."""
+block's own frames. Colours on a square-root scale clipped to the 98th percentile (the
+clipped range on the colour bar); the uniform share of each block and the spread between
+runs in the caption."""
 
 from __future__ import annotations
 
@@ -16,17 +18,23 @@ from sinkscope.figures import common as c
 from sinkscope.stats.summaries import figure4_curves
 
 
-def matrix(frame: pd.DataFrame, layer: int, head: int, step, frames: int) -> tuple[np.ndarray, list[int], dict]:
-    """[blocks, frames] of prob_mass (NaN = not visible), the blocks, the block -> frames map."""
+def matrix(frame: pd.DataFrame, layer: int, head: int, step, frames: int
+           ) -> tuple[np.ndarray, list[int], dict, np.ndarray, dict[int, float]]:  # fmt: skip
+    """[blocks, frames] of prob_mass (NaN = not visible), the blocks, the block -> frames
+    map, the [blocks, frames] std between runs, and each block's uniform share."""
     rows = frame[(frame["layer"] == layer) & (frame["head"] == head)]
     blocks = sorted(int(b) for b in rows["block"].unique())
     out = np.full((len(blocks), frames), np.nan)
+    spread = np.full((len(blocks), frames), np.nan)
+    uniform = {}
     for i, block in enumerate(blocks):
         # The Figure 4 view of that block (summaries.figure4_curves of its rows).
-        curves, _ = figure4_curves(rows[rows["block"] == block], step, "prob_mass")
+        curves, info = figure4_curves(rows[rows["block"] == block], step, "prob_mass", details=True)
         row = curves.iloc[0]
         out[i, row.index.to_numpy().astype(int)] = row.to_numpy(dtype=float)
-    return out, blocks, c.block_frames(rows)
+        spread[i, row.index.to_numpy().astype(int)] = c.column_std(info["run_curves"].to_numpy(dtype=float))
+        uniform[block] = 1.0 / int(row.notna().sum())
+    return out, blocks, c.block_frames(rows), spread, uniform
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
@@ -49,7 +57,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         if ((frame["layer"] == layer) & (frame["head"] == head)).any():
             matrices[label] = matrix(frame, layer, head, step, frames)
     finite = [m[0] for m in matrices.values()]
-    cmap, norm = c.colour_scale(np.concatenate([m.ravel() for m in finite]) if finite else np.array([]), "prob_mass")
+    shown_values = np.concatenate([m.ravel() for m in finite]) if finite else np.array([])
+    cmap, norm = c.colour_scale(shown_values, "prob_mass")
     # A square-root scale: the sink's mass would leave every other frame black on a linear one.
     norm = c.mcolors.PowerNorm(0.5, vmin=0.0, vmax=norm.vmax)
     evicted = False
@@ -59,7 +68,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         if label not in matrices:
             c.message_panel(ax_, f"layer {layer} was not extracted")
             continue
-        values, block_ids, own = matrices[label]
+        values, block_ids, own, _, _ = matrices[label]
         future = np.array([[k > max(own[b]) for k in range(frames)] for b in block_ids])
         shown = np.where(future, 0.0, values)
         evicted |= bool(np.isnan(values[~future]).any())
@@ -75,10 +84,19 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         ax_.set_xlabel("key frame")
         ax_.set_ylabel("block (its frames)")
     if image is not None:
-        bar = fig.colorbar(image, ax=axes, pad=0.02, shrink=0.9 if len(axes) > 1 else 1.0, aspect=25)
-        bar.set_label("softmax mass\n(square-root scale)")
+        c.colourbar(fig, image, shown_values, "softmax mass (square-root scale)", fontsize=9, ax=axes, pad=0.02,
+                    shrink=0.9 if len(axes) > 1 else 1.0, aspect=25)  # fmt: skip
     if given:
         return fig
+    spread = c.spread_note(np.concatenate([m[3].ravel() for m in matrices.values()]) if matrices else [],
+                           c.run_count(call_rows))  # fmt: skip
+    uniform = next(iter(matrices.values()))[4] if matrices else {}
+    baseline = ""
+    if uniform:
+        first, last = min(uniform), max(uniform)
+        baseline = (f" Uniform attention gives a visible frame on average 1 / visible frames: "
+                    f"{c.number(uniform[first], 'prob_mass')} in block {first} … {c.number(uniform[last], 'prob_mass')} "
+                    f"in block {last}.")  # fmt: skip
     runs = c.run_count(call_rows)
     call = c.every_block_call(call_rows, pass_, index)
     legend = [c.nan_handle("not in the KV cache (evicted)")] if evicted else []
@@ -87,8 +105,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     return c.finish(
         fig,
         title="Where each block's queries look, block by block",
-        subtitle=c.subtitle(source, call, "softmax mass", runs),
+        subtitle=c.subtitle(source, call, "softmax mass", runs, "spread in the caption"),
         legend=legend,
         caption=("Each row: one block's queries, averaged over its frames and the runs (the Figure 4 view of that "
-                 "block, sinkscope.stats.summaries.figure4_curves), against every absolute key frame."),
+                 "block, sinkscope.stats.summaries.figure4_curves), against every absolute key frame; "
+                 f"{spread}.{baseline}"),
     )  # fmt: skip

@@ -42,7 +42,14 @@ from matplotlib.ticker import FixedLocator
 from sinkscope.io import atomic_path
 from sinkscope.naming import head_label, layer_label, parse_head_label  # noqa: F401 - the kind modules use c.layer_label
 from sinkscope.schema import schema_defaults
-from sinkscope.stats.summaries import curve_stats, figure4_curves, resolve_step, runs_in
+from sinkscope.stats.summaries import (
+    curve_stats,
+    figure4_curves,
+    head_diagnostics,
+    last_block,
+    resolve_step,
+    runs_in,
+)
 
 STYLE = {
     "svg.fonttype": "none",  # SVG text stays text: editable in Illustrator / Inkscape
@@ -157,9 +164,15 @@ def frames_text(frames: Iterable[int], base: int = 0) -> str:
     return ", ".join(f"{a + base}" if a == b else f"{a + base}-{b + base}" for a, b in runs)
 
 
+def timestep_text(timestep: float) -> str:
+    """A model timestep as the figures print it: 833.333 -> '833', 0.25 -> '0.25'."""
+    return f"{timestep:.0f}" if abs(timestep) >= 10 else f"{timestep:.3g}"
+
+
 def call_label(pass_: str, step: int, timestep: float | None = None) -> str:
     """'denoising step 3 (t=250)', 'cache pass (t=0)' or 'imported call'."""
-    t = "" if timestep is None or (isinstance(timestep, float) and math.isnan(timestep)) else f" (t={timestep:g})"
+    missing = timestep is None or (isinstance(timestep, float) and math.isnan(timestep))
+    t = "" if missing else f" (t={timestep_text(float(timestep))})"
     if pass_ == "cache":
         return f"cache pass{t}"
     if step < 0:
@@ -167,12 +180,16 @@ def call_label(pass_: str, step: int, timestep: float | None = None) -> str:
     return f"denoising step {step}{t}"
 
 
-def runs_text(runs: int) -> str:
-    return f"mean of {runs} run{'s' if runs != 1 else ''}"
+def runs_text(runs: int, spread: str | None = None) -> str:
+    """'mean of n = 2 runs, bars ±1 std between runs', or 'n = 1 run: no spread between
+    runs' (``spread``: how the figure shows the spread between runs)."""
+    if runs < 2:
+        return f"n = {runs} run{'s' if runs != 1 else ''}: no spread between runs"
+    return f"mean of n = {runs} runs" + (f", {spread}" if spread else "")
 
 
-def subtitle(source: str, call: str, metric: str, runs: int) -> str:
-    return " · ".join([source, call, metric, runs_text(runs)])
+def subtitle(source: str, call: str, metric: str, runs: int, spread: str | None = None) -> str:
+    return " · ".join([source, call, metric, runs_text(runs, spread)])
 
 
 def metric_axis_label(metric: str) -> str:
@@ -229,7 +246,8 @@ def variants_in(frame: pd.DataFrame) -> list[str]:
 
 @dataclass
 class View:
-    """The Figure 4 view of one call (``summaries.figure4_curves``), every frame a column."""
+    """The Figure 4 view of one call (``summaries.figure4_curves``), every frame a column:
+    the run-averaged curves, their uniform baselines and each run's curve."""
 
     curves: pd.DataFrame  # index (layer, head); columns 0..F-1; NaN = not visible
     query_frames: list[int]
@@ -238,6 +256,9 @@ class View:
     timestep: float
     runs: int
     metric: str
+    uniform: pd.DataFrame | None = None  # as curves: summaries.uniform_mass averaged like the curves
+    run_curves: pd.DataFrame | None = None  # index (prompt_id, seed, layer, head); columns as curves
+    run_uniform: pd.DataFrame | None = None
     stats_cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -258,23 +279,72 @@ class View:
     def curve(self, layer: int, head: int) -> pd.Series:
         return self.curves.loc[(layer, head)]
 
+    def baseline(self, layer: int, head: int) -> pd.Series:
+        """The uniform baseline of one head's curve (NaN where a frame is not visible)."""
+        curve = self.curve(layer, head)
+        if self.uniform is not None and (layer, head) in self.uniform.index:
+            return self.uniform.loc[(layer, head)].where(curve.notna())
+        return (curve.notna() / max(int(curve.notna().sum()), 1)).where(curve.notna())
+
     def stats(self, layer: int, head: int) -> dict[str, Any]:
         """``summaries.curve_stats`` of one head's curve (the head_stats row with prompt '*')."""
         key = (layer, head)
         if key not in self.stats_cache:
             values = self.curve(layer, head).to_numpy()
-            self.stats_cache[key] = curve_stats(values, self.frames, self.query_frames, self.metric)
+            self.stats_cache[key] = curve_stats(values, self.frames, self.query_frames, self.metric,
+                                                uniform=self.baseline(layer, head).to_numpy())  # fmt: skip
         return self.stats_cache[key]
+
+    def _runs_of(self, layer: int, head: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(curve, baseline) of each run: one head's, or the layer's head-averaged one."""
+        if self.run_curves is None or self.runs < 2:
+            return []
+        curves = self.run_curves.xs(layer, level="layer")
+        uniform = self.run_uniform.xs(layer, level="layer") if self.run_uniform is not None else None
+        if head is not None:
+            if head not in curves.index.get_level_values("head"):
+                return []
+            curves = curves.xs(head, level="head")
+            uniform = uniform.xs(head, level="head") if uniform is not None else None
+        else:
+            curves = curves.groupby(["prompt_id", "seed"], observed=True).mean()
+            uniform = uniform.groupby(["prompt_id", "seed"], observed=True).mean() if uniform is not None else None
+        baselines = uniform.reindex(curves.index).to_numpy() if uniform is not None else [None] * len(curves)
+        return list(zip(curves.to_numpy(dtype=float), baselines))
+
+    def run_std(self, layer: int, head: int | None, name: str) -> float:
+        """Sample std (ddof 1) between runs of statistic ``name`` of each run's curve (one
+        head's, or the layer's head-averaged one with ``head=None``): head_stats /
+        layer_stats ``<name>_run_std``. NaN with one run."""
+        key = ("run_std", layer, head, name)
+        if key not in self.stats_cache:
+            values = [curve_stats(curve, self.frames, self.query_frames, self.metric, uniform=base)[name]
+                      for curve, base in self._runs_of(layer, head)]  # fmt: skip
+            finite = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+            self.stats_cache[key] = float(finite.std(ddof=1)) if finite.size >= 2 else float("nan")
+        return self.stats_cache[key]
+
+    def std(self, layer: int, head: int | None = None) -> pd.Series | None:
+        """Per key frame, the sample std between runs of one head's curve (or of the layer's
+        head-averaged curve); None with one run."""
+        runs = self._runs_of(layer, head)
+        if len(runs) < 2:
+            return None
+        return pd.Series(column_std(np.stack([curve for curve, _ in runs])), index=self.curves.columns)
 
     def layer_mean(self, layer: int) -> pd.Series:
         """The head-averaged curve of a layer (what layer_stats summarizes)."""
         return self.curves.loc[layer].mean(axis=0)
 
-    def layer_std(self, layer: int) -> pd.Series:
-        return self.curves.loc[layer].std(axis=0, ddof=0)
+    def layer_baseline(self, layer: int) -> pd.Series:
+        mean = self.layer_mean(layer)
+        if self.uniform is not None:
+            return self.uniform.loc[layer].mean(axis=0).where(mean.notna())
+        return (mean.notna() / max(int(mean.notna().sum()), 1)).where(mean.notna())
 
     def layer_stats(self, layer: int) -> dict[str, Any]:
-        return curve_stats(self.layer_mean(layer).to_numpy(), self.frames, self.query_frames, self.metric)
+        return curve_stats(self.layer_mean(layer).to_numpy(), self.frames, self.query_frames, self.metric,
+                           uniform=self.layer_baseline(layer).to_numpy())  # fmt: skip
 
     @property
     def layers(self) -> list[int]:
@@ -292,12 +362,99 @@ def layers_of(frame: pd.DataFrame, heads: Sequence[tuple[str, int, int]]) -> pd.
 
 
 def figure4_view(frame: pd.DataFrame, step: str | int, metric: str) -> View:
-    """The last block's query-averaged curves of the chosen call, runs averaged."""
-    curves, info = figure4_curves(frame, step, metric)
+    """The last block's query-averaged curves of the chosen call, runs averaged, with their
+    uniform baselines and each run's curve."""
+    curves, info = figure4_curves(frame, step, metric, details=True)
     last = max([int(c) for c in curves.columns] + list(info["query_frames"]))
-    curves = curves.reindex(columns=range(0, last + 1))
+    columns = pd.RangeIndex(0, last + 1, name="key_frame")
+    curves = curves.reindex(columns=columns)
     curves.columns.name = "key_frame"
-    return View(curves, list(info["query_frames"]), info["pass"], int(info["step"]), info["timestep"], info["runs"], metric)
+    extra = {name: info[name].reindex(columns=columns) for name in ("uniform", "run_curves", "run_uniform")}
+    return View(curves, list(info["query_frames"]), info["pass"], int(info["step"]), info["timestep"], info["runs"], metric,
+                **extra)  # fmt: skip
+
+
+def mass_view(frame: pd.DataFrame, view: View) -> View:
+    """The softmax-mass view of ``view``'s call (``view`` itself when it shows mass): the
+    frame-0 excess over uniform is a statistic of the mass curve."""
+    if view.metric == "prob_mass":
+        return view
+    step = "cache" if view.pass_ == "cache" else view.step
+    return figure4_view(frame, step, "prob_mass")
+
+
+# -- head classes and what a head's title says ----------------------------------------------------
+
+
+def head_classes(diagnostics: pd.DataFrame | None, frame: pd.DataFrame, view: View) -> tuple[dict[tuple[int, int], str], str]:
+    """Each head's ``head_class`` at the view's call, and where it comes from: the
+    head_diagnostics table, or (without one) ``summaries.head_diagnostics`` of the frame
+    rows at the schema's default thresholds."""
+    source = "head_diagnostics"
+    if diagnostics is None or diagnostics.empty:
+        rows = last_block(frame)
+        rows = rows[(rows["pass"] == view.pass_) & (rows["step"] == view.step)]
+        diagnostics = head_diagnostics(rows) if len(rows) else None
+        source = "head_diagnostics of these rows at the default thresholds"
+    if diagnostics is None:
+        return {}, source
+    chosen = diagnostics[(diagnostics["pass"] == view.pass_) & (diagnostics["step"] == view.step)]
+    classes = {(int(a), int(b)): str(k) for a, b, k in zip(chosen["layer"], chosen["head"], chosen["head_class"])}
+    return classes, source
+
+
+def class_text(klass: str | None) -> str:
+    """'sink head', 'periodic head', ...: a head is called sink only when its class is."""
+    return f"{klass} head" if klass else "class n/a"
+
+
+def excess_text(view: View, layer: int, head: int, *, short: bool = False, spread: bool = False) -> str:
+    """'frame-0 excess +0.312' (over uniform; ``view`` shows softmax mass), ± the std
+    between runs with ``spread``."""
+    value = view.stats(layer, head)["frame0_excess"]
+    if not np.isfinite(value):
+        return "frame 0 not visible"
+    text = f"{'excess' if short else 'frame-0 excess'} {number(value, 'prob_mass', signed=True)}"
+    std = view.run_std(layer, head, "frame0_excess") if spread else float("nan")
+    return text + (f" ± {number(std, 'prob_mass')}" if np.isfinite(std) else "")
+
+
+def difference_text(view: View, layer: int, head: int) -> str:
+    """'first − middle +0.29': head_stats' sink_score, in the view's metric."""
+    return f"first − middle {number(view.stats(layer, head)['sink_score'], view.metric, signed=True)}"
+
+
+def column_std(matrix: np.ndarray) -> np.ndarray:
+    """Sample std (ddof 1) of each column over its finite values; NaN below two."""
+    matrix = np.asarray(matrix, dtype=float)
+    finite = np.isfinite(matrix)
+    count = finite.sum(axis=0)
+    filled = np.where(finite, matrix, 0.0)
+    mean = filled.sum(axis=0) / np.maximum(count, 1)
+    squares = np.where(finite, (matrix - mean) ** 2, 0.0).sum(axis=0)
+    return np.where(count >= 2, np.sqrt(squares / np.maximum(count - 1, 1)), np.nan)
+
+
+def spread_note(stds: Iterable[float], runs: int, what: str = "a cell") -> str:
+    """'between-run std of a cell: median 0.012, max 0.051 (n = 2 runs)'."""
+    values = np.asarray([v for v in stds if v is not None and np.isfinite(v)], dtype=float)
+    if runs < 2 or not values.size:
+        return f"n = {runs} run{'s' if runs != 1 else ''}: no spread between runs"
+    return (f"between-run std of {what}: median {significant(float(np.median(values)))}, "
+            f"max {significant(float(values.max()))} (n = {runs} runs)")  # fmt: skip
+
+
+def significant(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits, without exponents for ordinary sizes."""
+    if value is None or not np.isfinite(value):
+        return "n/a"
+    if value == 0:
+        return "0"
+    if abs(value) >= 10 ** digits:
+        return f"{value:.0f}"
+    value = float(f"{value:.{digits}g}")  # 0.09996 -> 0.1, then printed as 0.100
+    decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(value)))))
+    return f"{value:.{decimals}f}"
 
 
 def last_block_calls(frame: pd.DataFrame) -> list[str | int]:
@@ -674,10 +831,64 @@ def darker(color: str, amount: float = 0.35) -> tuple[float, float, float]:
     return tuple(rgb * (1 - amount))
 
 
+UNIFORM_COLOR = "0.15"
+UNIFORM_STYLE = dict(color=UNIFORM_COLOR, lw=1.1, ls=(0, (4, 2)), zorder=4)
+SPREAD_COLOR = "0.1"
+
+
+def uniform_label(what: str = "1 / visible key frames") -> str:
+    return f"uniform over the key tokens seen ({what})"
+
+
+def uniform_handle(label: str | None = None) -> Line2D:
+    return Line2D([], [], **{**UNIFORM_STYLE, "zorder": None}, label=label or uniform_label())
+
+
+def spread_handle(label: str = "±1 std between runs") -> Line2D:
+    return Line2D([], [], color=SPREAD_COLOR, ls="none", marker="|", ms=9, mew=1.0, label=label)
+
+
+def band_handle(color, label: str = "±1 std between runs") -> Patch:
+    return Patch(facecolor=color, alpha=0.25, edgecolor="none", label=label)
+
+
+def uniform_steps(ax: Axes, frames: Sequence[int], baseline: Sequence[float], *, gid: str, left: float = -0.5,
+                  width: float = 1.0) -> None:  # fmt: skip
+    """The uniform baseline of each visible frame as a dashed step over the frame's slot
+    (flat at 1 / visible frames unless tokens were dropped; breaks where a frame is missing)."""
+    frames = np.asarray(frames, dtype=float)
+    values = np.asarray(baseline, dtype=float)
+    xs, ys = [], []
+    for f, v in zip(frames, values):
+        xs += [f + left, f + left + width, np.nan]
+        ys += [v, v, np.nan]
+    # Consecutive equal steps join into one dashed line.
+    (line,) = ax.plot(xs, ys, **UNIFORM_STYLE)
+    line.set_gid(f"uniform-{gid}")
+
+
+def error_bars(ax: Axes, x: Sequence[float], y: Sequence[float], std: Sequence[float] | None, *, gid: str,
+               color=SPREAD_COLOR) -> bool:  # fmt: skip
+    """±1 std between runs as error bars (nothing without a spread); whether any were drawn."""
+    if std is None:
+        return False
+    x, y, std = (np.asarray(v, dtype=float) for v in (x, y, std))
+    keep = np.isfinite(y) & np.isfinite(std)
+    if not keep.any():
+        return False
+    bars_ = ax.errorbar(x[keep], y[keep], yerr=std[keep], fmt="none", ecolor=color, elinewidth=0.9, capsize=1.8,
+                        zorder=3.5)  # fmt: skip
+    for child in bars_.get_children():
+        child.set_gid(f"spread-{gid}")
+    return True
+
+
 def curve_panel(ax: Axes, curve: pd.Series, query_frames: Sequence[int], *, color: str, base: int, gid: str,
-                length: float | None = None, markersize: float = 3.0) -> bool:  # fmt: skip
+                length: float | None = None, markersize: float = 3.0, std: pd.Series | None = None,
+                uniform: pd.Series | None = None) -> bool:  # fmt: skip
     """Figure 4 bars of one head's curve: bars where a frame is visible, a line that breaks
-    at missing frames, the own frames shaded, missing frames grey. Whether there were gaps."""
+    at missing frames, the own frames shaded, missing frames grey; ``std``: ±1 std between
+    runs as error bars; ``uniform``: the uniform baseline, dashed. Whether there were gaps."""
     frames = curve.index.to_numpy().astype(int)
     values = curve.to_numpy(dtype=float)
     present = ~np.isnan(values)
@@ -686,6 +897,11 @@ def curve_panel(ax: Axes, curve: pd.Series, query_frames: Sequence[int], *, colo
     bars(ax, frames[present], values[present], color=color)
     (line,) = ax.plot(frames, values, "o-", color=darker(color), lw=1.2, ms=markersize, zorder=3)
     line.set_gid(f"curve-{gid}")
+    if std is not None:
+        error_bars(ax, frames, values, std.reindex(curve.index).to_numpy(dtype=float), gid=gid)
+    if uniform is not None:
+        shown = uniform.reindex(curve.index).to_numpy(dtype=float)
+        uniform_steps(ax, frames[present], shown[present], gid=gid, left=-0.45, width=0.9)
     ax.axhline(0, color="0.3", lw=0.6, zorder=2.5)
     ax.set_xlim(frames[0] - 0.6, frames[-1] + 0.6)
     ax.grid(False, axis="x")
@@ -729,18 +945,62 @@ def headroom(ax: Axes, fraction: float = 0.14) -> None:
 # -- colour scales -------------------------------------------------------------------------------
 
 
-def colour_scale(values: np.ndarray | Iterable[float], metric: str) -> tuple[mcolors.Colormap, mcolors.Normalize]:
-    """Signed metrics (logits): diverging, centred on 0; masses and entropies: sequential from 0."""
+# Colour scales are clipped to these percentiles of the values (an outlier would whiten
+# every other cell), once there are enough values for percentiles to mean anything.
+CLIP_PERCENTILES = (2.0, 98.0)
+CLIP_FROM = 20
+
+
+def colour_range(values: np.ndarray | Iterable[float], signed: bool) -> tuple[float, float]:
+    """(vmin, vmax): signed values symmetric around 0 out to the larger of |2nd| and |98th|
+    percentile; others from 0 to the 98th percentile (the extremes with few values)."""
     values = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
     finite = values[np.isfinite(values)]
+    if not finite.size:
+        return (-1.0, 1.0) if signed else (0.0, 1.0)
+    lo, hi = (np.percentile(finite, CLIP_PERCENTILES) if finite.size >= CLIP_FROM else (finite.min(), finite.max()))
+    if signed:
+        vmax = float(max(abs(lo), abs(hi))) or 1.0
+        return -vmax, vmax
+    return 0.0, float(hi) if hi > 0 else 1.0
+
+
+def colour_scale(values: np.ndarray | Iterable[float], metric: str) -> tuple[mcolors.Colormap, mcolors.Normalize]:
+    """Signed metrics (logits): diverging, centred on 0; masses: sequential from 0; both
+    clipped to percentiles (``colour_range``, stated by ``colourbar``); entropies: 0..1."""
     if metric in ("logit_mean", "sink_score", "signed"):
-        vmax = float(np.abs(finite).max()) if finite.size else 1.0
-        vmax = vmax or 1.0
-        return matplotlib.colormaps["RdBu_r"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(-vmax, vmax)
+        return matplotlib.colormaps["RdBu_r"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(*colour_range(values, True))
     if metric == "entropy":
         return matplotlib.colormaps["cividis"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(0.0, 1.0)
-    vmax = float(finite.max()) if finite.size else 1.0
-    return matplotlib.colormaps["viridis"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(0.0, vmax if vmax > 0 else 1.0)
+    return matplotlib.colormaps["viridis"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(*colour_range(values, False))
+
+
+def clip_note(values: np.ndarray | Iterable[float], norm: mcolors.Normalize) -> str:
+    """'clipped to ±1.23 (2nd–98th pct)', 'clipped at 0.41 (98th pct)' when values lie
+    outside the colour range, else ''."""
+    values = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
+    finite = values[np.isfinite(values)]
+    outside = int(((finite < norm.vmin) | (finite > norm.vmax)).sum())
+    if not outside:
+        return ""
+    if norm.vmin < 0 and np.isclose(-norm.vmin, norm.vmax):
+        return f"clipped to ±{significant(norm.vmax)} (2nd–98th pct)"
+    return f"clipped at {significant(norm.vmax)} (98th pct)"
+
+
+def colourbar(fig: Figure, image, values: np.ndarray | Iterable[float], label: str, *, fontsize: float | None = None,
+              **kwargs: Any):  # fmt: skip
+    """A colour bar labelled with ``label`` and, when the scale clips, the clipped range
+    (arrows at the clipped ends)."""
+    values = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
+    finite = values[np.isfinite(values)]
+    norm = image.norm
+    below, above = bool((finite < norm.vmin).any()), bool((finite > norm.vmax).any())
+    extend = "both" if below and above else "min" if below else "max" if above else "neither"
+    bar = fig.colorbar(image, extend=extend, **kwargs)
+    note = clip_note(values, norm)
+    bar.set_label(label + (f"\n{note}" if note else ""), fontsize=fontsize)
+    return bar
 
 
 def heat(ax: Axes, matrix: np.ndarray, cmap, norm, *, alpha: np.ndarray | None = None, origin: str = "upper"):
@@ -791,6 +1051,18 @@ def head_text(layer: int, head: int) -> str:
 def latent_of_video_frame(video_frame: np.ndarray) -> np.ndarray:
     """Wan's causal VAE: video frame 0 -> latent 0, frames 4k-3..4k -> latent k."""
     return np.ceil(np.asarray(video_frame) / VAE_TEMPORAL_STRIDE).astype(int)
+
+
+def uniform_share(view: View) -> float | None:
+    """The uniform baseline of the view's frame-level curves when it is one number (no
+    dropped tokens: 1 / visible key frames, the same for every head), else None."""
+    if view.uniform is None:
+        return None
+    values = view.uniform.to_numpy(dtype=float)
+    values = values[np.isfinite(values)]
+    if not values.size or not np.allclose(values, values[0], rtol=1e-6):
+        return None
+    return float(values[0])
 
 
 def number(value: float, metric: str, signed: bool = False) -> str:

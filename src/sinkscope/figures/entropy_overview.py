@@ -1,7 +1,8 @@
 """How spread each head's attention is: normalized entropy over key frames
 (``entropy_frames``) and over key tokens (``entropy_tokens``) of every layer x head of
 the last block (head_diagnostics), 0 = one frame / token takes everything, 1 = uniform;
-and the per-layer means beside them."""
+and the per-layer means beside them, with the typical spread between runs of a head
+(the layer's mean of head_diagnostics ``*_run_std``) as error bars."""
 
 from __future__ import annotations
 
@@ -49,24 +50,42 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     axes[0].set_ylabel("layer")
     summary = axes[2]
     y = np.arange(len(layers))
-    for (name, _), color, marker in zip(COLUMNS, ("#2E86AB", "#C73E1D"), ("o", "s")):
+    runs = int(rows["runs"].max())
+    spread = False
+    for (name, _), color, marker, shift in zip(COLUMNS, ("#2E86AB", "#C73E1D"), ("o", "s"), (-0.12, 0.12)):
         means = grids[name].mean(axis=1).to_numpy()
         (line,) = summary.plot(means, y, marker=marker, color=color, lw=1.2, ms=3, label=name)
         line.set_gid(f"layer-mean-{name}")
+        column = f"{name}_run_std"
+        if runs >= 2 and column in rows:
+            std = rows.groupby("layer")[column].mean().reindex(layers).to_numpy(dtype=float)
+            keep = np.isfinite(means) & np.isfinite(std)
+            if keep.any():
+                bars = summary.errorbar(means[keep], y[keep] + shift, xerr=std[keep], fmt="none", ecolor=color,
+                                        elinewidth=0.9, capsize=1.8)  # fmt: skip
+                for child in bars.get_children():
+                    child.set_gid(f"spread-{name}")
+                spread = True
     summary.set_xlim(0, 1.02)
     summary.set_xlabel("mean over heads")
     summary.set_title("per layer", fontsize=9.5)
-    summary.tick_params(labelleft=False)
+    # Its own layer labels: the maps' are on the left, far from these points.
+    summary.tick_params(labelleft=True)
+    summary.set_ylabel("layer")
+    c.set_label_ticks(summary, [c.layer_label(layer) for layer in layers], axis="y", length=map_h)
     bar = fig.colorbar(image, ax=list(axes[:2]), pad=0.02, shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))))
     bar.set_label("normalized entropy")
     legend = [c.line_handle("#2E86AB", "entropy_frames (layer mean)", marker="o", ms=3),
               c.line_handle("#C73E1D", "entropy_tokens (layer mean)", marker="s", ms=3)]  # fmt: skip
+    legend += [c.spread_handle("±1 std between runs (mean over the layer's heads)")] if spread else []
     return c.finish(
         fig,
         title="Entropy of every head's attention in the last block",
-        subtitle=c.subtitle(source, call, "normalized entropy (head_diagnostics)", int(rows["runs"].max())),
+        subtitle=c.subtitle(source, call, "normalized entropy (head_diagnostics)", runs,
+                            "error bars: a head's std between runs, layer mean"),
         legend=legend,
         caption=("entropy_frames: entropy of each query frame's key-frame distribution / ln(key frames); "
                  "entropy_tokens: entropy over every key token / ln(key tokens); both averaged over the block's "
-                 "queries and runs. 0 = all on one frame / token, 1 = uniform."),
+                 "queries and runs. 0 = all on one frame / token, 1 = uniform. Error bars: the mean over the layer's "
+                 "heads of each head's std between runs (head_diagnostics *_run_std)."),
     )  # fmt: skip

@@ -1,7 +1,8 @@
 """Deep Forcing Figure 4 at frame resolution: for each head in ``heads``, the last block's
-query-averaged attention to every key frame (bars), the block's own frames shaded, frames
-not in the KV cache grey (the line breaks there), the sink score and the argmax frame
-(``summaries.curve_stats``) in the panel."""
+query-averaged attention to every key frame (bars, ±1 std between runs), the block's own
+frames shaded, frames not in the KV cache grey (the line breaks there), the uniform
+baseline on softmax mass, and in each title the head's class, its frame-0 excess over
+uniform and first − middle (``summaries.curve_stats``; "sink" only for sink-class heads)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import pandas as pd
 from sinkscope.figures import common as c
 
 
-def panel(ax, view: c.View, layer: int, head: int, *, color: str, base: int, length: float) -> bool:
+def title(view: c.View, mass: c.View, layer: int, head: int, klass: str | None) -> str:
+    """'L5H10 (layer 4, head 9) · periodic head' over 'frame-0 excess +0.012 ± 0.003 ·
+    first − middle +0.29'."""
+    return (f"{c.head_text(layer, head)} · {c.class_text(klass)}\n"
+            f"{c.excess_text(mass, layer, head, spread=True)} · {c.difference_text(view, layer, head)}")  # fmt: skip
+
+
+def panel(ax, view: c.View, mass: c.View, layer: int, head: int, klass: str | None, *, color: str, base: int,
+          length: float) -> bool:  # fmt: skip
     """One head's Figure 4 panel; whether its curve has gaps."""
     label = c.head_label(layer, head)
     if not view.has(layer, head):
@@ -21,13 +30,14 @@ def panel(ax, view: c.View, layer: int, head: int, *, color: str, base: int, len
         ax.set_title(c.head_text(layer, head), fontweight="bold")
         return False
     curve = view.curve(layer, head)
-    gaps = c.curve_panel(ax, curve, view.query_frames, color=color, base=base, gid=label, length=length)
+    uniform = view.baseline(layer, head) if view.metric == "prob_mass" else None
+    gaps = c.curve_panel(ax, curve, view.query_frames, color=color, base=base, gid=label, length=length,
+                         std=view.std(layer, head), uniform=uniform)  # fmt: skip
     stats = view.stats(layer, head)
     if stats["argmax_frame"] >= 0:
         c.annotate_max(ax, stats["argmax_frame"], float(curve.loc[stats["argmax_frame"]]), base)
     c.headroom(ax)
-    score = c.number(stats["sink_score"], view.metric, signed=True)
-    ax.set_title(f"{c.head_text(layer, head)} · sink score {score}", fontweight="bold")
+    ax.set_title(title(view, mass, layer, head, klass), fontweight="bold", fontsize=10)
     ax.set_xlabel("key frame")
     ax.set_ylabel(c.metric_axis_label(view.metric))
     return gaps
@@ -37,32 +47,41 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     frame = c.one_source(c.table(tables, "frame_attention", "figure4"), "figure4")
     metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
     heads = c.heads_of(options)
-    view = c.figure4_view(c.layers_of(frame, heads), c.option(options, "step"), metric)
+    rows = c.layers_of(frame, heads)
+    view = c.figure4_view(rows, c.option(options, "step"), metric)
+    mass = c.mass_view(rows, view)
+    classes, classes_from = c.head_classes(tables.get("head_diagnostics"), rows, view)
     if ax is not None:
         if len(heads) != 1:
             raise ValueError("figure4 draws into one axes only for one head (heads=['L1H1'])")
         label, layer, head = heads[0]
-        panel(ax, view, layer, head, color=c.PANEL_COLORS[0], base=base, length=ax.figure.get_size_inches()[0])
+        panel(ax, view, mass, layer, head, classes.get((layer, head)), color=c.PANEL_COLORS[0], base=base,
+              length=ax.figure.get_size_inches()[0])  # fmt: skip
         return ax.figure
     ncols = 1 if len(heads) == 1 else 2 if len(heads) <= 4 else 3 if len(heads) <= 9 else 4
     width = {1: 7.5, 2: 6.0, 3: 4.8, 4: 4.2}[ncols]
-    fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(width, 3.4 if ncols < 3 else 3.0))
+    fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(width, 3.6 if ncols < 3 else 3.2))
     gaps = False
     for index, (ax_, (_, layer, head)) in enumerate(zip(axes, heads)):
         color = c.PANEL_COLORS[index % len(c.PANEL_COLORS)]
-        gaps |= panel(ax_, view, layer, head, color=color, base=base, length=width - 0.8)
+        gaps |= panel(ax_, view, mass, layer, head, classes.get((layer, head)), color=color, base=base,
+                      length=width - 0.8)  # fmt: skip
     legend = [c.own_handle(view.query_frames, base)] + ([c.gap_handle()] if gaps else [])
+    legend += [c.uniform_handle()] if metric == "prob_mass" else []
+    legend += [c.spread_handle()] if view.runs >= 2 else []
     visible = c.frames_text(view.visible, base)
     return c.finish(
         fig,
         title=f"Frame-wise attention of the last block: query frames {c.frames_text(view.query_frames, base)} "
         f"→ key frames {visible}",
-        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
+        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs, "error bars ±1 std between runs"),
         legend=legend,
         caption=(
             f"Bars: {c.METRIC_LABELS[metric]} of each key frame, queries averaged over the last block. "
-            "Sink score = first cache frame − mean of the cache frames between the first and the last; "
-            "max@ = the key frame with the largest value (sinkscope.stats.summaries.curve_stats)."
+            "Titles: the head's class (sink, local, periodic, diffuse; "
+            f"{classes_from}); frame-0 excess = softmax mass on frame 0 − the mass uniform attention over the key "
+            "tokens would give it (1 / visible frames), ± the std between runs; first − middle = first cache frame − "
+            "mean of the cache frames between the first and the last (head_stats sink_score); max@ = the key frame "
+            "with the largest value (sinkscope.stats.summaries.curve_stats)."
         ),
     )
-

@@ -1,7 +1,8 @@
 """Figure 4 at every call of the last block on one page (Deep Forcing Fig. 11): rows = the
 denoising steps and the cache pass, columns = the heads of ``heads``; each column (one
 head) shares its y scale, so the calls compare. With more than four heads the grid turns
-(rows = heads, columns = calls), so any number of heads stays a readable grid (Fig. 16)."""
+(rows = heads, columns = calls), so any number of heads stays a readable grid (Fig. 16).
+Each title: the head's class at that call and its frame-0 excess over uniform."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from sinkscope.figures import common as c
 
 def short_call(view: c.View) -> str:
     if view.pass_ == "cache":
-        return f"cache pass (t={view.timestep:g})"
+        return f"cache pass (t={c.timestep_text(view.timestep)})"
     if view.step < 0:
         return "imported call"
-    return f"step {view.step} (t={view.timestep:g})"
+    return f"step {view.step} (t={c.timestep_text(view.timestep)})"
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
@@ -30,25 +31,29 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     heads = c.heads_of(options)
     frame = c.layers_of(frame, heads)
     views = [c.figure4_view(frame, call, metric) for call in c.last_block_calls(frame)]
+    masses = [c.mass_view(frame, view) for view in views]
+    classes = [c.head_classes(tables.get("head_diagnostics"), frame, view) for view in views]
     turned = len(heads) > 4
     nrows, ncols = (len(heads), len(views)) if turned else (len(views), len(heads))
-    panel = (3.4, 2.3) if turned or ncols > 2 else (5.6, 2.4)
+    panel = (3.4, 2.4) if turned or ncols > 2 else (5.6, 2.5)
     fig = c.new_figure(ncols * panel[0], nrows * panel[1])
     axes = fig.subplots(nrows, ncols, squeeze=False)
     gaps = False
     for h, (label, layer, head) in enumerate(heads):
         cells = [axes[h, v] if turned else axes[v, h] for v in range(len(views))]
         color = c.PANEL_COLORS[h % len(c.PANEL_COLORS)]
-        for ax_, view in zip(cells, views):
+        for ax_, view, mass, (known, _) in zip(cells, views, masses, classes):
             if not view.has(layer, head):
                 c.message_panel(ax_, f"{label}: layer {layer} was not extracted")
                 ax_.set_title(f"{label} · {short_call(view)}", fontsize=9, fontweight="bold")
                 continue
+            uniform = view.baseline(layer, head) if metric == "prob_mass" else None
             gaps |= c.curve_panel(ax_, view.curve(layer, head), view.query_frames, color=color, base=base,
-                                  gid=f"{label}-{view.pass_}{view.step}", length=panel[0] - 0.7, markersize=2.0)  # fmt: skip
-            stats = view.stats(layer, head)
-            ax_.set_title(f"{label} · {short_call(view)}\nsink {c.number(stats['sink_score'], metric, signed=True)}"
-                          f" · max@{stats['argmax_frame'] + base}", fontsize=9)  # fmt: skip
+                                  gid=f"{label}-{view.pass_}{view.step}", length=panel[0] - 0.7, markersize=2.0,
+                                  std=view.std(layer, head), uniform=uniform)  # fmt: skip
+            ax_.set_title(f"{label} · {short_call(view)} · {c.class_text(known.get((layer, head)))}\n"
+                          f"{c.excess_text(mass, layer, head)} · max@{view.stats(layer, head)['argmax_frame'] + base}",
+                          fontsize=9)  # fmt: skip
         shown = [a for a, v in zip(cells, views) if v.has(layer, head)]
         if shown:  # one y scale per head: its calls compare
             lo = min(a.get_ylim()[0] for a in shown)
@@ -61,13 +66,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     c.outer_labels(axes.ravel(), "key frame", c.METRIC_SHORT[metric].split(" (")[0])
     first = views[0]
     legend = [c.own_handle(first.query_frames, base)] + ([c.gap_handle()] if gaps else [])
+    legend += [c.uniform_handle()] if metric == "prob_mass" else []
+    legend += [c.spread_handle()] if first.runs >= 2 else []
     layout = "rows = heads, columns = calls" if turned else "rows = calls, columns = heads"
     return c.finish(
         fig,
         title=f"Figure 4 at every call of the last block (query frames {c.frames_text(first.query_frames, base)})",
-        subtitle=c.subtitle(source, "every denoising step and the cache pass", c.METRIC_SHORT[metric], first.runs),
+        subtitle=c.subtitle(source, "every denoising step and the cache pass", c.METRIC_SHORT[metric], first.runs,
+                            "error bars ±1 std between runs"),
         legend=legend,
         caption=(f"{layout}; each head's panels share one y scale. Bars: {c.METRIC_LABELS[metric]} per key frame, "
-                 "queries averaged over the last block. sink = first cache frame − mean of the cache frames between; "
-                 "max@ = the largest key frame (sinkscope.stats.summaries.curve_stats)."),
+                 "queries averaged over the last block. Titles: the head's class at that call "
+                 f"({classes[0][1]}); frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible "
+                 "frames); max@ = the largest key frame (sinkscope.stats.summaries.curve_stats)."),
     )  # fmt: skip

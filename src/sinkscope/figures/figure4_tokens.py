@@ -1,7 +1,9 @@
 """Deep Forcing Figure 4 at the paper's resolution: for each head in ``heads``, a filled
 curve of the last block's query-averaged score of every key token, x = key frame +
 token / frame_seq_length, with frame ticks, the query block shaded, gaps where frames are
-not in the KV cache, and the frame means (the bars of ``figure4``) as black segments."""
+not in the KV cache, and each frame's mean over its tokens (for logits the bar of
+``figure4``; for softmax probabilities the frame's mass / its tokens) as black segments
+with ±1 std between runs; on probabilities, the uniform baseline 1 / key tokens seen."""
 
 from __future__ import annotations
 
@@ -40,8 +42,18 @@ def profile(tokens: pd.DataFrame, layer: int, head: int, column: str) -> pd.Seri
     return rows.groupby(["key_frame", "token"], observed=True)[column].mean().sort_index()
 
 
+def token_means(view: c.View, layer: int, head: int, tokens: pd.Series) -> tuple[pd.Series, pd.Series | None]:
+    """Each frame's mean over its tokens, and its std between runs: the frame curve itself
+    for logits (a mean over token pairs); for probabilities the frame's mass / its tokens."""
+    means, std = view.curve(layer, head), view.std(layer, head)
+    if view.metric == "prob_mass":
+        means = means / tokens.reindex(means.index)
+        std = std / tokens.reindex(std.index) if std is not None else None
+    return means, std
+
+
 def panel(ax, view: c.View, values: pd.Series, layer: int, head: int, *, length: int, color: str, base: int,
-          width: float) -> bool:  # fmt: skip
+          width: float, tokens: pd.Series) -> bool:  # fmt: skip
     frames = view.frames.astype(int)
     present = sorted({int(f) for f in values.index.get_level_values("key_frame")})
     missing = [f for f in frames if f not in present]
@@ -55,10 +67,18 @@ def panel(ax, view: c.View, values: pd.Series, layer: int, head: int, *, length:
         ax.fill_between(x[sel], 0, y[sel], color=color, alpha=0.5, lw=0, rasterized=True, zorder=2)
         ax.plot(x[sel], y[sel], color=c.darker(color), lw=0.3, rasterized=True, zorder=2.2)
     if view.has(layer, head):
-        means = view.curve(layer, head)
+        means, std = token_means(view, layer, head, tokens)
         shown = means.dropna()
         ax.hlines(shown.to_numpy(), shown.index.to_numpy(), shown.index.to_numpy() + 1, color="black", lw=1.0,
                   zorder=3).set_gid(f"frame-means-{c.head_label(layer, head)}")  # fmt: skip
+        if std is not None:
+            c.error_bars(ax, shown.index.to_numpy() + 0.5, shown.to_numpy(), std.reindex(shown.index).to_numpy(),
+                         gid=c.head_label(layer, head))  # fmt: skip
+        if view.metric == "prob_mass":
+            # Uniform over every key token seen: the same probability for each of them.
+            seen = float(tokens.reindex(shown.index).sum())
+            if seen > 0:
+                ax.axhline(1.0 / seen, **c.UNIFORM_STYLE).set_gid(f"uniform-{c.head_label(layer, head)}")
     ax.axhline(0, color="0.3", lw=0.6, zorder=2.5)
     ax.set_xlim(frames[0], frames[-1] + 1)
     ax.grid(False, axis="x")
@@ -76,7 +96,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
     column = COLUMNS[metric]
     heads = c.heads_of(options)
-    view = c.figure4_view(c.layers_of(frame, heads), c.option(options, "step"), metric)
+    rows = c.layers_of(frame, heads)
+    view = c.figure4_view(rows, c.option(options, "step"), metric)
+    mass = c.mass_view(rows, view)
+    classes, classes_from = c.head_classes(tables.get("head_diagnostics"), rows, view)
     tokens = chosen_tokens(tokens, view)
     if tokens.empty:
         raise ValueError(f"figure {kind}: no token profiles of the last block for {view.call} "
@@ -85,7 +108,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     ncols = 1 if len(heads) == 1 else 2 if len(heads) <= 4 else 3
     width = {1: 10.0, 2: 7.0, 3: 5.2}[ncols]
     given = ax is not None
-    fig, axes = c.panels(ax, len(heads), kind=kind, one="head (heads=['L1H1'])", ncols=ncols, panel=(width, 3.3))
+    fig, axes = c.panels(ax, len(heads), kind=kind, one="head (heads=['L1H1'])", ncols=ncols, panel=(width, 3.7))
     gaps = False
     for index, (ax_, (label, layer, head)) in enumerate(zip(axes, heads)):
         values = profile(tokens, layer, head, column)
@@ -93,31 +116,44 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         if values.empty:
             c.message_panel(ax_, f"no token profiles of {label}\n(token capture covers the heads of figures.heads)")
             continue
+        counts = frame_tokens(tokens, layer, head)
         gaps |= panel(ax_, view, values, layer, head, length=length, color=c.PANEL_COLORS[index % len(c.PANEL_COLORS)],
-                      base=base, width=width - 0.8)  # fmt: skip
+                      base=base, width=width - 0.8, tokens=counts)  # fmt: skip
         if view.has(layer, head):
-            stats = view.stats(layer, head)
-            ax_.set_title(f"{c.head_text(layer, head)} · sink score {c.number(stats['sink_score'], metric, signed=True)}",
-                          fontweight="bold")  # fmt: skip
+            ax_.set_title(f"{c.head_text(layer, head)} · {c.class_text(classes.get((layer, head)))}\n"
+                          f"{c.excess_text(mass, layer, head, spread=True)} · {c.difference_text(view, layer, head)}",
+                          fontweight="bold", fontsize=10)  # fmt: skip
         ax_.set_xlabel("key frame (token resolution)")
-        ax_.set_ylabel(c.metric_axis_label(metric))
+        ax_.set_ylabel(c.metric_axis_label(metric) if metric != "prob_mass" else "probability per key token")
     if given:
         return ax.figure
     runs = c.run_count(tokens)
     shape = f"{int(grid[0])} x {int(grid[1])} patch grid" if grid else f"{length} tokens a frame"
-    legend = [c.own_handle(view.query_frames, base), c.line_handle("black", "frame mean (the bar of figure4)", lw=1.0)]
+    mean_label = "frame mean (the bar of figure4)" if metric != "prob_mass" else "frame mean (its mass / its tokens)"
+    legend = [c.own_handle(view.query_frames, base), c.line_handle("black", mean_label, lw=1.0)]
     legend += [c.gap_handle()] if gaps else []
+    legend += [c.uniform_handle("uniform: 1 / key tokens seen")] if metric == "prob_mass" else []
+    legend += [c.spread_handle("frame mean ±1 std between runs")] if view.runs >= 2 else []
     return c.finish(
         fig,
         title="Token-resolution attention of the last block (Deep Forcing Fig. 4)",
-        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], runs),
+        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], runs, "frame means ±1 std between runs"),
         legend=legend,
         caption=(
             f"Plotted: {WHAT[metric]}, queries averaged over the last block (frames "
-            f"{c.frames_text(view.query_frames, base)}), call: {view.call}, {c.runs_text(runs)}. "
-            f"x = key frame + token / {length} (tokens row-major over the {shape}). "
-            "Sink score: the frame curve's first cache frame − mean of the cache frames between (sinkscope.stats.summaries)."
+            f"{c.frames_text(view.query_frames, base)}), call: {view.call}. "
+            f"x = key frame + token / {length} (tokens row-major over the {shape}). Titles: the head's class "
+            f"({classes_from}); frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible frames), ± "
+            "the std between runs; first − middle: the frame curve's first cache frame − mean of the cache frames "
+            "between (sinkscope.stats.summaries)."
         ),
     )
+
+
+def frame_tokens(tokens: pd.DataFrame, layer: int, head: int) -> pd.Series:
+    """Key tokens present per key frame in one head's token profiles (one run's count)."""
+    rows = tokens[(tokens["layer"] == layer) & (tokens["head"] == head)]
+    per_run = rows.groupby(["prompt_id", "seed", "key_frame"], observed=True)["token"].size()
+    return per_run.groupby("key_frame", observed=True).mean().astype(float)
 
 

@@ -1,6 +1,7 @@
 """First vs middle vs last cache frame of each layer's head-averaged curve of the last
 block (``summaries.curve_stats``, the numbers of layer_stats): grouped bars for a few
-layers, lines over the layers for many."""
+layers, lines over the layers for many; ±1 std between runs (layer_stats ``*_run_std``)
+as error bars or bands, and on softmax mass the uniform baseline 1 / visible frames."""
 
 from __future__ import annotations
 
@@ -34,16 +35,34 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     fig = ax.figure if given else c.new_figure(width, 4.0)
     ax = ax if ax is not None else fig.add_subplot()
     handles = []
+    spread = view.runs >= 2
     if len(layers) <= MOST_BARS:
         bar = 0.8 / len(SERIES)
         for i, (key, label, color) in enumerate(SERIES):
-            ax.bar(x + (i - (len(SERIES) - 1) / 2) * bar, [s[key] for s in stats], bar, color=color, label=label, lw=0)
+            at = x + (i - (len(SERIES) - 1) / 2) * bar
+            heights = [s[key] for s in stats]
+            ax.bar(at, heights, bar, color=color, label=label, lw=0)
+            if spread:
+                c.error_bars(ax, at, heights, [view.run_std(layer, None, key) for layer in layers], gid=f"series-{key}")
             handles.append(c.Patch(facecolor=color, label=label))
     else:
         for key, label, color in SERIES:
-            (line,) = ax.plot(x, [s[key] for s in stats], "o-", color=color, lw=1.5, ms=3.5, label=label)
+            values = np.array([s[key] for s in stats], dtype=float)
+            (line,) = ax.plot(x, values, "o-", color=color, lw=1.5, ms=3.5, label=label)
             line.set_gid(f"series-{key}")
+            if spread:
+                std = np.array([view.run_std(layer, None, key) for layer in layers], dtype=float)
+                ax.fill_between(x, values - std, values + std, color=color, alpha=0.18, lw=0).set_gid(f"spread-{key}")
             handles.append(c.line_handle(color, label, marker="o", ms=3.5))
+    if metric == "prob_mass":
+        # Uniform attention gives each visible frame 1 / (visible frames): the first, the
+        # last, the mean of the middle and of the own frames alike (key tokens counted, it
+        # is the mean share of a frame).
+        uniform = [1.0 / s["num_key_frames"] if s["num_key_frames"] else np.nan for s in stats]
+        ax.hlines(uniform, x - 0.45, x + 0.45, **c.UNIFORM_STYLE).set_gid("uniform")
+        handles.append(c.uniform_handle())
+    if spread:
+        handles.append(c.spread_handle() if len(layers) <= MOST_BARS else c.band_handle("0.5"))
     ax.axhline(0, color="0.3", lw=0.6)
     ax.set_xlim(-0.6, len(layers) - 0.4)
     c.set_label_ticks(ax, [c.layer_label(layer) for layer in layers], length=width - 1.2)
@@ -59,7 +78,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         fig,
         title="First, middle, last and own frames of the last block "
         f"(query frames {c.frames_text(view.query_frames, base)})",
-        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
+        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs,
+                            "±1 std between runs" + (" (error bars)" if len(layers) <= MOST_BARS else " (bands)")),
         legend=handles,
         caption=(f"Values of each layer's head-averaged curve (sinkscope.stats.summaries.curve_stats, as in layer_stats): "
                  f"first = the oldest cache frame (frame {c.frames_text(firsts, base)}), last = the newest cache frame "

@@ -54,7 +54,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     return c.finish(
         fig,
         title="Head classes",
-        subtitle=c.subtitle(source, call, "head_class (head_diagnostics)", runs),
+        subtitle=c.subtitle(source, call, "head_class (head_diagnostics)", runs,
+                            "classes of the run means, spread in head_diagnostics *_run_std"),
         legend=handles,
         caption=("sink: softmax mass on frame 0 ≥ sink_mass; else local: mass on the block's own frames and the frame "
                  "before ≥ local_mass; else periodic: the logit profile's dominant period holds ≥ periodic_power of its "

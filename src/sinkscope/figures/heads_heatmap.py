@@ -1,6 +1,8 @@
 """One layer, every head: heads x key frames of the last block's query-averaged attention,
-diverging colours centred on 0 for logits, sequential for the softmax mass; the query
-block's own frames boxed, frames not in the KV cache grey."""
+diverging colours centred on 0 for logits, sequential for the softmax mass, clipped to
+percentiles (the clipped range on the colour bar); the query block's own frames boxed,
+frames not in the KV cache grey; on softmax mass the uniform share 1 / visible frames
+marked on the colour bar; the spread between runs in the caption."""
 
 from __future__ import annotations
 
@@ -34,17 +36,27 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     c.set_label_ticks(ax, [f"H{h + 1}" for h in heads], axis="y", length=row * len(heads))
     ax.set_xlabel("key frame")
     ax.set_ylabel("head")
-    bar = fig.colorbar(image, ax=ax, pad=0.02)
-    bar.set_label(c.METRIC_SHORT[metric].replace(" (", "\n("))
+    bar = c.colourbar(fig, image, values, c.METRIC_SHORT[metric].replace(" (", "\n("), fontsize=9, ax=ax, pad=0.02)
+    uniform = c.uniform_share(view) if metric == "prob_mass" else None
+    if uniform is not None:
+        bar.ax.axhline(uniform, color="white", lw=1.6)
+        bar.ax.axhline(uniform, **{**c.UNIFORM_STYLE, "zorder": 5})
     if given:
         ax.set_title(f"{c.layer_label(layer)} · {source} · {view.call}", fontsize=9)
         return fig
     missing = [f for f in frames if np.isnan(values[:, list(frames).index(f)]).all()]
     legend = [c.own_box_handle(view.query_frames, base)] + ([c.nan_handle()] if missing else [])
+    if uniform is not None:
+        legend.append(c.uniform_handle(f"uniform share on the colour bar: 1 / {len(view.visible)} = "
+                                       f"{c.number(uniform, 'prob_mass')}"))  # fmt: skip
+    stds = [view.std(layer, head) for head in heads]
+    spread = c.spread_note([v for s in stds if s is not None for v in s.to_numpy()], view.runs)
     return c.finish(
         fig,
         title=f"Layer {c.layer_label(layer)} (index {layer}): query frames {c.frames_text(view.query_frames, base)} "
         "across every head",
-        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs),
+        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs, "spread in the caption"),
         legend=legend,
+        caption=f"Each cell: a head's {c.METRIC_LABELS[metric]} of a key frame, queries averaged over the last block "
+                f"and the runs; {spread}. Colours clip at the 2nd–98th percentile.",
     )  # fmt: skip

@@ -1,6 +1,8 @@
 """Where in the picture the attention lands: for each head of ``heads``, the token profile
-of its sink frame (the first frame it sees: frame 0 unless evicted) and of its most
-attended other frames, reshaped to the latent patch grid (30 x 52 for Wan2.1 at 480x832).
+of the first frame it sees (frame 0 unless evicted) and of its most attended other
+frames, reshaped to the latent patch grid (30 x 52 for Wan2.1 at 480x832). Each title
+gives the frame's softmax mass (± the std between runs) beside its uniform share; the
+head's class (head_diagnostics) is in its first title, "sink" only for sink-class heads.
 
 The frames are chosen on the frame-level softmax mass of the last block
 (``summaries.figure4_curves``); each head's row shares one colour scale, so its frames
@@ -31,7 +33,7 @@ def grid_shape(tokens: int, grid: Sequence[int] | None) -> tuple[int, int]:
 
 
 def chosen_frames(masses: pd.Series, first: int) -> list[tuple[int, str]]:
-    """(frame, why) of the sink frame and the most attended other frames."""
+    """(frame, why) of the first frame the head sees and its most attended other frames."""
     chosen = [(first, "first frame it sees")] if first >= 0 else []
     others = masses.drop(index=first, errors="ignore").dropna().sort_values(ascending=False, kind="stable")
     chosen += [(int(f), f"#{rank + 1} most attended") for rank, f in enumerate(others.index[:TOP])]
@@ -49,6 +51,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     frame = c.layers_of(frame, c.heads_of(options))
     masses = c.figure4_view(frame, c.option(options, "step"), "prob_mass")
     view = masses if metric == "prob_mass" else c.figure4_view(frame, c.option(options, "step"), metric)
+    classes, classes_from = c.head_classes(tables.get("head_diagnostics"), frame, masses)
     rows = tokens[(tokens["pass"] == view.pass_) & (tokens["step"] == view.step)]
     if not rows.empty:
         rows = rows[rows["block"] == rows.groupby(["prompt_id", "seed"], observed=True)["block"].transform("max")]
@@ -74,6 +77,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         profile = own.groupby(["key_frame", "token"], observed=True)[COLUMNS[metric]].mean()
         stats = masses.stats(layer, head)
         picks = chosen_frames(masses.curve(layer, head), stats["first_frame"])
+        spread, uniform = masses.std(layer, head), masses.baseline(layer, head)
         images = {}
         for f, _ in picks:
             values = np.full(shape[0] * shape[1], np.nan)
@@ -85,30 +89,43 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 # count (1 = a uniform spread); the frame's own mass is in the title.
                 values = values / np.nansum(values) * np.isfinite(values).sum() if np.nansum(values) > 0 else values
             images[f] = values.reshape(shape)
-        cmap, norm = c.colour_scale(np.concatenate([m.ravel() for m in images.values()]), metric)
+        shown = np.concatenate([m.ravel() for m in images.values()])
+        cmap, norm = c.colour_scale(shown, metric)
         image = None
-        for a, (f, why) in zip(cells, picks):
+        for i, (a, (f, why)) in enumerate(zip(cells, picks)):
             image = c.heat(a, images[f], cmap, norm)
             a.set_xticks([])
             a.set_yticks([])
             mass = masses.curve(layer, head).get(f, np.nan)
+            std = spread.get(f, np.nan) if spread is not None else np.nan
+            spread_text = f" ± {c.number(std, 'prob_mass')}" if np.isfinite(std) else ""
             own_frame = " (own)" if f in view.query_frames else ""
-            a.set_title(f"{label} · frame {f + base}{own_frame}\n{why} · mass {c.number(mass, 'prob_mass')}", fontsize=8.5)
+            who = f"{label} ({c.class_text(classes.get((layer, head)))})" if i == 0 else label
+            a.set_title(f"{who} · frame {f + base}{own_frame}\n{why}\nmass {c.number(mass, 'prob_mass')}{spread_text}"
+                        f" · uniform {c.number(uniform.get(f, np.nan), 'prob_mass')}", fontsize=8)  # fmt: skip
         for a in cells[len(picks):]:
             a.set_visible(False)
         if image is not None:
-            bar = fig.colorbar(image, ax=list(cells), shrink=0.9, pad=0.01, aspect=12)
-            bar.set_label("x uniform within the frame" if metric == "prob_mass" else "q·k/√d", fontsize=8)
+            bar = c.colourbar(fig, image, shown, "x uniform within the frame" if metric == "prob_mass" else "q·k/√d",
+                              fontsize=7.5, ax=list(cells), shrink=0.9, pad=0.01, aspect=12)  # fmt: skip
             bar.ax.tick_params(labelsize=7)
+        cells[0].set_ylabel("patch row", fontsize=8)
+    for a in axes[-1]:
+        if a.get_visible():
+            a.set_xlabel("patch column", fontsize=8)
     what = ("softmax probability of each key token relative to a uniform spread over its frame (token_prob_mean / "
             "frame mass x tokens; 1 = uniform)") if metric == "prob_mass" else "pre-softmax q·k/√d of each key token"
+    runs = c.run_count(rows)
     return c.finish(
         fig,
         title="Where the last block's attention lands in its key frames",
-        subtitle=c.subtitle(source, view.call, f"token {c.METRIC_SHORT[metric]}", c.run_count(rows)),
+        subtitle=c.subtitle(source, view.call, f"token {c.METRIC_SHORT[metric]}", runs,
+                            "frame masses ± 1 std between runs in the titles"),
         caption=(f"Each map: the {what}, queries averaged over the last block (frames "
-                 f"{c.frames_text(view.query_frames, base)}), on the {shape[0]} x {shape[1]} latent patch grid "
-                 "(token = row x width + column). Frames: the first frame the head sees (its sink) and its most "
-                 "attended other frames by frame-level softmax mass (mass in the titles, sinkscope.stats.summaries); one "
-                 "colour scale a row; grey = token not present."),
+                 f"{c.frames_text(view.query_frames, base)}) and the runs, on the {shape[0]} x {shape[1]} latent patch "
+                 "grid (token = row x width + column). Frames: the first frame the head sees (frame 0 unless evicted) "
+                 "and its most attended other frames by frame-level softmax mass; titles: that mass (± the std between "
+                 "runs) and the uniform share of the frame (1 / visible frames, key tokens counted; "
+                 f"sinkscope.stats.summaries); the head's class ({classes_from}) beside its first frame. One colour "
+                 "scale a row; grey = token not present."),
     )  # fmt: skip

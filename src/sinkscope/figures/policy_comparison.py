@@ -1,6 +1,7 @@
 """The KV-cache policies of one checkpoint side by side: the Figure 4 panels of the last
 block, one row per variant, one column per head of ``heads``; each column (one head)
-shares its y scale, gaps where a policy evicted frames."""
+shares its y scale, gaps where a policy evicted frames, ±1 std between runs, the uniform
+baseline on softmax mass, and each head's class and frame-0 excess under each policy."""
 
 from __future__ import annotations
 
@@ -23,10 +24,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
     variants = c.variants_in(frame)
     frame = c.layers_of(frame, c.heads_of(options))
-    views = {v: c.figure4_view(frame[frame["variant"] == v], c.option(options, "step"), metric) for v in variants}
+    diagnostics = tables.get("head_diagnostics")
+    views, masses, classes = {}, {}, {}
+    for v in variants:
+        rows = frame[frame["variant"] == v]
+        views[v] = c.figure4_view(rows, c.option(options, "step"), metric)
+        masses[v] = c.mass_view(rows, views[v])
+        chosen = diagnostics[diagnostics["variant"] == v] if diagnostics is not None and "variant" in diagnostics else None
+        classes[v] = c.head_classes(chosen, rows, views[v])
     heads = c.heads_of(options)
     ncols = len(heads)
-    panel = (5.2, 2.5) if ncols <= 2 else (3.6, 2.3)
+    panel = (5.2, 2.6) if ncols <= 2 else (3.6, 2.4)
     fig = c.new_figure(ncols * panel[0], len(variants) * panel[1])
     axes = fig.subplots(len(variants), ncols, squeeze=False)
     gaps = False
@@ -38,11 +46,15 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             if not view.has(layer, head):
                 c.message_panel(ax_, f"{label}: layer {layer} was not extracted")
                 continue
+            uniform = view.baseline(layer, head) if metric == "prob_mass" else None
             gaps |= c.curve_panel(ax_, view.curve(layer, head), view.query_frames, color=color, base=base,
-                                  gid=f"{label}-{variant}", length=panel[0] - 0.7, markersize=2.0)  # fmt: skip
-            stats = view.stats(layer, head)
-            ax_.set_title(f"{variant} · {label} · sink {c.number(stats['sink_score'], metric, signed=True)} · "
-                          f"max@{stats['argmax_frame'] + base}", fontsize=9)  # fmt: skip
+                                  gid=f"{label}-{variant}", length=panel[0] - 0.7, markersize=2.0,
+                                  std=view.std(layer, head), uniform=uniform)  # fmt: skip
+            klass = classes[variant][0].get((layer, head))
+            # The variant quoted: a policy named "sink" is no claim about the head.
+            ax_.set_title(f"variant '{variant}' · {label} · {c.class_text(klass)}\n"
+                          f"{c.excess_text(masses[variant], layer, head)} · "
+                          f"max@{view.stats(layer, head)['argmax_frame'] + base}", fontsize=9)  # fmt: skip
             column.append(ax_)
         if column:
             lo, hi = min(a.get_ylim()[0] for a in column), max(a.get_ylim()[1] for a in column)
@@ -52,13 +64,18 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     first = views[variants[0]]
     own = sorted({f for v in views.values() for f in v.query_frames})
     legend = [c.own_handle(own, base)] + ([c.gap_handle()] if gaps else [])
+    legend += [c.uniform_handle()] if metric == "prob_mass" else []
     runs = sorted({v.runs for v in views.values()})
+    legend += [c.spread_handle()] if runs[-1] >= 2 else []
+    spread = "error bars ±1 std between runs"
     return c.finish(
         fig,
         title=f"KV-cache policies of {source}: the last block's attention, one row per variant",
-        subtitle=c.subtitle(source, first.call, c.METRIC_SHORT[metric], runs[0]) if len(runs) == 1 else
-        " · ".join([source, first.call, c.METRIC_SHORT[metric], f"means of {', '.join(map(str, runs))} runs"]),
+        subtitle=c.subtitle(source, first.call, c.METRIC_SHORT[metric], runs[0], spread) if len(runs) == 1 else
+        " · ".join([source, first.call, c.METRIC_SHORT[metric], f"means of n = {', '.join(map(str, runs))} runs, {spread}"]),
         legend=legend,
-        caption=("Each head's panels share one y scale. sink = first cache frame − mean of the cache frames between; "
-                 "max@ = the largest key frame (sinkscope.stats.summaries.curve_stats)."),
+        caption=("Each head's panels share one y scale. Titles: the head's class under that policy "
+                 f"({classes[variants[0]][1]}); frame-0 excess = softmax mass on frame 0 − its uniform share "
+                 "(1 / visible frames, key tokens counted); max@ = the largest key frame "
+                 "(sinkscope.stats.summaries.curve_stats)."),
     )  # fmt: skip

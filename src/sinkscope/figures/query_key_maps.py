@@ -1,7 +1,9 @@
 """One layer, every head: query frame x key frame of the whole generation at one call of
 every block (grey = not visible to that query), on one colour scale (diverging around 0
-for logits); dashed squares: each block's own frames. ``video_frames`` expands latent
-frames to the video frames they decode to (Wan's VAE: 4 per latent, frame 0 alone)."""
+for logits), clipped to percentiles (the clipped range on the colour bar); dashed
+squares: each block's own frames. ``video_frames`` expands latent frames to the video
+frames they decode to (Wan's VAE: 4 per latent, frame 0 alone). The caption gives the
+uniform share of each block's queries and the spread between runs."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[i
     if rows.empty:
         raise ValueError(f"no rows for pass={pass_!r}, step={index}")
     cells = rows.groupby(["head", "query_frame", "key_frame"], observed=True)[metric].mean()
+    per_run = rows.groupby(["prompt_id", "seed", "head", "query_frame", "key_frame"], observed=True)[metric].mean()
+    spread = per_run.groupby(["head", "query_frame", "key_frame"], observed=True).std(ddof=1)
+    visible = rows.groupby(["block", "query_frame"], observed=True)["key_frame"].nunique()
     heads = sorted(int(h) for h in rows["head"].unique())
     count = int(max(rows["query_frame"].max(), rows["key_frame"].max())) + 1
     out = np.full((len(heads), count, count), np.nan)
@@ -28,7 +33,9 @@ def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[i
     h = level("head").map({head: i for i, head in enumerate(heads)}).to_numpy()
     out[h, level("query_frame").to_numpy(), level("key_frame").to_numpy()] = cells.to_numpy()
     call = c.call_label(pass_, index, float(rows["timestep"].iloc[0]))
-    return out, heads, {"call": call, "runs": c.run_count(rows), "blocks": c.block_frames(rows)}
+    uniform = {int(b): 1.0 / int(n) for (b, _), n in visible.items()}
+    return out, heads, {"call": call, "runs": c.run_count(rows), "blocks": c.block_frames(rows),
+                        "spread": spread.to_numpy(dtype=float), "uniform": uniform}  # fmt: skip
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options: Mapping[str, Any], ax=None, **_: Any):
@@ -62,12 +69,22 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         patch.set_linewidth(0.6)
     c.outer_ticks(axes)
     c.outer_labels(axes, f"key {axis_name}", f"query {axis_name}")
-    bar = fig.colorbar(image, ax=axes, pad=0.01, shrink=0.8, aspect=30)
-    bar.set_label(c.METRIC_SHORT[metric])
+    c.colourbar(fig, image, values, c.METRIC_SHORT[metric], ax=axes, pad=0.01, shrink=0.8, aspect=30)
+    uniform = info["uniform"]
+    baseline = ""
+    if metric == "prob_mass" and uniform:
+        first, last = min(uniform), max(uniform)
+        baseline = (f" Uniform attention gives a visible frame on average 1 / visible frames: "
+                    f"{c.number(uniform[first], 'prob_mass')} in block {first} … {c.number(uniform[last], 'prob_mass')} "
+                    f"in block {last}.")  # fmt: skip
     return c.finish(
         fig,
         title=f"Layer {c.layer_label(layer)} (index {layer}): query x key {axis_name} attention of every head",
-        subtitle=c.subtitle(source, f"{info['call']} of every block", c.METRIC_SHORT[metric], info["runs"]),
+        subtitle=c.subtitle(source, f"{info['call']} of every block", c.METRIC_SHORT[metric], info["runs"],
+                            "spread in the caption"),
         legend=[c.nan_handle("not visible to the query"),
                 c.Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
+        caption=(f"Each cell: {c.METRIC_LABELS[metric]} of a query frame on a key frame, query tokens and runs "
+                 f"averaged; {c.spread_note(info['spread'], info['runs'])}. Colours clip at the 2nd–98th "
+                 f"percentile.{baseline}"),
     )  # fmt: skip

@@ -35,6 +35,18 @@ class FigureKind:
     # Options the plotting API and the CLI take but the pipeline leaves at the kind's own
     # default (key_frame_maps shows softmax mass unless asked for another metric).
     extra_options: tuple[str, ...] = ()
+    # Tables it reads when given: the workflow gives them; without them (the plotting
+    # API, the CLI) it derives what it needs from the tables above. head_diagnostics
+    # gives each head's class, so that only sink-class heads are called sinks.
+    uses: tuple[str, ...] = ()
+    # What it compares (CHECKPOINT: "variants", STUDY: "checkpoints"): drawn only when
+    # there are at least two of them.
+    compares: str | None = None
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Every table the workflow hands it."""
+        return (*self.tables, *self.uses)
 
     @property
     def needs_token_profiles(self) -> bool:
@@ -48,24 +60,26 @@ class FigureKind:
 
 _STEP_METRIC = ("step", "metric")
 _HEADS = ("step", "metric", "heads")
+_CLASSES = ("head_diagnostics",)
 FIGURES: dict[str, FigureKind] = {
     kind.name: kind
     for kind in (
         FigureKind("figure4", SOURCE, ("frame_attention",), _HEADS,
-                   "Deep Forcing Figure 4: the last block's attention to each key frame, one panel per head"),
+                   "Deep Forcing Figure 4: the last block's attention to each key frame, one panel per head",
+                   uses=_CLASSES),
         FigureKind("figure4_tokens", SOURCE, ("token_profiles", "frame_attention"), _HEADS,
-                   "Figure 4 at token resolution"),
+                   "Figure 4 at token resolution", uses=_CLASSES),
         FigureKind("figure4_steps", SOURCE, ("frame_attention",), ("metric", "heads"),
-                   "Figure 4 at every denoising step and the cache pass"),
+                   "Figure 4 at every denoising step and the cache pass", uses=_CLASSES),
         FigureKind("key_frame_maps", SOURCE, ("token_profiles", "frame_attention"), ("step", "heads"),
                    "token profiles of each head's most attended key frames on the patch grid",
-                   extra_options=("metric",)),
+                   extra_options=("metric",), uses=_CLASSES),
         FigureKind("layer_comparison", SOURCE, ("frame_attention",), (*_STEP_METRIC, "highlight_layers"),
                    "layers x key frames, and chosen layers as curves"),
         FigureKind("first_middle_last", SOURCE, ("frame_attention",), _STEP_METRIC,
                    "first, middle, last and own frames of each layer's head-averaged curve"),
         FigureKind("sink_score_overview", SOURCE, ("frame_attention",), _STEP_METRIC,
-                   "frame-0 score of every layer x head"),
+                   "first - middle cache frames of every layer x head, sink-class heads outlined", uses=_CLASSES),
         FigureKind("head_classes", SOURCE, ("head_diagnostics",), ("step",),
                    "layers x heads coloured by head class"),
         FigureKind("entropy_overview", SOURCE, ("head_diagnostics",), ("step",),
@@ -73,17 +87,19 @@ FIGURES: dict[str, FigureKind] = {
         FigureKind("attention_over_time", SOURCE, ("frame_attention",), ("step", "heads"),
                    "blocks x absolute key frames of the chosen heads"),
         FigureKind("per_head_grid", LAYER, ("frame_attention",), _STEP_METRIC,
-                   "one layer: every head's Figure 4 bars on one scale"),
+                   "one layer: every head's Figure 4 bars on one scale", uses=_CLASSES),
         FigureKind("heads_heatmap", LAYER, ("frame_attention",), _STEP_METRIC,
                    "one layer: heads x key frames of the last block"),
         FigureKind("query_key_maps", LAYER, ("frame_attention",), (*_STEP_METRIC, "video_frames"),
                    "one layer: query x key frame maps over the whole generation"),
         FigureKind("sink_mass_over_time", CHECKPOINT, ("block_stats",), ("step",),
-                   "frame-0 mass block by block, one line per variant"),
+                   "mass on the sink frames (frame 0 without sinks) block by block, and its excess over uniform, "
+                   "one line per variant"),
         FigureKind("policy_comparison", CHECKPOINT, ("frame_attention",), _HEADS,
-                   "Figure 4 of the last block, one row per variant (KV-cache policy)"),
+                   "Figure 4 of the last block, one row per variant (KV-cache policy)", uses=_CLASSES,
+                   compares="variants"),
         FigureKind("attention_across_checkpoints", STUDY, ("head_diagnostics",), ("step",),
-                   "frame-0 mass and entropy per layer across checkpoints (training steps)"),
+                   "frame-0 mass and entropy per layer across checkpoints (training steps)", compares="checkpoints"),
     )
 }  # fmt: skip
 

@@ -171,8 +171,10 @@ def figure_job(
     if scope == LAYER:
         if layer is None:
             raise ValueError(f"figure {kind} needs a layer")
-        frame, meta = _layer_rows(inputs, layer)
-        tables = {"frame_attention": frame}
+        # The source tables it also reads (head classes) are files named like their table.
+        used = [p for p in inputs if Path(p).is_file() and _table_name(p) in figure_kind(kind).uses]
+        frame, meta = _layer_rows([p for p in inputs if p not in used], layer)
+        tables = {"frame_attention": frame, **{_table_name(p): read_table(p) for p in used}}
         grid = meta.get("frame_grid")
     else:
         by_name: dict[str, list[str]] = {}

@@ -1,13 +1,20 @@
-"""The summary page of the report: per source, what the model is, the layer statistics,
-the strongest sinks and the head classes.
+"""The summary page of the report: which model, then per source the layer statistics,
+the sink-class heads (or that there are none), the heads with the highest frame-0 excess
+over uniform, the head classes, and the key figures beside the tables.
 
-Every number comes from the tables' run-averaged rows (``prompt_id == '*'``): the same
-numbers the figures annotate (``sinkscope.stats.summaries``), never recomputed here.
+Every number comes from the tables' run-averaged rows (``prompt_id == '*'``; head
+classes from head_diagnostics): the same numbers the figures annotate
+(``sinkscope.stats.summaries``), never recomputed here, printed to three significant
+digits throughout, ± the standard deviation between runs where there are several.
+"Sink" names only heads whose ``head_class`` is sink.
 """
 
 from __future__ import annotations
 
 import html
+import math
+import numbers
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,55 +24,113 @@ import pandas as pd
 from sinkscope.io import atomic_path
 from sinkscope.naming import head_label, layer_label
 from sinkscope.stats.summaries import HEAD_CLASSES, resolve_step
-from sinkscope.tables import ALL_PROMPTS, read_table
+from sinkscope.tables import ALL_PROMPTS, RUN_STD_SUFFIX, read_table
 
+DIGITS = 3
+TOP = 10
 _CURVE_COLUMNS = {
-    "logit_mean": {"first": "first", "middle": "middle", "last": "last", "own": "own", "sink_score": "sink score",
+    "logit_mean": {"first": "first", "middle": "middle", "last": "last", "own": "own", "sink_score": "first − middle",
                    "argmax_frame": "argmax frame", "diagonal_mean": "diagonal mean",
                    "first_column_mean": "frame-0 column mean"},
-    "prob_mass": {"frame0_mass": "mass on frame 0", "first_k_mass": "mass on the first frames", "cache_share": "cache share",
-                  "own_share": "own-block share", "first_middle_ratio": "first / middle", "sink_score": "sink score",
-                  "argmax_frame": "argmax frame"},
+    "prob_mass": {"frame0_mass": "mass on frame 0", "frame0_uniform": "uniform share of frame 0",
+                  "frame0_excess": "frame-0 excess", "first_k_mass": "mass on the first frames",
+                  "cache_share": "cache share", "own_share": "own-block share", "first_middle_ratio": "first / middle",
+                  "sink_score": "first − middle", "argmax_frame": "argmax frame"},
 }  # fmt: skip
-_MODEL_NOTES = {
-    "demo": (
-        "The <b>random-weight demo</b> (<code>format: demo</code>): seeded random weights, so its attention is close "
-        "to uniform and shows no sink by construction. Use the trained demo (the default config) to see what a trained "
-        "block-causal model does, and README.md, 'Using the real models', for Self-Forcing."
-    ),
-    "trained_demo": (
-        "The <b>trained demo</b>: the demo architecture trained on the project's synthetic videos "
-        "(docs/trained-demo.md says how and what it learned). It is small and its data are simple: its attention "
-        "patterns are its own, not those of Self-Forcing."
-    ),
-}
+_STYLE = (
+    "body{font-family:sans-serif;margin:2em;max-width:90em}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+    ".note{background:#fff8e1;border-left:4px solid #f0b400;padding:.5em 1em}"
+    ".model{background:#eef5fb;border-left:4px solid #2e86ab;padding:.5em 1em}"
+    ".pair{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}.pair>div{flex:1 1 30em;min-width:0}"
+    "figure{margin:0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:90%;color:#555}"
+)
 
 
-def _at_step(stats: pd.DataFrame, step: str | int, metric: str) -> pd.DataFrame:
-    rows = stats[(stats["metric"] == metric) & (stats["prompt_id"] == ALL_PROMPTS)]
+def number(value: Any) -> str:
+    """Every number of the page: integers as they are, the rest to three significant digits."""
+    if value is None or isinstance(value, (bool, str)):
+        return "–" if value is None else str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    value = float(value)
+    if math.isnan(value):
+        return "–"
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    if abs(value) >= 10**DIGITS:
+        return f"{value:.0f}"
+    value = float(f"{value:.{DIGITS}g}")  # 0.09996 -> 0.1, then printed as 0.100
+    decimals = max(0, DIGITS - 1 - int(math.floor(math.log10(abs(value)))))
+    return f"{value:.{decimals}f}"
+
+
+def _cell(row: Mapping[str, Any], column: str, runs: int) -> str:
+    """A value, ± its std between runs (``<column>_run_std``) with two or more runs."""
+    text = number(row.get(column))
+    std = row.get(column + RUN_STD_SUFFIX)
+    if runs >= 2 and std is not None and not (isinstance(std, float) and math.isnan(std)):
+        text += f" ± {number(std)}"
+    return text
+
+
+def _table(rows: list[dict[str, str]], index: str | None = None) -> str:
+    """An HTML table of already formatted cells."""
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _at_step(stats: pd.DataFrame, step: str | int, metric: str | None = None) -> pd.DataFrame:
+    rows = stats[stats["prompt_id"] == ALL_PROMPTS] if "prompt_id" in stats else stats
+    if metric is not None:
+        rows = rows[rows["metric"] == metric]
     if rows.empty:
         return rows
     pass_, index = resolve_step(rows, step)
     return rows[(rows["pass"] == pass_) & (rows["step"] == index)]
 
 
-def _table_html(frame: pd.DataFrame) -> str:
-    return frame.to_html(float_format=lambda v: f"{v:.4g}", na_rep="–", border=0)
+def model_text(name: str, entry: Mapping[str, Any] | None, legacy: Mapping[str, Any] | None = None) -> str:
+    """What a source's model is, in words, for the top of the page."""
+    if legacy is not None:
+        return f"<b>{html.escape(name)}</b>: an imported attention cache, <code>{html.escape(str(legacy.get('path')))}</code>"
+    entry = entry or {}
+    weights = str(entry.get("weights") or "")
+    if entry.get("format") == "demo":
+        return (f"<b>{html.escape(name)}</b>: the <b>untrained</b> demo model (seeded random weights, "
+                "<code>format: demo</code>): close to uniform attention by construction")  # fmt: skip
+    if weights.startswith("sinkscope:"):
+        return (f"<b>{html.escape(name)}</b>: the <b>shipped demo model (trained here, not Self-Forcing)</b>, "
+                f"<code>{html.escape(weights)}</code>: the Wan2.1 architecture at demo size trained on the project's "
+                "synthetic videos (docs/trained-demo.md); its attention patterns are its own")  # fmt: skip
+    model = f", model <code>{html.escape(str(entry['model']))}</code>" if entry.get("model") else ""
+    return (f"<b>{html.escape(name)}</b>: your checkpoint <code>{html.escape(weights or '?')}</code> "
+            f"(format <code>{html.escape(str(entry.get('format') or 'auto'))}</code>{model})")  # fmt: skip
 
 
-def _model_note(source: str, layers: pd.DataFrame, checkpoints: Mapping[str, Mapping[str, Any]]) -> str:
-    checkpoint = source.split("@")[0]
-    entry = checkpoints.get(checkpoint, {})
-    kind = "demo" if entry.get("format") == "demo" else ("trained_demo" if str(entry.get("weights", "")).startswith("sinkscope:") else None)
-    parts = [_MODEL_NOTES[kind]] if kind else []
-    mass = layers[layers["metric"] == "prob_mass"]
-    if not mass.empty and mass["frame0_mass"].notna().any():
-        frames = int(mass["num_key_frames"].max())
-        parts.append(
-            f"Measured here: {mass['frame0_mass'].min():.3f}-{mass['frame0_mass'].max():.3f} of the last block's softmax "
-            f"mass on frame 0 across layers; a uniform spread over its {frames} key frames would give {1 / frames:.3f}."
-        )
-    return f"<p class='note'>{' '.join(parts)}</p>" if parts else ""
+def _uniform_note(mass: pd.DataFrame) -> str:
+    if mass.empty or not mass["frame0_mass"].notna().any():
+        return ""
+    frames = int(mass["num_key_frames"].max())
+    return (f"<p class='note'>Measured here: {number(mass['frame0_mass'].min())}–{number(mass['frame0_mass'].max())} "
+            "of the last block's softmax mass on frame 0 across layers; uniform attention over its key tokens would "
+            f"give frame 0 {number(mass['frame0_uniform'].mean())} (1 / {frames} key frames).</p>")  # fmt: skip
+
+
+def _figure(figures: Mapping[str, str], kind: str, what: str) -> str:
+    link = figures.get(kind)
+    if not link:
+        return ""
+    return (f"<figure><a href='{html.escape(link)}'><img src='{html.escape(link)}' alt='{html.escape(kind)}' "
+            f"loading='lazy'></a><figcaption>{html.escape(what)} ({html.escape(kind)})</figcaption></figure>")
+
+
+def _pair(left: str, right: str) -> str:
+    return f"<div class='pair'><div>{left}</div><div>{right}</div></div>" if right else left
 
 
 def summary_html(
@@ -73,57 +138,113 @@ def summary_html(
     head_stats: pd.DataFrame,
     head_diagnostics: pd.DataFrame,
     options: Mapping[str, Any],
+    figures: Mapping[str, Mapping[str, str]] | None = None,
 ) -> str:
-    """A self-contained HTML page of the run-averaged statistics, per source."""
+    """A self-contained HTML page of the run-averaged statistics, per source; ``figures``:
+    per source (or checkpoint) name, figure kind -> a link relative to the page."""
     step, metric = options["step"], options["metric"]
     checkpoints = options.get("checkpoints", {})
+    legacy = options.get("legacy_caches", {})
+    sink_mass = (options.get("diagnostics") or {}).get("sink_mass")
+    figures = figures or {}
+    sources = sorted(set(layer_stats["checkpoint"] + "@" + layer_stats["variant"]))
+    names = sorted({s.split("@", 1)[0] for s in sources})
+    models = "".join(f"<li>{model_text(n, checkpoints.get(n), legacy.get(n))}</li>" for n in names)
+    threshold = f"frame0_mass ≥ {number(sink_mass)}" if sink_mass is not None else "config diagnostics.sink_mass"
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>sinkscope summary</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
-        ".note{background:#fff8e1;border-left:4px solid #f0b400;padding:.5em 1em}</style></head><body>",
+        f"<style>{_STYLE}</style></head><body>",
         "<h1>Attention-sink summary</h1>",
+        f"<div class='model'><p><b>Model{'s' if len(names) != 1 else ''}</b>:</p><ul>{models}</ul></div>",
         f"<p>The last block's queries, averaged over its frames and over every prompt and seed, against the key frames "
         f"they see (the Figure 4 view), call <b>{html.escape(str(step))}</b>. These are the rows with "
         "<code>prompt_id = '*'</code> of <code>layer_stats.parquet</code> / <code>head_stats.parquet</code>: the "
-        "statistics of the run-averaged curve, the numbers the figures show. <i>first</i> / <i>last</i> are the oldest / "
-        "newest cache frame before the block, <i>middle</i> the mean of those between, <i>own</i> the block's own frames; "
-        "sink score = first − middle. Ratios and shares exist for softmax mass only. Layers and heads in paper notation "
-        "(L1 = layer index 0).</p>",
+        "statistics of the run-averaged curve, the numbers the figures show; with several runs, ± the standard "
+        "deviation between runs (<code>*_run_std</code>). <i>first</i> / <i>last</i> are the oldest / newest cache "
+        "frame before the block, <i>middle</i> the mean of those between, <i>own</i> the block's own frames. "
+        "<b>Frame-0 excess</b> = the softmax mass on frame 0 − the mass uniform attention over the key tokens seen "
+        "would give it (1 / visible key frames without dropped tokens): 0 = no preference for frame 0. A head is "
+        f"called a <b>sink</b> only when head_diagnostics classes it so ({threshold}); <i>first − middle</i> "
+        "(the <code>sink_score</code> column) is a difference, not a verdict. Ratios and shares exist for softmax "
+        f"mass only. Numbers to {DIGITS} significant digits. Layers and heads in paper notation (L1 = layer index "
+        "0).</p>",
     ]
-    for source in sorted(set(layer_stats["checkpoint"] + "@" + layer_stats["variant"])):
+    placed = set()
+    for source in sources:
         checkpoint, variant = source.split("@", 1)
         name = checkpoint if variant == "default" else source
+        shown = {**figures.get(checkpoint, {}), **figures.get(name, {})} if variant == "default" else figures.get(name, {})
+        placed |= {checkpoint, name} if variant == "default" else {name}
         rows = layer_stats[(layer_stats["checkpoint"] == checkpoint) & (layer_stats["variant"] == variant)]
         parts.append(f"<h2>{html.escape(name)}</h2>")
         chosen = {m: _at_step(rows, step, m) for m in _CURVE_COLUMNS}
         if chosen[metric].empty:
             parts.append("<p>No rows for this call.</p>")
             continue
-        parts.append(_model_note(name, chosen["prob_mass"], checkpoints))
+        parts.append(_uniform_note(chosen["prob_mass"]))
         runs = int(chosen[metric]["runs"].max())
+        runs_text = f"mean curve of {runs} run{'s' * (runs != 1)}" + (", ± std between runs" if runs >= 2 else "")
+        tables = []
         for label, key in (("Pre-softmax logits (mean q·k/√d)", "logit_mean"), ("Softmax mass", "prob_mass")):
-            table = chosen[key].set_index("layer")[list(_CURVE_COLUMNS[key])].rename(columns=_CURVE_COLUMNS[key])
-            table.index = [layer_label(layer) for layer in table.index]
-            parts.append(f"<h3>{label}, head-averaged, per layer (mean curve of {runs} run{'s' * (runs != 1)})</h3>")
-            parts.append(_table_html(table))
-        heads = _at_step(head_stats[(head_stats["checkpoint"] == checkpoint) & (head_stats["variant"] == variant)], step, metric)
-        if not heads.empty:
-            top = heads.sort_values("sink_score", ascending=False).head(10)
-            listing = pd.DataFrame({"head": [head_label(r.layer, r.head) for r in top.itertuples()],
-                                    "sink score": top["sink_score"].to_numpy(), "first": top["first"].to_numpy(),
-                                    "middle": top["middle"].to_numpy()})  # fmt: skip
-            parts.append(f"<h3>Strongest sink heads ({html.escape(metric)})</h3>")
-            parts.append(listing.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0))
-        diagnostics = head_diagnostics[(head_diagnostics["checkpoint"] == checkpoint) & (head_diagnostics["variant"] == variant)]
-        if not diagnostics.empty:
-            pass_, index = resolve_step(diagnostics, step)
-            chosen_calls = diagnostics[(diagnostics["pass"] == pass_) & (diagnostics["step"] == index)]
-            counts = chosen_calls["head_class"].value_counts().reindex(list(HEAD_CLASSES), fill_value=0)
-            parts.append("<h3>Head classes</h3><p>" + ", ".join(f"{k}: {v}" for k, v in counts.items())
-                         + " (thresholds: config <code>diagnostics:</code>, docs/statistics.md)</p>")  # fmt: skip
+            records = [{"layer": layer_label(int(r["layer"])), **{title: _cell(r, column, runs)
+                        for column, title in _CURVE_COLUMNS[key].items()}}
+                       for r in chosen[key].sort_values("layer").to_dict("records")]  # fmt: skip
+            tables.append(f"<h3>{label}, head-averaged, per layer ({runs_text})</h3>" + _table(records))
+        parts.append(_pair("".join(tables), _figure(shown, "first_middle_last", "first, middle, last and own frames")))
+        diagnostics = head_diagnostics[(head_diagnostics["checkpoint"] == checkpoint)
+                                       & (head_diagnostics["variant"] == variant)]  # fmt: skip
+        calls = _at_step(diagnostics, step) if not diagnostics.empty else diagnostics
+        classes = {(int(r.layer), int(r.head)): str(r.head_class) for r in calls.itertuples()}
+        sinks = calls[calls["head_class"] == "sink"].sort_values("frame0_mass", ascending=False) if len(calls) else calls
+        heads = head_stats[(head_stats["checkpoint"] == checkpoint) & (head_stats["variant"] == variant)]
+        mass = _at_step(heads, step, "prob_mass")
+        shown_metric = _at_step(heads, step, metric).set_index(["layer", "head"])
+        section = ["<h3>Sink-class heads</h3>"]
+        if len(calls) and sinks.empty:
+            section.append(f"<p>None: no head is classed sink at this call ({threshold}; {len(calls)} heads). The "
+                           "heads below draw the most on frame 0 relative to uniform; none of them is a sink.</p>")
+        elif len(calls):
+            records = [{"head": head_label(int(r["layer"]), int(r["head"])), "mass on frame 0": _cell(r, "frame0_mass", runs),
+                        "uniform share": number(r.get("frame0_uniform")), "frame-0 excess": _cell(r, "frame0_excess", runs),
+                        "recent mass": _cell(r, "recent_mass", runs), "entropy over frames": _cell(r, "entropy_frames", runs)}
+                       for r in sinks.to_dict("records")]  # fmt: skip
+            section.append(f"<p>{len(sinks)} of {len(calls)} heads ({threshold}).</p>" + _table(records))
+        else:
+            section.append("<p>No head_diagnostics rows for this call.</p>")
+        if not mass.empty:
+            top = mass.sort_values("frame0_excess", ascending=False, na_position="last").head(TOP)
+            records = []
+            for r in top.to_dict("records"):
+                key = (int(r["layer"]), int(r["head"]))
+                other = shown_metric.loc[key].to_dict() if key in shown_metric.index else {}
+                records.append({"head": head_label(*key), "class": classes.get(key, "–"),
+                                "frame-0 excess": _cell(r, "frame0_excess", runs),
+                                "mass on frame 0": _cell(r, "frame0_mass", runs),
+                                "uniform share": number(r.get("frame0_uniform")),
+                                f"first − middle ({metric})": _cell(other, "sink_score", runs)})  # fmt: skip
+            section.append(f"<h3>Highest frame-0 excess over uniform (softmax mass, top {len(records)})</h3>"
+                           + _table(records))  # fmt: skip
+        parts.append(_pair("".join(section), _figure(shown, "figure4", "the chosen heads' attention")
+                           + _figure(shown, "sink_score_overview", "first − middle of every head, sink-class outlined")))
+        if len(calls):
+            counts = calls["head_class"].value_counts().reindex(list(HEAD_CLASSES), fill_value=0)
+            text = ("<h3>Head classes</h3><p>" + ", ".join(f"{k}: {v}" for k, v in counts.items())
+                    + " (thresholds: config <code>diagnostics:</code>, docs/statistics.md)</p>")  # fmt: skip
+            parts.append(_pair(text, _figure(shown, "head_classes", "head classes")))
+        over_time = _figure(shown, "sink_mass_over_time", "mass on frame 0 / the sink frames block by block, and its "
+                                                          "excess over uniform")  # fmt: skip
+        if over_time:
+            parts.append("<h3>Block by block</h3>" + over_time)
+    # A checkpoint's figures over its variants, when no source is named like it.
+    for name in sorted(set(figures) - placed):
+        shown = figures[name]
+        body = (_figure(shown, "sink_mass_over_time", "mass on frame 0 / the sink frames block by block, and its excess "
+                                                     "over uniform, every variant")
+                + _figure(shown, "policy_comparison", "the chosen heads under every variant"))  # fmt: skip
+        if body:
+            parts.append(f"<h2>{html.escape(name)}: every variant</h2>" + body)
     parts.append("</body></html>")
-    return "\n".join(parts)
+    return "\n".join(p for p in parts if p)
 
 
 def summary_job(
@@ -133,7 +254,13 @@ def summary_job(
     output: str | Path,
     options: Mapping[str, Any],
 ) -> None:
-    """The pipeline's job: the summary page from the combined tables."""
-    html_text = summary_html(read_table(layer_stats_path), read_table(head_stats_path), read_table(head_diagnostics_path), options)
+    """The pipeline's job: the summary page from the combined tables, with the figures of
+    ``options['figures']`` (paths relative to the working directory) linked relative to
+    the page."""
+    page = Path(output).parent
+    figures = {name: {kind: Path(os.path.relpath(figure, page)).as_posix() for kind, figure in kinds.items()}
+               for name, kinds in (options.get("figures") or {}).items()}  # fmt: skip
+    html_text = summary_html(read_table(layer_stats_path), read_table(head_stats_path), read_table(head_diagnostics_path),
+                             options, figures)  # fmt: skip
     with atomic_path(output) as tmp:
         tmp.write_text(html_text)

@@ -1,10 +1,15 @@
-"""Does the sink hold as the video grows? The softmax mass on the sink frames (block_stats
-sink_mass: the policy's sink frames, frame 0 without one) block by block, averaged over
-heads and runs with a ±1 std band over heads, one panel per layer (a selection of up to
-twelve at many layers), one line per variant of the checkpoint."""
+"""Does the attention to frame 0 (or to the policy's sink frames) hold as the video grows?
+Block by block, the softmax mass on those frames (block_stats ``sink_mass``) beside what
+uniform attention over the key tokens would give them (``sink_uniform``: 1 / visible
+frames per frame, so it falls as frames accumulate), and the excess over it
+(``sink_excess``); averaged over heads and runs with a ±1 std band between runs, one
+pair of panels per layer (a selection of up to twelve at many layers), one line per
+variant of the checkpoint. Blocks whose cache holds none of those frames (block 0) have
+no value: they are left out and shaded."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +18,16 @@ import pandas as pd
 from sinkscope.figures import common as c
 
 MOST_PANELS = 12
+VALUES = ("sink_mass", "sink_uniform", "sink_excess")
+
+
+def per_block(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """Mean and std between runs (of the head means) of each value, per variant, layer and
+    block; NaN where no sink frame is in the cache. And the number of runs."""
+    rows = rows.assign(sink_mass=rows["sink_mass"].where(rows["sink_uniform"].notna()))
+    per_run = rows.groupby(["variant", "layer", "block", "prompt_id", "seed"], observed=True)[list(VALUES)].mean()
+    grouped = per_run.groupby(["variant", "layer", "block"], observed=True)
+    return grouped.mean(), grouped.std(ddof=1), c.run_count(rows)
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
@@ -21,6 +36,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     checkpoints = sorted(str(x) for x in pd.unique(stats["checkpoint"]))
     if len(checkpoints) > 1:
         raise ValueError(f"figure {kind} draws one checkpoint; the table holds {', '.join(checkpoints)} (checkpoint=...)")
+    if "sink_uniform" not in stats:
+        raise ValueError(f"figure {kind} needs block_stats with sink_uniform (written by this sinkscope's aggregation)")
     step = options.get("step") or "last"
     pass_, index = c.step_of(stats, step)
     rows = stats[(stats["pass"] == pass_) & (stats["step"] == index)]
@@ -28,42 +45,93 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     layers = sorted(int(x) for x in rows["layer"].unique())
     shown = c.evenly(layers, MOST_PANELS)
     given = ax is not None
-    fig, axes = c.panels(ax, len(shown), kind=kind, one="layer (layers=[...])", ncols=min(len(shown), 4), panel=(3.3, 2.4))
+    ncols = len(shown) if len(shown) <= 4 else 3 if len(shown) in (5, 6, 9) else 4
+    groups = math.ceil(len(shown) / ncols)
+    if given:
+        if len(shown) != 1:
+            raise ValueError(f"{kind} draws into one axes only for one layer (layers=[...])")
+        fig, pairs = ax.figure, [(ax, None)]
+    else:
+        fig = c.new_figure(ncols * 3.3, groups * 2 * 2.2)
+        grid = fig.subplots(2 * groups, ncols, squeeze=False)
+        pairs = [(grid[2 * (i // ncols), i % ncols], grid[2 * (i // ncols) + 1, i % ncols]) for i in range(len(shown))]
+        for i in range(len(shown), groups * ncols):
+            grid[2 * (i // ncols), i % ncols].remove()
+            grid[2 * (i // ncols) + 1, i % ncols].remove()
     colors = {v: c.PANEL_COLORS[i % len(c.PANEL_COLORS)] for i, v in enumerate(variants)}
-    per_head = rows.groupby(["variant", "layer", "block", "head"], observed=True)["sink_mass"].mean()
-    mean = per_head.groupby(["variant", "layer", "block"], observed=True).mean()
-    std = per_head.groupby(["variant", "layer", "block"], observed=True).std(ddof=0)
+    mean, std, runs = per_block(rows)
     blocks = sorted(int(b) for b in rows["block"].unique())
-    top = float(min(1.0, max(0.05, ((mean + std.fillna(0)).max()) * 1.12)))
-    for ax_, layer in zip(axes, shown):
+    empty = [b for b in blocks if not rows.loc[rows["block"] == b, "sink_uniform"].notna().any()]
+    for (top, bottom), layer in zip(pairs, shown):
+        label = c.layer_label(layer)
+        for panel in (top, bottom):
+            if panel is None:
+                continue
+            for i, b in enumerate(empty):
+                panel.axvspan(b - 0.5, b + 0.5, color=c.GAP_COLOR, lw=0, zorder=0.4).set_gid(f"no-cache-{label}-{i}")
         for variant in variants:
             key = (variant, layer)
             if key not in mean.droplevel("block").index:
                 continue
-            m, s = mean.loc[key], std.loc[key]
-            (line,) = ax_.plot(m.index, m.to_numpy(), "o-", color=colors[variant], lw=1.5, ms=3)
-            line.set_gid(f"sink-mass-{variant}-{c.layer_label(layer)}")
-            ax_.fill_between(m.index, (m - s).to_numpy(), (m + s).to_numpy(), color=colors[variant], alpha=0.15, lw=0)
-        ax_.set_title(c.layer_label(layer), fontsize=9.5, fontweight="bold")
-        ax_.set_ylim(0, top)
-        ax_.set_xlim(blocks[0] - 0.3, blocks[-1] + 0.3)
-        c.set_label_ticks(ax_, [str(b) for b in range(blocks[-1] + 1)], length=3.0)
-        ax_.set_xlim(blocks[0] - 0.3, blocks[-1] + 0.3)
-    c.share_y(axes)
-    c.outer_labels(axes, "block", "sink mass")
+            m, s = mean.loc[key].reindex(blocks), std.loc[key].reindex(blocks)
+            color = colors[variant]
+            for panel, name in ((top, "sink_mass"), (bottom, "sink_excess")):
+                if panel is None:
+                    continue
+                (line,) = panel.plot(blocks, m[name].to_numpy(), "o-", color=color, lw=1.5, ms=3)
+                line.set_gid(f"{name.replace('_', '-')}-{variant}-{label}")
+                if runs >= 2:
+                    low, high = (m[name] - s[name]).to_numpy(), (m[name] + s[name]).to_numpy()
+                    band = panel.fill_between(blocks, low, high, color=color, alpha=0.18, lw=0)
+                    band.set_gid(f"spread-{name.replace('_', '-')}-{variant}-{label}")
+            (line,) = top.plot(blocks, m["sink_uniform"].to_numpy(), color=color, lw=1.1, ls=(0, (4, 2)))
+            line.set_gid(f"uniform-{variant}-{label}")
+        top.set_title(f"{label} · mass", fontsize=9.5, fontweight="bold")
+        top.set_ylim(bottom=0)
+        if bottom is not None:
+            bottom.axhline(0, color=c.UNIFORM_COLOR, lw=0.9, ls=(0, (4, 2)))
+            bottom.set_title(f"{label} · excess over uniform", fontsize=9.5)
+        for panel in (top, bottom):
+            if panel is not None:
+                panel.set_xlim(blocks[0] - 0.5, blocks[-1] + 0.5)
+                c.set_label_ticks(panel, [str(b) for b in range(blocks[-1] + 1)], length=3.0)
+                panel.set_xlim(blocks[0] - 0.5, blocks[-1] + 0.5)
+    if not given:
+        tops = [top for top, _ in pairs]
+        bottoms = [bottom for _, bottom in pairs]
+        c.share_y(tops)
+        c.share_y(bottoms)
+        for top in tops:
+            top.set_ylim(bottom=0)
+        for panel in tops + bottoms:
+            spec = panel.get_subplotspec()
+            panel.set_ylabel(("mass" if panel in tops else "mass − uniform") if spec.is_first_col() else "")
+            last_group = spec.rowspan.start // 2 == (len(shown) - 1 - spec.colspan.start) // ncols
+            panel.set_xlabel("block" if panel in bottoms and last_group else "")
     sinks = rows.groupby("variant", observed=True)["sink_frames"].first()
-    handles = [c.line_handle(colors[v], f"{v} (sink frames {sinks.get(v, '0')})", marker="o", ms=3) for v in variants]
+    what = "frame 0" if set(sinks.astype(str)) <= {"0"} else "the sink frames (frame 0 without a sink policy)"
+    handles = [c.line_handle(colors[v], f"{v} (frames {sinks.get(v, '0')})", marker="o", ms=3) for v in variants]
+    handles.append(c.line_handle("0.3", "uniform over the key tokens seen (mass panels, per variant)", lw=1.1,
+                                 ls=(0, (4, 2))))  # fmt: skip
+    handles += [c.band_handle("0.5")] if runs >= 2 else []
+    handles += [c.Patch(facecolor=c.GAP_COLOR, label=f"none of {what.split(' (')[0]} in the cache: no value")] if empty else []
     if given:
-        ax_.legend(handles=handles, fontsize=8)
+        ax.set_xlabel("block")
+        ax.set_ylabel("mass")
+        ax.legend(handles=handles, fontsize=8)
         return fig
     call = c.every_block_call(rows, pass_, index)
     picked = "" if len(shown) == len(layers) else f" ({len(shown)} of {len(layers)} layers, spread evenly)"
     return c.finish(
         fig,
-        title=f"Mass on the sink frames, block by block{picked}",
-        subtitle=c.subtitle(source, call, "sink mass (softmax)", c.run_count(rows)),
+        title=f"Softmax mass on {what.split(' (')[0]}, block by block: as mass and as excess over uniform{picked}",
+        subtitle=c.subtitle(source, call, "block_stats sink_mass", runs, "bands ±1 std between runs"),
         legend=handles,
-        caption=("sink_mass of block_stats: the softmax mass of the block's queries on the policy's sink frames (frame "
-                 "0 for policies without sinks), the block's own frames excluded; mean over heads and runs, band ±1 "
-                 "std over heads."),
+        caption=(f"Upper panels: the softmax mass of each block's queries on {what} outside the block (block_stats "
+                 "sink_mass), solid, and the mass uniform attention over the key tokens would give them (sink_uniform, "
+                 "dashed: it falls as frames accumulate, so a falling mass alone is no fading preference). Lower "
+                 "panels: the excess, mass − uniform (sink_excess; 0 = no preference). Mean over heads and runs"
+                 + ("; bands: ±1 std between runs of the head means" if runs >= 2 else f" ({runs} run: no spread)")
+                 + ". Shaded blocks have none of those frames in their cache (block 0 has no cache): no value, no "
+                 "point."),
     )  # fmt: skip

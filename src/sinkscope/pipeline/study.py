@@ -55,6 +55,9 @@ LEGACY_CACHE = ".snakemake/sinkscope/legacy-layers.json"
 # Tables per source (and combined over sources); token_profiles only with token capture.
 TABLES = ("frame_attention", "head_stats", "layer_stats", "block_stats", "head_diagnostics")
 SOURCE_TABLES = (*TABLES, "query_stats", "token_profiles")
+# The figures the summary page embeds beside its tables.
+SUMMARY_FIGURES = ("figure4", "sink_score_overview", "head_classes", "first_middle_last", "sink_mass_over_time",
+                   "policy_comparison")  # fmt: skip
 PATTERNS = {
     "embedding": RESULTS + "/prompts/{encoder}/{prompt}.safetensors",
     "extract_dir": RESULTS + "/extract/{source}/{prompt}/seed{seed}/layers{group}",
@@ -278,10 +281,16 @@ class Study:
     def figure_inputs(self, kind: str, source: str) -> list[str]:
         """The tables figure ``kind`` of ``source`` reads (a checkpoint's: all its variants)."""
         sources = self.sources_of(source) if kind in CHECKPOINT_FIGURES else [source]
-        return [path("source_table", source=s, table=t) for s in sources for t in FIGURES[kind].tables]
+        return [path("source_table", source=s, table=t) for s in sources for t in FIGURES[kind].inputs]
+
+    def layer_figure_inputs(self, kind: str, source: str, layer: int) -> list[str]:
+        """The frame rows of one layer (extraction folders, or the imported file) and the
+        source tables the kind also reads (head classes)."""
+        tables = [path("source_table", source=source, table=t) for t in FIGURES[kind].uses]
+        return self.source_inputs(source, layer) + tables
 
     def study_figure_inputs(self, kind: str) -> list[str]:
-        return [path("table", table=t) for t in FIGURES[kind].tables]
+        return [path("table", table=t) for t in FIGURES[kind].inputs]
 
     def figure_kinds(self, source: str) -> list[str]:
         """Source figures to draw: token figures only with token profiles of a chosen head's layer."""
@@ -302,11 +311,39 @@ class Study:
                 for kind in LAYER_FIGURES:
                     paths += [path("layer_figure", source=source, layer=layer, kind=kind, ext=ext) for ext in ("svg", "png")]
         for checkpoint in self.checkpoints:
-            for kind in CHECKPOINT_FIGURES:
+            for kind in self.checkpoint_figure_kinds(checkpoint):
                 paths += [path("checkpoint_figure", checkpoint=checkpoint, kind=kind, ext=ext) for ext in ("svg", "png")]
-        for kind in STUDY_FIGURES:
+        for kind in self.study_figure_kinds():
             paths += [path("study_figure", kind=kind, ext=ext) for ext in ("svg", "png")]
         return paths
+
+    def checkpoint_figure_kinds(self, checkpoint: str) -> list[str]:
+        """Checkpoint figures to draw: those that compare variants only with two or more."""
+        several = len(self.sources_of(checkpoint)) >= 2
+        return [kind for kind in CHECKPOINT_FIGURES if FIGURES[kind].compares != "variants" or several]
+
+    def study_figure_kinds(self) -> list[str]:
+        """Study figures to draw: those that compare checkpoints only with two or more (the
+        checkpoints and imported caches of the combined tables)."""
+        several = len(self.checkpoints) + len(self.legacy) >= 2
+        return [kind for kind in STUDY_FIGURES if FIGURES[kind].compares != "checkpoints" or several]
+
+    def summary_figures(self) -> dict[str, dict[str, str]]:
+        """The figures the summary page shows beside its tables: per source, its overview
+        figures (SVG); per checkpoint, its block-by-block sink mass."""
+        shown = [kind for kind in SUMMARY_FIGURES if kind in SOURCE_FIGURES]
+        figures = {source: {kind: path("source_figure", source=source, kind=kind, ext="svg")
+                            for kind in shown if kind in self.figure_kinds(source)}
+                   for source in self.sources}  # fmt: skip
+        for checkpoint in self.checkpoints:
+            for kind in self.checkpoint_figure_kinds(checkpoint):
+                if kind in SUMMARY_FIGURES:
+                    figures.setdefault(checkpoint, {})[kind] = path("checkpoint_figure", checkpoint=checkpoint,
+                                                                    kind=kind, ext="svg")  # fmt: skip
+        return figures
+
+    def summary_figure_paths(self) -> list[str]:
+        return [p for figures in self.summary_figures().values() for p in figures.values()]
 
     def all_targets(self) -> list[str]:
         """Everything the study makes, intermediate results included: Snakemake does not
@@ -357,8 +394,11 @@ class Study:
         chosen: dict[str, Any] = {name: options[name] for name in COMMON_OPTIONS}
         if kind == "summary":
             chosen.update(step=options["step"], metric=options["metric"])
-            chosen["checkpoints"] = {name: {"format": c.spec.format, "weights": c.spec.weights}
+            chosen["checkpoints"] = {name: {"format": c.format, "weights": c.spec.weights, "model": c.spec.model}
                                      for name, c in self.checkpoints.items()}  # fmt: skip
+            chosen["legacy_caches"] = {name: {"path": str(entry["path"])} for name, entry in self.legacy.items()}
+            chosen["diagnostics"] = dict(self.config["diagnostics"])
+            chosen["figures"] = self.summary_figures()
             return chosen
         drawn = FIGURES[kind].options
         chosen.update((name, options[name]) for name in DRAWING_OPTIONS if name in drawn)

@@ -11,10 +11,17 @@ every key frame they see, for each call of that block. On that curve:
   over the block's own frames, ``sink_score = first - middle``;
 - ratios and shares (``first_middle_ratio``, ``spread_pct``, ``frame0_mass``,
   ``first_k_mass``, ``cache_share``, ``own_share``) exist for ``prob_mass`` only: on
-  signed logits they do not mean what they say, so they are null for ``logit_mean``.
+  signed logits they do not mean what they say, so they are null for ``logit_mean``;
+- the uniform baseline (``uniform_mass``): the mass a key frame would get if the query
+  attended uniformly over every key token it sees, ``key_tokens / Σ key_tokens`` (1 /
+  visible key frames when no tokens were dropped); ``frame0_excess = frame0_mass -
+  frame0_uniform`` is the "frame-0 excess over uniform" that figures and the summary
+  page rank heads by. ``sink_score`` (first - middle) is a name, not a verdict: "sink"
+  is reserved for heads whose ``head_class`` is ``sink``.
 
 Rows with ``prompt_id = '*'`` and ``seed = -1`` summarize the run-averaged curve (mean
-over prompts and seeds, then the statistics); ``runs`` says how many runs it holds.
+over prompts and seeds, then the statistics); ``runs`` says how many runs it holds, and
+``<stat>_run_std`` the sample standard deviation of each run's own statistic.
 A zero denominator gives NaN, never an exception.
 """
 
@@ -31,18 +38,43 @@ from sinkscope.tables import (
     ALL_PROMPTS,
     ALL_SEEDS,
     BLOCK_STATS_SCHEMA,
+    DIAGNOSTICS_RUN_STD,
     HEAD_DIAGNOSTICS_SCHEMA,
+    HEAD_RUN_STD,
     HEAD_STATS_SCHEMA,
+    LAYER_RUN_STD,
     LAYER_STATS_SCHEMA,
     METRICS,
     RUN_KEYS,
+    RUN_STD_SUFFIX,
 )
 
 SOURCE_KEYS = ["checkpoint", "variant"]
 HEAD_CLASSES = ("sink", "local", "periodic", "diffuse")
 # The head-class thresholds of config diagnostics:, as the schema defines them.
 DEFAULT_THRESHOLDS = schema_defaults("diagnostics")
-_PROB_ONLY = ("first_middle_ratio", "spread_pct", "frame0_mass", "first_k_mass", "cache_share", "own_share")
+_PROB_ONLY = ("first_middle_ratio", "spread_pct", "frame0_mass", "frame0_uniform", "frame0_excess", "first_k_mass",
+              "cache_share", "own_share")  # fmt: skip
+# What one query frame of one call is: the rows over which its key-frame masses sum to 1.
+_QUERY_KEYS = (*RUN_KEYS, "layer", "head", "block", "pass", "step", "query_frame")
+
+
+# -- the uniform baseline ------------------------------------------------------------------------
+
+
+def uniform_mass(frame: pd.DataFrame) -> pd.Series:
+    """Per row: the softmax mass its key frame would get if the query attended uniformly
+    over every key token it sees, ``key_tokens / Σ key_tokens`` over the key frames of
+    that query frame and call. Without dropped tokens it is 1 / visible key frames, and
+    so it is for rows without token counts (``key_tokens`` absent or 0)."""
+    keys = [k for k in _QUERY_KEYS if k in frame.columns]
+    grouped = frame.groupby(keys, observed=True, sort=False)
+    count = grouped["key_frame"].transform("size").astype(np.float64)
+    if "key_tokens" not in frame.columns:
+        return 1.0 / count
+    total = grouped["key_tokens"].transform("sum").astype(np.float64)
+    share = frame["key_tokens"].astype(np.float64) / total.where(total > 0)
+    return share.fillna(1.0 / count)
 
 
 # -- the Figure 4 view ---------------------------------------------------------------------------
@@ -79,12 +111,17 @@ def runs_in(frame: pd.DataFrame) -> int:
     return int(frame.groupby(["prompt_id", "seed"], observed=True).ngroups)
 
 
-def figure4_curves(frame: pd.DataFrame, step: str | int, metric: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+def figure4_curves(
+    frame: pd.DataFrame, step: str | int, metric: str, *, details: bool = False
+) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The last block's query-averaged curves, averaged over runs (what figures draw).
 
     Returns (curves, info): curves has index (layer, head) and one column per key frame
     (NaN where a frame is not visible); info holds the query frames, the call, the
-    pass/step/timestep and the number of runs.
+    pass/step/timestep and the number of runs; with ``details``, also ``uniform`` (the
+    uniform baseline of each curve, ``uniform_mass`` averaged like the curves),
+    ``run_curves`` (each run's curve: index (prompt_id, seed, layer, head)) and
+    ``run_uniform`` (each run's baseline).
     """
     rows = last_block(frame)
     pass_, step_index = resolve_step(rows, step)
@@ -99,19 +136,32 @@ def figure4_curves(frame: pd.DataFrame, step: str | int, metric: str) -> tuple[p
         "timestep": float(rows["timestep"].iloc[0]),
         "runs": runs_in(rows),
     }
+    if details:
+        rows = rows.assign(uniform=uniform_mass(rows))
+        uniform = rows.groupby(["layer", "head", "key_frame"], observed=True)["uniform"].mean()
+        info["uniform"] = uniform.unstack("key_frame").reindex(index=curves.index, columns=curves.columns)
+        per_run = rows.groupby(["prompt_id", "seed", "layer", "head", "key_frame"], observed=True)[[metric, "uniform"]].mean()
+        info["run_curves"] = per_run[metric].unstack("key_frame").reindex(columns=curves.columns)
+        info["run_uniform"] = per_run["uniform"].unstack("key_frame").reindex(columns=curves.columns)
     return curves, info
 
 
 def curve_stats(
-    values: Sequence[float], frames: Sequence[int], query_frames: Sequence[int], metric: str, first_k: int = 3
+    values: Sequence[float], frames: Sequence[int], query_frames: Sequence[int], metric: str, first_k: int = 3,
+    uniform: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """The statistics of one curve over its visible key frames (NaN values = not visible)."""
+    """The statistics of one curve over its visible key frames (NaN values = not visible).
+
+    ``uniform``: the uniform baseline of each frame (``uniform_mass`` averaged like the
+    curve); without it, 1 / visible key frames."""
     values = np.asarray(values, dtype=np.float64)
     frames = np.asarray(frames)
     keep = ~np.isnan(values)
+    baseline = None if uniform is None else np.asarray(uniform, dtype=np.float64)[keep]
     values, frames = values[keep], frames[keep]
     order = np.argsort(frames, kind="stable")
     values, frames = values[order], frames[order]
+    baseline = None if baseline is None else baseline[order]
     own = np.isin(frames, np.asarray(query_frames))
     cache, cache_frames = values[~own], frames[~own]
     nan = float("nan")
@@ -132,10 +182,18 @@ def curve_stats(
     stats.update({name: nan for name in _PROB_ONLY})
     if metric == "prob_mass" and values.size:
         cache_mean = float(cache.mean()) if cache.size else nan
+        zero = frames == 0
+        frame0 = float(values[zero][0]) if zero.any() else nan
+        frame0_uniform = nan
+        if zero.any():
+            given = float(baseline[zero][0]) if baseline is not None else nan
+            frame0_uniform = given if np.isfinite(given) else 1.0 / values.size
         stats.update(
             first_middle_ratio=first / middle if middle else nan,
             spread_pct=(float(cache.max() - cache.min()) / cache_mean * 100) if cache.size and cache_mean else nan,
-            frame0_mass=float(values[frames == 0][0]) if (frames == 0).any() else nan,
+            frame0_mass=frame0,
+            frame0_uniform=frame0_uniform,
+            frame0_excess=frame0 - frame0_uniform,
             first_k_mass=float(cache[:first_k].sum()),
             cache_share=float(cache.sum()),
             own_share=float(values[own].sum()),
@@ -147,19 +205,40 @@ def _frames_label(frames) -> str:
     return ",".join(str(int(f)) for f in sorted(set(frames)))
 
 
-def _curve_rows(curves: pd.DataFrame, base: Mapping[str, Any], query_frames, metric: str, first_k: int) -> list[dict]:
+def _curve_rows(curves: pd.DataFrame, uniform: pd.DataFrame, base: Mapping[str, Any], query_frames, metric: str,
+                first_k: int) -> list[dict]:  # fmt: skip
     frames = curves.columns.to_numpy()
     label = _frames_label(query_frames)
+    baselines = uniform.reindex(index=curves.index, columns=curves.columns).to_numpy()
     return [
         {**base, **dict(zip(curves.index.names, key if isinstance(key, tuple) else (key,))), "metric": metric,
-         "query_frames": label, **curve_stats(row, frames, query_frames, metric, first_k)}
-        for key, row in zip(curves.index, curves.to_numpy())
+         "query_frames": label, **curve_stats(row, frames, query_frames, metric, first_k, baseline)}
+        for key, row, baseline in zip(curves.index, curves.to_numpy(), baselines)
     ]  # fmt: skip
+
+
+def with_run_std(table: pd.DataFrame, keys: Sequence[str], names: Sequence[str]) -> pd.DataFrame:
+    """``<stat>_run_std`` columns: in the run-averaged rows (``prompt_id == '*'``), the
+    sample standard deviation (ddof 1) of each per-run row's statistic; null in per-run
+    rows and where fewer than two runs have a value."""
+    table = table.copy()
+    columns = [name + RUN_STD_SUFFIX for name in names]
+    averaged = (table["prompt_id"] == ALL_PROMPTS).to_numpy()
+    per_run = table[~averaged]
+    for column in columns:
+        table[column] = np.nan
+    if averaged.any() and len(per_run):
+        spread = per_run.groupby(list(keys), observed=True, sort=False)[list(names)].std(ddof=1)
+        spread.columns = columns
+        joined = table.loc[averaged, list(keys)].join(spread, on=list(keys))
+        table.loc[averaged, columns] = joined[columns].to_numpy(dtype=np.float64)
+    return table
 
 
 def _call_views(frame: pd.DataFrame):
     """(source keys, run keys or None for the run average, pass, step, rows) of each call of the last block."""
     rows = last_block(frame)
+    rows = rows.assign(uniform=uniform_mass(rows))
     for (*source, pass_, step), call in rows.groupby([*SOURCE_KEYS, "pass", "step"], observed=True, sort=True):
         source = tuple(source)
         runs = call.groupby(["prompt_id", "seed"], observed=True, sort=True)
@@ -176,10 +255,14 @@ def head_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
         for layer, layer_rows in call.groupby("layer", sort=True):
             base = dict(zip(SOURCE_KEYS, source)) | dict(zip(["prompt_id", "seed"], run))
             base |= {"layer": layer, "pass": pass_, "step": step, "timestep": float(call["timestep"].iloc[0]), "runs": runs}
+            uniform = layer_rows.groupby(["head", "key_frame"], observed=True)["uniform"].mean().unstack("key_frame")
             for metric in METRICS:
                 curves = layer_rows.groupby(["head", "key_frame"], observed=True)[metric].mean().unstack("key_frame")
-                rows += _curve_rows(curves.sort_index(axis=1), base, query_frames, metric, first_k)
-    return pd.DataFrame(rows, columns=HEAD_STATS_SCHEMA.names)
+                rows += _curve_rows(curves.sort_index(axis=1), uniform, base, query_frames, metric, first_k)
+    names = [name for name in HEAD_STATS_SCHEMA.names if not name.endswith(RUN_STD_SUFFIX)]
+    table = pd.DataFrame(rows, columns=names)
+    table = with_run_std(table, [*SOURCE_KEYS, "layer", "head", "pass", "step", "metric"], HEAD_RUN_STD)
+    return table[HEAD_STATS_SCHEMA.names]
 
 
 def layer_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
@@ -205,14 +288,19 @@ def layer_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
             base = dict(zip(SOURCE_KEYS, source)) | dict(zip(["prompt_id", "seed"], run))
             base |= {"layer": layer, "pass": pass_, "step": step, "timestep": float(call["timestep"].iloc[0]), "runs": runs}
             key = (*source, *(() if averaged else run), layer, pass_, step)
+            uniform = layer_rows.groupby("key_frame")["uniform"].mean().sort_index()
             for metric in METRICS:
                 curve = layer_rows.groupby("key_frame")[metric].mean().sort_index()
                 extra = {}
                 for name, table in cells["all" if averaged else "run"].items():
                     extra[name] = float(table.loc[key, metric]) if key in table.index else float("nan")
-                stats = curve_stats(curve.to_numpy(), curve.index.to_numpy(), query_frames, metric, first_k)
+                stats = curve_stats(curve.to_numpy(), curve.index.to_numpy(), query_frames, metric, first_k,
+                                    uniform.reindex(curve.index).to_numpy())  # fmt: skip
                 rows.append({**base, "metric": metric, "query_frames": _frames_label(query_frames), **stats, **extra})
-    return pd.DataFrame(rows, columns=LAYER_STATS_SCHEMA.names)
+    names = [name for name in LAYER_STATS_SCHEMA.names if not name.endswith(RUN_STD_SUFFIX)]
+    table = pd.DataFrame(rows, columns=names)
+    table = with_run_std(table, [*SOURCE_KEYS, "layer", "pass", "step", "metric"], LAYER_RUN_STD)
+    return table[LAYER_STATS_SCHEMA.names]
 
 
 # -- over time -----------------------------------------------------------------------------------
@@ -223,14 +311,26 @@ def block_stats(frame: pd.DataFrame, sink_frames: Mapping[str, int] | int = 0) -
 
     ``sink_frames`` (per variant, or one number): the policy's sink frames (the first
     S frames); frame 0 for policies without one. Sink mass counts sink frames outside
-    the block itself; self mass the block's own frames; other mass the rest.
+    the block itself; self mass the block's own frames; other mass the rest. The sink
+    frames' uniform baseline (their share of the key tokens, ``uniform_mass``) and the
+    excess over it are null where no sink frame is in the cache.
     """
     keys = [*RUN_KEYS, "layer", "head", "block", "pass", "step"]
     if frame.empty:
         return pd.DataFrame(columns=BLOCK_STATS_SCHEMA.names)
+    tokens = {"tokens": ("key_tokens", "mean")} if "key_tokens" in frame.columns else {}
     curves = frame.groupby([*keys, "key_frame"], observed=True).agg(
-        mass=("prob_mass", "mean"), timestep=("timestep", "first"), qmin=("query_frame", "min"), qmax=("query_frame", "max")
+        mass=("prob_mass", "mean"), timestep=("timestep", "first"), qmin=("query_frame", "min"), qmax=("query_frame", "max"),
+        **tokens,
     ).reset_index()  # fmt: skip
+    # The uniform baseline (uniform_mass): every query frame of a call sees the same keys,
+    # so the key-token shares of the call's frames are those of each of its query frames.
+    count = curves.groupby(keys, observed=True, sort=False)["key_frame"].transform("size").astype(np.float64)
+    if tokens:
+        total = curves.groupby(keys, observed=True, sort=False)["tokens"].transform("sum")
+        curves["uniform"] = (curves["tokens"] / total.where(total > 0)).fillna(1.0 / count)
+    else:
+        curves["uniform"] = 1.0 / count
     variants = curves["variant"].astype(str)
     sinks = variants.map(sink_frames) if isinstance(sink_frames, Mapping) else pd.Series(sink_frames, index=curves.index)
     sinks = sinks.fillna(0).astype(int).clip(lower=1)  # no sink: frame 0
@@ -239,13 +339,19 @@ def block_stats(frame: pd.DataFrame, sink_frames: Mapping[str, int] | int = 0) -
     curves["self"] = curves["mass"].where(own, 0.0)
     curves["sink"] = curves["mass"].where(sink, 0.0)
     curves["other"] = curves["mass"].where(~own & ~sink, 0.0)
+    curves["sink_uniform"] = curves["uniform"].where(sink, 0.0)
+    curves["sink_present"] = sink.astype(np.int64)
     p = curves["mass"].clip(lower=0)
     curves["plogp"] = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1)), 0.0)
     grouped = curves.groupby(keys, observed=True, sort=True)
     out = grouped.agg(
         timestep=("timestep", "first"), qmin=("qmin", "first"), qmax=("qmax", "first"), sink_mass=("sink", "sum"),
         self_mass=("self", "sum"), other_mass=("other", "sum"), entropy=("plogp", "sum"), num_key_frames=("mass", "size"),
+        sink_uniform=("sink_uniform", "sum"), sink_present=("sink_present", "sum"),
     )  # fmt: skip
+    # No sink frame in the cache (block 0, or evicted): no baseline, and no excess.
+    out["sink_uniform"] = out["sink_uniform"].where(out["sink_present"] > 0)
+    out["sink_excess"] = out["sink_mass"] - out["sink_uniform"]
     out["argmax_frame"] = curves.loc[grouped["mass"].idxmax().to_numpy(), "key_frame"].to_numpy()
     out = out.reset_index()
     out["argmax_age"] = (out["qmin"] - out["argmax_frame"]).clip(lower=0)
@@ -299,21 +405,24 @@ def head_diagnostics(
     rows = rows.assign(
         qmin=rows.groupby(run_keys, observed=True)["query_frame"].transform("min"),
         plogp=np.where(rows["prob_mass"] > 0, -rows["prob_mass"] * np.log(rows["prob_mass"].clip(lower=1e-30)), 0.0),
+        uniform=uniform_mass(rows),
     )
     per_qf = rows.groupby(qf_keys, observed=True).agg(
         plogp=("plogp", "sum"), frames=("key_frame", "size"), timestep=("timestep", "first")
     )  # fmt: skip
     per_qf["entropy_frames"] = per_qf["plogp"] / np.log(per_qf["frames"].where(per_qf["frames"] > 1))
-    frame0 = rows[rows["key_frame"] == 0].groupby(qf_keys, observed=True)[["prob_mass", "argmax_share"]].sum()
+    frame0 = rows[rows["key_frame"] == 0].groupby(qf_keys, observed=True)[["prob_mass", "argmax_share", "uniform"]].sum()
     recent = rows[rows["key_frame"] >= rows["qmin"] - 1].groupby(qf_keys, observed=True)["prob_mass"].sum()
-    per_qf = per_qf.join(frame0.rename(columns={"prob_mass": "frame0_mass", "argmax_share": "frame0_argmax_share"}))
+    per_qf = per_qf.join(frame0.rename(columns={"prob_mass": "frame0_mass", "argmax_share": "frame0_argmax_share",
+                                                "uniform": "frame0_uniform"}))  # fmt: skip
     per_qf["recent_mass"] = recent
     per_run = per_qf.groupby(run_keys, observed=True)[
-        ["entropy_frames", "frame0_mass", "frame0_argmax_share", "recent_mass", "timestep"]
+        ["entropy_frames", "frame0_mass", "frame0_argmax_share", "recent_mass", "timestep", "frame0_uniform"]
     ].mean()
     # Frame 0 not visible: its mass is undefined, not 0.
     visible0 = rows[rows["key_frame"] == 0].groupby(run_keys, observed=True).size()
-    per_run.loc[~per_run.index.isin(visible0.index), ["frame0_mass", "frame0_argmax_share"]] = np.nan
+    per_run.loc[~per_run.index.isin(visible0.index), ["frame0_mass", "frame0_argmax_share", "frame0_uniform"]] = np.nan
+    per_run["frame0_excess"] = per_run["frame0_mass"] - per_run["frame0_uniform"]
     if query_stats is not None and not query_stats.empty:
         qs = last_block(query_stats)
         qs = qs.assign(normalized=qs["entropy_tokens"] / np.log(qs["num_keys"].where(qs["num_keys"] > 1)))
@@ -322,6 +431,8 @@ def head_diagnostics(
         per_run["entropy_tokens"] = np.nan
     out = per_run.groupby(head_keys, observed=True).mean()
     out["runs"] = per_run.groupby(head_keys, observed=True).size()
+    spread = per_run.groupby(head_keys, observed=True)[list(DIAGNOSTICS_RUN_STD)].std(ddof=1)
+    out = out.join(spread.rename(columns=lambda name: name + RUN_STD_SUFFIX).astype(np.float64))
     profiles = rows.groupby([*head_keys, "key_frame"], observed=True)["logit_mean"].mean()
     signs, periods, powers, counts = [], [], [], []
     for key in out.index:
