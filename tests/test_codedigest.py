@@ -27,7 +27,7 @@ PINNED = {
     "extract_attention": {
         "io", "naming", "options", "tables", *_MODEL, "model.cache", "model.policies", "model.text",
         "generation", "generation.capture", "generation.sampler",
-        "stats", "stats.attention", "stats.reference", "stats.triton_kernels",
+        "stats", "stats.attention", "stats.reference", "stats.rollout", "stats.triton_kernels",
         "manifests", "pipeline.extract", "pipeline.integrity",
     },
     "import_cache": {"io", "tables", *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",

@@ -72,6 +72,7 @@ __all__ = [
     "plot_per_head_grid",
     "plot_policy_comparison",
     "plot_query_key_maps",
+    "plot_sink_collapse",
     "plot_sink_mass_over_time",
     "plot_sink_score_overview",
     "save",
@@ -333,6 +334,14 @@ def plot_sink_mass_over_time(block_stats: pd.DataFrame, *, checkpoint: str | Non
     """Mass on frame 0 (or the sink frames) block by block beside its uniform share, and the
     excess over it; one panel pair per layer, one line per variant (block_stats)."""
     return plot("sink_mass_over_time", block_stats, checkpoint=checkpoint, variants=variants, source=source)
+
+
+def plot_sink_collapse(block_stats: pd.DataFrame, *, checkpoint: str | None = None,
+                       variants: Sequence[str] | None = None, step: str | int | None = None,
+                       source: str | None = None):  # fmt: skip
+    """Sink mass, the latents' similarity to the sink frames and to the previous block,
+    and where temporal RoPE channels complete a turn, block by block (block_stats)."""
+    return plot("sink_collapse", block_stats, checkpoint=checkpoint, variants=variants, source=source, step=step)
 
 
 def plot_policy_comparison(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,

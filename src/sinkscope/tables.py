@@ -134,6 +134,9 @@ BLOCK_STATS_SCHEMA = pa.schema(
         ("argmax_age", pa.int16()),
         ("entropy", pa.float64()),
         ("num_key_frames", pa.int16()),
+        ("latent_sink_cosine", pa.float64()),
+        ("latent_previous_cosine", pa.float64()),
+        ("rope_periods", pa.string()),
     ]
 )
 HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
@@ -223,6 +226,9 @@ COLUMN_DOCS: dict[str, str] = {
     "argmax_age": "frames between the block's first frame and argmax_frame (0 for its own frames)",
     "entropy": "entropy (nats) of the block's key-frame mass distribution over the frames present",
     "entropy_frames": "entropy of each query frame's key-frame distribution / ln(key frames), averaged",
+    "latent_sink_cosine": "the generated video: mean cosine similarity between the block's latent frames and the sink frames (frame 0 without a sink); null for the block holding them and for imported caches",
+    "latent_previous_cosine": "the generated video: mean cosine similarity between the block's latent frames and the previous block's; null for block 0",
+    "rope_periods": "temporal RoPE channel pairs (period >= 16 frames) whose turn ends inside the block's frames, as c<pair>@<frame position>",
     "frame0_argmax_share": "share of the block's query tokens whose highest-scoring key is in frame 0",
     "recent_mass": "softmax mass on the block's own frames and the frame before them",
     "sign_rate": "share of key frames with a positive logit_mean",

@@ -95,6 +95,9 @@ FIGURES: dict[str, FigureKind] = {
         FigureKind("sink_mass_over_time", CHECKPOINT, ("block_stats",), ("step",),
                    "mass on the sink frames (frame 0 without sinks) block by block, and its excess over uniform, "
                    "one line per variant"),
+        FigureKind("sink_collapse", CHECKPOINT, ("block_stats",), ("step",),
+                   "sink mass, the latents' similarity to the sink frames and to the previous block, and RoPE turns, "
+                   "on one time axis"),
         FigureKind("policy_comparison", CHECKPOINT, ("frame_attention",), _HEADS,
                    "Figure 4 of the last block, one row per variant (KV-cache policy)", uses=_CLASSES,
                    compares="variants"),

@@ -21,12 +21,30 @@ import pandas as pd
 
 from sinkscope.errors import DamagedFileError, SinkscopeError
 from sinkscope.io import atomic_path
-from sinkscope.manifests import DATASET_MANIFEST, check_dataset_folder, read_manifest, write_manifest
+from sinkscope.manifests import (
+    DATASET_MANIFEST,
+    check_dataset_folder,
+    read_manifest,
+    write_manifest,
+)
 from sinkscope.naming import decode_layers, is_group_folder, layer_file
 from sinkscope.pipeline.integrity import check_layer_rows, verify_file
 from sinkscope.pipeline.jobs import provenance
-from sinkscope.stats.summaries import block_stats, head_class_grid, head_diagnostics, head_stats, layer_stats
-from sinkscope.tables import SCHEMAS, read_metadata, read_table, with_default_columns, write_table
+from sinkscope.stats.summaries import (
+    block_stats,
+    head_class_grid,
+    head_diagnostics,
+    head_stats,
+    layer_stats,
+)
+from sinkscope.tables import (
+    RUN_KEYS,
+    SCHEMAS,
+    read_metadata,
+    read_table,
+    with_default_columns,
+    write_table,
+)
 
 log = logging.getLogger("sinkscope")
 _SOURCE_KEYS = ("checkpoint", "variant", "prompt_id", "seed", "layer", "config_hash", "checkpoint_digest", "device_name",
@@ -96,6 +114,7 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
     name = params["name"]
     parts: dict[str, list[pd.DataFrame]] = {"frames": [], "queries": []}
     token_files: list[tuple[Path, Path]] = []
+    rollout: list[pd.DataFrame] = []  # per extraction folder: its video's block similarities
     records, model_configs = [], {}
     for entry in map(Path, inputs):
         if entry.is_dir():
@@ -114,6 +133,9 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
             records.append(_source_record(path, meta))
             if "model_config" in meta:
                 model_configs[json.dumps(meta["model_config"], sort_keys=True)] = meta["model_config"]
+        if contents is not None and contents.get("rollout") and parts["frames"]:
+            run = parts["frames"][-1].iloc[0]
+            rollout.append(pd.DataFrame(contents["rollout"]).assign(**{key: run[key] for key in RUN_KEYS}))
         parts["queries"] += [_read_checked(path, manifest) for path in files["queries"]]
         token_files += [(path, entry) for path in files["tokens"]]
     _check_precision(records, f"source {name!r}")
@@ -135,7 +157,8 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
         "query_stats": queries if queries is not None else pd.DataFrame(columns=SCHEMAS["query_stats"].names),
         "head_stats": head_stats(frame, first_k),
         "layer_stats": layer_stats(frame, first_k),
-        "block_stats": block_stats(frame, int(params.get("sink_frames", 0))),
+        "block_stats": block_stats(frame, int(params.get("sink_frames", 0)),
+                                   pd.concat(rollout, ignore_index=True) if rollout else None),  # fmt: skip
         "head_diagnostics": diagnostics,
     }
     for table, rows in tables.items():

@@ -11,8 +11,8 @@ it; before writing, the job checks its rows against what the generation must pro
 from __future__ import annotations
 
 import hashlib
-import logging
 import json
+import logging
 import os
 import shutil
 import time
@@ -30,7 +30,13 @@ from sinkscope.naming import layer_file, stable_hash
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.integrity import check_layer_rows
 from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
-from sinkscope.tables import FRAME_ATTENTION_SCHEMA, QUERY_STATS_SCHEMA, TOKEN_PROFILES_SCHEMA, write_table
+from sinkscope.stats.rollout import block_similarity
+from sinkscope.tables import (
+    FRAME_ATTENTION_SCHEMA,
+    QUERY_STATS_SCHEMA,
+    TOKEN_PROFILES_SCHEMA,
+    write_table,
+)
 
 log = logging.getLogger("sinkscope")
 
@@ -157,9 +163,12 @@ def extract_job(
             files.append(target.name)
             counts[target.name] = len(rows)
     timings["write_seconds"] = time.perf_counter() - began
+    # Per block, how like the sink frames and the previous block the video is (sink collapse).
+    rollout = block_similarity(result.latents[0].float().cpu().numpy(), options.block_sizes(), options.sink_frames,
+                               config.head_dim)  # fmt: skip
     write_manifest(built, files, {"layers": [int(x) for x in layers], "rows": counts, "num_calls": options.num_calls,
                                   "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
-                                  "generation": options.to_dict()})  # fmt: skip
+                                  "generation": options.to_dict(), "rollout": rollout})  # fmt: skip
     _swap_in(built, output)
     timings["job_seconds"] = time.perf_counter() - job_began
     log.info(

@@ -306,14 +306,18 @@ def layer_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
 # -- over time -----------------------------------------------------------------------------------
 
 
-def block_stats(frame: pd.DataFrame, sink_frames: Mapping[str, int] | int = 0) -> pd.DataFrame:
+def block_stats(
+    frame: pd.DataFrame, sink_frames: Mapping[str, int] | int = 0, rollout: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Per run, layer, head, block and call: where the block's softmax mass goes.
 
     ``sink_frames`` (per variant, or one number): the policy's sink frames (the first
     S frames); frame 0 for policies without one. Sink mass counts sink frames outside
     the block itself; self mass the block's own frames; other mass the rest. The sink
     frames' uniform baseline (their share of the key tokens, ``uniform_mass``) and the
-    excess over it are null where no sink frame is in the cache.
+    excess over it are null where no sink frame is in the cache. ``rollout``: per run and
+    block, the latent similarities and RoPE period ends of ``sinkscope.stats.rollout``
+    (null where absent, e.g. imported caches).
     """
     keys = [*RUN_KEYS, "layer", "head", "block", "pass", "step"]
     if frame.empty:
@@ -359,6 +363,14 @@ def block_stats(frame: pd.DataFrame, sink_frames: Mapping[str, int] | int = 0) -
     out_sinks = out["variant"].astype(str).map(sink_frames) if isinstance(sink_frames, Mapping) else sink_frames
     out_sinks = pd.Series(out_sinks, index=out.index).fillna(0).astype(int).clip(lower=1)
     out["sink_frames"] = [f"0-{s - 1}" if s > 1 else "0" for s in out_sinks]
+    video_columns = ["latent_sink_cosine", "latent_previous_cosine", "rope_periods"]
+    if rollout is not None and not rollout.empty:
+        per_block = rollout.drop_duplicates([*RUN_KEYS, "block"])[[*RUN_KEYS, "block", *video_columns]]
+        per_block = per_block.astype({key: out[key].dtype for key in [*RUN_KEYS, "block"] if key in out})
+        out = out.drop(columns=[c for c in video_columns if c in out]).merge(per_block, on=[*RUN_KEYS, "block"], how="left")
+    for column in video_columns:
+        if column not in out:
+            out[column] = None if column == "rope_periods" else np.nan
     return out[BLOCK_STATS_SCHEMA.names]
 
 
