@@ -16,10 +16,7 @@ from sinkscope.figures import common as c
 
 def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[int], dict[str, Any]]:
     """[heads, F, F] run-averaged query x key matrices of one call of every block (NaN = not visible)."""
-    pass_, index = c.step_of(frame, step)
-    rows = frame[(frame["pass"] == pass_) & (frame["step"] == index)]
-    if rows.empty:
-        raise ValueError(f"no rows for pass={pass_!r}, step={index}")
+    rows, call = c.block_call_rows(frame, step)
     cells = rows.groupby(["head", "query_frame", "key_frame"], observed=True)[metric].mean()
     heads = sorted(int(h) for h in rows["head"].unique())
     count = int(max(rows["query_frame"].max(), rows["key_frame"].max())) + 1
@@ -27,7 +24,6 @@ def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[i
     level = cells.index.get_level_values
     h = level("head").map({head: i for i, head in enumerate(heads)}).to_numpy()
     out[h, level("query_frame").to_numpy(), level("key_frame").to_numpy()] = cells.to_numpy()
-    call = c.call_label(pass_, index, float(rows["timestep"].iloc[0]))
     return out, heads, {"call": call, "runs": c.run_count(rows), "blocks": c.block_frames(rows)}
 
 
@@ -67,7 +63,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     return c.finish(
         fig,
         title=f"Layer {c.layer_label(layer)} (index {layer}): query x key {axis_name} attention of every head",
-        subtitle=c.subtitle(source, f"{info['call']} of every block", c.METRIC_SHORT[metric], info["runs"]),
+        subtitle=c.subtitle(source, info["call"], c.METRIC_SHORT[metric], info["runs"]),
         legend=[c.nan_handle("not visible to the query"),
                 c.Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
     )  # fmt: skip

@@ -35,6 +35,8 @@ class FigureKind:
     # Options the plotting API and the CLI take but the pipeline leaves at the kind's own
     # default (key_frame_maps shows softmax mass unless asked for another metric).
     extra_options: tuple[str, ...] = ()
+    # Drawn only when a prompt of the study switches (prompts: schedules).
+    needs_prompt_switches: bool = False
 
     @property
     def needs_token_profiles(self) -> bool:
@@ -82,6 +84,9 @@ FIGURES: dict[str, FigureKind] = {
                    "frame-0 mass block by block, one line per variant"),
         FigureKind("policy_comparison", CHECKPOINT, ("frame_attention",), _HEADS,
                    "Figure 4 of the last block, one row per variant (KV-cache policy)"),
+        FigureKind("prompt_switch", CHECKPOINT, ("frame_attention",), ("step",),
+                   "around each prompt switch: sink mass and mass on pre-switch frames block by block, per variant",
+                   needs_prompt_switches=True),
         FigureKind("attention_across_checkpoints", STUDY, ("head_diagnostics",), ("step",),
                    "frame-0 mass and entropy per layer across checkpoints (training steps)"),
     )
@@ -101,3 +106,4 @@ def kinds(scope: str) -> tuple[str, ...]:
 
 SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY))
 TOKEN_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_token_profiles)
+SWITCH_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_prompt_switches)

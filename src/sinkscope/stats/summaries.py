@@ -68,6 +68,22 @@ def resolve_step(frame: pd.DataFrame, step: str | int) -> tuple[str, int]:
     return "denoise", int(step)
 
 
+def block_calls(frame: pd.DataFrame, step: str | int) -> pd.DataFrame:
+    """The rows of one call of every block: ``'last'`` each block's last denoising step,
+    ``'cache'`` its cache pass, an integer that denoising step (blocks without it left
+    out). Blocks need not have the same steps (Causal Forcing++'s first block has 4, the
+    others 1 or 2; variants may differ too). Imported rows (step -1) are all shown."""
+    pass_, index = resolve_step(frame, step)
+    if (pass_, index) == ("denoise", -1) or step not in ("last", "cache"):
+        return frame[(frame["pass"] == pass_) & (frame["step"] == index)]
+    if step == "cache":
+        return frame[frame["pass"] == "cache"]
+    keys = [k for k in ("checkpoint", "variant", "block") if k in frame.columns]
+    denoise = frame[frame["pass"] == "denoise"]
+    last = denoise.groupby(keys, observed=True)["step"].transform("max")
+    return denoise[denoise["step"] == last]
+
+
 def last_block(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of the last generated block of each run and layer."""
     keys = [k for k in RUN_KEYS + ["layer"] if k in frame.columns]
@@ -228,8 +244,11 @@ def block_stats(frame: pd.DataFrame, sink_frames: Mapping[str, int] | int = 0) -
     keys = [*RUN_KEYS, "layer", "head", "block", "pass", "step"]
     if frame.empty:
         return pd.DataFrame(columns=BLOCK_STATS_SCHEMA.names)
+    if "prompt_segment" not in frame.columns:
+        frame = frame.assign(prompt_segment=0)
     curves = frame.groupby([*keys, "key_frame"], observed=True).agg(
-        mass=("prob_mass", "mean"), timestep=("timestep", "first"), qmin=("query_frame", "min"), qmax=("query_frame", "max")
+        mass=("prob_mass", "mean"), timestep=("timestep", "first"), qmin=("query_frame", "min"), qmax=("query_frame", "max"),
+        prompt_segment=("prompt_segment", "first"),
     ).reset_index()  # fmt: skip
     variants = curves["variant"].astype(str)
     sinks = variants.map(sink_frames) if isinstance(sink_frames, Mapping) else pd.Series(sink_frames, index=curves.index)
@@ -243,7 +262,8 @@ def block_stats(frame: pd.DataFrame, sink_frames: Mapping[str, int] | int = 0) -
     curves["plogp"] = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1)), 0.0)
     grouped = curves.groupby(keys, observed=True, sort=True)
     out = grouped.agg(
-        timestep=("timestep", "first"), qmin=("qmin", "first"), qmax=("qmax", "first"), sink_mass=("sink", "sum"),
+        timestep=("timestep", "first"), prompt_segment=("prompt_segment", "first"), qmin=("qmin", "first"),
+        qmax=("qmax", "first"), sink_mass=("sink", "sum"),
         self_mass=("self", "sum"), other_mass=("other", "sum"), entropy=("plogp", "sum"), num_key_frames=("mass", "size"),
     )  # fmt: skip
     out["argmax_frame"] = curves.loc[grouped["mass"].idxmax().to_numpy(), "key_frame"].to_numpy()
