@@ -42,7 +42,7 @@ def test_a_schedule_of_one_segment_is_its_text():
 @pytest.mark.parametrize(
     "prompt, extra, message",
     [
-        (schedule(3, 9), {}, "config key prompts.story[0].start_frame: 3: the first segment starts at frame 0"),
+        (schedule(3, 9), {}, "config key prompts.story[0].start_frame: 3 is not 0: the first segment starts the video"),
         (schedule(0, 9, 9), {}, "config key prompts.story[2].start_frame: 9 does not come after the previous segment's start 9"),
         (schedule(0, 21), {}, "config key prompts.story[1].start_frame: 21 is past the video's last frame 20"),
         (schedule(0, 4), {}, "config key prompts.story[1].start_frame: 4 is not where a block starts (blocks start at frames 0, 3, 6"),

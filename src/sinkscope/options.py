@@ -1,7 +1,9 @@
 """How a video is generated: the ``generation:`` options, resolved and checked (no torch).
 
 Kept free of torch so that the Snakefile can validate a config, and turn it into rule
-params, without importing it. ``GenerationOptions.from_config`` resolves a KV-cache
+params, without importing it. Prompt schedules (``prompts:`` entries that switch at block
+starts, ``PromptSegment``) are read and checked here too; ``re_cache`` and the table's
+``PolicySpec.recaches`` say whether a switch recomputes the cache (LongLive's KV re-cache). ``GenerationOptions.from_config`` resolves a KV-cache
 policy's defaults, so that equivalent configs (``local_attn_frames: 21`` or
 ``cache_policy: window``) give the same canonical options and rerun nothing.
 
@@ -400,7 +402,7 @@ def schedule_problems(segments: Sequence[PromptSegment], options: GenerationOpti
         start = segment.start_frame
         if index == 0:
             if start != 0:
-                problems.append((index, f"{start}: the first segment starts at frame 0"))
+                problems.append((index, f"{start} is not 0: the first segment starts the video"))
             continue
         previous = segments[index - 1].start_frame
         if start <= previous:

@@ -46,7 +46,6 @@ __all__ = [
     "normalize_config",
     "read_config_file",
     "resolve_checkpoints",
-    "run_options",
     "resolve_layers_per_job",
     "variant_names",
 ]
@@ -281,12 +280,6 @@ def _rekey(message: str, layers: list[tuple[str, Mapping[str, Any]]]) -> str:
         return message
     where = next((name for name, values in reversed(layers) if match.group(1) in values), layers[-1][0])
     return message.replace("config key generation.", f"config key {where}.")
-
-
-def run_options(config: Mapping) -> dict[tuple[str, str], GenerationOptions]:
-    """The options of every (checkpoint, variant) of a normalized config."""
-    return {(name, variant): generation_options(config, variant, name)
-            for name in config["checkpoints"] for variant in variant_names(config)}  # fmt: skip
 
 
 def prompt_switches(config: Mapping) -> dict[str, list[int]]:
