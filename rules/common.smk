@@ -96,12 +96,13 @@ wildcard_constraints:
     prompt=_names(STUDY.prompts),
     encoder=_names(ENCODERS),
     seed=r"\d+",
+    segment=r"\d+",
     layer=r"\d+",
     group=LAYER_GROUP,
 
 
 def embedding_of(wildcards):
-    return STUDY.embedding(STUDY.checkpoint_of(wildcards.source), wildcards.prompt)
+    return STUDY.embeddings(STUDY.checkpoint_of(wildcards.source), wildcards.prompt)
 
 
 def extract_params(wildcards):

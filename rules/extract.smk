@@ -1,7 +1,7 @@
-# Extraction: prompt embeddings (once per text encoder and prompt), then one GPU job
-# per source (checkpoint x variant) x prompt x seed x layer group that generates a
-# video with the KV-cache procedure and writes one folder of per-layer Parquet files
-# plus a manifest. Weights and text encoders enter through their sha256 (params):
+# Extraction: prompt embeddings (once per text encoder and prompt, or per segment of a
+# prompt schedule), then one GPU job per source (checkpoint x variant) x prompt x seed x
+# layer group that generates a video with the KV-cache procedure and writes one folder
+# of per-layer Parquet files plus a manifest. Weights and text encoders enter through their sha256 (params):
 # replaced bytes rerun what used them, a touch nothing. Outputs are update(): a failed
 # rerun gives the previous result back instead of deleting it.
 
@@ -27,6 +27,28 @@ rule encode_prompt:
         "../scripts/encode_prompt.py"
 
 
+rule encode_prompt_segment:
+    # A prompt schedule (prompts: a list of {text, start_frame}): one embedding per segment.
+    output:
+        update(PATTERNS["segment_embedding"]),
+    params:
+        encoder=lambda wildcards: ENCODERS[wildcards.encoder],
+        encoder_sha256=lambda wildcards: STUDY.encoder_sha256(wildcards.encoder),
+        text=lambda wildcards: STUDY.segment_text(wildcards.prompt, wildcards.segment),
+        device=STUDY.device,
+        code=STUDY.code("encode_prompt"),
+    log:
+        "results/logs/encode_prompt/{encoder}/{prompt}/segment{segment}.log",
+    benchmark:
+        "results/benchmarks/encode_prompt/{encoder}/{prompt}/segment{segment}.tsv"
+    resources:
+        gpu=lambda wildcards: 0 if ENCODERS[wildcards.encoder]["kind"] == "demo" else 1,
+    conda:
+        "../envs/torch.yaml"
+    script:
+        "../scripts/encode_prompt.py"
+
+
 rule extract_attention:
     input:
         embedding=embedding_of,
@@ -34,6 +56,7 @@ rule extract_attention:
         update(directory(PATTERNS["extract_dir"])),
     params:
         run=extract_params,
+        segment_starts=lambda wildcards: STUDY.segment_starts(wildcards.prompt),
         weights_sha256=weights_sha256,
         code=STUDY.code("extract_attention"),
     log:

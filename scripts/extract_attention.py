@@ -1,4 +1,5 @@
 """Snakemake job: generate one video and capture a group of layers (one folder of Parquet files)."""
+# ruff: noqa: F821 - Snakemake defines `snakemake` in the job's globals
 
 import _bootstrap  # noqa: F401
 
@@ -16,7 +17,8 @@ run_job(
     seed=int(snakemake.wildcards.seed),
     layers=run["layers"],
     output=snakemake.output[0],
-    embedding=snakemake.input.embedding,
+    embedding=list(snakemake.input.embedding),
+    segment_starts=snakemake.params.segment_starts,
     weights_sha256=snakemake.params.weights_sha256,
     generation=run["generation"],
     capture=run["capture"],

@@ -46,7 +46,7 @@ def synthetic_rows(
                                         checkpoint=checkpoint, variant=variant, prompt_id=prompt, seed=run_seed,
                                         layer=layer, head=head, block=block, timestep=0.0 if pass_ == "cache" else 900.0 - 100 * step,
                                         query_frame=qf, key_frame=kf, logit_mean=rng.normal(), prob_mass=m, argmax_share=a,
-                                        key_tokens=24, key_position_shift=0, step=step, **{"pass": pass_},
+                                        key_tokens=24, key_position_shift=0, step=step, prompt_segment=0, **{"pass": pass_},
                                     ))  # fmt: skip
                     start += size
     return pd.DataFrame(rows)

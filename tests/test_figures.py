@@ -48,10 +48,12 @@ def synthetic_frames(
     window: int | None = None,
     sinks: int = 0,
     tokens: int = 24,
+    switch_block: int | None = None,
 ) -> pd.DataFrame:
     """frame_attention rows of a block-causal generation: every block, every call (the
     denoising steps and the cache pass), every head; a sliding ``window`` (frames,
-    own block included) keeps the first ``sinks`` frames, so later blocks see gaps."""
+    own block included) keeps the first ``sinks`` frames, so later blocks see gaps. With
+    ``switch_block`` the first run's prompt switches there (prompt_segment 1 from it on)."""
     rng = np.random.default_rng(layers * 1000 + heads + (window or 0) + sinks)
     structure = []  # (block, pass, step, timestep, query_frame, key_frame)
     calls = [("denoise", i, float(t)) for i, t in enumerate(steps)] + [("cache", len(steps), 0.0)]
@@ -92,11 +94,14 @@ def synthetic_frames(
         rows["argmax_share"] = sharp / sharp.groupby([rows[c] for c in call]).transform("sum")
         rows["key_tokens"] = tokens
         rows["key_position_shift"] = 0
+        switched = switch_block is not None and run_index == 0
+        rows["prompt_segment"] = (rows["block"] >= switch_block).astype("int16") if switched else np.int16(0)
         parts.append(rows)
     frame = pd.concat(parts, ignore_index=True)
     return frame.astype({"logit_mean": "float32", "prob_mass": "float32", "argmax_share": "float32", "layer": "int16",
                          "head": "int16", "block": "int16", "step": "int16", "timestep": "float32",
-                         "query_frame": "int16", "key_frame": "int16", "key_tokens": "int32", "key_position_shift": "int32"})  # fmt: skip
+                         "query_frame": "int16", "key_frame": "int16", "key_tokens": "int32", "key_position_shift": "int32",
+                         "prompt_segment": "int16"})  # fmt: skip
 
 
 def synthetic_queries(frame: pd.DataFrame, tokens: int) -> pd.DataFrame:
@@ -118,7 +123,8 @@ def synthetic_tokens(frame: pd.DataFrame, heads: list[tuple[int, int]], grid: tu
     last = frame[frame["block"] == frame["block"].max()]
     wanted = pd.MultiIndex.from_tuples(heads, names=["layer", "head"])
     last = last[pd.MultiIndex.from_frame(last[["layer", "head"]].astype(int)).isin(wanted)]
-    keys = ["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step", "timestep", "key_frame"]
+    keys = ["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step", "timestep",
+            "prompt_segment", "key_frame"]  # fmt: skip
     per_frame = last.groupby(keys, observed=True)[["logit_mean", "prob_mass"]].mean().reset_index()
     out = []
     for record in per_frame.to_dict("records"):
@@ -150,8 +156,12 @@ def study(size: str, window: int | None = None, sinks: int = 0) -> dict[str, pd.
     tokens = grid[0] * grid[1]
     frame = synthetic_frames(layers, heads, steps=steps, runs=runs, window=window, sinks=sinks, tokens=tokens)
     token_heads = [(0, 0), (min(4, layers - 1), min(9, heads - 1))]
-    windowed = synthetic_frames(layers, heads, steps=steps, runs=runs, window=12, sinks=3, variant="sink", tokens=tokens)
-    both = pd.concat([frame, windowed], ignore_index=True)
+    # The checkpoint figures' variants: the same runs, the first prompt switching at block 4.
+    both = pd.concat([
+        synthetic_frames(layers, heads, steps=steps, runs=runs, window=window, sinks=sinks, tokens=tokens, switch_block=4),
+        synthetic_frames(layers, heads, steps=steps, runs=runs, window=12, sinks=3, variant="sink", tokens=tokens,
+                         switch_block=4),
+    ], ignore_index=True)  # fmt: skip
     queries = synthetic_queries(frame, tokens)
     last = frame["block"] == frame["block"].max()  # all head_diagnostics reads (and 4x faster)
     diagnostics = summaries.head_diagnostics(frame[last], queries[queries["block"] == frame["block"].max()])

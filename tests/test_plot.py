@@ -29,6 +29,7 @@ ONE_LINERS = {
     "sink_mass_over_time": lambda t: plot.plot_sink_mass_over_time(t["block_stats"]),
     "sink_collapse": lambda t: plot.plot_sink_collapse(t["block_stats"], step="cache"),
     "policy_comparison": lambda t: plot.plot_policy_comparison(t["variants"], heads="L1H1"),
+    "prompt_switch": lambda t: plot.plot_prompt_switch(t["variants"], step="cache"),
     "attention_across_checkpoints": lambda t: plot.plot_attention_across_checkpoints(
         t["diagnostics_all"], train_steps={"step500": 500, "demo": 1000, "step2000": 2000}),
 }

@@ -119,10 +119,14 @@ def cmd_extract(args: argparse.Namespace) -> int:
     layers = study.layers
     out = Path(args.out)
     encoder = study.text_encoder(name)
-    embedding = out.with_name(out.name + ".prompt.safetensors")
-    context = encode_prompts(encoder, {prompt_id: config["prompts"][prompt_id]},
-                             device=pick_device(study.device) if encoder.kind != "demo" else None)  # fmt: skip
-    save_embedding(embedding, context[prompt_id], prompt=config["prompts"][prompt_id], encoder=encoder)
+    segments = study.prompt_segments(prompt_id)
+    texts = {f"{prompt_id}/{i}": segment.text for i, segment in enumerate(segments)}
+    contexts = encode_prompts(encoder, texts, device=pick_device(study.device) if encoder.kind != "demo" else None)
+    embeddings = []
+    for i, key in enumerate(texts):
+        suffix = ".prompt.safetensors" if len(segments) == 1 else f".prompt.segment{i}.safetensors"
+        embeddings.append(out.with_name(out.name + suffix))
+        save_embedding(embeddings[-1], contexts[key], prompt=texts[key], encoder=encoder)
     params = study.extract_params(study.source_name(name, variant), "_".join(map(str, layers)))
     extract_job(
         checkpoint=params["checkpoint"],
@@ -131,7 +135,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
         seed=config["seeds"][0],
         layers=layers,
         output=out,
-        embedding=embedding,
+        embedding=embeddings,
+        segment_starts=study.segment_starts(prompt_id),
         weights_sha256=study.weights_sha256(name),
         generation=params["generation"],
         capture=params["capture"],

@@ -1,7 +1,9 @@
 """How a video is generated: the ``generation:`` options, resolved and checked (no torch).
 
 Kept free of torch so that the Snakefile can validate a config, and turn it into rule
-params, without importing it. ``GenerationOptions.from_config`` resolves a KV-cache
+params, without importing it. Prompt schedules (``prompts:`` entries that switch at block
+starts, ``PromptSegment``) are read and checked here too; ``re_cache`` and the table's
+``PolicySpec.recaches`` say whether a switch recomputes the cache (LongLive's KV re-cache). ``GenerationOptions.from_config`` resolves a KV-cache
 policy's defaults, so that equivalent configs (``local_attn_frames: 21`` or
 ``cache_policy: window``) give the same canonical options and rerun nothing.
 
@@ -26,7 +28,7 @@ policy                         follows                                          
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,9 @@ class PolicySpec:
     holds_block_beyond_window: bool = False
     # Rolling Sink keeps the un-roped keys and the values of the first W - S frames beside the cache.
     keeps_first_window: bool = False
+    # LongLive's KV re-cache at a prompt switch applies: the cache holds whole frames, each
+    # at its own RoPE position, so the kept frames can be recomputed in place.
+    recaches: bool = False
 
     def capacity_frames(self, *, num_frames: int, local_attn_frames: int, largest_block: int) -> int:
         """Frames' worth of key slots its cache allocates."""
@@ -84,9 +89,9 @@ _WINDOW_AND_SINK = ("local_attn_frames", "sink_frames")
 CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
     spec.name: spec
     for spec in (
-        PolicySpec(GLOBAL, _defaults(), ()),
-        PolicySpec(WINDOW, _defaults(21), ("local_attn_frames",)),
-        PolicySpec(SINK, _defaults(12, 3), _WINDOW_AND_SINK, needs_sink=True),
+        PolicySpec(GLOBAL, _defaults(), (), recaches=True),
+        PolicySpec(WINDOW, _defaults(21), ("local_attn_frames",), recaches=True),
+        PolicySpec(SINK, _defaults(12, 3), _WINDOW_AND_SINK, needs_sink=True, recaches=True),
         PolicySpec(DEEP_SINK, _defaults(21, 10), _WINDOW_AND_SINK, needs_sink=True),
         PolicySpec(PARTICIPATIVE, _defaults(21, 10, 16, 4), POLICY_KEYS, holds_block_beyond_window=True),
         PolicySpec(REROPE_SINK, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True),
@@ -98,6 +103,7 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
     )
 }
 CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
+RECACHE_POLICIES = tuple(name for name, spec in CACHE_POLICY_TABLE.items() if spec.recaches)
 POLICY_DEFAULTS: dict[str, Mapping[str, int]] = {name: spec.defaults for name, spec in CACHE_POLICY_TABLE.items()}
 
 
@@ -135,6 +141,9 @@ class GenerationOptions:
     frames_per_block: int = 3
     independent_first_frame: bool = False
     denoising_steps: tuple[int, ...] = (1000, 750, 500, 250)
+    # The first block's steps when they differ (Causal Forcing++'s
+    # denoising_step_list_first_chunk: 4 steps for block 0 of its 1- and 2-step models).
+    first_block_denoising_steps: tuple[int, ...] | None = None
     warp_denoising_step: bool = True
     timestep_shift: float = 5.0
     num_train_timesteps: int = 1000
@@ -153,9 +162,17 @@ class GenerationOptions:
     # Latent grid; None takes the model config's (60 x 104 for 480 x 832 video).
     latent_height: int | None = None
     latent_width: int | None = None
+    # At a prompt switch, recompute the kept frames' keys/values under the new prompt
+    # (LongLive's KV re-cache); False only switches the cross-attention context.
+    re_cache: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "denoising_steps", tuple(int(s) for s in self.denoising_steps))
+        first = self.first_block_denoising_steps
+        if first is not None:
+            first = tuple(int(s) for s in first)
+            # One form for equal options: the first block's steps only when they differ.
+            object.__setattr__(self, "first_block_denoising_steps", None if first == self.denoising_steps else first)
         object.__setattr__(self, "timestep_shift", float(self.timestep_shift))
         object.__setattr__(self, "context_noise", float(self.context_noise))
         if self.cache_policy is None:
@@ -163,6 +180,8 @@ class GenerationOptions:
         self.block_sizes()  # validates the frame counts
         if not self.denoising_steps:
             raise OptionsError("config key generation.denoising_steps: name at least one step")
+        if self.first_block_denoising_steps == ():
+            raise OptionsError("config key generation.first_block_denoising_steps: name at least one step, or null")
         self._check_policy()
 
     # -- construction ------------------------------------------------------------------
@@ -197,6 +216,8 @@ class GenerationOptions:
         """Canonical, JSON-ready: every field resolved, numbers in their declared type."""
         data = dataclasses.asdict(self)
         data["denoising_steps"] = list(self.denoising_steps)
+        if self.first_block_denoising_steps is not None:
+            data["first_block_denoising_steps"] = list(self.first_block_denoising_steps)
         return data
 
     # -- derived -------------------------------------------------------------------------
@@ -245,10 +266,57 @@ class GenerationOptions:
             largest_block=max(self.block_sizes()),
         )  # fmt: skip
 
+    def block_steps(self, block: int) -> tuple[int, ...]:
+        """The denoising steps of block ``block`` (the first block's may differ)."""
+        if block == 0 and self.first_block_denoising_steps is not None:
+            return self.first_block_denoising_steps
+        return self.denoising_steps
+
     @property
     def num_calls(self) -> int:
-        """Model calls of one generation: per block, every denoising step plus the cache pass."""
-        return len(self.block_sizes()) * (len(self.denoising_steps) + 1)
+        """Model calls of one generation with one prompt: per block, every denoising step
+        plus the cache pass."""
+        return sum(len(self.block_steps(block)) + 1 for block in range(len(self.block_sizes())))
+
+    @property
+    def recaches(self) -> bool:
+        """Whether a prompt switch recomputes the kept frames (``re_cache`` under a policy
+        that allows it; ``check_recache`` refuses the other combinations)."""
+        return self.re_cache and policy_spec(self.cache_policy).recaches
+
+    def calls(self, switch_frames: Sequence[int] = ()) -> int:
+        """Model calls of one generation whose prompt switches at ``switch_frames``: one
+        re-cache call more per switch when the options re-cache."""
+        return self.num_calls + (len(switch_frames) if self.recaches else 0)
+
+    def recache_frames(self, switch_frame: int) -> int:
+        """Frames a re-cache at ``switch_frame`` recomputes: the last min(W, F) frames
+        generated (every frame under ``global``), as LongLive's interactive pipeline."""
+        return switch_frame if self.local_attn_frames == -1 else min(self.local_attn_frames, switch_frame)
+
+    def largest_call_frames(self, switch_frames: Sequence[int] = ()) -> int:
+        """Query frames of the widest model call: a block, or a re-cache call."""
+        widest = max(self.block_sizes())
+        if self.recaches:
+            widest = max([widest, *(self.recache_frames(f) for f in switch_frames)])
+        return widest
+
+    def check_recache(self, switch_frames: Sequence[int]) -> None:
+        """Refuse a re-cache the policy cannot do (its cache holds moved, blended, compacted
+        or re-inserted keys): only when the prompt switches."""
+        if switch_frames and self.re_cache and not policy_spec(self.cache_policy).recaches:
+            raise OptionsError(
+                f"config key generation.re_cache: true needs cache_policy {', '.join(map(repr, RECACHE_POLICIES))} "
+                f"(the KV re-cache of LongLive), not {self.cache_policy!r}; set re_cache: false to only switch the prompt"
+            )
+
+    def block_starts(self) -> list[int]:
+        """The first frame of every block."""
+        starts, frame = [], 0
+        for size in self.block_sizes():
+            starts.append(frame)
+            frame += size
+        return starts
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -291,3 +359,57 @@ class GenerationOptions:
                     f"config key generation.budget_frames: {budget} exceeds the window local_attn_frames = {window}"
                 )
 
+
+
+# -- prompt schedules ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromptSegment:
+    """One prompt of a schedule: its text, active from latent frame ``start_frame`` on."""
+
+    text: str
+    start_frame: int = 0
+
+
+def prompt_segments(entry: str | Sequence[Mapping[str, Any]] | Sequence[PromptSegment]) -> tuple[PromptSegment, ...]:
+    """A ``prompts:`` entry as its segments: a string is one segment from frame 0; a list
+    gives ``{text, start_frame}`` per segment (LongLive's interactive prompts)."""
+    if isinstance(entry, str):
+        return (PromptSegment(entry, 0),)
+    segments = []
+    for item in entry:
+        if isinstance(item, PromptSegment):
+            segments.append(item)
+        else:
+            segments.append(PromptSegment(str(item["text"]), int(item["start_frame"])))
+    return tuple(segments)
+
+
+def switch_frames(segments: Sequence[PromptSegment]) -> list[int]:
+    """The frames where the prompt switches (every segment's start but the first)."""
+    return [segment.start_frame for segment in segments[1:]]
+
+
+def schedule_problems(segments: Sequence[PromptSegment], options: GenerationOptions) -> list[tuple[int, str]]:
+    """What is wrong with a schedule under ``options``: (segment index, problem) pairs.
+
+    The first segment starts at frame 0; starts increase, lie within the video and at the
+    start of a block (a switch takes effect between blocks)."""
+    problems: list[tuple[int, str]] = []
+    starts = options.block_starts()
+    for index, segment in enumerate(segments):
+        start = segment.start_frame
+        if index == 0:
+            if start != 0:
+                problems.append((index, f"{start} is not 0: the first segment starts the video"))
+            continue
+        previous = segments[index - 1].start_frame
+        if start <= previous:
+            problems.append((index, f"{start} does not come after the previous segment's start {previous}"))
+        elif start >= options.num_frames:
+            problems.append((index, f"{start} is past the video's last frame {options.num_frames - 1}"))
+        elif start not in starts:
+            shown = ", ".join(map(str, starts[:6])) + (", ..." if len(starts) > 6 else "")
+            problems.append((index, f"{start} is not where a block starts (blocks start at frames {shown})"))
+    return problems

@@ -71,6 +71,7 @@ __all__ = [
     "plot_layer_comparison",
     "plot_per_head_grid",
     "plot_policy_comparison",
+    "plot_prompt_switch",
     "plot_query_key_maps",
     "plot_sink_collapse",
     "plot_sink_mass_over_time",
@@ -351,6 +352,13 @@ def plot_policy_comparison(table: pd.DataFrame, heads: Sequence[str] | str | Non
     """Figure 4 of the last block, one row per variant (KV-cache policy) of one checkpoint."""
     return plot("policy_comparison", table, checkpoint=checkpoint, variants=variants, source=source, heads=heads,
                 step=step, metric=metric, frame_base=frame_base)  # fmt: skip
+
+
+def plot_prompt_switch(table: pd.DataFrame, *, checkpoint: str | None = None, variants: Sequence[str] | None = None,
+                       step: str | int | None = None, source: str | None = None):  # fmt: skip
+    """Around each prompt switch: sink mass and mass on pre-switch frames block by block,
+    one line per variant (frame_attention rows of prompt schedules)."""
+    return plot("prompt_switch", table, checkpoint=checkpoint, variants=variants, source=source, step=step)
 
 
 def plot_attention_across_checkpoints(diagnostics: pd.DataFrame, *, train_steps: Mapping[str, int | None] | None = None,

@@ -41,7 +41,8 @@ ALL_PROMPTS, ALL_SEEDS = "*", -1
 
 RUN_KEYS = ["checkpoint", "variant", "prompt_id", "seed"]
 _RUN_FIELDS = [("checkpoint", pa.string()), ("variant", pa.string()), ("prompt_id", pa.string()), ("seed", pa.int64())]
-_CALL_FIELDS = [("block", pa.int16()), ("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32())]
+_CALL_FIELDS = [("block", pa.int16()), ("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()),
+                ("prompt_segment", pa.int16())]  # fmt: skip
 
 FRAME_ATTENTION_SCHEMA = pa.schema(
     _RUN_FIELDS
@@ -72,7 +73,7 @@ TOKEN_PROFILES_SCHEMA = pa.schema(
        ("token_prob_mean", pa.list_(pa.float32()))]
 )
 # The long form of token_profiles that figures and users read (``token_rows``).
-TOKEN_ROW_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "key_frame", "token", "token_logit_mean",
+TOKEN_ROW_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "prompt_segment", "key_frame", "token", "token_logit_mean",
                      "token_prob_mean")
 
 _SUMMARY_CALL = [("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()), ("metric", pa.string()), ("runs", pa.int16())]
@@ -177,9 +178,13 @@ COLUMN_DOCS: dict[str, str] = {
     "layer": "0-based transformer layer (paper notation L = layer + 1)",
     "head": "0-based head (paper notation H = head + 1)",
     "block": "generation block index",
-    "pass": "'denoise' (a denoising step) or 'cache' (the pass that writes the finished block's keys)",
-    "step": "denoising step index; the cache pass has step = number of steps; -1 for imported calls",
+    "pass": "'denoise' (a denoising step), 'cache' (the pass that writes the finished block's keys) or 'recache' (at a "
+            "prompt switch, the kept frames recomputed under the new prompt before the block)",
+    "step": "denoising step index; the cache pass has step = the block's number of steps; the re-cache pass 0; -1 for "
+            "imported calls",
     "timestep": "the model timestep of the call",
+    "prompt_segment": "index of the prompt segment whose text the call is conditioned on (0 for a single prompt; the "
+                      "re-cache pass carries the new segment)",
     "query_frame": "absolute latent frame of the query tokens",
     "key_frame": "absolute latent frame the key tokens were generated at (whatever the cache did with them)",
     "logit_mean": "mean over token pairs of q.k/sqrt(d), pre-softmax (the Deep Forcing Figure 4 y axis)",
@@ -385,7 +390,37 @@ def read_arrow(path: str | Path, columns: Sequence[str] | None = None, filters=N
         bad = sorted(name for name, digest in actual.items() if expected.get(name) != digest)
         if bad:
             raise DamagedFileError(path, f"is damaged: column {bad[0]} does not match its content digest")
+        _check_statistics(path, table, columns)
     return table
+
+
+def _check_statistics(path: str | Path, table: pa.Table, columns: Sequence[str] | None) -> None:
+    """The footer's row-group statistics (min/max, which filtered reads use to skip row
+    groups) against the values read: neither checksums nor digests cover them. Our writer
+    keeps statistics for every numeric column, so a non-empty one without them is damaged too."""
+    import pyarrow.compute as pc
+
+    metadata = pq.ParquetFile(path).metadata
+    names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
+    wanted = [(i, name) for i, name in enumerate(names) if columns is None or name in columns]
+    offset = 0
+    for group in range(metadata.num_row_groups):
+        chunk_meta = metadata.row_group(group)
+        rows = chunk_meta.num_rows
+        for index, name in wanted:
+            values = table.column(name).slice(offset, rows)
+            stats = chunk_meta.column(index).statistics
+            if values.null_count == len(values) or (pa.types.is_floating(values.type) and pc.all(pc.is_nan(values)).as_py()):
+                continue
+            if pa.types.is_dictionary(values.type):
+                values = values.cast(values.type.value_type)
+            textual = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+            if (stats is None or not stats.has_min_max) and textual:
+                continue  # the writer leaves out the statistics of very long strings
+            found = pc.min_max(values)
+            if stats is None or not stats.has_min_max or (stats.min, stats.max) != (found["min"].as_py(), found["max"].as_py()):
+                raise DamagedFileError(path, f"is damaged: the statistics of column {name} (row group {group}) do not match its values")
+        offset += rows
 
 
 def check_footer(path: str | Path) -> None:
@@ -416,7 +451,8 @@ def with_default_columns(frame: pd.DataFrame, frame_seq_length: int | None = Non
     frame = frame.copy()
     if "variant" not in frame:
         frame.insert(1, "variant", DEFAULT_VARIANT)
-    defaults = {"argmax_share": float("nan"), "key_position_shift": 0, "key_tokens": frame_seq_length or 0}
+    defaults = {"argmax_share": float("nan"), "key_position_shift": 0, "key_tokens": frame_seq_length or 0,
+                "prompt_segment": 0}  # fmt: skip
     for name, value in defaults.items():
         if name not in frame:
             frame[name] = value
@@ -465,9 +501,7 @@ def token_rows(table: pd.DataFrame) -> pd.DataFrame:
     the table has. A table already in that long form is returned as it is."""
     if "token" in table.columns or table.empty:
         return table
-    prob = table["token_prob_mean"].to_numpy()
-    width = len(prob[0])
-    prob = np.stack(prob)
+    prob = np.stack(table["token_prob_mean"].to_numpy())
     logit = np.stack(table["token_logit_mean"].to_numpy())
     present = ~np.isnan(prob)
     row, token = np.nonzero(present)

@@ -42,8 +42,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
     base, step = int(c.option(options, "frame_base")), c.option(options, "step")
     heads = c.heads_of(options)
-    pass_, index = c.step_of(frame, step)
-    call_rows = frame[(frame["pass"] == pass_) & (frame["step"] == index)]
+    call_rows, call = c.block_call_rows(frame, step)
     frames = int(max(frame["key_frame"].max(), frame["query_frame"].max())) + 1
     owns = c.block_frames(frame)
     blocks = len(owns)
@@ -98,7 +97,6 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                     f"{c.number(uniform[first], 'prob_mass')} in block {first} … {c.number(uniform[last], 'prob_mass')} "
                     f"in block {last}.")  # fmt: skip
     runs = c.run_count(call_rows)
-    call = c.every_block_call(call_rows, pass_, index)
     legend = [c.nan_handle("not in the KV cache (evicted)")] if evicted else []
     legend += [c.Patch(facecolor="white", edgecolor="0.6", label="not generated yet"),
                c.Patch(facecolor="none", edgecolor="black", ls="--", label="the block's own frames")]

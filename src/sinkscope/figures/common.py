@@ -43,6 +43,7 @@ from sinkscope.io import atomic_path
 from sinkscope.naming import head_label, layer_label, parse_head_label  # noqa: F401 - the kind modules use c.layer_label
 from sinkscope.schema import schema_defaults
 from sinkscope.stats.summaries import (
+    block_calls,
     curve_stats,
     figure4_curves,
     head_diagnostics,
@@ -1106,6 +1107,21 @@ def outer_ticks(axes: Sequence[Axes]) -> None:
         if spec is None:
             continue
         ax.tick_params(labelbottom=spec.rowspan.start == bottoms[spec.colspan.start], labelleft=spec.is_first_col())
+
+
+def block_call_rows(frame: pd.DataFrame, step: str | int) -> tuple[pd.DataFrame, str]:
+    """The rows of the chosen call of every block (``summaries.block_calls``) and its
+    label: 'denoising step 3 (t=625) of every block', or, where blocks differ in their
+    steps, 'the last denoising step of every block'."""
+    rows = block_calls(frame, step)
+    if rows.empty:
+        raise ValueError(f"no rows of step {step!r} in any block")
+    calls = rows[["pass", "step"]].drop_duplicates()
+    if len(calls) == 1:
+        return rows, every_block_call(rows, str(calls["pass"].iloc[0]), int(calls["step"].iloc[0]))
+    if step == "cache":
+        return rows, "the cache pass of every block"
+    return rows, "the last denoising step of every block (blocks differ in their steps)"
 
 
 def every_block_call(rows: pd.DataFrame, pass_: str, step: int) -> str:

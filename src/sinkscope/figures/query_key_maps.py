@@ -18,10 +18,7 @@ from sinkscope.figures import common as c
 
 def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[int], dict[str, Any]]:
     """[heads, F, F] run-averaged query x key matrices of one call of every block (NaN = not visible)."""
-    pass_, index = c.step_of(frame, step)
-    rows = frame[(frame["pass"] == pass_) & (frame["step"] == index)]
-    if rows.empty:
-        raise ValueError(f"no rows for pass={pass_!r}, step={index}")
+    rows, call = c.block_call_rows(frame, step)
     cells = rows.groupby(["head", "query_frame", "key_frame"], observed=True)[metric].mean()
     per_run = rows.groupby(["prompt_id", "seed", "head", "query_frame", "key_frame"], observed=True)[metric].mean()
     spread = per_run.groupby(["head", "query_frame", "key_frame"], observed=True).std(ddof=1)
@@ -32,7 +29,6 @@ def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[i
     level = cells.index.get_level_values
     h = level("head").map({head: i for i, head in enumerate(heads)}).to_numpy()
     out[h, level("query_frame").to_numpy(), level("key_frame").to_numpy()] = cells.to_numpy()
-    call = c.call_label(pass_, index, float(rows["timestep"].iloc[0]))
     uniform = {int(b): 1.0 / int(n) for (b, _), n in visible.items()}
     return out, heads, {"call": call, "runs": c.run_count(rows), "blocks": c.block_frames(rows),
                         "spread": spread.to_numpy(dtype=float), "uniform": uniform}  # fmt: skip
@@ -80,8 +76,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     return c.finish(
         fig,
         title=f"Layer {c.layer_label(layer)} (index {layer}): query x key {axis_name} attention of every head",
-        subtitle=c.subtitle(source, f"{info['call']} of every block", c.METRIC_SHORT[metric], info["runs"],
-                            "spread in the caption"),
+        subtitle=c.subtitle(source, info["call"], c.METRIC_SHORT[metric], info["runs"], "spread in the caption"),
         legend=[c.nan_handle("not visible to the query"),
                 c.Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
         caption=(f"Each cell: {c.METRIC_LABELS[metric]} of a query frame on a key frame, query tokens and runs "

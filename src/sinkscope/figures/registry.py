@@ -42,6 +42,8 @@ class FigureKind:
     # What it compares (CHECKPOINT: "variants", STUDY: "checkpoints"): drawn only when
     # there are at least two of them.
     compares: str | None = None
+    # Drawn only when a prompt of the study switches (prompts: schedules).
+    needs_prompt_switches: bool = False
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -101,6 +103,9 @@ FIGURES: dict[str, FigureKind] = {
         FigureKind("policy_comparison", CHECKPOINT, ("frame_attention",), _HEADS,
                    "Figure 4 of the last block, one row per variant (KV-cache policy)", uses=_CLASSES,
                    compares="variants"),
+        FigureKind("prompt_switch", CHECKPOINT, ("frame_attention",), ("step",),
+                   "around each prompt switch: sink mass and mass on pre-switch frames block by block, per variant",
+                   needs_prompt_switches=True),
         FigureKind("attention_across_checkpoints", STUDY, ("head_diagnostics",), ("step",),
                    "frame-0 mass and entropy per layer across checkpoints (training steps)", compares="checkpoints"),
     )
@@ -120,3 +125,4 @@ def kinds(scope: str) -> tuple[str, ...]:
 
 SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY))
 TOKEN_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_token_profiles)
+SWITCH_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_prompt_switches)

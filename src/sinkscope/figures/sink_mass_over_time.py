@@ -39,8 +39,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     if "sink_uniform" not in stats:
         raise ValueError(f"figure {kind} needs block_stats with sink_uniform (written by this sinkscope's aggregation)")
     step = options.get("step") or "last"
-    pass_, index = c.step_of(stats, step)
-    rows = stats[(stats["pass"] == pass_) & (stats["step"] == index)]
+    rows, call = c.block_call_rows(stats, step)
     variants = c.variants_in(rows)
     layers = sorted(int(x) for x in rows["layer"].unique())
     shown = c.evenly(layers, MOST_PANELS)
@@ -120,7 +119,6 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         ax.set_ylabel("mass")
         ax.legend(handles=handles, fontsize=8)
         return fig
-    call = c.every_block_call(rows, pass_, index)
     picked = "" if len(shown) == len(layers) else f" ({len(shown)} of {len(layers)} layers, spread evenly)"
     return c.finish(
         fig,

@@ -20,7 +20,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sinkscope.generation.sampler import PASS_CACHE, PASS_DENOISE, CallInfo
+from sinkscope.generation.sampler import (
+    PASS_CACHE,
+    PASS_DENOISE,
+    PASS_RECACHE,
+    CallInfo,
+)
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.stats.attention import CallStatistics, attention_with_statistics
@@ -154,14 +159,16 @@ class FrameStatsCapture:
         return pd.concat([tables[layer]["frames"] for layer in self.layers], ignore_index=True)
 
 
-_CALL_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep")
+_CALL_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "prompt_segment")
 FRAME_COLUMNS = (*_CALL_COLUMNS, "query_frame", "key_frame", "logit_mean", "prob_mass", "argmax_share", "key_tokens",
                  "key_position_shift")  # fmt: skip
 QUERY_COLUMNS = (*_CALL_COLUMNS, "query_frame", "entropy_tokens", "num_keys", "num_key_frames")
 TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "key_tokens", "key_position_shift", "token_logit_mean", "token_prob_mean")
 
 
-PASSES = (PASS_DENOISE, PASS_CACHE)
+# The re-cache pass at a prompt switch is captured like the others: its queries are the
+# recomputed frames, its keys everything the cache holds.
+PASSES = (PASS_DENOISE, PASS_CACHE, PASS_RECACHE)
 
 
 def _call_columns(record: _Record, n: int, heads: np.ndarray) -> dict[str, np.ndarray]:
@@ -174,6 +181,7 @@ def _call_columns(record: _Record, n: int, heads: np.ndarray) -> dict[str, np.nd
         "pass": np.full(n, PASSES.index(call.pass_), np.int8),
         "step": np.full(n, call.step, np.int16),
         "timestep": np.full(n, call.timestep, np.float32),
+        "prompt_segment": np.full(n, call.segment, np.int16),
     }
 
 

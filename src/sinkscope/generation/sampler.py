@@ -11,7 +11,15 @@ The procedure (Self-Forcing ``CausalInferencePipeline.inference``, T2V):
   clean keys/values overwrite its slots in the KV cache (the "cache pass").
 
 Timesteps come from a shifted flow-matching schedule (shift 5): the denoising list
-[1000, 750, 500, 250] "warped" through it gives t = 1000, 937.5, 833.3, 625.
+[1000, 750, 500, 250] "warped" through it gives t = 1000, 937.5, 833.3, 625. The first
+block may have steps of its own (Causal Forcing++: 4 for block 0, then 1 or 2).
+
+A prompt may switch between blocks (LongLive's interactive generation): from the switch
+on the cross-attention context is the new prompt's, and with ``re_cache`` one more call
+(the "re-cache pass", before the new block) runs the last min(W, F) generated frames
+(every frame under ``global``) through the model under the new prompt at the context
+timestep, overwriting the keys/values the cache keeps of them (the sink's excepted, as
+LongLive's ``global_sink``); ``sinkscope.model.policies.CachePolicy.begin_recache``.
 All noise comes from one seeded CPU generator, in the order Self-Forcing draws it
 (the initial noise of every frame, then the re-noising draws block by block), so a
 seed gives the same video on any device. What the KV cache keeps is the cache
@@ -32,10 +40,11 @@ import torch
 
 from sinkscope.model import WanModel
 from sinkscope.model.policies import policy_from_options
-from sinkscope.options import GenerationOptions
+from sinkscope.options import GenerationOptions, OptionsError
 
 PASS_DENOISE = "denoise"
 PASS_CACHE = "cache"
+PASS_RECACHE = "recache"
 
 
 class FlowMatchSchedule:
@@ -83,6 +92,8 @@ class CallInfo:
     num_frames: int
     # True for the calls of the video's last block (the Figure 4 view).
     is_last_block: bool = False
+    # The prompt segment whose context the call uses (0 for a single prompt).
+    segment: int = 0
 
 
 class GenerationObserver(Protocol):
@@ -180,10 +191,26 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def prompt_schedule(
+    context: torch.Tensor | Sequence[tuple[int, torch.Tensor]], options: GenerationOptions
+) -> list[tuple[int, torch.Tensor]]:
+    """(start frame, context) of every prompt segment, checked against the blocks."""
+    schedule = [(0, context)] if isinstance(context, torch.Tensor) else [(int(f), c) for f, c in context]
+    starts = [start for start, _ in schedule]
+    blocks = options.block_starts()
+    if not schedule or starts[0] != 0:
+        raise OptionsError(f"a prompt schedule starts at frame 0, not {starts[:1]}")
+    for previous, start in zip(starts, starts[1:]):
+        if not previous < start < options.num_frames or start not in blocks:
+            raise OptionsError(f"prompt switch at frame {start}: switches lie at block starts {blocks[1:]} in increasing order")
+    options.check_recache(starts[1:])
+    return schedule
+
+
 @torch.inference_mode()
 def generate(
     model: WanModel,
-    context: torch.Tensor,
+    context: torch.Tensor | Sequence[tuple[int, torch.Tensor]],
     *,
     options: GenerationOptions,
     seed: int,
@@ -191,14 +218,18 @@ def generate(
 ) -> GenerationResult:
     """Generate one video's latents [1, C, F, H, W] (on the CPU) with the real KV-cache procedure.
 
-    ``context`` is the prompt's text embedding [1, L, text_dim] (L <= text_len).
-    Observers hear of every call (block, pass, step, timestep) before it runs.
-    The steps are numbered as in Self-Forcing's ``inference()``:
+    ``context`` is the prompt's text embedding [1, L, text_dim] (L <= text_len), or a
+    prompt schedule: (start frame, embedding) per segment, the first at frame 0, the
+    others at block starts. Observers hear of every call (block, pass, step, timestep,
+    prompt segment) before it runs. The steps are numbered as in Self-Forcing's
+    ``inference()``:
 
     1. initialize the KV cache (here: the cache policy and its storage);
     2. cache the context feature (T2V has no initial latent; the text K/V are cached
        on the first call);
     3. the temporal denoising loop, block by block:
+       3.0 at a prompt switch: the new context, and (``re_cache``) the re-cache pass
+           over the kept frames (LongLive's ``_recache_after_switch``);
        3.1 the spatial denoising loop (one call per step, re-noising between steps);
        3.2 record the block's output;
        3.3 rerun at the context timestep to update the KV cache with clean keys;
@@ -212,18 +243,20 @@ def generate(
     width = options.latent_width or config.latent_width
     frame_seq_length = config.frame_seq_length(height, width)
     blocks = options.block_sizes()
-    schedule = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
-    timesteps = schedule.denoising_timesteps(options.denoising_steps, options.warp_denoising_step)
-    num_steps = len(timesteps)
+    schedule = prompt_schedule(context, options)
+    flow = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
+    block_timesteps = [flow.denoising_timesteps(options.block_steps(b), options.warp_denoising_step) for b in range(len(blocks))]
 
     # One seeded generator: the initial noise, then per block the re-noising draws of
     # steps 1..n-1, in the order the reference draws them; each block's slice goes to
     # the device when the block starts.
-    noise = NoiseStream(seed, options.num_frames, (config.in_dim, height, width), sum(blocks) * (num_steps - 1))
+    renoise = sum(frames * (len(steps) - 1) for frames, steps in zip(blocks, block_timesteps))
+    noise = NoiseStream(seed, options.num_frames, (config.in_dim, height, width), renoise)
 
     # Step 1: the KV cache, sized by the policy (the cross-attention K/V come with it).
     cache = policy_from_options(model, options, frame_seq_length=frame_seq_length)
-    context = context.to(device, dtype)
+    contexts = [c.to(device, dtype) for _, c in schedule]
+    switches = {start: index for index, (start, _) in enumerate(schedule) if index}
     outputs: list[torch.Tensor] = []
     calls: list[CallInfo] = []
 
@@ -238,23 +271,38 @@ def generate(
     began = time.perf_counter()
     # Step 2: no initial latent (T2V); the first call caches the text K/V.
     # Step 3: the temporal denoising loop.
-    start = 0
+    start, segment = 0, 0
     for block, frames in enumerate(blocks):
         last = block == len(blocks) - 1
+        timesteps = block_timesteps[block]
+        num_steps = len(timesteps)
+        if start in switches:
+            # Step 3.0: the new prompt's cross-attention K/V, computed by the next call.
+            segment = switches[start]
+            cache.cache.forget_context()
+            if options.recaches:
+                count = options.recache_frames(start)
+                _synchronize(device)  # the finished blocks' host copies are complete
+                kept = _to_device(torch.cat(outputs, dim=2)[0, :, start - count : start].transpose(0, 1), device, dtype)
+                announce(CallInfo(block, PASS_RECACHE, 0, float(options.context_noise), start - count, count, last, segment))
+                cache.begin_recache(start - count, count)
+                model(kept, torch.full((1, count), float(options.context_noise), device=device), contexts[segment],
+                      kv_cache=cache, start_frame=start - count)  # fmt: skip
         x = _to_device(noise.initial[start : start + frames], device, dtype)
         x0 = x
         # Step 3.1: the spatial denoising loop.
         for step, t in enumerate(timesteps):
-            announce(CallInfo(block, PASS_DENOISE, step, t, start, frames, last))
-            velocity = model(x, torch.full((1, frames), t, device=device), context, kv_cache=cache, start_frame=start)
-            x0 = schedule.to_x0(velocity, x, t)
+            announce(CallInfo(block, PASS_DENOISE, step, t, start, frames, last, segment))
+            velocity = model(x, torch.full((1, frames), t, device=device), contexts[segment], kv_cache=cache,
+                             start_frame=start)  # fmt: skip
+            x0 = flow.to_x0(velocity, x, t)
             if step + 1 < num_steps:
                 fresh = _to_device(noise.renoise(frames), device, dtype)
-                x = schedule.add_noise(x0, fresh, timesteps[step + 1])
+                x = flow.add_noise(x0, fresh, timesteps[step + 1])
         # Step 3.2: record the output (on the CPU, so it does not grow on the device).
         outputs.append(_to_host(x0))
         # Step 3.3: rerun at the context timestep so the cache holds the block's clean K/V.
-        announce(CallInfo(block, PASS_CACHE, num_steps, float(options.context_noise), start, frames, last))
+        announce(CallInfo(block, PASS_CACHE, num_steps, float(options.context_noise), start, frames, last, segment))
         model(
             x0,
             torch.full((1, frames), float(options.context_noise), device=device),

@@ -48,6 +48,7 @@ def _with_constant_columns(frame: pd.DataFrame, checkpoint: str, prompt_id: str,
         "pass": pd.Series(["denoise"] * n, dtype=object),
         "step": np.full(n, -1, dtype=np.int16),
         "timestep": np.full(n, np.nan, dtype=np.float32),
+        "prompt_segment": np.zeros(n, dtype=np.int16),  # the older scripts had one prompt a video
         "query_frame": frame["query_frame"].to_numpy(np.int16),
         "key_frame": frame["key_frame"].to_numpy(np.int16),
         "logit_mean": frame["logit_mean"].to_numpy(np.float32),

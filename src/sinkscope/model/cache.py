@@ -124,6 +124,10 @@ class KVCache:
         self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_layers
         self._layouts: dict[tuple[int, tuple[int, ...]], tuple[tuple[Segment, ...], AttentionLayout]] = {}
 
+    def forget_context(self) -> None:
+        """Drop the cross-attention K/V: the next call computes them from its (new) context."""
+        self.cross = [None] * self.num_layers
+
     @property
     def dtype(self) -> torch.dtype:
         return self.k.dtype

@@ -49,6 +49,9 @@ PACKAGE_WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 WAN_T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 WAN_TOKENIZER_DIR = "google/umt5-xxl"
 FORMATS = ("auto", "demo", "wan", "self_forcing", "diffusers")
+# The name FSDP puts into a wrapped module's keys (model._fsdp_wrapped_module.blocks...);
+# Self-Forcing-layout checkpoints saved from a wrapped model may carry it.
+FSDP_WRAPPER = "_fsdp_wrapped_module."
 
 
 # -- the config entry ---------------------------------------------------------------------
@@ -604,6 +607,7 @@ def _check_weights(files: list[Path], fmt: str, spec: CheckpointSpec, config: Wa
             if state is None:
                 keys = ", ".join(map(str, list(data)[:8]))
                 raise WeightsError(f"{path} has neither 'generator_ema' nor 'generator' (keys: {keys})")
+        state = {k.replace(FSDP_WRAPPER, ""): v for k, v in state.items()}
         for prefix in ("model.", "_orig_mod."):
             if state and all(k.startswith(prefix) for k in state):
                 state = {k[len(prefix) :]: v for k, v in state.items()}

@@ -26,6 +26,7 @@ import torch
 
 from sinkscope.errors import WeightsError
 from sinkscope.model.checkpoints import (
+    FSDP_WRAPPER,
     CheckpointSpec,
     ResolvedCheckpoint,
     check_shapes,
@@ -129,6 +130,8 @@ def read_self_forcing_state(path: Path, *, ema: bool = True, allow_pickle: bool 
         raise WeightsError(f"{path} has neither 'generator_ema' nor 'generator' (keys: {sorted(data)[:8]})")
     if not isinstance(state, Mapping):
         raise WeightsError(f"{path}: {wanted!r} is a {type(state).__name__}, not a state dict")
+    # FSDP's wrapper names, which Causal Forcing's inference.py also removes on load.
+    state = {key.replace(FSDP_WRAPPER, ""): value for key, value in state.items()}
     return _strip_prefix(_strip_prefix(state, "model."), "_orig_mod.")
 
 

@@ -96,13 +96,44 @@ class CachePolicy:
         self.block_start: int | None = None
         self.block_frames = 0
         self.new_block = False
+        # (first frame, frames) of the re-cache call announced, and of the one running.
+        self._pending_recache: tuple[int, int] | None = None
+        self.recaching: tuple[int, int] | None = None
 
     # -- per model call ------------------------------------------------------------------
+
+    def begin_recache(self, start_frame: int, num_frames: int) -> None:
+        """The next model call recomputes the generated frames [start_frame, start_frame +
+        num_frames) under a new prompt (LongLive's KV re-cache at a prompt switch).
+
+        That call overwrites the keys/values of the frames it holds among them, in place,
+        except the sink frames when the range does not start at frame 0 (LongLive's
+        recompute never writes the sink's slots; a range from frame 0 rewrites them too);
+        it attends every held frame, the rewritten ones with their new keys, bidirectionally.
+        Its frames not held (evicted ones) are computed as queries only. No block
+        bookkeeping changes: the next block starts where the last one ended.
+        """
+        if not CACHE_POLICY_TABLE[self.name].recaches:
+            raise ValueError(f"cache_policy {self.name!r} cannot re-cache (its cache holds keys that moved)")
+        if self.block_start is None:
+            raise ValueError("nothing to re-cache before the first block")
+        end = self.block_start + self.block_frames
+        if num_frames < 1 or start_frame < 0 or start_frame + num_frames != end:
+            raise ValueError(f"a re-cache recomputes frames ending at the last generated frame {end - 1}, "
+                             f"not [{start_frame}, {start_frame + num_frames})")  # fmt: skip
+        self._pending_recache = (int(start_frame), int(num_frames))
 
     def begin_call(self, start_frame: int, num_frames: int, grid: tuple[int, int] | None = None) -> None:
         """A model call for frames [start_frame, start_frame + num_frames) begins."""
         if grid is not None:
             self.grid = (int(grid[0]), int(grid[1]))
+        self.recaching = None
+        if self._pending_recache is not None:
+            if self._pending_recache != (start_frame, num_frames):
+                raise ValueError(f"re-cache of frames {self._pending_recache} announced, the call is {(start_frame, num_frames)}")
+            self.recaching, self._pending_recache = self._pending_recache, None
+            self.new_block = False
+            return
         if self.block_start == start_frame:
             if num_frames != self.block_frames:
                 raise ValueError(f"block at frame {start_frame} was {self.block_frames} frames, now {num_frames}")
@@ -125,8 +156,26 @@ class CachePolicy:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the block's roped k/v [B, L, H, D] of ``layer``; return every key/value the softmax sees."""
-        self.cache.write_tail(layer, k, v)
+        if self.recaching is not None:
+            self._rewrite(layer, k, v)
+        else:
+            self.cache.write_tail(layer, k, v)
         return self.cache.keys(layer)
+
+    def _rewrite(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The re-cache call: overwrite the held frames of its range with its keys/values
+        (roped at their own frames, as stored), the sink kept unless the range starts at 0."""
+        start, count = self.recaching
+        fsl = self.frame_seq_length
+        protected = getattr(self, "sink_frames", 0) if start > 0 else 0
+        offset = 0
+        for segment in self.cache.segments_of(layer):
+            if start <= segment.frame < start + count and segment.frame >= protected:
+                if not segment.whole or segment.shift != 0:
+                    raise ValueError(f"cache_policy {self.name!r}: frame {segment.frame} is not held whole at its own position")
+                source = (segment.frame - start) * fsl
+                self.cache.write(layer, offset, k[:, source : source + fsl], v[:, source : source + fsl])
+            offset += segment.length
 
     @property
     def wants_raw_keys(self) -> bool:
@@ -145,6 +194,8 @@ class CachePolicy:
 
     @property
     def query_frames(self) -> tuple[int, ...]:
+        if self.recaching is not None:
+            return tuple(range(self.recaching[0], self.recaching[0] + self.recaching[1]))
         return tuple(range(self.block_start, self.block_start + self.block_frames))
 
     @property

@@ -19,9 +19,21 @@ from typing import Any
 import yaml
 
 from sinkscope.errors import ConfigError
-from sinkscope.model.checkpoints import ResolvedCheckpoint, checkpoint_specs, resolve_checkpoint
+from sinkscope.model.checkpoints import (
+    ResolvedCheckpoint,
+    checkpoint_specs,
+    resolve_checkpoint,
+)
 from sinkscope.naming import parse_head_label
-from sinkscope.options import GLOBAL, POLICY_KEYS, GenerationOptions, OptionsError
+from sinkscope.options import (
+    GLOBAL,
+    POLICY_KEYS,
+    GenerationOptions,
+    OptionsError,
+    prompt_segments,
+    schedule_problems,
+    switch_frames,
+)
 from sinkscope.schema import load_schema, resolve_ref
 
 __all__ = [
@@ -242,17 +254,37 @@ def merge_variant(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict
     return data
 
 
-def generation_options(config: Mapping, variant: str | None = None) -> GenerationOptions:
-    """The resolved options of the config's generation, or of one of its variants."""
+def generation_options(config: Mapping, variant: str | None = None, checkpoint: str | None = None) -> GenerationOptions:
+    """The resolved options of the config's generation: the study's ``generation:``, then
+    the checkpoint's own ``generation:`` (its inference settings), then the variant's."""
     data = dict(config["generation"])
+    layers = []
+    own = (config["checkpoints"].get(checkpoint) or {}).get("generation") if checkpoint is not None else None
+    if own:
+        data = merge_variant(data, own)
+        layers.append((f"checkpoints.{checkpoint}.generation", own))
     if variant is not None and variant in config.get("variants", {}):
         data = merge_variant(data, config["variants"][variant])
+        layers.append((f"variants.{variant}", config["variants"][variant]))
     try:
         return GenerationOptions.from_config(data)
     except OptionsError as exc:
-        if variant is None or variant not in config.get("variants", {}):
-            raise
-        raise OptionsError(str(exc).replace("config key generation.", f"config key variants.{variant}.")) from None
+        raise OptionsError(_rekey(str(exc), layers)) from None
+
+
+def _rekey(message: str, layers: list[tuple[str, Mapping[str, Any]]]) -> str:
+    """A generation error's key, named where the offending value was set: the variant's
+    overrides, else the checkpoint's, else the last layer of overrides there is."""
+    match = re.search(r"config key generation\.(\w+)", message)
+    if not layers or match is None:
+        return message
+    where = next((name for name, values in reversed(layers) if match.group(1) in values), layers[-1][0])
+    return message.replace("config key generation.", f"config key {where}.")
+
+
+def prompt_switches(config: Mapping) -> dict[str, list[int]]:
+    """Prompt id -> the frames where its prompt switches (empty for a single prompt)."""
+    return {prompt: switch_frames(prompt_segments(entry)) for prompt, entry in config["prompts"].items()}
 
 
 def variant_names(config: Mapping) -> list[str]:
@@ -260,22 +292,76 @@ def variant_names(config: Mapping) -> list[str]:
     return list(config.get("variants") or {}) or ["default"]
 
 
+def _run_name(config: Mapping, checkpoint: str, variant: str) -> str:
+    """" (checkpoint 'x', variant 'v')": which run a problem belongs to, where runs differ
+    (checkpoints with generation settings of their own, variants); nothing otherwise."""
+    parts = []
+    if any((entry or {}).get("generation") for entry in config["checkpoints"].values()):
+        parts.append(f"checkpoint {checkpoint!r}")
+    if config.get("variants"):
+        parts.append(f"variant {variant!r}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _where(config: Mapping, checkpoint: str, variant: str, key: str) -> str:
+    """The config key a generation key of this run was set under."""
+    if config.get("variants") and key in config["variants"].get(variant, {}):
+        return f"variants.{variant}.{key}"
+    if key in ((config["checkpoints"][checkpoint] or {}).get("generation") or {}):
+        return f"checkpoints.{checkpoint}.generation.{key}"
+    return f"variants.{variant}.{key}" if config.get("variants") else f"generation.{key}"
+
+
+def _check_prompts(config: Mapping, options: Mapping[tuple[str, str], GenerationOptions]) -> list[str]:
+    """Blank prompts; schedules whose segments do not start at frame 0, do not increase, or
+    lie past the video or off a block start, under any run's generation; a re-cache the
+    cache policy cannot do."""
+    problems = []
+    for prompt_id, entry in config["prompts"].items():
+        segments = prompt_segments(entry)
+        for index, segment in enumerate(segments):
+            key = f"prompts.{prompt_id}" if isinstance(entry, str) else f"prompts.{prompt_id}[{index}].text"
+            if not segment.text.strip():
+                problems.append(f"config key {key}: the prompt is empty or only white space")
+        if isinstance(entry, str):
+            continue
+        for (checkpoint, variant), option in options.items():
+            run = _run_name(config, checkpoint, variant)
+            for index, problem in schedule_problems(segments, option):
+                problems.append(f"config key prompts.{prompt_id}[{index}].start_frame: {problem}{run}")
+            switches = switch_frames(segments)
+            try:
+                option.check_recache(switches)
+            except OptionsError as exc:
+                where = _where(config, checkpoint, variant, "re_cache")
+                text = str(exc).replace("config key generation.re_cache", f"config key {where}")
+                problems.append(f"{text} (prompt {prompt_id!r} switches at frame {switches[0]})")
+    return problems
+
+
+def _unique(lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
+
+
 def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoint]:
     problems: list[str] = []
-    options: dict[str, GenerationOptions] = {}
-    for variant in variant_names(config):
-        try:
-            options[variant] = generation_options(config, variant)
-        except OptionsError as exc:
-            problems.append(str(exc))
-    for variant, option in options.items():
-        where = "generation" if not config.get("variants") else f"variants.{variant}"
+    options: dict[tuple[str, str], GenerationOptions] = {}
+    for checkpoint in config["checkpoints"]:
+        for variant in variant_names(config):
+            try:
+                options[(checkpoint, variant)] = generation_options(config, variant, checkpoint)
+            except OptionsError as exc:
+                problems.append(str(exc))
+    for (checkpoint, variant), option in options.items():
         steps = list(option.denoising_steps)
         if any(later >= earlier for earlier, later in zip(steps, steps[1:])):
-            problems.append(f"config key {where}.denoising_steps: {steps} must decrease strictly (noisiest first)")
-    for prompt_id, text in config["prompts"].items():
-        if not text.strip():
-            problems.append(f"config key prompts.{prompt_id}: the prompt is empty or only white space")
+            where = _where(config, checkpoint, variant, "denoising_steps")
+            problems.append(f"config key {where}: {steps} must decrease strictly (noisiest first)")
+        first = list(option.first_block_denoising_steps or ())
+        if any(later >= earlier for earlier, later in zip(first, first[1:])):
+            where = _where(config, checkpoint, variant, "first_block_denoising_steps")
+            problems.append(f"config key {where}: {first} must decrease strictly (noisiest first)")
+    problems += _check_prompts(config, options)
     for section in NAMED_SECTIONS:
         for name in config.get(section) or {}:
             match = _PERIODIC.search(name)
@@ -285,11 +371,11 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                     f"{len(match.group(0)) // len(match.group(1))} times, which Snakemake refuses as a wildcard value"
                 )
     first_k = config["diagnostics"]["first_k"]
-    for variant, option in options.items():
+    for (checkpoint, variant), option in options.items():
         if first_k > option.num_frames:
             problems.append(
                 f"config key diagnostics.first_k: {first_k} frames are more than the {option.num_frames} frames"
-                + ("" if variant == "default" else f" of variant {variant!r}")
+                + _run_name(config, checkpoint, variant)
             )
 
     heads = []
@@ -307,8 +393,10 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
             problems.append(str(exc))
             continue
         model_config = checkpoint.model_config
-        for variant, option in options.items():
-            where = "generation" if not config.get("variants") else f"variants.{variant}"
+        for (owner, variant), option in options.items():
+            if owner != name:
+                continue
+            where = _where(config, name, variant, "latent_height").rsplit(".", 1)[0]
             try:
                 model_config.frame_seq_length(option.latent_height, option.latent_width)
             except ValueError as exc:
@@ -327,11 +415,11 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                     f"({model_config.num_layers} layers x {model_config.num_heads} heads)"
                 )
     step = config["figures"]["step"]
-    for variant, option in options.items():
+    for (checkpoint, variant), option in options.items():
         if isinstance(step, int) and step >= len(option.denoising_steps):
             problems.append(
                 f"config key figures.step: {step} is past the last denoising step {len(option.denoising_steps) - 1}"
-                + ("" if variant == "default" else f" of variant {variant!r}")
+                + _run_name(config, checkpoint, variant)
             )
     for name, entry in config["legacy_caches"].items():
         path = Path(entry["path"])
@@ -340,7 +428,7 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
         if name in config["checkpoints"]:
             problems.append(f"config key legacy_caches.{name}: the name is also a checkpoint; names must differ")
     if problems:
-        raise ConfigError.invalid(problems)
+        raise ConfigError.invalid(_unique(problems))
     return resolved
 
 
@@ -374,11 +462,13 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
     where = f"max_job_memory_gib = {limit_gib}" if limit_gib is not None else f"the {device} here"
     problems = []
     captured = resolve_layers_per_job(config["layers_per_job"], len(config["layers"]), device)
+    switches = sorted({frame for frames in prompt_switches(config).values() for frame in frames})
     for name, checkpoint in resolved.items():
         dtype = default_dtype(device, checkpoint.spec.dtype)
         for variant in variant_names(config):
-            options = generation_options(config, variant)
-            estimate = estimate_job_memory(checkpoint.model_config, options, dtype, captured_layers=captured)
+            options = generation_options(config, variant, name)
+            estimate = estimate_job_memory(checkpoint.model_config, options, dtype, captured_layers=captured,
+                                           switch_frames=switches)  # fmt: skip
             if estimate.total > limit:
                 problems.append(
                     f"checkpoint {name!r}{'' if variant == 'default' else f', variant {variant!r}'}: an extraction job "
@@ -410,8 +500,16 @@ def checked_config(raw: Mapping | None, base_dir: str | Path = ".") -> tuple[dic
     _check_finite(config)
     config = fill_defaults(config, schema)
     validate_schema(config)
+    _one_segment_prompts_as_text(config)
     resolved = _check_semantics(config, Path(base_dir))
     return config, resolved
+
+
+def _one_segment_prompts_as_text(config: dict) -> None:
+    """A schedule of one segment is that segment's text: one form, one embedding file."""
+    for prompt_id, entry in config["prompts"].items():
+        if isinstance(entry, list) and len(entry) == 1 and entry[0]["start_frame"] == 0:
+            config["prompts"][prompt_id] = entry[0]["text"]
 
 
 def _check_finite(value: Any, key: str = "") -> None:

@@ -1,7 +1,8 @@
 """The extraction job: generate one video, capture a group of layers, write their files.
 
-One job = one (checkpoint, variant, prompt, seed, layer group). It writes, per layer,
-``layer<L>.parquet`` (frame_attention rows, one row group per block),
+One job = one (checkpoint, variant, prompt, seed, layer group); a prompt may be a
+schedule of segments (one embedding file each, switched at their start frames). It
+writes, per layer, ``layer<L>.parquet`` (frame_attention rows, one row group per block),
 ``layer<L>.queries.parquet`` (query_stats) and, with token capture,
 ``layer<L>.tokens.parquet`` (token_profiles), then ``manifest.json`` last. The folder
 is built beside its final place and swapped in whole, so a reader never sees half of
@@ -58,16 +59,20 @@ def extract_job(
     seed: int,
     layers: Sequence[int],
     output: str | Path,
-    embedding: str | Path,
+    embedding: str | Path | Sequence[str | Path],
     weights_sha256: str,
     generation: Mapping[str, Any],
     capture: Mapping[str, Any],
     compute: Mapping[str, str],
+    segment_starts: Sequence[int] = (0,),
     base_dir: str | Path = ".",
 ) -> dict[str, Any]:
     """Generate one video, capture ``layers``, write the extraction folder ``output``;
     returns the files' metadata plus ``timings`` (start-up, load, generation, collect,
-    write, the whole job: seconds)."""
+    write, the whole job: seconds).
+
+    ``embedding``: the prompt's embedding file, or one file per prompt segment, the
+    segments starting at ``segment_starts`` (latent frames; the first 0)."""
     job_began = time.perf_counter()
     from sinkscope.generation.capture import FrameStatsCapture
     from sinkscope.generation.sampler import generate
@@ -87,7 +92,15 @@ def extract_job(
         raise SinkscopeError(f"checkpoint {spec.name!r} computes in {dtype}, the workflow planned {compute['dtype']}")
     if capture.get("compile") and device.type == "cuda":
         model.compile_blocks(dynamic=False)
-    context, context_meta = load_embedding(embedding)
+    files = [embedding] if isinstance(embedding, (str, Path)) else list(embedding)
+    starts = [int(f) for f in segment_starts]
+    if len(files) != len(starts):
+        raise SinkscopeError(f"{len(files)} prompt embeddings for {len(starts)} prompt segments")
+    loaded = [load_embedding(file) for file in files]
+    context_meta = loaded[0][1]
+    texts = [meta.get("prompt", "") for _, meta in loaded]
+    switches = starts[1:]
+    schedule = loaded[0][0][None] if not switches else [(start, ctx[None]) for start, (ctx, _) in zip(starts, loaded)]
     config = model.config
     height, width = options.latent_height or config.latent_height, options.latent_width or config.latent_width
     frame_seq_length = config.frame_seq_length(height, width)
@@ -102,15 +115,19 @@ def extract_job(
         token_profiles=capture["token_profiles"],
     )  # fmt: skip
     with recorder:
-        result = generate(model, context[None], options=options, seed=seed, observers=[recorder])
+        result = generate(model, schedule, options=options, seed=seed, observers=[recorder])
     timings["generation_seconds"] = result.seconds
     began = time.perf_counter()
     tables = recorder.layer_tables()
     timings["collect_seconds"] = time.perf_counter() - began
 
     latents_sha = hashlib.sha256(result.latents.float().cpu().numpy().tobytes()).hexdigest()
+    prompt: str | list[dict[str, Any]] = texts[0]
+    if switches:
+        prompt = [{"text": text, "start_frame": start} for text, start in zip(texts, starts)]
     job_config = {"checkpoint": spec.to_dict(), "variant": variant, "generation": options.to_dict(), "seed": int(seed),
-                  "prompt": context_meta.get("prompt"), "capture": dict(capture), "compute": dict(compute)}  # fmt: skip
+                  "prompt": prompt, "capture": dict(capture), "compute": dict(compute)}  # fmt: skip
+    num_calls = options.calls(switches)
     metadata = {
         **provenance("extract_attention", device),
         "dtype": dtype,
@@ -121,7 +138,7 @@ def extract_job(
         "checkpoint": spec.to_dict(),
         "variant": variant,
         "prompt_id": prompt_id,
-        "prompt": context_meta.get("prompt", ""),
+        "prompt": prompt,
         "text_encoder": context_meta.get("encoder", ""),
         "seed": int(seed),
         "frame_seq_length": frame_seq_length,
@@ -129,6 +146,7 @@ def extract_job(
         "block_sizes": options.block_sizes(),
         "layers_in_job": list(layers),
         "num_calls": len(result.calls),
+        **({"prompt_switches": switches} if switches else {}),
         "latents_sha256": latents_sha,
         "peak_memory_bytes": result.peak_memory_bytes,
         "kv_cache_bytes": result.kv_cache_bytes,
@@ -142,11 +160,11 @@ def extract_job(
     shutil.rmtree(built, ignore_errors=True)
     built.mkdir(parents=True)
     began = time.perf_counter()
-    files, counts = [], {}
+    written, counts = [], {}
     for layer in layers:
         parts = tables[layer]
         try:
-            check_layer_rows(parts["frames"], layer=layer, calls=options.num_calls, heads=config.num_heads, where=str(output))
+            check_layer_rows(parts["frames"], layer=layer, calls=num_calls, heads=config.num_heads, where=str(output))
         except DamagedFileError as error:
             # A computation that went wrong, not a damaged file: the previous result stays.
             raise SinkscopeError(f"the generation's rows fail their check, nothing written: {error.problem}") from None
@@ -160,13 +178,13 @@ def extract_job(
                                seed=np.int64(run_columns["seed"]))  # fmt: skip
             target = Path(layer_file(built, layer, kind))
             write_table(rows, target, schema, {**metadata, "layer": int(layer)}, row_groups_by="block")
-            files.append(target.name)
+            written.append(target.name)
             counts[target.name] = len(rows)
     timings["write_seconds"] = time.perf_counter() - began
     # Per block, how like the sink frames and the previous block the video is (sink collapse).
     rollout = block_similarity(result.latents[0].float().cpu().numpy(), options.block_sizes(), options.sink_frames,
                                config.head_dim)  # fmt: skip
-    write_manifest(built, files, {"layers": [int(x) for x in layers], "rows": counts, "num_calls": options.num_calls,
+    write_manifest(built, written, {"layers": [int(x) for x in layers], "rows": counts, "num_calls": num_calls,
                                   "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
                                   "generation": options.to_dict(), "rollout": rollout})  # fmt: skip
     _swap_in(built, output)

@@ -14,6 +14,7 @@ import fcntl
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -177,18 +178,23 @@ class MemoryEstimate:
         return ", ".join(f"{name} {value / GIB:.2f}" for name, value in parts)
 
 
-def estimate_job_memory(config: WanConfig, options: GenerationOptions, dtype: str, *, captured_layers: int) -> MemoryEstimate:
-    """Peak device memory of one extraction job (weights, KV cache, one layer's activations)."""
+def estimate_job_memory(
+    config: WanConfig, options: GenerationOptions, dtype: str, *, captured_layers: int, switch_frames: Sequence[int] = ()
+) -> MemoryEstimate:
+    """Peak device memory of one extraction job (weights, KV cache, one layer's activations).
+
+    The widest call sets the activations: a block, or the re-cache call at a prompt
+    switch (``switch_frames``), which runs up to a whole window of frames at once."""
     size = 4 if dtype == "float32" else 2
     fsl = config.frame_seq_length(options.latent_height, options.latent_width)
-    block = max(options.block_sizes())
+    block = options.largest_call_frames(switch_frames)
     kv_cache = config.num_layers * 2 * (options.kv_cache_frames * fsl + config.text_len) * config.dim * size
     tokens = block * fsl
     # Hidden states, q/k/v, attention output, the FFN's hidden layer, fp32 norm copies.
     activations = tokens * (12 * config.dim + 2 * config.ffn_dim) * 4
     # Per call and captured layer: frame statistics, plus the CPU reference's score chunk.
     frames = options.cache_frames
-    statistics = captured_layers * options.num_calls * config.num_heads * block * frames * 4 * 4 + 2**28
+    statistics = captured_layers * options.calls(switch_frames) * config.num_heads * block * frames * 4 * 4 + 2**28
     return MemoryEstimate(parameter_count(config) * size, kv_cache, activations, statistics)
 
 

@@ -27,11 +27,17 @@ from sinkscope.figures.registry import (
     LAYER_FIGURES,
     SOURCE_FIGURES,
     STUDY_FIGURES,
+    SWITCH_FIGURES,
     TOKEN_FIGURES,
 )
 from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_digest
 from sinkscope.naming import decode_layers, encode_layers
-from sinkscope.options import GenerationOptions
+from sinkscope.options import (
+    GenerationOptions,
+    PromptSegment,
+    prompt_segments,
+    switch_frames,
+)
 from sinkscope.pipeline.codedigest import stage_digest
 from sinkscope.pipeline.config import (
     check_machine,
@@ -60,6 +66,8 @@ SUMMARY_FIGURES = ("figure4", "sink_score_overview", "head_classes", "first_midd
                    "policy_comparison")  # fmt: skip
 PATTERNS = {
     "embedding": RESULTS + "/prompts/{encoder}/{prompt}.safetensors",
+    # A prompt schedule: one embedding per segment.
+    "segment_embedding": RESULTS + "/prompts/{encoder}/{prompt}/segment{segment}.safetensors",
     "extract_dir": RESULTS + "/extract/{source}/{prompt}/seed{seed}/layers{group}",
     "imported": RESULTS + "/imported/{source}/frame_attention.parquet",
     "source_table": RESULTS + "/tables/checkpoints/{source}/{table}.parquet",
@@ -133,8 +141,25 @@ class Study:
     # -- the grid --------------------------------------------------------------------------------
 
     @property
-    def prompts(self) -> dict[str, str]:
+    def prompts(self) -> dict[str, str | list]:
+        """Prompt id -> its text, or its schedule (a list of {text, start_frame})."""
         return dict(self.config["prompts"])
+
+    def prompt_segments(self, prompt: str) -> tuple[PromptSegment, ...]:
+        return prompt_segments(self.config["prompts"][prompt])
+
+    def segment_starts(self, prompt: str) -> list[int]:
+        """The latent frames where the prompt's segments start ([0] for a single prompt)."""
+        return [segment.start_frame for segment in self.prompt_segments(prompt)]
+
+    def segment_text(self, prompt: str, segment: int | str) -> str:
+        return self.prompt_segments(prompt)[int(segment)].text
+
+    @property
+    def switches(self) -> dict[str, list[int]]:
+        """Prompt id -> the frames where it switches, for the prompts that do."""
+        found = {prompt: switch_frames(self.prompt_segments(prompt)) for prompt in self.prompts}
+        return {prompt: frames for prompt, frames in found.items() if frames}
 
     @property
     def seeds(self) -> list[int]:
@@ -155,7 +180,8 @@ class Study:
 
     @cached_property
     def options(self) -> dict[str, GenerationOptions]:
-        return {variant: generation_options(self.config, variant) for variant in self.variants}
+        """Source -> the generation options it runs (the study's, the checkpoint's own, the variant's)."""
+        return {self.source_name(c, v): generation_options(self.config, v, c) for c in self.checkpoints for v in self.variants}
 
     @staticmethod
     def source_name(checkpoint: str, variant: str) -> str:
@@ -223,7 +249,15 @@ class Study:
         return {table: path("source_table", source=source, table=table) for table in SOURCE_TABLES}
 
     def embedding(self, checkpoint: str, prompt: str) -> str:
+        """The embedding file of a single prompt."""
         return path("embedding", encoder=self.text_encoder(checkpoint).key, prompt=prompt)
+
+    def embeddings(self, checkpoint: str, prompt: str) -> list[str]:
+        """The prompt's embedding files: one for a single prompt, one per segment of a schedule."""
+        if isinstance(self.config["prompts"][prompt], str):
+            return [self.embedding(checkpoint, prompt)]
+        key = self.text_encoder(checkpoint).key
+        return [path("segment_embedding", encoder=key, prompt=prompt, segment=i) for i in range(len(self.prompt_segments(prompt)))]
 
     # -- per-source facts --------------------------------------------------------------------------
 
@@ -318,9 +352,11 @@ class Study:
         return paths
 
     def checkpoint_figure_kinds(self, checkpoint: str) -> list[str]:
-        """Checkpoint figures to draw: those that compare variants only with two or more."""
+        """Checkpoint figures to draw: those that compare variants only with two or more,
+        the prompt-switch figures only when a prompt switches."""
         several = len(self.sources_of(checkpoint)) >= 2
-        return [kind for kind in CHECKPOINT_FIGURES if FIGURES[kind].compares != "variants" or several]
+        return [kind for kind in CHECKPOINT_FIGURES if (FIGURES[kind].compares != "variants" or several)
+                and (kind not in SWITCH_FIGURES or self.switches)]  # fmt: skip
 
     def study_figure_kinds(self) -> list[str]:
         """Study figures to draw: those that compare checkpoints only with two or more (the
@@ -353,7 +389,8 @@ class Study:
         per_source = [p for source in self.sources for p in self.source_tables(source).values()]
         per_source += [path("head_classes_csv", source=source) for source in self.sources]
         inputs = self.all_extract_dirs() + [path("imported", source=name) for name in self.legacy]
-        embeddings = sorted({self.embedding(checkpoint, prompt) for checkpoint in self.checkpoints for prompt in self.prompts})
+        embeddings = sorted({file for checkpoint in self.checkpoints for prompt in self.prompts
+                             for file in self.embeddings(checkpoint, prompt)})  # fmt: skip
         return tables + per_source + inputs + embeddings + self.figure_targets() + [PATTERNS["summary"]]
 
     # -- rule params (canonical: equivalent configs give equal params) -----------------------------
@@ -373,14 +410,13 @@ class Study:
             "checkpoint": spec,
             "variant": variant,
             "layers": decode_layers(group),
-            "generation": self.options[variant].to_dict(),
+            "generation": self.options[source].to_dict(),
             "capture": {"backend": capture["backend"], "compile": capture["compile"], "token_profiles": capture["token_profiles"]},
             "compute": self.compute(checkpoint),
         }
 
     def aggregate_params(self, source: str) -> dict[str, Any]:
-        variant = self.variant_of(source)
-        options = self.options.get(variant)
+        options = self.options.get(source)
         return {
             "name": source,
             "sink_frames": options.sink_frames if options is not None else 0,

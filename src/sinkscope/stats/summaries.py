@@ -100,6 +100,22 @@ def resolve_step(frame: pd.DataFrame, step: str | int) -> tuple[str, int]:
     return "denoise", int(step)
 
 
+def block_calls(frame: pd.DataFrame, step: str | int) -> pd.DataFrame:
+    """The rows of one call of every block: ``'last'`` each block's last denoising step,
+    ``'cache'`` its cache pass, an integer that denoising step (blocks without it left
+    out). Blocks need not have the same steps (Causal Forcing++'s first block has 4, the
+    others 1 or 2; variants may differ too). Imported rows (step -1) are all shown."""
+    pass_, index = resolve_step(frame, step)
+    if (pass_, index) == ("denoise", -1) or step not in ("last", "cache"):
+        return frame[(frame["pass"] == pass_) & (frame["step"] == index)]
+    if step == "cache":
+        return frame[frame["pass"] == "cache"]
+    keys = [k for k in ("checkpoint", "variant", "block") if k in frame.columns]
+    denoise = frame[frame["pass"] == "denoise"]
+    last = denoise.groupby(keys, observed=True)["step"].transform("max")
+    return denoise[denoise["step"] == last]
+
+
 def last_block(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of the last generated block of each run and layer."""
     keys = [k for k in RUN_KEYS + ["layer"] if k in frame.columns]
@@ -323,9 +339,11 @@ def block_stats(
     if frame.empty:
         return pd.DataFrame(columns=BLOCK_STATS_SCHEMA.names)
     tokens = {"tokens": ("key_tokens", "mean")} if "key_tokens" in frame.columns else {}
+    if "prompt_segment" not in frame.columns:
+        frame = frame.assign(prompt_segment=0)
     curves = frame.groupby([*keys, "key_frame"], observed=True).agg(
         mass=("prob_mass", "mean"), timestep=("timestep", "first"), qmin=("query_frame", "min"), qmax=("query_frame", "max"),
-        **tokens,
+        prompt_segment=("prompt_segment", "first"), **tokens,
     ).reset_index()  # fmt: skip
     # The uniform baseline (uniform_mass): every query frame of a call sees the same keys,
     # so the key-token shares of the call's frames are those of each of its query frames.
@@ -349,7 +367,8 @@ def block_stats(
     curves["plogp"] = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1)), 0.0)
     grouped = curves.groupby(keys, observed=True, sort=True)
     out = grouped.agg(
-        timestep=("timestep", "first"), qmin=("qmin", "first"), qmax=("qmax", "first"), sink_mass=("sink", "sum"),
+        timestep=("timestep", "first"), prompt_segment=("prompt_segment", "first"), qmin=("qmin", "first"),
+        qmax=("qmax", "first"), sink_mass=("sink", "sum"),
         self_mass=("self", "sum"), other_mass=("other", "sum"), entropy=("plogp", "sum"), num_key_frames=("mass", "size"),
         sink_uniform=("sink_uniform", "sum"), sink_present=("sink_present", "sum"),
     )  # fmt: skip
