@@ -248,7 +248,7 @@ def test_generation_options_built_directly_default_as_the_schema_does():
 def test_figures_that_compare_are_planned_only_with_two_of_what_they_compare():
     """policy_comparison compares variants, attention_across_checkpoints checkpoints: one
     of them makes a duplicate of figure4 or a single column of dots, so neither is planned;
-    sink_mass_over_time draws one variant as well and stays."""
+    sink_mass_over_time and sink_collapse draw one variant as well and stay."""
     from sinkscope.figures.registry import CHECKPOINT_FIGURES, FIGURES, STUDY_FIGURES
 
     def planned(raw) -> set[str]:
@@ -257,11 +257,11 @@ def test_figures_that_compare_are_planned_only_with_two_of_what_they_compare():
 
     assert FIGURES["policy_comparison"].compares == "variants"
     assert FIGURES["attention_across_checkpoints"].compares == "checkpoints"
-    assert planned({}) == {"sink_mass_over_time"}
+    assert planned({}) == {"sink_mass_over_time", "sink_collapse"}
     one = {"variants": {"window": {"cache_policy": "window", "local_attn_frames": 6}}}  # replaces the default
-    assert planned(one) == {"sink_mass_over_time"}
+    assert planned(one) == {"sink_mass_over_time", "sink_collapse"}
     two_variants = {"variants": {**one["variants"], "global": {"cache_policy": "global"}}}
-    assert planned(two_variants) == {"sink_mass_over_time", "policy_comparison"}
+    assert planned(two_variants) == {"sink_mass_over_time", "sink_collapse", "policy_comparison"}
     two = {"checkpoints": {"demo": {"model": "demo", "format": "demo"}, "other": {"model": "demo", "format": "demo", "seed": 1}}}
     study = Study(normalize_config(two))
     assert {Path(p).stem for p in study.figure_targets()} >= {"attention_across_checkpoints", "sink_mass_over_time"}

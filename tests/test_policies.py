@@ -487,13 +487,6 @@ def test_bad_combinations_name_the_key(config, key):
         GenerationOptions.from_config(config)
 
 
-def test_more_frames_than_rope_positions_is_refused():
-    model = build_model("demo", seed=0)
-    options = GenerationOptions.from_config(dict(cache_policy="window", num_frames=1026))
-    with pytest.raises(OptionsError, match="generation.num_frames"):
-        generate(model, torch.zeros(1, 3, 64), options=options, seed=0)
-
-
 def test_compression_needs_batch_size_one():
     model = tiny_model()
     with pytest.raises(ValueError, match="batch size 1"):

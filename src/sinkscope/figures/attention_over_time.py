@@ -33,7 +33,8 @@ def matrix(frame: pd.DataFrame, layer: int, head: int, step, frames: int
         row = curves.iloc[0]
         out[i, row.index.to_numpy().astype(int)] = row.to_numpy(dtype=float)
         spread[i, row.index.to_numpy().astype(int)] = c.column_std(info["run_curves"].to_numpy(dtype=float))
-        uniform[block] = 1.0 / int(row.notna().sum())
+        visible = int(row.notna().sum())
+        uniform[block] = 1.0 / visible if visible else float("nan")  # a block without that call: no values
     return out, blocks, c.block_frames(rows), spread, uniform
 
 
