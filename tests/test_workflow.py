@@ -17,7 +17,7 @@ from sinkscope.figures.registry import (
 )
 from sinkscope.figures.report import number
 from sinkscope.pipeline.study import TABLES
-from sinkscope.tables import SCHEMAS, read_metadata
+from sinkscope.tables import SCHEMAS, read_metadata, token_rows
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
@@ -47,7 +47,9 @@ def test_full_run_then_only_what_changed(workflow):
     sums = frame.groupby(["layer", "block", "pass", "step", "head", "query_frame"])[["prob_mass", "argmax_share"]].sum()
     assert ((sums - 1).abs() < 1e-5).all().all()
     tokens = pd.read_parquet(workflow.path("results/tables/token_profiles.parquet"))
-    assert set(tokens["block"]) == {2} and len(tokens) == 2 * 5 * 12 * 9 * 24
+    # A row per call, head and key frame, the frame's 24 tokens as lists; a row a token.
+    assert set(tokens["block"]) == {2} and len(tokens) == 2 * 5 * 12 * 9
+    assert len(token_rows(tokens)) == 2 * 5 * 12 * 9 * 24
     meta = read_metadata(workflow.path("results/extract/demo/circle/seed0/layers4/layer4.parquet"))
     for key in ("package_version", "code_digest", "config_hash", "checkpoint_digest", "torch_version", "device_name",
                 "device_kind", "dtype", "model_config", "frame_grid"):  # fmt: skip
