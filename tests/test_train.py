@@ -63,6 +63,37 @@ def test_drift_moves_left_to_right():
     assert (feats["com_x"][:, -1] - feats["com_x"][:, 0] > 5).all()
 
 
+def test_the_first_latent_frame_is_an_image_latent():
+    # Data version 2: frame 0 is one instant with channel statistics of its own,
+    # FIRST_FRAME_GAIN * x + FIRST_FRAME_OFFSET; later frames average 4 instants.
+    image = synthetic.synthetic_batch(4, 6, classes="drift").latents.double() * synthetic.DATA_SCALE
+    video = synthetic.synthetic_batch(4, 6, classes="drift", first_frame="video").latents.double() * synthetic.DATA_SCALE
+    single = synthetic.synthetic_batch(4, 6, classes="drift", first_frame="video", temporal_compression=1).latents.double()
+    single = single * synthetic.DATA_SCALE
+    gain = torch.tensor(synthetic.FIRST_FRAME_GAIN, dtype=torch.float64)[None, :, None, None]
+    offset = torch.tensor(synthetic.FIRST_FRAME_OFFSET, dtype=torch.float64)[None, :, None, None]
+    assert torch.allclose(image[:, :, 0], gain * video[:, :, 0] + offset, atol=1e-5)
+    assert torch.allclose(image[:, :, 1:], video[:, :, 1:], atol=1e-6)
+    assert torch.allclose(video[:, :, 0], single[:, :, 0], atol=1e-6)  # frame 0: the instant t = 0
+    # A fast ball (circle, ~2.4 px a frame) is blurred in the compressed frames: a lower
+    # peak than one instant's.
+    blurred = synthetic.synthetic_batch(5, 6, classes="circle", first_frame="video").latents
+    sharp = synthetic.synthetic_batch(5, 6, classes="circle", first_frame="video", temporal_compression=1).latents
+    peak = lambda x: (x - x.mean((3, 4), keepdim=True)).pow(2).sum(1).amax((2, 3))[:, 1:].mean(1)
+    assert (peak(blurred) < 0.9 * peak(sharp)).all()
+    assert synthetic.first_frame_statistics(81) == (synthetic.FIRST_FRAME_GAIN, synthetic.FIRST_FRAME_OFFSET)
+
+
+def test_version_1_data_is_what_version_1_checkpoints_read():
+    options = synthetic.options_of(None)
+    assert options == synthetic.options_of({"version": 1}) == {"first_frame": "video", "temporal_compression": 1, "scale": 0.764}
+    assert synthetic.options_of(synthetic.describe())["first_frame"] == "image"
+    latents = synthetic.synthetic_batch(1, 64, **options).latents
+    assert 0.9 < float(latents.std()) < 1.1
+    frame_std = latents.std(dim=(0, 1, 3, 4))
+    assert float(frame_std.max() / frame_std.min()) < 1.1  # no frame of its own statistics
+
+
 # -- the training objective matches generation ------------------------------------------------
 
 
@@ -248,7 +279,8 @@ def test_attention_summary_of_random_weights_is_near_uniform():
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [("mode", "forcing", "mode 'forcing'"), ("stage", "rl", "stage 'rl'"), ("schedule", "linear", "schedule 'linear'"),
-     ("steps", 0, "steps and batch_size"), ("stage", "ode", "needs a teacher")],
+     ("steps", 0, "steps and batch_size"), ("stage", "ode", "needs a teacher"), ("first_frame", "photo", "first_frame 'photo'"),
+     ("temporal_compression", 0, "temporal_compression"), ("grain", -0.1, "grain")],
 )  # fmt: skip
 def test_train_config_refuses_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):

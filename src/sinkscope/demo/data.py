@@ -24,10 +24,28 @@ class         prompt                              motion
 ``cross``     two balls crossing paths            two balls, one each way, crossing mid-video
 ============  ==================================  =============================================
 
+**The first frame is an image latent** (data version 2), as in Wan2.1's causal VAE,
+which encodes the first video frame alone and every later group of 4 video frames
+into one latent frame (81 video frames -> 1 + 20 latent frames):
+
+- latent frame 0 is a single instant (t = 0), sharp; latent frame k >= 1 is the mean
+  of the 4 instants k - 3/4, k - 1/2, k - 1/4, k (``TEMPORAL_COMPRESSION``): a moving
+  ball is motion-blurred there, a pulse's brightness averaged;
+- latent frame 0 has channel statistics of its own: a fixed per-channel gain and
+  offset (``FIRST_FRAME_GAIN``, ``FIRST_FRAME_OFFSET``), the same for every video,
+  which the later frames do not have.
+
+``first_frame="video"``, ``temporal_compression=1`` and ``scale=VERSION1_SCALE``
+(``options_of(None)``) give back version 1's videos exactly (every frame one instant,
+no first-frame statistics); the shipped demo, ``demo_trained.pt``, was trained on
+those. Version 2 has not yet given a model with a first-frame sink in the heads'
+sense (docs/trained-demo.md, "Toward a first-frame sink").
+
 Values are divided by ``DATA_SCALE`` so that the whole data set has about unit
 variance, as VAE latents scaled for a diffusion model have. Everything random comes
 from one CPU generator seeded by the caller, so a seed gives the same videos on any
-device (they are rendered on the requested device).
+device (they are rendered on the requested device); only the optional ``grain`` of
+the experiments is drawn on the device.
 """
 
 from __future__ import annotations
@@ -44,7 +62,7 @@ FRAMES = 21
 HEIGHT = 8
 WIDTH = 12
 
-DATA_VERSION = 1
+DATA_VERSION = 2
 
 CLASS_PROMPTS: dict[str, str] = {
     "drift": "a ball drifting left to right",
@@ -60,14 +78,28 @@ BOUNCE_PERIOD = 8.0
 CIRCLE_PERIOD = 6.0
 PULSE_PERIOD = 6.0
 
+# Wan2.1's VAE: one latent frame for the first video frame, one for each later 4.
+TEMPORAL_COMPRESSION = 4
+FIRST_FRAME_STYLES = ("image", "video")
+# The image latent's own channel statistics (raw units, before DATA_SCALE): latent frame
+# 0 is FIRST_FRAME_GAIN * x + FIRST_FRAME_OFFSET per channel. Fixed numbers, drawn once
+# and written out (``first_frame_statistics(81)``, rounded to 2 decimals): gain
+# exp(0.25 z1), offset z2, z1 and z2 standard normal 16-vectors.
+FIRST_FRAME_GAIN = (0.56, 0.67, 1.03, 0.96, 0.61, 0.83, 0.74, 1.3, 1.6, 1.17, 1.21, 1.09, 0.88, 1.1, 1.66, 0.96)  # fmt: skip
+FIRST_FRAME_OFFSET = (-0.85, -0.46, 3.19, 3.06, 0.24, -0.37, -0.89, 1.47, -2.1, -1.16, -1.73, 0.86, -0.57, -0.64, -0.12, 0.5)  # fmt: skip
+
 # Raw amplitudes, before the division by DATA_SCALE.
 BALL_AMPLITUDE = 2.0  # per channel, times a standard normal appearance vector
 BACKGROUND_AMPLITUDE = 0.5  # the constant 16-d offset
 TEXTURE_AMPLITUDE = 0.35  # the smooth static texture
 # The raw data's standard deviation over the whole data set (all classes equally
-# likely), measured once over 4096 videos (``measure_scale``); dividing by it gives
-# unit variance.
-DATA_SCALE = 0.764
+# likely, the first frame an image latent), measured once over 4096 videos
+# (``measure_scale``); dividing by it gives unit variance. Every frame but the first
+# then has a standard deviation of 0.92, the image latent 2.0 (its offset). Version 1
+# (``first_frame="video"``, ``temporal_compression=1``) measured 0.764
+# (``VERSION1_SCALE``; ``options_of`` passes it for version 1 checkpoints).
+DATA_SCALE = 0.827
+VERSION1_SCALE = 0.764
 
 _NUM_UNIFORMS = 8  # uniform draws per video, shared by the classes' parameter formulas
 
@@ -87,7 +119,7 @@ def class_index(name: str) -> int:
         raise KeyError(f"unknown class {name!r}; known: {', '.join(CLASSES)}") from None
 
 
-def describe() -> dict:
+def describe(first_frame: str = "image", temporal_compression: int = TEMPORAL_COMPRESSION, grain: float = 0.0, **extra: float) -> dict:
     """The data set's definition, JSON-ready (stored in training checkpoints)."""
     return {
         "name": "sinkscope.demo.data",
@@ -97,24 +129,62 @@ def describe() -> dict:
         "prompts": dict(CLASS_PROMPTS),
         "periods": {"bounce": BOUNCE_PERIOD, "circle": CIRCLE_PERIOD, "pulse": PULSE_PERIOD},
         "scale": DATA_SCALE,
+        "first_frame": first_frame,
+        "temporal_compression": int(temporal_compression),
+        "grain": float(grain),
+        **{k: float(v) for k, v in extra.items()},
+        "first_frame_gain": list(FIRST_FRAME_GAIN) if first_frame == "image" else None,
+        "first_frame_offset": list(FIRST_FRAME_OFFSET) if first_frame == "image" else None,
     }
 
 
+def options_of(description: dict | None) -> dict:
+    """``synthetic_batch`` keyword arguments for the data a checkpoint was trained on,
+    from its ``describe()`` record (None or version 1: version 1's videos)."""
+    if not description or int(description.get("version", 1)) < 2:
+        return {"first_frame": "video", "temporal_compression": 1, "scale": VERSION1_SCALE}
+    return {
+        "scale": float(description.get("scale", DATA_SCALE)),
+        "first_frame": description.get("first_frame", "image"),
+        "temporal_compression": int(description.get("temporal_compression", TEMPORAL_COMPRESSION)),
+        "grain": float(description.get("grain") or 0.0),
+        **{k: float(description[k]) for k in ("fine_texture", "image_offset", "image_gain") if description.get(k) is not None},
+    }
+
+
+def first_frame_statistics(seed: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """How FIRST_FRAME_GAIN and FIRST_FRAME_OFFSET were drawn (with seed 81)."""
+    z = torch.randn(2, CHANNELS, generator=torch.Generator().manual_seed(int(seed)))
+    gain = tuple(round(float(v), 2) for v in torch.exp(0.25 * z[0]))
+    offset = tuple(round(float(v), 2) for v in z[1])
+    return gain, offset
+
+
+def instants(frames: int, temporal_compression: int = TEMPORAL_COMPRESSION) -> torch.Tensor:
+    """[1 + c (frames - 1)] the times (in latent frames) of the video frames behind the
+    latents: 0, then c per later latent frame, the last of them at the frame's index."""
+    c = int(temporal_compression)
+    later = torch.arange(1, c * max(frames - 1, 0) + 1, dtype=torch.float32) / c
+    return torch.cat([torch.zeros(1), later])
+
+
 def _trajectories(
-    labels: torch.Tensor, u: torch.Tensor, frames: int, height: int, width: int
+    labels: torch.Tensor, u: torch.Tensor, times: torch.Tensor, frames: int, height: int, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x, y, brightness of two balls, each [B, 2, F]; ball 2 is dark except in ``cross``.
+    """x, y, brightness of two balls, each [B, 2, T] at ``times`` [T] (latent frames);
+    ball 2 is dark except in ``cross``.
 
     ``u`` [B, _NUM_UNIFORMS] uniforms in [0, 1); coordinates are in latent pixels,
     scaled from the 8 x 12 grid the formulas were written for.
     """
-    f = torch.arange(frames, dtype=torch.float32)[None, :]
+    f = times.to(torch.float32)[None, :]
     sx, sy = width / 12.0, height / 8.0
     span = max(frames - 1, 1)
     b = labels.shape[0]
-    x = torch.zeros(b, 2, frames)
-    y = torch.zeros(b, 2, frames)
-    bright = torch.zeros(b, 2, frames)
+    steps = f.shape[1]
+    x = torch.zeros(b, 2, steps)
+    y = torch.zeros(b, 2, steps)
+    bright = torch.zeros(b, 2, steps)
     u0, u1, u2, u3 = (u[:, i : i + 1] for i in range(4))
 
     # drift: left to right at constant speed.
@@ -172,6 +242,13 @@ def synthetic_batch(
     height: int = HEIGHT,
     width: int = WIDTH,
     channels: int = CHANNELS,
+    first_frame: str = "image",
+    temporal_compression: int = TEMPORAL_COMPRESSION,
+    grain: float = 0.0,
+    fine_texture: float = 0.0,
+    image_offset: float = 1.0,
+    image_gain: float = 1.0,
+    scale: float = DATA_SCALE,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> SyntheticBatch:
@@ -179,8 +256,23 @@ def synthetic_batch(
 
     ``classes``: None draws each video's class uniformly; a class name or id gives
     every video that class; a list/tensor gives each video's class. The same seed and
-    arguments give the same batch, on any device.
+    arguments give the same batch, on any device. ``first_frame``: "image" (latent
+    frame 0 an image latent with its own channel statistics) or "video" (like the
+    others); ``temporal_compression``: video frames a later latent frame averages.
+    ``grain`` (raw units, default 0: none): independent per-pixel detail of every video
+    frame (standard deviation ``grain``), so a latent frame that averages c video frames
+    has grain / sqrt(c); it is drawn on ``device`` by a generator of its own, so it
+    differs between devices (everything else does not). ``fine_texture`` (raw, default
+    0): a static per-pixel background texture of that standard deviation.
+    ``image_offset`` and ``image_gain`` multiply FIRST_FRAME_OFFSET and FIRST_FRAME_GAIN
+    (experiments; 1 is the data set). ``scale``: the raw values are divided by it.
     """
+    if first_frame not in FIRST_FRAME_STYLES:
+        raise ValueError(f"first_frame {first_frame!r} is not one of {', '.join(FIRST_FRAME_STYLES)}")
+    if first_frame == "image" and channels != len(FIRST_FRAME_OFFSET):
+        raise ValueError(f"an image first frame has {len(FIRST_FRAME_OFFSET)} channels' statistics, not {channels}")
+    if int(temporal_compression) < 1:
+        raise ValueError("temporal_compression must be at least 1")
     generator = torch.Generator().manual_seed(int(seed))
     # Draws in a fixed order, whatever the classes, so a video's look does not
     # depend on the class mix of its batch.
@@ -189,6 +281,7 @@ def synthetic_batch(
     appearance = torch.randn(batch_size, 2, channels, generator=generator)
     background = torch.randn(batch_size, channels, generator=generator)
     texture = torch.randn(batch_size, channels, max(height // 2, 1), max(width // 2, 1), generator=generator)
+    fine = torch.randn(batch_size, channels, height, width, generator=generator) if fine_texture > 0 else None
 
     if classes is None:
         labels = drawn_labels
@@ -203,9 +296,16 @@ def synthetic_batch(
     if labels.numel() and not (0 <= int(labels.min()) and int(labels.max()) < len(CLASSES)):
         raise ValueError(f"class ids must be in [0, {len(CLASSES)})")
 
-    x, y, bright = _trajectories(labels, u, frames, height, width)
+    times = instants(frames, temporal_compression)
+    x, y, bright = _trajectories(labels, u, times, frames, height, width)
     # Ball size (Gaussian sigma, latent pixels), 1.2 .. 1.6, one per video.
     sigma = (1.2 + 0.4 * u[:, 4]) * min(height / 8.0, width / 12.0)
+    # Latent frame k >= 1 averages its video frames (motion blur); frame 0 is one instant.
+    c = int(temporal_compression)
+    pool = torch.zeros(frames, len(times))
+    pool[0, 0] = 1.0
+    for k in range(1, frames):
+        pool[k, 1 + c * (k - 1) : 1 + c * k] = 1.0 / c
 
     device = torch.device(device)
     if device.type == "cuda":
@@ -216,25 +316,38 @@ def synthetic_batch(
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device)
 
-    x, y, bright, sigma, appearance, background, texture, labels_out = (
-        move(t) for t in (x, y, bright, sigma, appearance, background, texture, labels)
+    x, y, bright, sigma, appearance, background, texture, labels_out, pool = (
+        move(t) for t in (x, y, bright, sigma, appearance, background, texture, labels, pool)
     )
     hh = torch.arange(height, dtype=torch.float32, device=device)
     ww = torch.arange(width, dtype=torch.float32, device=device)
     two_s2 = (2 * sigma**2)[:, None, None, None, None]
     dy = (hh[None, None, None, :, None] - y[..., None, None]) ** 2
     dx = (ww[None, None, None, None, :] - x[..., None, None]) ** 2
-    blobs = torch.exp(-(dy + dx) / two_s2) * bright[..., None, None]  # [B, 2, F, H, W]
+    blobs = torch.exp(-(dy + dx) / two_s2) * bright[..., None, None]  # [B, 2, T, H, W] at every instant
+    blobs = torch.einsum("bsthw,ft->bsfhw", blobs, pool)  # [B, 2, F, H, W] per latent frame
     video = torch.einsum("bsfhw,bsc->bcfhw", blobs, BALL_AMPLITUDE * appearance)
     smooth = F.interpolate(texture, size=(height, width), mode="bilinear", align_corners=False)
     video = video + (BACKGROUND_AMPLITUDE * background)[:, :, None, None, None]
     video = video + TEXTURE_AMPLITUDE * smooth[:, :, None]
-    latents = (video / DATA_SCALE).to(dtype)
+    if fine is not None:
+        video = video + fine_texture * move(fine)[:, :, None]
+    if grain > 0:
+        noise_gen = torch.Generator(device=device).manual_seed((int(seed) ^ 0x6772616E) & ((1 << 63) - 1))
+        detail = torch.randn(video.shape, generator=noise_gen, device=device)
+        per_frame = torch.full((frames,), grain / c**0.5, device=device)
+        per_frame[0] = grain
+        video = video + detail * per_frame[None, None, :, None, None]
+    if first_frame == "image":
+        gain = image_gain * torch.tensor(FIRST_FRAME_GAIN, device=device)[None, :, None, None]
+        offset = image_offset * torch.tensor(FIRST_FRAME_OFFSET, device=device)[None, :, None, None]
+        video = torch.cat([(gain * video[:, :, 0] + offset)[:, :, None], video[:, :, 1:]], dim=2)
+    latents = (video / scale).to(dtype)
     prompts = [CLASS_PROMPTS[CLASSES[int(i)]] for i in labels]
     return SyntheticBatch(latents, labels_out, prompts)
 
 
 def measure_scale(videos: int = 4096, seed: int = 12345) -> float:
     """The raw data's standard deviation (how DATA_SCALE was measured)."""
-    batch = synthetic_batch(seed, videos)
-    return float(batch.latents.double().std()) * DATA_SCALE
+    batch = synthetic_batch(seed, videos, scale=1.0)
+    return float(batch.latents.double().std())

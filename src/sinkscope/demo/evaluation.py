@@ -33,13 +33,13 @@ from sinkscope.options import GenerationOptions
 
 
 @torch.no_grad()
-def validation_loss(model: WanModel, *, batch_size: int = 8, seed: int = 1 << 61) -> float:
+def validation_loss(model: WanModel, *, batch_size: int = 8, seed: int = 1 << 61, data: dict | None = None) -> float:
     """The teacher-forcing flow-matching loss on a fixed batch (fixed videos, noise and
     block timesteps cycling through the sampler's): a noise-free measure of progress."""
     options = GenerationOptions()
     block_sizes = options.block_sizes()
     device = model.device
-    batch = synthetic.synthetic_batch(seed, batch_size)
+    batch = synthetic.synthetic_batch(seed, batch_size, **(data or {}))
     x0 = batch.latents.to(device)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed % (1 << 31))).to(device)
     ts = torch.tensor(sampler_timesteps(options))
@@ -189,10 +189,10 @@ def _video_metrics(latents: torch.Tensor, labels: torch.Tensor, reference: dict,
     }
 
 
-def _reference(videos_per_class: int, seed: int) -> tuple[dict, MotionClassifier, torch.Tensor, torch.Tensor]:
+def _reference(videos_per_class: int, seed: int, options: dict) -> tuple[dict, MotionClassifier, torch.Tensor, torch.Tensor]:
     classes = len(synthetic.CLASSES)
     labels = torch.arange(classes).repeat_interleave(videos_per_class)
-    data = synthetic.synthetic_batch(seed, len(labels), classes=labels).latents
+    data = synthetic.synthetic_batch(seed, len(labels), classes=labels, **options).latents
     classifier = fit_motion_classifier(data, labels)
     feats = video_features(data)
     traj = torch.stack([feats["com_x"], feats["com_y"]], dim=2)
@@ -291,6 +291,7 @@ def evaluate_demo(
     device: str | torch.device = "cpu",
     ema: bool = True,
     ode_steps: int | None = None,
+    data: dict | None = None,
 ) -> dict:
     """Samples of the trained model (and of the random-weights demo) vs the data.
 
@@ -304,7 +305,9 @@ def evaluate_demo(
     seed=baseline_seed)`` (the untrained demo; None skips it). With ``ode_steps``,
     ``trained_ode`` holds the trained model's videos from the same initial noise by
     the flow ODE (``ode_generate``): a diagnostic of what the model learned, apart
-    from the few-step sampler.
+    from the few-step sampler. ``data``: the ``synthetic_batch`` options of the data to
+    compare with; by default those the checkpoint records (``synthetic.options_of``),
+    the current data for a model given in memory.
     """
     from sinkscope.model.loading import load_transformer
 
@@ -314,16 +317,24 @@ def evaluate_demo(
             raise ValueError("give checkpoint_path or model")
         model = load_transformer(checkpoint_path, format="self_forcing", model="demo", ema=ema, device=device)
     model = model.eval()
-    reference, classifier, _, _ = _reference(reference_per_class, _EVAL_SEED)
+    if data is None:
+        data = {}
+        if checkpoint_path is not None:
+            from sinkscope.model.checkpoints import resolve_path
+
+            saved = torch.load(resolve_path(str(checkpoint_path)), map_location="cpu", weights_only=True).get("sinkscope", {})
+            data = synthetic.options_of(saved.get("data"))
+    reference, classifier, _, _ = _reference(reference_per_class, _EVAL_SEED, data)
     classes = len(synthetic.CLASSES)
     held_labels = torch.arange(classes).repeat_interleave(max(seeds_per_class, 20))
-    held = synthetic.synthetic_batch(_EVAL_SEED + 1, len(held_labels), classes=held_labels).latents
+    held = synthetic.synthetic_batch(_EVAL_SEED + 1, len(held_labels), classes=held_labels, **data).latents
     seeds = [_EVAL_SEED % 1000 + i for i in range(seeds_per_class)]
     result: dict[str, Any] = {
         "checkpoint": str(checkpoint_path) if checkpoint_path is not None else None,
         "seeds": seeds,
         "chance": 1.0 / classes,
         "classes": dict(synthetic.CLASS_PROMPTS),
+        "data_options": dict(data),
         "data": _video_metrics(held, held_labels, reference, classifier),
     }
     videos, labels = sample_videos(model, seeds=seeds)

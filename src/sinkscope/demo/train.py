@@ -173,6 +173,14 @@ class TrainConfig:
     ode_chunk: int = 256
     sampler_prob: float = 0.5
     clean_prob: float = 0.5
+    # The data (sinkscope.demo.data): latent frame 0 an image latent or like the others,
+    # and the video frames a later latent frame averages (4: Wan's VAE; "video" and 1
+    # give data version 1's videos).
+    first_frame: str = "image"
+    temporal_compression: int = synthetic.TEMPORAL_COMPRESSION
+    grain: float = 0.0
+    # Further synthetic_batch options: scale, and for experiments fine_texture, image_offset, image_gain.
+    data_extra: Mapping[str, float] = field(default_factory=dict)
     model: str | WanConfig | Mapping[str, Any] = "demo"
     init: str = "sinkscope"  # or "torch"
     dtype: str = "bfloat16"
@@ -198,6 +206,17 @@ class TrainConfig:
             raise ValueError(f"schedule {self.schedule!r} is not 'cosine' or 'constant'")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError("steps and batch_size must be positive")
+        if self.first_frame not in synthetic.FIRST_FRAME_STYLES:
+            raise ValueError(f"first_frame {self.first_frame!r} is not one of {', '.join(synthetic.FIRST_FRAME_STYLES)}")
+        if self.temporal_compression < 1:
+            raise ValueError("temporal_compression must be at least 1")
+        if self.grain < 0:
+            raise ValueError("grain must be >= 0")
+
+    def data_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``synthetic_batch`` that pick this run's data."""
+        return {"first_frame": self.first_frame, "temporal_compression": int(self.temporal_compression), "grain": float(self.grain),
+                **{k: float(v) for k, v in self.data_extra.items()}}
 
 
 def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields: Any) -> TrainResult:
@@ -296,7 +315,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
         "kind": "sinkscope trained demo",
         "model": config.model if isinstance(config.model, str) else "custom",  # load with model=config when custom
         "config": model_config.to_dict(),
-        "data": synthetic.describe(),
+        "data": synthetic.describe(**config.data_options()),
         "training": {
             "seed": int(config.seed), "steps": int(config.steps), "batch_size": int(config.batch_size), "lr": float(config.lr),
             "ema": float(config.ema), "warmup": int(config.warmup), "weight_decay": float(config.weight_decay),
@@ -330,7 +349,9 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     try:
         while step < config.steps:
             if pool is None:
-                batch = synthetic.synthetic_batch(_data_seed(config.seed, step), config.batch_size, device=device)
+                batch = synthetic.synthetic_batch(
+                    _data_seed(config.seed, step), config.batch_size, device=device, **config.data_options()
+                )
                 x0, labels = batch.latents, batch.labels
                 noise = torch.randn(x0.shape, generator=generator, device=device)
                 t_blocks = sample_block_timesteps(
@@ -451,6 +472,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
     parser.add_argument("--pool-size", type=positive, default=defaults.pool_size, help="stage ode: teacher ODE trajectories")
     parser.add_argument("--ode-steps", type=positive, default=defaults.ode_steps, help="stage ode: Euler steps a block (a multiple of 4)")
     parser.add_argument("--ode-chunk", type=positive, default=defaults.ode_chunk, help="stage ode: trajectories generated at once")
+    parser.add_argument("--first-frame", choices=synthetic.FIRST_FRAME_STYLES, default=defaults.first_frame,
+                        help="data: latent frame 0 an image latent (Wan's VAE) or like the others")
+    parser.add_argument("--temporal-compression", type=positive, default=defaults.temporal_compression,
+                        help="data: video frames a later latent frame averages (1 and --first-frame video: data version 1)")
+    parser.add_argument("--data-scale", type=positive_number, default=None,
+                        help=f"data: divide the raw values by this (default {synthetic.DATA_SCALE}; data version 1: {synthetic.VERSION1_SCALE})")
+    parser.add_argument("--grain", type=float, default=defaults.grain, help="data: per-pixel detail of every video frame (raw units)")
     parser.add_argument("--sampler-prob", type=fraction, default=defaults.sampler_prob, help="share of steps at the sampler's timesteps (0..1)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=defaults.dtype, help="weights dtype of final.pt")
     parser.add_argument("--keep-generator", action="store_true", help="final.pt also holds the non-EMA weights")
@@ -484,7 +512,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
         config = TrainConfig(
             steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device, lr=args.lr,
             ema=args.ema, warmup=args.warmup, save_every=args.save_every, schedule=args.schedule, mode=args.mode,
-            sampler_prob=args.sampler_prob, dtype=args.dtype, stage=args.stage, teacher=args.teacher,
+            sampler_prob=args.sampler_prob, first_frame=args.first_frame, temporal_compression=args.temporal_compression,
+            grain=args.grain, data_extra={} if args.data_scale is None else {"scale": args.data_scale}, dtype=args.dtype, stage=args.stage, teacher=args.teacher,
             pool_size=args.pool_size, ode_steps=args.ode_steps, ode_chunk=args.ode_chunk, keep_generator=args.keep_generator,
             autocast=None if args.autocast == "none" else args.autocast, compile=args.compile,
             log_every=args.log_every, max_seconds=args.max_seconds, num_threads=args.threads,
