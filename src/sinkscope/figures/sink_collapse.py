@@ -76,8 +76,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         caption=("Upper panel: the softmax mass of each block's queries on the sink frames (frame 0 without a sink "
                  "policy), mean over layers, heads and runs, and what uniform attention would give them (dotted). Lower "
                  "panel: the mean cosine similarity of the block's latent frames to the sink frames and to the previous "
-                 "block. Dashed verticals: positions where a temporal RoPE channel pair completes a turn (c<pair>@frame; "
-                 "LoL reports collapses at such indices)."),
+                 "block (raw latents: a static background keeps them high; what matters is how they move). "
+                 + ("Dashed verticals: positions where a temporal RoPE channel pair completes a turn (c<pair>@frame; "
+                    "LoL reports collapses at such indices)." if marks else
+                    "No temporal RoPE channel with a period of 16 frames or more completes a turn in these frames.")),
     )  # fmt: skip
 
 
