@@ -14,7 +14,7 @@ from sinkscope.pipeline.codedigest import ROOT, _imports
 # Lowest first. A base module may import other base modules; a subpackage's modules may
 # import each other; anything else only from a lower layer.
 LAYERS = (
-    ("sinkscope", "sinkscope.arguments", "sinkscope.errors", "sinkscope.io", "sinkscope.manifests", "sinkscope.naming", "sinkscope.options",
+    ("sinkscope", "sinkscope.arguments", "sinkscope.errors", "sinkscope.io", "sinkscope.labels", "sinkscope.manifests", "sinkscope.naming", "sinkscope.options",
      "sinkscope.schema", "sinkscope.tables"),
     ("sinkscope.model", "sinkscope.stats"),
     ("sinkscope.generation",),

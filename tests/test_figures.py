@@ -306,7 +306,11 @@ def tables_for(kind: str, data: dict) -> dict[str, pd.DataFrame]:
                 "head_diagnostics": data["variants_diagnostics"]}  # fmt: skip
     if FIGURES[kind].scope == "study":
         return {"head_diagnostics": data["diagnostics_all"]}
-    return {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
+    tables = {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
+    if FIGURES[kind].needs_reference_labels:  # the config's label file: codes cycling over the heads
+        heads = data["head_diagnostics"][["layer", "head"]].drop_duplicates()
+        tables["reference_labels"] = heads.assign(reference=[(-1, 1, 2)[(a + b) % 3] for a, b in heads.to_numpy()])
+    return tables
 
 
 def render(kind: str, size: str = "demo", options: dict | None = None, data: dict | None = None, **kwargs):
@@ -754,7 +758,7 @@ def test_each_kind_module_imports_only_the_shared_code():
     from sinkscope.pipeline.codedigest import _imports
 
     allowed = {"sinkscope.figures", "sinkscope.figures.common", "sinkscope.stats.summaries", "sinkscope.tables",
-               "sinkscope.naming"}  # fmt: skip
+               "sinkscope.naming", "sinkscope.stats.labels"}  # fmt: skip
     for kind, module in figures.KINDS.items():
         assert _imports(module) <= allowed, (kind, _imports(module) - allowed)
     assert _imports("sinkscope.figures.common") <= {"sinkscope.io", "sinkscope.naming", "sinkscope.schema",

@@ -21,6 +21,8 @@ ONE_LINERS = {
     "first_middle_last": lambda t: plot.plot_first_middle_last(t["frame_attention"], metric="prob_mass"),
     "sink_score_overview": lambda t: plot.plot_sink_score_overview(t["frame_attention"]),
     "head_classes": lambda t: plot.plot_head_classes(t["head_diagnostics"]),
+    "label_agreement": lambda t: plot.plot_label_agreement(
+        t["head_diagnostics"], [[(-1, 1, 2)[(layer + head) % 3] for head in range(12)] for layer in range(8)]),
     "entropy_overview": lambda t: plot.plot_entropy_overview(t["head_diagnostics"], step="cache"),
     "attention_over_time": lambda t: plot.plot_attention_over_time(t["frame_attention"], head="L1H1"),
     "per_head_grid": lambda t: plot.plot_per_head_grid(t["frame_attention"], layer="L5", frame_base=1),
@@ -61,7 +63,8 @@ def test_one_liners_on_pandas_tables(kind, monkeypatch):
     monkeypatch.setattr(figures, "draw", spy)
     assert isinstance(ONE_LINERS[kind](tables), Figure)
     (drawn, given, kwargs), = calls
-    assert drawn == kind and set(given) == set(FIGURES[kind].tables)
+    labels = {"reference_labels"} if FIGURES[kind].needs_reference_labels else set()
+    assert drawn == kind and set(given) == set(FIGURES[kind].tables) | labels
     assert all(isinstance(t, pd.DataFrame) and len(t) for t in given.values())
     # Exactly the options the workflow passes this kind, filled in from the schema.
     spec = FIGURES[kind]

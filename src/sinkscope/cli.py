@@ -5,6 +5,7 @@
     sinkscope extract --layers 0 4 --out DIR         one extraction job (one generation)
     sinkscope import-cache PATH --out OUT.parquet    convert an older .pt attention cache
     sinkscope figure KIND --input FILE ... --out-prefix PATH   draw one figure
+    sinkscope compare-labels --labels FILE --input head_diagnostics.parquet   a label file against the head classes
     sinkscope verify results/                        check every result file's integrity
     sinkscope train-demo --out DIR                   train the demo model on synthetic videos
 
@@ -355,6 +356,36 @@ def _figure_tables(inputs: list[str]) -> dict:
     return {name: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] for name, frames in parts.items()}
 
 
+def cmd_compare_labels(args: argparse.Namespace) -> int:
+    from sinkscope import plot
+    from sinkscope.labels import read_label_file
+    from sinkscope.pipeline.jobs import log_to
+    from sinkscope.stats.labels import agreement, reference_frame
+    from sinkscope.tables import read_table
+
+    log_to(None)
+    labels = read_label_file(args.labels)
+    table = read_table(args.input)
+    if args.checkpoint is not None:
+        table = table[table["checkpoint"] == args.checkpoint]
+        if table.empty:
+            raise SinkscopeError(f"{args.input}: no rows of checkpoint {args.checkpoint!r}")
+    if args.variant is not None:
+        table = table[table["variant"] == args.variant]
+        if table.empty:
+            raise SinkscopeError(f"{args.input}: no rows of variant {args.variant!r}")
+    try:
+        result = agreement(table, labels, args.step)
+    except ValueError as error:
+        raise SinkscopeError(f"{args.input}: {error}") from None
+    print(result.text())
+    if args.out:
+        fig = plot.plot_label_agreement(table, reference_frame(labels), step=args.step)
+        svg, png = plot.save(fig, args.out)
+        print(f"wrote {svg} and {png}")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from sinkscope.pipeline.integrity import check_result, is_moved_aside
 
@@ -470,6 +501,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="first frame number in labels (1 matches the paper)")
     fig.add_argument("--dpi", type=_dpi, default=defaults["dpi"], help="PNG resolution (50 to 1200)")
     fig.set_defaults(func=cmd_figure)
+
+    compare = sub.add_parser("compare-labels", help="a published per-head label file (e.g. Pyramid Forcing's) against "
+                                                    "the study's head_class and pyramid_label: confusion counts, agreement")  # fmt: skip
+    compare.add_argument("--labels", required=True, help="CSV, one row per layer, one column per head, cells -1/1/2")
+    compare.add_argument("--input", required=True, help="head_diagnostics.parquet (results/tables/ or a source's)")
+    compare.add_argument("--checkpoint", help="the checkpoint compared, when the table holds several")
+    compare.add_argument("--variant", help="the variant compared, when the table holds several")
+    compare.add_argument("--step", type=_step, default="last", help="the call compared: last, cache or a step index")
+    compare.add_argument("--out", metavar="PREFIX", help="also draw the confusion figure to PREFIX.svg and PREFIX.png")
+    compare.set_defaults(func=cmd_compare_labels)
 
     verify = sub.add_parser("verify", help="check every result in full (manifests, checksums, content digests, figures); "
                                            "results moved aside as damaged are counted, not checked")  # fmt: skip

@@ -66,6 +66,7 @@ __all__ = [
     "plot_figure4_tokens",
     "plot_first_middle_last",
     "plot_head_classes",
+    "plot_label_agreement",
     "plot_heads_heatmap",
     "plot_key_frame_maps",
     "plot_layer_comparison",
@@ -187,6 +188,8 @@ def plot(
         if checkpoints and spec.scope == STUDY:
             rows = rows[rows["checkpoint"].isin(list(checkpoints))]
         picked[name] = rows
+    if spec.needs_reference_labels and "reference_labels" in tables:
+        picked["reference_labels"] = tables["reference_labels"]
     main = picked[spec.tables[-1]]
     if spec.scope == STUDY:
         source = source or "study"
@@ -283,6 +286,21 @@ def plot_head_classes(diagnostics: pd.DataFrame, *, checkpoint: str | None = Non
                       step: str | int | None = None, source: str | None = None, ax=None):  # fmt: skip
     """Layers x heads coloured by head_class (head_diagnostics)."""
     return plot("head_classes", diagnostics, checkpoint=checkpoint, variant=variant, source=source, ax=ax, step=step)
+
+
+def plot_label_agreement(diagnostics: pd.DataFrame, labels: Any, *, checkpoint: str | None = None,
+                         variant: str | None = None, source: str | None = None, ax: Any = None,
+                         step: str | int | None = None):
+    """A published label file (a path, a layers x heads grid of -1/1/2, or rows of layer,
+    head, reference) against head_class and pyramid_label (head_diagnostics)."""
+    from sinkscope.labels import read_label_file
+    from sinkscope.stats.labels import reference_frame
+
+    if isinstance(labels, (str, Path)):
+        labels = read_label_file(labels)
+    frame = labels if isinstance(labels, pd.DataFrame) else reference_frame(labels)
+    return plot("label_agreement", {"head_diagnostics": diagnostics, "reference_labels": frame}, checkpoint=checkpoint,
+                variant=variant, source=source, ax=ax, step=step)  # fmt: skip
 
 
 def plot_entropy_overview(diagnostics: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,

@@ -155,6 +155,7 @@ HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
         ("period", pa.float64()),
         ("period_power", pa.float64()),
         ("head_class", pa.string()),
+        ("pyramid_label", pa.int8()),
     ]
     + run_std_fields(DIAGNOSTICS_RUN_STD)
 )  # fmt: skip
@@ -240,6 +241,10 @@ COLUMN_DOCS: dict[str, str] = {
     "period": "dominant period (frames) of the key-frame logit_mean profile, by FFT",
     "period_power": "share of the profile's spectral power (DC excluded) at that period",
     "head_class": "sink, local, periodic or diffuse (thresholds: config diagnostics:, docs/statistics.md)",
+    "pyramid_label": "Pyramid Forcing's head type from the logit_mean profile: -1 wave (oscillating: mixed signs, "
+                     "periodic), 1 anchor (stable, compact: positive on most key frames), 2 veil (stable-sparse: "
+                     "negative on most), the mean logit's sign deciding 1/2 otherwise; 0 no profile "
+                     "(thresholds: config diagnostics: pyramid_*, docs/statistics.md)",
 }
 for _name in {*LAYER_RUN_STD, *DIAGNOSTICS_RUN_STD}:
     COLUMN_DOCS[_name + RUN_STD_SUFFIX] = (

@@ -44,6 +44,9 @@ class FigureKind:
     compares: str | None = None
     # Drawn only when a prompt of the study switches (prompts: schedules).
     needs_prompt_switches: bool = False
+    # Drawn only when the config names a label file (diagnostics.reference_labels), which
+    # the workflow hands it beside its tables.
+    needs_reference_labels: bool = False
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -84,6 +87,9 @@ FIGURES: dict[str, FigureKind] = {
                    "first - middle cache frames of every layer x head, sink-class heads outlined", uses=_CLASSES),
         FigureKind("head_classes", SOURCE, ("head_diagnostics",), ("step",),
                    "layers x heads coloured by head class"),
+        FigureKind("label_agreement", SOURCE, ("head_diagnostics",), ("step",),
+                   "a published label file (diagnostics.reference_labels) against head_class and pyramid_label",
+                   needs_reference_labels=True),
         FigureKind("entropy_overview", SOURCE, ("head_diagnostics",), ("step",),
                    "attention entropy of every layer x head"),
         FigureKind("attention_over_time", SOURCE, ("frame_attention",), ("step", "heads"),
@@ -126,3 +132,4 @@ def kinds(scope: str) -> tuple[str, ...]:
 SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY))
 TOKEN_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_token_profiles)
 SWITCH_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_prompt_switches)
+LABEL_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_reference_labels)

@@ -178,9 +178,16 @@ def figure_job(
         grid = meta.get("frame_grid")
     else:
         by_name: dict[str, list[str]] = {}
+        labels = [path for path in inputs if str(path).endswith(".csv")]  # diagnostics.reference_labels
         for path in inputs:
-            by_name.setdefault(_table_name(path), []).append(path)
+            if path not in labels:
+                by_name.setdefault(_table_name(path), []).append(path)
         tables = {name: read_table(paths) for name, paths in by_name.items() if name != "token_profiles"}
+        if labels:
+            from sinkscope.labels import read_label_file
+            from sinkscope.stats.labels import reference_frame
+
+            tables["reference_labels"] = reference_frame(read_label_file(labels[0]))
         if "token_profiles" in by_name:
             frame = tables["frame_attention"]
             parts = [read_token_profiles(folder, frame, options) for folder in by_name["token_profiles"]]

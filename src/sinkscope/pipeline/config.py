@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from sinkscope.errors import ConfigError
+from sinkscope.errors import ConfigError, SinkscopeError
+from sinkscope.labels import read_label_file
 from sinkscope.model.checkpoints import (
     ResolvedCheckpoint,
     checkpoint_specs,
@@ -386,6 +387,7 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
             problems.append(str(exc))
 
     resolved: dict[str, ResolvedCheckpoint] = {}
+    model_shapes: dict[str, tuple[int, int]] = {}
     for name, spec in checkpoint_specs(config).items():
         try:
             resolved[name] = checkpoint = resolve_checkpoint(spec, base_dir)
@@ -393,6 +395,7 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
             problems.append(str(exc))
             continue
         model_config = checkpoint.model_config
+        model_shapes[name] = (model_config.num_layers, model_config.num_heads)
         for (owner, variant), option in options.items():
             if owner != name:
                 continue
@@ -421,6 +424,7 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                 f"config key figures.step: {step} is past the last denoising step {len(option.denoising_steps) - 1}"
                 + _run_name(config, checkpoint, variant)
             )
+    problems += _check_reference_labels(config["diagnostics"].get("reference_labels"), base_dir, model_shapes)
     for name, entry in config["legacy_caches"].items():
         path = Path(entry["path"])
         if not (path if path.is_absolute() else base_dir / path).is_file():
@@ -430,6 +434,24 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
     if problems:
         raise ConfigError.invalid(_unique(problems))
     return resolved
+
+
+def _check_reference_labels(reference: str | None, base_dir: Path, model_shapes: Mapping[str, tuple[int, int]]) -> list[str]:
+    """diagnostics.reference_labels: a label file that reads, one row per layer and a column
+    per head of every checkpoint's model."""
+    if not reference:
+        return []
+    key = "config key diagnostics.reference_labels"
+    file = Path(reference) if Path(reference).is_absolute() else base_dir / reference
+    if not file.is_file():
+        return [f"{key}: file {reference!r} does not exist"]
+    try:
+        labels = read_label_file(file)
+    except SinkscopeError as exc:
+        return [f"{key}: {exc}"]
+    shape = (len(labels), len(labels[0]))
+    return [f"{key}: label file {reference!r} holds {shape[0]} layers x {shape[1]} heads, checkpoint {name!r} "
+            f"{want[0]} x {want[1]}" for name, want in model_shapes.items() if want != shape]  # fmt: skip
 
 
 def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *, local: bool = True) -> str:

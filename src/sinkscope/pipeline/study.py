@@ -24,6 +24,7 @@ from sinkscope.figures.registry import (
     COMMON_OPTIONS,
     DRAWING_OPTIONS,
     FIGURES,
+    LABEL_FIGURES,
     LAYER_FIGURES,
     SOURCE_FIGURES,
     STUDY_FIGURES,
@@ -315,7 +316,10 @@ class Study:
     def figure_inputs(self, kind: str, source: str) -> list[str]:
         """The tables figure ``kind`` of ``source`` reads (a checkpoint's: all its variants)."""
         sources = self.sources_of(source) if kind in CHECKPOINT_FIGURES else [source]
-        return [path("source_table", source=s, table=t) for s in sources for t in FIGURES[kind].inputs]
+        tables = [path("source_table", source=s, table=t) for s in sources for t in FIGURES[kind].inputs]
+        if FIGURES[kind].needs_reference_labels:
+            tables.append(str(self.config["diagnostics"]["reference_labels"]))
+        return tables
 
     def layer_figure_inputs(self, kind: str, source: str, layer: int) -> list[str]:
         """The frame rows of one layer (extraction folders, or the imported file) and the
@@ -334,6 +338,8 @@ class Study:
         head_layers = {parse_head_label(label)[0] for label in self.config["figures"]["heads"]}
         if not self.token_profiles(source) or not head_layers & set(self.source_layers(source)):
             kinds = [kind for kind in kinds if kind not in TOKEN_FIGURES]
+        if not self.config["diagnostics"].get("reference_labels"):
+            kinds = [kind for kind in kinds if kind not in LABEL_FIGURES]
         return kinds
 
     def figure_targets(self) -> list[str]:
@@ -420,7 +426,7 @@ class Study:
         return {
             "name": source,
             "sink_frames": options.sink_frames if options is not None else 0,
-            "diagnostics": dict(self.config["diagnostics"]),
+            "diagnostics": {k: v for k, v in self.config["diagnostics"].items() if k != "reference_labels"},
         }
 
     def figure_options(self, kind: str) -> dict[str, Any]:

@@ -422,6 +422,26 @@ def classify_head(row: Mapping[str, float], thresholds: Mapping[str, float], num
     return "diffuse"
 
 
+def pyramid_label(row: Mapping[str, float], thresholds: Mapping[str, float], num_key_frames: int) -> int:
+    """Pyramid Forcing's head type from the key-frame ``logit_mean`` profile (docs/statistics.md):
+    1 anchor (positive on at least ``pyramid_sign_high`` of the key frames), 2 veil (on at
+    most ``pyramid_sign_low``), else -1 wave when the mixed-sign profile is periodic (the
+    dominant period holds ``pyramid_periodic_power`` of the spectral power, 2 <= period <=
+    half the key frames), else the mean-logit fallback: 1 if the profile's mean is
+    positive, 2 if not. 0: no profile."""
+    rate = row["sign_rate"]
+    if not np.isfinite(rate):
+        return 0
+    if rate >= thresholds["pyramid_sign_high"]:
+        return 1
+    if rate <= thresholds["pyramid_sign_low"]:
+        return 2
+    period, power = row["period"], row["period_power"]
+    if np.isfinite(power) and power >= thresholds["pyramid_periodic_power"] and 2 <= period <= num_key_frames / 2:
+        return -1
+    return 1 if row["mean_logit"] > 0 else 2
+
+
 def head_diagnostics(
     frame: pd.DataFrame, query_stats: pd.DataFrame | None = None, thresholds: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
@@ -465,10 +485,11 @@ def head_diagnostics(
     spread = per_run.groupby(head_keys, observed=True)[list(DIAGNOSTICS_RUN_STD)].std(ddof=1)
     out = out.join(spread.rename(columns=lambda name: name + RUN_STD_SUFFIX).astype(np.float64))
     profiles = rows.groupby([*head_keys, "key_frame"], observed=True)["logit_mean"].mean()
-    signs, periods, powers, counts = [], [], [], []
+    signs, periods, powers, counts, means = [], [], [], [], []
     for key in out.index:
         profile = profiles.loc[key].sort_index().to_numpy()
         signs.append(float((profile > 0).mean()) if profile.size else np.nan)
+        means.append(float(profile.mean()) if profile.size else np.nan)
         period, power = dominant_period(profile)
         periods.append(period)
         powers.append(power)
@@ -478,6 +499,10 @@ def head_diagnostics(
     out["head_class"] = [
         classify_head(row, thresholds, n) for row, n in zip(out.to_dict("records"), counts)
     ]
+    out["pyramid_label"] = np.array(
+        [pyramid_label({**row, "mean_logit": m}, thresholds, n) for row, m, n in zip(out.to_dict("records"), means, counts)],
+        dtype=np.int8,
+    )
     return out[HEAD_DIAGNOSTICS_SCHEMA.names]
 
 
