@@ -91,6 +91,9 @@ def test_every_figure_draws_one_frame_blocks_with_few_steps(kind, data):
         tables = {"head_diagnostics": data["diagnostics_all"]}
     else:
         tables = {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
+    if FIGURES[kind].needs_reference_labels:  # the config's label file: codes cycling over the heads
+        heads = tables["head_diagnostics"][["layer", "head"]].drop_duplicates()
+        tables["reference_labels"] = heads.assign(reference=[(-1, 1, 2)[(a + b) % 3] for a, b in heads.to_numpy()])
     fig = figures.draw(kind, tables, source="cf", layer=0 if scope == "layer" else None, options={"dpi": 40},
                        grid=data["grid"], train_steps={"demo": 1})  # fmt: skip
     assert layout_problems(fig) == []
