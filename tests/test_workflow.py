@@ -10,10 +10,10 @@ import pytest
 
 from sinkscope.figures.registry import (
     CHECKPOINT_FIGURES,
+    LABEL_FIGURES,
     LAYER_FIGURES,
     SOURCE_FIGURES,
     STUDY_FIGURES,
-    LABEL_FIGURES,
     SWITCH_FIGURES,
 )
 from sinkscope.figures.report import number
