@@ -234,6 +234,13 @@ def one_source(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
     return frame
 
 
+def one_checkpoint(table: pd.DataFrame, kind: str) -> None:
+    """Refuse a table of several checkpoints for a figure that draws one (its variants)."""
+    checkpoints = sorted(str(x) for x in pd.unique(table["checkpoint"]))
+    if len(checkpoints) > 1:
+        raise ValueError(f"figure {kind} draws one checkpoint; the table holds {', '.join(checkpoints)} (checkpoint=...)")
+
+
 def variants_in(frame: pd.DataFrame) -> list[str]:
     """Variants in the table's order of appearance, 'default' first."""
     if "variant" not in frame.columns:

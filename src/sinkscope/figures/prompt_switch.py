@@ -61,9 +61,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     if ax is not None:
         raise ValueError(f"{kind} is a grid of panels; it draws its own figure (leave ax out)")
     frame = c.table(tables, "frame_attention", kind)
-    checkpoints = sorted(str(x) for x in pd.unique(frame["checkpoint"]))
-    if len(checkpoints) > 1:
-        raise ValueError(f"figure {kind} draws one checkpoint; the table holds {', '.join(checkpoints)} (checkpoint=...)")
+    c.one_checkpoint(frame, kind)
     if "prompt_segment" not in frame.columns:
         raise ValueError(f"figure {kind} needs the prompt_segment column (rows of prompt schedules)")
     switches = switches_of(frame)

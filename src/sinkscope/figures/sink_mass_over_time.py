@@ -33,9 +33,7 @@ def per_block(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "sink_mass_over_time"
     stats = c.table(tables, "block_stats", kind)
-    checkpoints = sorted(str(x) for x in pd.unique(stats["checkpoint"]))
-    if len(checkpoints) > 1:
-        raise ValueError(f"figure {kind} draws one checkpoint; the table holds {', '.join(checkpoints)} (checkpoint=...)")
+    c.one_checkpoint(stats, kind)
     if "sink_uniform" not in stats:
         raise ValueError(f"figure {kind} needs block_stats with sink_uniform (written by this sinkscope's aggregation)")
     step = options.get("step") or "last"
