@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
 from sinkscope.generation.sampler import generate  # noqa: E402
 from sinkscope.model import WanModel, build_model, get_model_config, init_random_weights  # noqa: E402
-from sinkscope.options import CACHE_POLICIES, GenerationOptions  # noqa: E402
+from sinkscope.options import CACHE_POLICIES, CACHE_POLICY_TABLE, GenerationOptions  # noqa: E402
 from sinkscope.stats.attention import attention_statistics  # noqa: E402
 
 GiB = 2**30
@@ -136,7 +136,9 @@ def section_policies(model, frames: int) -> dict:
     for policy in CACHE_POLICIES:
         if policy == "global" and frames > 120:
             continue  # the global cache grows with the video (30 layers x frames x 1560 tokens)
-        options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy})
+        # rolling_forcing runs under its own procedure (Rolling Forcing's window).
+        options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy,
+                                                 "procedure": CACHE_POLICY_TABLE[policy].procedure})
         try:
             out[policy] = {**run(model, options, [LAYER]), "options": options.to_dict()}
         except Exception as error:  # noqa: BLE001 - report, keep going

@@ -11,7 +11,7 @@ from test_stats import brute_force_statistics
 from sinkscope.generation.capture import FrameStatsCapture
 from sinkscope.generation.sampler import FlowMatchSchedule, generate
 from sinkscope.model import build_model
-from sinkscope.options import CACHE_POLICIES, GenerationOptions
+from sinkscope.options import BLOCK_CACHE_POLICIES, GenerationOptions
 from sinkscope.tables import token_rows
 
 FSL = 24  # the demo's tokens a frame
@@ -74,7 +74,7 @@ def test_every_call_is_captured_with_absolute_frames():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", CACHE_POLICIES)
+@pytest.mark.parametrize("policy", BLOCK_CACHE_POLICIES)  # rolling_forcing: tests/test_rolling_forcing.py
 def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     extra = {"participative_compression": dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3),
              "deep_sink": dict(local_attn_frames=7, sink_frames=2), "rerope_sink": dict(local_attn_frames=7, sink_frames=3),

@@ -26,7 +26,7 @@ PINNED = {
     "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},
     "extract_attention": {
         "io", "naming", "options", "tables", *_MODEL, "model.cache", "model.policies", "model.text",
-        "generation", "generation.capture", "generation.sampler",
+        "generation", "generation.capture", "generation.rolling", "generation.sampler",
         "stats", "stats.attention", "stats.reference", "stats.rollout", "stats.triton_kernels",
         "manifests", "pipeline.extract", "pipeline.integrity",
     },

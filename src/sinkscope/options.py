@@ -22,7 +22,14 @@ policy                         follows                                          
 ``rolling_sink``               Rolling Sink: first-window segments re-inserted     window 21, segment 3
 ``relative_rope``              Infinity-RoPE: block-relativistic RoPE              window 6, sink 1
 ``ema_sink``                   Reward Forcing: evicted frames blended into sink    window 9, sink 3
+``rolling_forcing``            Rolling Forcing: anchor + working cache + window    span 21, anchor 3
 =============================  ==================================================  ======================
+
+``procedure`` chooses how the model calls are made: ``self_forcing`` (block by block,
+one call a denoising step and a cache pass; every policy above but the last) or
+``rolling_forcing`` (Rolling Forcing's rolling window of W = len(denoising_steps) blocks
+denoised jointly at staggered noise levels; ``sinkscope.generation.rolling``), which runs
+only with ``cache_policy: rolling_forcing`` and refuses what it has no reference for.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
     "rerope_sink",
 )
 ROLLING_SINK, RELATIVE_ROPE, EMA_SINK = "rolling_sink", "relative_rope", "ema_sink"
+ROLLING_FORCING = "rolling_forcing"
+# Generation procedures (``generation.procedure``): Self-Forcing's block loop, Rolling Forcing's window.
+SELF_FORCING_PROCEDURE, ROLLING_FORCING_PROCEDURE = "self_forcing", "rolling_forcing"
+PROCEDURES = (SELF_FORCING_PROCEDURE, ROLLING_FORCING_PROCEDURE)
 POLICY_KEYS = ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames")
 
 
@@ -68,16 +79,22 @@ class PolicySpec:
     # LongLive's KV re-cache at a prompt switch applies: the cache holds whole frames, each
     # at its own RoPE position, so the kept frames can be recomputed in place.
     recaches: bool = False
+    # Rolling Forcing: the cache holds the anchor beside the attention span (21 + 3 = 24 frames).
+    holds_anchor_beyond_window: bool = False
+    # The generation procedure whose calls the policy expects.
+    procedure: str = SELF_FORCING_PROCEDURE
 
-    def capacity_frames(self, *, num_frames: int, local_attn_frames: int, largest_block: int) -> int:
+    def capacity_frames(self, *, num_frames: int, local_attn_frames: int, largest_block: int, sink_frames: int = 0) -> int:
         """Frames' worth of key slots its cache allocates."""
         if local_attn_frames == -1:
             return num_frames
-        return local_attn_frames + (largest_block if self.holds_block_beyond_window else 0)
+        extra = (largest_block if self.holds_block_beyond_window else 0) + (sink_frames if self.holds_anchor_beyond_window else 0)
+        return local_attn_frames + extra
 
     def kv_frames(self, *, num_frames: int, local_attn_frames: int, sink_frames: int, largest_block: int) -> int:
         """Frames' worth of keys and values it keeps in all: the cache plus its copies."""
-        capacity = self.capacity_frames(num_frames=num_frames, local_attn_frames=local_attn_frames, largest_block=largest_block)
+        capacity = self.capacity_frames(num_frames=num_frames, local_attn_frames=local_attn_frames, largest_block=largest_block,
+                                        sink_frames=sink_frames)  # fmt: skip
         return capacity + (max(0, local_attn_frames - sink_frames) if self.keeps_first_window else 0)
 
 
@@ -100,9 +117,15 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
         PolicySpec(ROLLING_SINK, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True, keeps_first_window=True),
         PolicySpec(RELATIVE_ROPE, _defaults(6, 1), _WINDOW_AND_SINK, needs_sink=True),
         PolicySpec(EMA_SINK, _defaults(9, 3), _WINDOW_AND_SINK, needs_sink=True),
+        # local_attn_frames: the span a call attends (their max_attention_size, 21 frames);
+        # sink_frames: the anchor (block 0). The cache holds both: 24 frames (RF pipeline).
+        PolicySpec(ROLLING_FORCING, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True, holds_anchor_beyond_window=True,
+                   procedure=ROLLING_FORCING_PROCEDURE),  # fmt: skip
     )
 }
 CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
+# The policies of Self-Forcing's block procedure (every one but Rolling Forcing's).
+BLOCK_CACHE_POLICIES = tuple(name for name, spec in CACHE_POLICY_TABLE.items() if spec.procedure == SELF_FORCING_PROCEDURE)
 RECACHE_POLICIES = tuple(name for name, spec in CACHE_POLICY_TABLE.items() if spec.recaches)
 POLICY_DEFAULTS: dict[str, Mapping[str, int]] = {name: spec.defaults for name, spec in CACHE_POLICY_TABLE.items()}
 
@@ -165,6 +188,9 @@ class GenerationOptions:
     # At a prompt switch, recompute the kept frames' keys/values under the new prompt
     # (LongLive's KV re-cache); False only switches the cross-attention context.
     re_cache: bool = True
+    # How the calls are made: Self-Forcing's block loop, or Rolling Forcing's rolling window
+    # (``sinkscope.generation.rolling``; needs cache_policy rolling_forcing).
+    procedure: str = SELF_FORCING_PROCEDURE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "denoising_steps", tuple(int(s) for s in self.denoising_steps))
@@ -176,13 +202,16 @@ class GenerationOptions:
         object.__setattr__(self, "timestep_shift", float(self.timestep_shift))
         object.__setattr__(self, "context_noise", float(self.context_noise))
         if self.cache_policy is None:
-            object.__setattr__(self, "cache_policy", infer_policy(self.local_attn_frames, self.sink_frames))
+            inferred = ROLLING_FORCING if self.procedure == ROLLING_FORCING_PROCEDURE else infer_policy(
+                self.local_attn_frames, self.sink_frames)  # fmt: skip
+            object.__setattr__(self, "cache_policy", inferred)
         self.block_sizes()  # validates the frame counts
         if not self.denoising_steps:
             raise OptionsError("config key generation.denoising_steps: name at least one step")
         if self.first_block_denoising_steps == ():
             raise OptionsError("config key generation.first_block_denoising_steps: name at least one step, or null")
         self._check_policy()
+        self._check_procedure()
 
     # -- construction ------------------------------------------------------------------
 
@@ -198,6 +227,8 @@ class GenerationOptions:
         if unknown:
             raise OptionsError(f"unknown config key generation.{unknown[0]} (known: {', '.join(sorted(known))})")
         values = {k: v for k, v in data.items() if v is not None}
+        if values.get("cache_policy") is None and values.get("procedure") == ROLLING_FORCING_PROCEDURE:
+            values["cache_policy"] = ROLLING_FORCING  # the procedure's own cache
         inferred = values.get("cache_policy") is None
         policy = infer_policy(values.get("local_attn_frames"), values.get("sink_frames")) if inferred else values["cache_policy"]
         spec = policy_spec(policy)
@@ -218,6 +249,8 @@ class GenerationOptions:
         data["denoising_steps"] = list(self.denoising_steps)
         if self.first_block_denoising_steps is not None:
             data["first_block_denoising_steps"] = list(self.first_block_denoising_steps)
+        if not self.rolling_forcing:
+            del data["procedure"]  # the default: rule params (and results) of earlier runs stay valid
         return data
 
     # -- derived -------------------------------------------------------------------------
@@ -255,8 +288,9 @@ class GenerationOptions:
     def cache_capacity_frames(self) -> int:
         """Frames' worth of key slots the policy's cache allocates (``PolicySpec.capacity_frames``)."""
         return policy_spec(self.cache_policy).capacity_frames(
-            num_frames=self.num_frames, local_attn_frames=self.local_attn_frames, largest_block=max(self.block_sizes())
-        )
+            num_frames=self.num_frames, local_attn_frames=self.local_attn_frames, largest_block=max(self.block_sizes()),
+            sink_frames=self.sink_frames,
+        )  # fmt: skip
 
     @property
     def kv_cache_frames(self) -> int:
@@ -273,10 +307,20 @@ class GenerationOptions:
         return self.denoising_steps
 
     @property
+    def rolling_forcing(self) -> bool:
+        """Whether the calls follow Rolling Forcing's rolling window (``procedure``)."""
+        return self.procedure == ROLLING_FORCING_PROCEDURE
+
+    @property
     def num_calls(self) -> int:
-        """Model calls of one generation with one prompt: per block, every denoising step
-        plus the cache pass."""
-        return sum(len(self.block_steps(block)) + 1 for block in range(len(self.block_sizes())))
+        """Calls of one generation with one prompt, as the tables count them: per block,
+        every denoising step plus the cache pass. Rolling Forcing: nb + W - 1 windows, each
+        one table call per block it holds (nb W in all) and one cache update."""
+        blocks = len(self.block_sizes())
+        if self.rolling_forcing:
+            steps = len(self.denoising_steps)
+            return blocks * steps + blocks + steps - 1
+        return sum(len(self.block_steps(block)) + 1 for block in range(blocks))
 
     @property
     def recaches(self) -> bool:
@@ -297,9 +341,20 @@ class GenerationOptions:
     def largest_call_frames(self, switch_frames: Sequence[int] = ()) -> int:
         """Query frames of the widest model call: a block, or a re-cache call."""
         widest = max(self.block_sizes())
+        if self.rolling_forcing:
+            return widest * len(self.denoising_steps)  # a full window
         if self.recaches:
             widest = max([widest, *(self.recache_frames(f) for f in switch_frames)])
         return widest
+
+    def check_prompt_switches(self, switch_frames: Sequence[int]) -> None:
+        """Refuse prompt switches the procedure or the policy cannot do (one line, the key named)."""
+        if switch_frames and self.rolling_forcing:
+            raise OptionsError(
+                f"config key generation.procedure: {self.procedure!r} generates a video under one prompt (prompt "
+                "switches have no reference in Rolling Forcing's procedure)"
+            )
+        self.check_recache(switch_frames)
 
     def check_recache(self, switch_frames: Sequence[int]) -> None:
         """Refuse a re-cache the policy cannot do (its cache holds moved, blended, compacted
@@ -358,6 +413,53 @@ class GenerationOptions:
                 raise OptionsError(
                     f"config key generation.budget_frames: {budget} exceeds the window local_attn_frames = {window}"
                 )
+
+    def _check_procedure(self) -> None:
+        """Rolling Forcing's procedure: only what its code does (docs/cache-policies.md)."""
+        procedure, policy = self.procedure, self.cache_policy
+        if procedure not in PROCEDURES:
+            raise OptionsError(f"config key generation.procedure: {procedure!r} is not one of {', '.join(PROCEDURES)}")
+        spec = policy_spec(policy)
+        if procedure != spec.procedure:
+            if self.rolling_forcing:
+                raise OptionsError(
+                    f"config key generation.cache_policy: {policy!r} cannot run under procedure {procedure!r}, whose cache "
+                    f"is {ROLLING_FORCING!r} (leave cache_policy out, or set it to {ROLLING_FORCING!r})"
+                )
+            raise OptionsError(
+                f"config key generation.procedure: {procedure!r} cannot run cache_policy {policy!r}, which expects the "
+                f"calls of procedure {spec.procedure!r}"
+            )
+        if not self.rolling_forcing:
+            return
+        block, steps = self.frames_per_block, len(self.denoising_steps)
+        if self.independent_first_frame:
+            raise OptionsError(
+                "config key generation.independent_first_frame: procedure 'rolling_forcing' has blocks of one size "
+                "(its anchor and every cached slot are one block)"
+            )
+        if self.first_block_denoising_steps is not None:
+            raise OptionsError(
+                "config key generation.first_block_denoising_steps: procedure 'rolling_forcing' gives every block the "
+                "same noise levels (one per window position)"
+            )
+        if self.sink_frames != block:
+            raise OptionsError(
+                f"config key generation.sink_frames: {self.sink_frames} must equal frames_per_block = {block} under "
+                "procedure 'rolling_forcing' (the anchor is block 0)"
+            )
+        blocks = len(self.block_sizes())
+        if blocks < steps:
+            raise OptionsError(
+                f"config key generation.num_frames: {self.num_frames} frames are {blocks} blocks, fewer than the {steps} "
+                f"denoising steps (the rolling window holds {steps} blocks)"
+            )
+        span, need = self.local_attn_frames, (steps + 1) * block
+        if span < need or span % block:
+            raise OptionsError(
+                f"config key generation.local_attn_frames: {span} must be a multiple of frames_per_block = {block} and at "
+                f"least {need} (the anchor plus a window of {steps} blocks)"
+            )
 
 
 

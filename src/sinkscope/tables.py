@@ -229,7 +229,7 @@ COLUMN_DOCS: dict[str, str] = {
     "sink_excess": "sink_mass - sink_uniform; null when no sink frame is in the cache",
     "self_mass": "softmax mass on the block's own frames",
     "other_mass": "softmax mass on every other frame present; sink_mass + self_mass + other_mass = 1",
-    "argmax_age": "frames between the block's first frame and argmax_frame (0 for its own frames)",
+    "argmax_age": "frames between the block's first frame and argmax_frame (0 for its own frames and, in a Rolling Forcing window, later ones)",
     "entropy": "entropy (nats) of the block's key-frame mass distribution over the frames present",
     "entropy_frames": "entropy of each query frame's key-frame distribution / ln(key frames), averaged",
     "latent_sink_cosine": "the generated video: mean cosine similarity between the block's latent frames and the sink frames (frame 0 without a sink); null for the block holding them and for imported caches",

@@ -2,6 +2,8 @@
 
 - ``sampler``: Self-Forcing's block-causal few-step generation (schedule, noise,
   denoising and cache passes, ``generate``).
+- ``rolling``: Rolling Forcing's procedure (a rolling window of blocks denoised jointly),
+  which ``generate`` hands over to under ``procedure: rolling_forcing``.
 - ``capture``: ``FrameStatsCapture``, the observer that turns each self-attention call
   of the chosen layers into frame statistics.
 

@@ -8,11 +8,13 @@ at which RoPE shift; rows carry the shift relative to the queries',
 itself, in the same call as its statistics (``sinkscope.stats.attention_with_statistics``:
 frame statistics, token entropy, argmax shares; key-token profiles for the chosen
 calls), and nothing token x token is kept. Results stay on the device until the
-generation ends, so capturing costs no host synchronization per call.
+generation ends, so capturing costs no host synchronization per call. A Rolling
+Forcing window call (``CallInfo.parts``) gives one record per block of the window.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,21 +95,34 @@ class FrameStatsCapture:
                 raise RuntimeError("a captured attention call ran outside a generation")
             if q.shape[0] != 1:
                 raise ValueError(f"capture expects batch size 1, got {q.shape[0]}")
-            # The layer's attention output comes from the same pass as its statistics.
-            out, stats = attention_with_statistics(
-                q[0].transpose(0, 1),
-                k[0].transpose(0, 1),
-                v[0].transpose(0, 1),
-                frame_seq_length=self.frame_seq_length,
-                query_frames=layout.query_frames,
-                key_frames=layout.key_frames,
-                key_lengths=layout.key_lengths,
-                token_profiles=self._wants_tokens(call),
-                backend=self.backend,
-                key_position_shift=layout.key_position_shift,
-            )
-            self.records.append(_Record(layer, call, layout, stats))
-            return out[None]
+            keys, values = k[0].transpose(0, 1), v[0].transpose(0, 1)
+            outs = []
+            # A Rolling Forcing window call is one table call per block: each block's
+            # queries get their own statistics (each query's softmax is its own, so this
+            # is exact) and token profiles averaged over that block's queries only.
+            for part in call.table_calls:
+                first = part.start_frame - call.start_frame
+                rows = slice(first * self.frame_seq_length, (first + part.num_frames) * self.frame_seq_length)
+                part_layout = layout
+                if part is not call:
+                    part_layout = dataclasses.replace(layout, query_frames=tuple(range(part.start_frame,
+                                                                                       part.start_frame + part.num_frames)))
+                # The layer's attention output comes from the same pass as its statistics.
+                out, stats = attention_with_statistics(
+                    q[0, rows].transpose(0, 1),
+                    keys,
+                    values,
+                    frame_seq_length=self.frame_seq_length,
+                    query_frames=part_layout.query_frames,
+                    key_frames=layout.key_frames,
+                    key_lengths=layout.key_lengths,
+                    token_profiles=self._wants_tokens(part),
+                    backend=self.backend,
+                    key_position_shift=layout.key_position_shift,
+                )
+                self.records.append(_Record(layer, part, part_layout, stats))
+                outs.append(out)
+            return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))[None]
 
         return observe
 

@@ -26,6 +26,10 @@ seed gives the same video on any device. What the KV cache keeps is the cache
 policy's business (``sinkscope.model.policies``); device memory stays flat under a bounded
 policy: the cache is sized by the policy, noise goes to the device one block at a
 time and the finished latents come back to the CPU block by block.
+
+Rolling Forcing's procedure (``generation.procedure: rolling_forcing``) lives in
+``sinkscope.generation.rolling`` and shares this module's helpers (``CallLog``,
+``latent_grid``, the noise stream, the host/device moves).
 """
 
 from __future__ import annotations
@@ -94,6 +98,14 @@ class CallInfo:
     is_last_block: bool = False
     # The prompt segment whose context the call uses (0 for a single prompt).
     segment: int = 0
+    # Rolling Forcing's window call: one model call over several blocks at their own
+    # noise levels; the tables count it as one call per block, these (empty otherwise).
+    parts: tuple[CallInfo, ...] = ()
+
+    @property
+    def table_calls(self) -> tuple[CallInfo, ...]:
+        """The calls the tables hold for this model call: its parts, or itself."""
+        return self.parts or (self,)
 
 
 class GenerationObserver(Protocol):
@@ -191,6 +203,46 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def latent_grid(model: WanModel, options: GenerationOptions) -> tuple[int, int, int]:
+    """(latent height, latent width, tokens a frame) of a generation."""
+    config = model.config
+    height = options.latent_height or config.latent_height
+    width = options.latent_width or config.latent_width
+    return height, width, config.frame_seq_length(height, width)
+
+
+class CallLog:
+    """The calls of a generation, as the tables count them; observers hear of each model
+    call before it runs."""
+
+    def __init__(self, observers: Iterable[GenerationObserver]) -> None:
+        self.observers = list(observers)
+        self.calls: list[CallInfo] = []
+
+    def announce(self, info: CallInfo) -> None:
+        self.calls.extend(info.table_calls)
+        for observer in self.observers:
+            observer.begin_call(info)
+
+
+class _Clock:
+    """Wall time and peak device memory of the denoising loop (synchronized at both ends)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _synchronize(device)
+        self.began = time.perf_counter()
+
+    def result(self, outputs: Sequence[torch.Tensor], log: CallLog, kv_cache_bytes: int) -> GenerationResult:
+        _synchronize(self.device)
+        seconds = time.perf_counter() - self.began
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        return GenerationResult(latents=torch.cat(list(outputs), dim=2), calls=log.calls, seconds=seconds,
+                                peak_memory_bytes=peak, kv_cache_bytes=kv_cache_bytes)  # fmt: skip
+
+
 def prompt_schedule(
     context: torch.Tensor | Sequence[tuple[int, torch.Tensor]], options: GenerationOptions
 ) -> list[tuple[int, torch.Tensor]]:
@@ -203,7 +255,7 @@ def prompt_schedule(
     for previous, start in zip(starts, starts[1:]):
         if not previous < start < options.num_frames or start not in blocks:
             raise OptionsError(f"prompt switch at frame {start}: switches lie at block starts {blocks[1:]} in increasing order")
-    options.check_recache(starts[1:])
+    options.check_prompt_switches(starts[1:])
     return schedule
 
 
@@ -235,13 +287,17 @@ def generate(
        3.3 rerun at the context timestep to update the KV cache with clean keys;
        3.4 move the start frame on;
     4. (decoding to pixels is not done here).
+
+    Under ``procedure: rolling_forcing`` the calls are Rolling Forcing's rolling window
+    instead (``sinkscope.generation.rolling.generate_rolling``).
     """
-    observers = list(observers)
+    if options.rolling_forcing:
+        from sinkscope.generation.rolling import generate_rolling
+
+        return generate_rolling(model, context, options=options, seed=seed, observers=observers)
     config = model.config
     device, dtype = model.device, model.dtype
-    height = options.latent_height or config.latent_height
-    width = options.latent_width or config.latent_width
-    frame_seq_length = config.frame_seq_length(height, width)
+    height, width, frame_seq_length = latent_grid(model, options)
     blocks = options.block_sizes()
     schedule = prompt_schedule(context, options)
     flow = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
@@ -258,17 +314,9 @@ def generate(
     contexts = [c.to(device, dtype) for _, c in schedule]
     switches = {start: index for index, (start, _) in enumerate(schedule) if index}
     outputs: list[torch.Tensor] = []
-    calls: list[CallInfo] = []
-
-    def announce(info: CallInfo) -> None:
-        calls.append(info)
-        for observer in observers:
-            observer.begin_call(info)
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    _synchronize(device)
-    began = time.perf_counter()
+    log = CallLog(observers)
+    announce = log.announce
+    clock = _Clock(device)
     # Step 2: no initial latent (T2V); the first call caches the text K/V.
     # Step 3: the temporal denoising loop.
     start, segment = 0, 0
@@ -312,9 +360,4 @@ def generate(
         )
         # Step 3.4: the next block starts after this one.
         start += frames
-    _synchronize(device)
-    seconds = time.perf_counter() - began
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return GenerationResult(
-        latents=torch.cat(outputs, dim=2), calls=calls, seconds=seconds, peak_memory_bytes=peak, kv_cache_bytes=cache.nbytes
-    )
+    return clock.result(outputs, log, cache.nbytes)

@@ -238,11 +238,16 @@ def merge_variant(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict
 
     A variant that names a ``cache_policy`` starts that policy afresh: the base's window
     keys (``local_attn_frames`` ...) belong to the base's policy and are dropped unless
-    the variant restates them. A variant that sets window keys without a policy over a
+    the variant restates them; so does a variant that names another ``procedure``
+    without a policy (the base's policy goes too). A variant that sets window keys without a policy over a
     ``global`` base means the older keys' policy (a window is ``window``, with sinks
     ``sink``). ``null`` removes a key: the policy's default applies.
     """
     data = dict(base)
+    procedure = overrides.get("procedure")
+    if procedure is not None and procedure != data.get("procedure") and overrides.get("cache_policy") is None:
+        # Another procedure brings its own cache (rolling_forcing), or the older keys' one.
+        data = {k: v for k, v in data.items() if k not in (*POLICY_KEYS, "cache_policy")}
     if overrides.get("cache_policy") is not None:
         data = {k: v for k, v in data.items() if k not in POLICY_KEYS}
     elif any(overrides.get(k) is not None for k in POLICY_KEYS) and data.get("cache_policy") in (None, GLOBAL):
@@ -332,10 +337,11 @@ def _check_prompts(config: Mapping, options: Mapping[tuple[str, str], Generation
                 problems.append(f"config key prompts.{prompt_id}[{index}].start_frame: {problem}{run}")
             switches = switch_frames(segments)
             try:
-                option.check_recache(switches)
+                option.check_prompt_switches(switches)
             except OptionsError as exc:
-                where = _where(config, checkpoint, variant, "re_cache")
-                text = str(exc).replace("config key generation.re_cache", f"config key {where}")
+                key = re.search(r"config key generation\.(\w+)", str(exc)).group(1)
+                where = _where(config, checkpoint, variant, key)
+                text = str(exc).replace(f"config key generation.{key}", f"config key {where}")
                 problems.append(f"{text} (prompt {prompt_id!r} switches at frame {switches[0]})")
     return problems
 

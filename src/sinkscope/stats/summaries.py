@@ -328,8 +328,9 @@ def block_stats(
     """Per run, layer, head, block and call: where the block's softmax mass goes.
 
     ``sink_frames`` (per variant, or one number): the policy's sink frames (the first
-    S frames); frame 0 for policies without one. Sink mass counts sink frames outside
-    the block itself; self mass the block's own frames; other mass the rest. The sink
+    S frames); frame 0 for policies without one. Sink mass counts sink frames before
+    the block; self mass the block's own frames; other mass the rest (the frames after
+    the block too, which a Rolling Forcing window call sees). The sink
     frames' uniform baseline (their share of the key tokens, ``uniform_mass``) and the
     excess over it are null where no sink frame is in the cache. ``rollout``: per run and
     block, the latent similarities and RoPE period ends of ``sinkscope.stats.rollout``
@@ -356,8 +357,10 @@ def block_stats(
     variants = curves["variant"].astype(str)
     sinks = variants.map(sink_frames) if isinstance(sink_frames, Mapping) else pd.Series(sink_frames, index=curves.index)
     sinks = sinks.fillna(0).astype(int).clip(lower=1)  # no sink: frame 0
-    own = curves["key_frame"] >= curves["qmin"]
-    sink = (curves["key_frame"] < sinks) & ~own
+    # Own: the block's frames. Frames after it (later blocks of a Rolling Forcing window,
+    # seen within the joint call) are other mass, never sink or history.
+    own = (curves["key_frame"] >= curves["qmin"]) & (curves["key_frame"] <= curves["qmax"])
+    sink = (curves["key_frame"] < sinks) & (curves["key_frame"] < curves["qmin"])
     curves["self"] = curves["mass"].where(own, 0.0)
     curves["sink"] = curves["mass"].where(sink, 0.0)
     curves["other"] = curves["mass"].where(~own & ~sink, 0.0)
