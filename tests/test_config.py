@@ -282,3 +282,23 @@ def test_figures_that_show_head_classes_read_head_diagnostics():
     options = study.figure_options("summary")
     assert options["checkpoints"]["demo"]["weights"] == "sinkscope:demo_trained.pt"
     assert options["diagnostics"]["sink_mass"] == 0.3 and "figure4" in options["figures"]["demo"]
+
+
+def test_capture_compile_is_auto_by_default_and_takes_booleans():
+    assert normalize_config({})["capture"]["compile"] == "auto"
+    assert normalize_config({"capture": {"compile": "true"}})["capture"]["compile"] is True
+    assert normalize_config({"capture": {"compile": "off"}})["capture"]["compile"] is False
+    with pytest.raises(ConfigError, match="capture.compile"):
+        normalize_config({"capture": {"compile": "sometimes"}})
+
+
+def test_compile_auto_means_cuda_and_a_long_rollout():
+    import torch
+
+    from sinkscope.pipeline.jobs import COMPILE_AUTO_MIN_FRAMES, compile_wanted
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compile_wanted("auto", cuda, COMPILE_AUTO_MIN_FRAMES)
+    assert not compile_wanted("auto", cuda, 21)
+    assert not compile_wanted("auto", cpu, 480) and not compile_wanted(True, cpu, 480)
+    assert compile_wanted(True, cuda, 21) and not compile_wanted(False, cuda, 480)

@@ -30,7 +30,7 @@ from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.naming import layer_file, stable_hash
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.integrity import check_layer_rows
-from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
+from sinkscope.pipeline.jobs import compile_wanted, cuda_visible_devices, pick_device, provenance
 from sinkscope.stats.rollout import block_similarity
 from sinkscope.tables import (
     FRAME_ATTENTION_SCHEMA,
@@ -90,7 +90,7 @@ def extract_job(
     dtype = str(model.dtype).replace("torch.", "")
     if dtype != compute["dtype"]:
         raise SinkscopeError(f"checkpoint {spec.name!r} computes in {dtype}, the workflow planned {compute['dtype']}")
-    if capture.get("compile") and device.type == "cuda":
+    if compile_wanted(capture.get("compile", "auto"), device, options.num_frames):
         model.compile_blocks(dynamic=False)
     files = [embedding] if isinstance(embedding, (str, Path)) else list(embedding)
     starts = [int(f) for f in segment_starts]
