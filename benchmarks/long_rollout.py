@@ -154,7 +154,12 @@ def section_job_overhead(model) -> dict:
 
     import pandas as pd
 
-    from sinkscope.tables import FRAME_ATTENTION_SCHEMA, QUERY_STATS_SCHEMA, TOKEN_PROFILES_SCHEMA, write_table
+    from sinkscope.tables import (
+        FRAME_ATTENTION_SCHEMA,
+        QUERY_STATS_SCHEMA,
+        TOKEN_PROFILES_SCHEMA,
+        write_table,
+    )
 
     schemas = {"frames": FRAME_ATTENTION_SCHEMA, "queries": QUERY_STATS_SCHEMA, "tokens": TOKEN_PROFILES_SCHEMA}
     fsl = model.config.frame_seq_length()

@@ -295,7 +295,7 @@ def test_capture_compile_is_auto_by_default_and_takes_booleans():
 def test_compile_auto_means_cuda_and_a_long_rollout():
     import torch
 
-    from sinkscope.pipeline.jobs import COMPILE_AUTO_MIN_FRAMES, compile_wanted
+    from sinkscope.pipeline.extract import COMPILE_AUTO_MIN_FRAMES, compile_wanted
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert compile_wanted("auto", cuda, COMPILE_AUTO_MIN_FRAMES)

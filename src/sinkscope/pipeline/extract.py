@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,7 @@ from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.naming import layer_file, stable_hash
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.integrity import check_layer_rows
-from sinkscope.pipeline.jobs import compile_wanted, cuda_visible_devices, pick_device, provenance
+from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
 from sinkscope.stats.rollout import block_similarity
 from sinkscope.tables import (
     FRAME_ATTENTION_SCHEMA,
@@ -39,7 +39,26 @@ from sinkscope.tables import (
     write_table,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger("sinkscope")
+
+# capture.compile: auto compiles from this rollout length on. Measured on an H100
+# (docs/performance.md, 2026-11-25): compiling saves ~0.033 s a latent frame of a
+# 21-frame-cache rollout and costs ~4 s with Inductor's on-disk cache warm (a study's
+# later jobs on the node), ~25 s cold; 120 frames is the warm break-even.
+COMPILE_AUTO_MIN_FRAMES = 120
+
+
+def compile_wanted(setting: bool | str, device: "torch.device", num_frames: int) -> bool:
+    """Whether a job compiles the model's blocks: ``capture.compile`` true, false or
+    ``auto`` (CUDA and a rollout of at least COMPILE_AUTO_MIN_FRAMES latent frames)."""
+    if device.type != "cuda":
+        return False
+    if setting == "auto":
+        return num_frames >= COMPILE_AUTO_MIN_FRAMES
+    return bool(setting)
 
 
 def _swap_in(built: Path, final: Path) -> None:

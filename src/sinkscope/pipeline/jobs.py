@@ -105,23 +105,6 @@ def pick_device(option: str = "auto") -> "torch.device":
     return torch.device(option)
 
 
-# capture.compile: auto compiles from this rollout length on. Measured on an H100
-# (docs/performance.md, 2026-11-25): compiling saves ~0.033 s a latent frame of a
-# 21-frame-cache rollout and costs ~4 s with Inductor's on-disk cache warm (a study's
-# later jobs on the node), ~25 s cold; 120 frames is the warm break-even.
-COMPILE_AUTO_MIN_FRAMES = 120
-
-
-def compile_wanted(setting: bool | str, device: "torch.device", num_frames: int) -> bool:
-    """Whether a job compiles the model's blocks: ``capture.compile`` true, false or
-    ``auto`` (CUDA and a rollout of at least COMPILE_AUTO_MIN_FRAMES latent frames)."""
-    if device.type != "cuda":
-        return False
-    if setting == "auto":
-        return num_frames >= COMPILE_AUTO_MIN_FRAMES
-    return bool(setting)
-
-
 def device_name(device: "torch.device") -> str:
     import torch
 
