@@ -25,7 +25,8 @@ _SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", "tables"}
 PINNED = {
     "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},
     "extract_attention": {
-        "io", "naming", "options", "tables", *_MODEL, "model.cache", "model.policies", "model.text",
+        "io", "naming", "options", "tables", *_MODEL, "model.cache", "model.policies", "model.policies.base",
+        "model.policies.compression", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks", "model.text",
         "generation", "generation.capture", "generation.rolling", "generation.sampler",
         "stats", "stats.attention", "stats.reference", "stats.rollout", "stats.triton_kernels",
         "manifests", "pipeline.extract", "pipeline.integrity",

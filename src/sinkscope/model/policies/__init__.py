@@ -1,0 +1,73 @@
+"""KV-cache policies of long-video generation: what the cache keeps, and at which RoPE position.
+
+Each policy is one small class around a policy-free ``KVCache`` (``model/cache.py``).
+The model calls it twice per self-attention call:
+
+- ``begin_call(start_frame, num_frames)``, once per model call, before the layers run:
+  block bookkeeping, and everything that is the same for every layer (make room, FIFO
+  eviction, moving sink keys to another RoPE position);
+- ``attend(layer, q, k, v, raw_k)``, per layer: store the block's keys (first call of
+  the block, or an overwrite by a later step / the cache pass), do what needs this
+  layer's queries (participative compression), and return every key/value the softmax
+  sees. ``layout(layer)`` names them by absolute frame (for attention observers).
+
+Self-Forcing's block procedure (its ``causal_inference.py``): per block, one call per
+denoising step and one cache pass, all with the same start frame; the first call of a
+new block is the only one that evicts or compresses. Queries and new keys are always
+roped at their absolute frame. What each policy does, and where it follows which
+reference code, is in docs/cache-policies.md.
+
+=============================  ======================================================
+policy                         class
+=============================  ======================================================
+``global``                     ``GlobalPolicy``: every frame stays
+``window``                     ``WindowPolicy``: FIFO eviction of whole frames
+``sink``                       ``SinkPolicy``: FIFO behind the first S frames
+``deep_sink``                  ``DeepSinkPolicy``: + sink keys rotated in place (Deep Forcing DS)
+``participative_compression``  ``ParticipativeCompressionPolicy`` (Deep Forcing DS + PC)
+``rerope_sink``                ``ReropeSinkPolicy``: un-roped anchor (Rolling Forcing)
+``rolling_sink``               ``RollingSinkPolicy``: first-window frames re-inserted (Rolling Sink)
+``relative_rope``              ``RelativeRopePolicy``: keys roped at their cache slot (Infinity-RoPE)
+``ema_sink``                   ``EmaSinkPolicy``: + evicted frames blended into the sink (Reward Forcing)
+``rolling_forcing``            ``RollingForcingPolicy``: Rolling Forcing's own calls (its rolling window)
+=============================  ======================================================
+
+``RollingForcingPolicy`` does not follow the block procedure: its calls are Rolling
+Forcing's window and cache-update calls (``sinkscope.generation.rolling``), each announced
+by ``begin_window`` / ``begin_cache_update``.
+
+Queries are roped at their absolute frame, except under the cache-relative policies
+(``relative_rope``, ``ema_sink``): there the cache holds keys before RoPE, every key is
+roped at its slot in the cache at each call, and the queries at the block's slots
+(``query_position_shift``), so no position grows past the cache.
+"""
+
+from sinkscope.model.policies.base import (
+    EMA_DECAY,
+    FLUSH_KEEP_FRAMES,
+    MAX_REUSE,
+    CachePolicy,
+    GlobalPolicy,
+    SinkPolicy,
+    WindowPolicy,
+)
+from sinkscope.model.policies.compression import ParticipativeCompressionPolicy
+from sinkscope.model.policies.registry import (
+    POLICY_CLASSES,
+    new_policy,
+    policy_from_options,
+)
+from sinkscope.model.policies.rolling_forcing import RollingForcingPolicy
+from sinkscope.model.policies.sinks import (
+    DeepSinkPolicy,
+    EmaSinkPolicy,
+    RelativeRopePolicy,
+    ReropeSinkPolicy,
+    RollingSinkPolicy,
+)
+
+__all__ = [
+    "EMA_DECAY", "FLUSH_KEEP_FRAMES", "MAX_REUSE", "POLICY_CLASSES", "CachePolicy", "DeepSinkPolicy",
+    "EmaSinkPolicy", "GlobalPolicy", "ParticipativeCompressionPolicy", "RelativeRopePolicy", "ReropeSinkPolicy",
+    "RollingForcingPolicy", "RollingSinkPolicy", "SinkPolicy", "WindowPolicy", "new_policy", "policy_from_options",
+]  # fmt: skip

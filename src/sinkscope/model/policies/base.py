@@ -1,0 +1,251 @@
+"""The policy interface (``CachePolicy``) and the plain FIFO policies: global, window, sink."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from sinkscope.model.cache import KVCache, whole_frames
+from sinkscope.model.layout import AttentionLayout
+from sinkscope.model.wan import RotaryTables
+from sinkscope.options import (
+    CACHE_POLICY_TABLE,
+    GLOBAL,
+    SINK,
+    WINDOW,
+)
+
+# Deep Forcing's PC_topc_max_reuse (DF causal_model.py: CausalWanModel's default, which
+# their wrapper cannot change): a token may be selected as top-C this many times; after
+# that it is no longer a candidate and leaves the cache at the next compression.
+MAX_REUSE = 7
+# Reward Forcing's compression_alpha (RwF causal_model.py: CausalWanSelfAttention's
+# default, which neither their model nor their config changes): sink <- a sink + (1 - a) evicted.
+EMA_DECAY = 0.999
+# Infinity-RoPE's KV flush keeps the sink and this many most recent frames (IR
+# pipeline/causal_inference.py kv_flush: slots 1..2 <- the buffer's last 3120 tokens).
+FLUSH_KEEP_FRAMES = 2
+
+
+class CachePolicy:
+    """Self-Forcing's block bookkeeping; subclasses decide how a new block gets room."""
+
+    name: ClassVar[str] = ""
+    # Whether the cache size is independent of the video length.
+    bounded: ClassVar[bool] = True
+    # Whether every call wants the block's keys before RoPE (``wants_raw_keys``).
+    raw_keys_every_call: ClassVar[bool] = False
+
+    def __init__(self, cache: KVCache, *, rope: RotaryTables | None = None) -> None:
+        self.cache = cache
+        self.rope = rope
+        self.frame_seq_length = cache.frame_seq_length
+        self.grid: tuple[int, int] | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new video (a fresh cache; Deep Forcing's pipeline forgets to, see the doc)."""
+        self.cache.reset()
+        self.block_start: int | None = None
+        self.block_frames = 0
+        self.new_block = False
+        # (first frame, frames) of the re-cache call announced, and of the one running.
+        self._pending_recache: tuple[int, int] | None = None
+        self.recaching: tuple[int, int] | None = None
+
+    # -- per model call ------------------------------------------------------------------
+
+    def begin_recache(self, start_frame: int, num_frames: int) -> None:
+        """The next model call recomputes the generated frames [start_frame, start_frame +
+        num_frames) under a new prompt (LongLive's KV re-cache at a prompt switch).
+
+        That call overwrites the keys/values of the frames it holds among them, in place,
+        except the sink frames when the range does not start at frame 0 (LongLive's
+        recompute never writes the sink's slots; a range from frame 0 rewrites them too);
+        it attends every held frame, the rewritten ones with their new keys, bidirectionally.
+        Its frames not held (evicted ones) are computed as queries only. No block
+        bookkeeping changes: the next block starts where the last one ended.
+        """
+        if not CACHE_POLICY_TABLE[self.name].recaches:
+            raise ValueError(f"cache_policy {self.name!r} cannot re-cache (its cache holds keys that moved)")
+        if self.block_start is None:
+            raise ValueError("nothing to re-cache before the first block")
+        end = self.block_start + self.block_frames
+        if num_frames < 1 or start_frame < 0 or start_frame + num_frames != end:
+            raise ValueError(f"a re-cache recomputes frames ending at the last generated frame {end - 1}, "
+                             f"not [{start_frame}, {start_frame + num_frames})")  # fmt: skip
+        self._pending_recache = (int(start_frame), int(num_frames))
+
+    def begin_call(self, start_frame: int, num_frames: int, grid: tuple[int, int] | None = None) -> None:
+        """A model call for frames [start_frame, start_frame + num_frames) begins."""
+        if grid is not None:
+            self.grid = (int(grid[0]), int(grid[1]))
+        self.recaching = None
+        if self._pending_recache is not None:
+            if self._pending_recache != (start_frame, num_frames):
+                raise ValueError(f"re-cache of frames {self._pending_recache} announced, the call is {(start_frame, num_frames)}")
+            self.recaching, self._pending_recache = self._pending_recache, None
+            self.new_block = False
+            return
+        if self.block_start == start_frame:
+            if num_frames != self.block_frames:
+                raise ValueError(f"block at frame {start_frame} was {self.block_frames} frames, now {num_frames}")
+            self.new_block = False
+            self.repeat_call()
+            return
+        expected = 0 if self.block_start is None else self.block_start + self.block_frames
+        if start_frame != expected:
+            raise ValueError(f"next block must start at frame {expected}, got {start_frame}")
+        self.block_start, self.block_frames, self.new_block = start_frame, num_frames, True
+        self.start_block(start_frame, num_frames)
+
+    def start_block(self, start: int, frames: int) -> None:
+        raise NotImplementedError
+
+    def repeat_call(self) -> None:
+        """A later call of the current block (next denoising step or the cache pass)."""
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the block's roped k/v [B, L, H, D] of ``layer``; return every key/value the softmax sees."""
+        if self.recaching is not None:
+            self._rewrite(layer, k, v)
+        else:
+            self.cache.write_tail(layer, k, v)
+        return self.cache.keys(layer)
+
+    def _rewrite(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The re-cache call: overwrite the held frames of its range with its keys/values
+        (roped at their own frames, as stored), the sink kept unless the range starts at 0."""
+        start, count = self.recaching
+        fsl = self.frame_seq_length
+        protected = getattr(self, "sink_frames", 0) if start > 0 else 0
+        offset = 0
+        for segment in self.cache.segments_of(layer):
+            if start <= segment.frame < start + count and segment.frame >= protected:
+                if not segment.whole or segment.shift != 0:
+                    raise ValueError(f"cache_policy {self.name!r}: frame {segment.frame} is not held whole at its own position")
+                source = (segment.frame - start) * fsl
+                self.cache.write(layer, offset, k[:, source : source + fsl], v[:, source : source + fsl])
+            offset += segment.length
+
+    @property
+    def wants_raw_keys(self) -> bool:
+        """Whether this call's ``attend`` needs the block's keys before RoPE too."""
+        return False
+
+    @property
+    def query_position_shift(self) -> int:
+        """Temporal RoPE position of this call's queries (and new keys) minus their frames."""
+        return 0
+
+    def layout(self, layer: int) -> AttentionLayout:
+        return self.cache.layout(layer, self.query_frames, self.query_position_shift)
+
+    # -- reading -----------------------------------------------------------------------
+
+    @property
+    def query_frames(self) -> tuple[int, ...]:
+        if self.recaching is not None:
+            return tuple(range(self.recaching[0], self.recaching[0] + self.recaching[1]))
+        return tuple(range(self.block_start, self.block_start + self.block_frames))
+
+    @property
+    def key_frames(self) -> list[int]:
+        """Frames held by layer 0 (every layer, except under participative compression)."""
+        return self.cache.frames(0)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of everything the policy keeps (K/V buffers and extras)."""
+        return self.cache.nbytes
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _held(self) -> int:
+        return len(self.cache.segments_of(0))
+
+    def _append_block(self, start: int, frames: int) -> None:
+        self.cache.append(whole_frames(range(start, start + frames), self.frame_seq_length))
+
+    def _rotate_sink(self, count: int, delta: int, layers=None) -> None:
+        """Deep Forcing's ``_rope_time_delta_mul_``: rotate the first ``count`` frames by delta."""
+        if delta == 0 or count == 0:
+            return
+        if self.rope is None:
+            raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
+        layers_list = range(self.cache.num_layers) if layers is None else layers
+        for layer in layers_list:
+            positions = [s.position + delta for s in self.cache.segments_of(layer)[:count]]
+            if min(positions) < 0:
+                raise ValueError(
+                    f"cache_policy {self.name!r}: sink keys would move to negative temporal positions {min(positions)}"
+                )
+        self.cache.rotate(0, count, delta, self.rope.temporal_angles(delta, self.cache.device), layers)
+
+
+class GlobalPolicy(CachePolicy):
+    """Every frame stays (Self-Forcing with ``local_attn_size = -1``); the cache grows with the video."""
+
+    name = GLOBAL
+    bounded = False
+
+    def start_block(self, start: int, frames: int) -> None:
+        if self._held() + frames > self.cache.capacity_frames:
+            raise ValueError(
+                f"KV cache of {self.cache.capacity_frames} frames is full at frame {start}; "
+                "set a sliding window (local_attn_frames) or a bounded cache_policy to generate longer videos"
+            )
+        self._append_block(start, frames)
+
+
+class WindowPolicy(CachePolicy):
+    """Self-Forcing ``local_attn_size`` (W frames held, the current block included).
+
+    On the first call of a block that would overflow W frames, the oldest frames after
+    the first ``sink_frames`` are evicted (FIFO) and the rest moves left; keys keep the
+    RoPE phase of the position they were generated at.
+    """
+
+    name = WINDOW
+
+    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int = 0, rope: RotaryTables | None = None) -> None:
+        if not 0 <= sink_frames < window_frames:
+            raise ValueError(f"sink_frames must be in [0, {window_frames}), got {sink_frames}")
+        if cache.capacity_frames < window_frames:
+            raise ValueError(f"a cache of {cache.capacity_frames} frames cannot hold a window of {window_frames}")
+        self.window_frames = window_frames
+        self.sink_frames = sink_frames
+        super().__init__(cache, rope=rope)
+
+    def start_block(self, start: int, frames: int) -> None:
+        held, sink, window = self._held(), self.sink_frames, self.window_frames
+        overflow = held + frames - window
+        if overflow > 0:
+            if overflow > held - sink:
+                raise ValueError(
+                    f"window of {window} frames with {sink} sink frames cannot hold a block of {frames} frames"
+                )
+            self.cache.evict(overflow, after=sink)
+        self._append_block(start, frames)
+        if overflow > 0:
+            self.rolled(start)
+
+    def rolled(self, start: int) -> None:
+        """Hook: frames were evicted for the block starting at ``start`` (already appended)."""
+
+
+class SinkPolicy(WindowPolicy):
+    """Self-Forcing ``sink_size`` / LongLive's frame sink: the first S frames are never evicted.
+
+    Attention: the S sink frames at their own positions + the last W - S frames.
+    """
+
+    name = SINK
+
+    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
+        if sink_frames < 1:
+            raise ValueError(f"cache_policy {self.name!r} needs sink_frames >= 1, got {sink_frames}")
+        super().__init__(cache, window_frames=window_frames, sink_frames=sink_frames, rope=rope)

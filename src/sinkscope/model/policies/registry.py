@@ -1,0 +1,132 @@
+"""Policy names to classes, and building a policy for a model and its generation options."""
+
+from __future__ import annotations
+
+from sinkscope.model.cache import KVCache
+from sinkscope.model.policies.base import (
+    EMA_DECAY,
+    MAX_REUSE,
+    CachePolicy,
+    GlobalPolicy,
+    SinkPolicy,
+    WindowPolicy,
+)
+from sinkscope.model.policies.compression import ParticipativeCompressionPolicy
+from sinkscope.model.policies.rolling_forcing import RollingForcingPolicy
+from sinkscope.model.policies.sinks import (
+    DeepSinkPolicy,
+    EmaSinkPolicy,
+    RelativeRopePolicy,
+    ReropeSinkPolicy,
+    RollingSinkPolicy,
+)
+from sinkscope.model.wan import WanModel
+from sinkscope.options import (
+    CACHE_POLICY_TABLE,
+    DEEP_SINK,
+    EMA_SINK,
+    GLOBAL,
+    PARTICIPATIVE,
+    RELATIVE_ROPE,
+    REROPE_SINK,
+    ROLLING_FORCING,
+    ROLLING_SINK,
+    SINK,
+    WINDOW,
+    GenerationOptions,
+)
+
+POLICY_CLASSES: dict[str, type[CachePolicy]] = {
+    GLOBAL: GlobalPolicy,
+    WINDOW: WindowPolicy,
+    SINK: SinkPolicy,
+    DEEP_SINK: DeepSinkPolicy,
+    PARTICIPATIVE: ParticipativeCompressionPolicy,
+    REROPE_SINK: ReropeSinkPolicy,
+    ROLLING_SINK: RollingSinkPolicy,
+    RELATIVE_ROPE: RelativeRopePolicy,
+    EMA_SINK: EmaSinkPolicy,
+    ROLLING_FORCING: RollingForcingPolicy,
+}
+
+
+def new_policy(
+    model: WanModel,
+    cache_policy: str,
+    *,
+    frame_seq_length: int,
+    num_frames: int | None = None,
+    local_attn_frames: int = -1,
+    sink_frames: int = 0,
+    budget_frames: int = 0,
+    recent_frames: int = 0,
+    largest_block: int | None = None,
+    batch_size: int = 1,
+    max_reuse: int = MAX_REUSE,
+    ema_decay: float = EMA_DECAY,
+    flush_every_blocks: int = 0,
+) -> CachePolicy:
+    """A policy for ``model`` with a cache sized by the policy (not by the video, when bounded).
+
+    ``global`` holds ``num_frames``; participative compression holds W frames plus room
+    for the new block (``largest_block``, default the recent window) while it compresses;
+    ``rolling_forcing`` holds W frames plus its anchor (RF: 21 + 3); every other policy
+    holds W frames. ``max_reuse``, ``ema_decay`` and
+    ``flush_every_blocks`` are the policies' constants (not config keys), for tests.
+    """
+    config = model.config
+    if cache_policy not in POLICY_CLASSES:
+        raise ValueError(f"unknown cache_policy {cache_policy!r} (known: {', '.join(POLICY_CLASSES)})")
+    if cache_policy == GLOBAL and num_frames is None:
+        raise ValueError("cache_policy 'global' needs num_frames (its cache grows with the video)")
+    capacity = CACHE_POLICY_TABLE[cache_policy].capacity_frames(
+        num_frames=num_frames or 0, local_attn_frames=local_attn_frames, largest_block=largest_block or recent_frames,
+        sink_frames=sink_frames,
+    )  # fmt: skip
+    cache = KVCache(
+        num_layers=config.num_layers,
+        batch_size=batch_size,
+        num_heads=config.num_heads,
+        head_dim=config.head_dim,
+        frame_seq_length=frame_seq_length,
+        capacity_frames=capacity,
+        dtype=model.dtype,
+        device=model.device,
+    )
+    rope = model.rope
+    if cache_policy == GLOBAL:
+        return GlobalPolicy(cache, rope=rope)
+    if cache_policy == WINDOW:
+        return WindowPolicy(cache, window_frames=local_attn_frames, rope=rope)
+    if cache_policy == PARTICIPATIVE:
+        return ParticipativeCompressionPolicy(
+            cache,
+            window_frames=local_attn_frames,
+            sink_frames=sink_frames,
+            budget_frames=budget_frames,
+            recent_frames=recent_frames,
+            rope=rope,
+            max_reuse=max_reuse,
+        )
+    if cache_policy == RELATIVE_ROPE:
+        return RelativeRopePolicy(
+            cache, window_frames=local_attn_frames, sink_frames=sink_frames, rope=rope, flush_every_blocks=flush_every_blocks
+        )
+    if cache_policy == EMA_SINK:
+        return EmaSinkPolicy(cache, window_frames=local_attn_frames, sink_frames=sink_frames, rope=rope, ema_decay=ema_decay)
+    return POLICY_CLASSES[cache_policy](cache, window_frames=local_attn_frames, sink_frames=sink_frames, rope=rope)
+
+
+def policy_from_options(model: WanModel, options: GenerationOptions, *, frame_seq_length: int) -> CachePolicy:
+    """The policy ``generate()`` uses: ``options.cache_policy`` with its resolved frame counts."""
+    return new_policy(
+        model,
+        options.cache_policy,
+        frame_seq_length=frame_seq_length,
+        num_frames=options.num_frames,
+        local_attn_frames=options.local_attn_frames,
+        sink_frames=options.sink_frames,
+        budget_frames=options.budget_frames,
+        recent_frames=options.recent_frames,
+        largest_block=max(options.block_sizes()),
+    )
