@@ -23,6 +23,17 @@ from sinkscope.options import (
 )
 
 
+def _first_frames_of_block(policy: SinkPolicy | RollingSinkPolicy, first_frames: int, raw_k: torch.Tensor | None, what: str) -> tuple[slice, int]:
+    """Where the current block's tokens that fall in the first ``first_frames`` frames go in
+    a per-frame buffer, and how many there are; the block's keys before RoPE must be given."""
+    if raw_k is None:
+        raise ValueError(f"{what} need the keys before RoPE (raw_k)")
+    fsl = policy.frame_seq_length
+    tokens = (min(first_frames, policy.block_start + policy.block_frames) - policy.block_start) * fsl
+    start = policy.block_start * fsl
+    return slice(start, start + tokens), tokens
+
+
 class DeepSinkPolicy(SinkPolicy):
     """Deep Forcing, Deep Sink only (DF ``causal_model_DS.py``).
 
@@ -84,12 +95,8 @@ class ReropeSinkPolicy(SinkPolicy):
         if self.block_start < self.sink_frames:
             # This block writes anchor frames: keep them un-roped. Nothing was evicted
             # yet (p0 = 0), so the roped keys stored below sit at the anchor's position.
-            if raw_k is None:
-                raise ValueError("the anchor's blocks need the keys before RoPE (raw_k)")
-            fsl = self.frame_seq_length
-            frames = min(self.sink_frames, self.block_start + self.block_frames) - self.block_start
-            start = self.block_start * fsl
-            self.raw_anchor[layer, :, start : start + frames * fsl] = raw_k[:, : frames * fsl]
+            place, tokens = _first_frames_of_block(self, self.sink_frames, raw_k, "the anchor's blocks")
+            self.raw_anchor[layer, :, place] = raw_k[:, :tokens]
         return super().attend(layer, q, k, v, raw_k)
 
     def start_block(self, start: int, frames: int) -> None:
@@ -162,13 +169,9 @@ class RollingSinkPolicy(WindowPolicy):
         if self.block_start < self.sweep_frames:
             # This block writes first-window frames: keep their keys before RoPE and their
             # values (every call; the cache pass writes last, as the reference's k_original).
-            if raw_k is None:
-                raise ValueError("the first window's blocks need the keys before RoPE (raw_k)")
-            fsl = self.frame_seq_length
-            tokens = (min(self.sweep_frames, self.block_start + self.block_frames) - self.block_start) * fsl
-            start = self.block_start * fsl
-            self.raw_k[layer, :, start : start + tokens] = raw_k[:, :tokens]
-            self.raw_v[layer, :, start : start + tokens] = v[:, :tokens]
+            place, tokens = _first_frames_of_block(self, self.sweep_frames, raw_k, "the first window's blocks")
+            self.raw_k[layer, :, place] = raw_k[:, :tokens]
+            self.raw_v[layer, :, place] = v[:, :tokens]
         return super().attend(layer, q, k, v, raw_k)
 
     def start_block(self, start: int, frames: int) -> None:
