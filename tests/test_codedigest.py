@@ -28,7 +28,7 @@ PINNED = {
         "io", "naming", "options", "tables", *_MODEL, "model.cache", "model.policies", "model.text",
         "generation", "generation.capture", "generation.sampler",
         "stats", "stats.attention", "stats.reference", "stats.rollout", "stats.triton_kernels",
-        "manifests", "pipeline.extract", "pipeline.integrity",
+        "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.writing",
     },
     "import_cache": {"io", "tables", *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",
                      "legacy.tokens", "pipeline.imports"},
