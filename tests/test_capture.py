@@ -12,7 +12,7 @@ from sinkscope.generation.capture import FrameStatsCapture
 from sinkscope.generation.sampler import FlowMatchSchedule, generate
 from sinkscope.model import build_model
 from sinkscope.options import BLOCK_CACHE_POLICIES, GenerationOptions
-from sinkscope.tables import token_rows
+from sinkscope.tables import round_significant, token_rows, token_values
 
 FSL = 24  # the demo's tokens a frame
 
@@ -64,10 +64,12 @@ def test_every_call_is_captured_with_absolute_frames():
     assert set(rows.loc[rows["pass"] == "cache", "timestep"]) == {0.0}
     assert (rows["key_tokens"] == FSL).all() and (rows["key_position_shift"] == 0).all()
     # Token profiles for the last block only (the default): a row per head and key frame,
-    # the frame's tokens as lists; token_rows gives a row per key token.
+    # the frame's tokens as lists of float16-precision values; token_rows gives a row per key token.
     tokens = tables[4]["tokens"]
     assert set(tokens["block"]) == {2} and len(tokens) == 5 * 12 * 9
-    assert {len(values) for values in tokens["token_prob_mean"]} == {FSL}
+    assert {len(values) for values in tokens["token_prob_ratio"]} == {FSL}
+    ratios = np.stack(tokens["token_prob_ratio"].to_numpy())
+    assert np.array_equal(ratios, round_significant(ratios, 11))
     assert len(token_rows(tokens)) == 5 * 12 * 9 * FSL
     queries = tables[4]["queries"]
     assert len(queries) == 15 * 12 * 3 and (queries["entropy_tokens"] > 0).all()
@@ -106,9 +108,13 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
         segment = np.repeat(np.arange(len(lengths)), lengths)
         index = (np.asarray(layout.key_token_index) if layout.key_token_index is not None
                  else np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths))  # fmt: skip
-        for name, atol in (("token_prob_mean", 1e-8), ("token_logit_mean", 1e-6)):
-            lists = np.stack(tokens[name].to_numpy()).reshape(q.shape[0], len(lengths), FSL)
-            assert np.allclose(lists[:, segment, index], ref[name].numpy(), atol=atol), (policy, info, name)
+        # Stored at float16 precision relative to each frame: within float16 rounding (2**-11
+        # of a token's ratio to the frame's mean token; of the frame's logit spread).
+        decoded = dict(zip(("token_logit_mean", "token_prob_mean"), token_values(tokens), strict=True))
+        spread = np.nanmax(np.abs(np.stack(tokens["token_logit_centered"].to_numpy()).astype(np.float64)))
+        for name, rtol, atol in (("token_prob_mean", 2**-10, 1e-9), ("token_logit_mean", 0, 2**-10 * spread + 1e-6)):
+            lists = decoded[name].reshape(q.shape[0], len(lengths), FSL)
+            assert np.allclose(lists[:, segment, index], ref[name].numpy(), rtol=rtol, atol=atol), (policy, info, name)
             assert np.isnan(lists).sum() == q.shape[0] * (len(lengths) * FSL - lengths.sum())
     # Dropped tokens show as partial key frames under participative compression only.
     assert partial == (policy == "participative_compression")
@@ -124,6 +130,14 @@ def test_token_profiles_sum_and_average_to_the_frame_statistics():
     from_tokens = tokens.groupby(keys, observed=True).agg(logit=("token_logit_mean", "mean"), mass=("token_prob_mean", "sum"))
     assert np.allclose(from_tokens["logit"], per_frame["logit_mean"], atol=1e-5)
     assert np.allclose(from_tokens["mass"], per_frame["prob_mass"], atol=1e-6)
+    # The decoded float16 values average / sum to the stored float32 frame values exactly
+    # (up to the float32 rounding of each decoded value).
+    stored = tables[4]["tokens"].set_index(keys)[["frame_logit_mean", "frame_prob_mass"]]
+    exact = tokens.groupby(keys, observed=True).agg(logit=("token_logit_mean", lambda v: v.astype(np.float64).mean()),
+                                                    mass=("token_prob_mean", lambda v: v.astype(np.float64).sum()))  # fmt: skip
+    stored = stored.reindex(exact.index)
+    assert np.allclose(exact["logit"], stored["frame_logit_mean"], rtol=1e-6, atol=1e-7)
+    assert np.allclose(exact["mass"], stored["frame_prob_mass"], rtol=1e-6, atol=0)
 
 
 def test_seed_determines_the_video():
@@ -186,5 +200,6 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
     for kind, names in (("frames", ("logit_mean", "prob_mass")), ("tokens", ("token_logit_mean", "token_prob_mean")),
                         ("queries", ("entropy_tokens",))):  # fmt: skip
         for name in names:
-            a, b = (np.stack(t[4][kind][name].to_numpy()) if kind == "tokens" else t[4][kind][name].to_numpy() for t in (gpu, cpu))
+            a, b = (token_values(t[4][kind])[int(name == "token_prob_mean")] if kind == "tokens" else t[4][kind][name].to_numpy()
+                    for t in (gpu, cpu))  # fmt: skip
             assert a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-4, equal_nan=True), (kind, name)

@@ -29,7 +29,7 @@ PINNED = {
         "model.policies.compression", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks", "model.text",
         "generation", "generation.capture", "generation.rolling", "generation.sampler",
         "stats", "stats.attention", "stats.reference", "stats.rollout", "stats.triton_kernels",
-        "manifests", "pipeline.extract", "pipeline.integrity",
+        "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.writing",
     },
     "import_cache": {"io", "tables", *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",
                      "legacy.tokens", "pipeline.imports"},

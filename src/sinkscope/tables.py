@@ -9,9 +9,11 @@ The tables (DESIGN.md; the derived ones are computed in ``sinkscope.stats.summar
 
 - ``frame_attention``: one row per call x head x query frame x key frame.
 - ``query_stats``: one row per call x head x query frame (token-level entropy).
-- ``token_profiles``: one row per chosen call x head x key frame, the frame's token values
-  as two lists of ``frame_seq_length`` values (NaN where a token is absent);
-  ``token_rows`` turns them into one row per key token.
+- ``token_profiles``: one row per chosen call x head x key frame: the frame's exact mean
+  logit and softmax mass (float32) and its token values relative to them, at float16's
+  precision, as two lists of ``frame_seq_length`` values (NaN where a token is absent); ``token_rows``
+  decodes them into one row per key token (``decode_token_values``: the float32 values,
+  whose frame mean and sum equal the stored frame values).
 - ``head_stats`` / ``layer_stats``: the last block's Figure 4 view, summarized.
 - ``block_stats``: per block and call, where the mass goes (over-time view).
 - ``head_diagnostics``: per head, entropies, sink mass, sign rate, periodicity, class.
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinkscope.errors import DamagedFileError
-from sinkscope.io import atomic_path
+from sinkscope.io import _UMASK, atomic_path
 
 METRICS = ("logit_mean", "prob_mass")
 META_PREFIX = "sinkscope."
@@ -69,9 +73,26 @@ TOKEN_PROFILES_SCHEMA = pa.schema(
     + [("layer", pa.int16()), ("head", pa.int16())]
     + _CALL_FIELDS
     + [("key_frame", pa.int16()), ("key_tokens", pa.int32()), ("key_position_shift", pa.int32()),
+       ("frame_logit_mean", pa.float32()), ("frame_prob_mass", pa.float32()),
+       # float16 precision (11 significant bits) held in float32: byte-stream-split
+       # compresses the zero low bytes away, and every Parquet reader (DuckDB too, which
+       # cannot read split float16) reads them.
+       ("token_logit_centered", pa.list_(pa.float32())),
+       ("token_prob_ratio", pa.list_(pa.float32()))]
+)  # fmt: skip
+# token_profiles as sinkscope wrote it before the compact layout (full float32 token values):
+# still read (``token_values`` tells the two apart by their columns).
+TOKEN_PROFILES_SCHEMA_V1 = pa.schema(
+    _RUN_FIELDS
+    + [("layer", pa.int16()), ("head", pa.int16())]
+    + _CALL_FIELDS
+    + [("key_frame", pa.int16()), ("key_tokens", pa.int32()), ("key_position_shift", pa.int32()),
        ("token_logit_mean", pa.list_(pa.float32())),
        ("token_prob_mean", pa.list_(pa.float32()))]
-)
+)  # fmt: skip
+# The stored token columns of each layout: (logit, prob) lists.
+TOKEN_ENCODED = ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio")
+TOKEN_DECODED = ("token_logit_mean", "token_prob_mean")
 # The long form of token_profiles that figures and users read (``token_rows``).
 TOKEN_ROW_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "prompt_segment", "key_frame", "token", "token_logit_mean",
                      "token_prob_mean")
@@ -199,6 +220,10 @@ COLUMN_DOCS: dict[str, str] = {
     "token": "index of the key token within its frame (row-major over the latent patch grid)",
     "token_logit_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's query tokens of q.k_token/sqrt(d); its mean over the frame's present tokens is the query-averaged logit_mean",
     "token_prob_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's query tokens of the token's softmax probability; its sum over the frame is the query-averaged prob_mass",
+    "frame_logit_mean": "mean of token_logit_mean over the frame's present tokens (the query-averaged logit_mean), exact in float32; decoded token logits average to it",
+    "frame_prob_mass": "sum of token_prob_mean over the frame's present tokens (the query-averaged prob_mass), exact in float32; decoded token probabilities sum to it",
+    "token_logit_centered": "per key token of the frame (list index = token index, NaN where absent): token_logit_mean - frame_logit_mean, rounded to a power-of-two step of 2**-11 to 2**-10 of the row's largest |value| (float16 precision; decode: sinkscope.tables.decode_token_values)",
+    "token_prob_ratio": "per key token of the frame (list index = token index, NaN where absent): token_prob_mean / (frame_prob_mass / key_tokens), 1 = the frame's mean token, rounded to 11 significant bits (float16 precision; decode: sinkscope.tables.decode_token_values)",
     "metric": "which statistic the row summarizes: logit_mean or prob_mass",
     "runs": "prompt x seed runs averaged into the curve (1 for per-run rows)",
     "query_frames": "the query frames averaged (the last block's frames)",
@@ -255,6 +280,12 @@ for _name in {*LAYER_RUN_STD, *DIAGNOSTICS_RUN_STD}:
 
 # -- writing and reading -----------------------------------------------------------------------
 
+# How a file's content digests are computed (metadata ``content_digest_version``; absent
+# = 1). 2: a column's digest is built from separate streams (nulls, lengths, values), so
+# a writer computes it row group by row group (``TableWriter``); 1: one stream per column
+# over the whole table, still verified in the files that carry it.
+CONTENT_DIGEST_VERSION = 2
+
 
 def _encode_metadata(metadata: Mapping[str, Any] | None) -> dict[bytes, bytes]:
     encoded = {}
@@ -266,8 +297,6 @@ def _encode_metadata(metadata: Mapping[str, Any] | None) -> dict[bytes, bytes]:
 
 def _metadata_digest(metadata: Mapping[bytes, bytes]) -> bytes:
     """sha256 of a file's key-value metadata (page checksums do not cover the footer)."""
-    import hashlib
-
     digest = hashlib.sha256()
     for key in sorted(metadata):
         if key not in (_METADATA_DIGEST, b"ARROW:schema"):
@@ -278,28 +307,74 @@ def _metadata_digest(metadata: Mapping[bytes, bytes]) -> bytes:
 _METADATA_DIGEST = (META_PREFIX + "metadata_sha256").encode()
 
 
-def to_arrow(frame: pd.DataFrame, schema: pa.Schema, path: str | Path = "table") -> pa.Table:
-    """``frame`` with exactly ``schema``'s columns and types."""
-    missing = [name for name in schema.names if name not in frame.columns]
-    if missing:
-        raise ValueError(f"table for {path} lacks columns {missing}")
-    arrays = []
-    for field in schema:
-        column = frame[field.name]
+def _file_metadata(schema: pa.Schema, metadata: Mapping[str, Any] | None, digests: Mapping[str, str],
+                   existing: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:  # fmt: skip
+    """A file's footer metadata: provenance, content digests, column docs, its own digest."""
+    info = {
+        **dict(metadata or {}),
+        "content_digest_version": CONTENT_DIGEST_VERSION,
+        "content_sha256": dict(digests),
+        "columns": {name: COLUMN_DOCS[name] for name in schema.names if name in COLUMN_DOCS},
+    }
+    encoded = {**(existing or {}), **_encode_metadata(info)}
+    encoded[_METADATA_DIGEST] = _metadata_digest(encoded)
+    return encoded
+
+
+def _column_array(column: Any, field: pa.Field, path: str | Path) -> pa.Array:
+    """One column (pandas Series, numpy array, 2-D numpy array of equal-length lists, or
+    Arrow array) as an Arrow array of ``field``'s type."""
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return column if column.type == field.type else column.cast(field.type)
+    if isinstance(column, np.ndarray) and column.ndim == 2:
+        return _list_array(column, field.type)
+    if isinstance(column, pd.Series):
         if pa.types.is_list(field.type) and len(column) and isinstance(column.iloc[0], np.ndarray):
             # Equal-length value lists (one per row): one flat buffer, no per-element conversion.
-            values = np.stack(column.to_numpy()).astype(field.type.value_type.to_pandas_dtype(), copy=False)
-            width = values.shape[1]
-            offsets = pa.array(np.arange(0, (len(values) + 1) * width, width, dtype=np.int32))
-            array = pa.ListArray.from_arrays(offsets, pa.array(values.ravel()), type=field.type)
-        elif isinstance(column.dtype, pd.CategoricalDtype):
+            return _list_array(np.stack(column.to_numpy()), field.type)
+        if isinstance(column.dtype, pd.CategoricalDtype):
             # Codes + categories, cast in Arrow: no per-row Python objects (token tables are millions of rows).
             codes = pa.array(column.cat.codes.to_numpy(), mask=column.isna().to_numpy())
-            array = pa.DictionaryArray.from_arrays(codes, pa.array(column.cat.categories.astype(str))).cast(field.type)
-        else:
-            array = pa.array(column, type=field.type, from_pandas=True)
-        arrays.append(array)
+            return pa.DictionaryArray.from_arrays(codes, pa.array(column.cat.categories.astype(str))).cast(field.type)
+    if isinstance(column, pd.Categorical):
+        return _column_array(pd.Series(column), field, path)
+    try:
+        return pa.array(column, type=field.type, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        raise ValueError(f"table for {path}: column {field.name} is not {field.type} ({exc})") from None
+
+
+def _list_array(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    values = np.ascontiguousarray(values, dtype=type_.value_type.to_pandas_dtype())
+    width = values.shape[1]
+    offsets = pa.array(np.arange(0, (len(values) + 1) * width, width, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(values.ravel()), type=type_)
+
+
+def to_arrow(frame: pd.DataFrame | Mapping[str, Any], schema: pa.Schema, path: str | Path = "table") -> pa.Table:
+    """``frame`` (a DataFrame, or column name -> array; a 2-D array is a list column) with
+    exactly ``schema``'s columns and types."""
+    names = frame.columns if isinstance(frame, pd.DataFrame) else frame.keys()
+    missing = [name for name in schema.names if name not in names]
+    if missing:
+        raise ValueError(f"table for {path} lacks columns {missing}")
+    arrays = [_column_array(frame[field.name], field, path) for field in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _writer_options(schema: pa.Schema) -> dict[str, Any]:
+    # Dictionaries for keys (they repeat), byte-stream-split for floats (random-looking
+    # values that dictionaries do not shrink): half the time of the defaults, smaller files.
+    floats = [field.name for field in schema if pa.types.is_floating(field.type)]
+    float_lists = [field.name for field in schema
+                   if pa.types.is_list(field.type) and pa.types.is_floating(field.type.value_type)]  # fmt: skip
+    return dict(
+        compression="zstd",
+        write_page_checksum=True,
+        use_dictionary=[name for name in schema.names if name not in floats + float_lists],
+        column_encoding={**{name: "BYTE_STREAM_SPLIT" for name in floats},
+                         **{f"{name}.list.element": "BYTE_STREAM_SPLIT" for name in float_lists}},
+    )  # fmt: skip
 
 
 def write_table(
@@ -316,27 +391,9 @@ def write_table(
     a reader can filter a long run (e.g. by block) without loading it whole.
     """
     table = frame if isinstance(frame, pa.Table) else to_arrow(frame, schema, path)
-    info = {
-        **dict(metadata or {}),
-        "content_sha256": column_digests(table),
-        "columns": {name: COLUMN_DOCS[name] for name in schema.names if name in COLUMN_DOCS},
-    }
-    metadata_bytes = {**(table.schema.metadata or {}), **_encode_metadata(info)}
-    metadata_bytes[_METADATA_DIGEST] = _metadata_digest(metadata_bytes)
-    table = table.replace_schema_metadata(metadata_bytes)
+    table = table.replace_schema_metadata(_file_metadata(schema, metadata, column_digests(table), table.schema.metadata))
     with atomic_path(path) as tmp:
-        # Dictionaries for keys (they repeat), byte-stream-split for floats (random-looking
-        # values that dictionaries do not shrink): half the time of the defaults, smaller files.
-        floats = [field.name for field in table.schema if pa.types.is_floating(field.type)]
-        float_lists = [field.name for field in table.schema
-                       if pa.types.is_list(field.type) and pa.types.is_floating(field.type.value_type)]  # fmt: skip
-        options = dict(
-            compression="zstd",
-            write_page_checksum=True,
-            use_dictionary=[name for name in table.column_names if name not in floats + float_lists],
-            column_encoding={**{name: "BYTE_STREAM_SPLIT" for name in floats},
-                             **{f"{name}.list.element": "BYTE_STREAM_SPLIT" for name in float_lists}},
-        )  # fmt: skip
+        options = _writer_options(table.schema)
         if row_groups_by is None or table.num_rows == 0:
             pq.write_table(table, tmp, **options)
             return
@@ -345,6 +402,65 @@ def write_table(
         with pq.ParquetWriter(tmp, table.schema, **options) as writer:
             for start, stop in zip(bounds[:-1], bounds[1:]):
                 writer.write_table(table.slice(start, stop - start), row_group_size=stop - start)
+
+
+class TableWriter:
+    """A Parquet file written row group by row group (``write``), with the guarantees of
+    ``write_table``: page checksums, per-column content digests (version 2, computed as
+    the row groups go), column docs and provenance, a metadata digest; the file appears
+    at ``path`` on ``close`` and not before (``abort`` leaves nothing).
+
+    The metadata goes into the footer at ``close`` (it may hold what is known only then);
+    the file therefore carries no Arrow schema copy, whose metadata would be the one at
+    opening: readers get the same types from the Parquet schema.
+    """
+
+    def __init__(self, path: str | Path, schema: pa.Schema) -> None:
+        self.path = Path(path)
+        self.schema = schema
+        self.rows = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        self._tmp = Path(name)
+        self._digests = ContentDigests(schema)
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(self._tmp, schema, store_schema=False,
+                                                                 **_writer_options(schema))  # fmt: skip
+
+    def write(self, rows: pa.Table | pd.DataFrame | Mapping[str, Any]) -> None:
+        """Append ``rows`` as one row group (nothing for zero rows)."""
+        if self._writer is None:
+            raise ValueError(f"{self.path}: written to after close or abort")
+        table = rows if isinstance(rows, pa.Table) else to_arrow(rows, self.schema, self.path)
+        if table.num_rows == 0:
+            return
+        table = table.select(self.schema.names).cast(self.schema)
+        self._digests.update(table)
+        self._writer.write_table(table, row_group_size=table.num_rows)
+        self.rows += table.num_rows
+
+    def close(self, metadata: Mapping[str, Any] | None = None) -> None:
+        """Write the footer (``metadata`` plus digests) and move the file into place."""
+        if self._writer is None:
+            raise ValueError(f"{self.path}: closed twice")
+        writer, self._writer = self._writer, None
+        try:
+            writer.add_key_value_metadata(_file_metadata(self.schema, metadata, self._digests.hexdigests()))
+            writer.close()
+            os.chmod(self._tmp, 0o666 & ~_UMASK)  # as atomic_path does
+            os.replace(self._tmp, self.path)
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        """Give up the file: nothing appears at ``path``."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - the file is discarded anyway
+                pass
+        self._tmp.unlink(missing_ok=True)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -391,7 +507,10 @@ def read_arrow(path: str | Path, columns: Sequence[str] | None = None, filters=N
             raise DamagedFileError(path, "has lost its content digests (its metadata is damaged)")
         return table  # written by an older sinkscope, or by someone else
     if filters is None:
-        actual = column_digests(table)
+        version = meta.get("content_digest_version", 1)
+        if version not in (1, 2):
+            raise DamagedFileError(path, f"has content digests of an unknown version {version!r}")
+        actual = column_digests(table) if version == 2 else column_digests_v1(table)
         bad = sorted(name for name, digest in actual.items() if expected.get(name) != digest)
         if bad:
             raise DamagedFileError(path, f"is damaged: column {bad[0]} does not match its content digest")
@@ -399,31 +518,54 @@ def read_arrow(path: str | Path, columns: Sequence[str] | None = None, filters=N
     return table
 
 
+def _statistic(value: Any, type_: pa.DataType) -> Any:
+    """A footer min/max as a Python value (float16 statistics come as their 2 raw bytes)."""
+    if pa.types.is_float16(type_) and isinstance(value, bytes):
+        return float(np.frombuffer(value, np.float16)[0])
+    return value
+
+
 def _check_statistics(path: str | Path, table: pa.Table, columns: Sequence[str] | None) -> None:
     """The footer's row-group statistics (min/max, which filtered reads use to skip row
     groups) against the values read: neither checksums nor digests cover them. Our writer
-    keeps statistics for every numeric column, so a non-empty one without them is damaged too."""
+    keeps statistics for every numeric column, so a non-empty one without them is damaged too.
+    A list column's statistics are those of its values (the leaf ``<name>.list.element``)."""
     import pyarrow.compute as pc
 
     metadata = pq.ParquetFile(path).metadata
-    names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
-    wanted = [(i, name) for i, name in enumerate(names) if columns is None or name in columns]
+    # Leaves by their top-level column: a list column's leaf is named "element".
+    names = [metadata.schema.column(i).path.split(".")[0] for i in range(metadata.num_columns)]
+    wanted = [(i, name) for i, name in enumerate(names)
+              if (columns is None or name in columns) and name in table.column_names]  # fmt: skip
     offset = 0
     for group in range(metadata.num_row_groups):
         chunk_meta = metadata.row_group(group)
         rows = chunk_meta.num_rows
         for index, name in wanted:
             values = table.column(name).slice(offset, rows)
+            if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+                values = pa.chunked_array([chunk.flatten() for chunk in values.chunks], values.type.value_type)
             stats = chunk_meta.column(index).statistics
-            if values.null_count == len(values) or (pa.types.is_floating(values.type) and pc.all(pc.is_nan(values)).as_py()):
+            if len(values) == 0 or values.null_count == len(values):
                 continue
-            if pa.types.is_dictionary(values.type):
-                values = values.cast(values.type.value_type)
-            textual = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
-            if (stats is None or not stats.has_min_max) and textual:
-                continue  # the writer leaves out the statistics of very long strings
-            found = pc.min_max(values)
-            if stats is None or not stats.has_min_max or (stats.min, stats.max) != (found["min"].as_py(), found["max"].as_py()):
+            if pa.types.is_floating(values.type):
+                found = values.to_numpy().astype(np.float64)
+                found = found[~np.isnan(found)]
+                if found.size == 0:
+                    continue  # all NaN: the writer keeps no min/max
+                low, high = float(found.min()), float(found.max())
+            else:
+                if pa.types.is_dictionary(values.type):
+                    values = values.cast(values.type.value_type)
+                textual = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+                if (stats is None or not stats.has_min_max) and textual:
+                    continue  # the writer leaves out the statistics of very long strings
+                minmax = pc.min_max(values)
+                low, high = minmax["min"].as_py(), minmax["max"].as_py()
+            if stats is None or not stats.has_min_max:
+                raise DamagedFileError(path, f"is damaged: column {name} (row group {group}) has lost its statistics")
+            stored = (_statistic(stats.min, values.type), _statistic(stats.max, values.type))
+            if stored != (low, high):
                 raise DamagedFileError(path, f"is damaged: the statistics of column {name} (row group {group}) do not match its values")
         offset += rows
 
@@ -464,19 +606,115 @@ def with_default_columns(frame: pd.DataFrame, frame_seq_length: int | None = Non
     return frame
 
 
-def column_digests(table) -> dict[str, str]:
-    """sha256 of each column's values (pyarrow Table), independent of chunking and of
-    how the file stores them, so a writer and a reader compute the same digest."""
-    import numpy as np
-    import pyarrow as pa
+# -- content digests -----------------------------------------------------------------------------
 
+
+def _type_name(type_: pa.DataType) -> str:
+    """A column type as the digests name it: the same whether written or read back (a
+    list's child is "item" in memory and "element" in a file; strings may be large)."""
+    if pa.types.is_dictionary(type_):
+        return _type_name(type_.value_type)
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return f"list<{_type_name(type_.value_type)}>"
+    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
+        return "string"
+    if pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
+        return "binary"
+    return str(type_)
+
+
+class _ColumnDigest:
+    """A version-2 digest of one column, fed chunk by chunk: sha256 over the type, the row
+    count and the digests of three streams (null positions, value lengths, values), so
+    the result does not depend on how the rows were chunked."""
+
+    def __init__(self, type_: pa.DataType) -> None:
+        self.type_name = _type_name(type_)
+        self.rows = 0
+        self.nulls, self.lengths, self.values = hashlib.sha256(), hashlib.sha256(), hashlib.sha256()
+
+    def update(self, array: pa.Array) -> None:
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        if array.null_count:
+            self.nulls.update((np.flatnonzero(np.asarray(array.is_null())) + self.rows).astype(np.int64).tobytes())
+        self.rows += len(array)
+        self._values(array)
+
+    def _values(self, array: pa.Array) -> None:
+        type_ = array.type
+        if pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_binary(type_) \
+                or pa.types.is_large_binary(type_):  # fmt: skip
+            array = array.cast(pa.large_binary())
+            offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
+            self.lengths.update(np.diff(offsets).tobytes())
+            data = array.buffers()[2]
+            if data is not None:
+                self.values.update(memoryview(data)[offsets[0] : offsets[-1]])
+        elif pa.types.is_list(type_) or pa.types.is_large_list(type_):
+            offsets = np.asarray(array.offsets).astype(np.int64)
+            self.lengths.update(np.diff(offsets).tobytes())
+            # The values of the rows (flatten: only the slice's, not a shared parent's).
+            self._leaf(array.flatten())
+        else:
+            self._leaf(array)
+
+    def _leaf(self, array: pa.Array) -> None:
+        if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+            raise ValueError(f"content digests of nested lists ({array.type}) are not supported")
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        if array.null_count:
+            array = array.fill_null(0)
+        if not pa.types.is_boolean(array.type) and array.type.bit_width % 8 == 0 and len(array):
+            width = array.type.bit_width // 8  # the values buffer itself, no copy
+            self.values.update(memoryview(array.buffers()[1])[array.offset * width : (array.offset + len(array)) * width])
+        elif len(array):
+            self.values.update(np.ascontiguousarray(array.to_numpy(zero_copy_only=False)).tobytes())
+
+    def hexdigest(self) -> str:
+        digest = hashlib.sha256(b"sinkscope-content-v2\0" + self.type_name.encode() + b"\0")
+        digest.update(self.rows.to_bytes(8, "little"))
+        for part in (self.nulls, self.lengths, self.values):
+            digest.update(part.digest())
+        return digest.hexdigest()
+
+
+class ContentDigests:
+    """Version-2 content digests of a table's columns, fed a part (row group) at a time."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._columns = {field.name: _ColumnDigest(field.type) for field in schema}
+
+    def update(self, table: pa.Table) -> None:
+        for name, digest in self._columns.items():
+            for chunk in table.column(name).chunks:
+                digest.update(chunk)
+
+    def hexdigests(self) -> dict[str, str]:
+        return {name: digest.hexdigest() for name, digest in self._columns.items()}
+
+
+def column_digests(table: pa.Table) -> dict[str, str]:
+    """sha256 of each column's values (version 2), independent of chunking and of how the
+    file stores them, so a writer and a reader compute the same digest."""
+    digests = ContentDigests(table.schema)
+    digests.update(table)
+    return digests.hexdigests()
+
+
+def column_digests_v1(table: pa.Table) -> dict[str, str]:
+    """The version-1 digests (files written before version 2): one sha256 per column over
+    type, length, null mask and values. A list column's type is named as it was written
+    (child "item"), whatever name the reader gives its child."""
     digests = {}
     for name in table.column_names:
         column = table.column(name)
         array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         if pa.types.is_dictionary(array.type):
             array = array.dictionary_decode()
-        digest = hashlib.sha256(str(array.type).encode())
+        type_name = str(pa.list_(array.type.value_type)) if pa.types.is_list(array.type) else str(array.type)
+        digest = hashlib.sha256(type_name.encode())
         digest.update(len(array).to_bytes(8, "little"))
         if array.null_count:
             digest.update(np.asarray(array.is_null()).tobytes())
@@ -500,17 +738,130 @@ def column_digests(table) -> dict[str, str]:
     return digests
 
 
+# -- token values ---------------------------------------------------------------------------------
+
+# Significant bits kept of each token value: float16's precision (half an ulp = 2**-11 relative).
+TOKEN_BITS = 11
+
+
+def round_significant(values: np.ndarray, bits: int = TOKEN_BITS) -> np.ndarray:
+    """float32 ``values`` rounded (to nearest, ties to even) to ``bits`` significant bits;
+    NaN and infinities stay. The low bytes become zero, which byte-stream-split compresses
+    away: float16's precision without float16's range (no overflow, no subnormals)."""
+    drop = 24 - bits  # float32 holds 24 significant bits
+    raw = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    half = np.uint32((1 << (drop - 1)) - 1)
+    rounded = (raw + half + ((raw >> np.uint32(drop)) & np.uint32(1))) & np.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
+    return rounded.view(np.float32)
+
+
+def encode_token_values(logit: np.ndarray, prob: np.ndarray) -> dict[str, np.ndarray]:
+    """The stored form of token profiles: ``logit`` and ``prob`` [rows, frame_seq_length]
+    (float32, NaN where a token is absent) -> ``frame_logit_mean`` and ``frame_prob_mass``
+    [rows] (float32: the mean / sum over each row's present tokens, computed in float64)
+    and ``token_logit_centered`` / ``token_prob_ratio`` [rows, frame_seq_length] (float32
+    holding float16-precision values, NaN where absent).
+
+    ``token_logit_centered`` = logit - frame_logit_mean, rounded to multiples of a power of
+    two ``step`` with 2**-11 <= step / (the row's largest |centered|) < 2**-10: at most
+    2**-11 of that spread off, 11 significant bits. ``token_prob_ratio`` = prob /
+    (frame_prob_mass / present tokens), rounded to 11 significant bits (2**-11 relative).
+    Centering, and the ratio to the frame's mean token, spend the bits on how a token
+    differs from its frame; the frame's own values stay exact in float32.
+    """
+    logit = np.asarray(logit, np.float64)
+    prob = np.asarray(prob, np.float64)
+    if logit.shape != prob.shape or logit.ndim != 2:
+        raise ValueError(f"token logits {logit.shape} and probabilities {prob.shape} must be equal [rows, tokens] arrays")
+    present = ~np.isnan(prob)
+    count = present.sum(axis=1)
+    if (count == 0).any():
+        raise ValueError("a token profile row has no present token")
+    frame_logit = (np.nansum(logit, axis=1) / count).astype(np.float32)
+    frame_mass = np.nansum(prob, axis=1).astype(np.float32)
+    # Centered on the stored float32 mean: decoding adds back exactly that value.
+    centered = logit - frame_logit.astype(np.float64)[:, None]
+    spread = np.nanmax(np.where(present, np.abs(centered), 0.0), axis=1)
+    # A power-of-two step: every multiple up to the spread has at most 11 significant bits,
+    # and small values carry no more precision than the spread needs (fewer bytes).
+    with np.errstate(divide="ignore"):
+        step = np.where(spread > 0, np.exp2(np.ceil(np.log2(np.where(spread > 0, spread, 1.0) * 2.0**-TOKEN_BITS))), 1.0)
+    centered = (np.round(centered / step[:, None]) * step[:, None]).astype(np.float32)
+    mean_token = frame_mass.astype(np.float64) / count
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(mean_token[:, None] > 0, prob / mean_token[:, None], 0.0)
+    ratio[~present] = np.nan
+    centered[~present] = np.nan
+    return {"frame_logit_mean": frame_logit, "frame_prob_mass": frame_mass,
+            "token_logit_centered": centered, "token_prob_ratio": round_significant(ratio.astype(np.float32))}  # fmt: skip
+
+
+def decode_token_values(
+    frame_logit_mean: np.ndarray, frame_prob_mass: np.ndarray, centered: np.ndarray, ratio: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``token_logit_mean`` and ``token_prob_mean`` [rows, tokens] from the stored
+    form (NaN where absent). Each row is adjusted so that the identities hold exactly (up
+    to the float32 rounding of the result): the decoded logits average to
+    ``frame_logit_mean`` (the centered values minus their own mean, rounding errors and
+    all), the decoded probabilities sum to ``frame_prob_mass`` (the ratios scaled by
+    mass / their sum). A single value is within float16 rounding of the original: a
+    probability 2**-11 relative (2**-10 at worst, with the adjustment), a logit 2**-11
+    (2**-10 at worst) of the frame's largest distance from its mean."""
+    centered = np.asarray(centered, np.float64)
+    ratio = np.asarray(ratio, np.float64)
+    present = ~np.isnan(ratio)
+    count = np.maximum(present.sum(axis=1), 1)
+    shift = np.nansum(centered, axis=1) / count
+    logit = np.asarray(frame_logit_mean, np.float64)[:, None] + (centered - shift[:, None])
+    total = np.nansum(ratio, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(total > 0, np.asarray(frame_prob_mass, np.float64) / total, 0.0)
+    prob = ratio * scale[:, None]
+    return logit.astype(np.float32), prob.astype(np.float32)
+
+
+def _stacked(column: pd.Series) -> np.ndarray:
+    return np.stack(column.to_numpy()) if len(column) else np.empty((0, 0))
+
+
+def token_values(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(token_logit_mean, token_prob_mean) [rows, tokens] float32 of token_profiles rows in
+    their stored form, whichever layout wrote them: the compact one (decoded) or the
+    float32 lists of older files (as they are)."""
+    if all(name in table.columns for name in TOKEN_ENCODED):
+        return decode_token_values(table["frame_logit_mean"].to_numpy(), table["frame_prob_mass"].to_numpy(),
+                                   _stacked(table["token_logit_centered"]), _stacked(table["token_prob_ratio"]))  # fmt: skip
+    if all(name in table.columns for name in TOKEN_DECODED):
+        return (_stacked(table["token_logit_mean"]).astype(np.float32, copy=False),
+                _stacked(table["token_prob_mean"]).astype(np.float32, copy=False))  # fmt: skip
+    raise ValueError(f"token_profiles rows lack their token columns ({', '.join(TOKEN_ENCODED)}); "
+                     f"columns: {', '.join(map(str, table.columns))}")  # fmt: skip
+
+
+def decode_token_profiles(table: pd.DataFrame) -> pd.DataFrame:
+    """token_profiles rows in either stored layout -> the float32 layout (a row per call,
+    head and key frame, ``token_logit_mean`` / ``token_prob_mean`` as lists)."""
+    if "token" in table.columns or all(name in table.columns for name in TOKEN_DECODED):
+        return table
+    logit, prob = token_values(table)
+    out = table.drop(columns=[name for name in TOKEN_ENCODED if name in table.columns])
+    out["token_logit_mean"] = list(logit)
+    out["token_prob_mean"] = list(prob)
+    return out
+
+
 def token_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """token_profiles rows (one per call, head and key frame, the frame's values as lists)
-    as one row per key token present: ``TOKEN_ROW_COLUMNS`` plus whatever run columns
-    the table has. A table already in that long form is returned as it is."""
+    """token_profiles rows (one per call, head and key frame, the frame's values as lists;
+    either stored layout) as one row per key token present: ``TOKEN_ROW_COLUMNS`` (float32
+    values, decoded) plus whatever run columns the table has. A table already in that long
+    form is returned as it is."""
     if "token" in table.columns or table.empty:
         return table
-    prob = np.stack(table["token_prob_mean"].to_numpy())
-    logit = np.stack(table["token_logit_mean"].to_numpy())
+    logit, prob = token_values(table)
     present = ~np.isnan(prob)
     row, token = np.nonzero(present)
-    keep = [name for name in table.columns if name not in ("token_prob_mean", "token_logit_mean", "key_tokens")]
+    dropped = {*TOKEN_ENCODED, *TOKEN_DECODED, "key_tokens"}
+    keep = [name for name in table.columns if name not in dropped]
     out = table[keep].iloc[row].reset_index(drop=True)
     out["token"] = token.astype(np.int32)
     out["token_logit_mean"] = logit[present]
@@ -520,8 +871,9 @@ def token_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 def token_lists(rows: pd.DataFrame, frame_seq_length: int) -> pd.DataFrame:
     """The inverse of ``token_rows``: a row per key token -> the stored form, a row per
-    call, head and key frame with its tokens' values as ``frame_seq_length`` lists (NaN
-    where a token is absent); ``key_tokens`` counts the present ones."""
+    call, head and key frame with its tokens' values encoded (``encode_token_values``) as
+    ``frame_seq_length`` lists (NaN where a token is absent); ``key_tokens`` counts the
+    present ones."""
     if "token" not in rows.columns:
         return rows
     value_columns = ("token", "token_logit_mean", "token_prob_mean")
@@ -533,8 +885,11 @@ def token_lists(rows: pd.DataFrame, frame_seq_length: int) -> pd.DataFrame:
     if "key_position_shift" not in out.columns:
         out["key_position_shift"] = np.int32(0)
     token = rows["token"].to_numpy()
+    dense = {}
     for name in ("token_logit_mean", "token_prob_mean"):
         values = np.full((len(out), frame_seq_length), np.nan, np.float32)
         values[group, token] = rows[name].to_numpy()
-        out[name] = list(values)
+        dense[name] = values
+    for name, values in encode_token_values(dense["token_logit_mean"], dense["token_prob_mean"]).items():
+        out[name] = list(values) if values.ndim == 2 else values
     return out

@@ -33,7 +33,7 @@ from sinkscope.figures.common import (
     save_figure,
 )
 from sinkscope.figures.registry import FIGURES, LAYER, STUDY, figure_kind
-from sinkscope.manifests import check_dataset_folder
+from sinkscope.manifests import DATASET_MANIFEST, check_dataset_folder, read_manifest
 from sinkscope.naming import parse_head_label
 from sinkscope.tables import read_metadata, read_table, token_rows, with_default_columns
 
@@ -104,14 +104,18 @@ def _layer_rows(inputs: Sequence[str], layer: int) -> tuple[pd.DataFrame, dict[s
     return pd.concat(parts, ignore_index=True), meta
 
 
+TOKEN_FIGURE_COLUMNS = ["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step", "timestep",
+                        "key_frame", "token", "token_logit_mean", "token_prob_mean"]  # fmt: skip
+
+
 def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mapping[str, Any]) -> pd.DataFrame:
     """The token profiles a token figure draws: the chosen heads, the last block, the chosen
-    call; read with a filter from the (possibly GB-sized) dataset folder, never whole."""
+    call, a row per key token (float32 values, ``sinkscope.tables.token_rows``); read with
+    a filter from the (possibly GB-sized) dataset folder, never whole."""
     present = set(frame["layer"].unique())
     heads = [head for head in map(parse_head_label, option(options, "heads")) if head[0] in present]
     if not heads:  # none of the chosen heads' layers was extracted: panels say so
-        return pd.DataFrame(columns=["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step",
-                                     "timestep", "key_frame", "token", "token_logit_mean", "token_prob_mean"])  # fmt: skip
+        return pd.DataFrame(columns=TOKEN_FIGURE_COLUMNS)
     view = figure4_view(frame[frame["layer"].isin({layer for layer, _ in heads})], option(options, "step"), "logit_mean")
     last_blocks = sorted({int(b) for b in frame.groupby(["prompt_id", "seed"], observed=True)["block"].max()})
     filters = [
@@ -122,15 +126,22 @@ def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mappin
         ("step", "=", view.step),
     ]
     check_dataset_folder(folder)
-    try:
-        rows = pq.read_table(folder, filters=filters, page_checksum_verification=True).to_pandas()
-    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-        raise DamagedFileError(folder, f"is damaged or not a Parquet dataset ({str(exc).splitlines()[0][:160]})") from None
-    if rows.empty:
-        return rows
+    # File by file: each in its own layout (float16 token values, or the float32 lists of
+    # older files), decoded to a row per token (a dataset read would force one schema).
     wanted = pd.MultiIndex.from_tuples(heads, names=["layer", "head"])
-    keep = pd.MultiIndex.from_frame(rows[["layer", "head"]].astype(int)).isin(wanted)
-    rows = rows[keep]
+    parts = []
+    for name in sorted(read_manifest(folder, DATASET_MANIFEST)["files"]):
+        path = Path(folder) / name
+        try:
+            part = pq.read_table(path, filters=filters, page_checksum_verification=True).to_pandas()
+        except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+            raise DamagedFileError(path, f"is damaged or not a Parquet file ({str(exc).splitlines()[0][:160]})") from None
+        part = part[pd.MultiIndex.from_frame(part[["layer", "head"]].astype(int)).isin(wanted)] if len(part) else part
+        if not part.empty:
+            parts.append(token_rows(part.reset_index(drop=True)))
+    if not parts:
+        return pd.DataFrame(columns=TOKEN_FIGURE_COLUMNS)
+    rows = pd.concat(parts, ignore_index=True)
     last = rows.groupby(["prompt_id", "seed"], observed=True)["block"].transform("max")
     return rows[rows["block"] == last].reset_index(drop=True)
 

@@ -8,14 +8,16 @@ at which RoPE shift; rows carry the shift relative to the queries',
 itself, in the same call as its statistics (``sinkscope.stats.attention_with_statistics``:
 frame statistics, token entropy, argmax shares; key-token profiles for the chosen
 calls), and nothing token x token is kept. Results stay on the device until the
-generation ends, so capturing costs no host synchronization per call. A Rolling
+generation ends, so capturing costs no host synchronization per call; or, given a
+``handoff`` (the extraction job's ``sinkscope.pipeline.writing.ExtractionWriter``), each
+call's record goes to it at once and is written while the generation goes on. A Rolling
 Forcing window call (``CallInfo.parts``) gives one record per block of the window.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,16 +33,26 @@ from sinkscope.generation.sampler import (
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.stats.attention import CallStatistics, attention_with_statistics
+from sinkscope.tables import encode_token_values
 
 TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
+# The CallStatistics fields a record's rows are built from, in this order.
+STAT_NAMES = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")
 
 
 @dataclass
-class _Record:
+class CallRecord:
+    """One captured call of one layer: what it was, its key layout, its statistics (on
+    the device that computed them)."""
+
     layer: int
     call: CallInfo
     layout: AttentionLayout
     stats: CallStatistics
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The statistics present, by name (token profiles only for the calls that have them)."""
+        return {name: getattr(self.stats, name) for name in STAT_NAMES if getattr(self.stats, name) is not None}
 
 
 class FrameStatsCapture:
@@ -48,6 +60,8 @@ class FrameStatsCapture:
 
     ``token_profiles``: which calls also get key-token profiles: ``none``, ``last_block``
     (every call of the last block: Deep Forcing's Figure 4 at token resolution) or ``all``.
+    ``handoff``: called with each call's :class:`CallRecord` as it is made, instead of
+    keeping it (``layer_tables`` then has nothing to give).
     """
 
     def __init__(
@@ -58,6 +72,7 @@ class FrameStatsCapture:
         frame_seq_length: int,
         backend: str = "auto",
         token_profiles: str = "last_block",
+        handoff: Callable[[CallRecord], None] | None = None,
     ) -> None:
         num_layers = model.config.num_layers
         bad = [layer for layer in layers if not 0 <= layer < num_layers]
@@ -70,7 +85,8 @@ class FrameStatsCapture:
         self.frame_seq_length = frame_seq_length
         self.backend = backend
         self.token_profiles = token_profiles
-        self.records: list[_Record] = []
+        self.records: list[CallRecord] = []
+        self.handoff = handoff
         self._call: CallInfo | None = None
 
     def __enter__(self) -> "FrameStatsCapture":
@@ -120,7 +136,11 @@ class FrameStatsCapture:
                     backend=self.backend,
                     key_position_shift=layout.key_position_shift,
                 )
-                self.records.append(_Record(layer, part, part_layout, stats))
+                record = CallRecord(layer, part, part_layout, stats)
+                if self.handoff is not None:
+                    self.handoff(record)
+                else:
+                    self.records.append(record)
                 outs.append(out)
             return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))[None]
 
@@ -130,10 +150,9 @@ class FrameStatsCapture:
 
     def _host(self) -> list[dict[str, np.ndarray]]:
         """Every record's tensors on the host, with one device-to-host copy in all."""
-        names = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")
         pieces, shapes = [], []
         for record in self.records:
-            present = {name: getattr(record.stats, name) for name in names if getattr(record.stats, name) is not None}
+            present = record.tensors()
             shapes.append({name: tuple(t.shape) for name, t in present.items()})
             pieces += [t.float().flatten() for t in present.values()]
         flat = torch.cat(pieces).cpu().numpy() if pieces else np.empty(0, np.float32)
@@ -155,10 +174,9 @@ class FrameStatsCapture:
         by_layer: dict[int, dict[str, list]] = {layer: {"frames": [], "queries": [], "tokens": []} for layer in self.layers}
         for record, arrays in zip(self.records, host):
             parts = by_layer[record.layer]
-            parts["frames"].append(_frame_rows(record, arrays))
-            parts["queries"].append(_query_rows(record, arrays))
-            if "token_prob_mean" in arrays:
-                parts["tokens"].append(_token_rows(record, arrays, self.frame_seq_length))
+            for kind, rows in record_rows(record, arrays, self.frame_seq_length).items():
+                if rows is not None:
+                    parts[kind].append(rows)
         tables: dict[int, dict[str, pd.DataFrame | None]] = {}
         for layer, parts in by_layer.items():
             tables[layer] = {
@@ -178,7 +196,9 @@ _CALL_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "prompt_s
 FRAME_COLUMNS = (*_CALL_COLUMNS, "query_frame", "key_frame", "logit_mean", "prob_mass", "argmax_share", "key_tokens",
                  "key_position_shift")  # fmt: skip
 QUERY_COLUMNS = (*_CALL_COLUMNS, "query_frame", "entropy_tokens", "num_keys", "num_key_frames")
-TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "key_tokens", "key_position_shift", "token_logit_mean", "token_prob_mean")
+TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "key_tokens", "key_position_shift", "frame_logit_mean", "frame_prob_mass",
+                 "token_logit_centered", "token_prob_ratio")  # fmt: skip
+KIND_COLUMNS = {"frames": FRAME_COLUMNS, "queries": QUERY_COLUMNS, "tokens": TOKEN_COLUMNS}
 
 
 # The re-cache pass at a prompt switch is captured like the others: its queries are the
@@ -186,7 +206,7 @@ TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "key_tokens", "key_position_shift"
 PASSES = (PASS_DENOISE, PASS_CACHE, PASS_RECACHE)
 
 
-def _call_columns(record: _Record, n: int, heads: np.ndarray) -> dict[str, np.ndarray]:
+def _call_columns(record: CallRecord, n: int, heads: np.ndarray) -> dict[str, np.ndarray]:
     call = record.call
     return {
         "layer": np.full(n, record.layer, np.int16),
@@ -200,7 +220,23 @@ def _call_columns(record: _Record, n: int, heads: np.ndarray) -> dict[str, np.nd
     }
 
 
-def _frame_rows(record: _Record, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def record_rows(record: CallRecord, arrays: dict[str, np.ndarray], frame_seq_length: int) -> dict[str, dict[str, np.ndarray] | None]:
+    """One record's rows by kind (``frames``, ``queries``, ``tokens``: None without token
+    profiles), column -> array (``pass`` as codes into ``PASSES``; token lists 2-D),
+    from its statistics on the host (``arrays``, by name)."""
+    return {
+        "frames": _frame_rows(record, arrays),
+        "queries": _query_rows(record, arrays),
+        "tokens": _token_rows(record, arrays, frame_seq_length) if "token_prob_mean" in arrays else None,
+    }
+
+
+def concat_rows(parts: list[dict[str, np.ndarray]], columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Several records' rows of one kind as one column -> array mapping (``pass`` still codes)."""
+    return {name: np.concatenate([part[name] for part in parts]) for name in columns}
+
+
+def _frame_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     layout = record.layout
     heads, nq, nk = arrays["logit_mean"].shape
     h, q, k = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), np.arange(nk), indexing="ij"))
@@ -217,7 +253,7 @@ def _frame_rows(record: _Record, arrays: dict[str, np.ndarray]) -> dict[str, np.
     }
 
 
-def _query_rows(record: _Record, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _query_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     layout = record.layout
     heads, nq = arrays["entropy"].shape
     h, q = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), indexing="ij"))
@@ -230,9 +266,11 @@ def _query_rows(record: _Record, arrays: dict[str, np.ndarray]) -> dict[str, np.
     }
 
 
-def _token_rows(record: _Record, arrays: dict[str, np.ndarray], frame_seq_length: int) -> dict[str, np.ndarray]:
-    """One row per head and key frame, the frame's token values as a ``frame_seq_length``
-    list (list index = token index within the frame, NaN where the call lacked a token)."""
+def _token_rows(record: CallRecord, arrays: dict[str, np.ndarray], frame_seq_length: int) -> dict[str, np.ndarray]:
+    """One row per head and key frame in the stored form: the frame's exact mean logit and
+    mass, its token values relative to them as ``frame_seq_length`` float16 lists (list
+    index = token index within the frame, NaN where the call lacked a token;
+    ``sinkscope.tables.encode_token_values``)."""
     layout = record.layout
     heads, num_keys = arrays["token_prob_mean"].shape
     lengths = np.asarray(layout.key_lengths)
@@ -254,14 +292,14 @@ def _token_rows(record: _Record, arrays: dict[str, np.ndarray], frame_seq_length
         "key_frame": np.asarray(layout.key_frames, np.int16)[f],
         "key_tokens": lengths.astype(np.int32)[f],
         "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[f],
-        **dense,
+        **encode_token_values(dense["token_logit_mean"], dense["token_prob_mean"]),
     }
 
 
 def _concat(parts: list[dict[str, np.ndarray]], columns: Sequence[str]) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=list(columns))
-    data = {name: np.concatenate([part[name] for part in parts]) for name in columns}
+    data = concat_rows(parts, columns)
     data["pass"] = pd.Categorical.from_codes(data["pass"], categories=list(PASSES))
     # Token lists as one array per row (tables.to_arrow stacks them back into one buffer).
     return pd.DataFrame({name: list(values) if values.ndim == 2 else values for name, values in data.items()})

@@ -4,9 +4,12 @@ One job = one (checkpoint, variant, prompt, seed, layer group); a prompt may be 
 schedule of segments (one embedding file each, switched at their start frames). It
 writes, per layer, ``layer<L>.parquet`` (frame_attention rows, one row group per block),
 ``layer<L>.queries.parquet`` (query_stats) and, with token capture,
-``layer<L>.tokens.parquet`` (token_profiles), then ``manifest.json`` last. The folder
-is built beside its final place and swapped in whole, so a reader never sees half of
-it; before writing, the job checks its rows against what the generation must produce.
+``layer<L>.tokens.parquet`` (token_profiles), then ``manifest.json`` last. The rows are
+written while the video is generated (``sinkscope.pipeline.writing``: writer threads on
+CUDA, inline on CPU). The folder is built beside its final place and swapped in whole,
+so a reader never sees half of it; before the files are closed and the folder swapped
+in, the job checks its rows against what the generation must produce, and any failure
+(of the generation, of a writer thread, of the check) leaves the previous result.
 """
 
 from __future__ import annotations
@@ -21,23 +24,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
-
 from sinkscope.errors import DamagedFileError, SinkscopeError
 from sinkscope.manifests import write_manifest
 from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
-from sinkscope.naming import layer_file, stable_hash
+from sinkscope.naming import stable_hash
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.integrity import check_layer_rows
 from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
 from sinkscope.stats.rollout import block_similarity
-from sinkscope.tables import (
-    FRAME_ATTENTION_SCHEMA,
-    QUERY_STATS_SCHEMA,
-    TOKEN_PROFILES_SCHEMA,
-    write_table,
-)
 
 if TYPE_CHECKING:
     import torch
@@ -87,8 +81,12 @@ def extract_job(
     base_dir: str | Path = ".",
 ) -> dict[str, Any]:
     """Generate one video, capture ``layers``, write the extraction folder ``output``;
-    returns the files' metadata plus ``timings`` (start-up, load, generation, collect,
-    write, the whole job: seconds).
+    returns the files' metadata plus ``timings`` (seconds: start-up, load, generation;
+    ``handoff_seconds``: the generation's time handing each call's results to the writer;
+    ``writer_busy_seconds``: the writers' time building and writing rows, summed over
+    threads, mostly while the video is generated; ``collect_seconds``: after the
+    generation, waiting for the rows still queued; ``write_seconds``: the last row groups,
+    the checks and the footers; the whole job).
 
     ``embedding``: the prompt's embedding file, or one file per prompt segment, the
     segments starting at ``segment_starts`` (latent frames; the first 0)."""
@@ -97,6 +95,7 @@ def extract_job(
     from sinkscope.generation.sampler import generate
     from sinkscope.model.loading import load_checkpoint
     from sinkscope.model.text import load_embedding
+    from sinkscope.pipeline.writing import ExtractionWriter, default_workers
 
     spec = CheckpointSpec(**checkpoint)
     options = GenerationOptions.from_config(generation)
@@ -129,87 +128,82 @@ def extract_job(
         options.cache_policy, config.to_json(),
     )  # fmt: skip
 
-    recorder = FrameStatsCapture(
-        model, layers, frame_seq_length=frame_seq_length, backend=capture["backend"],
-        token_profiles=capture["token_profiles"],
-    )  # fmt: skip
-    with recorder:
-        result = generate(model, schedule, options=options, seed=seed, observers=[recorder])
-    timings["generation_seconds"] = result.seconds
-    began = time.perf_counter()
-    tables = recorder.layer_tables()
-    timings["collect_seconds"] = time.perf_counter() - began
-
-    latents_sha = hashlib.sha256(result.latents.float().cpu().numpy().tobytes()).hexdigest()
-    prompt: str | list[dict[str, Any]] = texts[0]
-    if switches:
-        prompt = [{"text": text, "start_frame": start} for text, start in zip(texts, starts)]
-    job_config = {"checkpoint": spec.to_dict(), "variant": variant, "generation": options.to_dict(), "seed": int(seed),
-                  "prompt": prompt, "capture": dict(capture), "compute": dict(compute)}  # fmt: skip
-    num_calls = options.calls(switches)
-    metadata = {
-        **provenance("extract_attention", device),
-        "dtype": dtype,
-        "config_hash": stable_hash(job_config),
-        "checkpoint_digest": weights_sha256,
-        "model_config": config.to_dict(),
-        "generation": options.to_dict(),
-        "checkpoint": spec.to_dict(),
-        "variant": variant,
-        "prompt_id": prompt_id,
-        "prompt": prompt,
-        "text_encoder": context_meta.get("encoder", ""),
-        "seed": int(seed),
-        "frame_seq_length": frame_seq_length,
-        "frame_grid": [height // config.patch_size[1], width // config.patch_size[2]],
-        "block_sizes": options.block_sizes(),
-        "layers_in_job": list(layers),
-        "num_calls": len(result.calls),
-        **({"prompt_switches": switches} if switches else {}),
-        "latents_sha256": latents_sha,
-        "peak_memory_bytes": result.peak_memory_bytes,
-        "kv_cache_bytes": result.kv_cache_bytes,
-        # Timings go to the job's log, not into the files: results are byte-identical
-        # across runs of the same code and inputs.
-    }
     run_columns = {"checkpoint": spec.name, "variant": variant, "prompt_id": prompt_id, "seed": int(seed)}
-
     output = Path(output)
     built = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(built, ignore_errors=True)
     built.mkdir(parents=True)
-    began = time.perf_counter()
-    written, counts = [], {}
-    for layer in layers:
-        parts = tables[layer]
+    writer = ExtractionWriter(built, layers, frame_seq_length=frame_seq_length, run_columns=run_columns,
+                              workers=default_workers(device, len(layers)))  # fmt: skip
+    num_calls = options.calls(switches)
+
+    def check(layer: int, frames) -> None:
         try:
-            check_layer_rows(parts["frames"], layer=layer, calls=num_calls, heads=config.num_heads, where=str(output))
+            check_layer_rows(frames, layer=layer, calls=num_calls, heads=config.num_heads, where=str(output))
         except DamagedFileError as error:
             # A computation that went wrong, not a damaged file: the previous result stays.
             raise SinkscopeError(f"the generation's rows fail their check, nothing written: {error.problem}") from None
-        for kind, schema in (("frames", FRAME_ATTENTION_SCHEMA), ("queries", QUERY_STATS_SCHEMA), ("tokens", TOKEN_PROFILES_SCHEMA)):
-            rows = parts.get(kind)
-            if rows is None:
-                continue
-            # Constant run columns as categoricals: no million-row arrays of Python strings.
-            rows = rows.assign(**{name: pd.Categorical.from_codes(np.zeros(len(rows), np.int8), [value])
-                                  for name, value in run_columns.items() if isinstance(value, str)},
-                               seed=np.int64(run_columns["seed"]))  # fmt: skip
-            target = Path(layer_file(built, layer, kind))
-            write_table(rows, target, schema, {**metadata, "layer": int(layer)}, row_groups_by="block")
-            written.append(target.name)
-            counts[target.name] = len(rows)
-    timings["write_seconds"] = time.perf_counter() - began
-    # Per block, how like the sink frames and the previous block the video is (sink collapse).
-    rollout = block_similarity(result.latents[0].float().cpu().numpy(), options.block_sizes(), options.sink_frames,
-                               config.head_dim)  # fmt: skip
-    write_manifest(built, written, {"layers": [int(x) for x in layers], "rows": counts, "num_calls": num_calls,
-                                  "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
-                                  "generation": options.to_dict(), "rollout": rollout})  # fmt: skip
+
+    try:
+        recorder = FrameStatsCapture(
+            model, layers, frame_seq_length=frame_seq_length, backend=capture["backend"],
+            token_profiles=capture["token_profiles"], handoff=writer.submit,
+        )  # fmt: skip
+        with recorder:
+            result = generate(model, schedule, options=options, seed=seed, observers=[recorder])
+        timings["generation_seconds"] = result.seconds
+
+        latents_sha = hashlib.sha256(result.latents.float().cpu().numpy().tobytes()).hexdigest()
+        prompt: str | list[dict[str, Any]] = texts[0]
+        if switches:
+            prompt = [{"text": text, "start_frame": start} for text, start in zip(texts, starts)]
+        job_config = {"checkpoint": spec.to_dict(), "variant": variant, "generation": options.to_dict(), "seed": int(seed),
+                      "prompt": prompt, "capture": dict(capture), "compute": dict(compute)}  # fmt: skip
+        metadata = {
+            **provenance("extract_attention", device),
+            "dtype": dtype,
+            "config_hash": stable_hash(job_config),
+            "checkpoint_digest": weights_sha256,
+            "model_config": config.to_dict(),
+            "generation": options.to_dict(),
+            "checkpoint": spec.to_dict(),
+            "variant": variant,
+            "prompt_id": prompt_id,
+            "prompt": prompt,
+            "text_encoder": context_meta.get("encoder", ""),
+            "seed": int(seed),
+            "frame_seq_length": frame_seq_length,
+            "frame_grid": [height // config.patch_size[1], width // config.patch_size[2]],
+            "block_sizes": options.block_sizes(),
+            "layers_in_job": list(layers),
+            "num_calls": len(result.calls),
+            **({"prompt_switches": switches} if switches else {}),
+            "latents_sha256": latents_sha,
+            "peak_memory_bytes": result.peak_memory_bytes,
+            "kv_cache_bytes": result.kv_cache_bytes,
+            # Timings go to the job's log, not into the files: results are byte-identical
+            # across runs of the same code and inputs.
+        }
+        began = time.perf_counter()
+        written, counts = writer.finish(metadata, check)
+        timings["collect_seconds"] = writer.drain_seconds
+        timings["write_seconds"] = time.perf_counter() - began - writer.drain_seconds
+        timings.update(writer.timings)
+        # Per block, how like the sink frames and the previous block the video is (sink collapse).
+        rollout = block_similarity(result.latents[0].float().cpu().numpy(), options.block_sizes(), options.sink_frames,
+                                   config.head_dim)  # fmt: skip
+        write_manifest(built, written, {"layers": [int(x) for x in layers], "rows": counts, "num_calls": num_calls,
+                                      "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
+                                      "generation": options.to_dict(), "rollout": rollout})  # fmt: skip
+    except BaseException:
+        # The generation, a writer thread or the check failed: nothing of this run stays.
+        writer.abort()
+        shutil.rmtree(built, ignore_errors=True)
+        raise
     _swap_in(built, output)
     timings["job_seconds"] = time.perf_counter() - job_began
     log.info(
-        "generation %.2f s (%d calls), load %.2f s, write %.2f s; latents sha256 %s; peak memory %s; timings %s",
+        "generation %.2f s (%d calls), load %.2f s, write %.2f s after it; latents sha256 %s; peak memory %s; timings %s",
         result.seconds, len(result.calls), timings["load_seconds"], timings["write_seconds"], latents_sha[:16],
         result.peak_memory_bytes, json.dumps({k: round(v, 4) for k, v in timings.items()}),
     )  # fmt: skip
