@@ -130,15 +130,20 @@ def section_tokens(model) -> dict:
     return out
 
 
+def policy_options(policy: str, frames: int) -> GenerationOptions:
+    """A rollout of ``frames`` under ``policy``, in the procedure the policy runs in
+    (rolling_forcing: Rolling Forcing's window)."""
+    return GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy,
+                                          "procedure": CACHE_POLICY_TABLE[policy].procedure})  # fmt: skip
+
+
 def section_policies(model, frames: int) -> dict:
     out = {}
     run(model, GenerationOptions(num_frames=21), [LAYER])  # warm-up
     for policy in CACHE_POLICIES:
         if policy == "global" and frames > 120:
             continue  # the global cache grows with the video (30 layers x frames x 1560 tokens)
-        # rolling_forcing runs under its own procedure (Rolling Forcing's window).
-        options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy,
-                                                 "procedure": CACHE_POLICY_TABLE[policy].procedure})
+        options = policy_options(policy, frames)
         try:
             out[policy] = {**run(model, options, [LAYER]), "options": options.to_dict()}
         except Exception as error:  # noqa: BLE001 - report, keep going
@@ -195,7 +200,7 @@ def section_compiled(model, frames: int, policies=TARGET_POLICIES, mode: str | N
     run(model, GenerationOptions(num_frames=21), [LAYER])  # compiles
     out["compile_warmup_seconds"] = time.perf_counter() - began
     for policy in policies:
-        options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy})
+        options = policy_options(policy, frames)
         out[policy] = run(model, options, [LAYER])
         print(policy, "compiled", json.dumps(out[policy]), flush=True)
     return out
@@ -230,7 +235,7 @@ def _profiled(model, options) -> dict:
 
 def section_profile(model, frames: int, policy: str) -> dict:
     """Is a long rollout bound by the GPU or by the host? Eager, then compiled."""
-    options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy})
+    options = policy_options(policy, frames)
     out = {"policy": policy, "frames": frames, "eager": _profiled(model, options)}
     model.compile_blocks(dynamic=False)
     out["compiled"] = _profiled(model, options)

@@ -202,4 +202,7 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
         for name in names:
             a, b = (token_values(t[4][kind])[int(name == "token_prob_mean")] if kind == "tokens" else t[4][kind][name].to_numpy()
                     for t in (gpu, cpu))  # fmt: skip
-            assert a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-4, equal_nan=True), (kind, name)
+            # Token values are stored at float16 precision relative to their frame: a value
+            # near a rounding boundary may land one step (2**-10 of the row's spread) apart.
+            atol = 1e-4 + (2**-9 * float(np.nanmax(np.abs(b))) if kind == "tokens" else 0.0)
+            assert a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=atol, equal_nan=True), (kind, name)
