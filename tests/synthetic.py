@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -50,3 +53,25 @@ def synthetic_rows(
                                     ))  # fmt: skip
                     start += size
     return pd.DataFrame(rows)
+
+
+def flip_bytes_and_read(path: Path, trial: int, width: int) -> None:
+    """Flip ``width`` bytes of the file at a place chosen by ``trial``, then read it: the
+    read must fail naming the file, or give exactly what was written (only the footer's
+    column statistics, which a full read does not use, may change without notice)."""
+    from sinkscope.errors import DamagedFileError
+    from sinkscope.tables import read_arrow
+
+    original = read_arrow(path)
+    data = bytearray(path.read_bytes())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    position = random.Random(trial).randrange(4, len(data) - 12)
+    for i in range(width):
+        data[position + i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    try:
+        damaged = read_arrow(path)
+    except DamagedFileError as error:
+        assert path.name in str(error)
+        return
+    assert position >= footer_start and damaged.equals(original), position

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import os
-import random
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from synthetic import synthetic_rows
+from synthetic import flip_bytes_and_read, synthetic_rows
 
 from sinkscope.errors import DamagedFileError
 from sinkscope.manifests import check_directory, read_manifest, write_manifest
 from sinkscope.pipeline.integrity import quarantine, scan_results
-from sinkscope.tables import FRAME_ATTENTION_SCHEMA, column_digests, read_arrow, read_metadata, read_table, write_table
+from sinkscope.tables import (
+    FRAME_ATTENTION_SCHEMA,
+    column_digests,
+    read_arrow,
+    read_metadata,
+    read_table,
+    write_table,
+)
 
 
 def test_column_digests_do_not_depend_on_chunking_or_storage(tmp_path):
@@ -49,20 +55,7 @@ def test_flipped_bytes_never_give_wrong_values(tmp_path, trial):
     change without notice."""
     path = tmp_path / "layer0.parquet"
     write_table(synthetic_rows(seed=trial), path, FRAME_ATTENTION_SCHEMA, {"package_version": "x"})
-    original = read_arrow(path)
-    data = bytearray(path.read_bytes())
-    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    rng = random.Random(trial)
-    position = rng.randrange(4, len(data) - 12)
-    for i in range(8):
-        data[position + i] ^= 0xFF
-    path.write_bytes(bytes(data))
-    try:
-        damaged = read_arrow(path)
-    except DamagedFileError as error:
-        assert "layer0.parquet" in str(error)
-        return
-    assert position >= footer_start and damaged.equals(original), position
+    flip_bytes_and_read(path, trial, width=8)
 
 
 def test_a_file_without_its_digests_is_damaged_not_trusted(tmp_path):

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from synthetic import flip_bytes_and_read
 from test_stats import brute_force_statistics, make_inputs
 
 from sinkscope.errors import DamagedFileError
@@ -246,24 +247,9 @@ def test_a_streamed_file_equals_the_one_written_whole(tmp_path):
 
 @pytest.mark.parametrize("trial", range(12))
 def test_flipped_bytes_in_a_streamed_token_file_never_give_wrong_values(tmp_path, trial):
-    import random
-
     path = tmp_path / "layer4.tokens.parquet"
     _streamed(path)
-    original = read_arrow(path)
-    data = bytearray(path.read_bytes())
-    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    rng = random.Random(trial)
-    position = rng.randrange(4, len(data) - 12)
-    for i in range(4):
-        data[position + i] ^= 0xFF
-    path.write_bytes(bytes(data))
-    try:
-        damaged = read_arrow(path)
-    except DamagedFileError as error:
-        assert "layer4.tokens.parquet" in str(error)
-        return
-    assert position >= footer_start and damaged.equals(original), position
+    flip_bytes_and_read(path, trial, width=4)
 
 
 def test_an_aborted_table_writer_leaves_nothing(tmp_path):
