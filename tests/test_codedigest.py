@@ -21,17 +21,18 @@ from sinkscope.pipeline.codedigest import STAGE_MODULES, code_text, module_closu
 
 _MODEL = {"model", "model.checkpoints", "model.config", "model.layout", "model.loading", "model.lora", "model.torchfile",
           "model.wan"}
-_SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", "tables"}
+_TABLES = {"tables", "digests", "tokens"}
+_SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", *_TABLES}
 PINNED = {
     "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},
     "extract_attention": {
-        "io", "naming", "options", "tables", *_MODEL, "model.cache", "model.policies", "model.policies.base",
+        "io", "naming", "options", *_TABLES, *_MODEL, "model.cache", "model.policies", "model.policies.base",
         "model.policies.compression", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks", "model.text",
         "generation", "generation.capture", "generation.rolling", "generation.sampler",
         "stats", "stats.attention", "stats.reference", "stats.rollout", "stats.triton_kernels",
         "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.writing",
     },
-    "import_cache": {"io", "tables", *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",
+    "import_cache": {"io", *_TABLES, *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",
                      "legacy.tokens", "pipeline.imports"},
     "aggregate_source": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
     "combine_tables": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},

@@ -34,8 +34,22 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinkscope.digests import ContentDigests, column_digests, column_digests_v1
 from sinkscope.errors import DamagedFileError
 from sinkscope.io import _UMASK, atomic_path
+from sinkscope.tokens import (  # noqa: F401 - the token-value API, importable from here as before
+    TOKEN_BITS,
+    TOKEN_DECODED,
+    TOKEN_ENCODED,
+    TOKEN_ROW_COLUMNS,
+    decode_token_profiles,
+    decode_token_values,
+    encode_token_values,
+    round_significant,
+    token_lists,
+    token_rows,
+    token_values,
+)
 
 METRICS = ("logit_mean", "prob_mass")
 META_PREFIX = "sinkscope."
@@ -91,12 +105,6 @@ TOKEN_PROFILES_SCHEMA_V1 = pa.schema(
        ("token_prob_mean", pa.list_(pa.float32()))]
 )  # fmt: skip
 # The stored token columns of each layout: (logit, prob) lists.
-TOKEN_ENCODED = ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio")
-TOKEN_DECODED = ("token_logit_mean", "token_prob_mean")
-# The long form of token_profiles that figures and users read (``token_rows``).
-TOKEN_ROW_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "prompt_segment", "key_frame", "token", "token_logit_mean",
-                     "token_prob_mean")
-
 _SUMMARY_CALL = [("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()), ("metric", pa.string()), ("runs", pa.int16())]
 _CURVE_FIELDS = [
     ("query_frames", pa.string()),
@@ -604,292 +612,3 @@ def with_default_columns(frame: pd.DataFrame, frame_seq_length: int | None = Non
         if name not in frame:
             frame[name] = value
     return frame
-
-
-# -- content digests -----------------------------------------------------------------------------
-
-
-def _type_name(type_: pa.DataType) -> str:
-    """A column type as the digests name it: the same whether written or read back (a
-    list's child is "item" in memory and "element" in a file; strings may be large)."""
-    if pa.types.is_dictionary(type_):
-        return _type_name(type_.value_type)
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
-        return f"list<{_type_name(type_.value_type)}>"
-    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
-        return "string"
-    if pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
-        return "binary"
-    return str(type_)
-
-
-class _ColumnDigest:
-    """A version-2 digest of one column, fed chunk by chunk: sha256 over the type, the row
-    count and the digests of three streams (null positions, value lengths, values), so
-    the result does not depend on how the rows were chunked."""
-
-    def __init__(self, type_: pa.DataType) -> None:
-        self.type_name = _type_name(type_)
-        self.rows = 0
-        self.nulls, self.lengths, self.values = hashlib.sha256(), hashlib.sha256(), hashlib.sha256()
-
-    def update(self, array: pa.Array) -> None:
-        if pa.types.is_dictionary(array.type):
-            array = array.dictionary_decode()
-        if array.null_count:
-            self.nulls.update((np.flatnonzero(np.asarray(array.is_null())) + self.rows).astype(np.int64).tobytes())
-        self.rows += len(array)
-        self._values(array)
-
-    def _values(self, array: pa.Array) -> None:
-        type_ = array.type
-        if pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_binary(type_) \
-                or pa.types.is_large_binary(type_):  # fmt: skip
-            array = array.cast(pa.large_binary())
-            offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
-            self.lengths.update(np.diff(offsets).tobytes())
-            data = array.buffers()[2]
-            if data is not None:
-                self.values.update(memoryview(data)[offsets[0] : offsets[-1]])
-        elif pa.types.is_list(type_) or pa.types.is_large_list(type_):
-            offsets = np.asarray(array.offsets).astype(np.int64)
-            self.lengths.update(np.diff(offsets).tobytes())
-            # The values of the rows (flatten: only the slice's, not a shared parent's).
-            self._leaf(array.flatten())
-        else:
-            self._leaf(array)
-
-    def _leaf(self, array: pa.Array) -> None:
-        if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
-            raise ValueError(f"content digests of nested lists ({array.type}) are not supported")
-        if pa.types.is_dictionary(array.type):
-            array = array.dictionary_decode()
-        if array.null_count:
-            array = array.fill_null(0)
-        if not pa.types.is_boolean(array.type) and array.type.bit_width % 8 == 0 and len(array):
-            width = array.type.bit_width // 8  # the values buffer itself, no copy
-            self.values.update(memoryview(array.buffers()[1])[array.offset * width : (array.offset + len(array)) * width])
-        elif len(array):
-            self.values.update(np.ascontiguousarray(array.to_numpy(zero_copy_only=False)).tobytes())
-
-    def hexdigest(self) -> str:
-        digest = hashlib.sha256(b"sinkscope-content-v2\0" + self.type_name.encode() + b"\0")
-        digest.update(self.rows.to_bytes(8, "little"))
-        for part in (self.nulls, self.lengths, self.values):
-            digest.update(part.digest())
-        return digest.hexdigest()
-
-
-class ContentDigests:
-    """Version-2 content digests of a table's columns, fed a part (row group) at a time."""
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self._columns = {field.name: _ColumnDigest(field.type) for field in schema}
-
-    def update(self, table: pa.Table) -> None:
-        for name, digest in self._columns.items():
-            for chunk in table.column(name).chunks:
-                digest.update(chunk)
-
-    def hexdigests(self) -> dict[str, str]:
-        return {name: digest.hexdigest() for name, digest in self._columns.items()}
-
-
-def column_digests(table: pa.Table) -> dict[str, str]:
-    """sha256 of each column's values (version 2), independent of chunking and of how the
-    file stores them, so a writer and a reader compute the same digest."""
-    digests = ContentDigests(table.schema)
-    digests.update(table)
-    return digests.hexdigests()
-
-
-def column_digests_v1(table: pa.Table) -> dict[str, str]:
-    """The version-1 digests (files written before version 2): one sha256 per column over
-    type, length, null mask and values. A list column's type is named as it was written
-    (child "item"), whatever name the reader gives its child."""
-    digests = {}
-    for name in table.column_names:
-        column = table.column(name)
-        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-        if pa.types.is_dictionary(array.type):
-            array = array.dictionary_decode()
-        type_name = str(pa.list_(array.type.value_type)) if pa.types.is_list(array.type) else str(array.type)
-        digest = hashlib.sha256(type_name.encode())
-        digest.update(len(array).to_bytes(8, "little"))
-        if array.null_count:
-            digest.update(np.asarray(array.is_null()).tobytes())
-        if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_binary(array.type):
-            array = array.cast(pa.large_binary())
-            offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
-            data = array.buffers()[2]
-            digest.update((offsets - offsets[0]).tobytes())
-            if data is not None:
-                digest.update(memoryview(data)[offsets[0] : offsets[-1]])
-        elif pa.types.is_list(array.type):
-            offsets = np.asarray(array.offsets)
-            digest.update((offsets - offsets[0]).astype(np.int64).tobytes())
-            digest.update(np.ascontiguousarray(array.flatten().to_numpy(zero_copy_only=False)).tobytes())
-        elif not array.null_count and array.type.bit_width % 8 == 0 and not pa.types.is_boolean(array.type):
-            width = array.type.bit_width // 8  # the values buffer itself, no copy
-            digest.update(memoryview(array.buffers()[1])[array.offset * width : (array.offset + len(array)) * width])
-        else:
-            digest.update(np.ascontiguousarray(array.fill_null(0).to_numpy(zero_copy_only=False)).tobytes())
-        digests[name] = digest.hexdigest()
-    return digests
-
-
-# -- token values ---------------------------------------------------------------------------------
-
-# Significant bits kept of each token value: float16's precision (half an ulp = 2**-11 relative).
-TOKEN_BITS = 11
-
-
-def round_significant(values: np.ndarray, bits: int = TOKEN_BITS) -> np.ndarray:
-    """float32 ``values`` rounded (to nearest, ties to even) to ``bits`` significant bits;
-    NaN and infinities stay. The low bytes become zero, which byte-stream-split compresses
-    away: float16's precision without float16's range (no overflow, no subnormals)."""
-    drop = 24 - bits  # float32 holds 24 significant bits
-    raw = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    half = np.uint32((1 << (drop - 1)) - 1)
-    rounded = (raw + half + ((raw >> np.uint32(drop)) & np.uint32(1))) & np.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
-    return rounded.view(np.float32)
-
-
-def encode_token_values(logit: np.ndarray, prob: np.ndarray) -> dict[str, np.ndarray]:
-    """The stored form of token profiles: ``logit`` and ``prob`` [rows, frame_seq_length]
-    (float32, NaN where a token is absent) -> ``frame_logit_mean`` and ``frame_prob_mass``
-    [rows] (float32: the mean / sum over each row's present tokens, computed in float64)
-    and ``token_logit_centered`` / ``token_prob_ratio`` [rows, frame_seq_length] (float32
-    holding float16-precision values, NaN where absent).
-
-    ``token_logit_centered`` = logit - frame_logit_mean, rounded to multiples of a power of
-    two ``step`` with 2**-11 <= step / (the row's largest |centered|) < 2**-10: at most
-    2**-11 of that spread off, 11 significant bits. ``token_prob_ratio`` = prob /
-    (frame_prob_mass / present tokens), rounded to 11 significant bits (2**-11 relative).
-    Centering, and the ratio to the frame's mean token, spend the bits on how a token
-    differs from its frame; the frame's own values stay exact in float32.
-    """
-    logit = np.asarray(logit, np.float64)
-    prob = np.asarray(prob, np.float64)
-    if logit.shape != prob.shape or logit.ndim != 2:
-        raise ValueError(f"token logits {logit.shape} and probabilities {prob.shape} must be equal [rows, tokens] arrays")
-    present = ~np.isnan(prob)
-    count = present.sum(axis=1)
-    if (count == 0).any():
-        raise ValueError("a token profile row has no present token")
-    frame_logit = (np.nansum(logit, axis=1) / count).astype(np.float32)
-    frame_mass = np.nansum(prob, axis=1).astype(np.float32)
-    # Centered on the stored float32 mean: decoding adds back exactly that value.
-    centered = logit - frame_logit.astype(np.float64)[:, None]
-    spread = np.nanmax(np.where(present, np.abs(centered), 0.0), axis=1)
-    # A power-of-two step: every multiple up to the spread has at most 11 significant bits,
-    # and small values carry no more precision than the spread needs (fewer bytes).
-    with np.errstate(divide="ignore"):
-        step = np.where(spread > 0, np.exp2(np.ceil(np.log2(np.where(spread > 0, spread, 1.0) * 2.0**-TOKEN_BITS))), 1.0)
-    centered = (np.round(centered / step[:, None]) * step[:, None]).astype(np.float32)
-    mean_token = frame_mass.astype(np.float64) / count
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(mean_token[:, None] > 0, prob / mean_token[:, None], 0.0)
-    ratio[~present] = np.nan
-    centered[~present] = np.nan
-    return {"frame_logit_mean": frame_logit, "frame_prob_mass": frame_mass,
-            "token_logit_centered": centered, "token_prob_ratio": round_significant(ratio.astype(np.float32))}  # fmt: skip
-
-
-def decode_token_values(
-    frame_logit_mean: np.ndarray, frame_prob_mass: np.ndarray, centered: np.ndarray, ratio: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """float32 ``token_logit_mean`` and ``token_prob_mean`` [rows, tokens] from the stored
-    form (NaN where absent). Each row is adjusted so that the identities hold exactly (up
-    to the float32 rounding of the result): the decoded logits average to
-    ``frame_logit_mean`` (the centered values minus their own mean, rounding errors and
-    all), the decoded probabilities sum to ``frame_prob_mass`` (the ratios scaled by
-    mass / their sum). A single value is within float16 rounding of the original: a
-    probability 2**-11 relative (2**-10 at worst, with the adjustment), a logit 2**-11
-    (2**-10 at worst) of the frame's largest distance from its mean."""
-    centered = np.asarray(centered, np.float64)
-    ratio = np.asarray(ratio, np.float64)
-    present = ~np.isnan(ratio)
-    count = np.maximum(present.sum(axis=1), 1)
-    shift = np.nansum(centered, axis=1) / count
-    logit = np.asarray(frame_logit_mean, np.float64)[:, None] + (centered - shift[:, None])
-    total = np.nansum(ratio, axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(total > 0, np.asarray(frame_prob_mass, np.float64) / total, 0.0)
-    prob = ratio * scale[:, None]
-    return logit.astype(np.float32), prob.astype(np.float32)
-
-
-def _stacked(column: pd.Series) -> np.ndarray:
-    return np.stack(column.to_numpy()) if len(column) else np.empty((0, 0))
-
-
-def token_values(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(token_logit_mean, token_prob_mean) [rows, tokens] float32 of token_profiles rows in
-    their stored form, whichever layout wrote them: the compact one (decoded) or the
-    float32 lists of older files (as they are)."""
-    if all(name in table.columns for name in TOKEN_ENCODED):
-        return decode_token_values(table["frame_logit_mean"].to_numpy(), table["frame_prob_mass"].to_numpy(),
-                                   _stacked(table["token_logit_centered"]), _stacked(table["token_prob_ratio"]))  # fmt: skip
-    if all(name in table.columns for name in TOKEN_DECODED):
-        return (_stacked(table["token_logit_mean"]).astype(np.float32, copy=False),
-                _stacked(table["token_prob_mean"]).astype(np.float32, copy=False))  # fmt: skip
-    raise ValueError(f"token_profiles rows lack their token columns ({', '.join(TOKEN_ENCODED)}); "
-                     f"columns: {', '.join(map(str, table.columns))}")  # fmt: skip
-
-
-def decode_token_profiles(table: pd.DataFrame) -> pd.DataFrame:
-    """token_profiles rows in either stored layout -> the float32 layout (a row per call,
-    head and key frame, ``token_logit_mean`` / ``token_prob_mean`` as lists)."""
-    if "token" in table.columns or all(name in table.columns for name in TOKEN_DECODED):
-        return table
-    logit, prob = token_values(table)
-    out = table.drop(columns=[name for name in TOKEN_ENCODED if name in table.columns])
-    out["token_logit_mean"] = list(logit)
-    out["token_prob_mean"] = list(prob)
-    return out
-
-
-def token_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """token_profiles rows (one per call, head and key frame, the frame's values as lists;
-    either stored layout) as one row per key token present: ``TOKEN_ROW_COLUMNS`` (float32
-    values, decoded) plus whatever run columns the table has. A table already in that long
-    form is returned as it is."""
-    if "token" in table.columns or table.empty:
-        return table
-    logit, prob = token_values(table)
-    present = ~np.isnan(prob)
-    row, token = np.nonzero(present)
-    dropped = {*TOKEN_ENCODED, *TOKEN_DECODED, "key_tokens"}
-    keep = [name for name in table.columns if name not in dropped]
-    out = table[keep].iloc[row].reset_index(drop=True)
-    out["token"] = token.astype(np.int32)
-    out["token_logit_mean"] = logit[present]
-    out["token_prob_mean"] = prob[present]
-    return out
-
-
-def token_lists(rows: pd.DataFrame, frame_seq_length: int) -> pd.DataFrame:
-    """The inverse of ``token_rows``: a row per key token -> the stored form, a row per
-    call, head and key frame with its tokens' values encoded (``encode_token_values``) as
-    ``frame_seq_length`` lists (NaN where a token is absent); ``key_tokens`` counts the
-    present ones."""
-    if "token" not in rows.columns:
-        return rows
-    value_columns = ("token", "token_logit_mean", "token_prob_mean")
-    keys = [name for name in rows.columns if name not in value_columns]
-    grouped = rows.groupby(keys, observed=True, sort=False, dropna=False)
-    group = grouped.ngroup().to_numpy()
-    out = grouped.size().reset_index(name="key_tokens")
-    out["key_tokens"] = out["key_tokens"].astype(np.int32)
-    if "key_position_shift" not in out.columns:
-        out["key_position_shift"] = np.int32(0)
-    token = rows["token"].to_numpy()
-    dense = {}
-    for name in ("token_logit_mean", "token_prob_mean"):
-        values = np.full((len(out), frame_seq_length), np.nan, np.float32)
-        values[group, token] = rows[name].to_numpy()
-        dense[name] = values
-    for name, values in encode_token_values(dense["token_logit_mean"], dense["token_prob_mean"]).items():
-        out[name] = list(values) if values.ndim == 2 else values
-    return out
