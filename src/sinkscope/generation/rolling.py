@@ -42,13 +42,13 @@ from sinkscope.generation.sampler import (
     CallInfo,
     CallLog,
     FlowMatchSchedule,
+    GenerationClock,
     GenerationObserver,
     GenerationResult,
     NoiseStream,
-    _Clock,
-    _to_device,
-    _to_host,
     latent_grid,
+    latents_to_device,
+    latents_to_host,
     prompt_schedule,
 )
 from sinkscope.model import WanModel
@@ -152,13 +152,13 @@ def generate_rolling(
     log = CallLog(observers)
     noisy: dict[int, torch.Tensor] = {}  # block -> its input at its next level (device)
     outputs: dict[int, torch.Tensor] = {}  # block -> final x0 (host)
-    clock = _Clock(device)
+    clock = GenerationClock(device)
     for window in schedule.windows:
         # Inputs: the newest block from the initial noise, the others as re-noised last window.
         inputs = []
         for part in window.blocks:
             if part.level == 0:
-                inputs.append(_to_device(noise.initial[part.start_frame : part.start_frame + part.num_frames], device, dtype))
+                inputs.append(latents_to_device(noise.initial[part.start_frame : part.start_frame + part.num_frames], device, dtype))
             else:
                 inputs.append(noisy.pop(part.block))
         x = torch.cat(inputs, dim=2)
@@ -180,9 +180,9 @@ def generate_rolling(
             if part.level < last_level:
                 # RF draws noise for the whole window and keeps this block's slice.
                 fresh = noise.renoise(window.num_frames)[frames]
-                noisy[part.block] = flow.add_noise(x0, _to_device(fresh, device, dtype), levels[part.level + 1])
+                noisy[part.block] = flow.add_noise(x0, latents_to_device(fresh, device, dtype), levels[part.level + 1])
             else:
-                outputs[part.block] = _to_host(x0)
+                outputs[part.block] = latents_to_host(x0)
             offset += part.num_frames
         # The cache update: the window's first block, clean, at the context timestep.
         log.announce(CallInfo(first.block, PASS_CACHE, first.level + 1, context_noise, first.start_frame, first.num_frames,

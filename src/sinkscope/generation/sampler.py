@@ -182,7 +182,7 @@ class NoiseStream:
         return out
 
 
-def _to_device(frames: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def latents_to_device(frames: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """CPU noise [F, C, H, W] as latents [1, C, F, H, W] on ``device``, without a host sync on CUDA."""
     latents = frames.permute(1, 0, 2, 3).unsqueeze(0)
     if device.type == "cuda":
@@ -190,7 +190,7 @@ def _to_device(frames: torch.Tensor, device: torch.device, dtype: torch.dtype) -
     return latents.to(device, dtype)
 
 
-def _to_host(latents: torch.Tensor) -> torch.Tensor:
+def latents_to_host(latents: torch.Tensor) -> torch.Tensor:
     """A block's latents on the CPU; from CUDA into pinned memory, queued without a host sync."""
     if latents.device.type != "cuda":
         return latents
@@ -225,7 +225,7 @@ class CallLog:
             observer.begin_call(info)
 
 
-class _Clock:
+class GenerationClock:
     """Wall time and peak device memory of the denoising loop (synchronized at both ends)."""
 
     def __init__(self, device: torch.device) -> None:
@@ -316,7 +316,7 @@ def generate(
     outputs: list[torch.Tensor] = []
     log = CallLog(observers)
     announce = log.announce
-    clock = _Clock(device)
+    clock = GenerationClock(device)
     # Step 2: no initial latent (T2V); the first call caches the text K/V.
     # Step 3: the temporal denoising loop.
     start, segment = 0, 0
@@ -331,12 +331,12 @@ def generate(
             if options.recaches:
                 count = options.recache_frames(start)
                 _synchronize(device)  # the finished blocks' host copies are complete
-                kept = _to_device(torch.cat(outputs, dim=2)[0, :, start - count : start].transpose(0, 1), device, dtype)
+                kept = latents_to_device(torch.cat(outputs, dim=2)[0, :, start - count : start].transpose(0, 1), device, dtype)
                 announce(CallInfo(block, PASS_RECACHE, 0, float(options.context_noise), start - count, count, last, segment))
                 cache.begin_recache(start - count, count)
                 model(kept, torch.full((1, count), float(options.context_noise), device=device), contexts[segment],
                       kv_cache=cache, start_frame=start - count)  # fmt: skip
-        x = _to_device(noise.initial[start : start + frames], device, dtype)
+        x = latents_to_device(noise.initial[start : start + frames], device, dtype)
         x0 = x
         # Step 3.1: the spatial denoising loop.
         for step, t in enumerate(timesteps):
@@ -345,10 +345,10 @@ def generate(
                              start_frame=start)  # fmt: skip
             x0 = flow.to_x0(velocity, x, t)
             if step + 1 < num_steps:
-                fresh = _to_device(noise.renoise(frames), device, dtype)
+                fresh = latents_to_device(noise.renoise(frames), device, dtype)
                 x = flow.add_noise(x0, fresh, timesteps[step + 1])
         # Step 3.2: record the output (on the CPU, so it does not grow on the device).
-        outputs.append(_to_host(x0))
+        outputs.append(latents_to_host(x0))
         # Step 3.3: rerun at the context timestep so the cache holds the block's clean K/V.
         announce(CallInfo(block, PASS_CACHE, num_steps, float(options.context_noise), start, frames, last, segment))
         model(
