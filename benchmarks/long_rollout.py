@@ -137,10 +137,10 @@ def policy_options(policy: str, frames: int) -> GenerationOptions:
                                           "procedure": CACHE_POLICY_TABLE[policy].procedure})  # fmt: skip
 
 
-def section_policies(model, frames: int) -> dict:
+def section_policies(model, frames: int, policies=CACHE_POLICIES) -> dict:
     out = {}
     run(model, GenerationOptions(num_frames=21), [LAYER])  # warm-up
-    for policy in CACHE_POLICIES:
+    for policy in policies:
         if policy == "global" and frames > 120:
             continue  # the global cache grows with the video (30 layers x frames x 1560 tokens)
         options = policy_options(policy, frames)
@@ -250,7 +250,8 @@ def main() -> int:
     parser.add_argument("--model", default="wan2.1-t2v-1.3b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--policy", default="window", help="the profile section's cache policy")
-    parser.add_argument("--policies", default=",".join(TARGET_POLICIES), help="the compiled section's cache policies")
+    parser.add_argument("--policies", default=None, help="cache policies of the policies and compiled sections "
+                        "(default: every policy / the five of the 30 FPS target)")
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode of the compiled section")
     parser.add_argument("--profile-frames", type=int, default=45, help="the profile section's rollout length")
     args = parser.parse_args()
@@ -266,11 +267,12 @@ def main() -> int:
             if section == "tokens":
                 results[section] = section_tokens(model)
             elif section == "policies":
-                results[section] = section_policies(model, args.frames)
+                results[section] = section_policies(model, args.frames, args.policies.split(",") if args.policies else CACHE_POLICIES)
             elif section == "job":
                 results[section] = section_job_overhead(model)
             elif section == "compiled":
-                results[section] = section_compiled(model, args.frames, args.policies.split(","), args.compile_mode)
+                results[section] = section_compiled(model, args.frames, args.policies.split(",") if args.policies else TARGET_POLICIES,
+                                                    args.compile_mode)
             elif section == "profile":
                 results[section] = section_profile(model, args.profile_frames, args.policy)
             elif section == "memory":

@@ -39,9 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("sinkscope")
 
 # capture.compile: auto compiles from this rollout length on. Measured on an H100
-# (docs/performance.md, 2026-11-25): compiling saves ~0.033 s a latent frame of a
+# (docs/performance.md, 2026-11-25): compiling saves 0.029-0.033 s a latent frame of a
 # 21-frame-cache rollout and costs ~4 s with Inductor's on-disk cache warm (a study's
-# later jobs on the node), ~25 s cold; 120 frames is the warm break-even.
+# later jobs on the node), ~25 s cold; the warm break-even is 120-140 frames.
 COMPILE_AUTO_MIN_FRAMES = 120
 
 
