@@ -15,6 +15,9 @@ Sections (``--sections``, comma-separated; default all):
   video frames per second (81 / seconds), overhead, peak GPU memory, KV cache size.
 - ``job``: one extraction job end to end in a fresh process (start-up, weights from a
   Wan-format release folder, generation, writing), for 1 and for 30 layers per job.
+- ``handoff``: where a 30-layer job's generation loses time to its writing (warm, in
+  one process): records kept on the device, only copied to the host, or written by the
+  extraction writer's threads.
 - ``warmup``: where a fresh process's first generation loses time, per SDPA backend:
   first and second generation in new processes, with the slowest calls of the first.
 
@@ -238,19 +241,26 @@ def section_stats() -> dict:
     ref = frame_stats(q, kw, frame_seq_length=fsl, query_frames=frames_q, key_frames=window_k, backend="torch")
     results["accuracy"]["window_with_sinks_vs_torch"] = max((a - b).abs().max().item() for a, b in zip(got, ref))
 
-    sweep = {}
-    for config in _CONFIGS:
-        params = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-        label = "BLOCK_M={BLOCK_M} BLOCK_N={BLOCK_N} warps={num_warps} stages={num_stages}".format(**params)
-        try:
-            sweep[label] = cuda_time(lambda params=params: statistics_triton(q, k, fsl, num_q, (fsl,) * num_k, scale, config=params), reps=20)["median_ms"]
-        except Exception as error:  # noqa: BLE001 - report, keep going
-            sweep[label] = f"failed: {error}"
+    sweep = tile_sweep(lambda params: statistics_triton(q, k, fsl, num_q, (fsl,) * num_k, scale, config=params),
+                       [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in _CONFIGS])
     results["triton_sweep_ms"] = sweep
     return results
 
 
 # -- generation ------------------------------------------------------------------------------
+
+
+def tile_sweep(run, configs) -> dict:
+    """Median ms of ``run(params)`` per (BLOCK_M, BLOCK_N, warps, stages) of ``configs``."""
+    sweep = {}
+    for block_m, block_n, warps, stages in configs:
+        params = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+        label = f"BLOCK_M={block_m} BLOCK_N={block_n} warps={warps} stages={stages}"
+        try:
+            sweep[label] = cuda_time(lambda params=params: run(params), reps=20)["median_ms"]
+        except Exception as error:  # noqa: BLE001 - report, keep going
+            sweep[label] = f"failed: {str(error)[:200]}"
+    return sweep
 
 
 def section_fused() -> dict:
@@ -327,17 +337,17 @@ def section_fused() -> dict:
         accuracy[f"{name}_vs_kernel_1_max_abs"] = (getattr(stats, name) - getattr(plain, name)).abs().max().item()
     for name in ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_prob_mean", "token_logit_mean"):
         accuracy[f"lse_route_{name}_vs_kernel_1_max_abs"] = (getattr(lse_stats, name) - getattr(plain, name)).abs().max().item()
-    sweep = {}
-    for block_m, block_n, warps, stages in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3),
-                                            (64, 128, 4, 3), (128, 32, 4, 3), (64, 64, 4, 4)):  # fmt: skip
-        params = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
-        label = f"BLOCK_M={block_m} BLOCK_N={block_n} warps={warps} stages={stages}"
-        try:
-            sweep[label] = cuda_time(lambda params=params: attention_statistics_triton(
-                q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params), reps=20)["median_ms"]  # fmt: skip
-        except Exception as error:  # noqa: BLE001 - report, keep going
-            sweep[label] = f"failed: {str(error)[:200]}"
-    return {"timings": rows, "accuracy": accuracy, "kernel_3_sweep_ms": sweep}
+    sweep = tile_sweep(lambda params: attention_statistics_triton(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params),
+                       ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3),
+                        (64, 64, 4, 4)))  # fmt: skip
+    # Kernel 4 alone (the log-sum-exp given), the statistics pass of the default route.
+    from sinkscope.stats.triton_kernels import statistics_given_lse
+
+    lse = sdpa_with_lse(q, k, v, dim**-0.5)[1]
+    sweep_4 = tile_sweep(lambda params: statistics_given_lse(q, k, lse, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params),
+                         ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3), (64, 64, 4, 3),
+                          (256, 64, 8, 3)))  # fmt: skip
+    return {"timings": rows, "accuracy": accuracy, "kernel_3_sweep_ms": sweep, "kernel_4_sweep_ms": sweep_4}
 
 
 def random_real_model(name: str = "wan2.1-t2v-1.3b"):
@@ -416,6 +426,64 @@ def section_generation(reps: int, compile_modes: list[str]) -> dict:
     return results
 
 
+def section_handoff(reps: int) -> dict:
+    """Where a 30-layer job's generation loses time to its writing: warm, in one process,
+    eager, the same generation with its records (a) kept on the device, (b) copied to
+    pinned host memory and dropped (the hand-over alone), (c) handed to the extraction
+    writer (4 threads: rows built and written while the video is generated). Seconds of
+    the generation (median), and of ``finish`` after it for (c)."""
+    from sinkscope.generation.capture import record_tensors
+    from sinkscope.pipeline.writing import ExtractionWriter, HostCopy
+
+    options = GenerationOptions()
+    model = random_real_model()
+    context = random_context()
+    layers = list(range(30))
+    run_columns = {"checkpoint": "bench", "variant": "default", "prompt_id": "p", "seed": 0}
+    results: dict = {}
+
+    def kept():
+        with FrameStatsCapture(model, layers, frame_seq_length=1560) as capture:
+            return generate(model, context, options=options, seed=0, observers=[capture]).seconds, 0.0
+
+    def copied():
+        copies = []
+        handoff = lambda record: copies.append(HostCopy(record_tensors(record, 1560)))  # noqa: E731
+        with FrameStatsCapture(model, layers, frame_seq_length=1560, handoff=handoff) as capture:
+            seconds = generate(model, context, options=options, seed=0, observers=[capture]).seconds
+        began = time.perf_counter()
+        for copy in copies:
+            copy.arrays()
+        return seconds, time.perf_counter() - began
+
+    def written(workers: int, switch_interval: float | None = None):
+        default_interval = sys.getswitchinterval()
+        if switch_interval is not None:
+            sys.setswitchinterval(switch_interval)
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                writer = ExtractionWriter(folder, layers, frame_seq_length=1560, run_columns=run_columns, workers=workers)
+                with FrameStatsCapture(model, layers, frame_seq_length=1560, handoff=writer.submit) as capture:
+                    seconds = generate(model, context, options=options, seed=0, observers=[capture]).seconds
+                began = time.perf_counter()
+                writer.finish({"package_version": "bench"})
+                return seconds, time.perf_counter() - began
+        finally:
+            sys.setswitchinterval(default_interval)
+
+    variants = {"no capture": lambda: (generate(model, context, options=options, seed=0).seconds, 0.0),
+                "records kept on the device": kept, "host copies only": copied,
+                **{f"extraction writer, {n} threads": (lambda n=n: written(n)) for n in (1, 2, 4)},
+                "extraction writer, 4 threads, GIL switch interval 0.5 ms": lambda: written(4, 0.0005)}
+    for label, run in variants.items():
+        runs = [run() for _ in range(reps + 1)][1:]  # the first is a warm-up
+        generation = sorted(r[0] for r in runs)
+        after = sorted(r[1] for r in runs)
+        results[label] = {"generation_seconds_median": generation[len(generation) // 2], "generation_seconds": generation,
+                          "after_seconds_median": after[len(after) // 2]}  # fmt: skip
+    return results  # the model goes with the closures
+
+
 # -- one extraction job end to end ---------------------------------------------------------
 
 
@@ -423,6 +491,8 @@ JOB_DRIVER = """
 import json, sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, {src!r})
+if {switch_interval!r} is not None:
+    sys.setswitchinterval({switch_interval!r})
 from sinkscope.pipeline.extract import extract_job
 t1 = time.perf_counter()
 meta = extract_job(checkpoint={checkpoint!r}, variant="default", prompt_id="eagle", seed=0, layers={layers!r},
@@ -451,7 +521,10 @@ def write_release_folder(folder: Path) -> float:
     return time.perf_counter() - began
 
 
-def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cache_dir: Path | None = None) -> dict:
+def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cache_dir: Path | None = None,
+            switch_interval: float | None = None) -> dict:
+    """One extraction job in a fresh process; ``switch_interval``: the interpreter's GIL
+    switch interval for the whole job (seconds; None: Python's default, 5 ms)."""
     from sinkscope.model.text import TextEncoderSpec, save_embedding
 
     embedding = workdir / "eagle.safetensors"
@@ -461,7 +534,7 @@ def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cach
                   "allow_pickle": False, "dtype": "bfloat16", "train_step": None}  # fmt: skip
     out = workdir / f"out-{len(layers)}-{compile}"
     script = JOB_DRIVER.format(src=str(ROOT / "src"), checkpoint=checkpoint, layers=layers, out=str(out),
-                               embedding=str(embedding), compile=compile)  # fmt: skip
+                               embedding=str(embedding), compile=compile, switch_interval=switch_interval)  # fmt: skip
     began = time.perf_counter()
     env = dict(os.environ)
     if cache_dir is not None:  # compile caches of this job only (cold, then warm)
@@ -481,6 +554,10 @@ def section_jobs(workdir: Path, compile_modes: list[str]) -> dict:
     all_layers = list(range(30))
     results["eager, 1 layer per job"] = run_job(workdir, release, [4], False)
     results["eager, 30 layers per job"] = run_job(workdir, release, all_layers, False)
+    # The writer threads and the generation's thread share the GIL: how much a shorter
+    # switch interval gives back to the generation.
+    results["eager, 30 layers per job, GIL switch interval 0.5 ms"] = run_job(workdir, release, all_layers, False,
+                                                                               switch_interval=0.0005)
     if "compile" in compile_modes:
         caches = workdir / "compile-cache"
         results["compile, 30 layers per job, cold compile cache"] = run_job(workdir, release, all_layers, True, caches)
@@ -569,7 +646,9 @@ def markdown(results: dict) -> str:
         for name, row in fused["timings"].items():
             lines.append(f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['max_ms']:.3f} | {row['extra_mib']:.1f} | {row['x_sdpa']:.2f} |")
         lines += ["", "Accuracy: " + ", ".join(f"{k} {v:.2e}" for k, v in fused["accuracy"].items()), ""]
-        lines += ["Kernel 3 sweep (ms): " + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in fused["kernel_3_sweep_ms"].items()), ""]
+        for kernel in ("3", "4"):
+            sweep = fused.get(f"kernel_{kernel}_sweep_ms", {})
+            lines += [f"Kernel {kernel} sweep (ms): " + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in sweep.items()), ""]
     gen = results.get("generation", {})
     if gen:
         lines += ["| generation, 21 latent frames (81 video frames) | s (median) | min-max | video FPS | overhead | peak GiB | extra peak MiB |",
@@ -584,6 +663,13 @@ def markdown(results: dict) -> str:
                 f"| {key} | {row['seconds_median']:.3f} | {row['seconds_min']:.3f}-{row['seconds_max']:.3f} | {row['video_fps']:.1f} | "
                 f"{row.get('overhead_pct', 0):+.1f}% | {row['peak_gib']:.2f} | {row.get('extra_peak_mib', 0):.0f} |"
             )
+        lines.append("")
+    handoff = results.get("handoff", {})
+    if handoff and "error" not in handoff:
+        lines += ["| 30 layers captured, warm, eager: the records | generation s (median) | after it s |", "|---|---|---|"]
+        for key, row in handoff.items():
+            if isinstance(row, dict) and "generation_seconds_median" in row:
+                lines.append(f"| {key} | {row['generation_seconds_median']:.2f} | {row['after_seconds_median']:.2f} |")
         lines.append("")
     jobs = results.get("jobs", {})
     if jobs:
@@ -629,6 +715,7 @@ def main() -> int:
         "generation": lambda: section_generation(args.reps, modes),
         "job": lambda: section_jobs(Path(tempfile.mkdtemp(prefix="sinkscope-bench-")), modes),
         "warmup": section_warmup,
+        "handoff": lambda: section_handoff(args.reps),
     }
     for name in sections:
         began = time.perf_counter()

@@ -41,6 +41,7 @@ from sinkscope.tables import (
     column_digests,
     column_digests_v1,
     decode_token_values,
+    encode_token_tensors,
     encode_token_values,
     read_arrow,
     read_metadata,
@@ -121,6 +122,34 @@ def test_extreme_frames_encode_and_decode():
     assert decoded_prob[0, 0] == 1 and np.nansum(decoded_prob[0]) == 1
     with pytest.raises(ValueError, match="no present token"):
         encode_token_values(np.full((1, 3), np.nan, np.float32), np.full((1, 3), np.nan, np.float32))
+
+
+def test_the_logit_step_is_the_power_of_two_the_spread_needs():
+    # Spreads exactly a power of two, just above and just below one: the step must be the
+    # power of two with 2**-11 <= step / spread < 2**-10, and every value a multiple of it.
+    spreads = np.array([1.0, np.nextafter(1.0, 2.0), np.nextafter(1.0, 0.0), 2.0**-20, 3.0, 1e4])
+    logit = np.zeros((len(spreads), 4), np.float32)
+    logit[:, 0], logit[:, 1] = spreads, -spreads
+    logit[:, 2] = spreads / 3
+    prob = np.full(logit.shape, 0.25, np.float32)
+    stored = encode_token_values(logit, prob)
+    centered = stored["token_logit_centered"].astype(np.float64)
+    spread = np.abs(logit.astype(np.float64) - stored["frame_logit_mean"][:, None]).max(axis=1)
+    for row, value in enumerate(spread):
+        step = 2.0 ** np.ceil(np.log2(value * 2.0**-11))
+        assert 2.0**-11 <= step / value < 2.0**-10, row
+        assert np.array_equal(np.round(centered[row] / step) * step, centered[row]), row
+
+
+def test_device_encoding_is_the_host_encoding():
+    # The capture encodes with torch where the profiles are; on the CPU that is exactly the
+    # numpy entry point's result (which calls the same function on float64 copies).
+    logit64, prob64 = _profiles(3)
+    logit, prob = logit64.astype(np.float32), prob64.astype(np.float32)
+    on_device = encode_token_tensors(torch.from_numpy(logit), torch.from_numpy(prob))
+    for name, values in encode_token_values(logit, prob).items():
+        assert on_device[name].dtype == torch.float32
+        assert np.array_equal(on_device[name].numpy(), values, equal_nan=True), name
 
 
 def _run_columns(n: int) -> dict:
@@ -369,10 +398,10 @@ def test_the_extraction_writer_writes_what_the_capture_collects(tmp_path):
 def test_a_writer_error_reaches_the_job_and_leaves_no_file(tmp_path, monkeypatch):
     original = writing.record_rows
 
-    def failing(record, arrays, fsl):
+    def failing(record, arrays):
         if record.layer == 2 and record.call.block == 1:
             raise OSError("no space left on device (test)")
-        return original(record, arrays, fsl)
+        return original(record, arrays)
 
     monkeypatch.setattr(writing, "record_rows", failing)
     for workers in (0, 2):

@@ -44,6 +44,7 @@ from sinkscope.tokens import (  # noqa: F401 - the token-value API, importable f
     TOKEN_ROW_COLUMNS,
     decode_token_profiles,
     decode_token_values,
+    encode_token_tensors,
     encode_token_values,
     round_significant,
     token_lists,
@@ -442,7 +443,9 @@ class TableWriter:
         table = rows if isinstance(rows, pa.Table) else to_arrow(rows, self.schema, self.path)
         if table.num_rows == 0:
             return
-        table = table.select(self.schema.names).cast(self.schema)
+        table = table.select(self.schema.names)
+        if not table.schema.equals(self.schema):
+            table = table.cast(self.schema)
         self._digests.update(table)
         self._writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows

@@ -2,7 +2,8 @@
 
 A token_profiles row (one per call, head and key frame) stores the frame's exact mean
 logit and softmax mass in float32 and its token values relative to them at float16's
-precision (``encode_token_values``); the readers give back float32 ``token_logit_mean`` /
+precision (``encode_token_values``; ``encode_token_tensors`` is the same on torch tensors,
+on the device that computed the profiles); the readers give back float32 ``token_logit_mean`` /
 ``token_prob_mean`` whose frame mean and sum equal the stored frame values
 (``decode_token_values``, ``token_values``, ``token_rows``). docs/statistics.md has the
 layout and its error bounds.
@@ -10,8 +11,13 @@ layout and its error bounds.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    import torch
 
 TOKEN_ENCODED = ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio")
 TOKEN_DECODED = ("token_logit_mean", "token_prob_mean")
@@ -48,32 +54,63 @@ def encode_token_values(logit: np.ndarray, prob: np.ndarray) -> dict[str, np.nda
     (frame_prob_mass / present tokens), rounded to 11 significant bits (2**-11 relative).
     Centering, and the ratio to the frame's mean token, spend the bits on how a token
     differs from its frame; the frame's own values stay exact in float32.
+
+    The arithmetic is ``encode_token_tensors``'s (torch, on the CPU here): the capture runs
+    the same function on the device that computed the profiles.
     """
-    logit = np.asarray(logit, np.float64)
-    prob = np.asarray(prob, np.float64)
+    import torch
+
+    logit, prob = np.asarray(logit), np.asarray(prob)
     if logit.shape != prob.shape or logit.ndim != 2:
         raise ValueError(f"token logits {logit.shape} and probabilities {prob.shape} must be equal [rows, tokens] arrays")
-    present = ~np.isnan(prob)
-    count = present.sum(axis=1)
-    if (count == 0).any():
+    if np.isnan(prob).all(axis=1).any():
         raise ValueError("a token profile row has no present token")
-    frame_logit = (np.nansum(logit, axis=1) / count).astype(np.float32)
-    frame_mass = np.nansum(prob, axis=1).astype(np.float32)
+    encoded = encode_token_tensors(torch.from_numpy(np.asarray(logit, np.float64)), torch.from_numpy(np.asarray(prob, np.float64)))
+    return {name: values.numpy() for name, values in encoded.items()}
+
+
+def encode_token_tensors(logit: "torch.Tensor", prob: "torch.Tensor") -> dict[str, "torch.Tensor"]:
+    """``encode_token_values`` on torch tensors, on their device and without a host
+    synchronization (so the capture encodes a call's profiles where it computed them and
+    hands the host only the stored form). Sums in float64; results float32. Every row
+    must hold a present token (the caller knows which from the call's key layout)."""
+    import torch
+
+    logit, prob = logit.to(torch.float64), prob.to(torch.float64)
+    present = ~torch.isnan(prob)
+    count = present.sum(dim=1)
+    frame_logit = (torch.nansum(logit, dim=1) / count).to(torch.float32)
+    frame_mass = torch.nansum(prob, dim=1).to(torch.float32)
     # Centered on the stored float32 mean: decoding adds back exactly that value.
-    centered = logit - frame_logit.astype(np.float64)[:, None]
-    spread = np.nanmax(np.where(present, np.abs(centered), 0.0), axis=1)
-    # A power-of-two step: every multiple up to the spread has at most 11 significant bits,
-    # and small values carry no more precision than the spread needs (fewer bytes).
-    with np.errstate(divide="ignore"):
-        step = np.where(spread > 0, np.exp2(np.ceil(np.log2(np.where(spread > 0, spread, 1.0) * 2.0**-TOKEN_BITS))), 1.0)
-    centered = (np.round(centered / step[:, None]) * step[:, None]).astype(np.float32)
-    mean_token = frame_mass.astype(np.float64) / count
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(mean_token[:, None] > 0, prob / mean_token[:, None], 0.0)
-    ratio[~present] = np.nan
-    centered[~present] = np.nan
-    return {"frame_logit_mean": frame_logit, "frame_prob_mass": frame_mass,
-            "token_logit_centered": centered, "token_prob_ratio": round_significant(ratio.astype(np.float32))}  # fmt: skip
+    centered = logit - frame_logit.to(torch.float64)[:, None]
+    spread = torch.where(present, centered.abs(), 0.0).amax(dim=1)
+    # A power-of-two step, 2**ceil(log2(spread * 2**-11)) taken exactly from the exponent:
+    # every multiple up to the spread has at most 11 significant bits, and small values
+    # carry no more precision than the spread needs (fewer bytes).
+    mantissa, exponent = torch.frexp(spread * 2.0**-TOKEN_BITS)  # x = mantissa * 2**exponent, mantissa in [0.5, 1)
+    exponent = exponent - (mantissa == 0.5).to(exponent.dtype)  # x a power of two: its own exponent
+    step = torch.where(spread > 0, torch.ldexp(torch.ones_like(spread), exponent), 1.0)[:, None]
+    centered = (torch.round(centered / step) * step).to(torch.float32)
+    mean_token = (frame_mass.to(torch.float64) / count)[:, None]
+    ratio = torch.where(mean_token > 0, prob / torch.where(mean_token > 0, mean_token, 1.0), 0.0)
+    # NaN as a Python scalar: a device tensor made from it would be a synchronizing copy.
+    return {
+        "frame_logit_mean": frame_logit,
+        "frame_prob_mass": frame_mass,
+        "token_logit_centered": torch.where(present, centered, float("nan")),
+        "token_prob_ratio": torch.where(present, _round_significant_tensor(ratio.to(torch.float32)), float("nan")),
+    }
+
+
+def _round_significant_tensor(values: "torch.Tensor", bits: int = TOKEN_BITS) -> "torch.Tensor":
+    """``round_significant`` on a float32 tensor: the same bit arithmetic, in int64 (torch
+    has no uint32 arithmetic on every device)."""
+    import torch
+
+    drop = 24 - bits
+    raw = values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    rounded = (raw + ((1 << (drop - 1)) - 1) + ((raw >> drop) & 1)) & (0xFFFFFFFF & ~((1 << drop) - 1))
+    return torch.where(rounded >= 2**31, rounded - 2**32, rounded).to(torch.int32).view(torch.float32)
 
 
 def decode_token_values(

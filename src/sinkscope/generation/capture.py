@@ -33,11 +33,11 @@ from sinkscope.generation.sampler import (
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.stats.attention import CallStatistics, attention_with_statistics
-from sinkscope.tables import encode_token_values
+from sinkscope.tokens import encode_token_tensors
 
 TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
-# The CallStatistics fields a record's rows are built from, in this order.
-STAT_NAMES = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")
+# The CallStatistics fields of every call, as the rows take them.
+FRAME_STAT_NAMES = ("logit_mean", "prob_mass", "argmax_share", "entropy")
 
 
 @dataclass
@@ -50,9 +50,42 @@ class CallRecord:
     layout: AttentionLayout
     stats: CallStatistics
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The statistics present, by name (token profiles only for the calls that have them)."""
-        return {name: getattr(self.stats, name) for name in STAT_NAMES if getattr(self.stats, name) is not None}
+
+def record_tensors(record: CallRecord, frame_seq_length: int) -> dict[str, torch.Tensor]:
+    """A record's statistics as its rows store them, on the device that computed them:
+    the frame statistics as they are and, for a call with token profiles, the token
+    values in their stored form, a row per head and key frame ([heads x key frames,
+    ``frame_seq_length``], NaN where the call lacked a token;
+    ``sinkscope.tokens.encode_token_tensors``). Only device work is queued: no host
+    synchronization, so the generation goes on while the host waits for the copy."""
+    stats = record.stats
+    tensors = {name: getattr(stats, name) for name in FRAME_STAT_NAMES}
+    if stats.token_prob_mean is not None:
+        if min(record.layout.key_lengths) < 1:
+            raise ValueError(f"layer {record.layer}: a key frame without tokens in {record.layout}")
+        dense = (_dense_tokens(values, record.layout, frame_seq_length) for values in (stats.token_logit_mean, stats.token_prob_mean))
+        tensors.update(encode_token_tensors(*dense))
+    return tensors
+
+
+def _dense_tokens(values: torch.Tensor, layout: AttentionLayout, frame_seq_length: int) -> torch.Tensor:
+    """[heads, keys] per-key values as [heads x key frames, frame_seq_length], each key at
+    its token's place within its frame, NaN where the call lacked a token."""
+    heads = values.shape[0]
+    num_frames = len(layout.key_lengths)
+    if layout.key_token_index is None and all(n == frame_seq_length for n in layout.key_lengths):
+        return values.reshape(heads * num_frames, frame_seq_length)
+    lengths = np.asarray(layout.key_lengths)
+    if layout.key_token_index is not None:
+        tokens = np.asarray(layout.key_token_index, np.int64)
+    else:
+        tokens = np.arange(layout.num_keys) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    places = torch.from_numpy(np.repeat(np.arange(num_frames), lengths) * frame_seq_length + tokens)
+    if values.is_cuda:  # a non-blocking copy from pinned memory: no wait for the queued work
+        places = places.pin_memory().to(values.device, non_blocking=True)
+    dense = values.new_full((heads, num_frames * frame_seq_length), float("nan"))
+    dense.index_copy_(1, places, values)
+    return dense.view(heads * num_frames, frame_seq_length)
 
 
 class FrameStatsCapture:
@@ -152,7 +185,7 @@ class FrameStatsCapture:
         """Every record's tensors on the host, with one device-to-host copy in all."""
         pieces, shapes = [], []
         for record in self.records:
-            present = record.tensors()
+            present = record_tensors(record, self.frame_seq_length)
             shapes.append({name: tuple(t.shape) for name, t in present.items()})
             pieces += [t.float().flatten() for t in present.values()]
         flat = torch.cat(pieces).cpu().numpy() if pieces else np.empty(0, np.float32)
@@ -174,7 +207,7 @@ class FrameStatsCapture:
         by_layer: dict[int, dict[str, list]] = {layer: {"frames": [], "queries": [], "tokens": []} for layer in self.layers}
         for record, arrays in zip(self.records, host):
             parts = by_layer[record.layer]
-            for kind, rows in record_rows(record, arrays, self.frame_seq_length).items():
+            for kind, rows in record_rows(record, arrays).items():
                 if rows is not None:
                     parts[kind].append(rows)
         tables: dict[int, dict[str, pd.DataFrame | None]] = {}
@@ -220,14 +253,14 @@ def _call_columns(record: CallRecord, n: int, heads: np.ndarray) -> dict[str, np
     }
 
 
-def record_rows(record: CallRecord, arrays: dict[str, np.ndarray], frame_seq_length: int) -> dict[str, dict[str, np.ndarray] | None]:
+def record_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray] | None]:
     """One record's rows by kind (``frames``, ``queries``, ``tokens``: None without token
     profiles), column -> array (``pass`` as codes into ``PASSES``; token lists 2-D),
-    from its statistics on the host (``arrays``, by name)."""
+    from its statistics on the host (``arrays``: ``record_tensors`` by name)."""
     return {
         "frames": _frame_rows(record, arrays),
         "queries": _query_rows(record, arrays),
-        "tokens": _token_rows(record, arrays, frame_seq_length) if "token_prob_mean" in arrays else None,
+        "tokens": _token_rows(record, arrays) if "token_prob_ratio" in arrays else None,
     }
 
 
@@ -266,33 +299,19 @@ def _query_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, 
     }
 
 
-def _token_rows(record: CallRecord, arrays: dict[str, np.ndarray], frame_seq_length: int) -> dict[str, np.ndarray]:
-    """One row per head and key frame in the stored form: the frame's exact mean logit and
-    mass, its token values relative to them as ``frame_seq_length`` float16 lists (list
-    index = token index within the frame, NaN where the call lacked a token;
-    ``sinkscope.tables.encode_token_values``)."""
+def _token_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One row per head and key frame in the stored form (``record_tensors``)."""
     layout = record.layout
-    heads, num_keys = arrays["token_prob_mean"].shape
-    lengths = np.asarray(layout.key_lengths)
-    num_frames = len(lengths)
-    frame_of = np.repeat(np.arange(num_frames), lengths)
-    if layout.key_token_index is not None:
-        tokens = np.asarray(layout.key_token_index, np.int64)
-    else:
-        tokens = np.arange(num_keys) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    dense = {}
-    for name in ("token_logit_mean", "token_prob_mean"):
-        values = np.full((heads, num_frames, frame_seq_length), np.nan, np.float32)
-        values[:, frame_of, tokens] = arrays[name]
-        dense[name] = values.reshape(heads * num_frames, frame_seq_length)
+    heads = arrays["entropy"].shape[0]
+    num_frames = len(layout.key_lengths)
     h = np.repeat(np.arange(heads), num_frames)
     f = np.tile(np.arange(num_frames), heads)
     return {
         **_call_columns(record, h.size, h),
         "key_frame": np.asarray(layout.key_frames, np.int16)[f],
-        "key_tokens": lengths.astype(np.int32)[f],
+        "key_tokens": np.asarray(layout.key_lengths, np.int32)[f],
         "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[f],
-        **encode_token_values(dense["token_logit_mean"], dense["token_prob_mean"]),
+        **{name: arrays[name] for name in ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio")},
     }
 
 

@@ -84,9 +84,9 @@ def extract_job(
     returns the files' metadata plus ``timings`` (seconds: start-up, load, generation;
     ``handoff_seconds``: the generation's time handing each call's results to the writer;
     ``writer_busy_seconds``: the writers' time building and writing rows, summed over
-    threads, mostly while the video is generated; ``collect_seconds``: after the
-    generation, waiting for the rows still queued; ``write_seconds``: the last row groups,
-    the checks and the footers; the whole job).
+    threads; ``collect_seconds``: after the generation, until the writers have written
+    the records still queued and the last block's row groups (each layer on its
+    worker); ``write_seconds``: the checks and the footers; the whole job).
 
     ``embedding``: the prompt's embedding file, or one file per prompt segment, the
     segments starting at ``segment_starts`` (latent frames; the first 0)."""

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from sinkscope.generation.capture import (
@@ -38,6 +39,7 @@ from sinkscope.generation.capture import (
     CallRecord,
     concat_rows,
     record_rows,
+    record_tensors,
 )
 from sinkscope.naming import layer_file
 from sinkscope.tables import (
@@ -47,6 +49,7 @@ from sinkscope.tables import (
     TableWriter,
 )
 
+_PASS_NAMES = pa.array(PASSES, pa.string())
 SCHEMAS = {"frames": FRAME_ATTENTION_SCHEMA, "queries": QUERY_STATS_SCHEMA, "tokens": TOKEN_PROFILES_SCHEMA}
 # Per worker: records waiting to be written. 4 x 30 layers' token records of a Wan call
 # are about 400 MB of pinned memory at most; frame-only records are tiny.
@@ -226,7 +229,7 @@ class ExtractionWriter:
         self.run_columns = dict(run_columns)
         self.queue = BackgroundQueue(workers, queue_size)
         self.handoff_seconds = 0.0  # the generation's time in submit: copies started, waits for room
-        self.drain_seconds = 0.0  # in finish: waiting for the queued records to be written
+        self.drain_seconds = 0.0  # in finish: waiting for the queued records and the last blocks to be written
         self._files = {layer: _LayerFiles() for layer in self.layers}
         self._closed = False
 
@@ -237,7 +240,7 @@ class ExtractionWriter:
         began = time.perf_counter()
         if record.layer not in self._files:
             raise ValueError(f"a record of layer {record.layer}, which the writer of {self.folder} does not write")
-        copy = HostCopy(record.tensors())
+        copy = HostCopy(record_tensors(record, self.frame_seq_length))
         # The record without its device tensors: the writer needs only the call and layout.
         light = CallRecord(record.layer, record.call, record.layout, None)  # type: ignore[arg-type]
         self.queue.submit(record.layer, self._consume, light, copy)
@@ -254,7 +257,7 @@ class ExtractionWriter:
         # The frame statistics are copied out: rows kept until the block's row group would
         # otherwise hold views of (and keep alive) the whole pinned buffer, token values too.
         arrays = {name: values if name.startswith("token_") else values.copy() for name, values in copy.arrays().items()}
-        for kind, rows in record_rows(record, arrays, self.frame_seq_length).items():
+        for kind, rows in record_rows(record, arrays).items():
             if rows is not None:
                 files.pending[kind].append(rows)
 
@@ -273,13 +276,13 @@ class ExtractionWriter:
             parts.clear()
 
     def _arrow_columns(self, rows: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The rows with ``pass`` and the constant run columns as Arrow arrays, built in
+        Arrow (no pandas objects: the writers share the GIL with the generation)."""
         n = len(rows["layer"])
         columns: dict[str, Any] = dict(rows)
-        columns["pass"] = pd.Categorical.from_codes(rows["pass"], categories=list(PASSES))
+        columns["pass"] = _PASS_NAMES.take(pa.array(rows["pass"]))
         for name, value in self.run_columns.items():
-            # Constant run columns as categoricals: no million-row arrays of Python strings.
-            columns[name] = (pd.Categorical.from_codes(np.zeros(n, np.int8), [value]) if isinstance(value, str)
-                             else np.full(n, value, np.int64))  # fmt: skip
+            columns[name] = pa.repeat(value if isinstance(value, str) else int(value), n)
         return columns
 
     # -- at the end
@@ -296,12 +299,16 @@ class ExtractionWriter:
             raise RuntimeError(f"the writer of {self.folder} has already finished")
         try:
             began = time.perf_counter()
+            # The last block of every layer is still pending: its rows are written by the
+            # layer's own worker, the layers in parallel (the last block holds the token
+            # profiles, most of a video's bytes).
+            for layer in self.layers:
+                self.queue.submit(layer, self._flush, layer, self._files[layer])
             self.queue.close()
             self.drain_seconds = time.perf_counter() - began
             written, counts = [], {}
             for layer in self.layers:
                 files = self._files[layer]
-                self._flush(layer, files)
                 if check is not None:
                     frames = concat_rows(files.frames, KIND_COLUMNS["frames"]) if files.frames else None
                     table = pd.DataFrame(frames) if frames is not None else pd.DataFrame(columns=KIND_COLUMNS["frames"])

@@ -73,6 +73,10 @@ _CONFIGS = [
 # block: 64x128 (4 warps, 3 stages) 1.03-1.08 ms, (8, 3) 1.11-1.13, 128x64 (8, 3)
 # 1.15-1.23, 64x64 (4, 3) 1.12-1.18, 128x128 (8, 2) 1.54-1.60. Fixed, no autotuning.
 DEFAULT_PROFILE_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+# Kernel 4 (the statistics given each query's log-sum-exp). H100, last block, 2026-11-25:
+# 128x64 (8 warps, 4 stages) 1.43 ms, (8, 3) 1.56, 64x64 (4, 3) 1.46, 64x128 (4, 3) 1.63,
+# 128x128 (8, 3) 1.79, 256x64 (8, 3) 1.77. Fixed, no autotuning.
+DEFAULT_LSE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4}
 # Kernel 3 (attention output + frame partials): a flash-attention forward's tiles.
 DEFAULT_FUSED_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 # Small tiles for Triton's CPU interpreter (tests): fast, and every masking path taken.
@@ -337,6 +341,57 @@ def _attention_frame_partials(
 
 
 @triton.jit
+def _lse_tile(
+    q,
+    k_seg,
+    start,
+    seg_len,
+    neg_lse,
+    m_i,
+    l_i,
+    w_i,
+    key_sum,
+    stride_kl,
+    offs_d,
+    d_valid,
+    qk_scale_log2,
+    sum_keys,
+    MASKED: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One key tile of kernel 4 (inlined). Per score: one multiply-add into the exponent
+    (s * scale - lse), the exponential, and three accumulations (max, sum p, sum p s) on
+    the raw score s; the scale goes onto m and w once, at the end. Unmasked tiles skip
+    every per-score select."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    k_ptrs = k_seg + offs_n[None, :] * stride_kl + offs_d[:, None]
+    if MASKED:
+        n_valid = offs_n < seg_len
+        k = tl.load(k_ptrs, mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=d_valid[:, None], other=0.0)
+    if IEEE:
+        s = tl.dot(q, k, input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    p = tl.exp2(s * qk_scale_log2 + neg_lse[:, None])
+    if MASKED:  # keys past the segment loaded as 0: their score is 0, not -inf
+        m_i = tl.maximum(m_i, tl.max(tl.where(n_valid[None, :], s, float("-inf")), 1))
+        p = tl.where(n_valid[None, :], p, 0.0)
+    else:
+        m_i = tl.maximum(m_i, tl.max(s, 1))
+    l_i += tl.sum(p, 1)
+    w_i += tl.sum(p * s, 1)
+    if sum_keys:
+        key_sum += tl.sum(k.to(tl.float32), 1)
+    return m_i, l_i, w_i, key_sum
+
+
+@triton.jit
 def _frame_partials_given_lse(
     q_ptr,
     k_ptr,
@@ -373,38 +428,34 @@ def _frame_partials_given_lse(
     m_valid = offs_m < num_queries
     d_valid = offs_d < HEAD_DIM
     q = _load_rows(q_ptr + head * stride_qh, stride_ql, offs_m, m_valid, offs_d, d_valid)
-    lse = tl.load(lse_ptr + head * num_queries + offs_m, mask=m_valid, other=0.0)
+    neg_lse = -tl.load(lse_ptr + head * num_queries + offs_m, mask=m_valid, other=0.0)
     seg_start = tl.load(starts_ptr + frame)
     seg_len = tl.load(lengths_ptr + frame)
+    sum_keys = pid_m == 0
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     w_i = tl.zeros([BLOCK_M], tl.float32)
     key_sum = tl.zeros([D_PAD], tl.float32)
     k_seg = k_ptr + head * stride_kh + seg_start * stride_kl
-    for start in range(0, LOOP_END if LOOP_END > 0 else seg_len, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < seg_len
-        k = tl.load(
-            k_seg + offs_n[None, :] * stride_kl + offs_d[:, None],
-            mask=n_valid[None, :] & d_valid[:, None],
-            other=0.0,
-        )
-        if IEEE:
-            s = tl.dot(q, k, input_precision="ieee")
-        else:
-            s = tl.dot(q, k)
-        t = tl.where(n_valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_i = tl.maximum(m_i, tl.max(t, 1))
-        p = tl.exp2(t - lse[:, None])
-        l_i += tl.sum(p, 1)
-        w_i += tl.sum(p * tl.where(n_valid[None, :], t, 0.0), 1)
-        if pid_m == 0:
-            key_sum += tl.sum(k.to(tl.float32), 1)
+    # LOOP_END > 0 in Triton's interpreter only (see _interpreter_loop_end): there every
+    # tile is masked and the loop runs to a compile-time bound.
+    if LOOP_END > 0:
+        for start in range(0, LOOP_END, BLOCK_N):
+            m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, start, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
+                                               d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
+    else:
+        whole = (seg_len // BLOCK_N) * BLOCK_N
+        for start in range(0, whole, BLOCK_N):
+            m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, start, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
+                                               d_valid, qk_scale_log2, sum_keys, False, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
+        if whole < seg_len:
+            m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, whole, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
+                                               d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
     out = (head * num_queries + offs_m) * num_key_frames + frame
-    tl.store(m_ptr + out, m_i, mask=m_valid)
+    tl.store(m_ptr + out, m_i * qk_scale_log2, mask=m_valid)
     tl.store(l_ptr + out, l_i, mask=m_valid)
-    tl.store(w_ptr + out, w_i, mask=m_valid)
-    if pid_m == 0:
+    tl.store(w_ptr + out, w_i * qk_scale_log2, mask=m_valid)
+    if sum_keys:
         tl.store(key_sum_ptr + (head * num_key_frames + frame) * HEAD_DIM + offs_d, key_sum, mask=d_valid)
 
 
@@ -771,7 +822,7 @@ def statistics_given_lse(
     lse2 = (lse * LOG2E).contiguous()
     m, l, w = torch.empty(3, heads, num_queries, num_k, dtype=torch.float32, device=q.device).unbind(0)
     key_sums = torch.empty(heads, num_k, head_dim, dtype=torch.float32, device=q.device)
-    config, launch = _launch_config(config, DEFAULT_CONFIG)
+    config, launch = _launch_config(config, DEFAULT_LSE_CONFIG)
     grid = (math.ceil(num_queries / config["BLOCK_M"]), heads, num_k)
     _frame_partials_given_lse[grid](
         q, k, lse2, starts, lengths, m, l, w, key_sums,
