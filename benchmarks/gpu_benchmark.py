@@ -491,8 +491,6 @@ JOB_DRIVER = """
 import json, sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, {src!r})
-if {switch_interval!r} is not None:
-    sys.setswitchinterval({switch_interval!r})
 from sinkscope.pipeline.extract import extract_job
 t1 = time.perf_counter()
 meta = extract_job(checkpoint={checkpoint!r}, variant="default", prompt_id="eagle", seed=0, layers={layers!r},
@@ -521,10 +519,8 @@ def write_release_folder(folder: Path) -> float:
     return time.perf_counter() - began
 
 
-def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cache_dir: Path | None = None,
-            switch_interval: float | None = None) -> dict:
-    """One extraction job in a fresh process; ``switch_interval``: the interpreter's GIL
-    switch interval for the whole job (seconds; None: Python's default, 5 ms)."""
+def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cache_dir: Path | None = None) -> dict:
+    """One extraction job in a fresh process."""
     from sinkscope.model.text import TextEncoderSpec, save_embedding
 
     embedding = workdir / "eagle.safetensors"
@@ -534,7 +530,7 @@ def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cach
                   "allow_pickle": False, "dtype": "bfloat16", "train_step": None}  # fmt: skip
     out = workdir / f"out-{len(layers)}-{compile}"
     script = JOB_DRIVER.format(src=str(ROOT / "src"), checkpoint=checkpoint, layers=layers, out=str(out),
-                               embedding=str(embedding), compile=compile, switch_interval=switch_interval)  # fmt: skip
+                               embedding=str(embedding), compile=compile)  # fmt: skip
     began = time.perf_counter()
     env = dict(os.environ)
     if cache_dir is not None:  # compile caches of this job only (cold, then warm)
@@ -554,10 +550,6 @@ def section_jobs(workdir: Path, compile_modes: list[str]) -> dict:
     all_layers = list(range(30))
     results["eager, 1 layer per job"] = run_job(workdir, release, [4], False)
     results["eager, 30 layers per job"] = run_job(workdir, release, all_layers, False)
-    # The writer threads and the generation's thread share the GIL: how much a shorter
-    # switch interval gives back to the generation.
-    results["eager, 30 layers per job, GIL switch interval 0.5 ms"] = run_job(workdir, release, all_layers, False,
-                                                                               switch_interval=0.0005)
     if "compile" in compile_modes:
         caches = workdir / "compile-cache"
         results["compile, 30 layers per job, cold compile cache"] = run_job(workdir, release, all_layers, True, caches)

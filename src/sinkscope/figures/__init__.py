@@ -3,9 +3,13 @@
 - ``registry``: every figure kind declared once (``FIGURES``: what each is drawn for,
   the tables it reads, the options it draws with); the workflow, ``sinkscope.plot`` and
   the CLI derive from it. No imports, so the Snakefile reads it while parsing.
-- ``common``: the shared drawing code and style; one module per kind
-  (``sinkscope.figures.figure4`` draws ``figure4``), each importing only ``common``,
-  ``sinkscope.stats.summaries``, ``sinkscope.tables`` and ``sinkscope.naming``.
+- the shared drawing code, one concern a module: ``style`` (style, option defaults,
+  saving), ``text`` (the words figures print), ``views`` (the data a figure draws),
+  ``layout`` (the page, panels, ticks), ``colours`` (palette, colour scales, heat maps),
+  ``marks`` (axis marks, legend handles); ``common`` re-exports them all.
+- one module per kind (``sinkscope.figures.figure4`` draws ``figure4``), each importing
+  only the shared drawing modules, ``sinkscope.stats.summaries``, ``sinkscope.tables``
+  and ``sinkscope.naming``.
 - ``render``: reading a figure's inputs and drawing it (``draw``, ``figure_job``).
 - ``report``: the summary page.
 

@@ -11,10 +11,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib import colors as mcolors
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import layer_colors
+from sinkscope.figures.layout import finish, new_figure, set_label_ticks
+from sinkscope.figures.marks import (
+    UNIFORM_COLOR,
+    error_bars,
+    line_handle,
+    spread_handle,
+)
+from sinkscope.figures.text import call_label, subtitle
+from sinkscope.figures.views import step_of, table, variants_in
+from sinkscope.naming import layer_label
 
 METRICS = (("frame0_mass", "softmax mass on frame 0"), ("entropy_frames", "normalized entropy over key frames"))
 
@@ -24,11 +36,11 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     kind = "attention_across_checkpoints"
     if ax is not None:
         raise ValueError(f"{kind} has several panels; it draws its own figure (leave ax out)")
-    diagnostics = c.table(tables, "head_diagnostics", kind)
+    diagnostics = table(tables, "head_diagnostics", kind)
     step = options.get("step") or "last"
     parts = []
     for _, rows in diagnostics.groupby(["checkpoint", "variant"], observed=True, sort=False):
-        pass_, index = c.step_of(rows, step)
+        pass_, index = step_of(rows, step)
         parts.append(rows[(rows["pass"] == pass_) & (rows["step"] == index)])
     rows = pd.concat(parts, ignore_index=True)
     found = [str(x) for x in pd.unique(rows["checkpoint"])]
@@ -38,10 +50,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     if numeric:
         order.sort(key=lambda name: train_steps[name])
     x_of = {name: float(train_steps[name]) if numeric else float(i) for i, name in enumerate(order)}
-    variants = c.variants_in(rows)
+    variants = variants_in(rows)
     layers = sorted(int(x) for x in rows["layer"].unique())
-    colors = c.layer_colors(layers)
-    fig = c.new_figure(2 * 4.6 + 0.9, len(variants) * 3.0)
+    colors = layer_colors(layers)
+    fig = new_figure(2 * 4.6 + 0.9, len(variants) * 3.0)
     axes = fig.subplots(len(variants), 2, squeeze=False)
     means = rows.groupby(["variant", "layer", "checkpoint"], observed=True)[[m for m, _ in METRICS]].mean()
     single = len(order) < 2  # one point a line: markers only, and the legend says so
@@ -58,7 +70,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 series = means.loc[key][metric].reindex(order)
                 xs = [x_of[name] for name in series.index]
                 (line,) = ax_.plot(xs, series.to_numpy(), style, color=colors[layer], lw=1.1, ms=3, alpha=0.85)
-                line.set_gid(f"{metric}-{variant}-{c.layer_label(layer)}")
+                line.set_gid(f"{metric}-{variant}-{layer_label(layer)}")
             chosen = rows[rows["variant"] == variant]
             overall = means.loc[variant][metric].groupby("checkpoint", observed=True).mean().reindex(order)
             xs = [x_of[n] for n in overall.index]
@@ -68,10 +80,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             column = f"{metric}_run_std"
             if runs >= 2 and column in chosen:
                 std = chosen.groupby("checkpoint", observed=True)[column].mean().reindex(order).to_numpy(dtype=float)
-                spread |= c.error_bars(ax_, xs, overall.to_numpy(), std, gid=f"{metric}-{variant}-mean", color="black")
+                spread |= error_bars(ax_, xs, overall.to_numpy(), std, gid=f"{metric}-{variant}-mean", color="black")
             if metric == "frame0_mass" and "frame0_uniform" in chosen:
                 uniform = chosen.groupby("checkpoint", observed=True)["frame0_uniform"].mean().reindex(order)
-                (line,) = ax_.plot(xs, uniform.to_numpy(), color=c.UNIFORM_COLOR, lw=1.1, marker="_" if single else "",
+                (line,) = ax_.plot(xs, uniform.to_numpy(), color=UNIFORM_COLOR, lw=1.1, marker="_" if single else "",
                                    ls="none" if single else (0, (4, 2)), ms=14, zorder=4)  # fmt: skip
                 line.set_gid(f"uniform-{variant}")
             ax_.set_title(f"{variant} · {metric}" if len(variants) > 1 else metric, fontsize=9.5)
@@ -83,28 +95,28 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                     ax_.minorticks_off()
                 ax_.set_xticks(steps, labels=[f"{int(train_steps[n])}" for n in order])
             else:
-                c.set_label_ticks(ax_, order, length=4.0)
+                set_label_ticks(ax_, order, length=4.0)
             ax_.set_xlabel("training step" if numeric else "checkpoint (config order)")
             ax_.set_ylim(0, max(1.0, float(np.nanmax(means[metric].to_numpy())) * 1.05) if metric == "frame0_mass" else 1.0)
     marker_only = {"ls": "none"} if single else {}
     if len(layers) <= 8:
-        legend = [c.line_handle(colors[layer], c.layer_label(layer), marker="o", ms=3, **marker_only) for layer in layers]
+        legend = [line_handle(colors[layer], layer_label(layer), marker="o", ms=3, **marker_only) for layer in layers]
     else:
         legend = []
-        mappable = c.matplotlib.cm.ScalarMappable(norm=c.mcolors.Normalize(layers[0] + 1, layers[-1] + 1),
-                                                   cmap=c.mcolors.ListedColormap([colors[x] for x in layers]))  # fmt: skip
+        mappable = matplotlib.cm.ScalarMappable(norm=mcolors.Normalize(layers[0] + 1, layers[-1] + 1),
+                                                   cmap=mcolors.ListedColormap([colors[x] for x in layers]))  # fmt: skip
         fig.colorbar(mappable, ax=axes.ravel().tolist(), pad=0.02, shrink=0.85, aspect=30).set_label("layer (L1 = first)")
-    legend.append(c.line_handle("black", "mean over layers", marker="s", ms=4, lw=2.2, **marker_only))
-    legend.append(c.line_handle(c.UNIFORM_COLOR, "uniform share of frame 0 (1 / visible frames)", lw=1.1,
-                                ls=(0, (4, 2))))  # fmt: skip
-    legend += [c.spread_handle("mean over heads of a head's ±1 std between runs")] if spread else []
-    pass_, index = c.step_of(rows, step)
-    return c.finish(
+    legend.append(line_handle("black", "mean over layers", marker="s", ms=4, lw=2.2, **marker_only))
+    legend.append(line_handle(UNIFORM_COLOR, "uniform share of frame 0 (1 / visible frames)", lw=1.1,
+                              ls=(0, (4, 2))))  # fmt: skip
+    legend += [spread_handle("mean over heads of a head's ±1 std between runs")] if spread else []
+    pass_, index = step_of(rows, step)
+    return finish(
         fig,
         title="Frame-0 mass and entropy across checkpoints",
-        subtitle=c.subtitle("every checkpoint of the study" if source in (None, "study") else source,
-                            c.call_label(pass_, index) + " of the last block", "head_diagnostics", runs,
-                            "error bars on the mean over layers"),
+        subtitle=subtitle("every checkpoint of the study" if source in (None, "study") else source,
+                          call_label(pass_, index) + " of the last block", "head_diagnostics", runs,
+                          "error bars on the mean over layers"),
         legend=legend,
         caption=("Per layer, the mean over heads of frame0_mass (softmax mass of the last block's queries on frame 0; "
                  "dashed: the mass uniform attention over the key tokens would give it) and entropy_frames (entropy "

@@ -13,8 +13,28 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib import colors as mcolors
+from matplotlib.patches import Patch
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import colour_scale, colourbar, heat
+from sinkscope.figures.layout import (
+    finish,
+    message_panel,
+    panels,
+    set_frame_ticks,
+    set_label_ticks,
+)
+from sinkscope.figures.marks import nan_handle, outline_frames
+from sinkscope.figures.style import heads_of, option
+from sinkscope.figures.text import frames_text, head_text, number, spread_note, subtitle
+from sinkscope.figures.views import (
+    block_call_rows,
+    block_frames,
+    column_std,
+    one_source,
+    run_count,
+    table,
+)
 from sinkscope.stats.summaries import figure4_curves
 
 
@@ -32,79 +52,79 @@ def matrix(frame: pd.DataFrame, layer: int, head: int, step, frames: int
         curves, info = figure4_curves(rows[rows["block"] == block], step, "prob_mass", details=True)
         row = curves.iloc[0]
         out[i, row.index.to_numpy().astype(int)] = row.to_numpy(dtype=float)
-        spread[i, row.index.to_numpy().astype(int)] = c.column_std(info["run_curves"].to_numpy(dtype=float))
+        spread[i, row.index.to_numpy().astype(int)] = column_std(info["run_curves"].to_numpy(dtype=float))
         visible = int(row.notna().sum())
         uniform[block] = 1.0 / visible if visible else float("nan")  # a block without that call: no values
-    return out, blocks, c.block_frames(rows), spread, uniform
+    return out, blocks, block_frames(rows), spread, uniform
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "attention_over_time"
-    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
-    base, step = int(c.option(options, "frame_base")), c.option(options, "step")
-    heads = c.heads_of(options)
-    call_rows, call = c.block_call_rows(frame, step)
+    frame = one_source(table(tables, "frame_attention", kind), kind)
+    base, step = int(option(options, "frame_base")), option(options, "step")
+    heads = heads_of(options)
+    call_rows, call = block_call_rows(frame, step)
     frames = int(max(frame["key_frame"].max(), frame["query_frame"].max())) + 1
-    owns = c.block_frames(frame)
+    owns = block_frames(frame)
     blocks = len(owns)
     panel_w = min(7.5, max(3.6, 0.22 * frames + 1.2))
     panel_h = min(6.5, max(2.2, 0.22 * blocks + 1.0))
     given = ax is not None
-    fig, axes = c.panels(ax, len(heads), kind=kind, one="head (head='L1H1')", ncols=min(len(heads), 3 if panel_w < 5 else 2),
-                         panel=(panel_w, panel_h), extra=(0.9, 0))  # fmt: skip
+    fig, axes = panels(ax, len(heads), kind=kind, one="head (head='L1H1')", ncols=min(len(heads), 3 if panel_w < 5 else 2),
+                       panel=(panel_w, panel_h), extra=(0.9, 0))  # fmt: skip
     matrices = {}
     for label, layer, head in heads:
         if ((frame["layer"] == layer) & (frame["head"] == head)).any():
             matrices[label] = matrix(frame, layer, head, step, frames)
     finite = [m[0] for m in matrices.values()]
     shown_values = np.concatenate([m.ravel() for m in finite]) if finite else np.array([])
-    cmap, norm = c.colour_scale(shown_values, "prob_mass")
+    cmap, norm = colour_scale(shown_values, "prob_mass")
     # A square-root scale: the sink's mass would leave every other frame black on a linear one.
-    norm = c.mcolors.PowerNorm(0.5, vmin=0.0, vmax=norm.vmax)
+    norm = mcolors.PowerNorm(0.5, vmin=0.0, vmax=norm.vmax)
     evicted = False
     image = None
     for ax_, (label, layer, head) in zip(axes, heads):
-        ax_.set_title(c.head_text(layer, head), fontweight="bold", fontsize=9.5)
+        ax_.set_title(head_text(layer, head), fontweight="bold", fontsize=9.5)
         if label not in matrices:
-            c.message_panel(ax_, f"layer {layer} was not extracted")
+            message_panel(ax_, f"layer {layer} was not extracted")
             continue
         values, block_ids, own, _, _ = matrices[label]
         future = np.array([[k > max(own[b]) for k in range(frames)] for b in block_ids])
         shown = np.where(future, 0.0, values)
         evicted |= bool(np.isnan(values[~future]).any())
-        image = c.heat(ax_, shown, cmap, norm, alpha=np.where(future, 0.0, 1.0))
+        image = heat(ax_, shown, cmap, norm, alpha=np.where(future, 0.0, 1.0))
         image.set_gid(f"over-time-{label}")
         for i, block in enumerate(block_ids):
-            c.outline_frames(ax_, own[block], (i - 0.5, i + 0.5), gid=f"own-block-{label}-{block}", color="black")
+            outline_frames(ax_, own[block], (i - 0.5, i + 0.5), gid=f"own-block-{label}-{block}", color="black")
         ax_.set_xlim(-0.5, frames - 0.5)
         ax_.set_ylim(len(block_ids) - 0.5, -0.5)
-        c.set_frame_ticks(ax_, range(frames), base, length=panel_w - 1)
-        labels = [f"{b} ({c.frames_text(own[b], base)})" for b in block_ids]
-        c.set_label_ticks(ax_, labels, axis="y", length=panel_h - 0.6)
+        set_frame_ticks(ax_, range(frames), base, length=panel_w - 1)
+        labels = [f"{b} ({frames_text(own[b], base)})" for b in block_ids]
+        set_label_ticks(ax_, labels, axis="y", length=panel_h - 0.6)
         ax_.set_xlabel("key frame")
         ax_.set_ylabel("block (its frames)")
     if image is not None:
-        c.colourbar(fig, image, shown_values, "softmax mass (square-root scale)", fontsize=9, ax=axes, pad=0.02,
-                    shrink=0.9 if len(axes) > 1 else 1.0, aspect=25)  # fmt: skip
+        colourbar(fig, image, shown_values, "softmax mass (square-root scale)", fontsize=9, ax=axes, pad=0.02,
+                  shrink=0.9 if len(axes) > 1 else 1.0, aspect=25)  # fmt: skip
     if given:
         return fig
-    spread = c.spread_note(np.concatenate([m[3].ravel() for m in matrices.values()]) if matrices else [],
-                           c.run_count(call_rows))  # fmt: skip
+    spread = spread_note(np.concatenate([m[3].ravel() for m in matrices.values()]) if matrices else [],
+                         run_count(call_rows))  # fmt: skip
     uniform = next(iter(matrices.values()))[4] if matrices else {}
     baseline = ""
     if uniform:
         first, last = min(uniform), max(uniform)
         baseline = (f" Uniform attention gives a visible frame on average 1 / visible frames: "
-                    f"{c.number(uniform[first], 'prob_mass')} in block {first} … {c.number(uniform[last], 'prob_mass')} "
+                    f"{number(uniform[first], 'prob_mass')} in block {first} … {number(uniform[last], 'prob_mass')} "
                     f"in block {last}.")  # fmt: skip
-    runs = c.run_count(call_rows)
-    legend = [c.nan_handle("not in the KV cache (evicted)")] if evicted else []
-    legend += [c.Patch(facecolor="white", edgecolor="0.6", label="not generated yet"),
-               c.Patch(facecolor="none", edgecolor="black", ls="--", label="the block's own frames")]
-    return c.finish(
+    runs = run_count(call_rows)
+    legend = [nan_handle("not in the KV cache (evicted)")] if evicted else []
+    legend += [Patch(facecolor="white", edgecolor="0.6", label="not generated yet"),
+               Patch(facecolor="none", edgecolor="black", ls="--", label="the block's own frames")]
+    return finish(
         fig,
         title="Where each block's queries look, block by block",
-        subtitle=c.subtitle(source, call, "softmax mass", runs, "spread in the caption"),
+        subtitle=subtitle(source, call, "softmax mass", runs, "spread in the caption"),
         legend=legend,
         caption=("Each row: one block's queries, averaged over its frames and the runs (the Figure 4 view of that "
                  "block, sinkscope.stats.summaries.figure4_curves), against every absolute key frame; "

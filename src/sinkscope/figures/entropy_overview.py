@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import cell_size, colour_scale, heat
+from sinkscope.figures.layout import finish, new_figure, set_label_ticks
+from sinkscope.figures.marks import line_handle, spread_handle
+from sinkscope.figures.style import option
+from sinkscope.figures.text import call_label, subtitle
+from sinkscope.figures.views import one_source, step_of, table
+from sinkscope.naming import layer_label
 
 COLUMNS = (("entropy_frames", "over key frames"), ("entropy_tokens", "over key tokens"))
 
@@ -21,32 +27,32 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     kind = "entropy_overview"
     if ax is not None:
         raise ValueError(f"{kind} has three panels; it draws its own figure (leave ax out)")
-    diagnostics = c.one_source(c.table(tables, "head_diagnostics", kind), kind)
-    step = c.option(options, "step")
-    pass_, index = c.step_of(diagnostics, step)
+    diagnostics = one_source(table(tables, "head_diagnostics", kind), kind)
+    step = option(options, "step")
+    pass_, index = step_of(diagnostics, step)
     rows = diagnostics[(diagnostics["pass"] == pass_) & (diagnostics["step"] == index)]
-    call = c.call_label(pass_, index, float(rows["timestep"].iloc[0]))
+    call = call_label(pass_, index, float(rows["timestep"].iloc[0]))
     grids = {name: rows.pivot_table(index="layer", columns="head", values=name, aggfunc="first", dropna=False)
              for name, _ in COLUMNS}  # fmt: skip
     layers = sorted(rows["layer"].unique())
     heads = sorted(rows["head"].unique())
     grids = {name: g.reindex(index=layers, columns=heads) for name, g in grids.items()}
-    cell = c.cell_size(len(layers), len(heads), largest=0.42, smallest=0.15, budget=6.5)
+    cell = cell_size(len(layers), len(heads), largest=0.42, smallest=0.15, budget=6.5)
     map_w, map_h = len(heads) * cell, len(layers) * cell
-    fig = c.new_figure(2 * map_w + 2.4 + 2.2, max(2.6, map_h + 1.0))
+    fig = new_figure(2 * map_w + 2.4 + 2.2, max(2.6, map_h + 1.0))
     axes = fig.subplots(1, 3, width_ratios=[map_w, map_w, 1.8], sharey=True)
-    cmap, norm = c.colour_scale([], "entropy")
+    cmap, norm = colour_scale([], "entropy")
     image = None
     for ax_, (name, what) in zip(axes, COLUMNS):
         values = grids[name].to_numpy(dtype=float)
-        image = c.heat(ax_, values, cmap, norm)
+        image = heat(ax_, values, cmap, norm)
         ax_.set_title(f"{name}\n({what})", fontsize=9.5)
-        c.set_label_ticks(ax_, [f"H{h + 1}" for h in heads], length=map_w)
+        set_label_ticks(ax_, [f"H{h + 1}" for h in heads], length=map_w)
         ax_.set_xlabel("head")
         if np.isnan(values).all():
             ax_.text(0.5, 0.5, "not captured\n(no query_stats)", transform=ax_.transAxes, ha="center", va="center",
                      fontsize=9, color="0.2", bbox=dict(facecolor="white", edgecolor="0.6"))  # fmt: skip
-    c.set_label_ticks(axes[0], [c.layer_label(layer) for layer in layers], axis="y", length=map_h)
+    set_label_ticks(axes[0], [layer_label(layer) for layer in layers], axis="y", length=map_h)
     axes[0].set_ylabel("layer")
     summary = axes[2]
     y = np.arange(len(layers))
@@ -72,17 +78,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     # Its own layer labels: the maps' are on the left, far from these points.
     summary.tick_params(labelleft=True)
     summary.set_ylabel("layer")
-    c.set_label_ticks(summary, [c.layer_label(layer) for layer in layers], axis="y", length=map_h)
+    set_label_ticks(summary, [layer_label(layer) for layer in layers], axis="y", length=map_h)
     bar = fig.colorbar(image, ax=list(axes[:2]), pad=0.02, shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))))
     bar.set_label("normalized entropy")
-    legend = [c.line_handle("#2E86AB", "entropy_frames (layer mean)", marker="o", ms=3),
-              c.line_handle("#C73E1D", "entropy_tokens (layer mean)", marker="s", ms=3)]  # fmt: skip
-    legend += [c.spread_handle("±1 std between runs (mean over the layer's heads)")] if spread else []
-    return c.finish(
+    legend = [line_handle("#2E86AB", "entropy_frames (layer mean)", marker="o", ms=3),
+              line_handle("#C73E1D", "entropy_tokens (layer mean)", marker="s", ms=3)]  # fmt: skip
+    legend += [spread_handle("±1 std between runs (mean over the layer's heads)")] if spread else []
+    return finish(
         fig,
         title="Entropy of every head's attention in the last block",
-        subtitle=c.subtitle(source, call, "normalized entropy (head_diagnostics)", runs,
-                            "error bars: a head's std between runs, layer mean"),
+        subtitle=subtitle(source, call, "normalized entropy (head_diagnostics)", runs,
+                          "error bars: a head's std between runs, layer mean"),
         legend=legend,
         caption=("entropy_frames: entropy of each query frame's key-frame distribution / ln(key frames); "
                  "entropy_tokens: entropy over every key token / ln(key tokens); both averaged over the block's "

@@ -11,73 +11,105 @@ from typing import Any
 
 import pandas as pd
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import PANEL_COLORS
+from sinkscope.figures.layout import finish, message_panel, panel_grid
+from sinkscope.figures.marks import (
+    annotate_max,
+    curve_panel,
+    gap_handle,
+    headroom,
+    own_handle,
+    spread_handle,
+    uniform_handle,
+)
+from sinkscope.figures.style import heads_of, option
+from sinkscope.figures.text import (
+    METRIC_LABELS,
+    METRIC_SHORT,
+    class_text,
+    frames_text,
+    head_text,
+    metric_axis_label,
+    subtitle,
+)
+from sinkscope.figures.views import (
+    View,
+    difference_text,
+    excess_text,
+    figure4_view,
+    head_classes,
+    layers_of,
+    mass_view,
+    one_source,
+    table,
+)
+from sinkscope.naming import head_label
 
 
-def title(view: c.View, mass: c.View, layer: int, head: int, klass: str | None) -> str:
+def title(view: View, mass: View, layer: int, head: int, klass: str | None) -> str:
     """'L5H10 (layer 4, head 9) · periodic head' over 'frame-0 excess +0.012 ± 0.003 ·
     first − middle +0.29'."""
-    return (f"{c.head_text(layer, head)} · {c.class_text(klass)}\n"
-            f"{c.excess_text(mass, layer, head, spread=True)} · {c.difference_text(view, layer, head)}")  # fmt: skip
+    return (f"{head_text(layer, head)} · {class_text(klass)}\n"
+            f"{excess_text(mass, layer, head, spread=True)} · {difference_text(view, layer, head)}")  # fmt: skip
 
 
-def panel(ax, view: c.View, mass: c.View, layer: int, head: int, klass: str | None, *, color: str, base: int,
+def panel(ax, view: View, mass: View, layer: int, head: int, klass: str | None, *, color: str, base: int,
           length: float) -> bool:  # fmt: skip
     """One head's Figure 4 panel; whether its curve has gaps."""
-    label = c.head_label(layer, head)
+    label = head_label(layer, head)
     if not view.has(layer, head):
-        c.message_panel(ax, f"{label}: layer {layer} / head {head} was not extracted\n(add the layer to config 'layers')")
-        ax.set_title(c.head_text(layer, head), fontweight="bold")
+        message_panel(ax, f"{label}: layer {layer} / head {head} was not extracted\n(add the layer to config 'layers')")
+        ax.set_title(head_text(layer, head), fontweight="bold")
         return False
     curve = view.curve(layer, head)
     uniform = view.baseline(layer, head) if view.metric == "prob_mass" else None
-    gaps = c.curve_panel(ax, curve, view.query_frames, color=color, base=base, gid=label, length=length,
-                         std=view.std(layer, head), uniform=uniform)  # fmt: skip
+    gaps = curve_panel(ax, curve, view.query_frames, color=color, base=base, gid=label, length=length,
+                       std=view.std(layer, head), uniform=uniform)  # fmt: skip
     stats = view.stats(layer, head)
     if stats["argmax_frame"] >= 0:
-        c.annotate_max(ax, stats["argmax_frame"], float(curve.loc[stats["argmax_frame"]]), base)
-    c.headroom(ax)
+        annotate_max(ax, stats["argmax_frame"], float(curve.loc[stats["argmax_frame"]]), base)
+    headroom(ax)
     ax.set_title(title(view, mass, layer, head, klass), fontweight="bold", fontsize=10)
     ax.set_xlabel("key frame")
-    ax.set_ylabel(c.metric_axis_label(view.metric))
+    ax.set_ylabel(metric_axis_label(view.metric))
     return gaps
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
-    frame = c.one_source(c.table(tables, "frame_attention", "figure4"), "figure4")
-    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
-    heads = c.heads_of(options)
-    rows = c.layers_of(frame, heads)
-    view = c.figure4_view(rows, c.option(options, "step"), metric)
-    mass = c.mass_view(rows, view)
-    classes, classes_from = c.head_classes(tables.get("head_diagnostics"), rows, view)
+    frame = one_source(table(tables, "frame_attention", "figure4"), "figure4")
+    metric, base = option(options, "metric"), int(option(options, "frame_base"))
+    heads = heads_of(options)
+    rows = layers_of(frame, heads)
+    view = figure4_view(rows, option(options, "step"), metric)
+    mass = mass_view(rows, view)
+    classes, classes_from = head_classes(tables.get("head_diagnostics"), rows, view)
     if ax is not None:
         if len(heads) != 1:
             raise ValueError("figure4 draws into one axes only for one head (heads=['L1H1'])")
         label, layer, head = heads[0]
-        panel(ax, view, mass, layer, head, classes.get((layer, head)), color=c.PANEL_COLORS[0], base=base,
+        panel(ax, view, mass, layer, head, classes.get((layer, head)), color=PANEL_COLORS[0], base=base,
               length=ax.figure.get_size_inches()[0])  # fmt: skip
         return ax.figure
     ncols = 1 if len(heads) == 1 else 2 if len(heads) <= 4 else 3 if len(heads) <= 9 else 4
     width = {1: 7.5, 2: 6.0, 3: 4.8, 4: 4.2}[ncols]
-    fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(width, 3.6 if ncols < 3 else 3.2))
+    fig, axes = panel_grid(len(heads), ncols=ncols, panel=(width, 3.6 if ncols < 3 else 3.2))
     gaps = False
     for index, (ax_, (_, layer, head)) in enumerate(zip(axes, heads)):
-        color = c.PANEL_COLORS[index % len(c.PANEL_COLORS)]
+        color = PANEL_COLORS[index % len(PANEL_COLORS)]
         gaps |= panel(ax_, view, mass, layer, head, classes.get((layer, head)), color=color, base=base,
                       length=width - 0.8)  # fmt: skip
-    legend = [c.own_handle(view.query_frames, base)] + ([c.gap_handle()] if gaps else [])
-    legend += [c.uniform_handle()] if metric == "prob_mass" else []
-    legend += [c.spread_handle()] if view.runs >= 2 else []
-    visible = c.frames_text(view.visible, base)
-    return c.finish(
+    legend = [own_handle(view.query_frames, base)] + ([gap_handle()] if gaps else [])
+    legend += [uniform_handle()] if metric == "prob_mass" else []
+    legend += [spread_handle()] if view.runs >= 2 else []
+    visible = frames_text(view.visible, base)
+    return finish(
         fig,
-        title=f"Frame-wise attention of the last block: query frames {c.frames_text(view.query_frames, base)} "
+        title=f"Frame-wise attention of the last block: query frames {frames_text(view.query_frames, base)} "
         f"→ key frames {visible}",
-        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs, "error bars ±1 std between runs"),
+        subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "error bars ±1 std between runs"),
         legend=legend,
         caption=(
-            f"Bars: {c.METRIC_LABELS[metric]} of each key frame, queries averaged over the last block. "
+            f"Bars: {METRIC_LABELS[metric]} of each key frame, queries averaged over the last block. "
             "Titles: the head's class (sink, local, periodic, diffuse; "
             f"{classes_from}); frame-0 excess = softmax mass on frame 0 − the mass uniform attention over the key "
             "tokens would give it (1 / visible frames), ± the std between runs; first − middle = first cache frame − "

@@ -12,7 +12,42 @@ from typing import Any
 
 import pandas as pd
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import PANEL_COLORS, darker
+from sinkscope.figures.layout import finish, message_panel, panels, set_frame_ticks
+from sinkscope.figures.marks import (
+    UNIFORM_STYLE,
+    error_bars,
+    gap_handle,
+    line_handle,
+    mark_gaps,
+    mark_own,
+    own_handle,
+    spread_handle,
+    uniform_handle,
+)
+from sinkscope.figures.style import heads_of, option
+from sinkscope.figures.text import (
+    METRIC_SHORT,
+    class_text,
+    frames_text,
+    head_text,
+    metric_axis_label,
+    runs_of,
+    subtitle,
+)
+from sinkscope.figures.views import (
+    View,
+    difference_text,
+    excess_text,
+    figure4_view,
+    head_classes,
+    layers_of,
+    mass_view,
+    one_source,
+    run_count,
+    table,
+)
+from sinkscope.naming import head_label
 
 COLUMNS = {"logit_mean": "token_logit_mean", "prob_mass": "token_prob_mean"}
 WHAT = {
@@ -21,7 +56,7 @@ WHAT = {
 }
 
 
-def chosen_tokens(tokens: pd.DataFrame, view: c.View) -> pd.DataFrame:
+def chosen_tokens(tokens: pd.DataFrame, view: View) -> pd.DataFrame:
     """The rows of the view's call in the last block of each run."""
     rows = tokens[(tokens["pass"] == view.pass_) & (tokens["step"] == view.step)]
     if rows.empty:
@@ -42,7 +77,7 @@ def profile(tokens: pd.DataFrame, layer: int, head: int, column: str) -> pd.Seri
     return rows.groupby(["key_frame", "token"], observed=True)[column].mean().sort_index()
 
 
-def token_means(view: c.View, layer: int, head: int, tokens: pd.Series) -> tuple[pd.Series, pd.Series | None]:
+def token_means(view: View, layer: int, head: int, tokens: pd.Series) -> tuple[pd.Series, pd.Series | None]:
     """Each frame's mean over its tokens, and its std between runs: the frame curve itself
     for logits (a mean over token pairs); for probabilities the frame's mass / its tokens."""
     means, std = view.curve(layer, head), view.std(layer, head)
@@ -52,54 +87,54 @@ def token_means(view: c.View, layer: int, head: int, tokens: pd.Series) -> tuple
     return means, std
 
 
-def panel(ax, view: c.View, values: pd.Series, layer: int, head: int, *, length: int, color: str, base: int,
+def panel(ax, view: View, values: pd.Series, layer: int, head: int, *, length: int, color: str, base: int,
           width: float, tokens: pd.Series) -> bool:  # fmt: skip
     frames = view.frames.astype(int)
     present = sorted({int(f) for f in values.index.get_level_values("key_frame")})
     missing = [f for f in frames if f not in present]
-    c.mark_gaps(ax, frames, missing, left=0.0, gid=f"gap-{c.head_label(layer, head)}")
-    c.mark_own(ax, view.query_frames, left=0.0, gid=f"own-block-{c.head_label(layer, head)}")
+    mark_gaps(ax, frames, missing, left=0.0, gid=f"gap-{head_label(layer, head)}")
+    mark_own(ax, view.query_frames, left=0.0, gid=f"own-block-{head_label(layer, head)}")
     key = values.index.get_level_values("key_frame").to_numpy()
     x = key + values.index.get_level_values("token").to_numpy() / length
     y = values.to_numpy(dtype=float)
-    for a, b in c.runs_of(present):
+    for a, b in runs_of(present):
         sel = (key >= a) & (key <= b)
         ax.fill_between(x[sel], 0, y[sel], color=color, alpha=0.5, lw=0, rasterized=True, zorder=2)
-        ax.plot(x[sel], y[sel], color=c.darker(color), lw=0.3, rasterized=True, zorder=2.2)
+        ax.plot(x[sel], y[sel], color=darker(color), lw=0.3, rasterized=True, zorder=2.2)
     if view.has(layer, head):
         means, std = token_means(view, layer, head, tokens)
         shown = means.dropna()
         ax.hlines(shown.to_numpy(), shown.index.to_numpy(), shown.index.to_numpy() + 1, color="black", lw=1.0,
-                  zorder=3).set_gid(f"frame-means-{c.head_label(layer, head)}")  # fmt: skip
+                  zorder=3).set_gid(f"frame-means-{head_label(layer, head)}")  # fmt: skip
         if std is not None:
-            c.error_bars(ax, shown.index.to_numpy() + 0.5, shown.to_numpy(), std.reindex(shown.index).to_numpy(),
-                         gid=c.head_label(layer, head))  # fmt: skip
+            error_bars(ax, shown.index.to_numpy() + 0.5, shown.to_numpy(), std.reindex(shown.index).to_numpy(),
+                       gid=head_label(layer, head))  # fmt: skip
         if view.metric == "prob_mass":
             # Uniform over every key token seen: the same probability for each of them.
             seen = float(tokens.reindex(shown.index).sum())
             if seen > 0:
-                ax.axhline(1.0 / seen, **c.UNIFORM_STYLE).set_gid(f"uniform-{c.head_label(layer, head)}")
+                ax.axhline(1.0 / seen, **UNIFORM_STYLE).set_gid(f"uniform-{head_label(layer, head)}")
     ax.axhline(0, color="0.3", lw=0.6, zorder=2.5)
     ax.set_xlim(frames[0], frames[-1] + 1)
     ax.grid(False, axis="x")
     ax.set_xticks(range(int(frames[0]), int(frames[-1]) + 2), minor=True)
     ax.grid(True, which="minor", axis="x", color="0.88", lw=0.5, ls="-")
-    c.set_frame_ticks(ax, frames, base, offset=0.5, length=width)
+    set_frame_ticks(ax, frames, base, offset=0.5, length=width)
     ax.tick_params(axis="x", which="minor", length=0)
     return bool(missing)
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], grid=None, ax=None, **_: Any):
     kind = "figure4_tokens"
-    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
-    tokens = c.one_source(c.table(tables, "token_profiles", kind), kind)
-    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
+    frame = one_source(table(tables, "frame_attention", kind), kind)
+    tokens = one_source(table(tables, "token_profiles", kind), kind)
+    metric, base = option(options, "metric"), int(option(options, "frame_base"))
     column = COLUMNS[metric]
-    heads = c.heads_of(options)
-    rows = c.layers_of(frame, heads)
-    view = c.figure4_view(rows, c.option(options, "step"), metric)
-    mass = c.mass_view(rows, view)
-    classes, classes_from = c.head_classes(tables.get("head_diagnostics"), rows, view)
+    heads = heads_of(options)
+    rows = layers_of(frame, heads)
+    view = figure4_view(rows, option(options, "step"), metric)
+    mass = mass_view(rows, view)
+    classes, classes_from = head_classes(tables.get("head_diagnostics"), rows, view)
     tokens = chosen_tokens(tokens, view)
     if tokens.empty:
         raise ValueError(f"figure {kind}: no token profiles of the last block for {view.call} "
@@ -108,40 +143,40 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     ncols = 1 if len(heads) == 1 else 2 if len(heads) <= 4 else 3
     width = {1: 10.0, 2: 7.0, 3: 5.2}[ncols]
     given = ax is not None
-    fig, axes = c.panels(ax, len(heads), kind=kind, one="head (heads=['L1H1'])", ncols=ncols, panel=(width, 3.7))
+    fig, axes = panels(ax, len(heads), kind=kind, one="head (heads=['L1H1'])", ncols=ncols, panel=(width, 3.7))
     gaps = False
     for index, (ax_, (label, layer, head)) in enumerate(zip(axes, heads)):
         values = profile(tokens, layer, head, column)
-        ax_.set_title(c.head_text(layer, head), fontweight="bold")
+        ax_.set_title(head_text(layer, head), fontweight="bold")
         if values.empty:
-            c.message_panel(ax_, f"no token profiles of {label}\n(token capture covers the heads of figures.heads)")
+            message_panel(ax_, f"no token profiles of {label}\n(token capture covers the heads of figures.heads)")
             continue
         counts = frame_tokens(tokens, layer, head)
-        gaps |= panel(ax_, view, values, layer, head, length=length, color=c.PANEL_COLORS[index % len(c.PANEL_COLORS)],
+        gaps |= panel(ax_, view, values, layer, head, length=length, color=PANEL_COLORS[index % len(PANEL_COLORS)],
                       base=base, width=width - 0.8, tokens=counts)  # fmt: skip
         if view.has(layer, head):
-            ax_.set_title(f"{c.head_text(layer, head)} · {c.class_text(classes.get((layer, head)))}\n"
-                          f"{c.excess_text(mass, layer, head, spread=True)} · {c.difference_text(view, layer, head)}",
+            ax_.set_title(f"{head_text(layer, head)} · {class_text(classes.get((layer, head)))}\n"
+                          f"{excess_text(mass, layer, head, spread=True)} · {difference_text(view, layer, head)}",
                           fontweight="bold", fontsize=10)  # fmt: skip
         ax_.set_xlabel("key frame (token resolution)")
-        ax_.set_ylabel(c.metric_axis_label(metric) if metric != "prob_mass" else "probability per key token")
+        ax_.set_ylabel(metric_axis_label(metric) if metric != "prob_mass" else "probability per key token")
     if given:
         return ax.figure
-    runs = c.run_count(tokens)
+    runs = run_count(tokens)
     shape = f"{int(grid[0])} x {int(grid[1])} patch grid" if grid else f"{length} tokens a frame"
     mean_label = "frame mean (the bar of figure4)" if metric != "prob_mass" else "frame mean (its mass / its tokens)"
-    legend = [c.own_handle(view.query_frames, base), c.line_handle("black", mean_label, lw=1.0)]
-    legend += [c.gap_handle()] if gaps else []
-    legend += [c.uniform_handle("uniform: 1 / key tokens seen")] if metric == "prob_mass" else []
-    legend += [c.spread_handle("frame mean ±1 std between runs")] if view.runs >= 2 else []
-    return c.finish(
+    legend = [own_handle(view.query_frames, base), line_handle("black", mean_label, lw=1.0)]
+    legend += [gap_handle()] if gaps else []
+    legend += [uniform_handle("uniform: 1 / key tokens seen")] if metric == "prob_mass" else []
+    legend += [spread_handle("frame mean ±1 std between runs")] if view.runs >= 2 else []
+    return finish(
         fig,
         title="Token-resolution attention of the last block (Deep Forcing Fig. 4)",
-        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], runs, "frame means ±1 std between runs"),
+        subtitle=subtitle(source, view.call, METRIC_SHORT[metric], runs, "frame means ±1 std between runs"),
         legend=legend,
         caption=(
             f"Plotted: {WHAT[metric]}, queries averaged over the last block (frames "
-            f"{c.frames_text(view.query_frames, base)}), call: {view.call}. "
+            f"{frames_text(view.query_frames, base)}), call: {view.call}. "
             f"x = key frame + token / {length} (tokens row-major over the {shape}). Titles: the head's class "
             f"({classes_from}); frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible frames), ± "
             "the std between runs; first − middle: the frame curve's first cache frame − mean of the cache frames "

@@ -10,8 +10,21 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.patches import Patch
 
-from sinkscope.figures import common as c
+from sinkscope.figures.layout import finish, new_figure, set_label_ticks
+from sinkscope.figures.marks import (
+    UNIFORM_STYLE,
+    band_handle,
+    error_bars,
+    line_handle,
+    spread_handle,
+    uniform_handle,
+)
+from sinkscope.figures.style import option
+from sinkscope.figures.text import METRIC_SHORT, frames_text, subtitle
+from sinkscope.figures.views import figure4_view, one_source, table
+from sinkscope.naming import layer_label
 
 SERIES = (
     ("first", "first: oldest cache frame", "#2E86AB"),
@@ -24,15 +37,15 @@ MOST_BARS = 12
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "first_middle_last"
-    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
-    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
-    view = c.figure4_view(frame, c.option(options, "step"), metric)
+    frame = one_source(table(tables, "frame_attention", kind), kind)
+    metric, base = option(options, "metric"), int(option(options, "frame_base"))
+    view = figure4_view(frame, option(options, "step"), metric)
     layers = view.layers
     stats = [view.layer_stats(layer) for layer in layers]
     x = np.arange(len(layers))
     width = min(12.0, max(7.0, 0.38 * len(layers) + 2.5))
     given = ax is not None
-    fig = ax.figure if given else c.new_figure(width, 4.0)
+    fig = ax.figure if given else new_figure(width, 4.0)
     ax = ax if ax is not None else fig.add_subplot()
     handles = []
     spread = view.runs >= 2
@@ -43,8 +56,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             heights = [s[key] for s in stats]
             ax.bar(at, heights, bar, color=color, label=label, lw=0)
             if spread:
-                c.error_bars(ax, at, heights, [view.run_std(layer, None, key) for layer in layers], gid=f"series-{key}")
-            handles.append(c.Patch(facecolor=color, label=label))
+                error_bars(ax, at, heights, [view.run_std(layer, None, key) for layer in layers], gid=f"series-{key}")
+            handles.append(Patch(facecolor=color, label=label))
     else:
         for key, label, color in SERIES:
             values = np.array([s[key] for s in stats], dtype=float)
@@ -53,35 +66,35 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             if spread:
                 std = np.array([view.run_std(layer, None, key) for layer in layers], dtype=float)
                 ax.fill_between(x, values - std, values + std, color=color, alpha=0.18, lw=0).set_gid(f"spread-{key}")
-            handles.append(c.line_handle(color, label, marker="o", ms=3.5))
+            handles.append(line_handle(color, label, marker="o", ms=3.5))
     if metric == "prob_mass":
         # Uniform attention gives each visible frame 1 / (visible frames): the first, the
         # last, the mean of the middle and of the own frames alike (key tokens counted, it
         # is the mean share of a frame).
         uniform = [1.0 / s["num_key_frames"] if s["num_key_frames"] else np.nan for s in stats]
-        ax.hlines(uniform, x - 0.45, x + 0.45, **c.UNIFORM_STYLE).set_gid("uniform")
-        handles.append(c.uniform_handle())
+        ax.hlines(uniform, x - 0.45, x + 0.45, **UNIFORM_STYLE).set_gid("uniform")
+        handles.append(uniform_handle())
     if spread:
-        handles.append(c.spread_handle() if len(layers) <= MOST_BARS else c.band_handle("0.5"))
+        handles.append(spread_handle() if len(layers) <= MOST_BARS else band_handle("0.5"))
     ax.axhline(0, color="0.3", lw=0.6)
     ax.set_xlim(-0.6, len(layers) - 0.4)
-    c.set_label_ticks(ax, [c.layer_label(layer) for layer in layers], length=width - 1.2)
+    set_label_ticks(ax, [layer_label(layer) for layer in layers], length=width - 1.2)
     ax.grid(False, axis="x")
     ax.set_xlabel("layer")
-    ax.set_ylabel(f"head-averaged {c.METRIC_SHORT[metric]}")
+    ax.set_ylabel(f"head-averaged {METRIC_SHORT[metric]}")
     if given:
         ax.legend(handles=handles, fontsize=8)
         ax.set_title(f"{source} · {view.call}", fontsize=9)
         return fig
     firsts = sorted({s["first_frame"] for s in stats})
-    return c.finish(
+    return finish(
         fig,
         title="First, middle, last and own frames of the last block "
-        f"(query frames {c.frames_text(view.query_frames, base)})",
-        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs,
-                            "±1 std between runs" + (" (error bars)" if len(layers) <= MOST_BARS else " (bands)")),
+        f"(query frames {frames_text(view.query_frames, base)})",
+        subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs,
+                          "±1 std between runs" + (" (error bars)" if len(layers) <= MOST_BARS else " (bands)")),
         legend=handles,
         caption=(f"Values of each layer's head-averaged curve (sinkscope.stats.summaries.curve_stats, as in layer_stats): "
-                 f"first = the oldest cache frame (frame {c.frames_text(firsts, base)}), last = the newest cache frame "
+                 f"first = the oldest cache frame (frame {frames_text(firsts, base)}), last = the newest cache frame "
                  "before the block, middle = mean of the cache frames between."),
     )  # fmt: skip

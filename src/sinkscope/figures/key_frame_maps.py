@@ -17,7 +17,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import colour_scale, colourbar, heat
+from sinkscope.figures.layout import finish, message_panel, new_figure
+from sinkscope.figures.style import heads_of, option
+from sinkscope.figures.text import (
+    METRIC_SHORT,
+    class_text,
+    frames_text,
+    number,
+    subtitle,
+)
+from sinkscope.figures.views import (
+    figure4_view,
+    head_classes,
+    layers_of,
+    one_source,
+    run_count,
+    table,
+)
 
 COLUMNS = {"logit_mean": "token_logit_mean", "prob_mass": "token_prob_mean"}
 TOP = 3  # most attended frames beside the sink frame
@@ -44,14 +61,14 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     kind = "key_frame_maps"
     if ax is not None:
         raise ValueError(f"{kind} is a grid of panels; it draws its own figure (leave ax out)")
-    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
-    tokens = c.one_source(c.table(tables, "token_profiles", kind), kind)
+    frame = one_source(table(tables, "frame_attention", kind), kind)
+    tokens = one_source(table(tables, "token_profiles", kind), kind)
     metric = options.get("metric") or "prob_mass"
-    base = int(c.option(options, "frame_base"))
-    frame = c.layers_of(frame, c.heads_of(options))
-    masses = c.figure4_view(frame, c.option(options, "step"), "prob_mass")
-    view = masses if metric == "prob_mass" else c.figure4_view(frame, c.option(options, "step"), metric)
-    classes, classes_from = c.head_classes(tables.get("head_diagnostics"), frame, masses)
+    base = int(option(options, "frame_base"))
+    frame = layers_of(frame, heads_of(options))
+    masses = figure4_view(frame, option(options, "step"), "prob_mass")
+    view = masses if metric == "prob_mass" else figure4_view(frame, option(options, "step"), metric)
+    classes, classes_from = head_classes(tables.get("head_diagnostics"), frame, masses)
     rows = tokens[(tokens["pass"] == view.pass_) & (tokens["step"] == view.step)]
     if not rows.empty:
         rows = rows[rows["block"] == rows.groupby(["prompt_id", "seed"], observed=True)["block"].transform("max")]
@@ -59,17 +76,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         raise ValueError(f"figure {kind}: no token profiles of the last block for {view.call}")
     length = int(rows["token"].max()) + 1 if not grid else int(grid[0]) * int(grid[1])
     shape = grid_shape(length, grid)
-    heads = c.heads_of(options)
+    heads = heads_of(options)
     ncols = 1 + TOP
     panel_w = 2.7 if shape[1] >= shape[0] else 2.0
     panel_h = max(1.3, panel_w * shape[0] / shape[1]) + 0.45
-    fig = c.new_figure(ncols * panel_w + 0.9, len(heads) * panel_h)
+    fig = new_figure(ncols * panel_w + 0.9, len(heads) * panel_h)
     axes = fig.subplots(len(heads), ncols, squeeze=False)
     for r, (label, layer, head) in enumerate(heads):
         cells = axes[r]
         own = rows[(rows["layer"] == layer) & (rows["head"] == head)]
         if own.empty or not masses.has(layer, head):
-            c.message_panel(cells[0], f"no token profiles of {label}")
+            message_panel(cells[0], f"no token profiles of {label}")
             for a in cells[1:]:
                 a.set_visible(False)
             cells[0].set_title(label, fontweight="bold", fontsize=9)
@@ -90,24 +107,24 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 values = values / np.nansum(values) * np.isfinite(values).sum() if np.nansum(values) > 0 else values
             images[f] = values.reshape(shape)
         shown = np.concatenate([m.ravel() for m in images.values()])
-        cmap, norm = c.colour_scale(shown, metric)
+        cmap, norm = colour_scale(shown, metric)
         image = None
         for i, (a, (f, why)) in enumerate(zip(cells, picks)):
-            image = c.heat(a, images[f], cmap, norm)
+            image = heat(a, images[f], cmap, norm)
             a.set_xticks([])
             a.set_yticks([])
             mass = masses.curve(layer, head).get(f, np.nan)
             std = spread.get(f, np.nan) if spread is not None else np.nan
-            spread_text = f" ± {c.number(std, 'prob_mass')}" if np.isfinite(std) else ""
+            spread_text = f" ± {number(std, 'prob_mass')}" if np.isfinite(std) else ""
             own_frame = " (own)" if f in view.query_frames else ""
-            who = f"{label} ({c.class_text(classes.get((layer, head)))})" if i == 0 else label
-            a.set_title(f"{who} · frame {f + base}{own_frame}\n{why}\nmass {c.number(mass, 'prob_mass')}{spread_text}"
-                        f" · uniform {c.number(uniform.get(f, np.nan), 'prob_mass')}", fontsize=8)  # fmt: skip
+            who = f"{label} ({class_text(classes.get((layer, head)))})" if i == 0 else label
+            a.set_title(f"{who} · frame {f + base}{own_frame}\n{why}\nmass {number(mass, 'prob_mass')}{spread_text}"
+                        f" · uniform {number(uniform.get(f, np.nan), 'prob_mass')}", fontsize=8)  # fmt: skip
         for a in cells[len(picks):]:
             a.set_visible(False)
         if image is not None:
-            bar = c.colourbar(fig, image, shown, "x uniform within the frame" if metric == "prob_mass" else "q·k/√d",
-                              fontsize=7.5, ax=list(cells), shrink=0.9, pad=0.01, aspect=12)  # fmt: skip
+            bar = colourbar(fig, image, shown, "x uniform within the frame" if metric == "prob_mass" else "q·k/√d",
+                            fontsize=7.5, ax=list(cells), shrink=0.9, pad=0.01, aspect=12)  # fmt: skip
             bar.ax.tick_params(labelsize=7)
         cells[0].set_ylabel("patch row", fontsize=8)
     for a in axes[-1]:
@@ -115,14 +132,14 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             a.set_xlabel("patch column", fontsize=8)
     what = ("softmax probability of each key token relative to a uniform spread over its frame (token_prob_mean / "
             "frame mass x tokens; 1 = uniform)") if metric == "prob_mass" else "pre-softmax q·k/√d of each key token"
-    runs = c.run_count(rows)
-    return c.finish(
+    runs = run_count(rows)
+    return finish(
         fig,
         title="Where the last block's attention lands in its key frames",
-        subtitle=c.subtitle(source, view.call, f"token {c.METRIC_SHORT[metric]}", runs,
-                            "frame masses ± 1 std between runs in the titles"),
+        subtitle=subtitle(source, view.call, f"token {METRIC_SHORT[metric]}", runs,
+                          "frame masses ± 1 std between runs in the titles"),
         caption=(f"Each map: the {what}, queries averaged over the last block (frames "
-                 f"{c.frames_text(view.query_frames, base)}) and the runs, on the {shape[0]} x {shape[1]} latent patch "
+                 f"{frames_text(view.query_frames, base)}) and the runs, on the {shape[0]} x {shape[1]} latent patch "
                  "grid (token = row x width + column). Frames: the first frame the head sees (frame 0 unless evicted) "
                  "and its most attended other frames by frame-level softmax mass; titles: that mass (± the std between "
                  "runs) and the uniform share of the frame (1 / visible frames, key tokens counted; "

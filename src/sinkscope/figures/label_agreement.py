@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinkscope.figures import common as c
+from sinkscope.figures.layout import finish, new_figure
+from sinkscope.figures.text import call_label, subtitle
+from sinkscope.figures.views import one_source, table
 from sinkscope.stats.labels import agreement
 
 
@@ -34,29 +36,29 @@ def _heat_map(ax, counts: pd.DataFrame, gid: str, xlabel: str) -> None:
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "label_agreement"
-    diagnostics = c.one_source(c.table(tables, "head_diagnostics", kind), kind)
+    diagnostics = one_source(table(tables, "head_diagnostics", kind), kind)
     if "reference_labels" not in tables:
         raise ValueError(f"figure {kind}: no label file given (config diagnostics.reference_labels)")
     step = options.get("step") or "last"
     result = agreement(diagnostics, tables["reference_labels"], step)
     pass_, index = result.call
     rows = diagnostics[(diagnostics["pass"] == pass_) & (diagnostics["step"] == index)]
-    call = c.call_label(pass_, index, float(rows["timestep"].iloc[0]) if len(rows) else None)
+    call = call_label(pass_, index, float(rows["timestep"].iloc[0]) if len(rows) else None)
     runs = int(rows["runs"].max()) if len(rows) else 0
     given = ax is not None
     if given:
         _heat_map(ax, result.by_label, "label-agreement-pyramid", "study's pyramid_label")
         return ax.figure
-    fig = c.new_figure(9.0, 3.6)
+    fig = new_figure(9.0, 3.6)
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [max(4, result.by_class.shape[1]), 3.5]})
     _heat_map(left, result.by_class, "label-agreement-class", "study's head_class")
     _heat_map(right, result.by_label, "label-agreement-pyramid", "study's pyramid_label")
     missing = f"; {result.missing} heads of the file are not in the table" if result.missing else ""
-    return c.finish(
+    return finish(
         fig,
         title=f"Label file against the study: {result.agree} of {result.heads} heads agree ({result.percent:.0f}%)",
-        subtitle=c.subtitle(source, call, "head_class, pyramid_label (head_diagnostics)", runs,
-                            "classes of the run means"),
+        subtitle=subtitle(source, call, "head_class, pyramid_label (head_diagnostics)", runs,
+                          "classes of the run means"),
         caption=("Cells: heads with that label in the file (row) and that class in the study (column); shade: share "
                  "of the row. Codes: -1 wave (oscillating), 1 anchor (stable, compact), 2 veil (stable-sparse); the "
                  "study's pyramid_label approximates the file's rule from the key-frame logit profile "

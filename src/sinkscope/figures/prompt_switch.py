@@ -12,8 +12,20 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import PANEL_COLORS
+from sinkscope.figures.layout import finish, new_figure, outer_labels
+from sinkscope.figures.marks import line_handle
+from sinkscope.figures.style import option
+from sinkscope.figures.text import subtitle
+from sinkscope.figures.views import (
+    block_call_rows,
+    one_checkpoint,
+    run_count,
+    table,
+    variants_in,
+)
 
 # Blocks shown on each side of a switch.
 AROUND = 4
@@ -60,20 +72,20 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     kind = "prompt_switch"
     if ax is not None:
         raise ValueError(f"{kind} is a grid of panels; it draws its own figure (leave ax out)")
-    frame = c.table(tables, "frame_attention", kind)
-    c.one_checkpoint(frame, kind)
+    frame = table(tables, "frame_attention", kind)
+    one_checkpoint(frame, kind)
     if "prompt_segment" not in frame.columns:
         raise ValueError(f"figure {kind} needs the prompt_segment column (rows of prompt schedules)")
     switches = switches_of(frame)
     if not switches:
         raise ValueError(f"figure {kind}: no prompt of the table switches (prompts: with segments)")
-    step = c.option(options, "step")
-    calls, call = c.block_call_rows(frame[frame["pass"] != "recache"], step)
-    variants = c.variants_in(calls)
-    colors = {v: c.PANEL_COLORS[i % len(c.PANEL_COLORS)] for i, v in enumerate(variants)}
+    step = option(options, "step")
+    calls, call = block_call_rows(frame[frame["pass"] != "recache"], step)
+    variants = variants_in(calls)
+    colors = {v: PANEL_COLORS[i % len(PANEL_COLORS)] for i, v in enumerate(variants)}
     # Variants often agree before the switch: a dash of their own keeps every line visible.
     dashes = {v: LINE_STYLES[i % len(LINE_STYLES)] for i, v in enumerate(variants)}
-    fig = c.new_figure(2 * 3.6, len(switches) * 2.5)
+    fig = new_figure(2 * 3.6, len(switches) * 2.5)
     axes = fig.subplots(len(switches), 2, squeeze=False)
     recached = False
     for row, (prompt, segment, first, switch_frame) in enumerate(switches):
@@ -101,16 +113,16 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             blocks = list(range(max(0, first - AROUND), first + AROUND))
             ax_.set_xticks(blocks, labels=[str(b) for b in blocks])
             ax_.set_title(f"{label}\n{prompt}: segment {segment} from frame {switch_frame}", fontsize=9)
-    c.outer_labels(list(axes.ravel()), "block", "softmax mass")
-    handles = [c.line_handle(colors[v], v, marker="o", ms=3, ls=dashes[v]) for v in variants]
-    handles.append(c.line_handle("0.2", "prompt switch", ls="--", lw=1.0))
+    outer_labels(list(axes.ravel()), "block", "softmax mass")
+    handles = [line_handle(colors[v], v, marker="o", ms=3, ls=dashes[v]) for v in variants]
+    handles.append(line_handle("0.2", "prompt switch", ls="--", lw=1.0))
     if recached:
-        handles.append(c.Line2D([], [], color="0.5", marker="*", ls="none", ms=9, mec="black", mew=0.5,
-                                label="re-cache pass (frame-0 mass of the recomputed frames)"))  # fmt: skip
-    return c.finish(
+        handles.append(Line2D([], [], color="0.5", marker="*", ls="none", ms=9, mec="black", mew=0.5,
+                              label="re-cache pass (frame-0 mass of the recomputed frames)"))  # fmt: skip
+    return finish(
         fig,
         title="Attention around each prompt switch, block by block",
-        subtitle=c.subtitle(source, call, "softmax mass", c.run_count(calls)),
+        subtitle=subtitle(source, call, "softmax mass", run_count(calls)),
         legend=handles,
         caption=(f"Left: the mass of each block's queries on frame 0 (the sink; the block's own frames excluded); "
                  f"right: on frames 1 to the switch frame - 1, generated under the earlier prompt. {AROUND} blocks on "

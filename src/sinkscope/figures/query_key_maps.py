@@ -12,13 +12,41 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.patches import Patch
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import colour_scale, colourbar, heat
+from sinkscope.figures.layout import (
+    finish,
+    outer_labels,
+    outer_ticks,
+    panel_columns,
+    panel_grid,
+    set_frame_ticks,
+)
+from sinkscope.figures.marks import nan_handle, outline_frames
+from sinkscope.figures.style import option
+from sinkscope.figures.text import (
+    METRIC_LABELS,
+    METRIC_SHORT,
+    number,
+    spread_note,
+    subtitle,
+)
+from sinkscope.figures.views import (
+    VAE_TEMPORAL_STRIDE,
+    block_call_rows,
+    block_frames,
+    latent_of_video_frame,
+    one_source,
+    run_count,
+    table,
+)
+from sinkscope.naming import layer_label
 
 
 def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[int], dict[str, Any]]:
     """[heads, F, F] run-averaged query x key matrices of one call of every block (NaN = not visible)."""
-    rows, call = c.block_call_rows(frame, step)
+    rows, call = block_call_rows(frame, step)
     cells = rows.groupby(["head", "query_frame", "key_frame"], observed=True)[metric].mean()
     per_run = rows.groupby(["prompt_id", "seed", "head", "query_frame", "key_frame"], observed=True)[metric].mean()
     spread = per_run.groupby(["head", "query_frame", "key_frame"], observed=True).std(ddof=1)
@@ -30,7 +58,7 @@ def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[i
     h = level("head").map({head: i for i, head in enumerate(heads)}).to_numpy()
     out[h, level("query_frame").to_numpy(), level("key_frame").to_numpy()] = cells.to_numpy()
     uniform = {int(b): 1.0 / int(n) for (b, _), n in visible.items()}
-    return out, heads, {"call": call, "runs": c.run_count(rows), "blocks": c.block_frames(rows),
+    return out, heads, {"call": call, "runs": run_count(rows), "blocks": block_frames(rows),
                         "spread": spread.to_numpy(dtype=float), "uniform": uniform}  # fmt: skip
 
 
@@ -38,48 +66,48 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     kind = "query_key_maps"
     if ax is not None:
         raise ValueError(f"{kind} is a grid of panels; it draws its own figure (leave ax out)")
-    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
-    metric, base = c.option(options, "metric"), int(c.option(options, "frame_base"))
-    values, heads, info = matrices(frame[frame["layer"] == layer], c.option(options, "step"), metric)
+    frame = one_source(table(tables, "frame_attention", kind), kind)
+    metric, base = option(options, "metric"), int(option(options, "frame_base"))
+    values, heads, info = matrices(frame[frame["layer"] == layer], option(options, "step"), metric)
     count = values.shape[1]
     axis_name, blocks = "frame", info["blocks"]
     if options.get("video_frames"):
-        video = np.arange(c.VAE_TEMPORAL_STRIDE * (count - 1) + 1)
-        index = c.latent_of_video_frame(video)
+        video = np.arange(VAE_TEMPORAL_STRIDE * (count - 1) + 1)
+        index = latent_of_video_frame(video)
         values = values[:, index][:, :, index]
         count, axis_name = len(video), "video frame"
         blocks = {b: [v for v in video if index[v] in fs] for b, fs in blocks.items()}
-    ncols = c.panel_columns(len(heads))
+    ncols = panel_columns(len(heads))
     size = 2.9 if ncols <= 4 else 2.4 if ncols <= 6 else 2.0
-    fig, axes = c.panel_grid(len(heads), ncols=ncols, panel=(size, size), extra=(0.8, 0))
-    cmap, norm = c.colour_scale(values, metric)
+    fig, axes = panel_grid(len(heads), ncols=ncols, panel=(size, size), extra=(0.8, 0))
+    cmap, norm = colour_scale(values, metric)
     image = None
     for ax_, head, matrix in zip(axes, heads, values):
-        image = c.heat(ax_, matrix, cmap, norm, origin="lower")
+        image = heat(ax_, matrix, cmap, norm, origin="lower")
         for b, fs in blocks.items():
-            c.outline_frames(ax_, fs, (min(fs) - 0.5, max(fs) + 0.5), gid=f"own-block-H{head + 1}-{b}", color="0.15")
+            outline_frames(ax_, fs, (min(fs) - 0.5, max(fs) + 0.5), gid=f"own-block-H{head + 1}-{b}", color="0.15")
         ax_.set_title(f"H{head + 1}", fontsize=9.5, fontweight="bold")
-        c.set_frame_ticks(ax_, range(count), base, length=size - 0.6)
-        c.set_frame_ticks(ax_, range(count), base, axis="y", length=size - 0.6)
+        set_frame_ticks(ax_, range(count), base, length=size - 0.6)
+        set_frame_ticks(ax_, range(count), base, axis="y", length=size - 0.6)
     for patch in [p for a in axes for p in a.patches]:
         patch.set_linewidth(0.6)
-    c.outer_ticks(axes)
-    c.outer_labels(axes, f"key {axis_name}", f"query {axis_name}")
-    c.colourbar(fig, image, values, c.METRIC_SHORT[metric], ax=axes, pad=0.01, shrink=0.8, aspect=30)
+    outer_ticks(axes)
+    outer_labels(axes, f"key {axis_name}", f"query {axis_name}")
+    colourbar(fig, image, values, METRIC_SHORT[metric], ax=axes, pad=0.01, shrink=0.8, aspect=30)
     uniform = info["uniform"]
     baseline = ""
     if metric == "prob_mass" and uniform:
         first, last = min(uniform), max(uniform)
         baseline = (f" Uniform attention gives a visible frame on average 1 / visible frames: "
-                    f"{c.number(uniform[first], 'prob_mass')} in block {first} … {c.number(uniform[last], 'prob_mass')} "
+                    f"{number(uniform[first], 'prob_mass')} in block {first} … {number(uniform[last], 'prob_mass')} "
                     f"in block {last}.")  # fmt: skip
-    return c.finish(
+    return finish(
         fig,
-        title=f"Layer {c.layer_label(layer)} (index {layer}): query x key {axis_name} attention of every head",
-        subtitle=c.subtitle(source, info["call"], c.METRIC_SHORT[metric], info["runs"], "spread in the caption"),
-        legend=[c.nan_handle("not visible to the query"),
-                c.Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
-        caption=(f"Each cell: {c.METRIC_LABELS[metric]} of a query frame on a key frame, query tokens and runs "
-                 f"averaged; {c.spread_note(info['spread'], info['runs'])}. Colours clip at the 2nd–98th "
+        title=f"Layer {layer_label(layer)} (index {layer}): query x key {axis_name} attention of every head",
+        subtitle=subtitle(source, info["call"], METRIC_SHORT[metric], info["runs"], "spread in the caption"),
+        legend=[nan_handle("not visible to the query"),
+                Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
+        caption=(f"Each cell: {METRIC_LABELS[metric]} of a query frame on a key frame, query tokens and runs "
+                 f"averaged; {spread_note(info['spread'], info['runs'])}. Colours clip at the 2nd–98th "
                  f"percentile.{baseline}"),
     )  # fmt: skip

@@ -1,9 +1,10 @@
 """Drawing a figure kind from its tables, and the figure job.
 
 One module per figure kind, named like the kind (``sinkscope.figures.figure4`` draws
-``figure4``); each imports only ``common``, ``sinkscope.stats.summaries``, ``sinkscope.tables``
-and ``sinkscope.naming``, so the pipeline reruns a figure only when its own code (or
-the shared code) changed. This module imports the kind modules by name at run time.
+``figure4``); each imports only the shared drawing modules (``style``, ``text``, ``views``,
+``layout``, ``colours``, ``marks``), ``sinkscope.stats.summaries``, ``sinkscope.tables`` and
+``sinkscope.naming``, so the pipeline reruns a figure only when its own code (or the
+shared code it uses) changed. This module imports the kind modules by name at run time.
 
 The kinds, and what each reads and draws with, are declared in ``registry.FIGURES``.
 
@@ -25,14 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinkscope.errors import DamagedFileError
-from sinkscope.figures.common import (
-    DEFAULTS,
-    figure4_view,
-    figure_style,
-    option,
-    save_figure,
-)
 from sinkscope.figures.registry import FIGURES, LAYER, STUDY, figure_kind
+from sinkscope.figures.style import DEFAULTS, figure_style, option, save_figure
+from sinkscope.figures.views import figure4_view
 from sinkscope.manifests import DATASET_MANIFEST, check_dataset_folder, read_manifest
 from sinkscope.naming import parse_head_label
 from sinkscope.tables import read_metadata, read_table, token_rows, with_default_columns

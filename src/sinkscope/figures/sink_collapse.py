@@ -16,25 +16,35 @@ from typing import Any
 
 import pandas as pd
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import PANEL_COLORS
+from sinkscope.figures.layout import finish, new_figure
+from sinkscope.figures.marks import band_handle, line_handle
+from sinkscope.figures.text import subtitle
+from sinkscope.figures.views import (
+    every_block_call,
+    run_count,
+    step_of,
+    table,
+    variants_in,
+)
 
 VALUES = ("sink_mass", "sink_uniform", "latent_sink_cosine", "latent_previous_cosine")
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], **_: Any):
     kind = "sink_collapse"
-    stats = c.table(tables, "block_stats", kind)
+    stats = table(tables, "block_stats", kind)
     if "latent_sink_cosine" not in stats:
         raise ValueError(f"figure {kind} needs block_stats with latent_sink_cosine (written by this sinkscope's aggregation)")
-    pass_, index = c.step_of(stats, options.get("step") or "last")
+    pass_, index = step_of(stats, options.get("step") or "last")
     rows = stats[(stats["pass"] == pass_) & (stats["step"] == index)]
     # Blocks without a sink frame in their cache (block 0) have no sink mass: left out.
     rows = rows.assign(first_frame=rows["query_frames"].astype(str).str.split("-").str[0].astype(int),
                        sink_mass=rows["sink_mass"].where(rows["sink_uniform"].notna())).astype({v: float for v in VALUES})  # fmt: skip
-    variants = c.variants_in(rows)
-    runs = c.run_count(rows)
-    colors = {v: c.PANEL_COLORS[i % len(c.PANEL_COLORS)] for i, v in enumerate(variants)}
-    fig = c.new_figure(7.6, 5.6)
+    variants = variants_in(rows)
+    runs = run_count(rows)
+    colors = {v: PANEL_COLORS[i % len(PANEL_COLORS)] for i, v in enumerate(variants)}
+    fig = new_figure(7.6, 5.6)
     attention, video = fig.subplots(2, 1, sharex=True)
     for variant in variants:
         mine = rows[rows["variant"] == variant]
@@ -60,18 +70,18 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     attention.set_ylim(bottom=0)
     video.set_ylabel("latent cosine similarity")
     video.set_xlabel("latent frame (the block's first)")
-    handles = [c.line_handle(colors[v], v, marker="o", ms=3) for v in variants]
-    handles += [c.line_handle("0.3", "mass uniform attention would give the sink frames", ls=":"),
-                c.line_handle("0.3", "latents: to the sink frames", marker="o", ms=3),
-                c.line_handle("0.3", "latents: to the previous block", marker="s", ms=3, ls="--")]  # fmt: skip
-    handles += [c.band_handle("0.5")] if runs >= 2 else []
+    handles = [line_handle(colors[v], v, marker="o", ms=3) for v in variants]
+    handles += [line_handle("0.3", "mass uniform attention would give the sink frames", ls=":"),
+                line_handle("0.3", "latents: to the sink frames", marker="o", ms=3),
+                line_handle("0.3", "latents: to the previous block", marker="s", ms=3, ls="--")]  # fmt: skip
+    handles += [band_handle("0.5")] if runs >= 2 else []
     if marks:
-        handles.append(c.line_handle("0.55", "a temporal RoPE channel pair completes a turn", lw=0.8, ls=(0, (2, 2))))
-    call = c.every_block_call(rows, pass_, index)
-    return c.finish(
+        handles.append(line_handle("0.55", "a temporal RoPE channel pair completes a turn", lw=0.8, ls=(0, (2, 2))))
+    call = every_block_call(rows, pass_, index)
+    return finish(
         fig,
         title="Sink collapse: attention to the sink frames and the video's return to them, on one time axis",
-        subtitle=c.subtitle(source, call, "block_stats", runs, "bands ±1 std between runs" if runs >= 2 else None),
+        subtitle=subtitle(source, call, "block_stats", runs, "bands ±1 std between runs" if runs >= 2 else None),
         legend=handles,
         caption=("Upper panel: the softmax mass of each block's queries on the sink frames (frame 0 without a sink "
                  "policy), mean over layers, heads and runs, and what uniform attention would give them (dotted). Lower "

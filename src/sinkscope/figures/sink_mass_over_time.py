@@ -14,8 +14,21 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from matplotlib.patches import Patch
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import GAP_COLOR, PANEL_COLORS
+from sinkscope.figures.layout import finish, new_figure, set_label_ticks, share_y
+from sinkscope.figures.marks import UNIFORM_COLOR, band_handle, line_handle
+from sinkscope.figures.text import subtitle
+from sinkscope.figures.views import (
+    block_call_rows,
+    evenly,
+    one_checkpoint,
+    run_count,
+    table,
+    variants_in,
+)
+from sinkscope.naming import layer_label
 
 MOST_PANELS = 12
 VALUES = ("sink_mass", "sink_uniform", "sink_excess")
@@ -27,20 +40,20 @@ def per_block(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     rows = rows.assign(sink_mass=rows["sink_mass"].where(rows["sink_uniform"].notna()))
     per_run = rows.groupby(["variant", "layer", "block", "prompt_id", "seed"], observed=True)[list(VALUES)].mean()
     grouped = per_run.groupby(["variant", "layer", "block"], observed=True)
-    return grouped.mean(), grouped.std(ddof=1), c.run_count(rows)
+    return grouped.mean(), grouped.std(ddof=1), run_count(rows)
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "sink_mass_over_time"
-    stats = c.table(tables, "block_stats", kind)
-    c.one_checkpoint(stats, kind)
+    stats = table(tables, "block_stats", kind)
+    one_checkpoint(stats, kind)
     if "sink_uniform" not in stats:
         raise ValueError(f"figure {kind} needs block_stats with sink_uniform (written by this sinkscope's aggregation)")
     step = options.get("step") or "last"
-    rows, call = c.block_call_rows(stats, step)
-    variants = c.variants_in(rows)
+    rows, call = block_call_rows(stats, step)
+    variants = variants_in(rows)
     layers = sorted(int(x) for x in rows["layer"].unique())
-    shown = c.evenly(layers, MOST_PANELS)
+    shown = evenly(layers, MOST_PANELS)
     given = ax is not None
     ncols = len(shown) if len(shown) <= 4 else 3 if len(shown) in (5, 6, 9) else 4
     groups = math.ceil(len(shown) / ncols)
@@ -49,23 +62,23 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             raise ValueError(f"{kind} draws into one axes only for one layer (layers=[...])")
         fig, pairs = ax.figure, [(ax, None)]
     else:
-        fig = c.new_figure(ncols * 3.3, groups * 2 * 2.2)
+        fig = new_figure(ncols * 3.3, groups * 2 * 2.2)
         grid = fig.subplots(2 * groups, ncols, squeeze=False)
         pairs = [(grid[2 * (i // ncols), i % ncols], grid[2 * (i // ncols) + 1, i % ncols]) for i in range(len(shown))]
         for i in range(len(shown), groups * ncols):
             grid[2 * (i // ncols), i % ncols].remove()
             grid[2 * (i // ncols) + 1, i % ncols].remove()
-    colors = {v: c.PANEL_COLORS[i % len(c.PANEL_COLORS)] for i, v in enumerate(variants)}
+    colors = {v: PANEL_COLORS[i % len(PANEL_COLORS)] for i, v in enumerate(variants)}
     mean, std, runs = per_block(rows)
     blocks = sorted(int(b) for b in rows["block"].unique())
     empty = [b for b in blocks if not rows.loc[rows["block"] == b, "sink_uniform"].notna().any()]
     for (top, bottom), layer in zip(pairs, shown):
-        label = c.layer_label(layer)
+        label = layer_label(layer)
         for panel in (top, bottom):
             if panel is None:
                 continue
             for i, b in enumerate(empty):
-                panel.axvspan(b - 0.5, b + 0.5, color=c.GAP_COLOR, lw=0, zorder=0.4).set_gid(f"no-cache-{label}-{i}")
+                panel.axvspan(b - 0.5, b + 0.5, color=GAP_COLOR, lw=0, zorder=0.4).set_gid(f"no-cache-{label}-{i}")
         for variant in variants:
             key = (variant, layer)
             if key not in mean.droplevel("block").index:
@@ -86,18 +99,18 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         top.set_title(f"{label} · mass", fontsize=9.5, fontweight="bold")
         top.set_ylim(bottom=0)
         if bottom is not None:
-            bottom.axhline(0, color=c.UNIFORM_COLOR, lw=0.9, ls=(0, (4, 2)))
+            bottom.axhline(0, color=UNIFORM_COLOR, lw=0.9, ls=(0, (4, 2)))
             bottom.set_title(f"{label} · excess over uniform", fontsize=9.5)
         for panel in (top, bottom):
             if panel is not None:
                 panel.set_xlim(blocks[0] - 0.5, blocks[-1] + 0.5)
-                c.set_label_ticks(panel, [str(b) for b in range(blocks[-1] + 1)], length=3.0)
+                set_label_ticks(panel, [str(b) for b in range(blocks[-1] + 1)], length=3.0)
                 panel.set_xlim(blocks[0] - 0.5, blocks[-1] + 0.5)
     if not given:
         tops = [top for top, _ in pairs]
         bottoms = [bottom for _, bottom in pairs]
-        c.share_y(tops)
-        c.share_y(bottoms)
+        share_y(tops)
+        share_y(bottoms)
         for top in tops:
             top.set_ylim(bottom=0)
         for panel in tops + bottoms:
@@ -107,21 +120,21 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             panel.set_xlabel("block" if panel in bottoms and last_group else "")
     sinks = rows.groupby("variant", observed=True)["sink_frames"].first()
     what = "frame 0" if set(sinks.astype(str)) <= {"0"} else "the sink frames (frame 0 without a sink policy)"
-    handles = [c.line_handle(colors[v], f"{v} (frames {sinks.get(v, '0')})", marker="o", ms=3) for v in variants]
-    handles.append(c.line_handle("0.3", "uniform over the key tokens seen (mass panels, per variant)", lw=1.1,
-                                 ls=(0, (4, 2))))  # fmt: skip
-    handles += [c.band_handle("0.5")] if runs >= 2 else []
-    handles += [c.Patch(facecolor=c.GAP_COLOR, label=f"none of {what.split(' (')[0]} in the cache: no value")] if empty else []
+    handles = [line_handle(colors[v], f"{v} (frames {sinks.get(v, '0')})", marker="o", ms=3) for v in variants]
+    handles.append(line_handle("0.3", "uniform over the key tokens seen (mass panels, per variant)", lw=1.1,
+                               ls=(0, (4, 2))))  # fmt: skip
+    handles += [band_handle("0.5")] if runs >= 2 else []
+    handles += [Patch(facecolor=GAP_COLOR, label=f"none of {what.split(' (')[0]} in the cache: no value")] if empty else []
     if given:
         ax.set_xlabel("block")
         ax.set_ylabel("mass")
         ax.legend(handles=handles, fontsize=8)
         return fig
     picked = "" if len(shown) == len(layers) else f" ({len(shown)} of {len(layers)} layers, spread evenly)"
-    return c.finish(
+    return finish(
         fig,
         title=f"Softmax mass on {what.split(' (')[0]}, block by block: as mass and as excess over uniform{picked}",
-        subtitle=c.subtitle(source, call, "block_stats sink_mass", runs, "bands ±1 std between runs"),
+        subtitle=subtitle(source, call, "block_stats sink_mass", runs, "bands ±1 std between runs"),
         legend=handles,
         caption=(f"Upper panels: the softmax mass of each block's queries on {what} outside the block (block_stats "
                  "sink_mass), solid, and the mass uniform attention over the key tokens would give them (sink_uniform, "

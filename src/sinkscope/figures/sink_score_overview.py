@@ -12,13 +12,25 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from matplotlib.patches import Patch, Rectangle
 
-from sinkscope.figures import common as c
+from sinkscope.figures.colours import (
+    annotate_cells,
+    cell_size,
+    colour_scale,
+    colourbar,
+    heat,
+)
+from sinkscope.figures.layout import finish, new_figure, set_label_ticks
+from sinkscope.figures.style import option
+from sinkscope.figures.text import METRIC_SHORT, spread_note, subtitle
+from sinkscope.figures.views import View, figure4_view, head_classes, one_source, table
+from sinkscope.naming import head_label, layer_label
 
 SINK_EDGE = "black"
 
 
-def scores(view: c.View, name: str = "sink_score") -> pd.DataFrame:
+def scores(view: View, name: str = "sink_score") -> pd.DataFrame:
     """Layers x heads of one statistic (first − middle by default)."""
     values = {key: view.stats(*key)[name] for key in view.curves.index}
     return pd.Series(values).unstack().sort_index().sort_index(axis=1)
@@ -26,48 +38,48 @@ def scores(view: c.View, name: str = "sink_score") -> pd.DataFrame:
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "sink_score_overview"
-    frame = c.one_source(c.table(tables, "frame_attention", kind), kind)
-    metric = c.option(options, "metric")
-    view = c.figure4_view(frame, c.option(options, "step"), metric)
-    classes, classes_from = c.head_classes(tables.get("head_diagnostics"), frame, view)
+    frame = one_source(table(tables, "frame_attention", kind), kind)
+    metric = option(options, "metric")
+    view = figure4_view(frame, option(options, "step"), metric)
+    classes, classes_from = head_classes(tables.get("head_diagnostics"), frame, view)
     grid = scores(view)
     layers, heads = list(grid.index), list(grid.columns)
-    cell = c.cell_size(len(layers), len(heads), largest=0.55, smallest=0.2, budget=10)
+    cell = cell_size(len(layers), len(heads), largest=0.55, smallest=0.2, budget=10)
     given = ax is not None
     width, height = len(heads) * cell + 2.4, len(layers) * cell + 1.0
-    fig = ax.figure if given else c.new_figure(max(5.5, width), max(3.2, height))
+    fig = ax.figure if given else new_figure(max(5.5, width), max(3.2, height))
     ax = ax if given else fig.add_subplot()
     values = grid.to_numpy(dtype=float)
-    cmap, norm = c.colour_scale(values, "signed")
-    image = c.heat(ax, values, cmap, norm)
+    cmap, norm = colour_scale(values, "signed")
+    image = heat(ax, values, cmap, norm)
     if cell >= 0.45 and values.size <= 400:
-        c.annotate_cells(ax, values, ".2f" if metric != "prob_mass" else ".3f", norm, cmap,
-                         fontsize=6.5 if metric == "prob_mass" else 7)  # fmt: skip
+        annotate_cells(ax, values, ".2f" if metric != "prob_mass" else ".3f", norm, cmap,
+                       fontsize=6.5 if metric == "prob_mass" else 7)  # fmt: skip
     sinks = [(i, j) for i, layer in enumerate(layers) for j, head in enumerate(heads)
              if classes.get((int(layer), int(head))) == "sink"]  # fmt: skip
     for i, j in sinks:
-        box = c.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=SINK_EDGE, lw=1.6, zorder=4)
-        box.set_gid(f"sink-head-{c.head_label(int(layers[i]), int(heads[j]))}")
+        box = Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=SINK_EDGE, lw=1.6, zorder=4)
+        box.set_gid(f"sink-head-{head_label(int(layers[i]), int(heads[j]))}")
         ax.add_patch(box)
-    c.set_label_ticks(ax, [f"H{h + 1}" for h in heads], length=len(heads) * cell)
-    c.set_label_ticks(ax, [c.layer_label(layer) for layer in layers], axis="y", length=len(layers) * cell)
+    set_label_ticks(ax, [f"H{h + 1}" for h in heads], length=len(heads) * cell)
+    set_label_ticks(ax, [layer_label(layer) for layer in layers], axis="y", length=len(layers) * cell)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    short = c.METRIC_SHORT[metric].split(" (")[0]
-    c.colourbar(fig, image, values, f"first − middle ({short})", fontsize=8.5, ax=ax, pad=0.02,
-                shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))))  # fmt: skip
+    short = METRIC_SHORT[metric].split(" (")[0]
+    colourbar(fig, image, values, f"first − middle ({short})", fontsize=8.5, ax=ax, pad=0.02,
+              shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))))  # fmt: skip
     if given:
         ax.set_title(f"first − middle · {source} · {view.call}", fontsize=9)
         return fig
-    spread = c.spread_note((view.run_std(int(a), int(b), "sink_score") for a, b in view.curves.index), view.runs,
-                           "a head's first − middle")  # fmt: skip
-    legend = [c.Patch(facecolor="none", edgecolor=SINK_EDGE, lw=1.6,
-                      label=f"sink-class head ({len(sinks)} of {values.size})")]  # fmt: skip
+    spread = spread_note((view.run_std(int(a), int(b), "sink_score") for a, b in view.curves.index), view.runs,
+                         "a head's first − middle")  # fmt: skip
+    legend = [Patch(facecolor="none", edgecolor=SINK_EDGE, lw=1.6,
+                    label=f"sink-class head ({len(sinks)} of {values.size})")]  # fmt: skip
     baseline = " Uniform attention gives 0 (every frame the same share)." if metric == "prob_mass" else ""
-    return c.finish(
+    return finish(
         fig,
         title="First cache frame − middle cache frames, every head",
-        subtitle=c.subtitle(source, view.call, c.METRIC_SHORT[metric], view.runs, "spread in the caption"),
+        subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "spread in the caption"),
         legend=legend,
         caption=("First − middle = the first cache frame − the mean of the cache frames between the first and the last, "
                  "on each head's curve of the last block (head_stats sink_score, sinkscope.stats.summaries.curve_stats; "
