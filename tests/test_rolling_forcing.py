@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import REPO
@@ -372,6 +373,13 @@ def test_extract_and_aggregate_from_the_command_line(tmp_path):
     done = sinkscope("extract", "--out", "ext", "--layers", "0", "--set", "generation.procedure=rolling_forcing",
                      "--set", "generation.cache_policy=rolling_forcing", "--set", "generation.num_frames=15")  # fmt: skip
     assert done.returncode == 0, done.stderr
+    # A window call interleaves its blocks' records; each block is still one row group, in order.
+    for name, expected in (("layer0.parquet", range(5)), ("layer0.queries.parquet", range(5)),
+                           ("layer0.tokens.parquet", [4])):  # token profiles: the last block's calls  # fmt: skip
+        groups = pq.ParquetFile(tmp_path / "ext" / name)
+        blocks = [groups.read_row_group(i, columns=["block"]).column("block").unique().to_pylist()
+                  for i in range(groups.num_row_groups)]  # fmt: skip
+        assert blocks == [[b] for b in expected], (name, blocks)
     result = sinkscope("aggregate", "--input", "ext", "--out", "tables")
     assert result.returncode == 0, result.stderr
     frame = pd.read_parquet(tmp_path / "tables" / "frame_attention.parquet")

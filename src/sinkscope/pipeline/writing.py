@@ -41,6 +41,7 @@ from sinkscope.generation.capture import (
     record_rows,
     record_tensors,
 )
+from sinkscope.generation.sampler import PASS_CACHE
 from sinkscope.naming import layer_file
 from sinkscope.tables import (
     FRAME_ATTENTION_SCHEMA,
@@ -192,12 +193,13 @@ def default_workers(device: torch.device | str, layers: int) -> int:
 
 
 class _LayerFiles:
-    """One layer's files in the making: the rows of the block being generated, a
-    ``TableWriter`` per kind (opened with the first rows), the frame rows for the check."""
+    """One layer's files in the making: the rows of the blocks still receiving records
+    (block -> kind -> row parts), the pass of the last record, a ``TableWriter`` per kind
+    (opened with the first rows), the frame rows for the check."""
 
     def __init__(self) -> None:
-        self.block: int | None = None
-        self.pending: dict[str, list[dict[str, np.ndarray]]] = {kind: [] for kind in SCHEMAS}
+        self.pending: dict[int, dict[str, list[dict[str, np.ndarray]]]] = {}
+        self.last_pass: str | None = None
         self.writers: dict[str, TableWriter] = {}
         self.frames: list[dict[str, np.ndarray]] = []
 
@@ -251,29 +253,35 @@ class ExtractionWriter:
     def _consume(self, record: CallRecord, copy: HostCopy) -> None:
         files = self._files[record.layer]
         block = int(record.call.block)
-        if files.block is not None and block != files.block:
-            self._flush(record.layer, files)
-        files.block = block
+        # Every procedure ends a model call's blocks with cache updates, and the call after
+        # one begins at its oldest block still in work: every block before it is done.
+        # (Self-Forcing: block b's cache pass, then block b + 1. Rolling Forcing: a window's
+        # blocks interleave, and a window ends with its first block's cache update.)
+        if files.last_pass == PASS_CACHE:
+            self._flush(record.layer, files, before=block)
+        files.last_pass = record.call.pass_
         # The frame statistics are copied out: rows kept until the block's row group would
         # otherwise hold views of (and keep alive) the whole pinned buffer, token values too.
         arrays = {name: values if name.startswith("token_") else values.copy() for name, values in copy.arrays().items()}
+        pending = files.pending.setdefault(block, {kind: [] for kind in SCHEMAS})
         for kind, rows in record_rows(record, arrays).items():
             if rows is not None:
-                files.pending[kind].append(rows)
+                pending[kind].append(rows)
 
-    def _flush(self, layer: int, files: _LayerFiles) -> None:
-        """Write the pending block's rows of one layer as one row group per file."""
-        for kind, parts in files.pending.items():
-            if not parts:
-                continue
-            rows = concat_rows(parts, KIND_COLUMNS[kind])
-            if kind == "frames":
-                files.frames.append(rows)
-            writer = files.writers.get(kind)
-            if writer is None:
-                writer = files.writers[kind] = TableWriter(layer_file(self.folder, layer, kind), SCHEMAS[kind])
-            writer.write(self._arrow_columns(rows))
-            parts.clear()
+    def _flush(self, layer: int, files: _LayerFiles, before: int | None = None) -> None:
+        """Write one layer's pending blocks (those before block ``before``; None: all), in
+        block order, each as one row group per file."""
+        for block in sorted(b for b in files.pending if before is None or b < before):
+            for kind, parts in files.pending.pop(block).items():
+                if not parts:
+                    continue
+                rows = concat_rows(parts, KIND_COLUMNS[kind])
+                if kind == "frames":
+                    files.frames.append(rows)
+                writer = files.writers.get(kind)
+                if writer is None:
+                    writer = files.writers[kind] = TableWriter(layer_file(self.folder, layer, kind), SCHEMAS[kind])
+                writer.write(self._arrow_columns(rows))
 
     def _arrow_columns(self, rows: dict[str, np.ndarray]) -> dict[str, Any]:
         """The rows with ``pass`` and the constant run columns as Arrow arrays, built in
