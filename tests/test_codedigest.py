@@ -29,7 +29,7 @@ PINNED = {
         "io", "naming", "options", *_TABLES, *_MODEL, "model.cache", "model.policies", "model.policies.base",
         "model.policies.compression", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks", "model.text",
         "generation", "generation.capture", "generation.rolling", "generation.sampler",
-        "stats", "stats.attention", "stats.reference", "stats.rollout", "stats.triton_kernels",
+        "stats", "stats.attention", "stats.kernels", "stats.reference", "stats.rollout", "stats.triton_kernels",
         "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.writing",
     },
     "import_cache": {"io", *_TABLES, *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",
@@ -123,5 +123,5 @@ def test_changed_package_code_reruns_exactly_what_runs_it(tmp_path):
     # One figure: that figure of each source, and the summary page that shows it.
     assert after_edit("figures/figure4.py", add_code) == {"source_figure": 2, "summary_page": 1}
     # The statistics kernel: every extraction, and what depends on it.
-    kernel = after_edit("stats/triton_kernels.py", add_code)
+    kernel = after_edit("stats/kernels.py", add_code)
     assert kernel.get("extract_attention") == 1 and "import_cache" not in kernel and "encode_prompt" not in kernel

@@ -1,5 +1,5 @@
 """Attention statistics: per call (``attention``, with the torch reference in
-``reference`` and the Triton kernels in ``triton_kernels``) and the derived summaries
+``reference`` and the Triton kernels in ``kernels``, launched by ``triton_kernels``) and the derived summaries
 of the tables (``summaries``: head, layer and block statistics, head diagnostics).
 
 ``summaries`` needs only numpy and pandas; the call statistics need torch and load on
