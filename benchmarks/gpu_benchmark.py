@@ -11,7 +11,8 @@ Sections (``--sections``, comma-separated; default all):
   output and every frame statistic from one pass over the keys; with token profiles;
   the output's accuracy against SDPA and float64; kernel 3's tile sweep.
 - ``generation``: the full 21-frame generation (7 blocks x (4 steps + cache pass)),
-  eager and torch.compile'd, with no capture, one layer and all 30 layers captured:
+  eager and torch.compile'd, with no capture, one layer and all 30 layers captured
+  (`capture.attention` exact, the default, and fused):
   video frames per second (81 / seconds), overhead, peak GPU memory, KV cache size.
 - ``job``: one extraction job end to end in a fresh process (start-up, weights from a
   Wan-format release folder, generation, writing), for 1 and for 30 layers per job.
@@ -20,6 +21,15 @@ Sections (``--sections``, comma-separated; default all):
   extraction writer's threads.
 - ``warmup``: where a fresh process's first generation loses time, per SDPA backend:
   first and second generation in new processes, with the slowest calls of the first.
+- ``tma``: kernel 5, a flash-attention forward in Triton fed by TMA, plain and with every
+  frame's partials, warp-specialized or not, against cuDNN and the captured call's other
+  routes, at the last and the first block's shape (its tile sweep).
+- ``rollouts``: every policy of issue 18 at ``--frames`` (240) latent frames with one
+  layer captured, in the mode a job runs by default, and the peak memory from 21 to 480
+  frames (``benchmarks/long_rollout.py``'s sections).
+
+The default sections (env, fused, generation, job, rollouts) measure every target of
+issue 18 in one call; ``results.md`` opens with a table of them, met or missed.
 
 Writes ``results.json`` and ``results.md`` to ``--out`` (default: $OUT or ./benchmark-out)
 and prints the tables. Usage on the device machine:
@@ -263,9 +273,30 @@ def tile_sweep(run, configs) -> dict:
     return sweep
 
 
+def output_accuracy(out, reference, q, k, v, heads=(0, 5, 11)) -> dict:
+    """Max abs errors of a captured call's output [Lq, H, D] against SDPA's (``reference``)
+    and, for a few heads, both against the float64 attention."""
+    exact = torch.stack([torch.softmax(q[h].double() @ k[h].double().T * q.shape[-1] ** -0.5, -1) @ v[h].double()
+                         for h in heads], 1)  # fmt: skip
+    return {
+        "output_vs_sdpa_max_abs": (out.float() - reference.float()).abs().max().item(),
+        "output_vs_fp64_max_abs_3_heads": (out[:, list(heads)].double() - exact).abs().max().item(),
+        "sdpa_vs_fp64_max_abs_3_heads": (reference[:, list(heads)].double() - exact).abs().max().item(),
+        "output_abs_max": reference.float().abs().max().item(),
+    }
+
+
+SDPA_ROW = "SDPA (default backend), the attention call itself"
+EXACT_ROW = "capture.attention: exact (the default): cuDNN attention + log-sum-exp, then kernel 4: every frame statistic"
+FUSED_ROW = "capture.attention: fused: kernel 5 + kernel 6, output and every frame statistic in one pass"
+
+
 def section_fused() -> dict:
-    """The captured call: SDPA then the statistics (before) against kernel 3, which gives the
-    output and every frame statistic from one pass; token profiles on top; tile sweep."""
+    """The captured call: SDPA then the statistics (before) against the routes that give the
+    output and every frame statistic (capture.attention exact, the default: cuDNN with its
+    log-sum-exp, then kernel 4; fused: kernel 5 + kernel 6; float32's kernel 3 + kernel 6);
+    token profiles on top; tile sweeps. Accuracy: ``output_*`` and the statistics are the
+    fused route's, ``lse_route_*`` the exact route's."""
     from sinkscope.stats.attention import (
         attention_statistics,
         attention_with_statistics,
@@ -294,42 +325,39 @@ def section_fused() -> dict:
         return attention_statistics(q, k, token_profiles=True, **layout)
 
     def fused():
-        return attention_with_statistics(q, k, v, **layout)
+        return attention_with_statistics(q, k, v, fused=True, **layout)
 
     def fused_tokens():
+        return attention_with_statistics(q, k, v, token_profiles=True, fused=True, **layout)
+
+    def exact():
+        return attention_with_statistics(q, k, v, **layout)
+
+    def exact_tokens():
         return attention_with_statistics(q, k, v, token_profiles=True, **layout)
 
-    def with_lse():
-        return attention_statistics_lse(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5)
-
-    def with_lse_tokens():
-        return attention_statistics_lse(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, token_profiles=True)
+    def kernel_3():
+        return attention_statistics_triton(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5)
 
     rows = {}
     for name, fn in (
-        ("SDPA (default backend), the attention call itself", sdpa),
+        (SDPA_ROW, sdpa),
         ("before: SDPA, then attention_statistics (kernel 1 + combine)", before),
-        ("kernel 3 (fused, Triton) + combine: output and every frame statistic", fused),
+        (EXACT_ROW, exact),
+        (FUSED_ROW, fused),
         ("cuDNN attention with its log-sum-exp", lambda: sdpa_with_lse(q, k, v, dim**-0.5)),
-        ("cuDNN attention + log-sum-exp, then kernel 4 (no running max): every frame statistic", with_lse),
+        ("kernel 3 (Triton, pointer loads) + kernel 6: every frame statistic", kernel_3),
         ("before, with token profiles (+ kernel 2)", before_tokens),
-        ("kernel 3, with token profiles (+ kernel 2)", fused_tokens),
-        ("cuDNN + kernel 4, with token profiles (+ kernel 2)", with_lse_tokens),
+        ("exact, with token profiles (+ kernel 2)", exact_tokens),
+        ("fused, with token profiles (+ kernel 2)", fused_tokens),
     ):
         rows[name] = {**cuda_time(fn, reps=30), "extra_mib": extra_memory(fn)}
-    base = rows["SDPA (default backend), the attention call itself"]["median_ms"]
+    base = rows[SDPA_ROW]["median_ms"]
     for row in rows.values():
         row["x_sdpa"] = row["median_ms"] / base
     out, stats = fused()
     reference = sdpa().transpose(1, 2)[0]  # [Lq, H, D]
-    heads = (0, 5, 11)
-    exact = torch.stack([(torch.softmax(q[h].double() @ k[h].double().T * dim**-0.5, -1) @ v[h].double()) for h in heads], 1)
-    accuracy = {
-        "output_vs_sdpa_max_abs": (out.float() - reference.float()).abs().max().item(),
-        "output_vs_fp64_max_abs_3_heads": (out[:, list(heads)].double() - exact).abs().max().item(),
-        "sdpa_vs_fp64_max_abs_3_heads": (reference[:, list(heads)].double() - exact).abs().max().item(),
-        "output_abs_max": reference.float().abs().max().item(),
-    }
+    accuracy = output_accuracy(out, reference, q, k, v)
     plain = attention_statistics(q, k, token_profiles=True, **layout)
     lse_out, lse_stats = attention_statistics_lse(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, token_profiles=True)
     accuracy["lse_route_output_vs_sdpa_max_abs"] = (lse_out.float() - reference.float()).abs().max().item()
@@ -350,6 +378,70 @@ def section_fused() -> dict:
     return {"timings": rows, "accuracy": accuracy, "kernel_3_sweep_ms": sweep, "kernel_4_sweep_ms": sweep_4}
 
 
+def section_tma() -> dict:
+    """Kernel 5 (TMA loads, key tiles aligned to key 0): as a plain flash-attention forward
+    and with every frame's partials, against cuDNN and the captured call's other routes, at
+    the last block's and the first block's shape; its tile sweep and its accuracy."""
+    from sinkscope.stats.triton_kernels import (
+        _combine_fused,
+        _logit_mean_by_factorization,
+        attention_statistics_lse,
+        attention_statistics_tma,
+        sdpa_with_lse,
+        segment_sums,
+        tma_attention,
+    )
+
+    fsl, dim = 1560, 128
+    configs = ((64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 4), (64, 32, 4, 3),
+               (64, 128, 4, 3), (64, 64, 8, 3))  # fmt: skip
+    result: dict = {}
+    for shape, num_k in (("last block", 21), ("first block", 3)):
+        q4, k4, v4 = last_block_inputs(num_k=num_k)
+        q, k, v = (x[0].transpose(0, 1) for x in (q4, k4, v4))
+        lengths = (fsl,) * num_k
+
+        def sdpa():
+            return torch.nn.functional.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
+
+        rows = {
+            "SDPA (default backend)": cuda_time(sdpa, reps=30)["median_ms"],
+            "cuDNN with log-sum-exp": cuda_time(lambda: sdpa_with_lse(q, k, v, dim**-0.5), reps=30)["median_ms"],
+            "cuDNN + kernel 4 + combine": cuda_time(lambda: attention_statistics_lse(q, k, v, fsl, 3, lengths, dim**-0.5),
+                                                    reps=30)["median_ms"],  # fmt: skip
+            "kernel 5 + kernel 6, default tiles": cuda_time(lambda: attention_statistics_tma(q, k, v, fsl, 3, lengths, dim**-0.5),
+                                                            reps=30)["median_ms"],  # fmt: skip
+        }
+        # The parts of kernel 5's route: the kernel, the key frames' sums, logit_mean, kernel 6.
+        _, partials = tma_attention(q, k, v, lengths, dim**-0.5)
+        key_sums = segment_sums(k, lengths)
+        lengths_float = torch.tensor(lengths, dtype=torch.float32, device="cuda")
+        logit_mean = _logit_mean_by_factorization(q, key_sums, 3, fsl, lengths_float, dim**-0.5)
+        rows["part: kernel 5 (default tiles)"] = cuda_time(lambda: tma_attention(q, k, v, lengths, dim**-0.5), reps=30)["median_ms"]
+        rows["part: kernel 7, key frames' sums"] = cuda_time(lambda: segment_sums(k, lengths), reps=30)["median_ms"]
+        rows["part: logit_mean (kernel 7 on q, einsum)"] = cuda_time(
+            lambda: _logit_mean_by_factorization(q, key_sums, 3, fsl, lengths_float, dim**-0.5), reps=30)["median_ms"]  # fmt: skip
+        rows["part: kernel 6, the combine"] = cuda_time(
+            lambda: _combine_fused(q, k, *partials, logit_mean, fsl, 3, dim**-0.5, False, None), reps=30)["median_ms"]  # fmt: skip
+        base = rows["SDPA (default backend)"]
+        entry = {"ms": rows, "x_sdpa": {name: ms / base for name, ms in rows.items()}}
+        for label, stats_on, specialize in (("plain", False, False), ("plain_warp_specialized", False, True),
+                                            ("stats", True, False), ("stats_warp_specialized", True, True)):
+            entry[f"{label}_sweep_ms"] = tile_sweep(
+                lambda params, stats_on=stats_on, specialize=specialize: tma_attention(
+                    q, k, v, lengths, dim**-0.5, stats=stats_on, warp_specialize=specialize, config=params),
+                configs if not specialize else configs[:4])  # fmt: skip
+        out, stats = attention_statistics_tma(q, k, v, fsl, 3, lengths, dim**-0.5, token_profiles=True)
+        ref_out, ref_stats = attention_statistics_lse(q, k, v, fsl, 3, lengths, dim**-0.5, token_profiles=True)
+        accuracy = output_accuracy(out, ref_out, q, k, v)
+        for name in ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_prob_mean", "token_logit_mean"):
+            accuracy[f"{name}_vs_kernel_4_max_abs"] = (getattr(stats, name) - getattr(ref_stats, name)).abs().max().item()
+        entry["accuracy"] = accuracy
+        result[shape] = entry
+        print(shape, json.dumps(entry, indent=1), flush=True)
+    return result
+
+
 def random_real_model(name: str = "wan2.1-t2v-1.3b"):
     with torch.device("cuda"):
         model = build_model(get_model_config(name), seed=None, device="cuda", dtype=torch.float32)
@@ -362,13 +454,13 @@ def random_context(tokens: int = 24, text_dim: int = 4096) -> torch.Tensor:
     return torch.randn(1, tokens, text_dim, device="cuda", generator=g)
 
 
-def time_generation(model, context, options, layers, reps):
+def time_generation(model, context, options, layers, reps, fused=False):
     """Median seconds over ``reps`` generations (after one warm-up), and the peak memory."""
     seconds, peak, latents, rows = [], 0, None, None
     for rep in range(reps + 1):
         torch.cuda.empty_cache()
         if layers:
-            with FrameStatsCapture(model, layers, frame_seq_length=1560) as capture:
+            with FrameStatsCapture(model, layers, frame_seq_length=1560, fused_attention=fused) as capture:
                 result = generate(model, context, options=options, seed=0, observers=[capture])
                 began = time.perf_counter()
                 frame = capture.to_frame()
@@ -397,17 +489,19 @@ def section_generation(reps: int, compile_modes: list[str]) -> dict:
     model = random_real_model()
     context = random_context()
     results = {"weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB}
-    captures = {"no capture": [], "1 layer (layer 4)": [4], "all 30 layers": list(range(30))}
+    # Keys: label -> (layers, capture.attention fused).
+    captures = {"no capture": ([], False), "1 layer (layer 4)": ([4], False), "all 30 layers": (list(range(30)), False),
+                "1 layer (layer 4), fused": ([4], True), "all 30 layers, fused": (list(range(30)), True)}
     reference = None
     for mode in compile_modes:
         if mode == "compile":
             began = time.perf_counter()
             model.compile_blocks(dynamic=False)
             results["compile_setup_seconds"] = time.perf_counter() - began
-        for label, layers in captures.items():
+        for label, (layers, fused) in captures.items():
             key = f"{mode}, {label}"
             try:
-                results[key], latents = time_generation(model, context, options, layers, reps)
+                results[key], latents = time_generation(model, context, options, layers, reps, fused)
             except Exception as error:  # noqa: BLE001 - report, keep going
                 results[key] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-2000:]}
                 continue
@@ -558,6 +652,73 @@ def section_jobs(workdir: Path, compile_modes: list[str]) -> dict:
     return results
 
 
+def section_rollouts(frames: int = 240, memory_frames: tuple[int, ...] = (21, 480)) -> dict:
+    """Every target policy of issue 18 at ``frames`` latent frames with one layer captured, in
+    the mode a job runs by default (``capture.compile: auto``), and the peak memory of one
+    bounded policy from 21 to ``memory_frames[-1]`` frames (``benchmarks/long_rollout.py``'s
+    sections, run here so that one call measures every target)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import long_rollout
+
+    from sinkscope.pipeline.extract import compile_wanted
+
+    model = long_rollout.real_model()
+    compiled = compile_wanted("auto", torch.device("cuda"), frames)
+    if compiled:
+        out = long_rollout.section_compiled(model, frames)
+    else:
+        out = long_rollout.section_policies(model, frames, long_rollout.TARGET_POLICIES)
+    out["default_mode"] = "compiled" if compiled else "eager"
+    out["frames"] = frames
+    out["memory"] = long_rollout.section_memory(model, lengths=memory_frames)
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def targets_table(results: dict) -> list[str]:
+    """Issue 18's targets against this run's numbers, one row each (rows whose section did
+    not run are left out)."""
+    rows = []
+    fused = results.get("fused", {}).get("timings", {})
+    sdpa = fused.get(SDPA_ROW, {}).get("median_ms")
+    for label, key in (("exact (the default)", EXACT_ROW), ("fused", FUSED_ROW)):
+        if sdpa and key in fused:
+            ratio = fused[key]["median_ms"] / sdpa
+            rows.append((f"captured call, capture.attention: {label}, output + every frame statistic, x SDPA", f"{ratio:.2f}x",
+                         "<= 1.25x", ratio <= 1.25))  # fmt: skip
+    gen = results.get("generation", {})
+    for label, target in (("1 layer (layer 4)", 2.0), ("all 30 layers", 20.0), ("1 layer (layer 4), fused", 2.0),
+                          ("all 30 layers, fused", 20.0)):  # fmt: skip
+        row = gen.get(f"eager, {label}", {})
+        if "overhead_pct" in row:
+            rows.append((f"21-frame generation, {label} captured (eager, the default at 21 frames)",
+                         f"{row['overhead_pct']:+.1f}%", f"<= +{target:.0f}%", row["overhead_pct"] <= target))  # fmt: skip
+    jobs = results.get("jobs", {})
+    one, thirty = jobs.get("eager, 1 layer per job", {}), jobs.get("eager, 30 layers per job", {})
+    if "timings" in one and "timings" in thirty:
+        bound = 2 * (one["timings"]["load_seconds"] + one["timings"]["generation_seconds"])
+        rows.append(("30-layer job, fresh process, wall s (bound: 2 x the 1-layer job's load + generation)",
+                     f"{thirty['wall_seconds']:.1f}", f"<= {bound:.1f}", thirty["wall_seconds"] <= bound))  # fmt: skip
+        rows.append(("results/extract of one 21-frame video, 30 layers, MB", f"{thirty['output_mib'] * MiB / 1e6:.0f}", "<= 200",
+                     thirty["output_mib"] * MiB / 1e6 <= 200))  # fmt: skip
+    rollouts = results.get("rollouts", {})
+    for policy, row in rollouts.items():
+        if isinstance(row, dict) and "video_fps" in row and policy != "memory":
+            rows.append((f"{rollouts['frames']} frames, {policy}, 1 layer, {rollouts['default_mode']} (the default), video FPS",
+                         f"{row['video_fps']:.1f}", ">= 30", row["video_fps"] >= 30))  # fmt: skip
+    memory = rollouts.get("memory", {})
+    peaks = [row["peak_gib"] for row in memory.values() if isinstance(row, dict) and row.get("peak_gib")]
+    if len(peaks) >= 2:
+        growth = 100 * (peaks[-1] / peaks[0] - 1)
+        rows.append((f"peak memory, deep_sink, {' to '.join(memory)} frames", f"{growth:+.2f}%", "<= +1%", growth <= 1))
+    if not rows:
+        return []
+    lines = ["| issue 18 target | measured | target | |", "|---|---|---|---|"]
+    lines += [f"| {name} | {value} | {target} | {'met' if met else 'missed'} |" for name, value, target, met in rows]
+    return lines + [""]
+
+
 # -- first generation in a fresh process ---------------------------------------------------
 
 
@@ -625,6 +786,7 @@ def markdown(results: dict) -> str:
         lines += [f"Device: {env.get('device')} ({env.get('sm_count')} SMs); torch {env.get('torch')}, triton {env.get('triton')}, "
                   f"CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}; bf16 matmul {env.get('bf16_matmul_tflops', 0):.0f} TFLOP/s, "
                   f"copy {env.get('copy_tb_s', 0):.2f} TB/s; nvidia-smi: {env.get('nvidia_smi', '-')}", ""]  # fmt: skip
+    lines += targets_table(results)
     stats = results.get("stats", {})
     if "timings" in stats:
         lines += ["| statistics call (last block, 12 x 4680 x 32760, bf16) | median ms | min | max | extra GPU MiB | x SDPA |", "|---|---|---|---|---|---|"]
@@ -683,9 +845,10 @@ def markdown(results: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
-    parser.add_argument("--sections", default="env,stats,fused,generation,job")
+    parser.add_argument("--sections", default="env,fused,generation,job,rollouts")
     parser.add_argument("--reps", type=int, default=3, help="timed generations per variant (after one warm-up)")
     parser.add_argument("--modes", default="eager,compile", help="generation variants: eager, compile")
+    parser.add_argument("--frames", type=int, default=240, help="the rollouts section's length in latent frames")
     parser.add_argument("--probe-warmup", nargs=2, metavar=("BACKEND", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe_warmup:
@@ -704,10 +867,12 @@ def main() -> int:
         "env": section_env,
         "stats": section_stats,
         "fused": section_fused,
+        "tma": section_tma,
         "generation": lambda: section_generation(args.reps, modes),
         "job": lambda: section_jobs(Path(tempfile.mkdtemp(prefix="sinkscope-bench-")), modes),
         "warmup": section_warmup,
         "handoff": lambda: section_handoff(args.reps),
+        "rollouts": lambda: section_rollouts(args.frames),
     }
     for name in sections:
         began = time.perf_counter()

@@ -178,6 +178,27 @@ def test_capture_rejects_missing_layers_and_unknown_token_choices():
         FrameStatsCapture(model, [0], frame_seq_length=FSL, token_profiles="some")
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_capture_asks_for_the_attention_route_it_was_given(monkeypatch, fused):
+    """capture.attention reaches every captured call (on CUDA, fused takes kernel 5)."""
+    import sinkscope.generation.capture as capture_module
+
+    asked = []
+    real = capture_module.attention_with_statistics
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["fused"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "attention_with_statistics", spy)
+    model = build_model("demo", seed=0)
+    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
+    capture = FrameStatsCapture(model, [1], frame_seq_length=FSL, token_profiles="none", fused_attention=fused)
+    with capture:
+        generate(model, context, options=GenerationOptions.from_config({"num_frames": 6}), seed=0, observers=[capture])
+    assert asked and set(asked) == {fused}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("policy", ["global", "participative_compression"])

@@ -292,6 +292,24 @@ def test_capture_compile_is_auto_by_default_and_takes_booleans():
         normalize_config({"capture": {"compile": "sometimes"}})
 
 
+def test_the_workflow_validates_against_the_packages_schema():
+    """rules/common.smk validates with schemas/config.schema.yaml, the package loads its own
+    copy: one schema, byte for byte."""
+    from sinkscope.schema import SCHEMA_PATH
+
+    root = Path(__file__).resolve().parent.parent
+    assert (root / "schemas" / "config.schema.yaml").read_bytes() == SCHEMA_PATH.read_bytes()
+
+
+def test_capture_attention_is_exact_by_default_and_reaches_the_jobs():
+    assert normalize_config({})["capture"]["attention"] == "exact"
+    with pytest.raises(ConfigError, match="capture.attention"):
+        normalize_config({"capture": {"attention": "fast"}})
+    # The route changes the captured layers' outputs (slightly), so it is a job parameter.
+    study = Study(normalize_config({"capture": {"attention": "fused"}}))
+    assert study.extract_params(next(iter(study.runs)), "0")["capture"]["attention"] == "fused"
+
+
 def test_compile_auto_means_cuda_and_a_long_rollout():
     import torch
 

@@ -274,11 +274,17 @@ FRAME_ONLY_CASE = 3
 _INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    from sinkscope.stats.triton_kernels import attention_statistics_triton, statistics_given_lse, statistics_triton
+    from sinkscope.stats.triton_kernels import (attention_statistics_tma, attention_statistics_triton, statistics_given_lse,
+                                                statistics_triton, tma_kernel_fits)
     cases, results = torch.load(sys.argv[1]), {}
     for index, case in cases.items():
         q, k, fsl, num_q, lengths, scale = (case[key] for key in ("q", "k", "fsl", "num_q", "key_lengths", "scale"))
         args = (q, k, fsl, num_q, lengths, scale)
+        if case.get("kernel_5"):
+            assert tma_kernel_fits(q, k, case["v"], lengths), index
+            out, stats = attention_statistics_tma(q, k, case["v"], fsl, num_q, lengths, scale, token_profiles=True)
+            results[index] = {"output": out, "stats": vars(stats)}
+            continue
         stats = statistics_triton(*args, token_profiles=True, config=case["config"], profile_config=case["profile_config"])
         results[index] = {"stats": vars(stats)}
         out, fused = attention_statistics_triton(q, k, case["v"], fsl, num_q, lengths, scale, token_profiles=True,
@@ -316,6 +322,13 @@ def interpreted(tmp_path_factory):
         cases[index] = dict(q=q, k=k, v=v, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"], scale=lay["dim"] ** -0.5,
                             config=config, profile_config=profile_config,
                             frame_only_case=FRAME_ONLY_CASE)  # fmt: skip
+    for index, lay in TMA_INTERPRETER_LAYOUTS.items():
+        q, k = make_inputs(index, lay["heads"], lay["fsl"], lay["dim"], lay["num_q"], lay["key_lengths"], torch.float16)
+        v = torch.randn(k.shape, generator=torch.Generator().manual_seed(index)).half()
+        # [Lq, H, D] storage read as [H, L, D] views, as the capture passes them (TMA takes the strides).
+        q, k, v = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v))
+        cases[index] = dict(q=q, k=k, v=v, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"],
+                            scale=lay["dim"] ** -0.5, kernel_5=True)  # fmt: skip
     torch.save(cases, folder / "cases.pt")
     env = dict(os.environ, TRITON_INTERPRET="1")
     src = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "src"))
@@ -324,9 +337,19 @@ def interpreted(tmp_path_factory):
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     results = torch.load(folder / "results.pt")
-    out = {index: (cases[index], results[index]) for index in INTERPRETER_CASES}
+    out = {index: (cases[index], results[index]) for index in [*INTERPRETER_CASES, *TMA_INTERPRETER_LAYOUTS]}
     out["dynamic_bound"] = results["dynamic_bound"]
     return out
+
+
+# Kernel 5 in fp16 (the interpreter's bf16 is not NumPy's), tiles 32 x 16: frames that end
+# inside a tile and on a tile's edge, out of order, a partial frame, query blocks past the
+# end, one key frame of two tiles.
+TMA_INTERPRETER_LAYOUTS = {
+    1000: dict(heads=2, fsl=40, dim=32, num_q=2, key_lengths=[40, 40, 40, 40]),
+    1001: dict(heads=3, fsl=24, dim=16, num_q=1, key_lengths=[24, 20, 37, 24]),
+    1002: dict(heads=1, fsl=16, dim=64, num_q=3, key_lengths=[16, 32]),
+}
 
 
 def _case_args(case):
@@ -353,6 +376,34 @@ def test_fused_attention_kernel_in_the_interpreter(interpreted, index):
     stats = CallStatistics(**out["fused"])
     assert_matches(stats, brute_force_statistics(*_case_args(case)))
     assert_identities(stats, case["key_lengths"])
+
+
+@pytest.mark.parametrize("index", TMA_INTERPRETER_LAYOUTS)
+def test_tma_attention_kernel_in_the_interpreter(interpreted, index):
+    """Kernel 5 (then kernel 6): the attention output within fp16 rounding (P is rounded
+    for P @ V, as in flash attention), every statistic as the float64 brute force."""
+    case, out = interpreted[index]
+    q, k, v, scale = case["q"].double(), case["k"].double(), case["v"].double(), case["scale"]
+    expected = (torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1) @ v).transpose(0, 1)
+    assert out["output"].shape == expected.shape and out["output"].dtype == torch.float16
+    torch.testing.assert_close(out["output"].double(), expected, rtol=0, atol=2e-3)
+    stats = CallStatistics(**out["stats"])
+    assert_matches(stats, brute_force_statistics(*_case_args(case)))
+    assert_identities(stats, case["key_lengths"])
+
+
+def test_tma_kernel_takes_only_what_it_can_address():
+    """Kernel 5 needs fp16 / bf16, frames of at least a key tile, TMA-aligned strides."""
+    from sinkscope.stats.triton_kernels import tma_kernel_fits
+
+    q, k = (torch.zeros(2, n, 64, dtype=torch.bfloat16) for n in (128, 256))
+    assert tma_kernel_fits(q, k, k, [128, 128])
+    assert not tma_kernel_fits(q.float(), k.float(), k.float(), [128, 128])
+    assert not tma_kernel_fits(q, k, k, [200, 56])  # a frame shorter than a key tile (64)
+    odd = torch.zeros(2, 256, 72, dtype=torch.bfloat16)[..., :60]  # head size 60, not a power of two
+    assert not tma_kernel_fits(odd[:, :128], odd, odd, [128, 128])
+    unaligned = torch.zeros(2 * 257 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 257, 64)[:, 1:]
+    assert not tma_kernel_fits(q, unaligned, unaligned, [128, 128])
 
 
 @pytest.mark.parametrize("index", INTERPRETER_CASES)
@@ -452,14 +503,19 @@ def test_cuda_token_profiles_allocate_no_score_matrix():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not triton_available(), reason="needs a CUDA device and triton")
-@pytest.mark.parametrize("route", ["default", "kernel 3"])
+@pytest.mark.parametrize("route", ["default", "kernel 3", "kernel 4", "kernel 5"])
 @pytest.mark.parametrize("index", range(len(CUDA_LAYOUTS)))
 def test_cuda_attention_with_statistics_matches_sdpa_and_the_reference(index, route):
-    """The captured call's output is SDPA's (bit for bit by the default route, cuDNN with
-    its log-sum-exp and kernel 4; within bf16 rounding by kernel 3); its statistics are
-    the reference's."""
+    """The captured call's output is SDPA's (bit for bit by cuDNN with its log-sum-exp and
+    kernel 4; within bf16 rounding by kernels 3 and 5, the default where frames are at
+    least a key tile long); its statistics are the reference's."""
     from sinkscope.stats.attention import attention_with_statistics
-    from sinkscope.stats.triton_kernels import attention_statistics_triton
+    from sinkscope.stats.triton_kernels import (
+        attention_statistics_lse,
+        attention_statistics_tma,
+        attention_statistics_triton,
+        tma_kernel_fits,
+    )
 
     lay = CUDA_LAYOUTS[index]
     q, k = make_inputs(index, lay["heads"], lay["fsl"], lay["dim"], lay["num_q"], lay["key_lengths"], torch.bfloat16)
@@ -468,10 +524,17 @@ def test_cuda_attention_with_statistics_matches_sdpa_and_the_reference(index, ro
     kwargs = dict(frame_seq_length=lay["fsl"], query_frames=list(range(lay["num_q"])), key_frames=lay["key_frames"],
                   key_lengths=lay["key_lengths"], token_profiles=True)  # fmt: skip
     scale = lay["dim"] ** -0.5
+    args = (q, k, v, lay["fsl"], lay["num_q"], lay["key_lengths"], scale)
     if route == "default":
         out, stats = attention_with_statistics(q, k, v, **kwargs)
+    elif route == "kernel 3":
+        out, stats = attention_statistics_triton(*args, token_profiles=True)
+    elif route == "kernel 4":
+        out, stats = attention_statistics_lse(*args, token_profiles=True)
     else:
-        out, stats = attention_statistics_triton(q, k, v, lay["fsl"], lay["num_q"], lay["key_lengths"], scale, token_profiles=True)
+        if not tma_kernel_fits(q, k, v, lay["key_lengths"]):
+            pytest.skip("frames shorter than kernel 5's key tile")
+        out, stats = attention_statistics_tma(*args, token_profiles=True)
     exact = (torch.softmax(q.double() @ k.double().transpose(1, 2) * scale, dim=-1) @ v.double()).transpose(0, 1)
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(0, 1)
     ours_error = (out.double() - exact).abs().max().item()

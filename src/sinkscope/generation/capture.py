@@ -7,7 +7,10 @@ at which RoPE shift; rows carry the shift relative to the queries',
 ``relative_position_shift``). The capture computes the layer's attention output
 itself, in the same call as its statistics (``sinkscope.stats.attention_with_statistics``:
 frame statistics, token entropy, argmax shares; key-token profiles for the chosen
-calls), and nothing token x token is kept. Results stay on the device until the
+calls), and nothing token x token is kept. By default that output is the model's own
+attention bit for bit (cuDNN's, on CUDA), so capturing does not change the video;
+``fused_attention`` (config ``capture.attention: fused``) computes output and statistics
+in one Triton pass, within bf16 rounding. Results stay on the device until the
 generation ends, so capturing costs no host synchronization per call; or, given a
 ``handoff`` (the extraction job's ``sinkscope.pipeline.writing.ExtractionWriter``), each
 call's record goes to it at once and is written while the generation goes on. A Rolling
@@ -106,6 +109,7 @@ class FrameStatsCapture:
         backend: str = "auto",
         token_profiles: str = "last_block",
         handoff: Callable[[CallRecord], None] | None = None,
+        fused_attention: bool = False,
     ) -> None:
         num_layers = model.config.num_layers
         bad = [layer for layer in layers if not 0 <= layer < num_layers]
@@ -117,6 +121,7 @@ class FrameStatsCapture:
         self.layers = sorted(set(int(layer) for layer in layers))
         self.frame_seq_length = frame_seq_length
         self.backend = backend
+        self.fused_attention = fused_attention
         self.token_profiles = token_profiles
         self.records: list[CallRecord] = []
         self.handoff = handoff
@@ -168,6 +173,7 @@ class FrameStatsCapture:
                     token_profiles=self._wants_tokens(part),
                     backend=self.backend,
                     key_position_shift=layout.key_position_shift,
+                    fused=self.fused_attention,
                 )
                 record = CallRecord(layer, part, part_layout, stats)
                 if self.handoff is not None:

@@ -147,7 +147,7 @@ def extract_job(
     try:
         recorder = FrameStatsCapture(
             model, layers, frame_seq_length=frame_seq_length, backend=capture["backend"],
-            token_profiles=capture["token_profiles"], handoff=writer.submit,
+            fused_attention=capture["attention"] == "fused", token_profiles=capture["token_profiles"], handoff=writer.submit,
         )  # fmt: skip
         with recorder:
             result = generate(model, schedule, options=options, seed=seed, observers=[recorder])

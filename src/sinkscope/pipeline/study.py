@@ -417,7 +417,8 @@ class Study:
             "variant": variant,
             "layers": decode_layers(group),
             "generation": self.options[source].to_dict(),
-            "capture": {"backend": capture["backend"], "compile": capture["compile"], "token_profiles": capture["token_profiles"]},
+            "capture": {"backend": capture["backend"], "attention": capture["attention"], "compile": capture["compile"],
+                        "token_profiles": capture["token_profiles"]},
             "compute": self.compute(checkpoint),
         }
 

@@ -176,17 +176,22 @@ def attention_with_statistics(
     scale: float | None = None,
     backend: str = "auto",
     key_position_shift: Sequence[int] | None = None,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, CallStatistics]:
     """The attention call itself and its statistics: (output [Lq, H, D] in q's dtype,
     :class:`CallStatistics`). Arguments as :func:`attention_statistics`, plus v [H, Lk, D].
 
-    On CUDA: cuDNN's attention (what SDPA runs on Hopper) gives the output and each
-    query's log-sum-exp, and one Triton pass over the keys (kernel 4) the statistics,
+    On CUDA, by default: cuDNN's attention (what SDPA runs on Hopper) gives the output and
+    each query's log-sum-exp, and one Triton pass over the keys (kernel 4) the statistics,
     whose probabilities are then final (``triton_kernels.attention_statistics_lse``): the
-    output is SDPA's, bit for bit on an H100. Where no backend returns the log-sum-exp,
-    kernel 3 computes the output and the statistics in one pass (a flash-attention
-    forward, ``attention_statistics_triton``; SDPA's output within bf16 rounding).
-    Elsewhere: SDPA, then the chunked reference. docs/performance.md compares them.
+    output is SDPA's, bit for bit, so capturing does not change the generation. With
+    ``fused`` (config ``capture.attention: fused``), in fp16 / bf16 with every key frame at
+    least a key tile (64 keys) long: kernel 5, a flash-attention forward in Triton that
+    keeps every frame's partials as it goes, then kernel 6 (``attention_statistics_tma``):
+    one pass, the output SDPA's within bf16 rounding. Where no backend returns the
+    log-sum-exp (float32): kernel 3, kernel 5's pass without TMA (``attention_statistics_triton``;
+    the output within float32 rounding). Elsewhere: SDPA, then the chunked reference.
+    docs/performance.md compares them.
     """
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     if v.shape[:2] != k.shape[:2] or v.dtype != k.dtype or v.device != k.device:
@@ -195,10 +200,14 @@ def attention_with_statistics(
     if _resolve_backend(q, backend) == "triton":
         from sinkscope.stats.triton_kernels import (
             attention_statistics_lse,
+            attention_statistics_tma,
             attention_statistics_triton,
+            tma_kernel_fits,
         )
 
         args = (q, k, v, frame_seq_length, len(query_frames), lengths, scale)
+        if fused and tma_kernel_fits(q, k, v, lengths):
+            return attention_statistics_tma(*args, token_profiles=token_profiles)
         try:
             return attention_statistics_lse(*args, token_profiles=token_profiles)
         except NotImplementedError:

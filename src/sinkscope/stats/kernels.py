@@ -42,6 +42,14 @@ bf16, 2026-11-22; medians, run-to-run noise up to ~20%): kernel 1 1.48-1.50 ms (
 version without entropy: ~1.40), every frame statistic with the combine 1.65-1.80 ms,
 kernel 2 1.03-1.33 ms, the attention call itself (SDPA) 1.75-1.79 ms. Extra memory
 with token profiles: 37 MiB (the score matrix would be 613 MiB per head in fp32).
+
+Kernels 3 and 5 compute the attention output too (the captured layer's own attention):
+kernel 3 with pointer loads and a tile grid per frame, kernel 5 with TMA tensor
+descriptors and key tiles aligned to key 0, so that only a frame's last tile needs a mask
+(2.15-2.18 ms with every frame's partials against cuDNN's 1.76-1.83 ms, 2026-11-25).
+Kernel 6 combines their partials into every statistic in one launch; kernel 7 sums the
+tokens of each frame of q or k for logit_mean's factorization. docs/performance.md has
+the measurements.
 """
 
 from __future__ import annotations
@@ -473,3 +481,217 @@ def token_profiles_kernel(
         acc += tl.exp2(s * qk_scale_log2 - row_max[:, None]) * row_inv[:, None]
     tl.store(prob_ptr + head * num_keys + offs_n, tl.sum(acc, 0), mask=n_valid)
     tl.store(logit_ptr + head * num_keys + offs_n, logit, mask=n_valid)
+
+
+@triton.jit
+def _frame_split_update(t, t_finite, p, in_frame, m_f, l_f, w_f, alpha):
+    """At a frame's last tile: the tile's part in the ending frame (``in_frame``) closes it,
+    the rest opens the next. Returns (closed m, l, w) and (opened m, l, w). ``t_finite`` is
+    t with the padding keys' -inf as 0 (their p is 0), for the sums of p t."""
+    closed_m = tl.maximum(m_f, tl.max(tl.where(in_frame, t, float("-inf")), 1))
+    closed_l = l_f * alpha + tl.sum(tl.where(in_frame, p, 0.0), 1)
+    closed_w = w_f * alpha + tl.sum(tl.where(in_frame, p * t_finite, 0.0), 1)
+    opened_m = tl.max(tl.where(in_frame, float("-inf"), t), 1)
+    opened_l = tl.sum(tl.where(in_frame, 0.0, p), 1)
+    opened_w = tl.sum(tl.where(in_frame, 0.0, p * t_finite), 1)
+    return closed_m, closed_l, closed_w, opened_m, opened_l, opened_w
+
+
+@triton.jit
+def _tma_tile(q, k, v, valid, acc, g_i, big_l, qk_scale_log2, MASKED: tl.constexpr):
+    """Flash attention's update by one key tile (k, v: [BLOCK_N, D]); returns the tile's
+    base-2 scores t (-inf where not ``valid`` when MASKED), p = 2^(t - g), the tile's row
+    max and the rescale alpha, with the updated (acc, g, L)."""
+    t = tl.dot(q, k.T) * qk_scale_log2
+    if MASKED:  # keys past the end read as zeros (TMA's padding)
+        t = tl.where(valid[None, :], t, float("-inf"))
+    tile_max = tl.max(t, 1)
+    g_new = tl.maximum(g_i, tile_max)
+    alpha = tl.exp2(g_i - g_new)
+    p = tl.exp2(t - g_new[:, None])
+    big_l = big_l * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return t, p, tile_max, alpha, acc, g_new, big_l
+
+
+@triton.jit
+def attention_frame_partials_tma_kernel(
+    q_desc,
+    k_desc,
+    v_desc,
+    o_ptr,
+    frame_ends_ptr,
+    m_ptr,
+    g_ptr,
+    l_ptr,
+    w_ptr,
+    stride_oh,
+    stride_ol,
+    num_queries,
+    num_keys,
+    num_key_frames,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    STATS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    LOOP_END: tl.constexpr,
+    FRAMES_END: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Kernel 5: kernel 3's one pass (the attention output and every frame's partials) with
+    q, k, v read through tensor descriptors ([H, L, D]; TMA on Hopper) and key tiles on a
+    grid aligned to key 0, not to each frame. Frames are contiguous in k, each at least
+    BLOCK_N keys (``frame_ends_ptr``: each frame's end). Per frame, the tiles wholly inside
+    it run in a loop with no mask and no branch (two row sums, p and p t, and the row max
+    on top of flash attention's work); the tile that holds the frame's end, if it does not
+    fall on a tile edge, splits its sums between the closing frame and the next one. With
+    STATS False it is a plain flash-attention forward (for measurements; pass one frame)."""
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_valid = offs_m < num_queries
+    q = q_desc.load([head, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
+    g_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    big_l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_f = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_f = tl.zeros([BLOCK_M], tl.float32)
+    w_f = tl.zeros([BLOCK_M], tl.float32)
+    out = (head * num_queries + offs_m) * num_key_frames
+    frame_start = tl.full([], 0, tl.int32)
+    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end):
+    # there each loop runs from 0 to a compile-time bound, the tiles outside it masked.
+    for frame in range(0, FRAMES_END if FRAMES_END > 0 else num_key_frames):
+        frame_end = tl.load(frame_ends_ptr + frame)
+        first = tl.cdiv(frame_start, BLOCK_N) * BLOCK_N
+        last = (frame_end // BLOCK_N) * BLOCK_N  # the tiles wholly inside: [first, last)
+        for start in tl.range(first if LOOP_END == 0 else 0, last if LOOP_END == 0 else LOOP_END, BLOCK_N,
+                              warp_specialize=WARP_SPECIALIZE):  # fmt: skip
+            offs_n = start + tl.arange(0, BLOCK_N)
+            k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
+            v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
+            inside = (offs_n >= first) & (offs_n < last)
+            t, p, tile_max, alpha, acc, g_i, big_l = _tma_tile(q, k, v, inside, acc, g_i, big_l, qk_scale_log2, LOOP_END > 0)
+            if LOOP_END > 0:
+                t = tl.where(inside[None, :], t, 0.0)
+            if STATS:
+                m_f = tl.maximum(m_f, tile_max)
+                l_f = l_f * alpha + tl.sum(p, 1)
+                w_f = w_f * alpha + tl.sum(p * t, 1)
+        closed_m, closed_l, closed_w = m_f, l_f, w_f
+        m_f = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_f = tl.zeros([BLOCK_M], tl.float32)
+        w_f = tl.zeros([BLOCK_M], tl.float32)
+        if last < frame_end:  # the tile [last, last + BLOCK_N) holds this frame's end
+            offs_n = last + tl.arange(0, BLOCK_N)
+            k = k_desc.load([head, last, 0]).reshape(BLOCK_N, HEAD_DIM)
+            v = v_desc.load([head, last, 0]).reshape(BLOCK_N, HEAD_DIM)
+            t, p, tile_max, alpha, acc, g_i, big_l = _tma_tile(q, k, v, offs_n < num_keys, acc, g_i, big_l, qk_scale_log2, True)
+            if STATS:
+                in_frame = (offs_n < frame_end)[None, :]
+                t_finite = tl.where(t == float("-inf"), 0.0, t)
+                closed_m, closed_l, closed_w, m_f, l_f, w_f = _frame_split_update(t, t_finite, p, in_frame, closed_m,
+                                                                                  closed_l, closed_w, alpha)  # fmt: skip
+        if STATS:
+            tl.store(m_ptr + out + frame, closed_m, mask=m_valid)
+            tl.store(g_ptr + out + frame, g_i, mask=m_valid)
+            tl.store(l_ptr + out + frame, closed_l, mask=m_valid)
+            tl.store(w_ptr + out + frame, closed_w, mask=m_valid)
+        frame_start = frame_end
+    o = acc / big_l[:, None]
+    tl.store(
+        o_ptr + head * stride_oh + offs_m[:, None] * stride_ol + tl.arange(0, HEAD_DIM)[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=m_valid[:, None],
+    )
+
+
+@triton.jit
+def frame_statistics_combine_kernel(
+    m_ptr,
+    g_ptr,
+    l_ptr,
+    w_ptr,
+    mass_ptr,
+    argmax_ptr,
+    entropy_ptr,
+    lse_ptr,
+    frame_seq_length,
+    num_query_frames,
+    num_queries,
+    num_key_frames,
+    F_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Kernel 6: every frame statistic from kernel 3's or 5's partials, each [H, Lq, F] fp32
+    (per query and key frame: the frame's max m, the running max g that its l = sum 2^(t - g)
+    and w = sum 2^(t - g) t refer to). Per query, with G = max_f g_f and L = sum_f l_f 2^(g_f
+    - G): mass_f = l_f 2^(g_f - G) / L, entropy = ln 2 (G + log2 L - sum_f w_f 2^(g_f - G) / L),
+    the argmax frame = the lowest f of the largest m_f. Program (query frame, head, part)
+    takes BLOCK_M of the frame's queries and stores their sums divided by the frame's size
+    (the parts' sum is the mean: a fixed order, so the result is deterministic), and each
+    query's base-2 log-sum-exp G + log2 L (for kernel 2). Outputs [parts, H, num_q, F] and
+    [parts, H, num_q]."""
+    query_frame = tl.program_id(0)
+    head = tl.program_id(1)
+    part = tl.program_id(2)
+    offs_f = tl.arange(0, F_PAD)
+    f_valid = offs_f < num_key_frames
+    local = part * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_valid = local < frame_seq_length
+    rows = head * num_queries + query_frame * frame_seq_length + local
+    index = rows[:, None] * num_key_frames + offs_f[None, :]
+    valid = r_valid[:, None] & f_valid[None, :]
+    m = tl.load(m_ptr + index, mask=valid, other=float("-inf"))
+    g = tl.load(g_ptr + index, mask=valid, other=float("-inf"))
+    l = tl.load(l_ptr + index, mask=valid, other=0.0)
+    w = tl.load(w_ptr + index, mask=valid, other=0.0)
+    # Rows past the frame read g = -inf everywhere (NaN below); every sum drops them.
+    row_max = tl.max(g, 1)
+    rescale = tl.exp2(g - row_max[:, None])
+    weights = l * rescale
+    row_sum = tl.sum(weights, 1)
+    mass = tl.sum(tl.where(valid, weights / row_sum[:, None], 0.0), 0)
+    expected_t = tl.sum(tl.where(valid, w * rescale, 0.0), 1) / row_sum
+    lse = row_max + tl.log2(row_sum)
+    entropy = tl.sum(tl.where(r_valid, 0.6931471805599453 * (lse - expected_t), 0.0), 0)
+    top = tl.argmax(m, 1, tie_break_left=True)
+    argmax = tl.sum(tl.where(r_valid[:, None] & (offs_f[None, :] == top[:, None]), 1.0, 0.0), 0)
+    tl.store(lse_ptr + rows, lse, mask=r_valid)
+    out = ((part * tl.num_programs(1) + head) * num_query_frames + query_frame) * num_key_frames + offs_f
+    tl.store(mass_ptr + out, mass / frame_seq_length, mask=f_valid)
+    tl.store(argmax_ptr + out, argmax / frame_seq_length, mask=f_valid)
+    tl.store(entropy_ptr + (part * tl.num_programs(1) + head) * num_query_frames + query_frame, entropy / frame_seq_length)
+
+
+@triton.jit
+def segment_sums_kernel(
+    x_ptr,
+    ends_ptr,
+    out_ptr,
+    stride_h,
+    stride_l,
+    num_segments,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    LOOP_END: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    """Kernel 7: the fp32 sum of each segment of consecutive tokens of one head of x ([H, L, D],
+    any strides, unit stride last; segment s ends at ``ends_ptr[s]``) into out [H, S, D],
+    without an fp32 copy of x: the key frames' sums and the query frames' sums that
+    logit_mean's factorization needs."""
+    segment = tl.program_id(0)
+    head = tl.program_id(1)
+    start = tl.load(ends_ptr + segment - 1, mask=segment > 0, other=0)
+    end = tl.load(ends_ptr + segment)
+    offs_d = tl.arange(0, D_PAD)
+    d_valid = offs_d < HEAD_DIM
+    acc = tl.zeros([BLOCK_L, D_PAD], tl.float32)
+    # LOOP_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end).
+    for offset in range(0, LOOP_END if LOOP_END > 0 else end - start, BLOCK_L):
+        rows = start + offset + tl.arange(0, BLOCK_L)
+        acc += tl.load(x_ptr + head * stride_h + rows[:, None] * stride_l + offs_d[None, :],
+                       mask=(rows < end)[:, None] & d_valid[None, :], other=0.0).to(tl.float32)  # fmt: skip
+    tl.store(out_ptr + (head * num_segments + segment) * HEAD_DIM + offs_d, tl.sum(acc, 0), mask=d_valid)

@@ -1,9 +1,10 @@
 """Launching the statistics kernels (``sinkscope.stats.kernels``: kernel 1, frame softmax
 partials; 2, token profiles; 3, the attention output and frame partials in one pass; 4,
-frame partials given the log-sum-exp) and turning their partials into every statistic of
-``CallStatistics``: tile configurations, key segments on the device, the combines, the
-cuDNN call that gives the log-sum-exp. The kernels' maths and measurements are in that
-module's docstring.
+frame partials given the log-sum-exp; 5, kernel 3's pass fed by TMA; 6, the combine of
+kernel 3's or 5's partials; 7, per-frame sums of q or k) and turning their partials into
+every statistic of ``CallStatistics``: tile configurations, key segments on the device,
+the combines, the cuDNN call that gives the log-sum-exp. The kernels' maths and
+measurements are in that module's docstring.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import triton
 
 from sinkscope.stats.kernels import (
     attention_frame_partials_kernel,
+    attention_frame_partials_tma_kernel,
     frame_partials_given_lse_kernel,
     frame_softmax_partials_kernel,
+    frame_statistics_combine_kernel,
+    segment_sums_kernel,
     token_profiles_kernel,
 )
 from sinkscope.stats.reference import CallStatistics, one_hot_float, token_mean
@@ -47,6 +51,15 @@ DEFAULT_PROFILE_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_st
 DEFAULT_LSE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4}
 # Kernel 3 (attention output + frame partials): a flash-attention forward's tiles.
 DEFAULT_FUSED_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+# Kernel 5 (kernel 3's pass with TMA loads and key tiles aligned to key 0). H100, 2026-11-25,
+# three calls, with every frame's partials, last block / first block: 64x64 (4 warps, 3
+# stages) 2.15-2.18 / 0.42-0.46 ms, 128x128 (8, 3) 2.54-2.72 / 0.47-0.51, 128x64 (8, 3)
+# 2.64-2.78 / 0.46-0.52; warp-specialized loops slower with the partials (64x64: 2.18-2.29).
+DEFAULT_TMA_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+# Kernel 6 (the combine): query rows a program, fewer when many key frames (a long global
+# cache) would make its [rows, frames] tiles too large for the registers.
+COMBINE_BLOCK_M = 64
+COMBINE_TILE = 2048
 # Small tiles for Triton's CPU interpreter (tests): fast, and every masking path taken.
 # Under the interpreter the loops run to compile-time bounds (see _interpreter_loop_end).
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16}
@@ -216,12 +229,27 @@ def statistics_triton(
     return _combine(q, k, m, l, u, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
 
 
+def segment_sums(x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    """[H, S, D] fp32: the sums of consecutive segments of ``lengths`` tokens of x [H, L, D]
+    (kernel 7; no fp32 copy of x)."""
+    heads, _, head_dim = x.shape
+    x = _unit_stride(x)
+    lengths = tuple(int(n) for n in lengths)
+    out = torch.empty(heads, len(lengths), head_dim, dtype=torch.float32, device=x.device)
+    segment_sums_kernel[(len(lengths), heads)](
+        x, _frame_ends_on(x.device, lengths), out, x.stride(0), x.stride(1), len(lengths),
+        HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)), LOOP_END=_interpreter_loop_end(max(lengths)),
+        BLOCK_L=INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else 64,
+    )  # fmt: skip
+    return out
+
+
 def _logit_mean_by_factorization(
     q: torch.Tensor, key_sums: torch.Tensor, num_q: int, frame_seq_length: int, key_lengths: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """[H, num_q, num_k]: (mean q of the query frame) . (mean k of the key frame) * scale,
-    from the kernels' per-frame key sums [H, num_k, D] and their lengths (fp32)."""
-    query_means = q.unflatten(1, (num_q, frame_seq_length)).sum(dim=2, dtype=torch.float32).div_(frame_seq_length)
+    from the per-frame key sums [H, num_k, D] and their lengths (fp32)."""
+    query_means = segment_sums(q, (frame_seq_length,) * num_q).div_(frame_seq_length)
     return torch.einsum("hqd,hkd->hqk", query_means, key_sums).mul_(scale / key_lengths)
 
 
@@ -277,24 +305,25 @@ def _combine_fused(
     token_profiles: bool,
     profile_config: dict | None,
 ) -> CallStatistics:
-    """Every statistic from kernel 3's partials, each [H, Lq, num_k]: per frame its max m,
-    the running max g its sums l = sum 2^(t - g) and w = sum 2^(t - g) t refer to. With
-    M = max_f g_f (the row's max), L = sum_f l_f 2^(g_f - M): mass_f = l_f 2^(g_f - M) / L;
-    entropy (nats) = ln 2 (M + log2 L - sum_f w_f 2^(g_f - M) / L)."""
+    """Every statistic from the partials of kernel 3 or 5, each [H, Lq, num_k]: per frame
+    its max m, and the running max g that its sums l = sum 2^(t - g) and w = sum 2^(t - g) t
+    refer to. Kernel 6 combines them (the maths in its docstring); kernel 2 for the token
+    profiles, from each query's log-sum-exp."""
     heads, num_queries, num_k = m.shape
-    per_frame = (heads, num_q, frame_seq_length)
-    row_max = g.amax(dim=-1, keepdim=True)
-    rescale = torch.exp2(g - row_max)
-    weights = l * rescale
-    row_sum = weights.sum(dim=-1, keepdim=True)
-    prob_mass = (weights / row_sum).view(*per_frame, num_k).mean(dim=2)
-    expected_t = (w * rescale).sum(dim=-1, keepdim=True) / row_sum
-    entropy_tok = LN2 * (row_max + torch.log2(row_sum) - expected_t)
-    entropy = entropy_tok.view(per_frame).mean(dim=2)
-    argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
+    frames_pad = max(2, triton.next_power_of_2(num_k))
+    block_m = INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else max(8, min(COMBINE_BLOCK_M, COMBINE_TILE // frames_pad))
+    parts = math.ceil(frame_seq_length / block_m)
+    mass_parts, argmax_parts = torch.empty(2, parts, heads, num_q, num_k, dtype=torch.float32, device=m.device).unbind(0)
+    entropy_parts = torch.empty(parts, heads, num_q, dtype=torch.float32, device=m.device)
+    lse2 = torch.empty(heads, num_queries, dtype=torch.float32, device=m.device)
+    frame_statistics_combine_kernel[(num_q, heads, parts)](
+        m, g, l, w, mass_parts, argmax_parts, entropy_parts, lse2, frame_seq_length, num_q, num_queries, num_k,
+        F_PAD=frames_pad, BLOCK_M=block_m,
+    )  # fmt: skip
+    prob_mass, argmax_share, entropy = mass_parts.sum(0), argmax_parts.sum(0), entropy_parts.sum(0)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
-        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, row_max[..., 0], 1.0 / row_sum[..., 0], scale, profile_config)
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, torch.ones_like(lse2), scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 
@@ -383,3 +412,87 @@ def statistics_given_lse(
         prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, torch.ones_like(lse2), scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
+
+
+def tma_kernel_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lengths: Sequence[int],
+                    config: dict | None = None) -> bool:
+    """Whether kernel 5 takes this call: fp16 / bf16, a power-of-two head size of 16 to 256,
+    every key frame at least a key tile long, and every tensor as TMA can address it
+    (16-byte aligned base and strides, unit stride last)."""
+    block_n = _launch_config(config, DEFAULT_TMA_CONFIG)[0]["BLOCK_N"]
+    return (
+        q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[-1] in (16, 32, 64, 128, 256)
+        and min(key_lengths) >= block_n
+        and all(
+            x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(stride * x.element_size() % 16 == 0 for stride in x.stride()[:-1])
+            for x in (q, k, v)
+        )
+    )
+
+
+def _descriptor(x: torch.Tensor, rows: int):
+    """A TMA descriptor of one [H, L, D] operand, read [1, rows, D] at a time."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, rows, x.shape[-1]])
+
+
+@lru_cache(maxsize=256)
+def _frame_ends_on(device: torch.device, key_lengths: tuple[int, ...]) -> torch.Tensor:
+    """Each key frame's end in k (int32) on ``device``; cached per layout."""
+    return torch.tensor(key_lengths, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+
+
+def attention_statistics_tma(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    frame_seq_length: int,
+    num_q: int,
+    key_lengths: Sequence[int],
+    scale: float,
+    *,
+    token_profiles: bool = False,
+    config: dict | None = None,
+    profile_config: dict | None = None,
+) -> tuple[torch.Tensor, CallStatistics]:
+    """As :func:`attention_statistics_triton`, by kernel 5 (TMA loads, key tiles aligned to
+    key 0) and kernel 6; for calls where :func:`tma_kernel_fits`. logit_mean by
+    factorization, the key frames' sums by kernel 7."""
+    key_lengths = tuple(int(n) for n in key_lengths)
+    out, (m, g, l, w) = tma_attention(q, k, v, key_lengths, scale, config=config)
+    _, _, lengths_float = _segments_on(q.device, key_lengths)
+    logit_mean = _logit_mean_by_factorization(q, segment_sums(k, key_lengths), num_q, frame_seq_length, lengths_float,
+                                              scale)  # fmt: skip
+    return out, _combine_fused(q, k, m, g, l, w, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
+
+
+def tma_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_lengths: Sequence[int],
+    scale: float,
+    *,
+    stats: bool = True,
+    warp_specialize: bool = False,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Kernel 5's launch: (output [Lq, H, D], (m, g, l, w) each [H, Lq, num_k] fp32), or
+    (output, ()) with ``stats`` False: then a plain flash-attention forward over one segment."""
+    key_lengths = tuple(int(n) for n in key_lengths) if stats else (k.shape[1],)
+    num_k = len(key_lengths)
+    heads, num_queries, head_dim = q.shape
+    config, launch = _launch_config(config, DEFAULT_TMA_CONFIG)
+    partials = torch.empty(4, heads, num_queries, num_k, dtype=torch.float32, device=q.device)
+    out = torch.empty(num_queries, heads, head_dim, dtype=q.dtype, device=q.device)
+    grid = (math.ceil(num_queries / config["BLOCK_M"]), heads)
+    attention_frame_partials_tma_kernel[grid](
+        _descriptor(q, config["BLOCK_M"]), _descriptor(k, config["BLOCK_N"]), _descriptor(v, config["BLOCK_N"]), out,
+        _frame_ends_on(q.device, key_lengths), *partials.unbind(0),
+        out.stride(1), out.stride(0), num_queries, k.shape[1], num_k, scale * LOG2E,
+        HEAD_DIM=head_dim, STATS=stats, WARP_SPECIALIZE=warp_specialize, LOOP_END=_interpreter_loop_end(k.shape[1]),
+        FRAMES_END=_interpreter_loop_end(num_k), **config, **launch,
+    )  # fmt: skip
+    return out, tuple(partials.unbind(0)) if stats else ()
