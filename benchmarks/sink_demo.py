@@ -107,6 +107,8 @@ def main(argv=None) -> int:
         p.add_argument("--save-every", type=int, default=250)
         p.add_argument("--keep-steps", default="", help="comma-separated steps whose bf16 copies go to --out")
         p.add_argument("--max-seconds", type=float, default=None)
+        p.add_argument("--stop-at", type=int, default=None, help="stop after this step; NAME_state.pt goes to --out")
+        p.add_argument("--resume", default=None, help="a NAME_state.pt of the same run to go on from")
         p.add_argument("--first-frame", default="image")
         p.add_argument("--temporal-compression", type=int, default=4)
         p.add_argument("--grain", type=float, default=0.0)
@@ -162,13 +164,16 @@ def main(argv=None) -> int:
         max_seconds=args.max_seconds, first_frame=args.first_frame, temporal_compression=args.temporal_compression, grain=args.grain,
         data_extra={k: float(v) for k, v in (i.split("=") for i in args.data_extra.split(",") if i)}, mode=args.mode,
         stage=args.command, teacher=args.teacher, pool_size=args.pool_size, ode_chunk=args.ode_chunk,
-        progress=False,
+        progress=False, stop_at=args.stop_at, resume=args.resume,
     )  # fmt: skip
     began = time.perf_counter()
     result = train_demo(work, config)
     print(f"{args.name}: {result.steps} steps in {result.seconds:.0f} s, loss {result.final_loss:.4f}", flush=True)
     final = out / f"{args.name}_final.pt"
     shutil.copy(result.final_checkpoint, final)
+    if result.metadata.get("state"):  # stopped early: what --resume goes on from
+        shutil.copy(result.metadata["state"], out / f"{args.name}_state.pt")
+        print(f"{args.name}: stopped at step {result.steps}; go on with --resume {out / f'{args.name}_state.pt'}", flush=True)
     keep = {int(s) for s in args.keep_steps.split(",") if s}
     kept = _export_all(result, out, keep) if keep else []
     for path in kept:

@@ -168,6 +168,27 @@ def test_same_seed_same_weights(tmp_path):
     assert any(not torch.equal(v, c.model.state_dict()[k]) for k, v in a.model.state_dict().items())
 
 
+def test_a_stopped_run_resumes_to_the_weights_of_one_run(tmp_path):
+    """stop_at writes state.pt; resume goes on from it: bit for bit the run in one go (CPU)."""
+    whole = _train(tmp_path, "whole", steps=6, seed=3)
+    part = _train(tmp_path, "split", steps=6, seed=3, stop_at=2)
+    state = tmp_path / "split" / "state.pt"
+    assert part.steps == 2 and part.metadata["state"] == str(state) and whole.metadata["state"] is None
+    rest = _train(tmp_path, "split", steps=6, seed=3, resume=str(state))
+    assert rest.steps == 6 and rest.metadata["training"]["resumed_from"] == {"state": str(state), "step": 2}
+    for name, value in whole.model.state_dict().items():
+        assert torch.equal(value, rest.model.state_dict()[name]), name
+        assert torch.equal(whole.ema_model.state_dict()[name], rest.ema_model.state_dict()[name]), name
+    assert [int(row["step"]) for row in read_loss_log(rest.loss_log)] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(ValueError, match=r"state.pt was trained with lr = 0.001, this run has 0.005"):
+        _train(tmp_path, "other", steps=6, seed=3, lr=5e-3, resume=str(state))
+    with pytest.raises(ValueError, match="stop_at 7 is not a step of this run"):
+        _train(tmp_path, "late", steps=6, stop_at=7)
+    (tmp_path / "weights.pt").write_bytes(b"not a state")
+    with pytest.raises(ValueError, match="weights.pt is not a training state"):
+        _train(tmp_path, "bad", steps=6, seed=3, resume=str(tmp_path / "weights.pt"))
+
+
 def test_diffusion_forcing_mode_runs(tmp_path):
     result = _train(tmp_path, "df", mode="diffusion_forcing", steps=2)
     assert result.steps == 2 and result.final_loss == result.final_loss  # not NaN
@@ -209,6 +230,18 @@ def test_command_line(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "cli"), "--steps", "1", "--batch-size", "1", "--log-every", "1"]) == 0
     assert (tmp_path / "cli" / "final.pt").is_file() and (tmp_path / "cli" / "loss.csv").is_file()
     assert "trained 1 steps" in capsys.readouterr().out
+
+
+def test_command_line_stops_and_resumes(tmp_path, capsys):
+    args = ["--out", str(tmp_path / "cli"), "--steps", "2", "--batch-size", "1", "--log-every", "1"]
+    assert main([*args, "--stop-at", "1"]) == 0
+    state = tmp_path / "cli" / "state.pt"
+    assert f"go on with --resume {state}" in capsys.readouterr().out
+    assert main([*args, "--resume", str(state)]) == 0
+    assert "trained 2 steps" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # argparse's one-line error: the state is of another run
+        main([*args, "--lr", "0.5", "--resume", str(state)])
+    assert "was trained with lr = 0.001, this run has 0.5" in capsys.readouterr().err
 
 
 def test_ode_generate_passes_the_sampler_timesteps():

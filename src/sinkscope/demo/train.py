@@ -40,6 +40,7 @@ import csv
 import dataclasses
 import json
 import math
+import pickle
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -190,6 +191,10 @@ class TrainConfig:
     compile: bool = False
     log_every: int = 10
     max_seconds: float | None = None
+    # Stop after this step, the schedule still that of ``steps``, and write state.pt; resume
+    # continues from such a file: a long run split over several GPU calls or sessions.
+    stop_at: int | None = None
+    resume: str | None = None
     progress: bool = True
     num_threads: int | None = None
 
@@ -212,11 +217,60 @@ class TrainConfig:
             raise ValueError("temporal_compression must be at least 1")
         if self.grain < 0:
             raise ValueError("grain must be >= 0")
+        if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
+            raise ValueError(f"stop_at {self.stop_at} is not a step of this run (1..{self.steps})")
 
     def data_options(self) -> dict[str, Any]:
         """The keyword arguments of ``synthetic_batch`` that pick this run's data."""
         return {"first_frame": self.first_frame, "temporal_compression": int(self.temporal_compression), "grain": float(self.grain),
                 **{k: float(v) for k, v in self.data_extra.items()}}
+
+
+STATE_NAME = "state.pt"
+# What a resumed run must share with the run that wrote its state (the rest, such as the
+# device's speed, compile, max_seconds or stop_at, may change between the parts).
+_RUN_KEYS = ("seed", "steps", "batch_size", "lr", "ema", "warmup", "weight_decay", "grad_clip", "schedule", "final_lr_fraction",
+             "mode", "sampler_prob", "clean_prob", "stage", "teacher", "pool_size", "ode_steps", "init", "autocast")  # fmt: skip
+
+
+def _run_identity(metadata: dict) -> dict:
+    training = metadata["training"]
+    return {"model": metadata["config"], "data": metadata["data"], **{key: training[key] for key in _RUN_KEYS}}
+
+
+def _save_state(path: Path, *, net, ema_net, optimizer, scheduler, generator, step: int, metadata: dict) -> Path:
+    """Everything a run needs to go on exactly where it stopped, in float32."""
+    state = {
+        "step": int(step),
+        "device_type": generator.device.type,
+        "run": json.loads(json.dumps(_run_identity(metadata))),
+        "generator": {k: v.detach().cpu() for k, v in net.state_dict().items()},
+        "generator_ema": {k: v.detach().cpu() for k, v in ema_net.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": generator.get_state(),
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return path
+
+
+def _load_state(path: str | Path, metadata: dict, device: torch.device) -> dict:
+    """A state.pt for this run, checked: one-line errors name the file and what differs."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise ValueError(f"resume: {path} is not a training state ({str(error).splitlines()[0][:120]})") from None
+    if not isinstance(state, dict) or "run" not in state or "optimizer" not in state:
+        raise ValueError(f"resume: {path} is not a training state (state.pt of a run stopped by stop_at or max_seconds)")
+    ours = json.loads(json.dumps(_run_identity(metadata)))
+    for key, value in ours.items():
+        if state["run"].get(key) != value:
+            raise ValueError(f"resume: {path} was trained with {key} = {state['run'].get(key)!r}, this run has {value!r}")
+    if state["device_type"] != device.type:
+        raise ValueError(f"resume: {path} was trained on {state['device_type']}; resume it there (its random state is "
+                         f"the {state['device_type']} generator's), not on {device.type}")  # fmt: skip
+    return state
 
 
 def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields: Any) -> TrainResult:
@@ -238,9 +292,12 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     sampler, which re-noises its x0 with fresh noise, gets samples, not means.
 
     The same seed and arguments give identical weights on the CPU. ``max_seconds``
-    stops early (the schedule still assumes ``steps``); the step reached is
-    recorded. ``autocast``: "auto" (bf16 on CUDA, off on the CPU), "bfloat16", or
-    None. Host synchronisations happen only every ``log_every`` steps.
+    and ``stop_at`` stop early (the schedule still assumes ``steps``); the step reached
+    is recorded, and ``state.pt`` (weights, EMA, optimizer, schedule and random state in
+    float32) lets ``resume`` go on from it: on the CPU, a run stopped and resumed gives
+    the weights of the same run in one go, bit for bit. ``autocast``: "auto" (bf16 on
+    CUDA, off on the CPU), "bfloat16", or None. Host synchronisations happen only every
+    ``log_every`` steps.
     """
     config = dataclasses.replace(config or TrainConfig(), **fields)
     # Resolved below: the device's index, 'auto' autocast, the init a teacher replaces.
@@ -289,8 +346,6 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     ema_net = copy.deepcopy(net).eval().requires_grad_(False)
     params = [p for p in net.parameters()]
     ema_params = [p for p in ema_net.parameters()]
-    if config.compile:
-        net.compile_blocks()
 
     # No weight decay on norms, biases and modulation tables.
     decay = [p for n, p in net.named_parameters() if p.ndim >= 2 and not n.endswith("modulation")]
@@ -329,17 +384,32 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
         },
     }  # fmt: skip
 
+    step = 0
+    if config.resume:
+        state = _load_state(config.resume, metadata, device)
+        net.load_state_dict(state["generator"])
+        ema_net.load_state_dict(state["generator_ema"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        generator.set_state(state["rng"])
+        step = int(state["step"])
+        metadata["training"]["resumed_from"] = {"state": str(config.resume), "step": step}
+    if config.compile:
+        net.compile_blocks()
+    stop = config.stop_at or config.steps
+
     log_path = out_dir / "loss.csv"
-    log_file = open(log_path, "w", newline="")
+    appending = bool(config.resume) and log_path.exists()
+    log_file = open(log_path, "a" if appending else "w", newline="")
     writer = csv.writer(log_file)
-    writer.writerow(["step", "loss", "lr", "grad_norm", "seconds"])
+    if not appending:
+        writer.writerow(["step", "loss", "lr", "grad_norm", "seconds"])
     bar = _Progress(config.steps, enabled=config.progress)
     checkpoints: list[Path] = []
     loss_sum = torch.zeros((), device=device)
     logged_since = 0
     last_loss = float("nan")
     began = time.perf_counter()
-    step = 0
 
     def checkpoint(at: int) -> None:
         meta = {**metadata, "seconds": round(time.perf_counter() - began, 2)}
@@ -347,7 +417,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
         checkpoints.append(save_checkpoint(path, ema_model=ema_net, model=net, step=at, metadata=meta, dtype=config.checkpoint_dtype))
 
     try:
-        while step < config.steps:
+        while step < stop:
             if pool is None:
                 batch = synthetic.synthetic_batch(
                     _data_seed(config.seed, step), config.batch_size, device=device, **config.data_options()
@@ -406,7 +476,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
             loss_sum += loss.detach()
             logged_since += 1
             out_of_time = config.max_seconds is not None and time.perf_counter() - began > config.max_seconds
-            if step % config.log_every == 0 or step == config.steps or out_of_time:
+            if step % config.log_every == 0 or step == stop or out_of_time:
                 last_loss = float(loss_sum) / logged_since
                 current_lr = optimizer.param_groups[0]["lr"]
                 writer.writerow([step, f"{last_loss:.6f}", f"{current_lr:.6g}", f"{float(grad_norm):.4f}",
@@ -415,7 +485,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
                 bar.update(step, last_loss, current_lr)
                 loss_sum.zero_()
                 logged_since = 0
-            if config.save_every and step % config.save_every == 0 and step < config.steps and not out_of_time:
+            if config.save_every and step % config.save_every == 0 and step < stop and not out_of_time:
                 checkpoint(step)
             if out_of_time:
                 break
@@ -425,6 +495,10 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - began
     checkpoint(step)
+    state_path = None
+    if step < config.steps:  # stopped early: the state to resume from
+        state_path = _save_state(out_dir / STATE_NAME, net=net, ema_net=ema_net, optimizer=optimizer, scheduler=scheduler,
+                                 generator=generator, step=step, metadata=metadata)  # fmt: skip
     final_meta = {**metadata, "seconds": round(seconds, 2)}
     final = save_checkpoint(
         out_dir / FINAL_NAME, ema_model=ema_net, model=net if config.keep_generator else None,
@@ -437,6 +511,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
         "seconds_per_step": seconds / max(step, 1),
         "final_checkpoint": str(final),
         "checkpoints": [str(p) for p in checkpoints],
+        "state": str(state_path) if state_path else None,
     }
     with atomic_path(out_dir / "train.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=1))
@@ -486,6 +561,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
     parser.add_argument("--compile", action="store_true", help="torch.compile the blocks (GPU)")
     parser.add_argument("--log-every", type=positive, default=defaults.log_every, help="log the loss every N steps")
     parser.add_argument("--max-seconds", type=positive_number, default=defaults.max_seconds, help="stop early after this many seconds")
+    parser.add_argument("--stop-at", type=positive, default=None, help="stop after this step (the schedule stays --steps'); writes state.pt")
+    parser.add_argument("--resume", metavar="STATE", help="go on from a state.pt of the same run (same arguments)")
     parser.add_argument("--threads", type=positive, default=None, help="CPU threads")
     parser.add_argument("--evaluate", action="store_true", help="evaluate final.pt after training (eval.json)")
     parser.add_argument("--eval-seeds", type=positive, default=8, help="sampled videos per class prompt")
@@ -497,7 +574,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
         parser.error("argument --teacher: --stage ode distils a teacher; give its checkpoint")
     if args.ode_steps % 4:
         parser.error(f"argument --ode-steps: {args.ode_steps} is not a multiple of 4")
-    for option, path in (("--teacher", args.teacher), ("--evaluate-only", args.evaluate_only)):
+    for option, path in (("--teacher", args.teacher), ("--evaluate-only", args.evaluate_only), ("--resume", args.resume)):
         if path and not Path(path).is_file():
             parser.error(f"argument {option}: {path!r} does not exist")
     if args.device.startswith("cuda") or args.eval_device.startswith("cuda"):
@@ -516,10 +593,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
             grain=args.grain, data_extra={} if args.data_scale is None else {"scale": args.data_scale}, dtype=args.dtype, stage=args.stage, teacher=args.teacher,
             pool_size=args.pool_size, ode_steps=args.ode_steps, ode_chunk=args.ode_chunk, keep_generator=args.keep_generator,
             autocast=None if args.autocast == "none" else args.autocast, compile=args.compile,
-            log_every=args.log_every, max_seconds=args.max_seconds, num_threads=args.threads,
+            log_every=args.log_every, max_seconds=args.max_seconds, num_threads=args.threads, stop_at=args.stop_at,
+            resume=args.resume,
         )  # fmt: skip
-        result = train_demo(out, config)
+        try:
+            result = train_demo(out, config)
+        except ValueError as error:
+            parser.error(str(error))
         print(f"trained {result.steps} steps in {result.seconds:.1f} s; final loss {result.final_loss:.4f}; {result.final_checkpoint}")
+        if result.metadata.get("state"):
+            print(f"stopped at step {result.steps} of {config.steps}: go on with --resume {result.metadata['state']}")
         checkpoint = result.final_checkpoint
         if not args.evaluate:
             return 0
