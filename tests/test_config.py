@@ -305,6 +305,8 @@ def test_capture_attention_is_exact_by_default_and_reaches_the_jobs():
     assert normalize_config({})["capture"]["attention"] == "exact"
     with pytest.raises(ConfigError, match="capture.attention"):
         normalize_config({"capture": {"attention": "fast"}})
+    with pytest.raises(ConfigError, match="capture.attention: 'fused' is a Triton kernel's"):
+        normalize_config({"capture": {"attention": "fused", "backend": "torch"}})
     # The route changes the captured layers' outputs (slightly), so it is a job parameter.
     study = Study(normalize_config({"capture": {"attention": "fused"}}))
     assert study.extract_params(next(iter(study.runs)), "0")["capture"]["attention"] == "fused"

@@ -377,6 +377,10 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                     f"config key {section}.{name}: the name ends in {match.group(1)!r} repeated "
                     f"{len(match.group(0)) // len(match.group(1))} times, which Snakemake refuses as a wildcard value"
                 )
+    capture = config["capture"]
+    if capture["attention"] == "fused" and capture["backend"] == "torch":
+        problems.append("config key capture.attention: 'fused' is a Triton kernel's, and capture.backend 'torch' computes "
+                        "SDPA, then the reference; use backend auto or triton, or attention exact")  # fmt: skip
     first_k = config["diagnostics"]["first_k"]
     for (checkpoint, variant), option in options.items():
         if first_k > option.num_frames:
