@@ -234,8 +234,10 @@ _RUN_KEYS = ("seed", "steps", "batch_size", "lr", "ema", "warmup", "weight_decay
 
 
 def _run_identity(metadata: dict) -> dict:
+    """What a resumed run must share with its state's run, as plain JSON types (as stored)."""
     training = metadata["training"]
-    return {"model": metadata["config"], "data": metadata["data"], **{key: training[key] for key in _RUN_KEYS}}
+    return json.loads(json.dumps({"model": metadata["config"], "data": metadata["data"],
+                                  **{key: training[key] for key in _RUN_KEYS}}))  # fmt: skip
 
 
 def _save_state(path: Path, *, net, ema_net, optimizer, scheduler, generator, step: int, metadata: dict) -> Path:
@@ -243,7 +245,7 @@ def _save_state(path: Path, *, net, ema_net, optimizer, scheduler, generator, st
     state = {
         "step": int(step),
         "device_type": generator.device.type,
-        "run": json.loads(json.dumps(_run_identity(metadata))),
+        "run": _run_identity(metadata),
         "generator": {k: v.detach().cpu() for k, v in net.state_dict().items()},
         "generator_ema": {k: v.detach().cpu() for k, v in ema_net.state_dict().items()},
         "optimizer": optimizer.state_dict(),
@@ -263,8 +265,7 @@ def _load_state(path: str | Path, metadata: dict, device: torch.device) -> dict:
         raise ValueError(f"resume: {path} is not a training state ({str(error).splitlines()[0][:120]})") from None
     if not isinstance(state, dict) or "run" not in state or "optimizer" not in state:
         raise ValueError(f"resume: {path} is not a training state (state.pt of a run stopped by stop_at or max_seconds)")
-    ours = json.loads(json.dumps(_run_identity(metadata)))
-    for key, value in ours.items():
+    for key, value in _run_identity(metadata).items():
         if state["run"].get(key) != value:
             raise ValueError(f"resume: {path} was trained with {key} = {state['run'].get(key)!r}, this run has {value!r}")
     if state["device_type"] != device.type:
