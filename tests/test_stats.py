@@ -274,9 +274,11 @@ FRAME_ONLY_CASE = 3
 _INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    from sinkscope.stats.triton_kernels import (attention_statistics_tma, attention_statistics_triton, statistics_given_lse,
-                                                statistics_triton, tma_kernel_fits)
+    from sinkscope.stats.triton_kernels import (attention_statistics_tma, attention_statistics_triton, segment_sums,
+                                                statistics_given_lse, statistics_triton, tma_kernel_fits)
     cases, results = torch.load(sys.argv[1]), {}
+    segments = cases.pop("segment_sums")
+    results["segment_sums"] = {chunk: segment_sums(segments["x"], segments["lengths"], chunk=chunk) for chunk in (None, 1, 40, 1000)}
     for index, case in cases.items():
         q, k, fsl, num_q, lengths, scale = (case[key] for key in ("q", "k", "fsl", "num_q", "key_lengths", "scale"))
         args = (q, k, fsl, num_q, lengths, scale)
@@ -329,6 +331,10 @@ def interpreted(tmp_path_factory):
         q, k, v = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v))
         cases[index] = dict(q=q, k=k, v=v, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"],
                             scale=lay["dim"] ** -0.5, kernel_5=True)  # fmt: skip
+    # Kernel 7 alone: segments of 1 to 150 tokens, a strided fp16 view, in parts of several sizes.
+    x = torch.randn(70, 3, 24, generator=torch.Generator().manual_seed(7)).half()
+    x = torch.cat([x, x.flip(0), x[:60]]).transpose(0, 1)  # [3, 200, 24], strides (24, 72, 1)
+    cases["segment_sums"] = dict(x=x, lengths=[1, 37, 150, 12])
     torch.save(cases, folder / "cases.pt")
     env = dict(os.environ, TRITON_INTERPRET="1")
     src = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "src"))
@@ -339,7 +345,19 @@ def interpreted(tmp_path_factory):
     results = torch.load(folder / "results.pt")
     out = {index: (cases[index], results[index]) for index in [*INTERPRETER_CASES, *TMA_INTERPRETER_LAYOUTS]}
     out["dynamic_bound"] = results["dynamic_bound"]
+    out["segment_sums"] = (cases["segment_sums"], results["segment_sums"])
     return out
+
+
+def test_segment_sums_in_the_interpreter(interpreted):
+    """Kernel 7: each segment's fp32 sum, whatever the parts it is split into."""
+    case, sums = interpreted["segment_sums"]
+    x, bounds = case["x"].double(), [0, 1, 38, 188, 200]
+    expected = torch.stack([x[:, a:b].sum(1) for a, b in zip(bounds, bounds[1:])], dim=1)  # [H, S, D]
+    assert set(sums) == {None, 1, 40, 1000}
+    for chunk, got in sums.items():
+        assert got.shape == (3, 4, 24) and got.dtype == torch.float32, chunk
+        torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-5, msg=f"chunk {chunk}")
 
 
 # Kernel 5 in fp16 (the interpreter's bf16 is not NumPy's), tiles 32 x 16: frames that end

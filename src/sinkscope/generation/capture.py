@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -249,7 +250,7 @@ def _call_columns(record: CallRecord, n: int, heads: np.ndarray) -> dict[str, np
     call = record.call
     return {
         "layer": np.full(n, record.layer, np.int16),
-        "head": heads.astype(np.int16),
+        "head": heads.astype(np.int16, copy=False),
         "block": np.full(n, call.block, np.int16),
         # Category codes, not millions of Python strings (token tables reach 2M rows a layer).
         "pass": np.full(n, PASSES.index(call.pass_), np.int8),
@@ -276,33 +277,51 @@ def concat_rows(parts: list[dict[str, np.ndarray]], columns: Sequence[str]) -> d
 
 
 def _frame_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    layout = record.layout
-    heads, nq, nk = arrays["logit_mean"].shape
-    h, q, k = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), np.arange(nk), indexing="ij"))
+    index = _frame_index_columns(record.layout, *arrays["logit_mean"].shape)
     return {
-        **_call_columns(record, h.size, h),
-        "query_frame": np.asarray(layout.query_frames, np.int16)[q],
-        "key_frame": np.asarray(layout.key_frames, np.int16)[k],
+        **_call_columns(record, index["head"].size, index["head"]),
+        **index,
         "logit_mean": arrays["logit_mean"].ravel(),
         "prob_mass": arrays["prob_mass"].ravel(),
         "argmax_share": arrays["argmax_share"].ravel(),
-        "key_tokens": np.asarray(layout.key_lengths, np.int32)[k],
-        # Relative to the queries' own shift: what RoPE lets attention see.
-        "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[k],
     }
 
 
 def _query_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    layout = record.layout
-    heads, nq = arrays["entropy"].shape
-    h, q = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), indexing="ij"))
-    return {
-        **_call_columns(record, h.size, h),
+    index = _query_index_columns(record.layout, *arrays["entropy"].shape)
+    return {**_call_columns(record, index["head"].size, index["head"]), **index, "entropy_tokens": arrays["entropy"].ravel()}
+
+
+def _read_only(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    for values in columns.values():
+        values.flags.writeable = False
+    return columns
+
+
+# The row columns that a call's layout and shape decide alone are built once per layout
+# (a block's layout repeats over every layer, step and pass) and shared, read-only.
+@lru_cache(maxsize=1024)
+def _frame_index_columns(layout: AttentionLayout, heads: int, nq: int, nk: int) -> dict[str, np.ndarray]:
+    h, q, k = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), np.arange(nk), indexing="ij"))
+    return _read_only({
+        "head": h.astype(np.int16),
         "query_frame": np.asarray(layout.query_frames, np.int16)[q],
-        "entropy_tokens": arrays["entropy"].ravel(),
+        "key_frame": np.asarray(layout.key_frames, np.int16)[k],
+        "key_tokens": np.asarray(layout.key_lengths, np.int32)[k],
+        # Relative to the queries' own shift: what RoPE lets attention see.
+        "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[k],
+    })  # fmt: skip
+
+
+@lru_cache(maxsize=1024)
+def _query_index_columns(layout: AttentionLayout, heads: int, nq: int) -> dict[str, np.ndarray]:
+    h, q = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), indexing="ij"))
+    return _read_only({
+        "head": h.astype(np.int16),
+        "query_frame": np.asarray(layout.query_frames, np.int16)[q],
         "num_keys": np.full(h.size, layout.num_keys, np.int32),
         "num_key_frames": np.full(h.size, len(layout.key_frames), np.int16),
-    }
+    })  # fmt: skip
 
 
 def _token_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

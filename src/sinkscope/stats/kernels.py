@@ -673,25 +673,30 @@ def segment_sums_kernel(
     stride_h,
     stride_l,
     num_segments,
+    chunk,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     LOOP_END: tl.constexpr,
     BLOCK_L: tl.constexpr,
 ):
     """Kernel 7: the fp32 sum of each segment of consecutive tokens of one head of x ([H, L, D],
-    any strides, unit stride last; segment s ends at ``ends_ptr[s]``) into out [H, S, D],
-    without an fp32 copy of x: the key frames' sums and the query frames' sums that
-    logit_mean's factorization needs."""
+    any strides, unit stride last; segment s ends at ``ends_ptr[s]``), without an fp32 copy
+    of x: the key frames' sums and the query frames' sums that logit_mean's factorization
+    needs. Program (segment, head, part) sums the part-th ``chunk`` tokens of its segment into
+    out [parts, H, S, D], so that a few long segments (3 query frames of 1560 tokens) still
+    fill the GPU; the caller adds the parts."""
     segment = tl.program_id(0)
     head = tl.program_id(1)
-    start = tl.load(ends_ptr + segment - 1, mask=segment > 0, other=0)
-    end = tl.load(ends_ptr + segment)
+    part = tl.program_id(2)
+    start = tl.load(ends_ptr + segment - 1, mask=segment > 0, other=0) + part * chunk
+    stop = tl.minimum(tl.load(ends_ptr + segment), start + chunk)
     offs_d = tl.arange(0, D_PAD)
     d_valid = offs_d < HEAD_DIM
     acc = tl.zeros([BLOCK_L, D_PAD], tl.float32)
     # LOOP_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end).
-    for offset in range(0, LOOP_END if LOOP_END > 0 else end - start, BLOCK_L):
+    for offset in range(0, LOOP_END if LOOP_END > 0 else stop - start, BLOCK_L):
         rows = start + offset + tl.arange(0, BLOCK_L)
         acc += tl.load(x_ptr + head * stride_h + rows[:, None] * stride_l + offs_d[None, :],
-                       mask=(rows < end)[:, None] & d_valid[None, :], other=0.0).to(tl.float32)  # fmt: skip
-    tl.store(out_ptr + (head * num_segments + segment) * HEAD_DIM + offs_d, tl.sum(acc, 0), mask=d_valid)
+                       mask=(rows < stop)[:, None] & d_valid[None, :], other=0.0).to(tl.float32)  # fmt: skip
+    out = ((part * tl.num_programs(1) + head) * num_segments + segment) * HEAD_DIM
+    tl.store(out_ptr + out + offs_d, tl.sum(acc, 0), mask=d_valid)

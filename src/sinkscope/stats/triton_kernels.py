@@ -60,6 +60,9 @@ DEFAULT_TMA_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages"
 # cache) would make its [rows, frames] tiles too large for the registers.
 COMBINE_BLOCK_M = 64
 COMBINE_TILE = 2048
+# Kernel 7 splits its segments until about this many programs run (a few times the H100's
+# 132 SMs): one program a query frame's 1560 tokens left most of the GPU idle.
+SEGMENT_PROGRAMS = 1024
 # Small tiles for Triton's CPU interpreter (tests): fast, and every masking path taken.
 # Under the interpreter the loops run to compile-time bounds (see _interpreter_loop_end).
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16}
@@ -229,19 +232,26 @@ def statistics_triton(
     return _combine(q, k, m, l, u, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
 
 
-def segment_sums(x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+def segment_sums(x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None) -> torch.Tensor:
     """[H, S, D] fp32: the sums of consecutive segments of ``lengths`` tokens of x [H, L, D]
-    (kernel 7; no fp32 copy of x)."""
+    (kernel 7; no fp32 copy of x). Each segment is summed in parts of ``chunk`` tokens (by
+    default enough parts for about ``SEGMENT_PROGRAMS`` programs), added in a fixed order."""
     heads, _, head_dim = x.shape
     x = _unit_stride(x)
     lengths = tuple(int(n) for n in lengths)
-    out = torch.empty(heads, len(lengths), head_dim, dtype=torch.float32, device=x.device)
-    segment_sums_kernel[(len(lengths), heads)](
-        x, _frame_ends_on(x.device, lengths), out, x.stride(0), x.stride(1), len(lengths),
-        HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)), LOOP_END=_interpreter_loop_end(max(lengths)),
-        BLOCK_L=INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else 64,
+    block_l = INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else 64
+    longest = max(lengths)
+    if chunk is None:
+        chunk = math.ceil(longest / max(1, math.ceil(SEGMENT_PROGRAMS / (len(lengths) * heads))))
+    chunk = max(1, math.ceil(chunk / block_l)) * block_l
+    parts = max(1, math.ceil(longest / chunk))
+    out = torch.empty(parts, heads, len(lengths), head_dim, dtype=torch.float32, device=x.device)
+    segment_sums_kernel[(len(lengths), heads, parts)](
+        x, _frame_ends_on(x.device, lengths), out, x.stride(0), x.stride(1), len(lengths), chunk,
+        HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)), LOOP_END=_interpreter_loop_end(chunk),
+        BLOCK_L=block_l,
     )  # fmt: skip
-    return out
+    return out[0] if parts == 1 else out.sum(0)
 
 
 def _logit_mean_by_factorization(
