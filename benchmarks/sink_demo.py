@@ -30,10 +30,38 @@ import torch
 from sinkscope.demo import data as synthetic
 from sinkscope.demo.saving import export_checkpoint
 from sinkscope.demo.train import TrainConfig, train_demo
+from sinkscope.io import atomic_path
 
 PROBE_PROMPTS = ("circle", "bounce", "drift")
 FIGURE_HEADS = ((0, 0), (4, 9))  # config.yaml figures.heads: L1H1, L5H10 (0-based)
 UNIFORM = 1 / synthetic.FRAMES
+# The device tool returns files of at most 16 MiB: a training state (about 53 MB for the
+# demo) comes back in parts of this size, and --resume joins them.
+PART_BYTES = 15 << 20
+
+
+def split_into_parts(path: Path, part_bytes: int = PART_BYTES) -> list[Path]:
+    """Cut ``path`` into ``path.part0``, ``path.part1``, ... of at most ``part_bytes``; remove it."""
+    parts = []
+    with open(path, "rb") as source:
+        while chunk := source.read(part_bytes):
+            parts.append(path.with_name(f"{path.name}.part{len(parts)}"))
+            parts[-1].write_bytes(chunk)
+    path.unlink()
+    return parts
+
+
+def joined_state(path: str) -> str:
+    """``path``; where only its parts exist (``path.part0``, ...), joined into ``path`` first."""
+    whole = Path(path)
+    if whole.exists() or not whole.with_name(whole.name + ".part0").exists():
+        return path
+    with atomic_path(whole) as joined, open(joined, "wb") as out:
+        index = 0
+        while (part := whole.with_name(f"{whole.name}.part{index}")).exists():
+            out.write(part.read_bytes())
+            index += 1
+    return path
 
 
 def probe(path: str | Path, *, device: str = "cuda", prompts=PROBE_PROMPTS, seed: int = 0) -> dict:
@@ -108,15 +136,20 @@ def main(argv=None) -> int:
         p.add_argument("--keep-steps", default="", help="comma-separated steps whose bf16 copies go to --out")
         p.add_argument("--max-seconds", type=float, default=None)
         p.add_argument("--stop-at", type=int, default=None, help="stop after this step; NAME_state.pt goes to --out")
-        p.add_argument("--resume", default=None, help="a NAME_state.pt of the same run to go on from")
+        p.add_argument("--resume", default=None, help="a NAME_state.pt of the same run to go on from (or the stem of its .partN files)")
         p.add_argument("--first-frame", default="image")
         p.add_argument("--temporal-compression", type=int, default=4)
         p.add_argument("--grain", type=float, default=0.0)
         p.add_argument("--data-extra", default="", help="k=v,... more synthetic_batch options")
         p.add_argument("--mode", default="teacher_forcing")
         p.add_argument("--weight-decay", type=float, default=0.01)
+        p.add_argument("--schedule", default="cosine")
+        p.add_argument("--cond-dropout", type=float, default=0.0, help="share of videos trained with the empty prompt")
+        p.add_argument("--guidance", type=float, default=1.0, help="ode: classifier-free guidance of the teacher's pool")
+        p.add_argument("--eval-ode-guidance", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--teacher")
+        p.add_argument("--init-from", default=None, help="flow: start from this checkpoint (e.g. a --mode bidirectional run)")
         p.add_argument("--pool-size", type=int, default=16384)
         p.add_argument("--ode-chunk", type=int, default=1024)
         p.add_argument("--probe-prompts", default=",".join(PROBE_PROMPTS))
@@ -131,6 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--out", required=True)
     p.add_argument("--ode-steps", type=int, default=None)
+    p.add_argument("--ode-guidance", type=float, default=1.0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
 
@@ -148,7 +182,7 @@ def main(argv=None) -> int:
             format_evaluation,
         )
 
-        result = evaluate_demo(args.checkpoint, device=args.device, ode_steps=args.ode_steps)
+        result = evaluate_demo(args.checkpoint, device=args.device, ode_steps=args.ode_steps, ode_guidance=args.ode_guidance)
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(format_evaluation(result))
         print(format_attention(result))
@@ -160,11 +194,12 @@ def main(argv=None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device, lr=args.lr, ema=args.ema,
-        warmup=args.warmup, save_every=args.save_every, weight_decay=args.weight_decay, compile=args.device.startswith("cuda"), log_every=min(100, args.steps),
+        warmup=args.warmup, save_every=args.save_every, weight_decay=args.weight_decay, schedule=args.schedule,
+        cond_dropout=args.cond_dropout, guidance=args.guidance, compile=args.device.startswith("cuda"), log_every=min(100, args.steps),
         max_seconds=args.max_seconds, first_frame=args.first_frame, temporal_compression=args.temporal_compression, grain=args.grain,
         data_extra={k: float(v) for k, v in (i.split("=") for i in args.data_extra.split(",") if i)}, mode=args.mode,
         stage=args.command, teacher=args.teacher, pool_size=args.pool_size, ode_chunk=args.ode_chunk,
-        progress=False, stop_at=args.stop_at, resume=args.resume,
+        progress=False, stop_at=args.stop_at, resume=joined_state(args.resume) if args.resume else None, init_from=args.init_from,
     )  # fmt: skip
     began = time.perf_counter()
     result = train_demo(work, config)
@@ -172,8 +207,11 @@ def main(argv=None) -> int:
     final = out / f"{args.name}_final.pt"
     shutil.copy(result.final_checkpoint, final)
     if result.metadata.get("state"):  # stopped early: what --resume goes on from
-        shutil.copy(result.metadata["state"], out / f"{args.name}_state.pt")
-        print(f"{args.name}: stopped at step {result.steps}; go on with --resume {out / f'{args.name}_state.pt'}", flush=True)
+        state = out / f"{args.name}_state.pt"
+        shutil.copy(result.metadata["state"], state)
+        parts = split_into_parts(state) if state.stat().st_size > PART_BYTES else [state]
+        print(f"{args.name}: stopped at step {result.steps}; {len(parts)} file(s) {parts[0].name}..; go on with --resume {state}",
+              flush=True)  # fmt: skip
     keep = {int(s) for s in args.keep_steps.split(",") if s}
     kept = _export_all(result, out, keep) if keep else []
     for path in kept:
@@ -199,7 +237,7 @@ def main(argv=None) -> int:
             format_evaluation,
         )
 
-        evaluation = evaluate_demo(final, device=args.device, ode_steps=args.eval_ode_steps)
+        evaluation = evaluate_demo(final, device=args.device, ode_steps=args.eval_ode_steps, ode_guidance=args.eval_ode_guidance)
         record["evaluation"] = evaluation
         print(format_evaluation(evaluation))
         print(format_attention(evaluation), flush=True)

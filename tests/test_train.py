@@ -8,8 +8,18 @@ import pytest
 import torch
 
 from sinkscope.demo import data as synthetic
-from sinkscope.demo.evaluation import evaluate_demo, fit_motion_classifier, validation_loss
-from sinkscope.demo.objective import class_contexts, sampler_timesteps, teacher_forcing_forward, teacher_forcing_mask
+from sinkscope.demo.evaluation import (
+    evaluate_demo,
+    fit_motion_classifier,
+    validation_loss,
+)
+from sinkscope.demo.objective import (
+    class_contexts,
+    empty_context,
+    sampler_timesteps,
+    teacher_forcing_forward,
+    teacher_forcing_mask,
+)
 from sinkscope.demo.ode import ode_generate
 from sinkscope.demo.saving import export_checkpoint
 from sinkscope.demo.train import TrainConfig, main, read_loss_log, train_demo
@@ -82,6 +92,28 @@ def test_the_first_latent_frame_is_an_image_latent():
     peak = lambda x: (x - x.mean((3, 4), keepdim=True)).pow(2).sum(1).amax((2, 3))[:, 1:].mean(1)
     assert (peak(blurred) < 0.9 * peak(sharp)).all()
     assert synthetic.first_frame_statistics(81) == (synthetic.FIRST_FRAME_GAIN, synthetic.FIRST_FRAME_OFFSET)
+
+
+def test_a_camera_pan_moves_the_background_window():
+    """pan: the background seen through a moving window of a larger canvas, bilinear between pixels."""
+    from sinkscope.demo.data import _pan_window
+
+    plane = torch.randn(2, 3, 8 + 6, 12 + 6, generator=torch.Generator().manual_seed(0))
+    velocity = torch.tensor([[1.0, -1.0], [0.0, 0.5]])
+    got = _pan_window(plane, velocity, torch.tensor([0.0, 1.0, 2.0]), 3, 8, 12)
+    assert got.shape == (2, 3, 3, 8, 12)
+    for t in range(3):
+        assert torch.equal(got[0, :, t], plane[0, :, 3 + t : 11 + t, 3 - t : 15 - t])
+    half = 0.5 * (plane[1, :, 3:11, 3:15] + plane[1, :, 3:11, 4:16])  # half a pixel right at t = 1
+    torch.testing.assert_close(got[1, :, 1], half)
+    assert torch.equal(synthetic.synthetic_batch(3, 2, fine_texture=0.5, pan=0.0).latents,
+                       synthetic.synthetic_batch(3, 2, fine_texture=0.5).latents)  # fmt: skip
+    panned = synthetic.synthetic_batch(3, 2, fine_texture=0.5, pan=0.3, classes="pulse").latents
+    static = synthetic.synthetic_batch(3, 2, fine_texture=0.5, classes="pulse").latents
+    def change(video):  # mean squared change between consecutive later frames
+        return float((video[:, :, 2:] - video[:, :, 1:-1]).pow(2).mean())
+
+    assert panned.shape == static.shape and change(panned) > 1.5 * change(static)  # a pulse's ball stays; the background moves
 
 
 def test_version_1_data_is_what_version_1_checkpoints_read():
@@ -194,6 +226,18 @@ def test_diffusion_forcing_mode_runs(tmp_path):
     assert result.steps == 2 and result.final_loss == result.final_loss  # not NaN
 
 
+def test_bidirectional_pretraining_then_teacher_forcing_from_it(tmp_path):
+    """Wan's lineage: full attention, one timestep a video; then a block-causal run from its weights."""
+    pre = _train(tmp_path, "pre", mode="bidirectional", steps=2, dtype="float32")
+    assert pre.metadata["training"]["mode"] == "bidirectional" and pre.final_loss == pre.final_loss
+    causal = _train(tmp_path, "causal", steps=1, lr=1e-12, warmup=0, init_from=str(pre.final_checkpoint))
+    assert causal.metadata["training"]["init"] == "checkpoint final.pt"
+    for name, value in pre.ema_model.state_dict().items():  # a step of lr 1e-12 leaves the weights where they started
+        torch.testing.assert_close(causal.model.state_dict()[name], value, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="init_from is for stage 'flow'"):
+        TrainConfig(stage="ode", teacher="t.pt", init_from="x.pt")
+
+
 def test_checkpoints_load_and_match_the_ema_model(tmp_path):
     result = train_demo(tmp_path / "demo", steps=2, batch_size=1, save_every=1, dtype="float32",
                         keep_generator=True, progress=False, log_every=1)  # fmt: skip
@@ -252,6 +296,64 @@ def test_ode_generate_passes_the_sampler_timesteps():
     assert torch.equal(result.states[:, 0], noise)  # t = 1000 is the start
     with pytest.raises(ValueError):
         ode_generate(model, class_contexts(TINY)[:2], noise, steps=6)
+
+
+def test_guided_ode_is_classifier_free_guidance_by_brute_force():
+    """One block, Euler steps: v = v(null) + g (v(prompt) - v(null)), each branch its own forward."""
+    from sinkscope.options import GenerationOptions
+
+    model = build_model(TINY, seed=4)
+    options = GenerationOptions(num_frames=3)
+    noise = torch.randn(2, 16, 3, 8, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64).float()
+    contexts, null = class_contexts(TINY)[[1, 3]], empty_context(TINY)
+    guided = ode_generate(model, contexts, noise, steps=4, options=options, guidance=3.0, null_context=null)
+    shift = options.timestep_shift
+    sigmas = [shift * u / (1 + (shift - 1) * u) for u in torch.linspace(1.0, 0.0, 5, dtype=torch.float64).tolist()]
+    x = noise.clone()
+    with torch.no_grad():
+        for i in range(4):
+            t = torch.full((2, 3), 1000.0 * sigmas[i])
+            v_prompt = model(x, t, contexts)
+            v_null = model(x, t, null.expand_as(contexts))
+            x = x + (sigmas[i + 1] - sigmas[i]) * (v_null + 3.0 * (v_prompt - v_null))
+    torch.testing.assert_close(guided.latents, x, rtol=1e-4, atol=1e-5)
+    plain = ode_generate(model, contexts, noise, steps=4, options=options)
+    assert (plain.latents - guided.latents).abs().max() > 1e-3  # guidance did something
+
+
+def test_guidance_against_the_prompt_itself_is_no_guidance():
+    """With the KV cache over 7 blocks: the guided batch of 2B reproduces the unguided run."""
+    model = build_model(TINY, seed=2)
+    noise = torch.randn(2, 16, 21, 8, 12, generator=torch.Generator().manual_seed(0))
+    contexts = class_contexts(TINY)[:1].expand(2, -1, -1)
+    plain = ode_generate(model, contexts, noise, steps=4)
+    same = ode_generate(model, contexts, noise, steps=4, guidance=4.0, null_context=contexts[0])
+    torch.testing.assert_close(same.latents, plain.latents, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(same.states, plain.states, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="guidance 4.0 needs null_context"):
+        ode_generate(model, contexts, noise, steps=4, guidance=4.0)
+
+
+def test_the_empty_prompt_is_the_pipelines_empty_prompt():
+    emb = demo_embedding("", TINY.text_dim, TINY.text_len)
+    null = empty_context(TINY)
+    assert null.shape == (TINY.text_len, TINY.text_dim) and torch.equal(null[: emb.shape[0]], emb)
+    assert not null[emb.shape[0] :].any()
+
+
+def test_condition_dropout_trains_and_is_recorded(tmp_path):
+    plain = _train(tmp_path, "plain", seed=1)
+    dropped = _train(tmp_path, "dropped", seed=1, cond_dropout=0.5)
+    assert dropped.metadata["training"]["cond_dropout"] == 0.5 and plain.metadata["training"]["cond_dropout"] == 0.0
+    assert dropped.final_loss == dropped.final_loss  # not NaN
+    assert any(not torch.equal(v, dropped.model.state_dict()[k]) for k, v in plain.model.state_dict().items())
+
+
+def test_guided_ode_distillation_stage(tmp_path):
+    teacher = _train(tmp_path, "teacher", steps=1, dtype="float32", cond_dropout=0.2)
+    student = _train(tmp_path, "student", steps=1, stage="ode", teacher=teacher.final_checkpoint,
+                     pool_size=2, ode_steps=4, ode_chunk=2, guidance=2.5)  # fmt: skip
+    assert student.metadata["training"]["guidance"] == 2.5 and student.final_loss == student.final_loss
 
 
 def test_ode_distillation_stage(tmp_path):
@@ -313,7 +415,8 @@ def test_attention_summary_of_random_weights_is_near_uniform():
     ("field", "value", "message"),
     [("mode", "forcing", "mode 'forcing'"), ("stage", "rl", "stage 'rl'"), ("schedule", "linear", "schedule 'linear'"),
      ("steps", 0, "steps and batch_size"), ("stage", "ode", "needs a teacher"), ("first_frame", "photo", "first_frame 'photo'"),
-     ("temporal_compression", 0, "temporal_compression"), ("grain", -0.1, "grain")],
+     ("temporal_compression", 0, "temporal_compression"), ("grain", -0.1, "grain"), ("cond_dropout", 1.0, "cond_dropout 1.0"),
+     ("guidance", 0.0, "guidance 0.0")],
 )  # fmt: skip
 def test_train_config_refuses_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -326,3 +429,24 @@ def test_command_line_defaults_are_the_train_configs(monkeypatch, tmp_path):
     with pytest.raises(AttributeError):  # the stand-in returns the config, not a TrainResult
         main(["--out", str(tmp_path)])
     assert seen["config"] == TrainConfig()
+
+
+def test_a_training_state_travels_in_parts(tmp_path):
+    """benchmarks/sink_demo.py: a state too large for the device tool's 16 MiB files goes in
+    parts, and --resume joins them back byte for byte."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "sink_demo.py"
+    spec = importlib.util.spec_from_file_location("sink_demo", script)
+    sink_demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sink_demo)
+    state = tmp_path / "run_state.pt"
+    payload = bytes(range(256)) * 40
+    state.write_bytes(payload)
+    parts = sink_demo.split_into_parts(state, part_bytes=3000)
+    assert [p.name for p in parts] == [f"run_state.pt.part{i}" for i in range(4)] and not state.exists()
+    assert Path(sink_demo.joined_state(str(state))).read_bytes() == payload
+    whole = tmp_path / "whole.pt"
+    whole.write_bytes(b"x")
+    assert sink_demo.joined_state(str(whole)) == str(whole)

@@ -148,7 +148,7 @@ def options_of(description: dict | None) -> dict:
         "first_frame": description.get("first_frame", "image"),
         "temporal_compression": int(description.get("temporal_compression", TEMPORAL_COMPRESSION)),
         "grain": float(description.get("grain") or 0.0),
-        **{k: float(description[k]) for k in ("fine_texture", "image_offset", "image_gain") if description.get(k) is not None},
+        **{k: float(description[k]) for k in ("fine_texture", "image_offset", "image_gain", "pan") if description.get(k) is not None},
     }
 
 
@@ -248,6 +248,7 @@ def synthetic_batch(
     fine_texture: float = 0.0,
     image_offset: float = 1.0,
     image_gain: float = 1.0,
+    pan: float = 0.0,
     scale: float = DATA_SCALE,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -265,7 +266,12 @@ def synthetic_batch(
     differs between devices (everything else does not). ``fine_texture`` (raw, default
     0): a static per-pixel background texture of that standard deviation.
     ``image_offset`` and ``image_gain`` multiply FIRST_FRAME_OFFSET and FIRST_FRAME_GAIN
-    (experiments; 1 is the data set). ``scale``: the raw values are divided by it.
+    (experiments; 1 is the data set). ``pan`` (latent pixels per latent frame, default
+    0): a camera pan; the background (smooth and fine texture) moves that fast in a
+    direction drawn per video, seen through a window of a larger canvas and sampled at
+    each video instant, so a later latent frame blurs it as it blurs a ball. Then no
+    pixel of the background stays where it was, as in most real videos. ``scale``: the
+    raw values are divided by it.
     """
     if first_frame not in FIRST_FRAME_STYLES:
         raise ValueError(f"first_frame {first_frame!r} is not one of {', '.join(FIRST_FRAME_STYLES)}")
@@ -282,6 +288,11 @@ def synthetic_batch(
     background = torch.randn(batch_size, channels, generator=generator)
     texture = torch.randn(batch_size, channels, max(height // 2, 1), max(width // 2, 1), generator=generator)
     fine = torch.randn(batch_size, channels, height, width, generator=generator) if fine_texture > 0 else None
+    if pan > 0:  # drawn after everything else, so pan = 0 leaves every other draw as it was
+        margin = math.ceil(pan * (frames - 1)) + 1
+        canvas = (height + 2 * margin, width + 2 * margin)
+        pan_angle = 2 * math.pi * torch.rand(batch_size, generator=generator)
+        pan_fine = torch.randn(batch_size, channels, *canvas, generator=generator) if fine_texture > 0 else None
 
     if classes is None:
         labels = drawn_labels
@@ -327,11 +338,19 @@ def synthetic_batch(
     blobs = torch.exp(-(dy + dx) / two_s2) * bright[..., None, None]  # [B, 2, T, H, W] at every instant
     blobs = torch.einsum("bsthw,ft->bsfhw", blobs, pool)  # [B, 2, F, H, W] per latent frame
     video = torch.einsum("bsfhw,bsc->bcfhw", blobs, BALL_AMPLITUDE * appearance)
-    smooth = F.interpolate(texture, size=(height, width), mode="bilinear", align_corners=False)
     video = video + (BACKGROUND_AMPLITUDE * background)[:, :, None, None, None]
-    video = video + TEXTURE_AMPLITUDE * smooth[:, :, None]
-    if fine is not None:
-        video = video + fine_texture * move(fine)[:, :, None]
+    if pan > 0:
+        plane = TEXTURE_AMPLITUDE * F.interpolate(texture, size=canvas, mode="bilinear", align_corners=False)
+        if pan_fine is not None:
+            plane = plane + fine_texture * move(pan_fine)
+        velocity = pan * torch.stack([torch.sin(pan_angle), torch.cos(pan_angle)], dim=1)  # [B, (y, x)] px / latent frame
+        moving = _pan_window(plane, move(velocity), times.to(device), margin, height, width)  # [B, C, T, H, W]
+        video = video + torch.einsum("bcthw,ft->bcfhw", moving, pool)
+    else:
+        smooth = F.interpolate(texture, size=(height, width), mode="bilinear", align_corners=False)
+        video = video + TEXTURE_AMPLITUDE * smooth[:, :, None]
+        if fine is not None:
+            video = video + fine_texture * move(fine)[:, :, None]
     if grain > 0:
         noise_gen = torch.Generator(device=device).manual_seed((int(seed) ^ 0x6772616E) & ((1 << 63) - 1))
         detail = torch.randn(video.shape, generator=noise_gen, device=device)
@@ -345,6 +364,29 @@ def synthetic_batch(
     latents = (video / scale).to(dtype)
     prompts = [CLASS_PROMPTS[CLASSES[int(i)]] for i in labels]
     return SyntheticBatch(latents, labels_out, prompts)
+
+
+def _pan_window(plane: torch.Tensor, velocity: torch.Tensor, times: torch.Tensor, margin: int, height: int, width: int) -> torch.Tensor:
+    """[B, C, T, H, W]: the height x width window of ``plane`` [B, C, H + 2m, W + 2m] whose
+    top-left corner starts at (m, m) and moves by ``velocity`` [B, 2] (y, x) per latent
+    frame, at each of ``times`` [T]; bilinear between canvas pixels."""
+    batch, channels = plane.shape[:2]
+    shift = velocity[:, :, None] * times[None, None, :]  # [B, 2, T]
+    rows = margin + shift[:, 0, :, None] + torch.arange(height, device=plane.device)  # [B, T, H]
+    cols = margin + shift[:, 1, :, None] + torch.arange(width, device=plane.device)  # [B, T, W]
+    r0, c0 = rows.floor(), cols.floor()
+    fr, fc = rows - r0, cols - c0
+    r0, c0 = r0.long(), c0.long()
+    flat = plane.flatten(2)  # [B, C, canvas pixels]
+    canvas_width = plane.shape[-1]
+    out = 0
+    for dr, wr in ((0, 1 - fr), (1, fr)):
+        for dc, wc in ((0, 1 - fc), (1, fc)):
+            index = ((r0 + dr)[:, :, :, None] * canvas_width + (c0 + dc)[:, :, None, :]).flatten(1)  # [B, T*H*W]
+            values = flat.gather(2, index[:, None, :].expand(batch, channels, -1))
+            weight = (wr[:, :, :, None] * wc[:, :, None, :]).flatten(1)[:, None, :]
+            out = out + values * weight
+    return out.view(batch, channels, len(times), height, width)
 
 
 def measure_scale(videos: int = 4096, seed: int = 12345) -> float:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from sinkscope.demo import data as synthetic
 from sinkscope.demo.objective import (
     class_contexts,
+    empty_context,
     sampler_timesteps,
     teacher_forcing_forward,
 )
@@ -291,6 +292,7 @@ def evaluate_demo(
     device: str | torch.device = "cpu",
     ema: bool = True,
     ode_steps: int | None = None,
+    ode_guidance: float = 1.0,
     data: dict | None = None,
 ) -> dict:
     """Samples of the trained model (and of the random-weights demo) vs the data.
@@ -305,9 +307,11 @@ def evaluate_demo(
     seed=baseline_seed)`` (the untrained demo; None skips it). With ``ode_steps``,
     ``trained_ode`` holds the trained model's videos from the same initial noise by
     the flow ODE (``ode_generate``): a diagnostic of what the model learned, apart
-    from the few-step sampler. ``data``: the ``synthetic_batch`` options of the data to
-    compare with; by default those the checkpoint records (``synthetic.options_of``),
-    the current data for a model given in memory.
+    from the few-step sampler; ``ode_guidance`` != 1 guides it against the empty prompt
+    (classifier-free guidance, as an ODE distillation pool is made). ``data``: the
+    ``synthetic_batch`` options of the data to compare with; by default those the
+    checkpoint records (``synthetic.options_of``), the current data for a model given
+    in memory.
     """
     from sinkscope.model.loading import load_transformer
 
@@ -346,9 +350,11 @@ def evaluate_demo(
         shape = (options.num_frames, config.in_dim, config.latent_height, config.latent_width)
         # generate()'s initial noise: the first num_frames frames of the seed's draw.
         noise = torch.stack([seeded_noise(seed, shape) for seed in seeds] * classes).permute(0, 2, 1, 3, 4)
-        ode = ode_generate(model, contexts, noise, steps=ode_steps).latents.cpu()
+        ode = ode_generate(model, contexts, noise, steps=ode_steps, guidance=ode_guidance,
+                           null_context=empty_context(config)).latents.cpu()  # fmt: skip
         result["trained_ode"] = _video_metrics(ode, labels, reference, classifier)
         result["ode_steps"] = ode_steps
+        result["ode_guidance"] = ode_guidance
     if attention:
         result["trained"]["attention"] = attention_summary(model)
     if baseline_seed is not None:
@@ -375,7 +381,8 @@ def format_evaluation(result: dict) -> str:
         ("trajectory error to nearest data video (px)", "trajectory_error", "{:.2f}"),
         ("identity: colour cosine, frame 0 vs 20", "identity", "{:.2f}"),
     ]
-    names = {"trained_ode": f"trained, ODE {result.get('ode_steps')} steps/block"}
+    guided = f", guidance {result['ode_guidance']:g}" if result.get("ode_guidance", 1.0) != 1.0 else ""
+    names = {"trained_ode": f"trained, ODE {result.get('ode_steps')} steps/block{guided}"}
     lines = ["| metric | " + " | ".join(names.get(c, c) for c in columns) + " |", "| --- |" + " ---: |" * len(columns)]
     for label, key, fmt in rows:
         lines.append(f"| {label} | " + " | ".join(fmt.format(result[c][key]) for c in columns) + " |")

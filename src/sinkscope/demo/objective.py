@@ -22,7 +22,7 @@ from sinkscope.model import (
 from sinkscope.model.text import demo_embedding
 from sinkscope.options import GenerationOptions
 
-MODES = ("teacher_forcing", "diffusion_forcing")
+MODES = ("teacher_forcing", "diffusion_forcing", "bidirectional")
 
 
 def sampler_timesteps(options: GenerationOptions | None = None) -> list[float]:
@@ -44,6 +44,17 @@ def class_contexts(model: str | WanConfig = "demo", classes: Sequence[str] = syn
         emb = demo_embedding(synthetic.CLASS_PROMPTS[name], config.text_dim, config.text_len)
         rows.append(F.pad(emb, (0, 0, 0, config.text_len - emb.shape[0])))
     return torch.stack(rows)
+
+
+def empty_context(model: str | WanConfig = "demo") -> torch.Tensor:
+    """[text_len, text_dim]: the demo embedding of the empty prompt, zero-padded.
+
+    The unconditional input: what training with ``cond_dropout`` feeds in place of a
+    class prompt, and what classifier-free guidance contrasts the prompt with.
+    """
+    config = get_model_config(model)
+    emb = demo_embedding("", config.text_dim, config.text_len)
+    return F.pad(emb, (0, 0, 0, config.text_len - emb.shape[0]))
 
 
 def teacher_forcing_mask(block_sizes: Sequence[int]) -> torch.Tensor:

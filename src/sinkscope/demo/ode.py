@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from sinkscope.demo import data as synthetic
-from sinkscope.demo.objective import class_contexts
+from sinkscope.demo.objective import class_contexts, empty_context
 from sinkscope.model import (
     WanModel,
 )
@@ -30,6 +30,8 @@ def ode_generate(
     steps: int = 32,
     options: GenerationOptions | None = None,
     autocast: torch.dtype | None = None,
+    guidance: float = 1.0,
+    null_context: torch.Tensor | None = None,
 ) -> OdeResult:
     """Block-causal generation by the flow ODE (Euler, ``steps`` per block), batched.
 
@@ -50,11 +52,20 @@ def ode_generate(
     sigmas = (shift * u / (1 + (shift - 1) * u)).tolist()
     device = model.device
     batch, _, frames_total, height, width = noise.shape
+    guided = guidance != 1.0
+    context = context.to(device)
+    if guided:
+        if null_context is None:
+            raise ValueError(f"guidance {guidance} needs null_context (the empty prompt's embedding)")
+        context = torch.cat([context, null_context.to(device, context.dtype).expand_as(context)])
     from sinkscope.model.policies import new_policy
 
     cache = new_policy(model, "global", frame_seq_length=model.config.frame_seq_length(height, width),
-                       num_frames=frames_total, batch_size=batch)  # fmt: skip
-    context = context.to(device)
+                       num_frames=frames_total, batch_size=context.shape[0])  # fmt: skip
+
+    def both(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x]) if guided else x
+
     out = torch.empty(noise.shape, device=device, dtype=torch.float32)
     states = torch.empty((batch, len(positions), *noise.shape[1:]), device=device, dtype=torch.float32)
     enabled = autocast is not None and device.type == "cuda"
@@ -64,27 +75,32 @@ def ode_generate(
         for i in range(steps):
             if i in positions:
                 states[:, positions.index(i), :, start : start + frames] = x
-            t = torch.full((batch, frames), 1000.0 * sigmas[i], device=device)
+            t = torch.full((context.shape[0], frames), 1000.0 * sigmas[i], device=device)
             with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=enabled):
-                v = model(x, t, context, kv_cache=cache, start_frame=start)
-            x = x + (sigmas[i + 1] - sigmas[i]) * v.float()
+                v = model(both(x), t, context, kv_cache=cache, start_frame=start).float()
+            if guided:
+                conditional, unconditional = v.chunk(2)
+                v = unconditional + guidance * (conditional - unconditional)
+            x = x + (sigmas[i + 1] - sigmas[i]) * v
         out[:, :, start : start + frames] = x
         with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=enabled):
-            model(x, torch.zeros(batch, frames, device=device), context, kv_cache=cache, start_frame=start)
+            model(both(x), torch.zeros(context.shape[0], frames, device=device), context, kv_cache=cache, start_frame=start)
         start += frames
     return OdeResult(out, states)
 
 
 def build_ode_pool(
     teacher: WanModel, *, size: int, seed: int, steps: int = 32, chunk: int = 256,
-    autocast: torch.dtype | None = None, store_dtype: torch.dtype = torch.bfloat16,
+    autocast: torch.dtype | None = None, store_dtype: torch.dtype = torch.bfloat16, guidance: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``size`` teacher ODE trajectories: (x0 [N, C, F, H, W], states [N, 4, C, F, H, W], labels [N]).
 
-    Classes and initial noise come from a CPU generator seeded by ``seed``.
+    Classes and initial noise come from a CPU generator seeded by ``seed``; ``guidance``
+    as in ``ode_generate`` (against the empty prompt).
     """  # fmt: skip
     config = teacher.config
     contexts = class_contexts(config).to(teacher.device)
+    null = empty_context(config)
     generator = torch.Generator().manual_seed(int(seed))
     shape = (config.in_dim, synthetic.FRAMES, config.latent_height, config.latent_width)
     x0s, states, labels = [], [], []
@@ -92,7 +108,8 @@ def build_ode_pool(
         n = min(chunk, size - begin)
         label = torch.randint(len(synthetic.CLASSES), (n,), generator=generator)
         noise = torch.randn((n, *shape), generator=generator)
-        result = ode_generate(teacher, contexts[label.to(teacher.device)], noise.to(teacher.device), steps=steps, autocast=autocast)
+        result = ode_generate(teacher, contexts[label.to(teacher.device)], noise.to(teacher.device), steps=steps, autocast=autocast,
+                              guidance=guidance, null_context=null)  # fmt: skip
         x0s.append(result.latents.to(store_dtype))
         states.append(result.states.to(store_dtype))
         labels.append(label.to(teacher.device))

@@ -23,6 +23,10 @@ forcing / diffusion forcing of a block-causal model):
   generation computes, with every block supervised in one forward.
   ``mode="diffusion_forcing"``: one copy, block-causal mask, each block clean
   (t = 0, unsupervised) with probability ``clean_prob`` or noisy.
+  ``mode="bidirectional"``: one copy, full attention, one timestep per video: how
+  Wan2.1 itself is trained, the pretraining that CausVid and Self-Forcing start
+  their block-causal models from (``init_from`` then starts a teacher-forcing run
+  from its weights).
 
 Checkpoints use Self-Forcing's layout (``generator_ema`` / ``generator`` state dicts,
 keys prefixed ``model.``), so ``load_transformer(path, format="self_forcing",
@@ -63,6 +67,7 @@ from sinkscope.demo.evaluation import evaluate_demo, format_attention, format_ev
 from sinkscope.demo.objective import (
     MODES,
     class_contexts,
+    empty_context,
     sample_block_timesteps,
     sampler_timesteps,
     teacher_forcing_forward,
@@ -166,7 +171,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     schedule: str = "cosine"  # or "constant"
     final_lr_fraction: float = 0.1
-    mode: str = "teacher_forcing"  # or "diffusion_forcing"
+    mode: str = "teacher_forcing"  # or "diffusion_forcing", "bidirectional"
     stage: str = "flow"  # or "ode": distil ``teacher``
     teacher: str | None = None
     pool_size: int = 16384
@@ -174,6 +179,11 @@ class TrainConfig:
     ode_chunk: int = 256
     sampler_prob: float = 0.5
     clean_prob: float = 0.5
+    # The share of training videos whose prompt is the empty one (the flow stage), so the
+    # model also learns the unconditional flow that classifier-free guidance needs; and
+    # the guidance scale of the teacher's ODE trajectories (the ODE stage; 1 = none).
+    cond_dropout: float = 0.0
+    guidance: float = 1.0
     # The data (sinkscope.demo.data): latent frame 0 an image latent or like the others,
     # and the video frames a later latent frame averages (4: Wan's VAE; "video" and 1
     # give data version 1's videos).
@@ -184,6 +194,7 @@ class TrainConfig:
     data_extra: Mapping[str, float] = field(default_factory=dict)
     model: str | WanConfig | Mapping[str, Any] = "demo"
     init: str = "sinkscope"  # or "torch"
+    init_from: str | None = None  # a checkpoint whose EMA weights the flow stage starts from
     dtype: str = "bfloat16"
     checkpoint_dtype: str = "float32"
     keep_generator: bool = False
@@ -205,6 +216,8 @@ class TrainConfig:
             raise ValueError(f"stage {self.stage!r} is not 'flow' or 'ode'")
         if self.stage == "ode" and (self.teacher is None or self.mode != "teacher_forcing"):
             raise ValueError("stage 'ode' needs a teacher checkpoint and mode 'teacher_forcing'")
+        if self.init_from is not None and self.stage == "ode":
+            raise ValueError("init_from is for stage 'flow'; stage 'ode' starts from its teacher")
         if self.init not in ("sinkscope", "torch"):
             raise ValueError(f"init {self.init!r} is not 'sinkscope' or 'torch'")
         if self.schedule not in ("cosine", "constant"):
@@ -217,6 +230,10 @@ class TrainConfig:
             raise ValueError("temporal_compression must be at least 1")
         if self.grain < 0:
             raise ValueError("grain must be >= 0")
+        if not 0.0 <= self.cond_dropout < 1.0:
+            raise ValueError(f"cond_dropout {self.cond_dropout} is not in [0, 1)")
+        if self.guidance <= 0:
+            raise ValueError(f"guidance {self.guidance} must be > 0 (1 = no guidance)")
         if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
             raise ValueError(f"stop_at {self.stop_at} is not a step of this run (1..{self.steps})")
 
@@ -230,7 +247,7 @@ STATE_NAME = "state.pt"
 # What a resumed run must share with the run that wrote its state (the rest, such as the
 # device's speed, compile, max_seconds or stop_at, may change between the parts).
 _RUN_KEYS = ("seed", "steps", "batch_size", "lr", "ema", "warmup", "weight_decay", "grad_clip", "schedule", "final_lr_fraction",
-             "mode", "sampler_prob", "clean_prob", "stage", "teacher", "pool_size", "ode_steps", "init", "autocast")  # fmt: skip
+             "mode", "sampler_prob", "clean_prob", "cond_dropout", "guidance", "stage", "teacher", "pool_size", "ode_steps", "init", "init_from", "autocast")  # fmt: skip
 
 
 def _run_identity(metadata: dict) -> dict:
@@ -329,21 +346,25 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     pool = None
     pool_seconds = 0.0
     teacher_training = None
-    if config.stage == "ode":
-        from sinkscope.model.loading import load_transformer
+    from sinkscope.model.loading import load_transformer
 
+    if config.stage == "ode":
         net = load_transformer(config.teacher, format="self_forcing", model=model_config, device=device)
         pool_began = time.perf_counter()
-        pool = build_ode_pool(net, size=config.pool_size, seed=config.seed, steps=config.ode_steps, chunk=config.ode_chunk, autocast=amp_dtype)
+        pool = build_ode_pool(net, size=config.pool_size, seed=config.seed, steps=config.ode_steps, chunk=config.ode_chunk, autocast=amp_dtype,
+                              guidance=config.guidance)  # fmt: skip
         pool_seconds = time.perf_counter() - pool_began
         init = f"teacher {Path(config.teacher).name}"
         teacher_training = torch.load(config.teacher, map_location="cpu", weights_only=True).get("sinkscope", {}).get("training")
         net = net.float().train().requires_grad_(True)
+    elif config.init_from:
+        net = load_transformer(config.init_from, format="self_forcing", model=model_config, device=device).float()
+        init = f"checkpoint {Path(config.init_from).name}"
     else:
         net = WanModel(model_config)
         if init == "sinkscope":
             init_random_weights(net, config.seed)
-    net = net.to(device).train()
+    net = net.to(device).train().requires_grad_(True)
     ema_net = copy.deepcopy(net).eval().requires_grad_(False)
     params = [p for p in net.parameters()]
     ema_params = [p for p in ema_net.parameters()]
@@ -361,6 +382,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     )
 
     contexts = class_contexts(model_config).to(device)
+    null_context = empty_context(model_config).to(device)
     sampler_ts = torch.tensor(sampler_timesteps(options), device=device)
     tf_mask = teacher_forcing_mask(block_sizes).to(device)
     df_mask = block_causal_frame_mask(block_sizes).to(device)
@@ -377,9 +399,11 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
             "ema": float(config.ema), "warmup": int(config.warmup), "weight_decay": float(config.weight_decay),
             "grad_clip": float(config.grad_clip), "schedule": config.schedule, "final_lr_fraction": float(config.final_lr_fraction),
             "mode": config.mode, "sampler_prob": float(config.sampler_prob), "clean_prob": float(config.clean_prob),
+            "cond_dropout": float(config.cond_dropout), "guidance": float(config.guidance),
             "stage": config.stage, "teacher": str(config.teacher) if config.teacher else None, "pool_size": int(config.pool_size) if pool else 0,
             "ode_steps": int(config.ode_steps), "pool_seconds": round(pool_seconds, 2), "teacher_training": teacher_training,
             "sampler_timesteps": [float(t) for t in sampler_ts.tolist()], "init": init,
+            "init_from": str(config.init_from) if config.init_from else None,
             "autocast": autocast, "compile": bool(config.compile), "device": str(device),
             "torch": str(torch.__version__), "max_seconds": config.max_seconds,
         },
@@ -428,6 +452,8 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
                 t_blocks = sample_block_timesteps(
                     config.batch_size, blocks, generator=generator, device=device, sampler_prob=config.sampler_prob, sampler_ts=sampler_ts
                 )
+                if config.mode == "bidirectional":  # one noise level for the whole video, as Wan is trained
+                    t_blocks = t_blocks[:, :1].expand(-1, blocks)
                 if config.mode == "diffusion_forcing":
                     clean = torch.rand(config.batch_size, blocks, generator=generator, device=device) < config.clean_prob
                     t_blocks = torch.where(clean, torch.zeros_like(t_blocks), t_blocks)
@@ -451,15 +477,18 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
                 target = (x_t - x0) / sigma  # the velocity whose x0 = x_t - sigma v is the end point
                 weight = sigma**2  # so the loss is the x0 error
             context = contexts[labels]
+            if config.cond_dropout > 0 and pool is None:  # drawn only then, so runs without it are unchanged
+                dropped = torch.rand(config.batch_size, generator=generator, device=device) < config.cond_dropout
+                context = torch.where(dropped[:, None, None], null_context, context)
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 if config.mode == "teacher_forcing":
                     pred = teacher_forcing_forward(net, x0, x_t, t_frames, context, block_sizes, tf_mask)
                 else:
-                    pred = net(x_t, t_frames, context, frame_mask=df_mask)
+                    pred = net(x_t, t_frames, context, frame_mask=df_mask if config.mode == "diffusion_forcing" else None)
             err = (pred.float() - target) ** 2
             if weight is not None:
                 loss = (err * weight).mean()
-            elif config.mode == "teacher_forcing":
+            elif config.mode != "diffusion_forcing":
                 loss = err.mean()
             else:
                 noisy = (t_frames > 0).float()[:, None, :, None, None].expand_as(err)
@@ -542,12 +571,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
     parser.add_argument("--warmup", type=natural, default=defaults.warmup, help="linear warm-up steps")
     parser.add_argument("--save-every", type=positive, default=defaults.save_every, help="save a checkpoint every N steps")
     parser.add_argument("--schedule", choices=("cosine", "constant"), default=defaults.schedule, help="learning-rate schedule")
+    parser.add_argument("--weight-decay", type=fraction, default=defaults.weight_decay, help="AdamW weight decay of the matrices")
+    parser.add_argument("--cond-dropout", type=fraction, default=defaults.cond_dropout,
+                        help="share of training videos given the empty prompt (0..1; for guidance)")
     parser.add_argument("--mode", choices=MODES, default=defaults.mode, help="how the context frames are noised")
     parser.add_argument("--stage", choices=("flow", "ode"), default=defaults.stage, help="flow matching, or ODE distillation of --teacher")
     parser.add_argument("--teacher", help="stage ode: the flow-matching checkpoint to distil")
+    parser.add_argument("--init-from", metavar="CHECKPOINT", help="stage flow: start from this checkpoint's EMA weights")
     parser.add_argument("--pool-size", type=positive, default=defaults.pool_size, help="stage ode: teacher ODE trajectories")
     parser.add_argument("--ode-steps", type=positive, default=defaults.ode_steps, help="stage ode: Euler steps a block (a multiple of 4)")
     parser.add_argument("--ode-chunk", type=positive, default=defaults.ode_chunk, help="stage ode: trajectories generated at once")
+    parser.add_argument("--guidance", type=positive_number, default=defaults.guidance,
+                        help="stage ode: classifier-free guidance of the teacher's trajectories (1 = none)")
     parser.add_argument("--first-frame", choices=synthetic.FIRST_FRAME_STYLES, default=defaults.first_frame,
                         help="data: latent frame 0 an image latent (Wan's VAE) or like the others")
     parser.add_argument("--temporal-compression", type=positive, default=defaults.temporal_compression,
@@ -568,6 +603,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
     parser.add_argument("--evaluate", action="store_true", help="evaluate final.pt after training (eval.json)")
     parser.add_argument("--eval-seeds", type=positive, default=8, help="sampled videos per class prompt")
     parser.add_argument("--eval-ode-steps", type=positive, default=None, help="also sample by the flow ODE (diagnostic)")
+    parser.add_argument("--eval-ode-guidance", type=positive_number, default=1.0, help="classifier-free guidance of that ODE (1 = none)")
     parser.add_argument("--eval-device", type=torch_device, default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--evaluate-only", metavar="CHECKPOINT", help="only evaluate this checkpoint into --out")
     args = parser.parse_args(argv)
@@ -575,7 +611,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
         parser.error("argument --teacher: --stage ode distils a teacher; give its checkpoint")
     if args.ode_steps % 4:
         parser.error(f"argument --ode-steps: {args.ode_steps} is not a multiple of 4")
-    for option, path in (("--teacher", args.teacher), ("--evaluate-only", args.evaluate_only), ("--resume", args.resume)):
+    for option, path in (("--teacher", args.teacher), ("--init-from", args.init_from), ("--evaluate-only", args.evaluate_only), ("--resume", args.resume)):
         if path and not Path(path).is_file():
             parser.error(f"argument {option}: {path!r} does not exist")
     if args.device.startswith("cuda") or args.eval_device.startswith("cuda"):
@@ -590,12 +626,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
         config = TrainConfig(
             steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device, lr=args.lr,
             ema=args.ema, warmup=args.warmup, save_every=args.save_every, schedule=args.schedule, mode=args.mode,
-            sampler_prob=args.sampler_prob, first_frame=args.first_frame, temporal_compression=args.temporal_compression,
+            sampler_prob=args.sampler_prob, weight_decay=args.weight_decay, cond_dropout=args.cond_dropout, guidance=args.guidance,
+            first_frame=args.first_frame, temporal_compression=args.temporal_compression,
             grain=args.grain, data_extra={} if args.data_scale is None else {"scale": args.data_scale}, dtype=args.dtype, stage=args.stage, teacher=args.teacher,
             pool_size=args.pool_size, ode_steps=args.ode_steps, ode_chunk=args.ode_chunk, keep_generator=args.keep_generator,
             autocast=None if args.autocast == "none" else args.autocast, compile=args.compile,
             log_every=args.log_every, max_seconds=args.max_seconds, num_threads=args.threads, stop_at=args.stop_at,
-            resume=args.resume,
+            resume=args.resume, init_from=args.init_from,
         )  # fmt: skip
         try:
             result = train_demo(out, config)
@@ -608,7 +645,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
         if not args.evaluate:
             return 0
     evaluation = evaluate_demo(
-        checkpoint, seeds_per_class=args.eval_seeds, ode_steps=args.eval_ode_steps, device=args.eval_device
+        checkpoint, seeds_per_class=args.eval_seeds, ode_steps=args.eval_ode_steps, ode_guidance=args.eval_ode_guidance,
+        device=args.eval_device,
     )
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "eval.json") as tmp:
