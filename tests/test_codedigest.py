@@ -29,7 +29,7 @@ PINNED = {
         "io", "naming", "options", *_TABLES, *_MODEL, "model.cache", "model.policies", "model.policies.base",
         "model.policies.compression", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks", "model.text",
         "generation", "generation.capture", "generation.rolling", "generation.sampler",
-        "stats", "stats.attention", "stats.kernels", "stats.reference", "stats.rollout", "stats.triton_kernels",
+        "stats", "stats.attention", "stats.kernels", "stats.reduction_kernels", "stats.reference", "stats.rollout", "stats.triton_kernels",
         "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.writing",
     },
     "import_cache": {"io", *_TABLES, *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",

@@ -21,9 +21,11 @@ from sinkscope.stats.kernels import (
     attention_frame_partials_tma_kernel,
     frame_partials_given_lse_kernel,
     frame_softmax_partials_kernel,
+    token_profiles_kernel,
+)
+from sinkscope.stats.reduction_kernels import (
     frame_statistics_combine_kernel,
     segment_sums_kernel,
-    token_profiles_kernel,
 )
 from sinkscope.stats.reference import CallStatistics, one_hot_float, token_mean
 

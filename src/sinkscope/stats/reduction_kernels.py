@@ -1,0 +1,112 @@
+"""The Triton reductions of the call statistics that touch no attention score (device
+code; ``sinkscope.stats.triton_kernels`` launches them).
+
+Kernel 6, ``frame_statistics_combine_kernel``: every frame statistic (prob_mass,
+argmax_share, entropy, each query's log-sum-exp) from the per-frame partials of kernel 3
+or 5 (``sinkscope.stats.kernels``), in one launch, in fixed row partitions that torch
+adds, so the result is deterministic.
+
+Kernel 7, ``segment_sums_kernel``: the fp32 sum of each frame's tokens of q or k, which
+logit_mean's factorization needs, each frame split in parts so that a few long frames
+still fill the GPU.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def frame_statistics_combine_kernel(
+    m_ptr,
+    g_ptr,
+    l_ptr,
+    w_ptr,
+    mass_ptr,
+    argmax_ptr,
+    entropy_ptr,
+    lse_ptr,
+    frame_seq_length,
+    num_query_frames,
+    num_queries,
+    num_key_frames,
+    F_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Kernel 6: every frame statistic from kernel 3's or 5's partials, each [H, Lq, F] fp32
+    (per query and key frame: the frame's max m, the running max g that its l = sum 2^(t - g)
+    and w = sum 2^(t - g) t refer to). Per query, with G = max_f g_f and L = sum_f l_f 2^(g_f
+    - G): mass_f = l_f 2^(g_f - G) / L, entropy = ln 2 (G + log2 L - sum_f w_f 2^(g_f - G) / L),
+    the argmax frame = the lowest f of the largest m_f. Program (query frame, head, part)
+    takes BLOCK_M of the frame's queries and stores their sums divided by the frame's size
+    (the parts' sum is the mean: a fixed order, so the result is deterministic), and each
+    query's base-2 log-sum-exp G + log2 L (for kernel 2). Outputs [parts, H, num_q, F] and
+    [parts, H, num_q]."""
+    query_frame = tl.program_id(0)
+    head = tl.program_id(1)
+    part = tl.program_id(2)
+    offs_f = tl.arange(0, F_PAD)
+    f_valid = offs_f < num_key_frames
+    local = part * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_valid = local < frame_seq_length
+    rows = head * num_queries + query_frame * frame_seq_length + local
+    index = rows[:, None] * num_key_frames + offs_f[None, :]
+    valid = r_valid[:, None] & f_valid[None, :]
+    m = tl.load(m_ptr + index, mask=valid, other=float("-inf"))
+    g = tl.load(g_ptr + index, mask=valid, other=float("-inf"))
+    l = tl.load(l_ptr + index, mask=valid, other=0.0)
+    w = tl.load(w_ptr + index, mask=valid, other=0.0)
+    # Rows past the frame read g = -inf everywhere (NaN below); every sum drops them.
+    row_max = tl.max(g, 1)
+    rescale = tl.exp2(g - row_max[:, None])
+    weights = l * rescale
+    row_sum = tl.sum(weights, 1)
+    mass = tl.sum(tl.where(valid, weights / row_sum[:, None], 0.0), 0)
+    expected_t = tl.sum(tl.where(valid, w * rescale, 0.0), 1) / row_sum
+    lse = row_max + tl.log2(row_sum)
+    entropy = tl.sum(tl.where(r_valid, 0.6931471805599453 * (lse - expected_t), 0.0), 0)
+    top = tl.argmax(m, 1, tie_break_left=True)
+    argmax = tl.sum(tl.where(r_valid[:, None] & (offs_f[None, :] == top[:, None]), 1.0, 0.0), 0)
+    tl.store(lse_ptr + rows, lse, mask=r_valid)
+    out = ((part * tl.num_programs(1) + head) * num_query_frames + query_frame) * num_key_frames + offs_f
+    tl.store(mass_ptr + out, mass / frame_seq_length, mask=f_valid)
+    tl.store(argmax_ptr + out, argmax / frame_seq_length, mask=f_valid)
+    tl.store(entropy_ptr + (part * tl.num_programs(1) + head) * num_query_frames + query_frame, entropy / frame_seq_length)
+
+
+@triton.jit
+def segment_sums_kernel(
+    x_ptr,
+    ends_ptr,
+    out_ptr,
+    stride_h,
+    stride_l,
+    num_segments,
+    chunk,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    LOOP_END: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    """Kernel 7: the fp32 sum of each segment of consecutive tokens of one head of x ([H, L, D],
+    any strides, unit stride last; segment s ends at ``ends_ptr[s]``), without an fp32 copy
+    of x: the key frames' sums and the query frames' sums that logit_mean's factorization
+    needs. Program (segment, head, part) sums the part-th ``chunk`` tokens of its segment into
+    out [parts, H, S, D], so that a few long segments (3 query frames of 1560 tokens) still
+    fill the GPU; the caller adds the parts."""
+    segment = tl.program_id(0)
+    head = tl.program_id(1)
+    part = tl.program_id(2)
+    start = tl.load(ends_ptr + segment - 1, mask=segment > 0, other=0) + part * chunk
+    stop = tl.minimum(tl.load(ends_ptr + segment), start + chunk)
+    offs_d = tl.arange(0, D_PAD)
+    d_valid = offs_d < HEAD_DIM
+    acc = tl.zeros([BLOCK_L, D_PAD], tl.float32)
+    # LOOP_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end).
+    for offset in range(0, LOOP_END if LOOP_END > 0 else stop - start, BLOCK_L):
+        rows = start + offset + tl.arange(0, BLOCK_L)
+        acc += tl.load(x_ptr + head * stride_h + rows[:, None] * stride_l + offs_d[None, :],
+                       mask=(rows < stop)[:, None] & d_valid[None, :], other=0.0).to(tl.float32)  # fmt: skip
+    out = ((part * tl.num_programs(1) + head) * num_segments + segment) * HEAD_DIM
+    tl.store(out_ptr + out + offs_d, tl.sum(acc, 0), mask=d_valid)
