@@ -385,7 +385,6 @@ def section_tma() -> dict:
     the last block's and the first block's shape; its tile sweep and its accuracy."""
     from sinkscope.stats.triton_kernels import (
         _combine_fused,
-        _logit_mean_by_factorization,
         attention_statistics_lse,
         attention_statistics_tma,
         sdpa_with_lse,
@@ -413,17 +412,15 @@ def section_tma() -> dict:
             "kernel 5 + kernel 6, default tiles": cuda_time(lambda: attention_statistics_tma(q, k, v, fsl, 3, lengths, dim**-0.5),
                                                             reps=30)["median_ms"],  # fmt: skip
         }
-        # The parts of kernel 5's route: the kernel, the key frames' sums, logit_mean, kernel 6.
+        # The parts of kernel 5's route: the kernel, the key frames' sums, kernel 6 (with logit_mean).
         _, partials = tma_attention(q, k, v, lengths, dim**-0.5)
         key_sums = segment_sums(k, lengths)
         lengths_float = torch.tensor(lengths, dtype=torch.float32, device="cuda")
-        logit_mean = _logit_mean_by_factorization(q, key_sums, 3, fsl, lengths_float, dim**-0.5)
         rows["part: kernel 5 (default tiles)"] = cuda_time(lambda: tma_attention(q, k, v, lengths, dim**-0.5), reps=30)["median_ms"]
         rows["part: kernel 7, key frames' sums"] = cuda_time(lambda: segment_sums(k, lengths), reps=30)["median_ms"]
-        rows["part: logit_mean (kernel 7 on q, einsum)"] = cuda_time(
-            lambda: _logit_mean_by_factorization(q, key_sums, 3, fsl, lengths_float, dim**-0.5), reps=30)["median_ms"]  # fmt: skip
-        rows["part: kernel 6, the combine"] = cuda_time(
-            lambda: _combine_fused(q, k, *partials, logit_mean, fsl, 3, dim**-0.5, False, None), reps=30)["median_ms"]  # fmt: skip
+        rows["part: kernel 6, the combine and logit_mean"] = cuda_time(
+            lambda: _combine_fused(q, k, partials, key_sums, lengths_float, fsl, 3, dim**-0.5, False, None),
+            reps=30)["median_ms"]  # fmt: skip
         base = rows["SDPA (default backend)"]
         entry = {"ms": rows, "x_sdpa": {name: ms / base for name, ms in rows.items()}}
         for label, stats_on, specialize in (("plain", False, False), ("plain_warp_specialized", False, True),

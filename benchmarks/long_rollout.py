@@ -12,6 +12,9 @@ Sections (``--sections``, comma-separated):
 - ``profile``: torch.profiler over one rollout of ``--profile-frames`` under ``--policy``
   (eager, then compiled): GPU kernel time against wall time, and the top kernels, so
   the docs can say whether a long rollout is bound by the GPU or by the host.
+- ``gaps``: why the GPU idles in a rollout of ``--profile-frames`` under ``--policy``
+  (eager): the operations that synchronize with the host, and the profiled idle gaps
+  between kernels with their causes.
 
 Timing follows docs/performance.md: CUDA-synchronized wall time of the whole generation
 after a warm-up generation in the same process (so library and kernel set-up are out).
@@ -22,11 +25,13 @@ after a warm-up generation in the same process (so library and kernel set-up are
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sys
 import time
 import traceback
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -233,6 +238,74 @@ def _profiled(model, options) -> dict:
     }
 
 
+# CUDA runtime calls that make the host wait for the GPU (or for the driver).
+BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                  "cudaMemcpyAsync", "cudaHostAlloc", "cudaFreeHost", "cudaMalloc", "cudaFree", "cudaHostRegister")
+
+
+def idle_gaps(prof, threshold_us: float = 50.0) -> dict:
+    """Where the GPU sat idle during a profiled run: every gap of more than ``threshold_us``
+    between kernels, each put down to the blocking CUDA runtime call that ends in it (the
+    host waited for the GPU, then had to refill its queue) or, if none, to the host's own
+    work (the CPU ops running at the gap's start)."""
+    events = prof.events()
+    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start)
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    blocking = sorted((e for e in cpu if e.name in BLOCKING_CALLS), key=lambda e: e.time_range.end)
+    ops = sorted((e for e in cpu if e.name.startswith("aten::") or e.name.startswith("sinkscope")), key=lambda e: e.time_range.start)
+    gaps, busy_until = [], kernels[0].time_range.end if kernels else 0
+    for kernel in kernels[1:]:
+        if kernel.time_range.start - busy_until > threshold_us:
+            gaps.append((busy_until, kernel.time_range.start))
+        busy_until = max(busy_until, kernel.time_range.end)
+    causes: dict = defaultdict(lambda: {"gaps": 0, "idle_ms": 0.0})
+    ends = [e.time_range.end for e in blocking]
+    for start, end in gaps:
+        first = bisect.bisect_left(ends, start - 20.0)
+        waits = [e for e in blocking[first:] if e.time_range.end <= end and e.time_range.start < end]
+        if waits:
+            cause = "waited in " + waits[0].name
+        else:
+            running = [e.name for e in ops if e.time_range.start <= start <= e.time_range.end][-3:]
+            cause = "host busy in " + (" > ".join(running) or "Python")
+        causes[cause]["gaps"] += 1
+        causes[cause]["idle_ms"] += (end - start) / 1e3
+    kernel_ms = sum(e.time_range.end - e.time_range.start for e in kernels) / 1e3
+    span_ms = (kernels[-1].time_range.end - kernels[0].time_range.start) / 1e3 if kernels else 0.0
+    top = sorted(causes.items(), key=lambda item: -item[1]["idle_ms"])[:15]
+    return {"threshold_us": threshold_us, "kernel_ms": kernel_ms, "first_to_last_kernel_ms": span_ms,
+            "idle_ms_in_gaps": sum(end - start for start, end in gaps) / 1e3, "gaps": len(gaps),
+            "blocking_calls": {name: sum(1 for e in blocking if e.name == name) for name in BLOCKING_CALLS},
+            "causes": dict(top)}  # fmt: skip
+
+
+def section_gaps(model, frames: int, policy: str) -> dict:
+    """Why the GPU idles in a long rollout: the operations that synchronize with the host
+    (``torch.cuda.set_sync_debug_mode``: the Python line of each), and the profiled idle
+    gaps with their causes (``idle_gaps``). Eager."""
+    import warnings
+
+    options = policy_options(policy, frames)
+    run(model, options, [LAYER])  # warm-up
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if DEVICE != "cpu":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run(model, options, [LAYER])
+        finally:
+            if DEVICE != "cpu":
+                torch.cuda.set_sync_debug_mode("default")
+    syncs: dict = {}
+    for warning in caught:
+        where = f"{Path(warning.filename).name}:{warning.lineno}: {str(warning.message).splitlines()[0][:80]}"
+        syncs[where] = syncs.get(where, 0) + 1
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if DEVICE != "cpu" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        run(model, options, [LAYER])
+    return {"policy": policy, "frames": frames, "synchronizing_ops": syncs, "gaps": idle_gaps(prof)}
+
+
 def section_profile(model, frames: int, policy: str) -> dict:
     """Is a long rollout bound by the GPU or by the host? Eager, then compiled."""
     options = policy_options(policy, frames)
@@ -275,6 +348,8 @@ def main() -> int:
                                                     args.compile_mode)
             elif section == "profile":
                 results[section] = section_profile(model, args.profile_frames, args.policy)
+            elif section == "gaps":
+                results[section] = section_gaps(model, args.profile_frames, args.policy)
             elif section == "memory":
                 results[section] = section_memory(model, lengths=(21, 120, 480) if DEVICE != "cpu" else (21, 30))
         except Exception as error:  # noqa: BLE001

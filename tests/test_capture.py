@@ -4,6 +4,7 @@ of the q and k each call saw, under every KV-cache policy."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from test_stats import brute_force_statistics
@@ -168,6 +169,24 @@ def test_schedule_matches_self_forcing():
     assert schedule.sigma(937.5) == pytest.approx(0.9375, abs=1e-6)
     x, v = torch.ones(2), torch.full((2,), 0.5)
     assert torch.allclose(schedule.to_x0(v, x, 625.0), torch.full((2,), 1 - 0.625 * 0.5))
+
+
+def test_tables_of_some_kinds_equal_those_of_all():
+    """``layer_tables(kinds)`` and ``to_frame`` (frames only, no token values copied) give
+    the rows the full tables give."""
+    model = build_model("demo", seed=0)
+    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
+    capture = FrameStatsCapture(model, (1, 3), frame_seq_length=FSL)
+    with capture:
+        generate(model, context, options=GenerationOptions(num_frames=6), seed=0, observers=[capture])
+    full = capture.layer_tables()
+    assert all(full[layer]["tokens"] is not None for layer in (1, 3))
+    queries = capture.layer_tables(kinds=("queries",))
+    assert all(set(queries[layer]) == {"queries"} for layer in (1, 3))
+    pd.testing.assert_frame_equal(queries[3]["queries"], full[3]["queries"])
+    pd.testing.assert_frame_equal(capture.to_frame(), pd.concat([full[1]["frames"], full[3]["frames"]], ignore_index=True))
+    with pytest.raises(ValueError, match=r"row kinds \['rows'\] are not among frames, queries, tokens"):
+        capture.layer_tables(kinds=("frames", "rows"))
 
 
 def test_capture_rejects_missing_layers_and_unknown_token_choices():

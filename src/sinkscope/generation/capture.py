@@ -42,6 +42,8 @@ from sinkscope.tokens import encode_token_tensors
 TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
 # The CallStatistics fields of every call, as the rows take them.
 FRAME_STAT_NAMES = ("logit_mean", "prob_mass", "argmax_share", "entropy")
+# The row tables a capture gives (``KIND_COLUMNS`` has their columns).
+ROW_KINDS = ("frames", "queries", "tokens")
 
 
 @dataclass
@@ -55,16 +57,16 @@ class CallRecord:
     stats: CallStatistics
 
 
-def record_tensors(record: CallRecord, frame_seq_length: int) -> dict[str, torch.Tensor]:
+def record_tensors(record: CallRecord, frame_seq_length: int, *, tokens: bool = True) -> dict[str, torch.Tensor]:
     """A record's statistics as its rows store them, on the device that computed them:
-    the frame statistics as they are and, for a call with token profiles, the token
-    values in their stored form, a row per head and key frame ([heads x key frames,
-    ``frame_seq_length``], NaN where the call lacked a token;
+    the frame statistics as they are and, for a call with token profiles (unless
+    ``tokens`` is False), the token values in their stored form, a row per head and key
+    frame ([heads x key frames, ``frame_seq_length``], NaN where the call lacked a token;
     ``sinkscope.tokens.encode_token_tensors``). Only device work is queued: no host
     synchronization, so the generation goes on while the host waits for the copy."""
     stats = record.stats
     tensors = {name: getattr(stats, name) for name in FRAME_STAT_NAMES}
-    if stats.token_prob_mean is not None:
+    if tokens and stats.token_prob_mean is not None:
         if min(record.layout.key_lengths) < 1:
             raise ValueError(f"layer {record.layer}: a key frame without tokens in {record.layout}")
         dense = (_dense_tokens(values, record.layout, frame_seq_length) for values in (stats.token_logit_mean, stats.token_prob_mean))
@@ -188,11 +190,12 @@ class FrameStatsCapture:
 
     # -- rows ------------------------------------------------------------------------------------
 
-    def _host(self) -> list[dict[str, np.ndarray]]:
-        """Every record's tensors on the host, with one device-to-host copy in all."""
+    def _host(self, *, tokens: bool = True) -> list[dict[str, np.ndarray]]:
+        """Every record's tensors on the host (token values only if ``tokens``), with one
+        device-to-host copy in all."""
         pieces, shapes = [], []
         for record in self.records:
-            present = record_tensors(record, self.frame_seq_length)
+            present = record_tensors(record, self.frame_seq_length, tokens=tokens)
             shapes.append({name: tuple(t.shape) for name, t in present.items()})
             pieces += [t.float().flatten() for t in present.values()]
         flat = torch.cat(pieces).cpu().numpy() if pieces else np.empty(0, np.float32)
@@ -206,29 +209,32 @@ class FrameStatsCapture:
             out.append(arrays)
         return out
 
-    def layer_tables(self) -> dict[int, dict[str, pd.DataFrame | None]]:
-        """Per layer: ``frames`` (frame_attention rows), ``queries`` (query_stats rows) and
-        ``tokens`` (token_profiles rows, or None without token capture), without the
-        checkpoint / variant / prompt / seed columns."""
-        host = self._host()
-        by_layer: dict[int, dict[str, list]] = {layer: {"frames": [], "queries": [], "tokens": []} for layer in self.layers}
+    def layer_tables(self, kinds: Sequence[str] = ROW_KINDS) -> dict[int, dict[str, pd.DataFrame | None]]:
+        """Per layer, the tables of ``kinds`` (by default all): ``frames`` (frame_attention
+        rows), ``queries`` (query_stats rows) and ``tokens`` (token_profiles rows, or None
+        without token capture), without the checkpoint / variant / prompt / seed columns.
+        Only what ``kinds`` needs leaves the device."""
+        unknown = sorted(set(kinds) - set(ROW_KINDS))
+        if unknown:
+            raise ValueError(f"row kinds {unknown} are not among {', '.join(ROW_KINDS)}")
+        host = self._host(tokens="tokens" in kinds)
+        by_layer: dict[int, dict[str, list]] = {layer: {kind: [] for kind in kinds} for layer in self.layers}
         for record, arrays in zip(self.records, host):
             parts = by_layer[record.layer]
-            for kind, rows in record_rows(record, arrays).items():
+            for kind, rows in record_rows(record, arrays, kinds).items():
                 if rows is not None:
                     parts[kind].append(rows)
-        tables: dict[int, dict[str, pd.DataFrame | None]] = {}
-        for layer, parts in by_layer.items():
-            tables[layer] = {
-                "frames": _concat(parts["frames"], FRAME_COLUMNS),
-                "queries": _concat(parts["queries"], QUERY_COLUMNS),
-                "tokens": _concat(parts["tokens"], TOKEN_COLUMNS) if parts["tokens"] else None,
+        return {
+            layer: {
+                kind: _concat(rows, KIND_COLUMNS[kind]) if rows or kind != "tokens" else None for kind, rows in parts.items()
             }
-        return tables
+            for layer, parts in by_layer.items()
+        }
 
     def to_frame(self) -> pd.DataFrame:
-        """frame_attention rows of every captured layer (without the run columns)."""
-        tables = self.layer_tables()
+        """frame_attention rows of every captured layer (without the run columns); only the
+        frame statistics are copied to the host."""
+        tables = self.layer_tables(kinds=("frames",))
         return pd.concat([tables[layer]["frames"] for layer in self.layers], ignore_index=True)
 
 
@@ -260,14 +266,15 @@ def _call_columns(record: CallRecord, n: int, heads: np.ndarray) -> dict[str, np
     }
 
 
-def record_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray] | None]:
-    """One record's rows by kind (``frames``, ``queries``, ``tokens``: None without token
-    profiles), column -> array (``pass`` as codes into ``PASSES``; token lists 2-D),
-    from its statistics on the host (``arrays``: ``record_tensors`` by name)."""
+def record_rows(
+    record: CallRecord, arrays: dict[str, np.ndarray], kinds: Sequence[str] = ROW_KINDS
+) -> dict[str, dict[str, np.ndarray] | None]:
+    """One record's rows by kind (of ``kinds``: ``frames``, ``queries``, ``tokens``: None
+    without token profiles), column -> array (``pass`` as codes into ``PASSES``; token
+    lists 2-D), from its statistics on the host (``arrays``: ``record_tensors`` by name)."""
+    build = {"frames": _frame_rows, "queries": _query_rows, "tokens": _token_rows}
     return {
-        "frames": _frame_rows(record, arrays),
-        "queries": _query_rows(record, arrays),
-        "tokens": _token_rows(record, arrays) if "token_prob_ratio" in arrays else None,
+        kind: build[kind](record, arrays) if kind != "tokens" or "token_prob_ratio" in arrays else None for kind in kinds
     }
 
 

@@ -3,12 +3,12 @@ code; ``sinkscope.stats.triton_kernels`` launches them).
 
 Kernel 6, ``frame_statistics_combine_kernel``: every frame statistic (prob_mass,
 argmax_share, entropy, each query's log-sum-exp) from the per-frame partials of kernel 3
-or 5 (``sinkscope.stats.kernels``), in one launch, in fixed row partitions that torch
-adds, so the result is deterministic.
+or 5 (``sinkscope.stats.kernels``), and logit_mean from the key frames' sums, in one
+launch, in fixed row partitions that torch adds, so the result is deterministic.
 
 Kernel 7, ``segment_sums_kernel``: the fp32 sum of each frame's tokens of q or k, which
-logit_mean's factorization needs, each frame split in parts so that a few long frames
-still fill the GPU.
+logit_mean's factorization needs (the key frames' after kernel 5, the query frames'
+after kernel 4), each frame split in parts so that a few long frames still fill the GPU.
 """
 
 from __future__ import annotations
@@ -23,14 +23,23 @@ def frame_statistics_combine_kernel(
     g_ptr,
     l_ptr,
     w_ptr,
+    q_ptr,
+    key_sums_ptr,
+    key_lengths_ptr,
     mass_ptr,
     argmax_ptr,
+    logit_ptr,
     entropy_ptr,
     lse_ptr,
+    stride_qh,
+    stride_ql,
     frame_seq_length,
     num_query_frames,
     num_queries,
     num_key_frames,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    D_CHUNK: tl.constexpr,
     F_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
@@ -41,8 +50,11 @@ def frame_statistics_combine_kernel(
     the argmax frame = the lowest f of the largest m_f. Program (query frame, head, part)
     takes BLOCK_M of the frame's queries and stores their sums divided by the frame's size
     (the parts' sum is the mean: a fixed order, so the result is deterministic), and each
-    query's base-2 log-sum-exp G + log2 L (for kernel 2). Outputs [parts, H, num_q, F] and
-    [parts, H, num_q]."""
+    query's base-2 log-sum-exp G + log2 L (for kernel 2). logit_mean by factorization:
+    the part's sum of q ([H, Lq, D], unit stride last) . each key frame's sum of k
+    (``key_sums_ptr``, [H, F, D] fp32) * scale / (frame_seq_length x the key frame's
+    length, ``key_lengths_ptr`` fp32), so the query frames need no pass of their own.
+    Outputs [parts, H, num_q, F] (mass, argmax, logit) and [parts, H, num_q]."""
     query_frame = tl.program_id(0)
     head = tl.program_id(1)
     part = tl.program_id(2)
@@ -72,6 +84,18 @@ def frame_statistics_combine_kernel(
     out = ((part * tl.num_programs(1) + head) * num_query_frames + query_frame) * num_key_frames + offs_f
     tl.store(mass_ptr + out, mass / frame_seq_length, mask=f_valid)
     tl.store(argmax_ptr + out, argmax / frame_seq_length, mask=f_valid)
+    logit = tl.zeros([F_PAD], tl.float32)
+    q_rows = query_frame * frame_seq_length + local
+    for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):  # D in chunks: the [F, D] key sums stay small
+        offs_d = d0 + tl.arange(0, D_CHUNK)
+        d_valid = offs_d < HEAD_DIM
+        q = tl.load(q_ptr + head * stride_qh + q_rows[:, None] * stride_ql + offs_d[None, :],
+                    mask=r_valid[:, None] & d_valid[None, :], other=0.0).to(tl.float32)  # fmt: skip
+        key_sums = tl.load(key_sums_ptr + (head * num_key_frames + offs_f[:, None]) * HEAD_DIM + offs_d[None, :],
+                           mask=f_valid[:, None] & d_valid[None, :], other=0.0)  # fmt: skip
+        logit += tl.sum(key_sums * tl.sum(q, 0)[None, :], 1)
+    key_lengths = tl.load(key_lengths_ptr + offs_f, mask=f_valid, other=1.0)
+    tl.store(logit_ptr + out, logit * scale / (frame_seq_length * key_lengths), mask=f_valid)
     tl.store(entropy_ptr + (part * tl.num_programs(1) + head) * num_query_frames + query_frame, entropy / frame_seq_length)
 
 

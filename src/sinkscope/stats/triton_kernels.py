@@ -299,41 +299,46 @@ def attention_statistics_triton(
         **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), "FRAMES_END": _interpreter_loop_end(num_k),
            **config}, **launch,
     )  # fmt: skip
-    logit_mean = _logit_mean_by_factorization(q, key_sums, num_q, frame_seq_length, lengths_float, scale)
-    return out, _combine_fused(q, k, m, g, l, w, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
+    return out, _combine_fused(q, k, (m, g, l, w), key_sums, lengths_float, frame_seq_length, num_q, scale, token_profiles,
+                               profile_config)  # fmt: skip
 
 
 def _combine_fused(
     q: torch.Tensor,
     k: torch.Tensor,
-    m: torch.Tensor,
-    g: torch.Tensor,
-    l: torch.Tensor,
-    w: torch.Tensor,
-    logit_mean: torch.Tensor,
+    partials: tuple[torch.Tensor, ...],
+    key_sums: torch.Tensor,
+    key_lengths: torch.Tensor,
     frame_seq_length: int,
     num_q: int,
     scale: float,
     token_profiles: bool,
     profile_config: dict | None,
 ) -> CallStatistics:
-    """Every statistic from the partials of kernel 3 or 5, each [H, Lq, num_k]: per frame
-    its max m, and the running max g that its sums l = sum 2^(t - g) and w = sum 2^(t - g) t
-    refer to. Kernel 6 combines them (the maths in its docstring); kernel 2 for the token
-    profiles, from each query's log-sum-exp."""
+    """Every statistic from the partials (m, g, l, w) of kernel 3 or 5, each [H, Lq, num_k]:
+    per frame its max m, and the running max g that its sums l = sum 2^(t - g) and w = sum
+    2^(t - g) t refer to; logit_mean by factorization from the key frames' sums
+    (``key_sums``, [H, num_k, D] fp32) and lengths (``key_lengths``, fp32). Kernel 6 does
+    it all (the maths in its docstring); kernel 2 the token profiles, from each query's
+    log-sum-exp. q is [H, Lq, D] with unit stride last."""
+    m, g, l, w = partials
     heads, num_queries, num_k = m.shape
+    head_dim = q.shape[-1]
     frames_pad = max(2, triton.next_power_of_2(num_k))
     block_m = INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else max(8, min(COMBINE_BLOCK_M, COMBINE_TILE // frames_pad))
     parts = math.ceil(frame_seq_length / block_m)
-    mass_parts, argmax_parts = torch.empty(2, parts, heads, num_q, num_k, dtype=torch.float32, device=m.device).unbind(0)
+    # Each statistic's parts contiguous ([parts, H, num_q, num_k]), as kernel 6 writes them.
+    frame_parts = torch.empty(3, parts, heads, num_q, num_k, dtype=torch.float32, device=m.device)
     entropy_parts = torch.empty(parts, heads, num_q, dtype=torch.float32, device=m.device)
     lse2 = torch.empty(heads, num_queries, dtype=torch.float32, device=m.device)
     frame_statistics_combine_kernel[(num_q, heads, parts)](
-        m, g, l, w, mass_parts, argmax_parts, entropy_parts, lse2, frame_seq_length, num_q, num_queries, num_k,
-        F_PAD=frames_pad, BLOCK_M=block_m,
+        m, g, l, w, q, key_sums, key_lengths, *frame_parts.unbind(0), entropy_parts, lse2, q.stride(0), q.stride(1),
+        frame_seq_length, num_q, num_queries, num_k, scale,
+        HEAD_DIM=head_dim, D_CHUNK=min(32, max(16, triton.next_power_of_2(head_dim))), F_PAD=frames_pad, BLOCK_M=block_m,
     )  # fmt: skip
-    prob_mass, argmax_share, entropy = mass_parts.sum(0), argmax_parts.sum(0), entropy_parts.sum(0)
-    stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
+    # The parts' sums, in one fixed order (deterministic).
+    prob_mass, argmax_share, logit_mean = frame_parts.sum(1).unbind(0)
+    stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy_parts.sum(0))
     if token_profiles:
         prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, torch.ones_like(lse2), scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
@@ -471,13 +476,12 @@ def attention_statistics_tma(
 ) -> tuple[torch.Tensor, CallStatistics]:
     """As :func:`attention_statistics_triton`, by kernel 5 (TMA loads, key tiles aligned to
     key 0) and kernel 6; for calls where :func:`tma_kernel_fits`. logit_mean by
-    factorization, the key frames' sums by kernel 7."""
+    factorization in kernel 6, the key frames' sums by kernel 7."""
     key_lengths = tuple(int(n) for n in key_lengths)
-    out, (m, g, l, w) = tma_attention(q, k, v, key_lengths, scale, config=config)
+    out, partials = tma_attention(q, k, v, key_lengths, scale, config=config)
     _, _, lengths_float = _segments_on(q.device, key_lengths)
-    logit_mean = _logit_mean_by_factorization(q, segment_sums(k, key_lengths), num_q, frame_seq_length, lengths_float,
-                                              scale)  # fmt: skip
-    return out, _combine_fused(q, k, m, g, l, w, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
+    return out, _combine_fused(_unit_stride(q), k, partials, segment_sums(k, key_lengths), lengths_float, frame_seq_length,
+                               num_q, scale, token_profiles, profile_config)  # fmt: skip
 
 
 def tma_attention(
