@@ -252,11 +252,11 @@ KIND_COLUMNS = {"frames": FRAME_COLUMNS, "queries": QUERY_COLUMNS, "tokens": TOK
 PASSES = (PASS_DENOISE, PASS_CACHE, PASS_RECACHE)
 
 
-def _call_columns(record: CallRecord, n: int, heads: np.ndarray) -> dict[str, np.ndarray]:
+def _call_columns(record: CallRecord, n: int) -> dict[str, np.ndarray]:
+    """The columns one call's ``n`` rows share (all but the layout's index columns)."""
     call = record.call
     return {
         "layer": np.full(n, record.layer, np.int16),
-        "head": heads.astype(np.int16, copy=False),
         "block": np.full(n, call.block, np.int16),
         # Category codes, not millions of Python strings (token tables reach 2M rows a layer).
         "pass": np.full(n, PASSES.index(call.pass_), np.int8),
@@ -272,9 +272,9 @@ def record_rows(
     """One record's rows by kind (of ``kinds``: ``frames``, ``queries``, ``tokens``: None
     without token profiles), column -> array (``pass`` as codes into ``PASSES``; token
     lists 2-D), from its statistics on the host (``arrays``: ``record_tensors`` by name)."""
-    build = {"frames": _frame_rows, "queries": _query_rows, "tokens": _token_rows}
     return {
-        kind: build[kind](record, arrays) if kind != "tokens" or "token_prob_ratio" in arrays else None for kind in kinds
+        kind: _ROW_BUILDERS[kind](record, arrays) if kind != "tokens" or "token_prob_ratio" in arrays else None
+        for kind in kinds
     }
 
 
@@ -286,7 +286,7 @@ def concat_rows(parts: list[dict[str, np.ndarray]], columns: Sequence[str]) -> d
 def _frame_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     index = _frame_index_columns(record.layout, *arrays["logit_mean"].shape)
     return {
-        **_call_columns(record, index["head"].size, index["head"]),
+        **_call_columns(record, index["head"].size),
         **index,
         "logit_mean": arrays["logit_mean"].ravel(),
         "prob_mass": arrays["prob_mass"].ravel(),
@@ -296,7 +296,7 @@ def _frame_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, 
 
 def _query_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     index = _query_index_columns(record.layout, *arrays["entropy"].shape)
-    return {**_call_columns(record, index["head"].size, index["head"]), **index, "entropy_tokens": arrays["entropy"].ravel()}
+    return {**_call_columns(record, index["head"].size), **index, "entropy_tokens": arrays["entropy"].ravel()}
 
 
 def _read_only(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -331,20 +331,29 @@ def _query_index_columns(layout: AttentionLayout, heads: int, nq: int) -> dict[s
     })  # fmt: skip
 
 
-def _token_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One row per head and key frame in the stored form (``record_tensors``)."""
-    layout = record.layout
-    heads = arrays["entropy"].shape[0]
+@lru_cache(maxsize=1024)
+def _token_index_columns(layout: AttentionLayout, heads: int) -> dict[str, np.ndarray]:
     num_frames = len(layout.key_lengths)
-    h = np.repeat(np.arange(heads), num_frames)
     f = np.tile(np.arange(num_frames), heads)
-    return {
-        **_call_columns(record, h.size, h),
+    return _read_only({
+        "head": np.repeat(np.arange(heads), num_frames).astype(np.int16),
         "key_frame": np.asarray(layout.key_frames, np.int16)[f],
         "key_tokens": np.asarray(layout.key_lengths, np.int32)[f],
         "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[f],
+    })  # fmt: skip
+
+
+def _token_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One row per head and key frame in the stored form (``record_tensors``)."""
+    index = _token_index_columns(record.layout, arrays["entropy"].shape[0])
+    return {
+        **_call_columns(record, index["head"].size),
+        **index,
         **{name: arrays[name] for name in ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio")},
     }
+
+
+_ROW_BUILDERS = {"frames": _frame_rows, "queries": _query_rows, "tokens": _token_rows}
 
 
 def _concat(parts: list[dict[str, np.ndarray]], columns: Sequence[str]) -> pd.DataFrame:
