@@ -260,14 +260,15 @@ def idle_gaps(prof, threshold_us: float = 50.0) -> dict:
         busy_until = max(busy_until, kernel.time_range.end)
     causes: dict = defaultdict(lambda: {"gaps": 0, "idle_ms": 0.0})
     ends = [e.time_range.end for e in blocking]
+    starts = [e.time_range.start for e in ops]
+    longest = max((e.time_range.end - e.time_range.start for e in ops), default=0.0)
     for start, end in gaps:
         first = bisect.bisect_left(ends, start - 20.0)
         waits = [e for e in blocking[first:] if e.time_range.end <= end and e.time_range.start < end]
         if waits:
             cause = "waited in " + waits[0].name
         else:
-            running = [e.name for e in ops if e.time_range.start <= start <= e.time_range.end][-3:]
-            cause = "host busy in " + (" > ".join(running) or "Python")
+            cause = "host busy in " + (" > ".join(_innermost_ops(ops, starts, longest, start)) or "Python")
         causes[cause]["gaps"] += 1
         causes[cause]["idle_ms"] += (end - start) / 1e3
     kernel_ms = sum(e.time_range.end - e.time_range.start for e in kernels) / 1e3
@@ -277,6 +278,21 @@ def idle_gaps(prof, threshold_us: float = 50.0) -> dict:
             "idle_ms_in_gaps": sum(end - start for start, end in gaps) / 1e3, "gaps": len(gaps),
             "blocking_calls": {name: sum(1 for e in blocking if e.name == name) for name in BLOCKING_CALLS},
             "causes": dict(top)}  # fmt: skip
+
+
+def _innermost_ops(ops: list, starts: list[float], longest: float, moment: float, count: int = 3) -> list[str]:
+    """The names of the last ``count`` ops (``ops`` sorted by start, ``starts`` their starts,
+    ``longest`` the longest op's duration) that began by ``moment`` and were still running
+    then, outermost first."""
+    found = []
+    for index in range(bisect.bisect_right(starts, moment) - 1, -1, -1):
+        if starts[index] < moment - longest:  # no earlier op lasts until moment
+            break
+        if ops[index].time_range.end >= moment:
+            found.append(ops[index].name)
+            if len(found) == count:
+                break
+    return found[::-1]
 
 
 def section_gaps(model, frames: int, policy: str) -> dict:

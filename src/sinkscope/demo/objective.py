@@ -39,11 +39,7 @@ def class_contexts(model: str | WanConfig = "demo", classes: Sequence[str] = syn
     the conditioning equals what the pipeline feeds for the same prompt text.
     """
     config = get_model_config(model)
-    rows = []
-    for name in classes:
-        emb = demo_embedding(synthetic.CLASS_PROMPTS[name], config.text_dim, config.text_len)
-        rows.append(F.pad(emb, (0, 0, 0, config.text_len - emb.shape[0])))
-    return torch.stack(rows)
+    return torch.stack([_padded_embedding(synthetic.CLASS_PROMPTS[name], config) for name in classes])
 
 
 def empty_context(model: str | WanConfig = "demo") -> torch.Tensor:
@@ -52,8 +48,12 @@ def empty_context(model: str | WanConfig = "demo") -> torch.Tensor:
     The unconditional input: what training with ``cond_dropout`` feeds in place of a
     class prompt, and what classifier-free guidance contrasts the prompt with.
     """
-    config = get_model_config(model)
-    emb = demo_embedding("", config.text_dim, config.text_len)
+    return _padded_embedding("", get_model_config(model))
+
+
+def _padded_embedding(text: str, config: WanConfig) -> torch.Tensor:
+    """[text_len, text_dim]: ``text``'s demo embedding, zero-padded to text_len rows."""
+    emb = demo_embedding(text, config.text_dim, config.text_len)
     return F.pad(emb, (0, 0, 0, config.text_len - emb.shape[0]))
 
 
