@@ -595,7 +595,8 @@ from sinkscope.pipeline.extract import extract_job
 t1 = time.perf_counter()
 meta = extract_job(checkpoint={checkpoint!r}, variant="default", prompt_id="eagle", seed=0, layers={layers!r},
                    output={out!r}, embedding={embedding!r}, weights_sha256="benchmark", generation={{}},
-                   capture={{"backend": "auto", "compile": {compile!r}, "token_profiles": "last_block"}},
+                   capture={{"backend": "auto", "attention": "exact", "kernels": "fast", "compile": {compile!r},
+                            "token_profiles": "last_block"}},
                    compute={{"device": "cuda", "dtype": "bfloat16"}})
 t2 = time.perf_counter()
 print("RESULT " + json.dumps({{"import_seconds": t1 - t0, "job_seconds": t2 - t1, "timings": meta["timings"]}}))
@@ -861,8 +862,13 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3, help="timed generations per variant (after one warm-up)")
     parser.add_argument("--modes", default="eager,compile", help="generation variants: eager, compile")
     parser.add_argument("--frames", type=int, default=240, help="the rollouts section's length in latent frames")
+    parser.add_argument("--no-key-split", action="store_true", help="one SDPA call per cached attention (no key split)")
     parser.add_argument("--probe-warmup", nargs=2, metavar=("BACKEND", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.no_key_split:
+        from sinkscope.attention.split import enable_key_split
+
+        enable_key_split(False)
     if args.probe_warmup:
         backend, layers = args.probe_warmup
         print("RESULT " + json.dumps(probe_warmup(backend, [int(x) for x in layers.split(",") if x])))

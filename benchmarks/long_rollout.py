@@ -342,8 +342,13 @@ def main() -> int:
     parser.add_argument("--policies", default=None, help="cache policies of the policies and compiled sections "
                         "(default: every policy / the five of the 30 FPS target)")
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode of the compiled section")
+    parser.add_argument("--no-key-split", action="store_true", help="one SDPA call per cached attention (no key split)")
     parser.add_argument("--profile-frames", type=int, default=45, help="the profile section's rollout length")
     args = parser.parse_args()
+    if args.no_key_split:
+        from sinkscope.attention.split import enable_key_split
+
+        enable_key_split(False)
     global DEVICE
     DEVICE = args.device
     out_dir = Path(args.out)

@@ -15,7 +15,7 @@ from sinkscope.pipeline.codedigest import ROOT, _imports
 # import each other; anything else only from a lower layer.
 LAYERS = (
     ("sinkscope", "sinkscope.arguments", "sinkscope.errors", "sinkscope.io", "sinkscope.labels", "sinkscope.manifests", "sinkscope.naming", "sinkscope.options",
-     "sinkscope.schema", "sinkscope.tables", "sinkscope.digests", "sinkscope.tokens"),
+     "sinkscope.schema", "sinkscope.tables", "sinkscope.digests", "sinkscope.tokens", "sinkscope.attention"),
     ("sinkscope.model", "sinkscope.stats"),
     ("sinkscope.generation",),
     ("sinkscope.legacy", "sinkscope.demo", "sinkscope.figures"),

@@ -20,7 +20,7 @@ from test_legacy import token_level_cache
 from sinkscope.pipeline.codedigest import STAGE_MODULES, code_text, module_closure
 
 _MODEL = {"model", "model.checkpoints", "model.config", "model.layout", "model.loading", "model.lora", "model.torchfile",
-          "model.wan"}
+          "model.wan", "attention", "attention.split", "attention.merge_kernel"}
 _TABLES = {"tables", "digests", "tokens"}
 _SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", *_TABLES}
 PINNED = {

@@ -312,6 +312,15 @@ def test_capture_attention_is_exact_by_default_and_reaches_the_jobs():
     assert study.extract_params(next(iter(study.runs)), "0")["capture"]["attention"] == "fused"
 
 
+def test_capture_kernels_are_fast_by_default_and_reach_the_jobs():
+    assert normalize_config({})["capture"]["kernels"] == "fast"
+    with pytest.raises(ConfigError, match="capture.kernels"):
+        normalize_config({"capture": {"kernels": "exact"}})
+    # The kernels round the video differently, so they are a job parameter.
+    study = Study(normalize_config({"capture": {"kernels": "reference"}}))
+    assert study.extract_params(next(iter(study.runs)), "0")["capture"]["kernels"] == "reference"
+
+
 def test_compile_auto_means_cuda_and_a_long_rollout():
     import torch
 

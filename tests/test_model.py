@@ -76,6 +76,38 @@ def test_repeated_calls_overwrite_the_block():
     torch.testing.assert_close(out_cached, full[:, :, 2:], rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("observe_last_layer", [False, True])
+def test_a_cache_only_pass_stores_the_same_keys_and_skips_the_rest(observe_last_layer):
+    """Self-Forcing's cache pass with cache_only: every layer's cache as the full pass leaves
+    it; the last layer's observer (a captured layer) still sees its call; nothing returned."""
+    model = tiny_model()
+    x = torch.randn(1, TINY.in_dim, 4, 4, 6, dtype=torch.float64)
+    context = torch.randn(1, 5, TINY.text_dim, dtype=torch.float64)
+    seen = []
+    if observe_last_layer:
+        model.set_observer(TINY.num_layers - 1, lambda q, k, v, layout: seen.append(k.shape[1]))
+    caches = []
+    for cache_only in (False, True):
+        cache = new_policy(model, "global", frame_seq_length=6, num_frames=4)
+        model(x[:, :, :2], 900.0, context, kv_cache=cache, start_frame=0)
+        result = model(x[:, :, :2], 0.0, None, kv_cache=cache, start_frame=0, cache_only=cache_only)
+        assert (result is None) == cache_only
+        caches.append(cache.cache)
+    full, short = caches
+    assert full.lengths == short.lengths
+    assert torch.equal(full.k, short.k) and torch.equal(full.v, short.v)
+    assert seen == ([12, 12, 12, 12] if observe_last_layer else [])
+
+
+def test_feed_forward_off_cuda_is_the_modules_own():
+    from sinkscope.model.wan import feed_forward
+
+    model = tiny_model(torch.float32)
+    h = torch.randn(1, 10, TINY.dim)
+    with torch.no_grad():
+        assert torch.equal(feed_forward(model.blocks[0].ffn, h), model.blocks[0].ffn(h))
+
+
 def test_cache_rejects_out_of_order_blocks_and_overflow():
     cache = GlobalPolicy(KVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=2, capacity_frames=4))
     cache.begin_call(0, 2)
@@ -206,3 +238,30 @@ def test_seeded_weights_are_reproducible_and_seed_dependent():
     c = build_model("demo", seed=2).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["blocks.0.self_attn.q.weight"], c["blocks.0.self_attn.q.weight"])
+
+
+def gelu_epilogue_gaps(device: str = "cuda") -> tuple[float, float]:
+    """Mean |GELU epilogue - tanh GELU| and |... - erf GELU| at x in [-4, -2], where the forms
+    differ by about 10% (x = -3: -0.00364 against -0.00405) and bf16 resolves it."""
+    x = torch.linspace(-4, -2, 256, device=device).bfloat16().reshape(16, 16)
+    eye, zero = torch.eye(16, device=device).bfloat16(), torch.zeros(16, device=device).bfloat16()
+    fused = torch._addmm_activation(zero, x, eye, use_gelu=True).float()
+    tanh = torch.nn.functional.gelu(x.float(), approximate="tanh").bfloat16().float()
+    erf = torch.nn.functional.gelu(x.float()).bfloat16().float()
+    return (fused - tanh).abs().mean().item(), (fused - erf).abs().mean().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_ffn_gelu_epilogue_is_the_tanh_gelu_rounded_once():
+    from sinkscope.model.wan import feed_forward
+
+    tanh_gap, erf_gap = gelu_epilogue_gaps()
+    assert tanh_gap < erf_gap / 10
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ffn = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(1024, 256))
+    ffn = ffn.cuda().bfloat16()
+    h = (torch.randn(1, 300, 256, device="cuda", generator=g) * 3).bfloat16()
+    with torch.no_grad():
+        fused, composed = feed_forward(ffn, h), ffn(h)
+    torch.testing.assert_close(fused.float(), composed.float(), atol=0.06, rtol=0.02)

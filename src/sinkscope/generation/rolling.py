@@ -189,5 +189,5 @@ def generate_rolling(
                               first.block == last_block))  # fmt: skip
         policy.begin_cache_update(first.start_frame, first.num_frames)
         model(predictions[0], torch.full((1, first.num_frames), context_noise, device=device), None, kv_cache=policy,
-              start_frame=first.start_frame)  # fmt: skip
+              start_frame=first.start_frame, cache_only=True)  # fmt: skip
     return clock.result([outputs[b] for b in range(schedule.num_blocks)], log, policy.nbytes)

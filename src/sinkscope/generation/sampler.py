@@ -335,7 +335,7 @@ def generate(
                 announce(CallInfo(block, PASS_RECACHE, 0, float(options.context_noise), start - count, count, last, segment))
                 cache.begin_recache(start - count, count)
                 model(kept, torch.full((1, count), float(options.context_noise), device=device), contexts[segment],
-                      kv_cache=cache, start_frame=start - count)  # fmt: skip
+                      kv_cache=cache, start_frame=start - count, cache_only=True)  # fmt: skip
         x = latents_to_device(noise.initial[start : start + frames], device, dtype)
         x0 = x
         # Step 3.1: the spatial denoising loop.
@@ -357,6 +357,7 @@ def generate(
             None,
             kv_cache=cache,
             start_frame=start,
+            cache_only=True,
         )
         # Step 3.4: the next block starts after this one.
         start += frames

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sinkscope.attention.split import balanced_attention, enable_key_split
 from sinkscope.model.config import WanConfig, get_model_config
 from sinkscope.model.layout import AttentionLayout
 
@@ -230,6 +231,9 @@ class WanSelfAttention(_WanAttention):
                 out = self.observer(q, k, v, kv_cache.layout(self.layer_index))
                 if out is not None and attn_mask is None:
                     return out.flatten(2)
+            if attn_mask is None:
+                # Cached calls split their keys where that fills the GPU better.
+                return balanced_attention(q, k, v).flatten(2)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
         )
@@ -272,7 +276,10 @@ class WanAttentionBlock(nn.Module):
         context_kv: tuple[torch.Tensor, torch.Tensor],
         kv_cache: CachePolicy | None = None,
         attn_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        keys_only: bool = False,
+    ) -> torch.Tensor | None:
+        """The layer's output; with ``keys_only``, only the self-attention call (its keys reach
+        the cache, an observer sees it) and nothing after it: None."""
         before, after = self.step_functions
         raw_k = None
         if kv_cache is not None and kv_cache.wants_raw_keys:
@@ -285,7 +292,12 @@ class WanAttentionBlock(nn.Module):
             k = apply_rope(raw_k, rope)
         else:
             q, k, v = before(self, x, e0, rope)
+        if keys_only and kv_cache is not None and self.self_attn.observer is None:
+            kv_cache.attend(self.self_attn.layer_index, q, k, v, raw_k)  # stores the block's keys
+            return None
         attn = self.self_attn.attend(q, k, v, kv_cache, attn_mask, raw_k)
+        if keys_only:
+            return None
         return after(self, x, attn, e0, *context_kv)
 
     # The pieces around the self-attention core: pure tensor functions, so that
@@ -320,9 +332,43 @@ class WanAttentionBlock(nn.Module):
         x = x + (per_frame(block.self_attn.o(attn)) * gate_sa).flatten(1, 2)
         x = x + block.cross_attn(block.norm3(x), (context_k, context_v))
         h = (per_frame(block.norm2(x)) * (1 + scale_ff) + shift_ff).flatten(1, 2)
-        return x + (per_frame(block.ffn(h)) * gate_ff).flatten(1, 2)
+        return x + (per_frame(feed_forward(block.ffn, h)) * gate_ff).flatten(1, 2)
 
     step_functions = (attention_inputs, attention_outputs)
+
+
+_FUSED_GELU = True
+
+
+def enable_fused_gelu(enabled: bool) -> None:
+    """Turn the FFN's GELU epilogue (``feed_forward``) on or off for the process."""
+    global _FUSED_GELU
+    _FUSED_GELU = bool(enabled)
+
+
+def use_fast_kernels(enabled: bool) -> None:
+    """``capture.kernels``: fast (key-split attention, the GELU epilogue) or Self-Forcing's
+    reference kernels (one SDPA call per attention, a separate GELU), for the process."""
+    enable_key_split(enabled)
+    enable_fused_gelu(enabled)
+
+
+def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
+    """Wan's FFN (Linear, tanh GELU, Linear) of h [B, L, D].
+
+    For inference on CUDA in fp16 / bf16 the first product and its GELU are one cuBLASLt
+    product with a GELU epilogue (``torch._addmm_activation``; cuBLASLt's GELU is the tanh
+    form Wan uses, ``benchmarks/block_gemms.py --sections ffn`` checks it): the GELU is
+    applied to the fp32 accumulator and rounded once, where the two kernels round twice,
+    and a block's 4680 x 8960 hidden values are not written and read again (194 against
+    237 us on an H100).
+    """
+    up, _, down = ffn
+    fused = _FUSED_GELU and up.bias is not None and h.is_cuda and h.dtype in (torch.float16, torch.bfloat16)
+    if fused and not torch.is_grad_enabled():
+        hidden = torch._addmm_activation(up.bias, h.flatten(0, -2), up.weight.t(), use_gelu=True)
+        return down(hidden.unflatten(0, h.shape[:-1]))
+    return ffn(h)
 
 
 class Head(nn.Module):
@@ -415,14 +461,17 @@ class WanModel(nn.Module):
         kv_cache: CachePolicy | None = None,
         start_frame: int = 0,
         frame_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        cache_only: bool = False,
+    ) -> torch.Tensor | None:
         """Velocity (noise - x0) shaped like ``latents`` [B, C, F, H, W].
 
         Without ``kv_cache``: the full forward over every frame; ``frame_mask`` [F, F]
         (query frame x key frame, True = visible) restricts self-attention, e.g. to
         the block-causal pattern. With ``kv_cache`` (a cache policy): one causal block
         step whose frames start at absolute frame ``start_frame``; ``context`` may then
-        be None once the cache holds the cross-attention K/V.
+        be None once the cache holds the cross-attention K/V. ``cache_only`` (a KV-cache step
+        whose output nobody reads: Self-Forcing's cache pass): the last layer stops once its
+        keys are stored (and its observer, if any, has seen its attention); returns None.
         """
         if latents.ndim != 5:
             raise ValueError(f"latents must be [B, C, F, H, W], got shape {tuple(latents.shape)}")
@@ -456,7 +505,11 @@ class WanModel(nn.Module):
             position, frames, height, width, x.device, torch.float64 if x.dtype == torch.float64 else torch.float32
         )
 
-        for block, context_kv in zip(self.blocks, cross):
+        last = len(self.blocks) - 1
+        for index, (block, context_kv) in enumerate(zip(self.blocks, cross)):
+            if cache_only and kv_cache is not None and index == last:
+                # The last layer's output feeds only the head; the next block needs its keys.
+                return block(x, e0, rope, context_kv, kv_cache, keys_only=True)
             x = block(x, e0, rope, context_kv, kv_cache, attn_mask)
         out = self.head(x, e)
         return self.unpatchify(out, frames, height, width)

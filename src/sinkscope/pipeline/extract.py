@@ -95,6 +95,7 @@ def extract_job(
     from sinkscope.generation.sampler import generate
     from sinkscope.model.loading import load_checkpoint
     from sinkscope.model.text import load_embedding
+    from sinkscope.model.wan import use_fast_kernels
     from sinkscope.pipeline.writing import ExtractionWriter, default_workers
 
     spec = CheckpointSpec(**checkpoint)
@@ -108,6 +109,7 @@ def extract_job(
     dtype = str(model.dtype).replace("torch.", "")
     if dtype != compute["dtype"]:
         raise SinkscopeError(f"checkpoint {spec.name!r} computes in {dtype}, the workflow planned {compute['dtype']}")
+    use_fast_kernels(capture.get("kernels", "fast") == "fast")
     if compile_wanted(capture.get("compile", "auto"), device, options.num_frames):
         model.compile_blocks(dynamic=False)
     files = [embedding] if isinstance(embedding, (str, Path)) else list(embedding)

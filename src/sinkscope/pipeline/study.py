@@ -417,8 +417,7 @@ class Study:
             "variant": variant,
             "layers": decode_layers(group),
             "generation": self.options[source].to_dict(),
-            "capture": {"backend": capture["backend"], "attention": capture["attention"], "compile": capture["compile"],
-                        "token_profiles": capture["token_profiles"]},
+            "capture": {key: capture[key] for key in ("backend", "attention", "kernels", "compile", "token_profiles")},
             "compute": self.compute(checkpoint),
         }
 

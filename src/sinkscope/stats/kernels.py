@@ -23,9 +23,9 @@ mass_f = l_f 2^(m_f - M) / L; entropy (nats) = ln L + ln 2 * sum_f 2^(m_f - M)
 directly); the argmax frame = argmax_f m_f (ties: the lowest frame position).
 
 Kernel 2, ``token_profiles_kernel`` (only for token profiles): a second streaming pass
-that reuses each query's M and 1/L from the combine. Its grid is (key tiles of
-BLOCK_N, heads); each program holds its key tile and loops over all query blocks,
-computing p = 2^(t - M) / L and accumulating it elementwise in a [BLOCK_M, BLOCK_N]
+that reuses each query's base-2 log-sum-exp (from the combine, or cuDNN's). Its grid is
+(key tiles of BLOCK_N, heads); each program holds its key tile and loops over all query blocks,
+computing p = 2^(t - lse2) and accumulating it elementwise in a [BLOCK_M, BLOCK_N]
 register tile, reduced over the queries once at the end. It writes [H, Lk] column sums:
 O(keys) memory, and one more QK^T over the call, so it costs about what kernel 1 does.
 It is a separate pass because the column sums need every query's final normalizer,
@@ -431,8 +431,7 @@ def frame_partials_given_lse_kernel(
 def token_profiles_kernel(
     q_ptr,
     k_ptr,
-    row_max_ptr,
-    row_inv_ptr,
+    lse2_ptr,
     q_mean_ptr,
     prob_ptr,
     logit_ptr,
@@ -443,6 +442,7 @@ def token_profiles_kernel(
     num_queries,
     num_keys,
     qk_scale_log2,
+    scale,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     IEEE: tl.constexpr,
@@ -450,37 +450,54 @@ def token_profiles_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # The key tile in two halves: two independent products and exponentials a step, which
+    # the scheduler interleaves (docs/performance.md, 2026-11-26).
+    HALF: tl.constexpr = BLOCK_N // 2
     pid_n = tl.program_id(0)
     head = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
+    offs_b = offs_a + HALF
     offs_d = tl.arange(0, D_PAD)
-    n_valid = offs_n < num_keys
-    d_valid = offs_d < HEAD_DIM
-    k = tl.load(
-        k_ptr + head * stride_kh + offs_n[None, :] * stride_kl + offs_d[:, None],
-        mask=n_valid[None, :] & d_valid[:, None],
-        other=0.0,
-    )
-    # The mean score of each key over every query: (mean_i q_i) . k_j, in fp32.
-    q_mean = tl.load(q_mean_ptr + head * HEAD_DIM + offs_d, mask=d_valid, other=0.0)
-    logit = tl.sum(k.to(tl.float32) * q_mean[:, None], 0)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if D_PAD == HEAD_DIM:
+        d_valid = tl.full([D_PAD], 1, tl.int1)  # no padding: masks by row only, loads vectorize
+    else:
+        d_valid = offs_d < HEAD_DIM
+    k_base = k_ptr + head * stride_kh + offs_d[:, None]
+    k_a = tl.load(k_base + offs_a[None, :] * stride_kl, mask=(offs_a < num_keys)[None, :] & d_valid[:, None], other=0.0)
+    k_b = tl.load(k_base + offs_b[None, :] * stride_kl, mask=(offs_b < num_keys)[None, :] & d_valid[:, None], other=0.0)
+    acc_a = tl.zeros([BLOCK_M, HALF], tl.float32)
+    acc_b = tl.zeros([BLOCK_M, HALF], tl.float32)
     # LOOP_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end).
     for start in range(0, LOOP_END if LOOP_END > 0 else num_queries, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         m_valid = offs_m < num_queries
         q = _load_rows(q_ptr + head * stride_qh, stride_ql, offs_m, m_valid, offs_d, d_valid)
-        # Rows past the end read max 0 and 1/L 0: their p is exactly 0.
-        row_max = tl.load(row_max_ptr + head * num_queries + offs_m, mask=m_valid, other=0.0)
-        row_inv = tl.load(row_inv_ptr + head * num_queries + offs_m, mask=m_valid, other=0.0)
+        # Rows past the end read a log-sum-exp of +inf: their p is exactly 0.
+        lse2 = tl.load(lse2_ptr + head * num_queries + offs_m, mask=m_valid, other=float("inf"))
         if IEEE:
-            s = tl.dot(q, k, input_precision="ieee")
+            s_a = tl.dot(q, k_a, input_precision="ieee")
+            s_b = tl.dot(q, k_b, input_precision="ieee")
         else:
-            s = tl.dot(q, k)
+            s_a = tl.dot(q, k_a)
+            s_b = tl.dot(q, k_b)
         # Columns past the end are never stored, so they need no mask here.
-        acc += tl.exp2(s * qk_scale_log2 - row_max[:, None]) * row_inv[:, None]
-    tl.store(prob_ptr + head * num_keys + offs_n, tl.sum(acc, 0), mask=n_valid)
-    tl.store(logit_ptr + head * num_keys + offs_n, logit, mask=n_valid)
+        acc_a += tl.exp2(s_a * qk_scale_log2 - lse2[:, None])
+        acc_b += tl.exp2(s_b * qk_scale_log2 - lse2[:, None])
+    tl.store(prob_ptr + head * num_keys + offs_a, tl.sum(acc_a, 0), mask=offs_a < num_keys)
+    tl.store(prob_ptr + head * num_keys + offs_b, tl.sum(acc_b, 0), mask=offs_b < num_keys)
+    # The mean score of each key over every query, (mean_i q_i) . k_j * scale in fp32, after the
+    # loop: k read again (from L2) keeps its fp32 copy out of the loop's registers.
+    q_mean = tl.load(q_mean_ptr + head * HEAD_DIM + offs_d, mask=d_valid, other=0.0) * scale
+    _store_key_logits(k_base, stride_kl, offs_a, num_keys, d_valid, q_mean, logit_ptr + head * num_keys)
+    _store_key_logits(k_base, stride_kl, offs_b, num_keys, d_valid, q_mean, logit_ptr + head * num_keys)
+
+
+@triton.jit
+def _store_key_logits(k_base, stride_kl, offs, num_keys, d_valid, q_mean, out_ptr):
+    """q_mean . k_j in fp32 for the keys ``offs`` of one head."""
+    valid = offs < num_keys
+    k_tile = tl.load(k_base + offs[None, :] * stride_kl, mask=valid[None, :] & d_valid[:, None], other=0.0)
+    tl.store(out_ptr + offs, tl.sum(k_tile.to(tl.float32) * q_mean[:, None], 0), mask=valid)
 
 
 @triton.jit

@@ -16,6 +16,7 @@ from functools import lru_cache
 import torch
 import triton
 
+from sinkscope.attention.split import key_split, planned_attention
 from sinkscope.stats.kernels import (
     attention_frame_partials_kernel,
     attention_frame_partials_tma_kernel,
@@ -27,7 +28,7 @@ from sinkscope.stats.reduction_kernels import (
     frame_statistics_combine_kernel,
     segment_sums_kernel,
 )
-from sinkscope.stats.reference import CallStatistics, one_hot_float, token_mean
+from sinkscope.stats.reference import CallStatistics, one_hot_float
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -43,10 +44,11 @@ _CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
 ]
-# Kernel 2 holds a key tile (BLOCK_N) and streams query tiles (BLOCK_M). H100, last
-# block: 64x128 (4 warps, 3 stages) 1.03-1.08 ms, (8, 3) 1.11-1.13, 128x64 (8, 3)
-# 1.15-1.23, 64x64 (4, 3) 1.12-1.18, 128x128 (8, 2) 1.54-1.60. Fixed, no autotuning.
-DEFAULT_PROFILE_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+# Kernel 2 holds a key tile (BLOCK_N, in two halves) and streams query tiles (BLOCK_M).
+# H200, last block, 2026-11-26 (attention_waves.py --sections profiles): 64x256 (4 warps,
+# 3 stages) 0.95 ms, (4, 2) 1.01, 64x128 (4, 4) 1.04, (4, 3) 1.11, 32x256 (4, 3) 1.35;
+# 128-query tiles spill. Fixed, no autotuning.
+DEFAULT_PROFILE_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 4, "num_stages": 3}
 # Kernel 4 (the statistics given each query's log-sum-exp). H100, last block, 2026-11-25:
 # 128x64 (8 warps, 4 stages) 1.43 ms, (8, 3) 1.56, 64x64 (4, 3) 1.46, 64x128 (4, 3) 1.63,
 # 128x128 (8, 3) 1.79, 256x64 (8, 3) 1.77. Fixed, no autotuning.
@@ -152,30 +154,29 @@ def frame_softmax_partials(
 def token_profile_sums(
     q: torch.Tensor,
     k: torch.Tensor,
-    row_max: torch.Tensor,
-    row_inv_sum: torch.Tensor,
+    lse2: torch.Tensor,
     scale: float,
     config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel 2. (prob_sums, logit_means), each [H, Lk] fp32: the sum over every query i
-    of p_ij = 2^(t_ij - M_i) / L_i, given ``row_max`` = M and ``row_inv_sum`` = 1/L, each
-    [H, Lq] fp32 (from kernel 1); and (mean_i q_i) . k_j * scale."""
+    of p_ij = 2^(t_ij - lse2_i), given each query's base-2 log-sum-exp ``lse2`` [H, Lq]
+    fp32; and (mean_i q_i) . k_j * scale."""
     q, k = _unit_stride(q), _unit_stride(k)
     heads, num_queries, head_dim = q.shape
     num_keys = k.shape[1]
-    row_max, row_inv_sum = row_max.contiguous(), row_inv_sum.contiguous()
-    q_mean = token_mean(q, torch.float32).contiguous()  # [H, D], no whole fp32 copy of q
+    lse2 = lse2.contiguous()
+    q_mean = segment_sums(q, (num_queries,))[:, 0].div_(num_queries)  # [H, D] fp32 (kernel 7)
     prob_sums = torch.empty(heads, num_keys, dtype=torch.float32, device=q.device)
     logit_means = torch.empty_like(prob_sums)
     config, launch = _launch_config(config, DEFAULT_PROFILE_CONFIG)
     grid = (math.ceil(num_keys / config["BLOCK_N"]), heads)
     token_profiles_kernel[grid](
-        q, k, row_max, row_inv_sum, q_mean, prob_sums, logit_means,
+        q, k, lse2, q_mean, prob_sums, logit_means,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        num_queries, num_keys, scale * LOG2E,
+        num_queries, num_keys, scale * LOG2E, scale,
         **{**_constants(q), "LOOP_END": _interpreter_loop_end(num_queries), **config}, **launch,
     )  # fmt: skip
-    return prob_sums, logit_means.mul_(scale)
+    return prob_sums, logit_means
 
 
 def _combine(
@@ -206,7 +207,7 @@ def _combine(
     argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
-        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, row_max[..., 0], 1.0 / row_sum[..., 0], scale, profile_config)
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, (row_max + torch.log2(row_sum))[..., 0], scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 
@@ -340,7 +341,7 @@ def _combine_fused(
     prob_mass, argmax_share, logit_mean = frame_parts.sum(1).unbind(0)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy_parts.sum(0))
     if token_profiles:
-        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, torch.ones_like(lse2), scale, profile_config)
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 
@@ -348,23 +349,15 @@ def _combine_fused(
 def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [Lq, H, D], natural-log log-sum-exp [H, Lq] fp32) of one attention call, from
     cuDNN's attention (the backend SDPA picks on Hopper), or flash attention where cuDNN
-    is not available. q, k, v are [H, L, D]."""
+    is not available; the keys split as the model's uncaptured calls split them
+    (``sinkscope.attention.split``), so that the output is theirs, bit for bit.
+    q, k, v are [H, L, D]."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         # cuDNN's op takes float32 without complaint and returns NaN (H100, torch 2.11).
         raise NotImplementedError(f"cuDNN and flash attention compute in fp16 / bf16, not {q.dtype}")
-    q4, k4, v4 = q[None], k[None], v[None]
-    errors = []
-    for attend in (
-        lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(q4, k4, v4, None, True, 0.0, False, False, scale=scale),
-        lambda: torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, False, False, scale=scale),
-    ):
-        try:
-            out, lse = attend()[:2]
-        except (RuntimeError, AttributeError) as error:  # not built, or not for this dtype / head_dim
-            errors.append(str(error).splitlines()[0][:120])
-            continue
-        return out[0].transpose(0, 1), lse.reshape(q.shape[0], q.shape[1]).float()
-    raise NotImplementedError(f"no attention backend returns the log-sum-exp here ({'; '.join(errors)})")
+    q4, k4, v4 = (x.transpose(0, 1)[None] for x in (q, k, v))  # [1, L, H, D]
+    out, lse = planned_attention(q4, k4, v4, key_split(q4, k4), scale)
+    return out[0], lse[0]
 
 
 def attention_statistics_lse(
@@ -426,7 +419,7 @@ def statistics_given_lse(
     argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
-        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, torch.ones_like(lse2), scale, profile_config)
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 
