@@ -157,3 +157,11 @@ def test_split_attention_on_cuda_is_sdpa_within_bf16_rounding():
 
     captured, _ = sdpa_with_lse(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), 128**-0.5)
     assert torch.equal(captured, balanced_attention(q, k, v)[0])
+
+
+def test_a_plan_without_the_log_sum_exp_gives_the_same_output():
+    q, k, v = inputs()
+    for plan in (KeySplit(16, 2, 0.0), KeySplit(0, 3, 0.0)):
+        out, lse = planned_attention(q, k, v, plan, lse=False)
+        assert lse is None
+        torch.testing.assert_close(out, planned_attention(q, k, v, plan)[0], rtol=0, atol=0)

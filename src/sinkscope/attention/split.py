@@ -32,11 +32,11 @@ MAX_PARTS = 16
 MIN_PART_KEYS = 2048
 # A split must save at least this share of the waves to be worth its merge.
 MIN_GAIN = 0.05
-# Bytes the H100 moves in the time a wave of 128-query programs spends on one key (head
-# size 128): 1.32 ms for 3 waves over 32760 keys, at about 3 TB/s (attention_waves.py).
-WAVE_BYTES_PER_KEY = 40_200
-# The same wave's seconds per key, and the launches a split adds (copies, merge) in seconds.
+# The H100's time a wave of 128-query programs spends on one key (head size 128: 1.32 ms
+# for 3 waves over 32760 keys, attention_waves.py), the bytes it moves meanwhile (about
+# 3 TB/s), and the launches a split adds (copies, merge).
 WAVE_SECONDS_PER_KEY = 13.4e-9
+WAVE_BYTES_PER_KEY = WAVE_SECONDS_PER_KEY * 3.0e12
 SPLIT_LAUNCH_SECONDS = 10e-6
 
 
@@ -160,16 +160,17 @@ def split_key_attention(
 
 
 def planned_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: KeySplit, scale: float | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: KeySplit, scale: float | None = None, *, lse: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of q [B, Lq, H, D] over k, v [B, Lk, H, D] run as ``plan`` says:
-    (output [B, Lq, H, D], log-sum-exp [B, H, Lq] fp32)."""
+    (output [B, Lq, H, D], log-sum-exp [B, H, Lq] fp32, or None without ``lse``)."""
     if plan.head == 0:
-        return split_key_attention(q, k, v, plan.parts, scale)
+        out, total = split_key_attention(q, k, v, plan.parts, scale)
+        return out, total if lse else None
     out = torch.empty_like(q)
     _, head_lse = split_key_attention(q[:, : plan.head], k, v, 1, scale, out=out[:, : plan.head])
     _, tail_lse = split_key_attention(q[:, plan.head :], k, v, plan.parts, scale, out=out[:, plan.head :])
-    return out, torch.cat((head_lse, tail_lse), dim=-1)
+    return out, torch.cat((head_lse, tail_lse), dim=-1) if lse else None
 
 
 def merge_parts(
@@ -208,7 +209,7 @@ def balanced_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
     plan = key_split(q, k)
     if plan.plain:
         return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-    return planned_attention(q, k, v, plan)[0]
+    return planned_attention(q, k, v, plan, lse=False)[0]
 
 
 _MULTIPROCESSORS: dict[int, int] = {}
