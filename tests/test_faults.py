@@ -20,7 +20,7 @@ from conftest import REPO
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 BASE = {"layers": [0, 1], "generation": {"num_frames": 6}, "capture": {"token_profiles": "none"}}
-EXTRACT = "results/extract/demo/circle/seed0"
+EXTRACT = "results/extract/demo/drift/seed0"
 
 
 def snapshot(workflow) -> dict[str, str]:
@@ -87,7 +87,7 @@ def test_a_damaged_extraction_stops_the_run_and_is_rebuilt(done, damage):
     done.run()
     rebuilt = snapshot(done)
     for name in ("layers1/layer1.parquet", "layers0/layer0.parquet"):
-        key = f"extract/demo/circle/seed0/{name}"
+        key = f"extract/demo/drift/seed0/{name}"
         assert rebuilt[key] == before[key] or name.startswith("layers1")
 
 

@@ -861,6 +861,26 @@ def test_study_figure_orders_checkpoints_by_training_step(tmp_path):
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["step500", "demo", "step2000"]
 
 
+def test_study_figure_counts_each_checkpoints_sink_heads_from_its_table():
+    """The sink-head panel prints, per checkpoint, the heads head_diagnostics classes sink."""
+    data = study("demo")["diagnostics_all"].assign(head_class="diffuse")
+    pairs = sorted(set(zip(data["layer"], data["head"], strict=True)))
+    wanted = {"step500": 0, "demo": 2, "step2000": 5}
+    for checkpoint, n in wanted.items():
+        chosen = data["checkpoint"].eq(checkpoint) & pd.Series(list(zip(data["layer"], data["head"], strict=True))).isin(pairs[:n])
+        data.loc[chosen, "head_class"] = "sink"
+    fig = figures.draw("attention_across_checkpoints", {"head_diagnostics": data}, source=None, options={},
+                       train_steps={"demo": 1000, "step2000": 2000, "step500": 500})  # fmt: skip
+    panel = fig.axes[2]
+    assert panel.get_title().endswith("sink heads")
+    assert [t.get_text() for t in panel.texts] == [f"{n}/{len(pairs)}" for n in (0, 2, 5)]  # in step order
+    heights = {}
+    for patch in panel.patches:
+        checkpoint = patch.get_gid().split("-")[1]
+        heights[checkpoint] = heights.get(checkpoint, 0) + patch.get_height()
+    assert heights == {"demo": 2, "step2000": 5}
+
+
 # -- the summary page ------------------------------------------------------------------------------
 
 

@@ -71,11 +71,11 @@ def test_a_damaged_parquet_or_folder_is_replaced_by_its_whole_backup(tmp_path):
     pq.write_table(pa.table({"x": list(range(100))}), table)
     _write(_backup(tmp_path, "results/tables/checkpoints/demo/frame_attention.parquet"), table.read_bytes())
     table.write_bytes(table.read_bytes()[:100])
-    folder = tmp_path / "results/extract/demo/circle/seed0/layers0"
+    folder = tmp_path / "results/extract/demo/drift/seed0/layers0"
     folder.mkdir(parents=True)
     (folder / "layer0.parquet").write_bytes(b"rows" * 10)
     write_manifest(folder, ["layer0.parquet"], {})
-    backup = _backup(tmp_path, "results/extract/demo/circle/seed0/layers0")
+    backup = _backup(tmp_path, "results/extract/demo/drift/seed0/layers0")
     shutil.copytree(folder, backup)
     (folder / "layer0.parquet").write_bytes(b"rows")  # a restore cut short
     recover_interrupted_run(tmp_path)
@@ -85,7 +85,7 @@ def test_a_damaged_parquet_or_folder_is_replaced_by_its_whole_backup(tmp_path):
 
 def test_temporaries_of_an_interrupted_job_are_removed(tmp_path):
     stray = [_write(tmp_path / "results/tables/.frame_attention.parquet.k2j3.tmp", b"partial"),
-             tmp_path / "results/extract/demo/circle/seed0/.layers0.tmp-4242"]  # fmt: skip
+             tmp_path / "results/extract/demo/drift/seed0/.layers0.tmp-4242"]  # fmt: skip
     stray[1].mkdir(parents=True)
     keep = _write(tmp_path / "results/tables/frame_attention.parquet", b"data")
     recover_interrupted_run(tmp_path)
@@ -135,7 +135,7 @@ def _interrupt(workdir: Path, moment: str, signal_number: int) -> None:
     """A forced rerun of the extraction, stopped at ``moment``: 'before' (the job just
     scheduled), 'during' (the job computing), 'after' (its folder written, downstream
     jobs running)."""
-    folder = next(workdir.glob("results/extract/demo/circle/seed0/layers0"))
+    folder = next(workdir.glob("results/extract/demo/drift/seed0/layers0"))
     written = (folder / "manifest.json").stat().st_mtime_ns
     log = workdir / "interrupted.log"
     with open(log, "w") as handle:
@@ -149,7 +149,7 @@ def _interrupt(workdir: Path, moment: str, signal_number: int) -> None:
         if moment == "before":
             return "rule extract_attention" in text
         if moment == "during":
-            job_log = workdir / "results/logs/extract_attention/demo/circle/seed0/layers0.log"
+            job_log = workdir / "results/logs/extract_attention/demo/drift/seed0/layers0.log"
             return "rule extract_attention" in text and job_log.exists() and job_log.stat().st_size > 0
         manifest = folder / "manifest.json"
         return manifest.exists() and manifest.stat().st_mtime_ns != written
@@ -221,7 +221,7 @@ def test_damage_to_any_result_is_seen_moved_aside_and_rebuilt_by_the_next_run(tm
     table = results / "tables/frame_attention.parquet"
     png = results / "figures/demo/figure4.png"
     dataset = results / "tables/checkpoints/demo/token_profiles.parquet"
-    extraction = results / "extract/demo/circle/seed0/layers0"
+    extraction = results / "extract/demo/drift/seed0/layers0"
     manifest = extraction / "manifest.json"
 
     def flip(path: Path, keep_mtime: bool = False) -> None:

@@ -357,11 +357,13 @@ def test_guided_ode_distillation_stage(tmp_path):
 
 
 def test_ode_distillation_stage(tmp_path):
-    teacher = _train(tmp_path, "teacher", steps=1, dtype="float32")
+    teacher = _train(tmp_path, "teacher", steps=1, dtype="float32", data_extra={"fine_texture": 0.5})
     student = _train(tmp_path, "student", steps=2, stage="ode", teacher=teacher.final_checkpoint,
                      pool_size=3, ode_steps=4, ode_chunk=2)  # fmt: skip
     meta = student.metadata["training"]
     assert meta["stage"] == "ode" and meta["pool_size"] == 3 and meta["init"].startswith("teacher")
+    # The student learns the teacher's videos: it records the teacher's data, which evaluate_demo compares with.
+    assert student.metadata["data"] == teacher.metadata["data"] and student.metadata["data"]["fine_texture"] == 0.5
     assert student.final_loss == student.final_loss
     with pytest.raises(ValueError):
         _train(tmp_path, "bad", stage="ode")  # no teacher
@@ -391,11 +393,12 @@ def test_the_cli_command_trains_with_the_full_option_set(tmp_path, capsys):
     from sinkscope.cli import main as cli_main
 
     out = tmp_path / "cli"
-    assert cli_main(["train-demo", "--out", str(out), "--steps", "2", "--batch-size", "1",
-                     "--dtype", "float32", "--schedule", "constant", "--log-every", "1"]) == 0  # fmt: skip
+    assert cli_main(["train-demo", "--out", str(out), "--steps", "2", "--batch-size", "1", "--dtype", "float32",
+                     "--schedule", "constant", "--log-every", "1", "--fine-texture", "0.5", "--cond-dropout", "0.1"]) == 0  # fmt: skip
     assert "trained 2 steps" in capsys.readouterr().out
     data = torch.load(out / "final.pt", weights_only=True)
     assert data["step"] == 2 and next(iter(data["generator_ema"].values())).dtype == torch.float32
+    assert data["sinkscope"]["data"]["fine_texture"] == 0.5  # the default demo's data (docs/trained-demo.md, run M)
 
 
 def test_attention_summary_of_random_weights_is_near_uniform():

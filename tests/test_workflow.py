@@ -51,12 +51,12 @@ def test_full_run_then_only_what_changed(workflow):
     # A row per call, head and key frame, the frame's 24 tokens as lists; a row a token.
     assert set(tokens["block"]) == {2} and len(tokens) == 2 * 5 * 12 * 9
     assert len(token_rows(tokens)) == 2 * 5 * 12 * 9 * 24
-    meta = read_metadata(workflow.path("results/extract/demo/circle/seed0/layers4/layer4.parquet"))
+    meta = read_metadata(workflow.path("results/extract/demo/drift/seed0/layers4/layer4.parquet"))
     for key in ("package_version", "code_digest", "config_hash", "checkpoint_digest", "torch_version", "device_name",
                 "device_kind", "dtype", "model_config", "frame_grid"):  # fmt: skip
         assert meta[key] is not None, key
     assert (meta["device_kind"], meta["dtype"], meta["frame_grid"]) == ("cpu", "float32", [4, 6])
-    assert workflow.path("results/extract/demo/circle/seed0/layers4/manifest.json").is_file()
+    assert workflow.path("results/extract/demo/drift/seed0/layers4/manifest.json").is_file()
 
     for kind in SOURCE_FIGURES:
         if kind in LABEL_FIGURES:  # drawn only with a reference label file (diagnostics.reference_labels)
@@ -88,13 +88,13 @@ def test_full_run_then_only_what_changed(workflow):
     # A new layer: only its extraction (layers go one a job on the CPU), then what reads it:
     # its layer figures, and the per_head_grid of the other layers, whose titles give the
     # head classes of the source's head_diagnostics (which the new layer's rows rewrite).
-    first = digest(workflow.path("results/extract/demo/circle/seed0/layers0/layer0.parquet"))
+    first = digest(workflow.path("results/extract/demo/drift/seed0/layers0/layer0.parquet"))
     workflow.write_config({**BASE, "layers": [0, 4, 5]})
     jobs = without_all(workflow.planned_jobs())
     assert jobs["extract_attention"] == 1 and "encode_prompt" not in jobs
     assert jobs["layer_figure"] == len(LAYER_FIGURES) + len(BASE["layers"])
     workflow.run()
-    assert digest(workflow.path("results/extract/demo/circle/seed0/layers0/layer0.parquet")) == first
+    assert digest(workflow.path("results/extract/demo/drift/seed0/layers0/layer0.parquet")) == first
 
     # A figure option reruns only the figures that draw with it (and the summary, which shows it
     # and some of them); sink_mass_over_time does not draw with the metric.

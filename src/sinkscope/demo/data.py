@@ -37,9 +37,9 @@ into one latent frame (81 video frames -> 1 + 20 latent frames):
 
 ``first_frame="video"``, ``temporal_compression=1`` and ``scale=VERSION1_SCALE``
 (``options_of(None)``) give back version 1's videos exactly (every frame one instant,
-no first-frame statistics); the shipped demo, ``demo_trained.pt``, was trained on
-those. Version 2 has not yet given a model with a first-frame sink in the heads'
-sense (docs/trained-demo.md, "Toward a first-frame sink").
+no first-frame statistics); the periodic demo, ``demo_periodic.pt``, was trained on
+those. The default demo, ``demo_trained.pt``, was trained on version 2 with
+``fine_texture=0.5`` and has a first-frame sink (docs/trained-demo.md, run M).
 
 Values are divided by ``DATA_SCALE`` so that the whole data set has about unit
 variance, as VAE latents scaled for a diffusion model have. Everything random comes

@@ -346,6 +346,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     pool = None
     pool_seconds = 0.0
     teacher_training = None
+    data_description = synthetic.describe(**config.data_options())
     from sinkscope.model.loading import load_transformer
 
     if config.stage == "ode":
@@ -355,7 +356,10 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
                               guidance=config.guidance)  # fmt: skip
         pool_seconds = time.perf_counter() - pool_began
         init = f"teacher {Path(config.teacher).name}"
-        teacher_training = torch.load(config.teacher, map_location="cpu", weights_only=True).get("sinkscope", {}).get("training")
+        teacher_meta = torch.load(config.teacher, map_location="cpu", weights_only=True).get("sinkscope", {})
+        teacher_training = teacher_meta.get("training")
+        # The student learns the teacher's videos, so its data is the teacher's (evaluate_demo reads it).
+        data_description = teacher_meta.get("data", data_description)
         net = net.float().train().requires_grad_(True)
     elif config.init_from:
         net = load_transformer(config.init_from, format="self_forcing", model=model_config, device=device).float()
@@ -393,7 +397,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
         "kind": "sinkscope trained demo",
         "model": config.model if isinstance(config.model, str) else "custom",  # load with model=config when custom
         "config": model_config.to_dict(),
-        "data": synthetic.describe(**config.data_options()),
+        "data": data_description,
         "training": {
             "seed": int(config.seed), "steps": int(config.steps), "batch_size": int(config.batch_size), "lr": float(config.lr),
             "ema": float(config.ema), "warmup": int(config.warmup), "weight_decay": float(config.weight_decay),
@@ -590,6 +594,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
     parser.add_argument("--data-scale", type=positive_number, default=None,
                         help=f"data: divide the raw values by this (default {synthetic.DATA_SCALE}; data version 1: {synthetic.VERSION1_SCALE})")
     parser.add_argument("--grain", type=float, default=defaults.grain, help="data: per-pixel detail of every video frame (raw units)")
+    parser.add_argument("--fine-texture", type=float, default=0.0,
+                        help="data: a static per-pixel background texture (raw units; the default demo: 0.5)")
     parser.add_argument("--sampler-prob", type=fraction, default=defaults.sampler_prob, help="share of steps at the sampler's timesteps (0..1)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=defaults.dtype, help="weights dtype of final.pt")
     parser.add_argument("--keep-generator", action="store_true", help="final.pt also holds the non-EMA weights")
@@ -623,12 +629,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
     if args.evaluate_only:
         checkpoint = Path(args.evaluate_only)
     else:
+        data_extra = {"scale": args.data_scale} if args.data_scale is not None else {}
+        if args.fine_texture:
+            data_extra["fine_texture"] = args.fine_texture
         config = TrainConfig(
             steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device, lr=args.lr,
             ema=args.ema, warmup=args.warmup, save_every=args.save_every, schedule=args.schedule, mode=args.mode,
             sampler_prob=args.sampler_prob, weight_decay=args.weight_decay, cond_dropout=args.cond_dropout, guidance=args.guidance,
             first_frame=args.first_frame, temporal_compression=args.temporal_compression,
-            grain=args.grain, data_extra={} if args.data_scale is None else {"scale": args.data_scale}, dtype=args.dtype, stage=args.stage, teacher=args.teacher,
+            grain=args.grain, data_extra=data_extra, dtype=args.dtype, stage=args.stage, teacher=args.teacher,
             pool_size=args.pool_size, ode_steps=args.ode_steps, ode_chunk=args.ode_chunk, keep_generator=args.keep_generator,
             autocast=None if args.autocast == "none" else args.autocast, compile=args.compile,
             log_every=args.log_every, max_seconds=args.max_seconds, num_threads=args.threads, stop_at=args.stop_at,

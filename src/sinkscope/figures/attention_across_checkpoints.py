@@ -1,8 +1,9 @@
 """How training moves the sink: for every checkpoint of the study (x: its training step
 when every checkpoint has one, else the config's order), the softmax mass on frame 0 and
 the normalized entropy over key frames of each layer, averaged over heads
-(head_diagnostics, last block, last denoising step); one row per variant. The mean over
-layers carries error bars: the mean over heads of each head's std between runs
+(head_diagnostics, last block, last denoising step), and the number of heads the head
+classifier calls ``sink``, stacked by layer; one row per variant. The mean over layers
+carries error bars: the mean over heads of each head's std between runs
 (head_diagnostics ``*_run_std``); frame-0 mass has the uniform share beside it (dashed).
 The workflow draws it only for a study of two or more checkpoints."""
 
@@ -53,8 +54,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     variants = variants_in(rows)
     layers = sorted(int(x) for x in rows["layer"].unique())
     colors = layer_colors(layers)
-    fig = new_figure(2 * 4.6 + 0.9, len(variants) * 3.0)
-    axes = fig.subplots(len(variants), 2, squeeze=False)
+    fig = new_figure(3 * 4.4 + 0.9, len(variants) * 3.0)
+    axes = fig.subplots(len(variants), 3, squeeze=False)
     means = rows.groupby(["variant", "layer", "checkpoint"], observed=True)[[m for m, _ in METRICS]].mean()
     single = len(order) < 2  # one point a line: markers only, and the legend says so
     style = "o" if single else "o-"
@@ -97,7 +98,12 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             else:
                 set_label_ticks(ax_, order, length=4.0)
             ax_.set_xlabel("training step" if numeric else "checkpoint (config order)")
-            ax_.set_ylim(0, max(1.0, float(np.nanmax(means[metric].to_numpy())) * 1.05) if metric == "frame0_mass" else 1.0)
+            if metric == "frame0_mass":  # fitted to the data: layer means are small next to 1
+                ax_.set_ylim(0, min(1.0, max(0.1, 1.25 * float(np.nanmax(ax_.dataLim.y1)))))
+            else:
+                ax_.set_ylim(0, 1.0)
+        _sink_heads(axes[i, 2], rows[rows["variant"] == variant], order, x_of, layers, colors, numeric)
+        axes[i, 2].set_title(f"{variant} · sink heads" if len(variants) > 1 else "sink heads", fontsize=9.5)
     marker_only = {"ls": "none"} if single else {}
     if len(layers) <= 8:
         legend = [line_handle(colors[layer], layer_label(layer), marker="o", ms=3, **marker_only) for layer in layers]
@@ -113,7 +119,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     pass_, index = step_of(rows, step)
     return finish(
         fig,
-        title="Frame-0 mass and entropy across checkpoints",
+        title="Frame-0 mass, entropy and sink heads across checkpoints",
         subtitle=subtitle("every checkpoint of the study" if source in (None, "study") else source,
                           call_label(pass_, index) + " of the last block", "head_diagnostics", runs,
                           "error bars on the mean over layers"),
@@ -121,6 +127,43 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         caption=("Per layer, the mean over heads of frame0_mass (softmax mass of the last block's queries on frame 0; "
                  "dashed: the mass uniform attention over the key tokens would give it) and entropy_frames (entropy "
                  "over key frames / ln(frames)); runs averaged in head_diagnostics, error bars: the mean over heads of "
-                 "each head's std between runs. Checkpoints: "
+                 "each head's std between runs. Sink heads: heads the head classifier calls sink (frame-0 mass at "
+                 "least diagnostics.sink_mass), stacked by layer, the total above. Checkpoints: "
                  + ", ".join(f"{n}{f' (step {int(train_steps[n])})' if numeric else ''}" for n in order) + "."),
     )  # fmt: skip
+
+
+def _sink_heads(ax_, rows: pd.DataFrame, order: list[str], x_of: Mapping[str, float], layers: list[int], colors,
+                numeric: bool) -> None:  # fmt: skip
+    """Stacked bars: per checkpoint, the heads classed ``sink``, by layer; the total written above."""
+    sink = rows[rows["head_class"] == "sink"]
+    counts = sink.groupby(["checkpoint", "layer"], observed=True).size()
+    xs = np.array([x_of[name] for name in order])
+    log = numeric and xs.min() > 0 and xs.max() / xs.min() >= 50
+    gaps = np.diff(np.sort(xs))
+    width = 0.6 * (gaps.min() if len(gaps) and gaps.min() > 0 else 1.0)
+    heads = int(rows.groupby("checkpoint", observed=True).size().max())
+    for name, x in zip(order, xs, strict=True):
+        left, span = (x / 1.2, x * (1.2 - 1 / 1.2)) if log else (x - width / 2, width)
+        bottom = 0
+        for layer in layers:
+            n = int(counts.get((name, layer), 0))
+            if n:
+                bar = ax_.bar(left, n, width=span, bottom=bottom, align="edge", color=colors[layer], alpha=0.85)
+                bar.patches[0].set_gid(f"sink-{name}-{layer_label(layer)}")
+                bottom += n
+        ax_.text(x, bottom, f"{bottom}/{heads}", ha="center", va="bottom", fontsize=7.5)
+    if log:
+        ax_.set_xscale("log")
+        ax_.minorticks_off()
+    else:
+        ax_.set_xlim(xs.min() - width, xs.max() + width)
+    if numeric:
+        ax_.set_xticks(list(xs), labels=[f"{int(x)}" for x in xs])
+    else:
+        set_label_ticks(ax_, order, length=4.0)
+    ax_.set_xlabel("training step" if numeric else "checkpoint (config order)")
+    ax_.set_ylabel("heads classed sink", fontsize=8.5)
+    top = max((int(counts.groupby(level="checkpoint").sum().max()) if len(counts) else 0), 1)
+    ax_.set_ylim(0, top * 1.3 + 0.5)
+    ax_.yaxis.get_major_locator().set_params(integer=True)

@@ -17,7 +17,7 @@ Formats (detected, or forced by a checkpoint's ``format``):
 - ``demo``: no file; seeded random weights of a named config.
 
 Weights paths may start with ``sinkscope:`` to name a file shipped in the package
-(``sinkscope:demo_trained.pt`` is the trained demo model).
+(``sinkscope:demo_trained.pt`` is the trained demo model, ``sinkscope:demo_periodic.pt`` the earlier one).
 
 Any format but ``demo`` may carry ``lora:``, a LoRA adapter merged into the weights at
 load (``sinkscope.model.lora``; LongLive is a Self-Forcing-layout ``.pt`` plus one).
