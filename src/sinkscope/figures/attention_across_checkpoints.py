@@ -143,6 +143,7 @@ def _sink_heads(ax_, rows: pd.DataFrame, order: list[str], x_of: Mapping[str, fl
     gaps = np.diff(np.sort(xs))
     width = 0.6 * (gaps.min() if len(gaps) and gaps.min() > 0 else 1.0)
     heads = int(rows.groupby("checkpoint", observed=True).size().max())
+    totals = []
     for name, x in zip(order, xs, strict=True):
         left, span = (x / 1.2, x * (1.2 - 1 / 1.2)) if log else (x - width / 2, width)
         bottom = 0
@@ -153,6 +154,7 @@ def _sink_heads(ax_, rows: pd.DataFrame, order: list[str], x_of: Mapping[str, fl
                 bar.patches[0].set_gid(f"sink-{name}-{layer_label(layer)}")
                 bottom += n
         ax_.text(x, bottom, f"{bottom}/{heads}", ha="center", va="bottom", fontsize=7.5)
+        totals.append(bottom)
     if log:
         ax_.set_xscale("log")
         ax_.minorticks_off()
@@ -164,6 +166,5 @@ def _sink_heads(ax_, rows: pd.DataFrame, order: list[str], x_of: Mapping[str, fl
         set_label_ticks(ax_, order, length=4.0)
     ax_.set_xlabel("training step" if numeric else "checkpoint (config order)")
     ax_.set_ylabel("heads classed sink", fontsize=8.5)
-    top = max((int(counts.groupby(level="checkpoint").sum().max()) if len(counts) else 0), 1)
-    ax_.set_ylim(0, top * 1.3 + 0.5)
+    ax_.set_ylim(0, max(totals + [1]) * 1.3 + 0.5)
     ax_.yaxis.get_major_locator().set_params(integer=True)
