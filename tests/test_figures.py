@@ -17,7 +17,8 @@ import pytest
 
 from sinkscope import figures
 from sinkscope.errors import DamagedFileError
-from sinkscope.figures import common
+from sinkscope.figures import colours, common
+from sinkscope.figures.colours import colour_scale
 from sinkscope.figures.registry import FIGURES
 from sinkscope.manifests import DATASET_MANIFEST, write_manifest
 from sinkscope.naming import head_label, parse_head_label
@@ -586,6 +587,75 @@ def test_sink_score_overview_prints_head_stats_and_clips_an_outlier(tmp_path):
     assert image.norm.vmin == -image.norm.vmax
     label = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"][0].get_ylabel()
     assert f"clipped to ±{common.significant(image.norm.vmax)} (2nd–98th pct)" in label
+
+
+def test_heavy_tailed_signed_values_get_a_log_scale_that_keeps_small_cells_coloured():
+    # The default demo's first − middle: most heads within ±5, a few local heads at −40 .. −230.
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.uniform(-2, 2, 60), [2.6, 3.3, 4.3], [-230.0, -194.0, -153.0, -112.0, -88.0, -73.0]])
+    cmap, norm = colour_scale(values, "signed")
+    assert isinstance(norm, common.mcolors.SymLogNorm) and norm.vmin == -norm.vmax
+    assert norm.linthresh == float(f"{np.median(np.abs(values)):.1g}")
+    # A sink head's +3 is clearly red (a linear ±vmax scale would put it within 2% of white) ...
+    assert norm(3.3) > 0.65 and abs(common.mcolors.Normalize(-norm.vmax, norm.vmax)(3.3) - 0.5) < 0.02
+    # ... and the largest negatives are still told apart from the moderate ones.
+    assert norm(-150.0) < norm(-40.0) - 0.05
+    assert colours.log_note(norm) == f"log beyond ±{common.significant(norm.linthresh, 1)}"
+    assert "logarithmic beyond ±" in colours.scale_sentence(norm)
+    # Values within LOG_SPAN of their median size keep the linear scale.
+    _, linear = colour_scale(rng.uniform(-3, 3, 72), "signed")
+    assert type(linear) is common.mcolors.Normalize and colours.log_note(linear) == ""
+    assert colours.scale_sentence(linear) == "Colours clip at the 2nd–98th percentile."
+
+
+def test_sink_score_overview_states_its_log_scale_on_the_bar_and_in_the_caption(tmp_path):
+    frame = study("demo")["frame_attention"].copy()
+    far = (frame["layer"] == 1) & frame["head"].isin([2, 5]) & (frame["key_frame"] == 0)
+    frame.loc[far, "logit_mean"] -= 200  # two local-looking heads with logits far below the rest
+    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="demo", options={"dpi": 40})
+    norm = fig.axes[0].images[0].norm
+    assert isinstance(norm, common.mcolors.SymLogNorm)
+    label = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"][0].get_ylabel()
+    assert f"log beyond ±{common.significant(norm.linthresh, 1)}" in label
+    svg, _ = saved(fig, tmp_path, "log")
+    assert f"logarithmic beyond ±{common.significant(norm.linthresh, 1)}," in page_text(svg, "page-caption")
+
+
+def test_logit_levels_do_not_hide_small_layers():
+    """A layer whose logits all sit 150 higher attends exactly as before: layer_comparison's
+    map (each layer minus its mean) does not change, its panels and per_head_grid's take
+    their own y scales (on masses they share one), and first_middle_last turns its y axis
+    logarithmic so the other layers' bars stay readable."""
+    frame = study("demo")["frame_attention"]
+    lifted = frame.assign(logit_mean=frame["logit_mean"] + np.where(frame["layer"] == 1, 150.0, 0.0))
+    maps = [figures.draw("layer_comparison", {"frame_attention": f}, source="demo", options={"dpi": 40})
+            for f in (frame, lifted)]  # fmt: skip
+    before, after = (m.axes[0].images[0].get_array().filled(np.nan) for m in maps)
+    np.testing.assert_allclose(after, before, atol=1e-4)
+    view = common.figure4_view(frame, "last", "logit_mean")
+    means = np.array([view.layer_mean(layer).to_numpy() for layer in view.layers])
+    np.testing.assert_allclose(before, means - np.nanmean(means, axis=1, keepdims=True), atol=1e-6)
+    panels = [ax for ax in maps[1].axes[1:] if ax.get_label() != "<colorbar>" and ax.lines]
+    assert len({ax.get_ylim() for ax in panels}) == len(panels)
+    assert "its own y scale" in next(t.get_text() for t in maps[1].texts if t.get_gid() == "page-caption")
+    mass = figures.draw("layer_comparison", {"frame_attention": frame}, source="demo", options={"metric": "prob_mass"})
+    mass_panels = [ax for ax in mass.axes[1:] if ax.get_label() != "<colorbar>" and ax.lines]
+    assert len({ax.get_ylim() for ax in mass_panels}) == 1  # masses compare: one scale
+
+    caption = lambda fig: next(t.get_text() for t in fig.texts if t.get_gid() == "page-caption")  # noqa: E731
+    grid = figures.draw("per_head_grid", {"frame_attention": lifted}, source="demo", layer=1, options={"dpi": 40})
+    heads = [ax for ax in grid.axes if ax.lines]
+    assert len({ax.get_ylim() for ax in heads}) == len(heads) and "Each head on its own y scale" in caption(grid)
+    assert "{" not in caption(grid)
+    mass_grid = figures.draw("per_head_grid", {"frame_attention": frame}, source="demo", layer=1,
+                             options={"metric": "prob_mass"})  # fmt: skip
+    assert len({ax.get_ylim() for ax in mass_grid.axes if ax.lines}) == 1 and "One y scale" in caption(mass_grid)
+
+    bars = figures.draw("first_middle_last", {"frame_attention": lifted}, source="demo", options={"dpi": 40})
+    assert bars.axes[0].get_yscale() == "symlog"
+    assert "y axis is logarithmic beyond" in next(t.get_text() for t in bars.texts if t.get_gid() == "page-caption")
+    plain = figures.draw("first_middle_last", {"frame_attention": frame}, source="demo", options={"metric": "prob_mass"})
+    assert plain.axes[0].get_yscale() == "linear"
 
 
 def test_timesteps_print_as_whole_numbers():

@@ -89,18 +89,20 @@ def test_the_first_latent_frame_is_an_image_latent():
     # peak than one instant's.
     blurred = synthetic.synthetic_batch(5, 6, classes="circle", first_frame="video").latents
     sharp = synthetic.synthetic_batch(5, 6, classes="circle", first_frame="video", temporal_compression=1).latents
-    peak = lambda x: (x - x.mean((3, 4), keepdim=True)).pow(2).sum(1).amax((2, 3))[:, 1:].mean(1)
+    def peak(x):
+        return (x - x.mean((3, 4), keepdim=True)).pow(2).sum(1).amax((2, 3))[:, 1:].mean(1)
+
     assert (peak(blurred) < 0.9 * peak(sharp)).all()
     assert synthetic.first_frame_statistics(81) == (synthetic.FIRST_FRAME_GAIN, synthetic.FIRST_FRAME_OFFSET)
 
 
 def test_a_camera_pan_moves_the_background_window():
     """pan: the background seen through a moving window of a larger canvas, bilinear between pixels."""
-    from sinkscope.demo.data import _pan_window
+    from sinkscope.demo.data import _camera_window
 
     plane = torch.randn(2, 3, 8 + 6, 12 + 6, generator=torch.Generator().manual_seed(0))
     velocity = torch.tensor([[1.0, -1.0], [0.0, 0.5]])
-    got = _pan_window(plane, velocity, torch.tensor([0.0, 1.0, 2.0]), 3, 8, 12)
+    got = _camera_window(plane, velocity[:, :, None] * torch.tensor([0.0, 1.0, 2.0]), 3, 8, 12)
     assert got.shape == (2, 3, 3, 8, 12)
     for t in range(3):
         assert torch.equal(got[0, :, t], plane[0, :, 3 + t : 11 + t, 3 - t : 15 - t])
@@ -114,6 +116,25 @@ def test_a_camera_pan_moves_the_background_window():
         return float((video[:, :, 2:] - video[:, :, 1:-1]).pow(2).mean())
 
     assert panned.shape == static.shape and change(panned) > 1.5 * change(static)  # a pulse's ball stays; the background moves
+
+
+def test_a_shaking_camera_blurs_the_later_frames_and_keeps_the_image_latent_sharp():
+    """shake: every instant after the first displaced at random; a later latent frame averages 4 of them."""
+    def detail(video):  # per-frame energy of the 4-neighbour Laplacian (the fine, per-pixel detail)
+        lap = 4 * video[..., 1:-1, 1:-1] - video[..., :-2, 1:-1] - video[..., 2:, 1:-1] - video[..., 1:-1, :-2] - video[..., 1:-1, 2:]
+        return lap.pow(2).mean((0, 1, 3, 4))
+
+    common = dict(fine_texture=0.5, classes="pulse", first_frame="video")
+    assert torch.equal(synthetic.synthetic_batch(3, 2, **common, shake=0.0).latents,
+                       synthetic.synthetic_batch(3, 2, **common).latents)  # fmt: skip
+    still = detail(synthetic.synthetic_batch(4, 16, **common).latents)
+    shaken = detail(synthetic.synthetic_batch(4, 16, **common, shake=0.5).latents)
+    assert float(still[1:].mean() / still[0]) > 0.95  # a still camera: every frame as detailed as the first
+    assert float(shaken[1:].mean() / shaken[0]) < 0.3  # shaken: the later frames lose the fine detail (0.12)
+    assert synthetic.options_of(synthetic.describe(fine_texture=0.5, shake=0.5))["shake"] == 0.5
+    # The pan's draws are unchanged by the shake option's arrival (runs K's data).
+    panned = synthetic.synthetic_batch(3, 2, fine_texture=0.5, pan=0.3).latents
+    assert torch.equal(panned, synthetic.synthetic_batch(3, 2, fine_texture=0.5, pan=0.3, shake=0.0).latents)
 
 
 def test_version_1_data_is_what_version_1_checkpoints_read():

@@ -148,7 +148,7 @@ def options_of(description: dict | None) -> dict:
         "first_frame": description.get("first_frame", "image"),
         "temporal_compression": int(description.get("temporal_compression", TEMPORAL_COMPRESSION)),
         "grain": float(description.get("grain") or 0.0),
-        **{k: float(description[k]) for k in ("fine_texture", "image_offset", "image_gain", "pan") if description.get(k) is not None},
+        **{k: float(description[k]) for k in ("fine_texture", "image_offset", "image_gain", "pan", "shake") if description.get(k) is not None},
     }
 
 
@@ -249,6 +249,7 @@ def synthetic_batch(
     image_offset: float = 1.0,
     image_gain: float = 1.0,
     pan: float = 0.0,
+    shake: float = 0.0,
     scale: float = DATA_SCALE,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -270,8 +271,12 @@ def synthetic_batch(
     0): a camera pan; the background (smooth and fine texture) moves that fast in a
     direction drawn per video, seen through a window of a larger canvas and sampled at
     each video instant, so a later latent frame blurs it as it blurs a ball. Then no
-    pixel of the background stays where it was, as in most real videos. ``scale``: the
-    raw values are divided by it.
+    pixel of the background stays where it was, as in most real videos. ``shake`` (latent
+    pixels, default 0): a hand-held camera; every video instant after the first is
+    displaced from the first instant's pose by its own N(0, shake^2) per axis (clamped at
+    3 shake), background and balls alike, so a later latent frame, which averages 4
+    instants, blurs the static detail that the image latent (one instant, at the reference
+    pose) keeps sharp. ``scale``: the raw values are divided by it.
     """
     if first_frame not in FIRST_FRAME_STYLES:
         raise ValueError(f"first_frame {first_frame!r} is not one of {', '.join(FIRST_FRAME_STYLES)}")
@@ -288,11 +293,20 @@ def synthetic_batch(
     background = torch.randn(batch_size, channels, generator=generator)
     texture = torch.randn(batch_size, channels, max(height // 2, 1), max(width // 2, 1), generator=generator)
     fine = torch.randn(batch_size, channels, height, width, generator=generator) if fine_texture > 0 else None
-    if pan > 0:  # drawn after everything else, so pan = 0 leaves every other draw as it was
-        margin = math.ceil(pan * (frames - 1)) + 1
+    times = instants(frames, temporal_compression)
+    camera_moves = pan > 0 or shake > 0
+    if camera_moves:  # drawn after everything else, so pan = shake = 0 leaves every other draw as it was
+        margin = math.ceil(pan * (frames - 1) + 3 * shake) + 1
         canvas = (height + 2 * margin, width + 2 * margin)
         pan_angle = 2 * math.pi * torch.rand(batch_size, generator=generator)
         pan_fine = torch.randn(batch_size, channels, *canvas, generator=generator) if fine_texture > 0 else None
+    # [B, (y, x), T] the camera's displacement from its first pose at each video instant.
+    camera = torch.zeros(batch_size, 2, len(times))
+    if shake > 0:
+        camera[:, :, 1:] = (shake * torch.randn(batch_size, 2, len(times) - 1, generator=generator)).clamp(-3 * shake, 3 * shake)
+    if pan > 0:
+        velocity = pan * torch.stack([torch.sin(pan_angle), torch.cos(pan_angle)], dim=1)  # [B, (y, x)] px / latent frame
+        camera = camera + velocity[:, :, None] * times
 
     if classes is None:
         labels = drawn_labels
@@ -307,8 +321,9 @@ def synthetic_batch(
     if labels.numel() and not (0 <= int(labels.min()) and int(labels.max()) < len(CLASSES)):
         raise ValueError(f"class ids must be in [0, {len(CLASSES)})")
 
-    times = instants(frames, temporal_compression)
     x, y, bright = _trajectories(labels, u, times, frames, height, width)
+    if shake > 0:  # the scene seen from the shaking camera (a pan moves the background only)
+        x, y = x - camera[:, None, 1], y - camera[:, None, 0]
     # Ball size (Gaussian sigma, latent pixels), 1.2 .. 1.6, one per video.
     sigma = (1.2 + 0.4 * u[:, 4]) * min(height / 8.0, width / 12.0)
     # Latent frame k >= 1 averages its video frames (motion blur); frame 0 is one instant.
@@ -327,8 +342,8 @@ def synthetic_batch(
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device)
 
-    x, y, bright, sigma, appearance, background, texture, labels_out, pool = (
-        move(t) for t in (x, y, bright, sigma, appearance, background, texture, labels, pool)
+    x, y, bright, sigma, appearance, background, texture, labels_out, pool, camera = (
+        move(t) for t in (x, y, bright, sigma, appearance, background, texture, labels, pool, camera)
     )
     hh = torch.arange(height, dtype=torch.float32, device=device)
     ww = torch.arange(width, dtype=torch.float32, device=device)
@@ -339,12 +354,11 @@ def synthetic_batch(
     blobs = torch.einsum("bsthw,ft->bsfhw", blobs, pool)  # [B, 2, F, H, W] per latent frame
     video = torch.einsum("bsfhw,bsc->bcfhw", blobs, BALL_AMPLITUDE * appearance)
     video = video + (BACKGROUND_AMPLITUDE * background)[:, :, None, None, None]
-    if pan > 0:
+    if camera_moves:
         plane = TEXTURE_AMPLITUDE * F.interpolate(texture, size=canvas, mode="bilinear", align_corners=False)
         if pan_fine is not None:
             plane = plane + fine_texture * move(pan_fine)
-        velocity = pan * torch.stack([torch.sin(pan_angle), torch.cos(pan_angle)], dim=1)  # [B, (y, x)] px / latent frame
-        moving = _pan_window(plane, move(velocity), times.to(device), margin, height, width)  # [B, C, T, H, W]
+        moving = _camera_window(plane, camera, margin, height, width)  # [B, C, T, H, W]
         video = video + torch.einsum("bcthw,ft->bcfhw", moving, pool)
     else:
         smooth = F.interpolate(texture, size=(height, width), mode="bilinear", align_corners=False)
@@ -366,12 +380,11 @@ def synthetic_batch(
     return SyntheticBatch(latents, labels_out, prompts)
 
 
-def _pan_window(plane: torch.Tensor, velocity: torch.Tensor, times: torch.Tensor, margin: int, height: int, width: int) -> torch.Tensor:
+def _camera_window(plane: torch.Tensor, shift: torch.Tensor, margin: int, height: int, width: int) -> torch.Tensor:
     """[B, C, T, H, W]: the height x width window of ``plane`` [B, C, H + 2m, W + 2m] whose
-    top-left corner starts at (m, m) and moves by ``velocity`` [B, 2] (y, x) per latent
-    frame, at each of ``times`` [T]; bilinear between canvas pixels."""
+    top-left corner is at (m, m) + ``shift`` [B, 2 (y, x), T] at each of T instants;
+    bilinear between canvas pixels."""
     batch, channels = plane.shape[:2]
-    shift = velocity[:, :, None] * times[None, None, :]  # [B, 2, T]
     rows = margin + shift[:, 0, :, None] + torch.arange(height, device=plane.device)  # [B, T, H]
     cols = margin + shift[:, 1, :, None] + torch.arange(width, device=plane.device)  # [B, T, W]
     r0, c0 = rows.floor(), cols.floor()
@@ -386,7 +399,7 @@ def _pan_window(plane: torch.Tensor, velocity: torch.Tensor, times: torch.Tensor
             values = flat.gather(2, index[:, None, :].expand(batch, channels, -1))
             weight = (wr[:, :, :, None] * wc[:, :, None, :]).flatten(1)[:, None, :]
             out = out + values * weight
-    return out.view(batch, channels, len(times), height, width)
+    return out.view(batch, channels, shift.shape[-1], height, width)
 
 
 def measure_scale(videos: int = 4096, seed: int = 12345) -> float:

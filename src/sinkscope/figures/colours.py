@@ -8,6 +8,7 @@ from typing import Any
 import matplotlib
 import numpy as np
 from matplotlib import colors as mcolors
+from matplotlib import ticker as mticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
@@ -59,11 +60,41 @@ def colour_range(values: np.ndarray | Iterable[float], signed: bool) -> tuple[fl
     return 0.0, float(hi) if hi > 0 else 1.0
 
 
+# A signed scale turns logarithmic beyond the values' median magnitude when its clipped
+# range is more than LOG_SPAN times that magnitude: a trained model can have a few heads
+# with logits in the hundreds beside most within a few units, and a linear scale would
+# whiten the few-unit cells (the sink heads among them).
+LOG_SPAN = 25.0
+
+
+def linear_width(values: np.ndarray | Iterable[float], vmax: float, percentile: float = 50.0) -> float | None:
+    """The linear half-width of a symmetric-log scale out to ``vmax``: the ``percentile``
+    of the nonzero magnitudes (the median by default), to one significant digit; None
+    when a linear scale reads well (``vmax`` within ``LOG_SPAN`` of it)."""
+    values = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
+    magnitudes = np.abs(values[np.isfinite(values) & (values != 0)])
+    if magnitudes.size < CLIP_FROM:
+        return None
+    typical = float(f"{np.percentile(magnitudes, percentile):.1g}")
+    return typical if vmax > LOG_SPAN * typical else None
+
+
+def plain_ticks() -> mticker.Formatter:
+    """Tick labels ±1, ±10, ±100 on a symmetric-log scale rather than ±10^0, ±10^1, ..."""
+    return mticker.FuncFormatter(lambda value, _: f"{value:g}".replace("-", "−"))
+
+
 def colour_scale(values: np.ndarray | Iterable[float], metric: str) -> tuple[mcolors.Colormap, mcolors.Normalize]:
-    """Signed metrics (logits): diverging, centred on 0; masses: sequential from 0; both
-    clipped to percentiles (``colour_range``, stated by ``colourbar``); entropies: 0..1."""
+    """Signed metrics (logits): diverging, centred on 0, logarithmic beyond the median
+    magnitude when the values span more than ``LOG_SPAN`` of it; masses: sequential from
+    0; both clipped to percentiles (``colour_range``, stated by ``colourbar``); entropies:
+    0..1."""
     if metric in ("logit_mean", "sink_score", "signed"):
-        return matplotlib.colormaps["RdBu_r"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(*colour_range(values, True))
+        vmin, vmax = colour_range(values, True)
+        width = linear_width(values, vmax)
+        norm = (mcolors.SymLogNorm(width, linscale=1.0, vmin=vmin, vmax=vmax, base=10) if width
+                else mcolors.Normalize(vmin, vmax))  # fmt: skip
+        return matplotlib.colormaps["RdBu_r"].with_extremes(bad=NAN_COLOR), norm
     if metric == "entropy":
         return matplotlib.colormaps["cividis"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(0.0, 1.0)
     return matplotlib.colormaps["viridis"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(*colour_range(values, False))
@@ -82,17 +113,33 @@ def clip_note(values: np.ndarray | Iterable[float], norm: mcolors.Normalize) -> 
     return f"clipped at {significant(norm.vmax)} (98th pct)"
 
 
+def log_note(norm: mcolors.Normalize) -> str:
+    """'log beyond ±2' for a symmetric-log scale, else ''."""
+    return f"log beyond ±{significant(norm.linthresh, 1)}" if isinstance(norm, mcolors.SymLogNorm) else ""
+
+
+def scale_sentence(norm: mcolors.Normalize) -> str:
+    """The caption's sentence on the colour scale."""
+    if isinstance(norm, mcolors.SymLogNorm):
+        return (f"Colours clip at the 2nd–98th percentile and are logarithmic beyond ±{significant(norm.linthresh, 1)}, "
+                f"the values' median size (they span more than {LOG_SPAN:g}x it).")  # fmt: skip
+    return "Colours clip at the 2nd–98th percentile."
+
+
 def colourbar(fig: Figure, image, values: np.ndarray | Iterable[float], label: str, *, fontsize: float | None = None,
               **kwargs: Any):  # fmt: skip
-    """A colour bar labelled with ``label`` and, when the scale clips, the clipped range
-    (arrows at the clipped ends)."""
+    """A colour bar labelled with ``label`` and, when the scale clips or turns
+    logarithmic, the clipped range (arrows at the clipped ends) and where."""
     values = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
     finite = values[np.isfinite(values)]
     norm = image.norm
     below, above = bool((finite < norm.vmin).any()), bool((finite > norm.vmax).any())
     extend = "both" if below and above else "min" if below else "max" if above else "neither"
     bar = fig.colorbar(image, extend=extend, **kwargs)
-    note = clip_note(values, norm)
+    if isinstance(norm, mcolors.SymLogNorm):
+        bar.formatter = plain_ticks()
+        bar.update_ticks()
+    note = ", ".join(n for n in (clip_note(values, norm), log_note(norm)) if n)
     bar.set_label(label + (f"\n{note}" if note else ""), fontsize=fontsize)
     return bar
 

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch
 
+from sinkscope.figures.colours import LOG_SPAN, linear_width, plain_ticks
 from sinkscope.figures.layout import finish, new_figure, set_label_ticks
 from sinkscope.figures.marks import (
     UNIFORM_STYLE,
@@ -22,7 +23,7 @@ from sinkscope.figures.marks import (
     uniform_handle,
 )
 from sinkscope.figures.style import option
-from sinkscope.figures.text import METRIC_SHORT, frames_text, subtitle
+from sinkscope.figures.text import METRIC_SHORT, frames_text, significant, subtitle
 from sinkscope.figures.views import figure4_view, one_source, table
 from sinkscope.naming import layer_label
 
@@ -77,6 +78,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     if spread:
         handles.append(spread_handle() if len(layers) <= MOST_BARS else band_handle("0.5"))
     ax.axhline(0, color="0.3", lw=0.6)
+    # Logit levels differ by hundreds between the layers of a trained model: beyond the
+    # lower quartile of the values' sizes the axis turns logarithmic, so that every
+    # layer's bars stay readable (a bar chart must show the smallest layer too).
+    shown = np.array([s[key] for s in stats for key, _, _ in SERIES], dtype=float)
+    largest = float(np.nanmax(np.abs(shown), initial=0.0))
+    log_width = linear_width(shown, largest, percentile=25) if metric != "prob_mass" else None
+    if log_width:
+        ax.set_yscale("symlog", linthresh=log_width, linscale=1.0)
+        ax.yaxis.set_major_formatter(plain_ticks())
+        lowest = ax.dataLim.y0  # the bars and error bars; a log axis would round it down a decade
+        ax.set_ylim(bottom=1.25 * lowest if lowest < 0 else 0.0)
     ax.set_xlim(-0.6, len(layers) - 0.4)
     set_label_ticks(ax, [layer_label(layer) for layer in layers], length=width - 1.2)
     ax.grid(False, axis="x")
@@ -96,5 +108,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         legend=handles,
         caption=(f"Values of each layer's head-averaged curve (sinkscope.stats.summaries.curve_stats, as in layer_stats): "
                  f"first = the oldest cache frame (frame {frames_text(firsts, base)}), last = the newest cache frame "
-                 "before the block, middle = mean of the cache frames between."),
+                 "before the block, middle = mean of the cache frames between."
+                 + (f" The y axis is logarithmic beyond ±{significant(log_width, 1)}, the lower quartile of the values' "
+                    f"sizes (the largest is more than {LOG_SPAN:g}x it)." if log_width else "")),
     )  # fmt: skip

@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinkscope.figures.colours import cell_size, colour_scale, colourbar, heat
+from sinkscope.figures.colours import (
+    cell_size,
+    colour_scale,
+    colourbar,
+    heat,
+    scale_sentence,
+)
 from sinkscope.figures.layout import (
     finish,
     new_figure,
@@ -82,5 +88,5 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "spread in the caption"),
         legend=legend,
         caption=f"Each cell: a head's {METRIC_LABELS[metric]} of a key frame, queries averaged over the last block "
-                f"and the runs; {spread}. Colours clip at the 2nd–98th percentile.",
+                f"and the runs; {spread}. {scale_sentence(norm)}",
     )  # fmt: skip

@@ -1,10 +1,15 @@
 """Every layer at once: a layers x key frames heat map of the head-averaged curve of the
 last block (colours clipped to percentiles, the clipped range on the colour bar), and a
 few chosen layers (``highlight_layers``, else up to six spread evenly) as small multiples
-below it, one panel a layer on one y scale: the head-averaged curve with a ±1 std band
-between runs and, on softmax mass, the uniform baseline. The query block's own frames
-are boxed in the map and shaded behind the curves; frames not in the KV cache are grey /
-gaps."""
+below it: the head-averaged curve with a ±1 std band between runs and, on softmax mass,
+the uniform baseline. The query block's own frames are boxed in the map and shaded behind
+the curves; frames not in the KV cache are grey / gaps.
+
+Softmax masses share one scale (map and panels). Logits do not: a query's attention is
+unchanged when all its logits shift together, so a layer's level says nothing and the
+layers' levels differ by hundreds in a trained model (the default demo's L3 near +150,
+its L1 near 0). On logits the map shows each layer's curve minus its mean over the
+visible frames, and each panel has its own y scale."""
 
 from __future__ import annotations
 
@@ -22,15 +27,16 @@ from sinkscope.figures.colours import (
     colourbar,
     darker,
     heat,
+    scale_sentence,
 )
 from sinkscope.figures.layout import (
+    LOGIT_LEVEL_NOTE,
     finish,
     new_figure,
     outer_labels,
-    outer_ticks,
+    panel_y_scales,
     set_frame_ticks,
     set_label_ticks,
-    share_y,
 )
 from sinkscope.figures.marks import (
     band_handle,
@@ -79,7 +85,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     fig = new_figure(width, map_h + nrows * curve_h + 0.3)
     grid = fig.add_gridspec(1 + nrows, ncols, height_ratios=[map_h] + [curve_h] * nrows)
     top = fig.add_subplot(grid[0, :])
-    values = means.to_numpy(dtype=float)
+    centred = metric != "prob_mass"
+    # The level of a layer's logits does not change its attention (see the module's text).
+    values = (means.sub(means.mean(axis=1), axis=0) if centred else means).to_numpy(dtype=float)
     cmap, norm = colour_scale(values, metric)
     image = heat(top, values, cmap, norm)
     top.set_xlim(frames[0] - 0.5, frames[-1] + 0.5)
@@ -89,8 +97,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     top.set_xlabel("key frame")
     top.set_ylabel("layer")
     top.set_title("head-averaged, every layer", fontsize=9.5)
-    colourbar(fig, image, values, f"head-averaged\n{METRIC_SHORT[metric]}", fontsize=8.5, ax=top, pad=0.01,
-              aspect=max(6, 3 * map_h))  # fmt: skip
+    quantity = f"head-averaged\n{METRIC_SHORT[metric]}" + ("\n− the layer's mean" if centred else "")
+    colourbar(fig, image, values, quantity, fontsize=8.5, ax=top, pad=0.01, aspect=max(6, 3 * map_h))
     stds = [view.std(layer) for layer in layers]
     heat_spread = spread_note([v for s in stds if s is not None for v in s.to_numpy()], view.runs)
 
@@ -113,13 +121,13 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         if metric == "prob_mass":
             uniform_steps(ax_, frames[mean.notna().to_numpy()], view.layer_baseline(layer).reindex(frames).dropna(),
                           gid=label)  # fmt: skip
-        ax_.axhline(0, color="0.3", lw=0.6)
+        if not centred:  # on logits 0 is no baseline (the level is arbitrary)
+            ax_.axhline(0, color="0.3", lw=0.6)
         ax_.set_xlim(frames[0] - 0.5, frames[-1] + 0.5)
         set_frame_ticks(ax_, frames, base, length=width / ncols - 0.6)
         ax_.grid(False, axis="x")
         ax_.set_title(f"{label} (layer {layer})", fontsize=9.5, fontweight="bold")
-    share_y(axes)
-    outer_ticks(axes)
+    panel_y_scales(axes, metric)
     outer_labels(axes, "key frame", f"head-averaged\n{METRIC_SHORT[metric].split(' (')[0]}")
     legend = [own_handle(view.query_frames, base)] + ([gap_handle()] if gaps else [])
     legend += [uniform_handle()] if metric == "prob_mass" else []
@@ -130,7 +138,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         title=f"Attention of the last block across layers (query frames {frames_text(view.query_frames, base)})",
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "curves ±1 std between runs"),
         legend=legend,
-        caption=(f"Top: every layer's head-averaged curve (dashed box: the block's own frames; grey: not in the KV "
-                 f"cache); {heat_spread}. Below: {len(chosen)} of {len(layers)} layers ({picked}), one panel each on "
-                 "one y scale, with a ±1 std band between runs of the head-averaged curve."),
+        caption=(f"Top: every layer's head-averaged curve{' minus its mean over the visible frames' if centred else ''} "
+                 f"(dashed box: the block's own frames; grey: not in the KV cache); {heat_spread}. Below: "
+                 f"{len(chosen)} of {len(layers)} layers "
+                 f"({picked}), one panel each on {'its own' if centred else 'one'} y scale, with a ±1 std band between "
+                 "runs of the head-averaged curve. "
+                 + (f"{LOGIT_LEVEL_NOTE} " if centred else "") + scale_sentence(norm)),
     )  # fmt: skip

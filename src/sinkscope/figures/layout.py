@@ -290,6 +290,25 @@ def outer_labels(axes: Sequence[Axes], xlabel: str | None, ylabel: str | None) -
             ax.set_ylabel(ylabel)
 
 
+# A query's attention is unchanged when all its logits shift together: a logit curve's
+# level says nothing, and in a trained model the levels of heads or layers differ by
+# hundreds. Panels of logit curves therefore take their own y ranges; masses share one.
+LOGIT_LEVEL_NOTE = ("A query's attention is unchanged when all its logits shift together, so only the differences "
+                    "within a curve matter.")  # fmt: skip
+
+
+def panel_y_scales(axes: Sequence[Axes], metric: str) -> bool:
+    """One y range for softmax-mass panels (they compare), one per panel for logits (each
+    labelled); tick labels on the outer panels otherwise. True when the range is shared."""
+    shared = metric == "prob_mass"
+    if shared:
+        share_y(axes)
+    outer_ticks(axes)
+    for ax in [] if shared else axes:
+        ax.tick_params(labelleft=True)
+    return shared
+
+
 def outer_ticks(axes: Sequence[Axes]) -> None:
     """Tick labels on the outer panels of a grid only (panels that share their axes' meaning)."""
     bottoms = {}

@@ -1,5 +1,6 @@
-"""One layer, every head: the last block's Figure 4 bars of each head on one shared y
-scale (the heads compare), ±1 std between runs, its own frames shaded, gaps where frames
+"""One layer, every head: the last block's Figure 4 bars of each head, on one shared y
+scale for softmax mass (the heads compare) and on each head's own for logits (a head's
+logit level does not change its attention: ``layout.panel_y_scales``), ±1 std between runs, its own frames shaded, gaps where frames
 are not in the KV cache, the uniform baseline on softmax mass, and each head's class and
 frame-0 excess over uniform (``summaries.curve_stats``) in its title."""
 
@@ -12,12 +13,12 @@ import pandas as pd
 
 from sinkscope.figures.colours import PANEL_COLORS
 from sinkscope.figures.layout import (
+    LOGIT_LEVEL_NOTE,
     finish,
     outer_labels,
-    outer_ticks,
     panel_columns,
     panel_grid,
-    share_y,
+    panel_y_scales,
 )
 from sinkscope.figures.marks import (
     curve_panel,
@@ -64,8 +65,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         klass = classes.get((layer, head))
         ax_.set_title(f"H{head + 1} · {klass or 'class n/a'}\n{excess_text(mass, layer, head, short=True)}",
                       fontsize=9, fontweight="bold" if klass == "sink" else "normal")  # fmt: skip
-    share_y(axes)
-    outer_ticks(axes)
+    shared = panel_y_scales(axes, metric)
     outer_labels(axes, "key frame", METRIC_SHORT[metric].split(" (")[0])
     legend = [own_handle(view.query_frames, base)] + ([gap_handle()] if gaps else [])
     legend += [uniform_handle()] if metric == "prob_mass" else []
@@ -76,7 +76,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         f"{frames_text(view.query_frames, base)}",
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "error bars ±1 std between runs"),
         legend=legend,
-        caption=(f"One y scale for every head. Titles: the head's class ({classes_from}; bold: sink) and its "
+        caption=(("One y scale for every head." if shared else f"Each head on its own y scale. {LOGIT_LEVEL_NOTE}")
+                 + f" Titles: the head's class ({classes_from}; bold: sink) and its "
                  "frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible frames) "
                  "(sinkscope.stats.summaries.curve_stats, the head_stats rows with prompt_id '*')."),
     )  # fmt: skip

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch
 
-from sinkscope.figures.colours import colour_scale, colourbar, heat
+from sinkscope.figures.colours import colour_scale, colourbar, heat, scale_sentence
 from sinkscope.figures.layout import (
     finish,
     outer_labels,
@@ -108,6 +108,5 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         legend=[nan_handle("not visible to the query"),
                 Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
         caption=(f"Each cell: {METRIC_LABELS[metric]} of a query frame on a key frame, query tokens and runs "
-                 f"averaged; {spread_note(info['spread'], info['runs'])}. Colours clip at the 2nd–98th "
-                 f"percentile.{baseline}"),
+                 f"averaged; {spread_note(info['spread'], info['runs'])}. {scale_sentence(norm)}{baseline}"),
     )  # fmt: skip

@@ -2,7 +2,8 @@
 cache frames between) of every layer x head of the last block, in one heat map
 (``summaries.curve_stats``: the head_stats rows with prompt '*'); diverging colours
 centred on 0, clipped to the 2nd–98th percentile (an outlier would whiten every other
-cell; the clipped range is on the colour bar), true values written in the cells when the
+cell; the clipped range is on the colour bar) and logarithmic beyond the median magnitude
+when a few heads' scores are far larger than the rest (``colours.colour_scale``), true values written in the cells when the
 map is small enough to read them. The score is a name, not a verdict: heads whose
 head_class is sink are outlined, and only they are called sinks."""
 
@@ -20,6 +21,7 @@ from sinkscope.figures.colours import (
     colour_scale,
     colourbar,
     heat,
+    scale_sentence,
 )
 from sinkscope.figures.layout import finish, new_figure, set_label_ticks
 from sinkscope.figures.style import option
@@ -84,6 +86,6 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         caption=("First − middle = the first cache frame − the mean of the cache frames between the first and the last, "
                  "on each head's curve of the last block (head_stats sink_score, sinkscope.stats.summaries.curve_stats; "
                  "rows with prompt_id '*'). Red: the first frame draws more than the middle. Outlined: the heads whose "
-                 f"class is sink ({classes_from}); no other head is called a sink. Cells print true values; colours "
-                 f"clip at the 2nd–98th percentile.{baseline} Spread: {spread}."),
+                 f"class is sink ({classes_from}); no other head is called a sink. Cells print true values. "
+                 f"{scale_sentence(norm)}{baseline} Spread: {spread}."),
     )  # fmt: skip
