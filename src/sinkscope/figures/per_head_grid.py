@@ -1,8 +1,9 @@
 """One layer, every head: the last block's Figure 4 bars of each head, on one shared y
 scale for softmax mass (the heads compare) and on each head's own for logits (a head's
-logit level does not change its attention: ``layout.panel_y_scales``), ±1 std between runs, its own frames shaded, gaps where frames
-are not in the KV cache, the uniform baseline on softmax mass, and each head's class and
-frame-0 excess over uniform (``summaries.curve_stats``) in its title."""
+logit level does not change its attention: ``layout.panel_y_scales``), ±1 std between
+runs, its own frames shaded, gaps where frames are not in the KV cache, the uniform
+baseline on softmax mass, and each head's class and frame-0 excess over uniform
+(``summaries.curve_stats``) in its title."""
 
 from __future__ import annotations
 

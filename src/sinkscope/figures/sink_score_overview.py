@@ -3,8 +3,8 @@ cache frames between) of every layer x head of the last block, in one heat map
 (``summaries.curve_stats``: the head_stats rows with prompt '*'); diverging colours
 centred on 0, clipped to the 2nd–98th percentile (an outlier would whiten every other
 cell; the clipped range is on the colour bar) and logarithmic beyond the median magnitude
-when a few heads' scores are far larger than the rest (``colours.colour_scale``), true values written in the cells when the
-map is small enough to read them. The score is a name, not a verdict: heads whose
+when a few heads' scores are far larger than the rest (``colours.colour_scale``), true
+values written in the cells when the map is small enough to read them. The score is a name, not a verdict: heads whose
 head_class is sink are outlined, and only they are called sinks."""
 
 from __future__ import annotations
