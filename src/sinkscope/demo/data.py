@@ -300,13 +300,14 @@ def synthetic_batch(
         canvas = (height + 2 * margin, width + 2 * margin)
         pan_angle = 2 * math.pi * torch.rand(batch_size, generator=generator)
         pan_fine = torch.randn(batch_size, channels, *canvas, generator=generator) if fine_texture > 0 else None
-    # [B, (y, x), T] the camera's displacement from its first pose at each video instant.
-    camera = torch.zeros(batch_size, 2, len(times))
-    if shake > 0:
-        camera[:, :, 1:] = (shake * torch.randn(batch_size, 2, len(times) - 1, generator=generator)).clamp(-3 * shake, 3 * shake)
-    if pan > 0:
-        velocity = pan * torch.stack([torch.sin(pan_angle), torch.cos(pan_angle)], dim=1)  # [B, (y, x)] px / latent frame
-        camera = camera + velocity[:, :, None] * times
+        # [B, (y, x), T] the camera's displacement from its first pose at each video instant.
+        camera = torch.zeros(batch_size, 2, len(times))
+        if shake > 0:
+            camera[:, :, 1:] = (shake * torch.randn(batch_size, 2, len(times) - 1, generator=generator)).clamp(-3 * shake, 3 * shake)
+        shaking = camera  # the balls move with the shake, not with a pan
+        if pan > 0:
+            velocity = pan * torch.stack([torch.sin(pan_angle), torch.cos(pan_angle)], dim=1)  # [B, (y, x)] px / latent frame
+            camera = camera + velocity[:, :, None] * times
 
     if classes is None:
         labels = drawn_labels
@@ -323,7 +324,7 @@ def synthetic_batch(
 
     x, y, bright = _trajectories(labels, u, times, frames, height, width)
     if shake > 0:  # the scene seen from the shaking camera (a pan moves the background only)
-        x, y = x - camera[:, None, 1], y - camera[:, None, 0]
+        x, y = x - shaking[:, None, 1], y - shaking[:, None, 0]
     # Ball size (Gaussian sigma, latent pixels), 1.2 .. 1.6, one per video.
     sigma = (1.2 + 0.4 * u[:, 4]) * min(height / 8.0, width / 12.0)
     # Latent frame k >= 1 averages its video frames (motion blur); frame 0 is one instant.
@@ -342,8 +343,8 @@ def synthetic_batch(
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device)
 
-    x, y, bright, sigma, appearance, background, texture, labels_out, pool, camera = (
-        move(t) for t in (x, y, bright, sigma, appearance, background, texture, labels, pool, camera)
+    x, y, bright, sigma, appearance, background, texture, labels_out, pool = (
+        move(t) for t in (x, y, bright, sigma, appearance, background, texture, labels, pool)
     )
     hh = torch.arange(height, dtype=torch.float32, device=device)
     ww = torch.arange(width, dtype=torch.float32, device=device)
@@ -358,7 +359,7 @@ def synthetic_batch(
         plane = TEXTURE_AMPLITUDE * F.interpolate(texture, size=canvas, mode="bilinear", align_corners=False)
         if pan_fine is not None:
             plane = plane + fine_texture * move(pan_fine)
-        moving = _camera_window(plane, camera, margin, height, width)  # [B, C, T, H, W]
+        moving = _camera_window(plane, move(camera), margin, height, width)  # [B, C, T, H, W]
         video = video + torch.einsum("bcthw,ft->bcfhw", moving, pool)
     else:
         smooth = F.interpolate(texture, size=(height, width), mode="bilinear", align_corners=False)
