@@ -1,6 +1,8 @@
 # sinkscope: attention-sink analysis of block-causal video diffusion transformers.
 #
 #   snakemake --cores 1 --resources gpu=1          # the whole study of config.yaml
+#   snakemake --cores 1 --resources gpu=1 --configfile configs/longlive.yaml
+#                                                  # that study instead (config.yaml is not read)
 #   snakemake --report results/report.html         # every figure in one HTML file
 #
 # Stages (rules/): extract (prompt embeddings, one GPU job per checkpoint x variant x
@@ -13,9 +15,9 @@ from snakemake.utils import min_version
 min_version("9.11")
 
 
-configfile: "config.yaml"
-
-
+# The config: config.yaml, or instead only the files given with --configfile (each example
+# in configs/ is a whole study); --config overrides go on top of either. rules/common.smk
+# reads it and runs the one check.
 include: "rules/common.smk"
 include: "rules/extract.smk"
 include: "rules/import.smk"

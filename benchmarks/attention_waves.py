@@ -1,4 +1,4 @@
-"""Where the last block's attention time goes: wave quantization, key splits, kernel 2's bounds.
+"""Where the last block's attention time goes: wave quantization, key splits, token_profiles_kernel's bounds.
 
 At the last block's shape (12 heads x 4680 queries x 32760 keys, head size 128, bf16) an
 attention kernel with 128-query tiles launches 12 x 37 = 444 programs on the H100's 132
@@ -11,7 +11,7 @@ SMs: 3.4 waves, so the fourth wave runs about a third full. Three sections:
   equal parts run as batch entries of one cuDNN call, merged exactly by their
   log-sum-exps) and every query over two key parts, against SDPA, per cache length,
   with the output's deviation.
-- ``profiles``: kernel 2 (token profiles) per launch configuration, and diagnostic
+- ``profiles``: ``token_profiles_kernel`` per launch configuration, and diagnostic
   variants of it that say what bounds it: the exponential replaced by a polynomial on the
   FMA units for all or half of the columns, or left out (not a statistic; a bound).
 
@@ -39,7 +39,7 @@ from sinkscope.attention.split import (  # noqa: E402
     key_split,
     split_key_attention,
 )
-from sinkscope.stats.triton_kernels import token_profile_sums  # noqa: E402
+from sinkscope.stats.launch import token_profile_sums  # noqa: E402
 
 HEADS, DIM, FSL = 12, 128, 1560
 
@@ -143,12 +143,12 @@ def section_profiles() -> dict:
     q, k = (x[0].transpose(0, 1) for x in (q4, k4))  # [H, L, D]
     scale = DIM**-0.5
     sdpa_ms = queued_ms(lambda: F.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)))
-    from sinkscope.stats.triton_kernels import sdpa_with_lse
+    from sinkscope.stats.launch import sdpa_with_lse
 
     _, lse = sdpa_with_lse(q, k, v4[0].transpose(0, 1), scale)
     lse2 = (lse * 1.4426950408889634).contiguous()
     reference = token_profile_sums(q, k, lse2, scale)[0]
-    result = {"sdpa_ms": sdpa_ms, "kernel2": [], "probes": []}
+    result = {"sdpa_ms": sdpa_ms, "token_profiles": [], "probes": []}
     for block_m in (32, 64):
         for block_n in (128, 256):
             for warps in (4,):
@@ -157,10 +157,10 @@ def section_profiles() -> dict:
                     try:
                         ms = queued_ms(lambda: token_profile_sums(q, k, lse2, scale, config))
                     except Exception as error:  # out of resources for this tile
-                        print(f"kernel2 {config}: {type(error).__name__}", flush=True)
+                        print(f"token_profiles {config}: {type(error).__name__}", flush=True)
                         continue
-                    result["kernel2"].append({**config, "ms": ms, "x_sdpa": ms / sdpa_ms})
-                    print(f"kernel2 {config}  {ms:.3f} ms  {ms / sdpa_ms:.2f}x SDPA", flush=True)
+                    result["token_profiles"].append({**config, "ms": ms, "x_sdpa": ms / sdpa_ms})
+                    print(f"token_profiles {config}  {ms:.3f} ms  {ms / sdpa_ms:.2f}x SDPA", flush=True)
     prob = torch.empty(HEADS, k.shape[1], device="cuda", dtype=torch.float32)
     for mode, name in enumerate(("mufu", "fma_all", "fma_half", "no_exp")):
         for block_m, block_n, warps, stages in ((64, 128, 4, 3), (64, 256, 8, 3)):

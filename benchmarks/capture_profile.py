@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=30, help="captured layers (0..N-1)")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
     parser.add_argument("--rows", type=int, default=15, help="rows of each table")
-    parser.add_argument("--fused", action="store_true", help="capture.attention: fused (kernel 5) instead of exact")
+    parser.add_argument("--fused", action="store_true", help="capture.attention: fused (attention_frame_partials_tma_kernel) instead of exact")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """One captured attention call at the last block's shape, against SDPA, in rounds.
 
-The routes of ``capture.attention`` (``fused``: kernel 5, 7 and 6; ``exact``: cuDNN with
-its log-sum-exp, then kernel 4) at 12 heads x 4680 queries x 32760 keys, bf16. Each
+The routes of ``capture.attention`` (``fused``: the TMA pass, the key sums and the combine;
+``exact``: cuDNN with its log-sum-exp, then ``frame_partials_given_lse_kernel``) at 12 heads x 4680 queries x 32760 keys, bf16. Each
 round times SDPA and both routes back to back and keeps their ratios, so that two code
 trees can be compared in alternating processes on one GPU (clock drift between processes
 moved single numbers by up to 10% in one call). Two timings per route:

@@ -7,9 +7,10 @@ Sections (``--sections``, comma-separated; default all):
   32760 keys, head_dim 128, bf16) against the SDPA call and the seed notebooks'
   materialize-and-loop method; accuracy against the float32 and float64 references;
   extra GPU memory; the Triton config sweep.
-- ``fused``: the captured call: SDPA then the statistics (before) against kernel 3, the
-  output and every frame statistic from one pass over the keys; with token profiles;
-  the output's accuracy against SDPA and float64; kernel 3's tile sweep.
+- ``fused``: the captured call: SDPA then the statistics (before) against
+  ``attention_frame_partials_kernel``, the output and every frame statistic from one
+  pass over the keys; with token profiles;
+  the output's accuracy against SDPA and float64; its tile sweep.
 - ``generation``: the full 21-frame generation (7 blocks x (4 steps + cache pass)),
   eager and torch.compile'd, with no capture, one layer and all 30 layers captured
   (`capture.attention` exact, the default, and fused):
@@ -21,7 +22,7 @@ Sections (``--sections``, comma-separated; default all):
   extraction writer's threads.
 - ``warmup``: where a fresh process's first generation loses time, per SDPA backend:
   first and second generation in new processes, with the slowest calls of the first.
-- ``tma``: kernel 5, a flash-attention forward in Triton fed by TMA, plain and with every
+- ``tma``: ``attention_frame_partials_tma_kernel``, a flash-attention forward in Triton fed by TMA, plain and with every
   frame's partials, warp-specialized or not, against cuDNN and the captured call's other
   routes, at the last and the first block's shape (its tile sweep).
 - ``rollouts``: every policy of issue 18 at ``--frames`` (240) latent frames with one
@@ -57,6 +58,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
 from sinkscope.generation.sampler import GenerationOptions, generate  # noqa: E402
+from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.stats.attention import attention_statistics  # noqa: E402
 from sinkscope.stats.reference import logit_mean_factorized, statistics_chunked  # noqa: E402
@@ -182,7 +184,7 @@ def float64_reference(q, k, fsl, num_q, num_k, scale, heads=(0, 5, 11)):
 
 
 def section_stats() -> dict:
-    from sinkscope.stats.triton_kernels import _CONFIGS, statistics_triton
+    from sinkscope.stats.launch import _CONFIGS, statistics_triton
 
     fsl, num_q, num_k, dim = 1560, 3, 21, 128
     scale = dim**-0.5
@@ -287,22 +289,25 @@ def output_accuracy(out, reference, q, k, v, heads=(0, 5, 11)) -> dict:
     }
 
 
+# The kernels every model of this run computes with (--no-key-split turns the split off).
+KERNELS = KernelSettings()
 SDPA_ROW = "SDPA (default backend), the attention call itself"
-EXACT_ROW = "capture.attention: exact (the default): cuDNN attention + log-sum-exp, then kernel 4: every frame statistic"
-FUSED_ROW = "capture.attention: fused: kernel 5 + kernel 6, output and every frame statistic in one pass"
+EXACT_ROW = "capture.attention: exact (the default): cuDNN attention + log-sum-exp, then frame_partials_given_lse_kernel: every frame statistic"
+FUSED_ROW = "capture.attention: fused: attention_frame_partials_tma_kernel + frame_statistics_combine_kernel, output and every frame statistic in one pass"
 
 
 def section_fused() -> dict:
     """The captured call: SDPA then the statistics (before) against the routes that give the
     output and every frame statistic (capture.attention exact, the default: cuDNN with its
-    log-sum-exp, then kernel 4; fused: kernel 5 + kernel 6; float32's kernel 3 + kernel 6);
+    log-sum-exp, then frame_partials_given_lse_kernel; fused: the TMA pass + the combine;
+    float32's attention_frame_partials_kernel + the combine);
     token profiles on top; tile sweeps. Accuracy: ``output_*`` and the statistics are the
     fused route's, ``lse_route_*`` the exact route's."""
     from sinkscope.stats.attention import (
         attention_statistics,
         attention_with_statistics,
     )
-    from sinkscope.stats.triton_kernels import (
+    from sinkscope.stats.launch import (
         attention_statistics_lse,
         attention_statistics_triton,
         sdpa_with_lse,
@@ -337,20 +342,20 @@ def section_fused() -> dict:
     def exact_tokens():
         return attention_with_statistics(q, k, v, token_profiles=True, **layout)
 
-    def kernel_3():
+    def one_pass():
         return attention_statistics_triton(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5)
 
     rows = {}
     for name, fn in (
         (SDPA_ROW, sdpa),
-        ("before: SDPA, then attention_statistics (kernel 1 + combine)", before),
+        ("before: SDPA, then attention_statistics (frame_softmax_partials_kernel + combine)", before),
         (EXACT_ROW, exact),
         (FUSED_ROW, fused),
         ("cuDNN attention with its log-sum-exp", lambda: sdpa_with_lse(q, k, v, dim**-0.5)),
-        ("kernel 3 (Triton, pointer loads) + kernel 6: every frame statistic", kernel_3),
-        ("before, with token profiles (+ kernel 2)", before_tokens),
-        ("exact, with token profiles (+ kernel 2)", exact_tokens),
-        ("fused, with token profiles (+ kernel 2)", fused_tokens),
+        ("attention_frame_partials_kernel (Triton, pointer loads) + combine: every frame statistic", one_pass),
+        ("before, with token profiles (+ token_profiles_kernel)", before_tokens),
+        ("exact, with token profiles (+ token_profiles_kernel)", exact_tokens),
+        ("fused, with token profiles (+ token_profiles_kernel)", fused_tokens),
     ):
         rows[name] = {**cuda_time(fn, reps=30), "extra_mib": extra_memory(fn)}
     base = rows[SDPA_ROW]["median_ms"]
@@ -363,27 +368,27 @@ def section_fused() -> dict:
     lse_out, lse_stats = attention_statistics_lse(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, token_profiles=True)
     accuracy["lse_route_output_vs_sdpa_max_abs"] = (lse_out.float() - reference.float()).abs().max().item()
     for name in ("logit_mean", "prob_mass", "argmax_share", "entropy"):
-        accuracy[f"{name}_vs_kernel_1_max_abs"] = (getattr(stats, name) - getattr(plain, name)).abs().max().item()
+        accuracy[f"{name}_vs_frame_softmax_partials_max_abs"] = (getattr(stats, name) - getattr(plain, name)).abs().max().item()
     for name in ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_prob_mean", "token_logit_mean"):
-        accuracy[f"lse_route_{name}_vs_kernel_1_max_abs"] = (getattr(lse_stats, name) - getattr(plain, name)).abs().max().item()
+        accuracy[f"lse_route_{name}_vs_frame_softmax_partials_max_abs"] = (getattr(lse_stats, name) - getattr(plain, name)).abs().max().item()
     sweep = tile_sweep(lambda params: attention_statistics_triton(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params),
                        ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3),
                         (64, 64, 4, 4)))  # fmt: skip
-    # Kernel 4 alone (the log-sum-exp given), the statistics pass of the default route.
-    from sinkscope.stats.triton_kernels import statistics_given_lse
+    # frame_partials_given_lse_kernel alone (the log-sum-exp given), the statistics pass of the default route.
+    from sinkscope.stats.launch import statistics_given_lse
 
     lse = sdpa_with_lse(q, k, v, dim**-0.5)[1]
     sweep_4 = tile_sweep(lambda params: statistics_given_lse(q, k, lse, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params),
                          ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3), (64, 64, 4, 3),
                           (256, 64, 8, 3)))  # fmt: skip
-    return {"timings": rows, "accuracy": accuracy, "kernel_3_sweep_ms": sweep, "kernel_4_sweep_ms": sweep_4}
+    return {"timings": rows, "accuracy": accuracy, "one_pass_sweep_ms": sweep, "given_lse_sweep_ms": sweep_4}
 
 
 def section_tma() -> dict:
-    """Kernel 5 (TMA loads, key tiles aligned to key 0): as a plain flash-attention forward
+    """attention_frame_partials_tma_kernel (TMA loads, key tiles aligned to key 0): as a plain flash-attention forward
     and with every frame's partials, against cuDNN and the captured call's other routes, at
     the last block's and the first block's shape; its tile sweep and its accuracy."""
-    from sinkscope.stats.triton_kernels import (
+    from sinkscope.stats.launch import (
         _combine_fused,
         attention_statistics_lse,
         attention_statistics_tma,
@@ -407,18 +412,18 @@ def section_tma() -> dict:
         rows = {
             "SDPA (default backend)": cuda_time(sdpa, reps=30)["median_ms"],
             "cuDNN with log-sum-exp": cuda_time(lambda: sdpa_with_lse(q, k, v, dim**-0.5), reps=30)["median_ms"],
-            "cuDNN + kernel 4 + combine": cuda_time(lambda: attention_statistics_lse(q, k, v, fsl, 3, lengths, dim**-0.5),
+            "cuDNN + frame_partials_given_lse_kernel + combine": cuda_time(lambda: attention_statistics_lse(q, k, v, fsl, 3, lengths, dim**-0.5),
                                                     reps=30)["median_ms"],  # fmt: skip
-            "kernel 5 + kernel 6, default tiles": cuda_time(lambda: attention_statistics_tma(q, k, v, fsl, 3, lengths, dim**-0.5),
+            "TMA pass + combine, default tiles": cuda_time(lambda: attention_statistics_tma(q, k, v, fsl, 3, lengths, dim**-0.5),
                                                             reps=30)["median_ms"],  # fmt: skip
         }
-        # The parts of kernel 5's route: the kernel, the key frames' sums, kernel 6 (with logit_mean).
+        # The parts of the TMA route: the kernel, the key frames' sums, the combine (with logit_mean).
         _, partials = tma_attention(q, k, v, lengths, dim**-0.5)
         key_sums = segment_sums(k, lengths)
         lengths_float = torch.tensor(lengths, dtype=torch.float32, device="cuda")
-        rows["part: kernel 5 (default tiles)"] = cuda_time(lambda: tma_attention(q, k, v, lengths, dim**-0.5), reps=30)["median_ms"]
-        rows["part: kernel 7, key frames' sums"] = cuda_time(lambda: segment_sums(k, lengths), reps=30)["median_ms"]
-        rows["part: kernel 6, the combine and logit_mean"] = cuda_time(
+        rows["part: attention_frame_partials_tma_kernel (default tiles)"] = cuda_time(lambda: tma_attention(q, k, v, lengths, dim**-0.5), reps=30)["median_ms"]
+        rows["part: segment_sums_kernel, key frames' sums"] = cuda_time(lambda: segment_sums(k, lengths), reps=30)["median_ms"]
+        rows["part: frame_statistics_combine_kernel, the combine and logit_mean"] = cuda_time(
             lambda: _combine_fused(q, k, partials, key_sums, lengths_float, fsl, 3, dim**-0.5, False, None),
             reps=30)["median_ms"]  # fmt: skip
         base = rows["SDPA (default backend)"]
@@ -433,7 +438,7 @@ def section_tma() -> dict:
         ref_out, ref_stats = attention_statistics_lse(q, k, v, fsl, 3, lengths, dim**-0.5, token_profiles=True)
         accuracy = output_accuracy(out, ref_out, q, k, v)
         for name in ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_prob_mean", "token_logit_mean"):
-            accuracy[f"{name}_vs_kernel_4_max_abs"] = (getattr(stats, name) - getattr(ref_stats, name)).abs().max().item()
+            accuracy[f"{name}_vs_given_lse_max_abs"] = (getattr(stats, name) - getattr(ref_stats, name)).abs().max().item()
         entry["accuracy"] = accuracy
         result[shape] = entry
         print(shape, json.dumps(entry, indent=1), flush=True)
@@ -444,6 +449,7 @@ def random_real_model(name: str = "wan2.1-t2v-1.3b"):
     with torch.device("cuda"):
         model = build_model(get_model_config(name), seed=None, device="cuda", dtype=torch.float32)
     init_random_weights(model, seed=0, device="cuda")
+    model.kernels = KERNELS
     return model.to(torch.bfloat16)
 
 
@@ -669,6 +675,7 @@ def section_rollouts(frames: int = 240, memory_frames: tuple[int, ...] = (21, 48
 
     from sinkscope.pipeline.extract import compile_wanted
 
+    long_rollout.KERNELS = KERNELS
     model = long_rollout.real_model()
     compiled = compile_wanted("auto", torch.device("cuda"), frames)
     if compiled:
@@ -856,6 +863,7 @@ def markdown(results: dict) -> str:
 
 
 def main() -> int:
+    global KERNELS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
     parser.add_argument("--sections", default="env,fused,generation,job,rollouts")
@@ -866,9 +874,7 @@ def main() -> int:
     parser.add_argument("--probe-warmup", nargs=2, metavar=("BACKEND", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.no_key_split:
-        from sinkscope.attention.split import enable_key_split
-
-        enable_key_split(False)
+        KERNELS = KernelSettings(key_split=False)
     if args.probe_warmup:
         backend, layers = args.probe_warmup
         print("RESULT " + json.dumps(probe_warmup(backend, [int(x) for x in layers.split(",") if x])))

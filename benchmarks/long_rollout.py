@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
 from sinkscope.generation.sampler import generate  # noqa: E402
+from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.model import WanModel, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import CACHE_POLICIES, CACHE_POLICY_TABLE, GenerationOptions  # noqa: E402
 from sinkscope.stats.attention import attention_statistics  # noqa: E402
@@ -50,19 +51,24 @@ LAYER = 4
 
 
 DEVICE = "cuda"
+# The kernels every model of this run computes with (--no-key-split turns the split off).
+KERNELS = KernelSettings()
 # The policies issue 18 asks to run at >= 30 video FPS at 240 frames in the default mode.
 TARGET_POLICIES = ("window", "sink", "deep_sink", "participative_compression", "rerope_sink")
 
 
 def real_model(name: str = "wan2.1-t2v-1.3b"):
     if DEVICE == "cpu":  # a smoke test of this script
-        return build_model(name, seed=0)
-    config = get_model_config(name)
-    with torch.device("meta"):
-        model = WanModel(config)
-    model = model.to_empty(device=DEVICE)
-    init_random_weights(model, seed=0, device=DEVICE)
-    return model.to(torch.bfloat16).eval().requires_grad_(False)
+        model = build_model(name, seed=0)
+    else:
+        config = get_model_config(name)
+        with torch.device("meta"):
+            model = WanModel(config)
+        model = model.to_empty(device=DEVICE)
+        init_random_weights(model, seed=0, device=DEVICE)
+        model = model.to(torch.bfloat16).eval().requires_grad_(False)
+    model.kernels = KERNELS
+    return model
 
 
 def sync():
@@ -345,11 +351,9 @@ def main() -> int:
     parser.add_argument("--no-key-split", action="store_true", help="one SDPA call per cached attention (no key split)")
     parser.add_argument("--profile-frames", type=int, default=45, help="the profile section's rollout length")
     args = parser.parse_args()
+    global DEVICE, KERNELS
     if args.no_key_split:
-        from sinkscope.attention.split import enable_key_split
-
-        enable_key_split(False)
-    global DEVICE
+        KERNELS = KernelSettings(key_split=False)
     DEVICE = args.device
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -47,15 +47,8 @@ from sinkscope.model import WanModel, build_model, get_model_config, init_random
 from sinkscope.model.layout import AttentionLayout  # noqa: E402
 from sinkscope.pipeline.writing import ExtractionWriter  # noqa: E402
 from sinkscope.stats.reference import CallStatistics  # noqa: E402
-from sinkscope.tables import (  # noqa: E402
-    TOKEN_PROFILES_SCHEMA_V1,
-    decode_token_profiles,
-    decode_token_values,
-    encode_token_values,
-    read_table,
-    token_values,
-    write_table,
-)
+from sinkscope.tables import TOKEN_PROFILES_SCHEMA_V1, read_table, write_table  # noqa: E402
+from sinkscope.tokens import decode_token_profiles, decode_token_values, encode_token_values, token_values  # noqa: E402
 
 MB = 1e6
 RUN = {"checkpoint": "bench", "variant": "default", "prompt_id": "p", "seed": 0}

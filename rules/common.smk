@@ -1,5 +1,6 @@
-# Config validation, the pre-run checks and the helpers every rule uses. The logic
-# lives in the sinkscope package (sinkscope.pipeline.config, sinkscope.pipeline.study,
+# Reading the config (config.yaml, or the --configfile files instead), its validation,
+# the pre-run checks and the helpers every rule uses. The logic lives in the sinkscope
+# package (sinkscope.pipeline.config, sinkscope.pipeline.study,
 # sinkscope.pipeline.integrity); this file wires it in. Nothing here imports torch.
 
 import re
@@ -10,9 +11,10 @@ from snakemake.utils import validate
 from sinkscope.errors import SinkscopeError
 from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
 from sinkscope.naming import LAYER_GROUP
+from sinkscope.pipeline.config import DEFAULT_CONFIG_FILE, read_config_file
 from sinkscope.pipeline.integrity import quarantine, scan_results
 from sinkscope.pipeline.invocation import LOCAL_EXECUTORS, forget_inventory, invocation_mode, requested_executor
-from sinkscope.pipeline.recovery import recover_interrupted_run
+from sinkscope.pipeline.recovery import mark_run_start, recover_interrupted_run
 from sinkscope.pipeline.study import (
     PATTERNS,
     SOURCE_TABLES,
@@ -20,12 +22,28 @@ from sinkscope.pipeline.study import (
     load_study,
     path,
 )
+from sinkscope.schema import SCHEMA_PATH
 
 
 def _reject(message):
     # One clear message and no traceback; nothing has run, so no result is touched.
     sys.stderr.write(f"sinkscope: {message}\n")
     sys.exit(1)
+
+
+# The study is config.yaml, or instead only the files given with --configfile: each
+# example in configs/ is a whole study, never merged into the default one. --config
+# overrides go on top of either. A cluster job's re-parse gets the same --configfiles
+# and --config, so it reads the same study.
+if not workflow.overwrite_configfiles:
+    try:
+        # Read here first: a YAML mistake is named with its line and column, which
+        # Snakemake's own message leaves out.
+        read_config_file(DEFAULT_CONFIG_FILE)
+    except SinkscopeError as error:
+        _reject(error)
+
+    configfile: DEFAULT_CONFIG_FILE
 
 
 # Checks of this machine and of earlier results belong to the main Snakemake process,
@@ -46,7 +64,7 @@ try:
     config.update(STUDY.config)
     # The ecosystem's check against the same schema; defaults are already filled (and a
     # variant inherits its missing keys from generation:, so none may be filled there).
-    validate(config, schema="../schemas/config.schema.yaml", set_default=False)
+    validate(config, schema=str(SCHEMA_PATH), set_default=False)
     ENCODERS = {key: encoder.to_dict() for key, encoder in STUDY.encoders.items()}
     TARGETS = STUDY.all_targets()
 except SinkscopeError as error:
@@ -57,8 +75,17 @@ except SinkscopeError as error:
 # a run that will execute jobs, with no Snakemake holding this directory, resolves them
 # first (sinkscope.pipeline.recovery), keeping whichever result is whole.
 if _MAIN and invocation_mode(sys.argv) == "run":
-    for _action in recover_interrupted_run():
-        sys.stderr.write(f"sinkscope: {_action}\n")
+    try:  # a lock this machine's stopped run did not provably leave stops the run
+        for _action in recover_interrupted_run():
+            sys.stderr.write(f"sinkscope: {_action}\n")
+    except SinkscopeError as error:
+        _reject(error)
+
+
+# Once this run holds its locks: record host, pid and its lock files, so that a later
+# run removes them only if they are provably this machine's stopped run.
+onstart:
+    mark_run_start()
 
 # Snakemake sees a result missing, never damaged (and nothing inside a directory()
 # output): before any job runs, check every result that exists (folders against their

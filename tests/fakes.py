@@ -55,15 +55,18 @@ def write_wan_folder(folder: Path, state: dict[str, torch.Tensor], config: WanCo
     return folder
 
 
-def write_self_forcing_pt(path: Path, state: dict, ema_state: dict | None = None, extra: dict | None = None) -> Path:
-    """torch.save of {generator, generator_ema, critic}, keys prefixed 'model.' (a WanDiffusionWrapper)."""
+def write_self_forcing_pt(
+    path: Path, state: dict, ema_state: dict | None = None, extra: dict | None = None, legacy: bool = False
+) -> Path:
+    """torch.save of {generator, generator_ema, critic}, keys prefixed 'model.' (a WanDiffusionWrapper);
+    ``legacy`` writes torch's format before 1.6 (a pickle stream, not a zip archive)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"generator": {f"model.{k}": v for k, v in state.items()}}
     if ema_state is not None:
         data["generator_ema"] = {f"model.{k}": v for k, v in ema_state.items()}
     data["critic"] = {"model.head.head.weight": torch.zeros(2, 2)}
     data.update(extra or {})
-    torch.save(data, path)
+    torch.save(data, path, _use_new_zipfile_serialization=not legacy)
     return path
 
 

@@ -3,6 +3,10 @@ of the q and k each call saw, under every KV-cache policy."""
 
 from __future__ import annotations
 
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,8 +16,9 @@ from test_stats import brute_force_statistics
 from sinkscope.generation.capture import FrameStatsCapture
 from sinkscope.generation.sampler import FlowMatchSchedule, generate
 from sinkscope.model import build_model
+from sinkscope.model.config import WanConfig
 from sinkscope.options import BLOCK_CACHE_POLICIES, GenerationOptions
-from sinkscope.tables import round_significant, token_rows, token_values
+from sinkscope.tokens import round_significant, token_rows, token_values
 
 FSL = 24  # the demo's tokens a frame
 
@@ -150,16 +155,76 @@ def test_seed_determines_the_video():
     assert not torch.equal(a.latents, c.latents)
 
 
-def test_capture_leaves_the_video_unchanged():
-    """The captured layers' attention comes from the statistics pass: the same video (up
-    to float32 rounding: the captured call runs SDPA over another batch layout)."""
-    extra = dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3)
-    options = GenerationOptions.from_config({"num_frames": 12, "cache_policy": "participative_compression", **extra})
-    _, _, captured = run(options, layers=(0, 1, 2, 3, 4))
-    model = build_model("demo", seed=0)
-    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
-    plain = generate(model, context, options=options, seed=0)
-    torch.testing.assert_close(captured.latents, plain.latents, rtol=1e-5, atol=1e-5)
+# A model small enough for a dozen generations in a few seconds, with the demo's 24 tokens a frame.
+SMALL = WanConfig(dim=48, ffn_dim=64, num_heads=4, num_layers=3, text_dim=16, text_len=8, freq_dim=16, latent_height=8,
+                  latent_width=12)  # fmt: skip
+SMALL_OPTIONS = {
+    "global": {"num_frames": 6, "denoising_steps": [1000, 500]},
+    "deep_sink": {"num_frames": 9, "denoising_steps": [1000, 500], "cache_policy": "deep_sink", "local_attn_frames": 4,
+                  "sink_frames": 1},
+    "participative_compression": {"num_frames": 9, "denoising_steps": [1000, 500], "cache_policy": "participative_compression",
+                                  "local_attn_frames": 6, "sink_frames": 1, "budget_frames": 5, "recent_frames": 3},
+    "rolling_forcing": {"procedure": "rolling_forcing", "num_frames": 12, "denoising_steps": [1000, 500],
+                        "local_attn_frames": 9},
+}  # fmt: skip
+
+
+def latents_sha256(latents: torch.Tensor) -> str:
+    """The latents' own bytes (no conversion that could hide a difference)."""
+    return hashlib.sha256(latents.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+@lru_cache(maxsize=None)
+def _small_model(dtype: torch.dtype):
+    return build_model(SMALL, seed=0, dtype=dtype)
+
+
+def _small_video(dtype: torch.dtype, setup: str, layers: tuple[int, ...] = (), fused: bool = False):
+    model = _small_model(dtype)
+    context = torch.randn(1, 7, SMALL.text_dim, generator=torch.Generator().manual_seed(1))
+    options = GenerationOptions.from_config(SMALL_OPTIONS[setup])
+    if not layers:
+        return latents_sha256(generate(model, context, options=options, seed=0).latents), None
+    capture = FrameStatsCapture(model, layers, frame_seq_length=24, token_profiles="all", fused_attention=fused)
+    with capture:
+        result = generate(model, context, options=options, seed=0, observers=[capture])
+    assert len(capture.records) == len(layers) * options.num_calls
+    return latents_sha256(result.latents), capture
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_capture_leaves_the_video_bit_for_bit(dtype):
+    """The captured layers' output is the model's own call, so the latents are the uncaptured
+    ones byte for byte, with one layer captured or all."""
+    plain, _ = _small_video(dtype, "global")
+    for layers in ((1,), (0, 1, 2)):
+        captured, capture = _small_video(dtype, "global", layers)
+        assert captured == plain and capture.video_exact, layers
+
+
+@pytest.mark.parametrize("setup, dtype", [("deep_sink", torch.float32), ("participative_compression", torch.bfloat16),
+                                          ("rolling_forcing", torch.float32)])  # fmt: skip
+def test_capture_leaves_the_video_bit_for_bit_under_sinks_and_rolling_forcing(setup, dtype):
+    """Also where a policy moves keys, drops tokens, or a Rolling Forcing window call gives one
+    record per block (the output is still the whole call's)."""
+    assert _small_video(dtype, setup, (0, 1, 2))[0] == _small_video(dtype, setup)[0]
+
+
+def test_the_fused_route_leaves_the_cpu_video_exact(monkeypatch):
+    """capture.attention: fused is a CUDA kernel's; on the CPU every call is the model's own."""
+    import sinkscope.generation.capture as capture_module
+
+    asked = []
+    real = capture_module.fused_route_applies
+
+    def spy(*args, **kwargs):
+        asked.append(real(*args, **kwargs))
+        return asked[-1]
+
+    monkeypatch.setattr(capture_module, "fused_route_applies", spy)
+    captured, capture = _small_video(torch.float32, "global", (0, 2), fused=True)
+    assert asked and not any(asked) and capture.video_exact and capture.fused_calls == 0
+    assert captured == _small_video(torch.float32, "global")[0]
 
 
 def test_schedule_matches_self_forcing():
@@ -199,23 +264,31 @@ def test_capture_rejects_missing_layers_and_unknown_token_choices():
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_capture_asks_for_the_attention_route_it_was_given(monkeypatch, fused):
-    """capture.attention reaches every captured call (on CUDA, fused takes kernel 5)."""
+    """capture.attention reaches every captured call: fused asks whether its kernel applies
+    (on CUDA it takes the one-pass Triton kernel; here it does not), exact takes the model's own call."""
     import sinkscope.generation.capture as capture_module
 
-    asked = []
-    real = capture_module.attention_with_statistics
+    asked, own_calls = [], []
+    real_applies, real_attention = capture_module.fused_route_applies, capture_module.cached_attention
 
-    def spy(*args, **kwargs):
-        asked.append(kwargs["fused"])
-        return real(*args, **kwargs)
+    def applies(*args, **kwargs):
+        asked.append(True)
+        return real_applies(*args, **kwargs)
 
-    monkeypatch.setattr(capture_module, "attention_with_statistics", spy)
-    model = build_model("demo", seed=0)
-    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
+    def own(*args, **kwargs):
+        own_calls.append(kwargs["split"])
+        return real_attention(*args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "fused_route_applies", applies)
+    monkeypatch.setattr(capture_module, "cached_attention", own)
+    model = _small_model(torch.float32)
+    context = torch.randn(1, 7, SMALL.text_dim, generator=torch.Generator().manual_seed(1))
     capture = FrameStatsCapture(model, [1], frame_seq_length=FSL, token_profiles="none", fused_attention=fused)
     with capture:
-        generate(model, context, options=GenerationOptions.from_config({"num_frames": 6}), seed=0, observers=[capture])
-    assert asked and set(asked) == {fused}
+        result = generate(model, context, options=GenerationOptions.from_config(SMALL_OPTIONS["global"]), seed=0,
+                          observers=[capture])  # fmt: skip
+    assert bool(asked) == fused and len(asked) == (len(result.calls) if fused else 0)
+    assert len(own_calls) == len(result.calls) and set(own_calls) == {model.kernels.key_split}
 
 
 @pytest.mark.gpu
@@ -230,13 +303,11 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
     cpu, _, cpu_result = run(options, device="cpu")
     gpu, _, gpu_result = run(options, device="cuda")
     torch.testing.assert_close(gpu_result.latents.cpu(), cpu_result.latents, rtol=1e-3, atol=1e-3)
-    if policy == "global":
-        # The captured layers' output came from the Triton kernel: the video stays SDPA's.
-        # (Not under participative compression: its top-C choice can flip on a rounding.)
-        model = build_model("demo", seed=0, device="cuda")
-        context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).cuda()
-        plain = generate(model, context, options=options, seed=0)
-        torch.testing.assert_close(gpu_result.latents, plain.latents, rtol=1e-4, atol=1e-4)
+    # The captured layers' output is the model's own call: the video is the uncaptured one, bit for bit.
+    model = build_model("demo", seed=0, device="cuda")
+    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).cuda()
+    plain = generate(model, context, options=options, seed=0)
+    assert torch.equal(gpu_result.latents, plain.latents)
     for kind, names in (("frames", ("logit_mean", "prob_mass")), ("tokens", ("token_logit_mean", "token_prob_mean")),
                         ("queries", ("entropy_tokens",))):  # fmt: skip
         for name in names:
@@ -246,3 +317,92 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
             # near a rounding boundary may land one step (2**-10 of the row's spread) apart.
             atol = 1e-4 + (2**-9 * float(np.nanmax(np.abs(b))) if kind == "tokens" else 0.0)
             assert a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=atol, equal_nan=True), (kind, name)
+
+
+def _module_settings(*modules) -> dict[str, object]:
+    """Every plain value a module holds at its top level (where a process-wide switch would live)."""
+    return {f"{m.__name__}.{name}": value for m in modules for name, value in vars(m).items()
+            if isinstance(value, (bool, int, float, str)) and not name.startswith("__")}  # fmt: skip
+
+
+def test_two_generations_with_different_kernels_each_run_their_own(monkeypatch):
+    """capture.kernels is a field of the model, handed to every call: two models in one
+    process, one fast and one reference, each compute what they were given."""
+    from sinkscope.attention import split
+    from sinkscope.attention.settings import KernelSettings
+    from sinkscope.model import wan
+
+    seen = []
+    real_attention, real_ffn = wan.balanced_attention, wan.feed_forward
+
+    def attention(*args, split):
+        seen.append(("split", split))
+        return real_attention(*args, split=split)
+
+    def ffn(block_ffn, h, fused_gelu):
+        seen.append(("gelu", fused_gelu))
+        return real_ffn(block_ffn, h, fused_gelu)
+
+    monkeypatch.setattr(wan, "balanced_attention", attention)
+    monkeypatch.setattr(wan, "feed_forward", ffn)
+    before = _module_settings(wan, split)
+    context = torch.randn(1, 7, SMALL.text_dim, generator=torch.Generator().manual_seed(1))
+    options = GenerationOptions.from_config({"num_frames": 3, "denoising_steps": [1000]})
+    for name in ("reference", "fast", "reference"):
+        model = build_model(SMALL, seed=0)
+        model.kernels = KernelSettings.named(name)
+        seen.clear()
+        generate(model, context, options=options, seed=0)
+        assert seen and set(seen) == {("split", name == "fast"), ("gelu", name == "fast")}, name
+    assert _module_settings(wan, split) == before
+    assert not any(hasattr(wan, old) for old in ("_FUSED_GELU", "use_fast_kernels", "enable_fused_gelu"))
+
+
+@pytest.mark.slow
+def test_two_extraction_jobs_with_different_kernels_in_one_process(tmp_path, monkeypatch):
+    """extract_job hands capture.kernels to the model it loads; the next job in the same process
+    gets its own setting, and each manifest names its route and whether its video is exact."""
+    import json
+
+    from sinkscope.cli import main
+    from sinkscope.generation import sampler
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "config.yaml").write_text((repo / "config.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    real = sampler.generate
+
+    def spy(model, *args, **kwargs):
+        seen.append(model.kernels)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(sampler, "generate", spy)
+    for name in ("reference", "fast"):
+        settings = ("generation.num_frames=3", "generation.denoising_steps=[1000]", f"capture.kernels={name}")
+        assert main(["extract", "--out", f"ext-{name}", "--layers", "0", *(x for s in settings for x in ("--set", s))]) == 0
+        contents = json.loads((tmp_path / f"ext-{name}" / "manifest.json").read_text())["contents"]
+        assert contents["capture_route"] == {"attention": "exact", "kernels": name, "video_exact": True}
+    assert [settings.name for settings in seen] == ["reference", "fast"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kernels", ["fast", "reference"])
+def test_cuda_capture_leaves_the_bf16_video_bit_for_bit(kernels):
+    """On CUDA in bf16 the exact route's output is the model's own cuDNN call (with its
+    log-sum-exp, under either kernel setting): the latents equal the uncaptured ones."""
+    from sinkscope.attention.settings import KernelSettings
+
+    model = build_model("demo", seed=0, device="cuda", dtype=torch.bfloat16)
+    model.kernels = KernelSettings.named(kernels)
+    context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).cuda()
+    options = GenerationOptions.from_config({"num_frames": 9, "cache_policy": "deep_sink", "local_attn_frames": 4,
+                                             "sink_frames": 1})  # fmt: skip
+    plain = generate(model, context, options=options, seed=0).latents
+    for layers in ((2,), tuple(range(model.config.num_layers))):
+        capture = FrameStatsCapture(model, layers, frame_seq_length=FSL, token_profiles="all")
+        with capture:
+            captured = generate(model, context, options=options, seed=0, observers=[capture]).latents
+        assert torch.equal(captured, plain) and capture.video_exact, layers
+        assert len(capture.layer_tables()[layers[0]]["frames"]) > 0

@@ -12,6 +12,7 @@ import pytest
 import torch
 from test_legacy import token_level_cache
 
+from sinkscope.cli import main
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, write_table
 from synthetic import synthetic_rows
 
@@ -30,6 +31,7 @@ def inputs(tmp_path_factory) -> Path:
     torch.save(token_level_cache(layers=(0,), num_frames=6), folder / "old.pt")
     (folder / "notes.txt").write_text("the user's own file\n")
     (folder / "blob.bin").write_bytes(bytes(range(256)) * 8)
+    (folder / "text.pt").write_text("not a checkpoint\n")
     (folder / "own").mkdir()
     (folder / "own" / "keep.txt").write_text("keep\n")
     (folder / "config.yaml").write_text((REPO / "config.yaml").read_text())
@@ -77,6 +79,17 @@ BAD = [
      "argument --heads: 'X1' is not a head like L1H1"),
     (["figure", "figure4", "--input", "missing.parquet", "--out-prefix", "f"], "--input 'missing.parquet' does not exist"),
     (["verify", "missing"], "'missing' does not exist"),
+    (["verify", "notes.txt"], "'notes.txt': sinkscope cannot check a file of this kind"),
+    (["verify", "own"], "'own' holds nothing sinkscope can check"),
+    # Output paths: only the last folder may be missing; a file is no folder.
+    (["extract", "--out", "/nonexistent/dir/x"], "argument --out: '/nonexistent/dir/x': folder '/nonexistent' does not exist"),
+    (["import-cache", "old.pt", "--out", "/nonexistent/dir/x.parquet"], "folder '/nonexistent' does not exist"),
+    (["import-cache", "old.pt", "--out", "notes.txt/x.parquet"], "argument --out: 'notes.txt/x.parquet': 'notes.txt' is a file"),
+    (["aggregate", "--input", "own", "--out", "missing/deeper/o"], "argument --out: 'missing/deeper/o': folder 'missing' does not exist"),
+    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "/nonexistent/dir/f"],
+     "argument --out-prefix: '/nonexistent/dir/f': folder '/nonexistent' does not exist"),
+    (["compare-labels", "--labels", "notes.txt", "--input", "frame_attention.parquet", "--out", "/nonexistent/dir/c"],
+     "argument --out: '/nonexistent/dir/c': folder '/nonexistent' does not exist"),
     *[(["train-demo", "--out", "t", *bad], message) for bad, message in [
         (["--steps", "0"], "argument --steps: 0 is not positive"),
         (["--steps", "-1"], "argument --steps: -1 is negative"),
@@ -92,27 +105,66 @@ BAD = [
         (["--sampler-prob", "2"], "argument --sampler-prob: 2 is not between 0 and 1"),
         (["--warmup", "-5"], "argument --warmup: -5 is negative"),
         (["--ode-steps", "6"], "argument --ode-steps: 6 is not a multiple of 4"),
+        (["--evaluate-only", "notes.txt"], "argument --evaluate-only: 'notes.txt' is not a .pt checkpoint"),
+        (["--evaluate-only", "text.pt"], "argument --evaluate-only: text.pt is not a torch .pt file"),
+        (["--out", "notes.txt"], "argument --out: 'notes.txt' is an existing file, not a folder"),
+        (["--out", "notes.txt/run"], "argument --out: 'notes.txt/run': 'notes.txt' is a file, not a folder"),
+        (["--out", "/nonexistent/dir/run"], "argument --out: '/nonexistent/dir/run': folder '/nonexistent' does not exist"),
     ]],
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("args, message", BAD, ids=[" ".join(args)[:60] for args, _ in BAD])
-def test_bad_arguments_are_one_line_naming_the_argument(inputs, args, message):
-    def files() -> dict:
-        # What the user has (the .snakemake/ caches of file checks aside).
-        return {path: path.read_bytes() for path in inputs.rglob("*") if path.is_file() and ".snakemake" not in path.parts}
+def _user_files(folder: Path) -> dict:
+    # What the user has (the .snakemake/ caches of file checks aside).
+    return {path: path.read_bytes() for path in folder.rglob("*") if path.is_file() and ".snakemake" not in path.parts}
 
-    before = files()
+
+def _sinkscope_in_process(args: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str]:
+    """``sinkscope ARGS`` through ``cli.main`` in this process (what the console script runs,
+    without a new interpreter's second of imports): exit status and stderr."""
+    monkeypatch.chdir(cwd)
+    try:
+        status = main(list(args))
+    except SystemExit as exit_:
+        status = exit_.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[" ".join(args)[:60] for args, _ in BAD])
+def test_bad_arguments_are_one_line_naming_the_argument(inputs, args, message, monkeypatch, capsys):
+    before = _user_files(inputs)
+    status, stderr = _sinkscope_in_process(args, inputs, monkeypatch, capsys)
+    lines = stderr.strip().splitlines()
+    assert status == 2, stderr
+    assert len(lines) == 1 and message in lines[0], stderr
+    assert "Traceback" not in stderr
+    assert _user_files(inputs) == before
+
+
+# The same refusals through the installed entry point, in a fresh interpreter, for one
+# argument of each kind of check (argparse types, the config check, the output paths).
+ENTRY_POINT_CASES = [
+    (["extract", "--out", "x", "--seed", "-1"], "argument --seed: -1 is negative"),
+    (["extract", "--out", "x", "--layers", "99"], "config key layers: [99] do not exist"),
+    (["import-cache", "old.pt", "--out", "notes.txt/x.parquet"], "argument --out: 'notes.txt/x.parquet': 'notes.txt' is a file"),
+    (["train-demo", "--out", "t", "--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
+]
+
+
+@pytest.mark.parametrize("args, message", ENTRY_POINT_CASES, ids=[" ".join(args)[:60] for args, _ in ENTRY_POINT_CASES])
+def test_bad_arguments_through_the_entry_point(inputs, args, message):
+    before = _user_files(inputs)
     result = _sinkscope(*args, cwd=inputs)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr
-    assert files() == before
+    assert _user_files(inputs) == before
 
 
+@pytest.mark.slow
 def test_an_earlier_import_is_replaced_only_with_force(inputs, tmp_path):
-    out = tmp_path / "imported.parquet"
+    out = tmp_path / "new" / "imported.parquet"  # the one missing folder is created
     assert _sinkscope("import-cache", str(inputs / "old.pt"), "--out", str(out), cwd=inputs).returncode == 0
     written = out.read_bytes()
     again = _sinkscope("import-cache", str(inputs / "old.pt"), "--out", str(out), cwd=inputs)
@@ -120,11 +172,24 @@ def test_an_earlier_import_is_replaced_only_with_force(inputs, tmp_path):
     assert _sinkscope("import-cache", str(inputs / "old.pt"), "--out", str(out), "--force", cwd=inputs).returncode == 0
 
 
+def test_an_output_folder_that_takes_no_files_is_refused(tmp_path, monkeypatch):
+    import argparse
+
+    from sinkscope.arguments import output_folder, output_path
+
+    assert output_path(str(tmp_path / "new" / "x.parquet")) == str(tmp_path / "new" / "x.parquet")
+    assert output_folder(str(tmp_path / "run")) == str(tmp_path / "run")
+    monkeypatch.setattr("os.access", lambda *args: False)  # as for a user without write permission
+    with pytest.raises(argparse.ArgumentTypeError, match=f"folder '{tmp_path}' is not writable"):
+        output_path(str(tmp_path / "x.parquet"))
+
+
 def test_verify_takes_one_file(inputs):
     result = _sinkscope("verify", "frame_attention.parquet", cwd=inputs)
     assert result.returncode == 0 and "checked 1 results (0 folders, 1 files): all whole" in result.stderr
 
 
+@pytest.mark.slow
 def test_aggregate_builds_every_table_from_extraction_folders(inputs, tmp_path):
     """CLI parity with the workflow: `sinkscope aggregate` makes the source tables the
     aggregation rule makes (block_stats included), and figures draw from them."""

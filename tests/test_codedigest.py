@@ -19,17 +19,18 @@ from test_legacy import token_level_cache
 
 from sinkscope.pipeline.codedigest import STAGE_MODULES, code_text, module_closure
 
-_MODEL = {"model", "model.checkpoints", "model.config", "model.layout", "model.loading", "model.lora", "model.torchfile",
-          "model.wan", "attention", "attention.split", "attention.merge_kernel"}
-_TABLES = {"tables", "digests", "tokens"}
+_MODEL = {"model", "model.checkpoints", "model.config", "model.formats", "model.layout", "model.loading", "model.lora",
+          "model.torchfile", "model.weightfiles",
+          "model.wan", "attention", "attention.settings", "attention.split", "attention.merge_kernel"}
+_TABLES = {"tables", "digests"}
 _SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", *_TABLES}
 PINNED = {
     "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},
     "extract_attention": {
-        "io", "naming", "options", *_TABLES, *_MODEL, "model.cache", "model.policies", "model.policies.base",
+        "io", "naming", "options", "tokens", *_TABLES, *_MODEL, "model.cache", "model.policies", "model.policies.base",
         "model.policies.compression", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks", "model.text",
-        "generation", "generation.capture", "generation.rolling", "generation.sampler",
-        "stats", "stats.attention", "stats.kernels", "stats.reduction_kernels", "stats.reference", "stats.rollout", "stats.triton_kernels",
+        "generation", "generation.capture", "generation.common", "generation.procedures", "generation.rolling", "generation.sampler",
+        "stats", "stats.attention", "stats.kernels", "stats.reduction_kernels", "stats.reference", "stats.rollout", "stats.launch",
         "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.writing",
     },
     "import_cache": {"io", *_TABLES, *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",

@@ -10,10 +10,12 @@ from sinkscope.errors import ConfigError
 from sinkscope.io import atomic_path
 from sinkscope.naming import parse_head_label
 from sinkscope.pipeline.config import (
+    apply_overrides,
     check_machine,
     coerce,
     load_config,
     normalize_config,
+    parse_config_overrides,
 )
 from sinkscope.pipeline.study import Study
 from sinkscope.schema import load_schema
@@ -77,7 +79,7 @@ def test_strings_from_the_command_line_are_coerced():
         ({"prompts": {1: "x"}}, "config key prompts: the name 1 is a int; names must be strings"),
         ({"prompts": {"p" * 250: "x"}}, "is longer than 64 characters"),
         ({"figures": {"heads": ["L1H13"]}}, "figures.heads: 'L1H13' does not exist in checkpoint 'demo'"),
-        ({"figures": {"heads": ["layer1"]}}, "config key figures.heads[0]: 'layer1' does not match"),
+        ({"figures": {"heads": ["layer1"]}}, "config key figures.heads[0]: 'layer1' is not a head like 'L1H1': heads are 1-based"),
         ({"figures": {"metric": "softmax"}}, "config key figures.metric: 'softmax' is not one of"),
         ({"figures": {"step": 7}}, "config key figures.step: 7 is past the last denoising step 3"),
         ({"figures": {"step": "first"}}, "config key figures.step: 'first' is not 'last' or 'cache' or an integer"),
@@ -104,7 +106,7 @@ def test_several_problems_are_reported_together():
 def test_head_labels_are_one_based():
     assert parse_head_label("L1H1") == (0, 0)
     assert parse_head_label("L5H10") == (4, 9)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"heads are 1-based \(L1H1 = layer 0"):
         parse_head_label("L0H1")
 
 
@@ -222,6 +224,26 @@ def test_dotted_overrides_set_one_nested_key(tmp_path):
     assert config["generation"]["num_frames"] == 24 and config["generation"]["local_attn_frames"] == 9
 
 
+def test_overrides_are_read_as_snakemake_config_reads_them():
+    from snakemake.cli import parse_config
+
+    pairs = ["layers=[0,1]", "seeds=", "compile=True", "timestep_shift=1e308", "name=null", "dpi=7",
+             "generation={num_frames: 9, denoising_steps: [1000, 500]}", "prompts=[unclosed", "figures={heads: [L1H1]}",
+             "generation={procedure: rolling_forcing}"]  # fmt: skip
+    assert parse_config_overrides(pairs) == parse_config(pairs)
+    for refused in (["generation.num_frames=9"], ["x=1"], ["1a=2"]):
+        with pytest.raises(ValueError):
+            parse_config(refused)
+        with pytest.raises(ConfigError):
+            parse_config_overrides(refused)
+
+
+def test_a_nested_override_merges_into_its_section():
+    raw = {"generation": {"num_frames": 21, "cache_policy": "sink"}, "layers": [0, 1]}
+    merged = apply_overrides(raw, parse_config_overrides(["generation={num_frames: 9}", "layers=[4]"]))
+    assert merged == {"generation": {"num_frames": "9", "cache_policy": "sink"}, "layers": ["4"]}
+
+
 def test_layer_groups_follow_the_config_order():
     config = normalize_config({"layers": [0, 4], "layers_per_job": 4})
     assert Study(config).layer_groups == [[0, 4]]
@@ -278,10 +300,10 @@ def test_figures_that_show_head_classes_read_head_diagnostics():
     inputs = study.layer_figure_inputs("per_head_grid", "demo", 4)
     assert inputs[-1] == "results/tables/checkpoints/demo/head_diagnostics.parquet"
     assert inputs[:-1] == study.source_inputs("demo", 4)
-    assert study.layer_figure_inputs("heads_heatmap", "demo", 4) == study.source_inputs("demo", 4)
+    assert study.layer_figure_inputs("heads_heatmap", "demo", 4) == inputs  # its rows are titled with the classes
     options = study.figure_options("summary")
     assert options["checkpoints"]["demo"]["weights"] == "sinkscope:demo_trained.pt"
-    assert options["diagnostics"]["sink_mass"] == 0.3 and "figure4" in options["figures"]["demo"]
+    assert options["diagnostics"]["sink_ratio"] == 5.0 and "figure4" in options["figures"]["demo"]
 
 
 def test_capture_compile_is_auto_by_default_and_takes_booleans():
@@ -293,12 +315,14 @@ def test_capture_compile_is_auto_by_default_and_takes_booleans():
 
 
 def test_the_workflow_validates_against_the_packages_schema():
-    """rules/common.smk validates with schemas/config.schema.yaml, the package loads its own
-    copy: one schema, byte for byte."""
+    """One schema file: the package's (rules/common.smk validates with it); the top-level
+    schemas/config.schema.yaml, where the Snakemake layout puts it, is a link to it."""
     from sinkscope.schema import SCHEMA_PATH
 
     root = Path(__file__).resolve().parent.parent
-    assert (root / "schemas" / "config.schema.yaml").read_bytes() == SCHEMA_PATH.read_bytes()
+    link = root / "schemas" / "config.schema.yaml"
+    assert link.is_symlink() and link.resolve() == SCHEMA_PATH.resolve()
+    assert "schema=str(SCHEMA_PATH)" in (root / "rules" / "common.smk").read_text()
 
 
 def test_capture_attention_is_exact_by_default_and_reaches_the_jobs():

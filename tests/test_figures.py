@@ -14,16 +14,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib import colors as mcolors
 
 from sinkscope import figures
 from sinkscope.errors import DamagedFileError
-from sinkscope.figures import colours, common
+from sinkscope.figures import colours
 from sinkscope.figures.colours import colour_scale
 from sinkscope.figures.registry import FIGURES
+from sinkscope.figures.style import DEFAULTS
+from sinkscope.figures.text import call_label, frames_text, significant
+from sinkscope.figures.views import figure4_view
 from sinkscope.manifests import DATASET_MANIFEST, write_manifest
 from sinkscope.naming import head_label, parse_head_label
 from sinkscope.stats import summaries
-from sinkscope.tables import ALL_PROMPTS, SCHEMAS, token_lists, write_table
+from sinkscope.tables import ALL_PROMPTS, SCHEMAS, write_table
+from sinkscope.tokens import token_lists
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = (1000, 750, 500, 250)
@@ -343,7 +348,8 @@ def page_text(svg: str, gid: str) -> str:
     return ""
 
 
-@pytest.mark.parametrize("size", list(SIZES))
+# The demo size runs in the fast subset; the real model sizes (seconds a figure) are slow.
+@pytest.mark.parametrize("size", [size if size == "demo" else pytest.param(size, marks=pytest.mark.slow) for size in SIZES])
 @pytest.mark.parametrize("kind", list(figures.KINDS))
 def test_every_kind_renders_legibly_at_every_size(kind, size, tmp_path):
     """Drawn (Agg) and checked at every size; written as SVG and PNG, and redrawn for
@@ -487,7 +493,7 @@ def test_no_title_calls_a_head_a_sink_unless_its_class_is_sink(kind):
         pass_, step = ("cache", 4) if call.startswith("cache") else ("denoise", int(call.split()[1]))
         klass = classes_of(diagnostics[diagnostics["variant"] == variant], pass_, step).get((layer, head))
         if "sink" in title.lower():
-            assert klass == "sink", (title, klass)
+            assert klass == "sink" or (klass == "sink?" and "sink?" in title), (title, klass)
             said += 1
     assert said or kind == "sink_score_overview"
     if kind == "sink_score_overview":  # the sink-class heads are outlined, and only they
@@ -563,30 +569,31 @@ def test_spread_between_runs_is_drawn_and_stated():
 def test_first_middle_last_error_bars_are_the_layer_stats_run_std():
     frame = study("demo")["frame_attention"]
     stats = summaries.layer_stats(frame)
-    rows = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == "logit_mean") & (stats["pass"] == "denoise")
+    rows = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == "prob_mass") & (stats["pass"] == "denoise")
                  & (stats["step"] == 3)].set_index("layer")  # fmt: skip
-    fig = demo_figure("first_middle_last")
+    fig = demo_figure("first_middle_last")  # softmax mass: the figure's own default
     bars = [c for c in fig.axes[0].collections if c.get_gid() == "spread-series-first"]
     halves = [abs(seg[1][1] - seg[0][1]) / 2 for seg in bars[0].get_segments()]
-    assert np.allclose(halves, rows["first_run_std"].to_numpy(), atol=1e-9)
+    assert np.allclose(halves, rows["first_run_std"].to_numpy(), rtol=1e-4, atol=1e-9)  # float32 masses
 
 
 def test_sink_score_overview_prints_head_stats_and_clips_an_outlier(tmp_path):
     rows = head_stats_rows("logit_mean")
-    overview, _ = saved(demo_figure("sink_score_overview"), tmp_path, "overview")
+    overview, _ = saved(render("sink_score_overview", options={"metric": "logit_mean"}), tmp_path, "overview")
     cells = [float(x) for x in re.findall(r">(-?\d+\.\d\d)</text>", overview)]
     assert np.allclose(cells, rows["sink_score"].sort_index().to_numpy(), atol=0.005)
     # One head far off (as L2H5 at -15.93 in a demo run): the colours keep the others' range.
     frame = study("demo")["frame_attention"].copy()
     outlier = (frame["layer"] == 1) & (frame["head"] == 4) & (frame["key_frame"] == 0)
     frame.loc[outlier, "logit_mean"] -= 20
-    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="demo", options={"dpi": 40})
+    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="demo",
+                       options={"dpi": 40, "metric": "logit_mean"})  # fmt: skip
     image = fig.axes[0].images[0]
     scores = image.get_array().compressed()
     assert scores.min() < -15 and image.norm.vmax < 7
     assert image.norm.vmin == -image.norm.vmax
     label = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"][0].get_ylabel()
-    assert f"clipped to ±{common.significant(image.norm.vmax)} (2nd–98th pct)" in label
+    assert f"clipped to ±{significant(image.norm.vmax)} (2nd–98th pct)" in label
 
 
 def test_heavy_tailed_signed_values_get_a_log_scale_that_keeps_small_cells_coloured():
@@ -594,17 +601,17 @@ def test_heavy_tailed_signed_values_get_a_log_scale_that_keeps_small_cells_colou
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.uniform(-2, 2, 60), [2.6, 3.3, 4.3], [-230.0, -194.0, -153.0, -112.0, -88.0, -73.0]])
     cmap, norm = colour_scale(values, "signed")
-    assert isinstance(norm, common.mcolors.SymLogNorm) and norm.vmin == -norm.vmax
+    assert isinstance(norm, mcolors.SymLogNorm) and norm.vmin == -norm.vmax
     assert norm.linthresh == float(f"{np.median(np.abs(values)):.1g}")
     # A sink head's +3 is clearly red (a linear ±vmax scale would put it within 2% of white) ...
-    assert norm(3.3) > 0.65 and abs(common.mcolors.Normalize(-norm.vmax, norm.vmax)(3.3) - 0.5) < 0.02
+    assert norm(3.3) > 0.65 and abs(mcolors.Normalize(-norm.vmax, norm.vmax)(3.3) - 0.5) < 0.02
     # ... and the largest negatives are still told apart from the moderate ones.
     assert norm(-150.0) < norm(-40.0) - 0.05
-    assert colours.log_note(norm) == f"log beyond ±{common.significant(norm.linthresh, 1)}"
+    assert colours.log_note(norm) == f"log beyond ±{significant(norm.linthresh, 1)}"
     assert "logarithmic beyond ±" in colours.scale_sentence(norm)
     # Values within LOG_SPAN of their median size keep the linear scale.
     _, linear = colour_scale(rng.uniform(-3, 3, 72), "signed")
-    assert type(linear) is common.mcolors.Normalize and colours.log_note(linear) == ""
+    assert type(linear) is mcolors.Normalize and colours.log_note(linear) == ""
     assert colours.scale_sentence(linear) == "Colours clip at the 2nd–98th percentile."
 
 
@@ -612,13 +619,14 @@ def test_sink_score_overview_states_its_log_scale_on_the_bar_and_in_the_caption(
     frame = study("demo")["frame_attention"].copy()
     far = (frame["layer"] == 1) & frame["head"].isin([2, 5]) & (frame["key_frame"] == 0)
     frame.loc[far, "logit_mean"] -= 200  # two local-looking heads with logits far below the rest
-    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="demo", options={"dpi": 40})
+    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="demo",
+                       options={"dpi": 40, "metric": "logit_mean"})  # fmt: skip
     norm = fig.axes[0].images[0].norm
-    assert isinstance(norm, common.mcolors.SymLogNorm)
+    assert isinstance(norm, mcolors.SymLogNorm)
     label = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"][0].get_ylabel()
-    assert f"log beyond ±{common.significant(norm.linthresh, 1)}" in label
+    assert f"log beyond ±{significant(norm.linthresh, 1)}" in label
     svg, _ = saved(fig, tmp_path, "log")
-    assert f"logarithmic beyond ±{common.significant(norm.linthresh, 1)}," in page_text(svg, "page-caption")
+    assert f"logarithmic beyond ±{significant(norm.linthresh, 1)}," in page_text(svg, "page-caption")
 
 
 def test_logit_levels_do_not_hide_small_layers():
@@ -632,7 +640,7 @@ def test_logit_levels_do_not_hide_small_layers():
             for f in (frame, lifted)]  # fmt: skip
     before, after = (m.axes[0].images[0].get_array().filled(np.nan) for m in maps)
     np.testing.assert_allclose(after, before, atol=1e-4)
-    view = common.figure4_view(frame, "last", "logit_mean")
+    view = figure4_view(frame, "last", "logit_mean")
     means = np.array([view.layer_mean(layer).to_numpy() for layer in view.layers])
     np.testing.assert_allclose(before, means - np.nanmean(means, axis=1, keepdims=True), atol=1e-6)
     panels = [ax for ax in maps[1].axes[1:] if ax.get_label() != "<colorbar>" and ax.lines]
@@ -651,7 +659,8 @@ def test_logit_levels_do_not_hide_small_layers():
                              options={"metric": "prob_mass"})  # fmt: skip
     assert len({ax.get_ylim() for ax in mass_grid.axes if ax.lines}) == 1 and "One y scale" in caption(mass_grid)
 
-    bars = figures.draw("first_middle_last", {"frame_attention": lifted}, source="demo", options={"dpi": 40})
+    bars = figures.draw("first_middle_last", {"frame_attention": lifted}, source="demo",
+                        options={"dpi": 40, "metric": "logit_mean"})  # fmt: skip
     assert bars.axes[0].get_yscale() == "symlog"
     assert "y axis is logarithmic beyond" in next(t.get_text() for t in bars.texts if t.get_gid() == "page-caption")
     plain = figures.draw("first_middle_last", {"frame_attention": frame}, source="demo", options={"metric": "prob_mass"})
@@ -659,9 +668,9 @@ def test_logit_levels_do_not_hide_small_layers():
 
 
 def test_timesteps_print_as_whole_numbers():
-    assert common.call_label("denoise", 2, 833.3333) == "denoising step 2 (t=833)"
-    assert common.call_label("cache", 4, 0.0) == "cache pass (t=0)"
-    assert common.call_label("denoise", 1, 0.25) == "denoising step 1 (t=0.25)"
+    assert call_label("denoise", 2, 833.3333) == "denoising step 2 (t=833)"
+    assert call_label("cache", 4, 0.0) == "cache pass (t=0)"
+    assert call_label("denoise", 1, 0.25) == "denoising step 1 (t=0.25)"
     frame = study("demo")["frame_attention"]
     shifted = frame.assign(timestep=frame["timestep"].where(frame["step"] != 1, np.float32(833.3333)))
     fig = figures.draw("figure4_steps", {"frame_attention": shifted}, source="demo", options={"heads": ["L1H1"]})
@@ -669,12 +678,13 @@ def test_timesteps_print_as_whole_numbers():
     assert "step 1 (t=833)" in titles and "833.3" not in titles
 
 
-def test_layer_figures_print_the_layer_stats_numbers(tmp_path):
+@pytest.mark.parametrize("metric", ["prob_mass", "logit_mean"])
+def test_layer_figures_print_the_layer_stats_numbers(metric):
     frame = study("demo")["frame_attention"]
-    fig = demo_figure("first_middle_last")
+    fig = demo_figure("first_middle_last") if metric == "prob_mass" else render("first_middle_last", options={"metric": metric})
     stats = summaries.layer_stats(frame)
     pass_, step = summaries.resolve_step(stats, "last")
-    rows = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == "logit_mean") & (stats["pass"] == pass_)
+    rows = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == metric) & (stats["pass"] == pass_)
                  & (stats["step"] == step)].set_index("layer")  # fmt: skip
     bars = [p for p in fig.axes[0].patches]
     heights = np.array([b.get_height() for b in bars]).reshape(4, -1)  # first, middle, last, own x layers
@@ -716,12 +726,12 @@ def test_gaps_stay_gaps_in_every_curve(kind, gid):
 
 
 def test_curves_of_the_window_policy_have_nan_at_evicted_frames():
-    view = common.figure4_view(gappy()["frame_attention"], "last", "logit_mean")
+    view = figure4_view(gappy()["frame_attention"], "last", "logit_mean")
     curve = view.curve(0, 0)
     assert curve.index.tolist() == list(range(21))
     assert curve.loc[3:8].isna().all() and curve.loc[[0, 1, 2, 9, 20]].notna().all()
-    assert common.frames_text(view.visible) == "0-2, 9-20"
-    assert common.frames_text(view.visible, base=1) == "1-3, 10-21"
+    assert frames_text(view.visible) == "0-2, 9-20"
+    assert frames_text(view.visible, base=1) == "1-3, 10-21"
 
 
 def test_frame_base_shows_the_papers_numbers(tmp_path):
@@ -734,17 +744,17 @@ def test_frame_base_shows_the_papers_numbers(tmp_path):
 
 def test_signed_metrics_get_a_zero_centred_diverging_scale():
     # Few values: their extremes; many: the 2nd and 98th percentiles.
-    cmap, norm = common.colour_scale(np.array([-1.0, 3.0, np.nan]), "logit_mean")
+    cmap, norm = colour_scale(np.array([-1.0, 3.0, np.nan]), "logit_mean")
     assert (norm.vmin, norm.vmax) == (-3.0, 3.0) and cmap.name.startswith("RdBu")
-    cmap, norm = common.colour_scale(np.array([0.1, 0.4]), "prob_mass")
+    cmap, norm = colour_scale(np.array([0.1, 0.4]), "prob_mass")
     assert (norm.vmin, norm.vmax) == (0.0, 0.4) and cmap.name.startswith("viridis")
     values = np.append(np.linspace(-1, 1, 99), 50.0)
-    cmap, norm = common.colour_scale(values, "logit_mean")
+    cmap, norm = colour_scale(values, "logit_mean")
     assert norm.vmax == pytest.approx(max(abs(np.percentile(values, 2)), np.percentile(values, 98)))
-    assert common.clip_note(values, norm) == f"clipped to ±{common.significant(norm.vmax)} (2nd–98th pct)"
-    cmap, norm = common.colour_scale(np.abs(values), "prob_mass")
+    assert colours.clip_note(values, norm) == f"clipped to ±{significant(norm.vmax)} (2nd–98th pct)"
+    cmap, norm = colour_scale(np.abs(values), "prob_mass")
     assert (norm.vmin, norm.vmax) == (0.0, pytest.approx(np.percentile(np.abs(values), 98)))
-    assert common.clip_note(np.array([0.1, 0.2]), common.mcolors.Normalize(0, 0.3)) == ""
+    assert colours.clip_note(np.array([0.1, 0.2]), mcolors.Normalize(0, 0.3)) == ""
     image = demo_figure("heads_heatmap").axes[0].images[0]
     assert image.norm.vmin == -image.norm.vmax
 
@@ -764,11 +774,11 @@ def test_own_frames_show_in_svg_and_png(tmp_path):
     spans = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if (g.get("id") or "").startswith("own-block-")]
     assert spans
     fills = {p.get("style", "") for g in spans for p in g.iter("{http://www.w3.org/2000/svg}path")}
-    assert any(common.OWN_COLOR.lower() in style.lower() for style in fills), fills
+    assert any(colours.OWN_COLOR.lower() in style.lower() for style in fills), fills
     import matplotlib.image
 
     pixels = matplotlib.image.imread(str(tmp_path / "own.png"))[..., :3]
-    own = np.array(common.matplotlib.colors.to_rgb(common.OWN_COLOR))
+    own = np.array(mcolors.to_rgb(colours.OWN_COLOR))
     assert (np.abs(pixels - own).max(axis=-1) < 0.02).sum() > 200  # the span shows in the PNG
 
 
@@ -802,7 +812,7 @@ def test_defaults_are_the_config_schemas():
     from sinkscope.schema import load_schema
 
     schema = load_schema()["properties"]["figures"]["properties"]
-    assert common.DEFAULTS == {name: spec.get("default") for name, spec in schema.items()}
+    assert DEFAULTS == {name: spec.get("default") for name, spec in schema.items()}
 
 
 def test_registry_declares_the_options_each_kind_draws_with():
@@ -817,7 +827,7 @@ def test_registry_declares_the_options_each_kind_draws_with():
         module = figures.module(name)
         assert figures.KINDS[name] == f"sinkscope.figures.{name}" and callable(module.draw)
         pairs = re.findall(r'option\(options, "(\w+)"\)|options(?:\.get\(|\[)"(\w+)"', inspect.getsource(module))
-        read = {a or b for a, b in pairs} - {"heads"}  # heads are read through common.chosen heads
+        read = {a or b for a, b in pairs} - {"heads"}  # heads are read through style.heads_of
         declared = set(kind.options) | set(kind.extra_options) | set(COMMON_OPTIONS)
         assert read <= declared, (name, read - declared)
         assert set(kind.options) - {"heads"} <= read, (name, set(kind.options) - read)
@@ -832,7 +842,7 @@ def test_each_kind_module_imports_only_the_shared_code():
                "sinkscope.stats.labels"}  # fmt: skip
     for kind, module in figures.KINDS.items():
         assert _imports(module) <= allowed, (kind, _imports(module) - allowed)
-    for module in shared | {"sinkscope.figures.common"}:
+    for module in shared:
         assert _imports(module) <= {"sinkscope.io", "sinkscope.naming", "sinkscope.schema", "sinkscope.stats.summaries",
                                     *shared}, module  # fmt: skip
     digests = {kind: __import__("sinkscope.pipeline.study", fromlist=["Study"]).Study.code(kind) for kind in figures.KINDS}
@@ -962,7 +972,7 @@ def summary_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 
 TRAINED = {"demo": {"format": "self_forcing", "weights": "sinkscope:demo_trained.pt", "model": "demo"}}
-SUMMARY_OPTIONS = {"step": "last", "metric": "logit_mean", "checkpoints": TRAINED, "diagnostics": {"sink_mass": 0.3}}
+SUMMARY_OPTIONS = {"step": "last", "metric": "logit_mean", "checkpoints": TRAINED, "diagnostics": {"sink_ratio": 5.0}}
 
 
 def cells(page: str) -> list[str]:
@@ -987,7 +997,7 @@ def test_summary_page_lists_sink_class_heads_apart_from_the_highest_frame0_exces
     # No sink-class head: the page says so, and lists the top heads as what they are.
     none = diagnostics.assign(head_class=diagnostics["head_class"].replace("sink", "diffuse"))
     page = summary_html(layers, heads, none, SUMMARY_OPTIONS)
-    assert "None: no head is classed sink at this call (frame0_mass ≥ 0.300" in page
+    assert "None: no head is classed sink at this call (frame-0 mass ≥ 5.00× its uniform share" in page
     assert "Strongest sink heads" not in page and "sink score" not in page
     top = page.split("Highest frame-0 excess over uniform")[1].split("</table>")[0]
     assert "<td>sink</td>" not in top
@@ -1079,3 +1089,159 @@ def test_summary_page_shows_a_checkpoints_figures_over_its_variants():
     for link in ("../figures/demo@global/figure4.svg", "../figures/demo/sink_mass_over_time.svg",
                  "../figures/demo/policy_comparison.svg"):
         assert f"<img src='{link}'" in page
+
+
+# -- figures that say what they draw: logits against softmax mass -----------------------------------
+
+
+def disagreeing_heads(runs: tuple[int, ...] = (0, 1), heads: int = 12, frames: int = 21) -> pd.DataFrame:
+    """The last block (frames 18-20) of two layers whose logits and mass disagree, as
+    issue 33 found them: every layer-4 head like L5H7 (frame 0's mean logit 6-7.6 above the
+    rest, yet 0.005 of its mass on frame 0 and 0.41 on frame 17; uniform 1/21 = 0.048),
+    every layer-3 head like L4H11 (a 2.2 lead in logits, all its mass on frame 0)."""
+    cells = []
+    for seed in runs:
+        for layer in (3, 4):
+            for head in range(heads):
+                logit = np.zeros(frames)
+                if layer == 4:
+                    logit[0] = (7.63 if head == 6 else 6.0 + 0.01 * head) + 0.002 * seed  # L5H7 the reddest
+                    mass = np.full(frames, (1 - 0.005 - 0.41) / (frames - 2))
+                    mass[0], mass[17] = 0.005, 0.41
+                else:
+                    logit[0] = 2.2 + 0.01 * head + 0.002 * seed
+                    mass = np.eye(frames)[0]
+                cells.append((seed, layer, head, logit, mass))
+    queries = range(frames - 3, frames)
+    rows = pd.DataFrame([
+        dict(seed=seed, layer=layer, head=head, query_frame=q, key_frame=k, logit_mean=logit[k], prob_mass=mass[k],
+             argmax_share=float(k == int(np.argmax(mass))))
+        for seed, layer, head, logit, mass in cells for q in queries for k in range(frames)
+    ])  # fmt: skip
+    rows = rows.assign(checkpoint="ck", variant="default", prompt_id="p", block=frames // 3 - 1, step=0,
+                       timestep=500.0, key_tokens=24, key_position_shift=0, **{"pass": "denoise"})  # fmt: skip
+    return rows.astype({"seed": "int64", "layer": "int16", "head": "int16", "block": "int16", "step": "int16",
+                        "query_frame": "int16", "key_frame": "int16", "logit_mean": "float32", "prob_mass": "float32",
+                        "timestep": "float32"})  # fmt: skip
+
+
+def _caption(fig) -> str:
+    return " ".join(next(t.get_text() for t in fig.texts if t.get_gid() == "page-caption").split())
+
+
+def _colourbar_label(fig) -> str:
+    return " ".join(next(ax for ax in fig.axes if ax.get_label() == "<colorbar>").get_ylabel().split())
+
+
+@lru_cache(maxsize=None)
+def disagreeing_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    frame = disagreeing_heads()
+    run_averaged = lambda t: t[t["prompt_id"] == ALL_PROMPTS]  # noqa: E731
+    return frame, run_averaged(summaries.head_stats(frame)), run_averaged(summaries.layer_stats(frame))
+
+
+@pytest.mark.parametrize("metric", [None, "logit_mean"])
+def test_sink_score_overview_says_what_its_colours_hold(metric):
+    """Its cells, colour bar and caption name the statistic the head_stats table holds:
+    softmax mass unless asked for logits; on logits, L5H7 (red, +7.6, but 0.005 of its mass
+    on frame 0 against a uniform 0.048) is crossed and listed with those numbers, L4H11
+    (+2.2, all its mass on frame 0) is not."""
+    frame, heads, _ = disagreeing_tables()
+    shown = metric or "prob_mass"
+    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="ck",
+                       options={"dpi": 40, **({"metric": metric} if metric else {})})  # fmt: skip
+    rows = heads[heads["metric"] == shown].set_index(["layer", "head"])
+    mass = heads[heads["metric"] == "prob_mass"].set_index(["layer", "head"])
+    cells = fig.axes[0].images[0].get_array().filled(np.nan)  # layers 3, 4 x heads 0..11
+    np.testing.assert_allclose(cells[0], rows.loc[3, "sink_score"].to_numpy(), atol=1e-6)
+    np.testing.assert_allclose(cells[1], rows.loc[4, "sink_score"].to_numpy(), atol=1e-6)
+    words = {"prob_mass": "softmax mass (prob_mass)", "logit_mean": "mean logit (logit_mean)"}[shown]
+    assert words in _colourbar_label(fig) and f"in {words} (head_stats sink_score of the rows with metric {shown}" in (
+        _caption(fig))
+    crossed = {line.get_gid() for line in fig.axes[0].get_lines() if (line.get_gid() or "").startswith("disagree-")}
+    l5h7, l4h11 = mass.loc[(4, 6)], mass.loc[(3, 10)]
+    logits = heads[heads["metric"] == "logit_mean"].set_index(["layer", "head"])["sink_score"]
+    assert l5h7["sink_score"] < 0 < l4h11["sink_score"] and logits[(4, 6)] > 7.6 and 2.2 < logits[(3, 10)] < 7.6
+    if shown == "prob_mass":  # the colours are the mass: red where the first frame draws more mass
+        assert "Red: the first cache frame gets more softmax mass (prob_mass)" in _caption(fig)
+        assert cells[1, 6] < 0 < cells[0, 10] and not crossed
+    else:
+        assert "Red: the first cache frame's mean pre-softmax logit (logit_mean)" in _caption(fig)
+        assert "disagree-L5H7" in crossed and "disagree-L4H11" not in crossed
+        assert crossed == {f"disagree-{head_label(4, h)}" for h in range(12)}
+        said = (f"L5H7 {rows.loc[(4, 6), 'sink_score']:+.2f} while frame 0 gets {l5h7['frame0_mass']:.3f} of the "
+                f"softmax mass (uniform {l5h7['frame0_uniform']:.3f})")
+        assert said == "L5H7 +7.63 while frame 0 gets 0.005 of the softmax mass (uniform 0.048)"
+        assert said in _caption(fig) and "L4H11" not in _caption(fig)
+
+
+@pytest.mark.parametrize("metric", [None, "logit_mean"])
+def test_first_middle_last_says_what_its_bars_hold(metric):
+    """Softmax mass unless asked: layer L4's first bar (frame 0) stands at its mass 1.00
+    and L5's at 0.005 below the uniform line; on logits L5 stands highest, and is crossed
+    and listed with the layer_stats mass numbers."""
+    frame, _, layers = disagreeing_tables()
+    shown = metric or "prob_mass"
+    fig = figures.draw("first_middle_last", {"frame_attention": frame}, source="ck",
+                       options={"dpi": 40, **({"metric": metric} if metric else {})})  # fmt: skip
+    rows = layers[layers["metric"] == shown].set_index("layer")
+    mass = layers[layers["metric"] == "prob_mass"].set_index("layer")
+    heights = np.array([p.get_height() for p in fig.axes[0].patches]).reshape(4, -1)  # first, middle, last, own
+    np.testing.assert_allclose(heights[0], rows["first"].to_numpy(), atol=1e-6)
+    np.testing.assert_allclose(heights[1], rows["middle"].to_numpy(), atol=1e-6)
+    label = fig.axes[0].get_ylabel()
+    assert label == {"prob_mass": "head-averaged softmax mass (prob_mass)",
+                     "logit_mean": "head-averaged mean logit (pre-softmax q·k/√d, logit_mean)"}[shown]
+    assert f"the layer_stats rows with metric {shown} and prompt_id '*'" in _caption(fig)
+    crossed = [line for line in fig.axes[0].get_lines() if line.get_gid() == "disagree"]
+    if shown == "prob_mass":
+        assert heights[0, 0] == pytest.approx(1.0) and heights[0, 1] == pytest.approx(0.005, abs=1e-6)
+        assert not crossed and "uniform attention" in _caption(fig)
+    else:
+        (cross,) = crossed
+        assert list(cross.get_xdata()) == [1]  # L5, not L4
+        said = (f"L5 first − middle {rows.loc[4, 'sink_score']:+.2f} while frame 0 gets {mass.loc[4, 'frame0_mass']:.3f} "
+                f"of the softmax mass (uniform {mass.loc[4, 'frame0_uniform']:.3f})")
+        assert said in _caption(fig) and "L4 first" not in _caption(fig)
+
+
+def test_layer_figures_title_each_head_with_its_class():
+    """heads_heatmap's rows and query_key_maps' panels carry each head's head_class."""
+    data = study("demo")
+    classes = classes_of(data["head_diagnostics"])
+    rows = demo_figure("heads_heatmap").axes[0].get_yticklabels()
+    for tick in rows:
+        head, klass = tick.get_text().split(" · ")
+        assert classes[(0, int(head[1:]) - 1)] == klass
+        assert (tick.get_fontweight() == "bold") == (klass == "sink")
+    titles = [ax.get_title() for ax in demo_figure("query_key_maps").axes if ax.get_title()]
+    assert titles and all(classes[(0, int(t.split(" · ")[0][1:]) - 1)] == t.split(" · ")[1] for t in titles)
+
+
+def test_sink_mass_over_time_band_swatch_has_the_bands_colour():
+    fig = demo_figure("sink_mass_over_time")
+    legend = next(t for t in fig.legends)
+    swatch = next(h for h, t in zip(legend.legend_handles, legend.get_texts()) if "std between runs" in t.get_text())
+    bands = [c for ax in fig.axes for c in ax.collections if (c.get_gid() or "").startswith("spread-sink-mass-default")]
+    assert bands and np.allclose(swatch.get_facecolor()[:3], bands[0].get_facecolor()[0][:3])
+
+
+def test_figure_command_names_its_source_and_refuses_highlight_layers_it_cannot_draw(tmp_path, capsys):
+    """``sinkscope figure`` titles the source by the table's checkpoint (never 'the
+    input'), and refuses a --highlight-layers value the input lacks, in one line."""
+    from sinkscope.cli import main
+
+    table = tmp_path / "frame_attention.parquet"
+    disagreeing_heads(runs=(0,), heads=2).to_parquet(table)
+    out = tmp_path / "overview"
+    assert main(["figure", "sink_score_overview", "--input", str(table), "--out-prefix", str(out), "--dpi", "50"]) == 0
+    subtitle = page_text((tmp_path / "overview.svg").read_text(), "page-subtitle")
+    assert subtitle.startswith("ck · ") and "the input" not in subtitle and "softmax mass (prob_mass)" in subtitle
+    capsys.readouterr()
+    assert main(["figure", "layer_comparison", "--input", str(table), "--out-prefix", str(out),
+                 "--highlight-layers", "4", "99"]) == 2  # fmt: skip
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == "sinkscope figure: error: --highlight-layers 99 is not in the input (it has layers [3, 4])"
+    assert main(["figure", "figure4", "--input", str(table), "--out-prefix", str(out), "--heads", "L4H1",
+                 "--highlight-layers", "4"]) == 2  # fmt: skip
+    assert "does not draw --highlight-layers" in capsys.readouterr().err

@@ -82,6 +82,7 @@ def data() -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(figures.KINDS))
 def test_every_figure_draws_one_frame_blocks_with_few_steps(kind, data):
     scope = FIGURES[kind].scope

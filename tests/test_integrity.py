@@ -138,7 +138,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     code = cli(["extract", "--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "x"), "--set", "device=cuda"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "config key device: 'cuda'" in err
-    code = cli(["check", str(tmp_path / "config.yaml"), "generation.num_frames=20"])
+    code = cli(["check", str(tmp_path / "config.yaml"), "generation={num_frames: 20}"])
     err = capsys.readouterr().err
     assert code == 2 and "generation.num_frames: 20 must be a multiple" in err and "Traceback" not in err
 
@@ -222,3 +222,47 @@ def test_verify_checks_extraction_folders_dataset_folders_and_tables(tmp_path, c
     assert cli_main(["verify", str(results)]) == 1
     printed = capsys.readouterr().out
     assert "layer1.parquet: damaged" in printed and "p/layer0.parquet: missing" in printed
+
+
+def test_verify_checks_csv_tables_and_prompt_embeddings_and_counts_logs(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    import torch
+
+    from sinkscope.cli import main as cli_main
+    from sinkscope.model.text import load_embedding, save_embedding
+
+    results = tmp_path / "results"
+    csv = results / "tables" / "head_classes.csv"
+    csv.parent.mkdir(parents=True)
+    csv.write_text('layer,H1,H2\n0,sink,"diffuse, wide"\n1,local,sink\n')
+    embedding = results / "prompts" / "demo" / "drift.safetensors"
+    save_embedding(embedding, torch.arange(24.0).reshape(4, 6), prompt="a ball", encoder=SimpleNamespace(key="demo"))
+    (results / "logs").mkdir()
+    (results / "logs" / "job.log").write_text("done\n")
+    incomplete = results / "extract" / "demo" / "drift" / "seed0" / "layers0"  # a job that never finished
+    incomplete.mkdir(parents=True)
+    write_table(synthetic_rows(seed=1), incomplete / "layer0.parquet", FRAME_ATTENTION_SCHEMA)
+    assert cli_main(["verify", str(results)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip() == f"{incomplete}: incomplete: it has no manifest (the job that wrote it did not finish)"
+    assert "checked 3 results (1 folders, 2 files); 1 other files not checked (.log): 1 problems" in captured.err
+
+    write_manifest(incomplete, ["layer0.parquet"], {"layers": [0]})
+    assert cli_main(["verify", str(results)]) == 0
+    capsys.readouterr()
+    whole = embedding.read_bytes()
+    data = bytearray(whole)
+    data[-5] ^= 0x10  # one bit of one float
+    embedding.write_bytes(bytes(data))
+    with pytest.raises(DamagedFileError):
+        load_embedding(embedding)  # the job's own check agrees
+    csv.write_text(csv.read_text()[:-6])  # cut short in the last row
+    assert cli_main(["verify", str(results)]) == 1
+    printed = capsys.readouterr().out
+    assert f"{embedding}: is damaged (its bytes do not match the digest" in printed and f"{csv}: is cut short" in printed
+    embedding.write_bytes(whole[: len(whole) - 8])
+    csv.write_text("layer,H1,H2\n0,sink\n")
+    assert cli_main(["verify", str(results)]) == 1
+    printed = capsys.readouterr().out
+    assert "holds 88 bytes of data, its header says 96" in printed and "row 2 has 2 fields, the header 3" in printed

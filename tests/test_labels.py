@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +106,7 @@ def _diagnostics(classes: list[list[str]], codes: list[list[int]]) -> pd.DataFra
                  head_class=classes[layer][head], pyramid_label=codes[layer][head], **{"pass": "denoise"})
             for layer in range(len(classes)) for head in range(len(classes[0]))]  # fmt: skip
     frame = pd.DataFrame(rows)
+    frame["borderline"] = frame["head_class"].str.endswith("?")
     for name in HEAD_DIAGNOSTICS_SCHEMA.names:
         if name not in frame:
             frame[name] = np.nan
@@ -128,6 +130,14 @@ def test_agreement_counts_by_hand():
     assert (result.heads, result.agree, result.missing) == (6, 4, 0)
     assert result.percent == pytest.approx(100 * 4 / 6)
     assert int(result.by_class.to_numpy().sum()) == int(result.by_label.to_numpy().sum()) == 6
+
+
+def test_borderline_classes_are_counted_apart_from_settled_ones():
+    borderline = [["sink?", "local", "periodic"], ["diffuse", "sink", "local?"]]
+    result = agreement(_diagnostics(borderline, STUDY), FILE)
+    assert result.by_class.loc["anchor (1)", "sink?"] == 1 and result.by_class.loc["anchor (1)", "sink"] == 1
+    assert result.by_class.loc["veil (2)", "local?"] == 1 and result.by_class.loc["veil (2)", "local"] == 1
+    assert int(result.by_class.to_numpy().sum()) == 6
 
 
 def test_heads_the_table_lacks_are_counted():
@@ -181,3 +191,53 @@ def test_the_config_names_a_bad_label_file_in_one_line(tmp_path):
     (problem,) = _check_reference_labels("bad.csv", tmp_path, {})
     assert "bad.csv" in problem and "line 2, column 1" in problem
     assert ConfigError.invalid([problem]).args[0].count("\n") == 0
+
+
+# -- borderline head classes in the figure, the titles and the summary page ------------------------------
+
+@lru_cache(maxsize=1)
+def _planted_tables() -> dict[str, pd.DataFrame]:
+    """test_summaries' three seeds: L4H1 a sink in every run, L4H2 sink?, L4H3 local?."""
+    from test_summaries import _three_seeds_with_planted_ratios
+
+    rows = _three_seeds_with_planted_ratios()
+    last = rows[rows["block"] == rows["block"].max()]
+    return {"frame_attention": rows, "head_diagnostics": summaries.head_diagnostics(last),
+            "head_stats": summaries.head_stats(last), "layer_stats": summaries.layer_stats(last)}  # fmt: skip
+
+
+def test_borderline_heads_are_drawn_titled_and_counted_apart():
+    from sinkscope import figures
+    from sinkscope.figures.report import summary_html
+
+    tables = _planted_tables()
+    diagnostics = tables["head_diagnostics"]
+    fig = figures.draw("head_classes", tables, source="ck", options={"dpi": 40})
+    legend = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert {"sink (1)", "sink? borderline (1)", "local (0)", "local? borderline (1)"} <= set(legend), legend
+    hatched = [p for ax in fig.axes for p in ax.patches if (p.get_gid() or "").startswith("borderline-")]
+    assert len(hatched) == 2 and all(p.get_hatch() for p in hatched)
+    words = " ".join(" ".join(t.get_text() for t in fig.texts).split())
+    assert "mean ± 1 std between runs" in words and "sink_ratio" in words
+    title = figures.draw("figure4", tables, source="ck", options={"dpi": 40, "heads": ["L4H2"]}).axes[0].get_title()
+    assert "sink? head" in title and "sink head" not in title
+    page = summary_html(tables["layer_stats"], tables["head_stats"], diagnostics,
+                        {"step": "last", "metric": "prob_mass", "diagnostics": {"sink_ratio": 5.0}})  # fmt: skip
+    counts = page.split("<h3>Head classes</h3>")[1].split("</p>")[0]
+    assert "sink: 1, sink? (borderline): 1, local: 0, local? (borderline): 1" in counts and "on 3 runs" in counts
+    section = page.split("<h3>Sink-class heads</h3>")[1].split("<h3>")[0]
+    assert "1 of 3 heads" in section and "1 more is borderline" in section
+    assert "<tr><td>L4H1</td><td>sink</td>" in section and "<tr><td>L4H2</td><td>sink?</td>" in section
+
+
+def test_with_one_run_the_figure_says_there_is_no_interval():
+    from sinkscope import figures
+
+    tables = _planted_tables()
+    one = tables["frame_attention"]
+    one = one[(one["seed"] == 0) & (one["block"] == one["block"].max())]
+    fig = figures.draw("head_classes", {"head_diagnostics": summaries.head_diagnostics(one)}, source="ck",
+                       options={"dpi": 40})  # fmt: skip
+    words = " ".join(" ".join(t.get_text() for t in fig.texts).split())
+    assert "With one run: no interval, so no borderline label" in words
+    assert not any("borderline" in t.get_text() for legend in fig.legends for t in legend.get_texts())

@@ -475,6 +475,7 @@ def test_cli_import_cache(token_cache, tmp_path, capsys):
     assert cli_main(["import-cache", str(pickled), "--out", str(tmp_path / "p.parquet"), "--allow-pickle"]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["token_level", "frame_matrix"])
 def test_figures_render_from_an_imported_cache_alone(token_cache, matrix_cache, tmp_path, layout):
     path = token_cache[0] if layout == "token_level" else matrix_cache[0]

@@ -260,3 +260,106 @@ def test_corrupt_files_are_named(tmp_path):
         load_transformer(folder, model=TINY)
     with pytest.raises(ValueError, match="dtype 'float8' is not one of auto"):
         load_transformer(tmp_path / "whole.pt", model=TINY, dtype="float8")
+
+
+# -- the format registry: one object per format, for the check and for loading ----------------
+
+
+def test_the_schemas_format_enum_is_the_registry():
+    import yaml
+    from conftest import REPO
+
+    from sinkscope.model.formats import WEIGHT_FORMATS
+
+    for schema in (REPO / "src" / "sinkscope" / "schemas" / "config.schema.yaml",):
+        if schema.is_file():
+            entry = yaml.safe_load(schema.read_text())["properties"]["checkpoints"]["additionalProperties"]
+            described = entry["properties"]["format"]
+            assert sorted(described["enum"]) == sorted(["auto", *WEIGHT_FORMATS]), schema
+            # The description says what each is, in the words of its summary.
+            assert all(f"{name} ({fmt.summary}" in described["description"] for name, fmt in WEIGHT_FORMATS.items()), schema
+
+
+def test_a_format_registered_once_is_checked_and_loaded(tmp_path, monkeypatch, state, reference):
+    """A new format is one class: the config check and loading both find it by name."""
+    import numpy as np
+
+    from sinkscope.model.config import parameter_shapes
+    from sinkscope.model.formats import WEIGHT_FORMATS, WeightFormat, register
+    from sinkscope.model.weightfiles import check_shapes
+
+    monkeypatch.setattr("sinkscope.model.formats.WEIGHT_FORMATS", dict(WEIGHT_FORMATS))
+    checked = []
+
+    @register
+    class NpzFormat(WeightFormat):
+        name, summary = "npz", "numpy .npz of the state dict"
+
+        def detect(self, path):
+            return path.suffix == ".npz"
+
+        def files(self, path):
+            return [path]
+
+        def check(self, path, config, options):
+            checked.append(path)
+            with np.load(path) as arrays:
+                check_shapes({k: arrays[k].shape for k in arrays.files}, parameter_shapes(config), str(path))
+
+        def read(self, path, config, options):
+            with np.load(path) as arrays:
+                return {k: torch.from_numpy(arrays[k].copy()) for k in arrays.files}
+
+    write_wan_folder(tmp_path / "release", state)
+    np.savez(tmp_path / "w.npz", **{k: v.numpy() for k, v in state.items()})
+    resolved = resolve_checkpoint(spec(weights="w.npz", base="release"), base_dir=tmp_path)
+    assert resolved.format == "npz" and checked == [tmp_path / "w.npz"]
+    model = load_checkpoint(resolved, device=torch.device("cpu"))
+    torch.testing.assert_close(outputs(model), reference, rtol=0, atol=0)
+    np.savez(tmp_path / "short.npz", **{k: v.numpy() for k, v in list(state.items())[1:]})
+    with pytest.raises(ConfigError, match="short.npz does not fit the model: 1 missing"):
+        resolve_checkpoint(spec(weights="short.npz", base="release"), base_dir=tmp_path)
+
+
+def test_the_demo_format_loads_the_seeded_model_bit_for_bit():
+    resolved = resolve_checkpoint(spec(format="demo", model=TINY, seed=3))
+    loaded = load_checkpoint(resolved, device=torch.device("cpu")).state_dict()
+    built = build_model(TINY, seed=3).state_dict()
+    assert loaded.keys() == built.keys()
+    assert all(torch.equal(loaded[k], built[k]) and loaded[k].dtype == built[k].dtype for k in built)
+
+
+def test_legacy_torch_files_are_read_by_the_check_and_damage_is_refused_there(tmp_path, state, reference):
+    """torch's pre-1.6 format is walked without unpickling too: a whole file passes and loads,
+    a pickle header over zeros or a cut-off file is refused by the config check, one line."""
+    good = write_self_forcing_pt(tmp_path / "legacy.pt", tiny_state(seed=2), ema_state=state, legacy=True)
+    assert not good.read_bytes().startswith(b"PK")
+    model = load_checkpoint(resolve_checkpoint(spec(weights="legacy.pt", model=None, base=str(
+        write_wan_folder(tmp_path / "release", state))), base_dir=tmp_path), device=torch.device("cpu"))  # fmt: skip
+    torch.testing.assert_close(outputs(model), reference, rtol=0, atol=0)
+    raw = good.read_bytes()
+    damaged = {"zeros.pt": b"\x80\x02" + bytes(4096), "cut.pt": raw[: len(raw) - 100], "half.pt": raw[: len(raw) // 2]}
+    for name, data in damaged.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ConfigError, match="truncated or damaged|is truncated") as caught:
+            resolve_checkpoint(spec(weights=name, base="release"), base_dir=tmp_path)
+        message = str(caught.value)
+        assert message.startswith("config key checkpoints.real: ") and name in message and "\n" not in message
+    wrong = write_self_forcing_pt(tmp_path / "wrong.pt", {f"{k}x": v for k, v in state.items()}, legacy=True)
+    with pytest.raises(ConfigError, match="wrong.pt has no 'generator_ema'"):
+        resolve_checkpoint(spec(weights=wrong.name, base="release"), base_dir=tmp_path)
+
+
+def test_a_misspelled_shipped_weights_name_lists_the_shipped_files(tmp_path):
+    from sinkscope.model.weightfiles import PACKAGE_WEIGHTS
+
+    shipped = sorted(f"sinkscope:{p.name}" for p in PACKAGE_WEIGHTS.glob("*.pt"))
+    assert "sinkscope:demo_trained.pt" in shipped
+    with pytest.raises(ConfigError) as caught:
+        resolve_checkpoint(spec(weights="sinkscope:demo_traned.pt", model="demo"), base_dir=tmp_path)
+    message = str(caught.value)
+    assert "weights 'sinkscope:demo_traned.pt' do not exist" in message and "\n" not in message
+    assert "did you mean 'sinkscope:demo_trained.pt'?" in message
+    assert all(name in message for name in shipped)
+    with pytest.raises(FileNotFoundError, match="the package ships sinkscope:"):
+        load_transformer("sinkscope:nothing.pt", model="demo")

@@ -238,6 +238,22 @@ def test_bad_adapters_are_refused_naming_file_and_key(tmp_path, release, generat
     one_line_refusal(error, "config key checkpoints.real.lora: ", file, key)
 
 
+def test_a_legacy_format_adapter_is_checked_and_merged_as_a_zip_one(tmp_path, release, generator):
+    g = torch.Generator().manual_seed(0)
+    tensors = {k: 0.1 * torch.randn(v.shape, generator=g) for k, v in _lora_tensors("blocks.0.self_attn.q").items()}
+    merged = []
+    for name, legacy in (("zip.pt", False), ("legacy.pt", True)):
+        torch.save({"generator_lora": tensors}, tmp_path / name, _use_new_zipfile_serialization=not legacy)
+        resolved = resolve_checkpoint(spec(weights=str(generator), base=str(release), ema=False, lora=name), tmp_path)
+        assert [m.module for m in resolved.lora.modules] == ["blocks.0.self_attn.q"]
+        merged.append(load_checkpoint(resolved, device=torch.device("cpu")).state_dict())
+    assert (tmp_path / "legacy.pt").read_bytes()[:1] == b"\x80"
+    assert all(torch.equal(merged[0][k], merged[1][k]) for k in merged[0])
+    assert not torch.equal(merged[0]["blocks.0.self_attn.q.weight"], load_checkpoint(
+        resolve_checkpoint(spec(weights=str(generator), base=str(release), ema=False), tmp_path),
+        device=torch.device("cpu")).state_dict()["blocks.0.self_attn.q.weight"])  # fmt: skip
+
+
 def test_the_base_generator_given_as_adapter_is_refused(tmp_path, release, generator):
     entry = spec(weights=str(generator), base=str(release), ema=False, lora=str(generator))
     with pytest.raises(ConfigError) as error:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
@@ -10,36 +12,50 @@ from test_figures import PNG_MAGIC, layout_problems, study
 from sinkscope import figures, plot
 from sinkscope.figures.registry import FIGURES
 
-ONE_LINERS = {
-    # kind: how a notebook user calls it on the demo's tables
-    "figure4": lambda t: plot.plot_figure4(t["frame_attention"], heads=["L1H1", "L5H10"]),
-    "figure4_tokens": lambda t: plot.plot_figure4_tokens(t["token_profiles"], t["frame_attention"], heads="L1H1",
-                                                         grid=(4, 6)),
-    "figure4_steps": lambda t: plot.plot_figure4_steps(t["frame_attention"], heads=["L1H1"]),
-    "key_frame_maps": lambda t: plot.plot_key_frame_maps(t["token_profiles"], t["frame_attention"], grid=(4, 6)),
-    "layer_comparison": lambda t: plot.plot_layer_comparison(t["frame_attention"], highlight_layers=[0, "L5"]),
-    "first_middle_last": lambda t: plot.plot_first_middle_last(t["frame_attention"], metric="prob_mass"),
-    "sink_score_overview": lambda t: plot.plot_sink_score_overview(t["frame_attention"]),
-    "head_classes": lambda t: plot.plot_head_classes(t["head_diagnostics"]),
-    "label_agreement": lambda t: plot.plot_label_agreement(
-        t["head_diagnostics"], [[(-1, 1, 2)[(layer + head) % 3] for head in range(12)] for layer in range(8)]),
-    "entropy_overview": lambda t: plot.plot_entropy_overview(t["head_diagnostics"], step="cache"),
-    "attention_over_time": lambda t: plot.plot_attention_over_time(t["frame_attention"], head="L1H1"),
-    "per_head_grid": lambda t: plot.plot_per_head_grid(t["frame_attention"], layer="L5", frame_base=1),
-    "heads_heatmap": lambda t: plot.plot_heads_heatmap(t["frame_attention"], layer=4),
-    "query_key_maps": lambda t: plot.plot_query_key_maps(t["frame_attention"], layer=0, video_frames=True),
-    "sink_mass_over_time": lambda t: plot.plot_sink_mass_over_time(t["block_stats"]),
-    "sink_collapse": lambda t: plot.plot_sink_collapse(t["block_stats"], step="cache"),
-    "policy_comparison": lambda t: plot.plot_policy_comparison(t["variants"], heads="L1H1"),
-    "prompt_switch": lambda t: plot.plot_prompt_switch(t["variants"], step="cache"),
-    "attention_across_checkpoints": lambda t: plot.plot_attention_across_checkpoints(
-        t["diagnostics_all"], train_steps={"step500": 500, "demo": 1000, "step2000": 2000}),
-}
+# Demo tables for what each scope compares: a checkpoint's variants, the study's checkpoints.
+SCOPE_TABLES = {"checkpoint": {"frame_attention": "variants"}, "study": {"head_diagnostics": "diagnostics_all"}}
+LABEL_GRID = [[(-1, 1, 2)[(layer + head) % 3] for head in range(12)] for layer in range(8)]
 
 
-def test_every_kind_has_a_one_liner():
-    assert set(ONE_LINERS) == set(figures.KINDS)
-    assert {f"plot_{kind}" for kind in figures.KINDS} <= set(plot.__all__)
+def one_liner(kind: str, tables: dict):
+    """``plot.plot_<kind>`` called as a notebook user would on the demo's tables, its
+    arguments read from the kind's registry entry."""
+    spec = FIGURES[kind]
+    args = [tables[SCOPE_TABLES.get(spec.scope, {}).get(name, name)] for name in spec.tables]
+    args += [LABEL_GRID] if spec.needs_reference_labels else []
+    args += ["L5"] if spec.scope == "layer" else []
+    named = {"heads": "L1H1"} if spec.draws_heads else {}
+    named |= {"grid": (4, 6)} if spec.needs_token_profiles else {}
+    return getattr(plot, f"plot_{kind}")(*args, **named)
+
+
+def test_every_kind_has_a_plot_function():
+    """One ``plot_<kind>`` a registry entry, its arguments and docstring derived from it."""
+    assert {name for name in plot.__all__ if name.startswith("plot_")} == {f"plot_{kind}" for kind in FIGURES}
+    for kind, spec in FIGURES.items():
+        function = getattr(plot, f"plot_{kind}")
+        parameters = inspect.signature(function).parameters
+        assert function.__name__ == f"plot_{kind}" and function.__doc__[1:].startswith(spec.shows[1:20])
+        assert set(spec.options) | set(spec.extra_options) | {"dpi", "frame_base", "source", "ax"} <= set(parameters)
+        assert ("layer" in parameters) == (spec.scope == "layer") and ("grid" in parameters) == spec.needs_token_profiles
+        assert all(f"``{name}``" in function.__doc__ for name in parameters)
+    with pytest.raises(TypeError, match="metric"):
+        plot.plot_head_classes(study("demo")["head_diagnostics"], metric="prob_mass")
+
+
+def test_a_new_entry_gets_its_function_from_the_entry_alone(monkeypatch):
+    """A kind's function is made from its entry: a new table, layer, heads and a new
+    option become its arguments, with nothing written for it in sinkscope.plot."""
+    from sinkscope.figures.registry import LAYER, FigureKind
+
+    kind = FigureKind("new_kind", LAYER, ("frame_attention", "new_table"), ("step", "heads", "new_option"), "a new kind")
+    calls = []
+    monkeypatch.setattr(plot, "plot", lambda name, tables, **given: calls.append((name, tables, given)))
+    function = plot._plot_function(kind)
+    assert list(inspect.signature(function).parameters)[:4] == ["table", "new_table", "layer", "heads"]
+    assert "``new_option``" in function.__doc__ and function.__doc__.startswith("A new kind.")
+    function("rows", "more rows", "L2", new_option=3)
+    assert calls == [("new_kind", {"frame_attention": "rows", "new_table": "more rows"}, {"layer": "L2", "new_option": 3})]
 
 
 # Drawn for real here (every kind is drawn by tests/test_figures.py); the others are
@@ -47,11 +63,11 @@ def test_every_kind_has_a_one_liner():
 DRAWN = {"figure4", "figure4_tokens", "per_head_grid", "policy_comparison", "attention_across_checkpoints"}
 
 
-@pytest.mark.parametrize("kind", list(ONE_LINERS))
+@pytest.mark.parametrize("kind", list(FIGURES))
 def test_one_liners_on_pandas_tables(kind, monkeypatch):
     tables = {name: value.copy() if isinstance(value, pd.DataFrame) else value for name, value in study("demo").items()}
     if kind in DRAWN:
-        fig = ONE_LINERS[kind](tables)
+        fig = one_liner(kind, tables)
         assert isinstance(fig, Figure) and fig.texts and fig.axes
         return
     calls = []
@@ -61,7 +77,7 @@ def test_one_liners_on_pandas_tables(kind, monkeypatch):
         return Figure()
 
     monkeypatch.setattr(figures, "draw", spy)
-    assert isinstance(ONE_LINERS[kind](tables), Figure)
+    assert isinstance(one_liner(kind, tables), Figure)
     (drawn, given, kwargs), = calls
     labels = {"reference_labels"} if FIGURES[kind].needs_reference_labels else set()
     assert drawn == kind and set(given) == set(FIGURES[kind].tables) | labels
@@ -72,7 +88,26 @@ def test_one_liners_on_pandas_tables(kind, monkeypatch):
     assert set(kwargs["options"]) <= set(spec.options) | set(spec.extra_options) | {"dpi", "frame_base"}
     assert kwargs["source"] == "demo" or kind == "attention_across_checkpoints"
     if FIGURES[kind].scope == "layer":
-        assert kwargs["layer"] in (0, 4) and set(given["frame_attention"]["layer"]) == {kwargs["layer"]}
+        assert kwargs["layer"] == 4 and set(given["frame_attention"]["layer"]) == {kwargs["layer"]}
+
+
+def test_notebook_spellings_keep_working(monkeypatch):
+    """Arguments as the plotting API took them before its functions were derived: one
+    ``head``, a 0-based ``layer`` by name, highlighted layers as labels, a label grid."""
+    data = study("demo")
+    calls = []
+    monkeypatch.setattr(figures, "draw", lambda kind, given, **kwargs: calls.append((kind, given, kwargs)) or Figure())
+    plot.plot_attention_over_time(data["frame_attention"], head="L1H1", step="cache")
+    plot.plot_per_head_grid(data["frame_attention"], layer=0, frame_base=1)
+    plot.plot_layer_comparison(data["frame_attention"], highlight_layers=[0, "L5"])
+    plot.plot_label_agreement(data["head_diagnostics"], LABEL_GRID)
+    plot.plot_attention_across_checkpoints(data["diagnostics_all"], train_steps={"step500": 500, "demo": 1000})
+    (_, _, over_time), (_, _, grid), (_, _, layers), (_, labels, _), (_, _, across) = calls
+    assert over_time["options"]["heads"] == ["L1H1"] and over_time["options"]["step"] == "cache"
+    assert grid["layer"] == 0 and grid["options"]["frame_base"] == 1
+    assert layers["options"]["highlight_layers"] == [0, 4]
+    assert set(labels["reference_labels"].columns) >= {"layer", "head", "reference"}
+    assert across["train_steps"] == {"step500": 500, "demo": 1000}
 
 
 def test_options_a_kind_does_not_draw_with_are_refused():
@@ -124,7 +159,7 @@ def test_defaults_come_from_the_config_schema():
     assert plot.defaults()["heads"] == ["L1H1", "L5H10"] and plot.defaults()["metric"] == "logit_mean"
     fig = plot.plot_figure4(study("demo")["frame_attention"])
     assert [ax.get_title().split(" ")[0] for ax in fig.axes] == ["L1H1", "L5H10"]
-    assert "logits" in fig.texts[1].get_text()
+    assert "mean logit (pre-softmax q·k/√d, logit_mean)" in fig.texts[1].get_text()
 
 
 def test_duckdb_tables(tmp_path):

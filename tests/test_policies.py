@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from test_model import TINY, tiny_model
 
 from sinkscope.generation.sampler import GenerationOptions, NoiseStream, generate, seeded_noise
@@ -387,6 +388,7 @@ def test_generate_runs_every_policy_with_a_cache_independent_of_the_video_length
         assert results[24].kv_cache_bytes == results[12].kv_cache_bytes
 
 
+@pytest.mark.slow
 def test_generate_with_policy_defaults_past_the_first_eviction():
     model = build_model("demo", seed=0)
     context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
@@ -495,3 +497,72 @@ def test_compression_needs_batch_size_one():
             recent_frames=2, batch_size=2,
         )  # fmt: skip
     assert ParticipativeCompressionPolicy.name == "participative_compression"
+
+
+# -- one entry per policy: the spec, the registered class, the schema and the config comment --
+
+
+def test_every_policy_spec_has_exactly_one_registered_class_and_back():
+    from sinkscope.model.policies import POLICY_CLASSES, CachePolicy
+    from sinkscope.options import CACHE_POLICY_TABLE
+
+    assert sorted(POLICY_CLASSES) == sorted(CACHE_POLICY_TABLE)
+    assert len(set(POLICY_CLASSES.values())) == len(POLICY_CLASSES)  # no class under two names
+    for name, cls in POLICY_CLASSES.items():
+        assert issubclass(cls, CachePolicy) and cls.name == name
+
+
+def test_register_policy_refuses_a_name_without_a_spec_and_a_second_class():
+    from sinkscope.model.policies import SinkPolicy, register_policy
+
+    class Unlisted(SinkPolicy):
+        name = "no_such_policy"
+
+    class Again(SinkPolicy):
+        name = "sink"
+
+    with pytest.raises(ValueError, match="no row in sinkscope.options.CACHE_POLICY_TABLE"):
+        register_policy(Unlisted)
+    with pytest.raises(ValueError, match="registered already"):
+        register_policy(Again)
+
+
+def test_a_new_policy_is_its_spec_row_and_its_registered_class(monkeypatch):
+    """The extension point end to end: a spec row and a decorated class are all that
+    ``GenerationOptions`` and ``new_policy`` need."""
+    from sinkscope.model.policies import POLICY_CLASSES, WindowPolicy, policy_from_options, register_policy
+    from sinkscope.options import CACHE_POLICY_TABLE, PolicySpec
+
+    spec = PolicySpec("toy_window", {"local_attn_frames": 4, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
+                      ("local_attn_frames",), "a test's FIFO window")  # fmt: skip
+    monkeypatch.setitem(CACHE_POLICY_TABLE, spec.name, spec)
+    try:
+
+        @register_policy
+        class ToyWindowPolicy(WindowPolicy):
+            name = "toy_window"
+
+        options = GenerationOptions.from_config({"num_frames": 6, "frames_per_block": 2, "cache_policy": "toy_window"})
+        policy = policy_from_options(tiny_model(), options, frame_seq_length=FSL)
+        assert type(policy) is ToyWindowPolicy and policy.window_frames == 4 and policy.spec is spec
+        assert policy.cache.capacity_frames == options.cache_capacity_frames == 4
+    finally:
+        POLICY_CLASSES.pop("toy_window", None)
+
+
+def test_the_schema_enums_and_the_config_comment_list_the_registered_names():
+    from sinkscope.generation.procedures import PROCEDURE_FUNCTIONS
+    from sinkscope.options import CACHE_POLICY_TABLE, PROCEDURE_TABLE
+    from sinkscope.schema import load_schema, resolve_ref
+
+    generation = resolve_ref(load_schema()["properties"]["generation"])["properties"]
+    assert generation["cache_policy"]["enum"] == [*CACHE_POLICY_TABLE, None]
+    assert generation["procedure"]["enum"] == list(PROCEDURE_TABLE) and sorted(PROCEDURE_FUNCTIONS) == sorted(PROCEDURE_TABLE)
+    for key, names in (("cache_policy", CACHE_POLICY_TABLE), ("procedure", PROCEDURE_TABLE)):
+        described = generation[key]["description"]
+        assert [name for name in names if name not in described] == [], key
+    # config.yaml: "cache_policy: <one>    # or <the others>, comma-separated"
+    line = next(line for line in (REPO / "config.yaml").read_text().splitlines() if line.strip().startswith("cache_policy:"))
+    value, comment = line.split(":", 1)[1].split("#", 1)
+    listed = [value.strip(), *(name.strip() for name in comment.strip().removeprefix("or ").split(","))]
+    assert sorted(listed) == sorted(CACHE_POLICY_TABLE)

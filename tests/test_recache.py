@@ -62,7 +62,7 @@ def reference_recache(model, latents, first, context, t, held, old_kv, protected
     originals = [block.self_attn.attend for block in model.blocks]
 
     def attend_for(layer):
-        def attend(q, k, v, kv_cache=None, attn_mask=None, raw_k=None):
+        def attend(q, k, v, kv_cache=None, attn_mask=None, raw_k=None, kernels=None):
             keys, values = [], []
             for i, frame in enumerate(held):
                 if frame in rewritten:
@@ -104,6 +104,7 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_re_cache_rewrites_exactly_the_kept_frames_with_a_fresh_forward(case, monkeypatch):
     keys, frames, block, switch, rewritten, first = CASES[case]
@@ -158,6 +159,7 @@ def test_without_re_cache_only_the_context_switches(monkeypatch):
     torch.testing.assert_close(after["cross"], expected_cross, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_rows_carry_the_segment_and_the_re_cache_pass():
     model = build_model("demo", seed=0)
     g = torch.Generator().manual_seed(1)
@@ -228,6 +230,7 @@ def test_re_cache_off_switches_under_any_policy():
     assert len(result.calls) == options.calls([6]) == options.num_calls
 
 
+@pytest.mark.slow
 def test_few_step_blocks_with_a_first_block_of_their_own():
     """Causal Forcing++ frame-wise 2-step: blocks of one frame, 4 steps for block 0, then 2."""
     options = GenerationOptions.from_config({"num_frames": 5, "frames_per_block": 1, "denoising_steps": [1000, 500],

@@ -4,9 +4,11 @@ clean run's (sinkscope.pipeline.recovery)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import SNAKEFILE
 
-from sinkscope.pipeline.recovery import recover_interrupted_run
+from sinkscope.errors import SinkscopeError
+from sinkscope.pipeline.recovery import RUN_MARKER, recover_interrupted_run
 
 TINY = "layers: [0]\ngeneration: {num_frames: 3}\ncapture: {token_profiles: none}\n"
 
@@ -92,6 +95,48 @@ def test_temporaries_of_an_interrupted_job_are_removed(tmp_path):
     assert not any(path.exists() for path in stray) and keep.exists()
 
 
+def _stopped_run(workdir: Path, host: str | None = None) -> dict:
+    """A run recorded by a process that then ended (on ``host``, when given, instead of
+    this machine), holding the locks present."""
+    code = f"from sinkscope.pipeline.recovery import mark_run_start; mark_run_start({str(workdir)!r})"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    marker = workdir / ".snakemake" / RUN_MARKER
+    record = json.loads(marker.read_text())
+    if host is not None:
+        record["host"] = host
+        marker.write_text(json.dumps(record))
+    return record
+
+
+def test_the_locks_of_this_machines_stopped_run_are_removed(tmp_path):
+    lock = _write(tmp_path / ".snakemake/locks/0.output.lock", b"results/x\n")
+    _stopped_run(tmp_path)
+    actions = recover_interrupted_run(tmp_path)
+    assert len(actions) == 1 and "removed the locks of this machine's stopped run" in actions[0]
+    assert not lock.exists()
+
+
+@pytest.mark.parametrize("case", ["another host", "no record", "written after the record", "record damaged"])
+def test_a_lock_that_may_be_another_machines_stays_with_the_unlock_advice(tmp_path, case):
+    lock = _write(tmp_path / ".snakemake/locks/0.output.lock", b"results/x\n")
+    backup = _write(_backup(tmp_path, "results/figures/demo/figure4.png"), _png())
+    if case == "another host":
+        _stopped_run(tmp_path, host=f"{socket.gethostname()}-login2")
+    elif case == "written after the record":
+        _stopped_run(tmp_path)
+        lock.unlink()
+        _write(tmp_path / ".snakemake/locks/0.output.lock", b"results/y\n")  # a later run's
+    elif case == "record damaged":
+        _write(tmp_path / ".snakemake" / RUN_MARKER, b'{"host": ')
+    with pytest.raises(SinkscopeError) as error:
+        recover_interrupted_run(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and "snakemake --unlock" in message and str(tmp_path / ".snakemake/locks") in message
+    if case == "another host":
+        assert f"{socket.gethostname()}-login2" in message
+    assert lock.exists() and backup.exists()  # nothing touched
+
+
 def test_nothing_is_touched_while_another_snakemake_works_here(tmp_path):
     _write(tmp_path / ".snakemake/locks/0.output.lock", b"results/x\n")
     backup = _write(_backup(tmp_path, "results/figures/demo/figure4.png"), _png())
@@ -99,13 +144,14 @@ def test_nothing_is_touched_while_another_snakemake_works_here(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "snakemake"], cwd=tmp_path)
     try:
         time.sleep(0.3)
+        _stopped_run(tmp_path)  # an older record: the live process is what counts
         assert recover_interrupted_run(tmp_path) == []
         assert backup.exists() and (tmp_path / ".snakemake/locks/0.output.lock").exists()
     finally:
         other.kill()
         other.wait()
     actions = recover_interrupted_run(tmp_path)
-    assert any("removed the locks of a stopped run" in line for line in actions)
+    assert any("removed the locks of this machine's stopped run" in line for line in actions)
     assert not (tmp_path / ".snakemake/locks/0.output.lock").exists()
 
 
@@ -163,6 +209,26 @@ def _interrupt(workdir: Path, moment: str, signal_number: int) -> None:
     else:
         process.send_signal(signal_number)
     process.wait(timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.workflow
+def test_a_run_leaves_a_lock_from_another_host_in_place_and_says_unlock(tmp_path):
+    """A run started from another login node of a shared file system holds its lock:
+    the workflow stops in one line before any job, naming the host, and touches nothing."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "config.yaml").write_text(TINY)
+    lock = _write(workdir / ".snakemake/locks/0.output.lock", b"results/tables/frame_attention.parquet\n")
+    record = {"host": "login2.cluster", "pid": os.getpid(), "started": "2026-01-01T00:00:00Z",
+              "locks": {"0.output.lock": [0, 0, 0]}}  # fmt: skip
+    _write(workdir / ".snakemake" / RUN_MARKER, json.dumps(record).encode())
+    process = _snakemake(workdir)
+    out, _ = process.communicate(timeout=900)
+    lines = [line for line in out.splitlines() if line.startswith("sinkscope:")]
+    assert process.returncode == 1 and len(lines) == 1, out[-3000:]
+    assert "login2.cluster" in lines[0] and "snakemake --unlock" in lines[0] and "Traceback" not in out
+    assert lock.read_bytes() == b"results/tables/frame_attention.parquet\n" and not (workdir / "results").exists()
 
 
 @pytest.mark.workflow

@@ -33,7 +33,7 @@ from sinkscope.model.policies import RollingForcingPolicy
 from sinkscope.options import GenerationOptions, OptionsError
 from sinkscope.pipeline.config import normalize_config
 from sinkscope.stats.summaries import block_stats
-from sinkscope.tables import token_values
+from sinkscope.tokens import token_values
 
 RF = {"procedure": "rolling_forcing"}
 
@@ -390,3 +390,45 @@ def test_extract_and_aggregate_from_the_command_line(tmp_path):
     refused = sinkscope("extract", "--out", "x", "--set", "generation.procedure=rolling_forcing")
     assert refused.returncode == 2 and "config key generation.cache_policy: 'global' cannot run under" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+# -- one entry per procedure ------------------------------------------------------------------
+
+
+def test_every_procedure_spec_has_exactly_one_registered_function_and_back():
+    from sinkscope.generation.procedures import PROCEDURE_FUNCTIONS
+    from sinkscope.generation.rolling import generate_rolling
+    from sinkscope.generation.sampler import generate_blocks
+    from sinkscope.options import PROCEDURE_TABLE
+
+    assert sorted(PROCEDURE_FUNCTIONS) == sorted(PROCEDURE_TABLE)
+    assert len(set(PROCEDURE_FUNCTIONS.values())) == len(PROCEDURE_FUNCTIONS)
+    assert PROCEDURE_FUNCTIONS["self_forcing"] is generate_blocks and PROCEDURE_FUNCTIONS["rolling_forcing"] is generate_rolling
+
+
+def test_generate_runs_the_function_registered_under_the_options_procedure(monkeypatch):
+    from sinkscope.generation.procedures import PROCEDURE_FUNCTIONS
+
+    heard = []
+    for name in ("self_forcing", "rolling_forcing"):
+        monkeypatch.setitem(PROCEDURE_FUNCTIONS, name, lambda model, context, **kw: heard.append(kw["options"].procedure) or kw["seed"])
+    for procedure, seed in (("self_forcing", 1), ("rolling_forcing", 2)):
+        options = GenerationOptions.from_config({"procedure": procedure, "num_frames": 12})
+        assert generate(None, torch.zeros(1, 2, 4), options=options, seed=seed) == seed
+    assert heard == ["self_forcing", "rolling_forcing"]
+
+
+def test_register_procedure_refuses_a_name_without_a_spec_and_a_second_function():
+    from sinkscope.generation.procedures import register_procedure
+
+    with pytest.raises(ValueError, match="no row in sinkscope.options.PROCEDURE_TABLE"):
+        register_procedure("no_such_procedure")
+    with pytest.raises(ValueError, match="registered already"):
+        register_procedure("rolling_forcing")(lambda *args, **kw: None)
+
+
+def test_the_procedures_share_helpers_without_importing_each_other():
+    from sinkscope.pipeline.codedigest import _imports
+
+    assert "sinkscope.generation.rolling" not in _imports("sinkscope.generation.sampler", True)
+    assert "sinkscope.generation.sampler" not in _imports("sinkscope.generation.rolling", True)

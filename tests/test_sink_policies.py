@@ -435,6 +435,7 @@ def test_defaults_and_keys_follow_the_references():
         GenerationOptions.from_config(dict(cache_policy="relative_rope", local_attn_frames=3, sink_frames=1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", NEW)
 def test_memory_is_bounded_and_estimated(policy):
     """The device memory of the policy does not grow with the video, and the estimate covers it."""

@@ -16,7 +16,7 @@ from sinkscope.attention import split as split_attention
 from sinkscope.attention.split import (
     KeySplit,
     balanced_attention,
-    enable_key_split,
+    cached_attention,
     key_split,
     merge_parts,
     plan_key_split,
@@ -88,17 +88,24 @@ def test_the_cpu_and_float32_never_split():
     )
 
 
-def test_capture_kernels_switch_the_split_and_the_gelu_epilogue():
-    from sinkscope.model import wan
+def test_capture_kernels_name_the_split_and_the_gelu_epilogue():
+    from sinkscope.attention.settings import KernelSettings
 
-    try:
-        wan.use_fast_kernels(False)
-        assert not split_attention.key_split_enabled() and not wan._FUSED_GELU
-        enable_key_split(True)
-        assert split_attention.key_split_enabled()
-    finally:
-        wan.use_fast_kernels(True)
-    assert split_attention.key_split_enabled() and wan._FUSED_GELU
+    assert KernelSettings.named("fast") == KernelSettings(key_split=True, fused_gelu=True)
+    assert KernelSettings.named("reference") == KernelSettings(key_split=False, fused_gelu=False)
+    assert [KernelSettings.named(name).name for name in ("fast", "reference")] == ["fast", "reference"]
+    assert KernelSettings(key_split=True, fused_gelu=False).name == "custom"
+    with pytest.raises(ValueError, match="capture.kernels 'quick' is not one of fast, reference"):
+        KernelSettings.named("quick")
+
+
+def test_the_split_is_an_argument_and_the_cpu_call_is_sdpa_without_lse():
+    q, k, v = inputs(batch=1)
+    sdpa = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+    for split in (True, False):
+        out, lse = cached_attention(q, k, v, split=split)
+        assert lse is None and torch.equal(out, sdpa) and torch.equal(balanced_attention(q, k, v, split=split), sdpa)
+    assert not hasattr(split_attention, "_ENABLED") and not hasattr(split_attention, "enable_key_split")
 
 
 def test_merge_parts_by_torch_equals_one_call():
@@ -152,11 +159,12 @@ def test_split_attention_on_cuda_is_sdpa_within_bf16_rounding():
     torch.testing.assert_close(out[:, :256].double(), ref_out, atol=4e-3, rtol=1e-2)
     torch.testing.assert_close(lse[..., :256].double(), ref_lse, atol=1e-4, rtol=1e-5)
     assert (out.float() - ref.float()).abs().max().item() < 4e-3
-    # The exact capture route's attention is the uncaptured call's, bit for bit.
-    from sinkscope.stats.triton_kernels import sdpa_with_lse
-
-    captured, _ = sdpa_with_lse(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), 128**-0.5)
-    assert torch.equal(captured, balanced_attention(q, k, v)[0])
+    # The uncaptured call's plan, and cuDNN's attention with its log-sum-exp as SDPA runs it.
+    assert torch.equal(out, balanced_attention(q, k, v))
+    for queries in (q, q[:, :4224]):  # split, and one plain call
+        plain_out, plain_lse = cached_attention(queries, k, v, split=False)
+        sdpa = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (queries, k, v))).transpose(1, 2)
+        assert plain_lse is not None and torch.equal(plain_out, sdpa)
 
 
 def test_a_plan_without_the_log_sum_exp_gives_the_same_output():

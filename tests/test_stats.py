@@ -264,17 +264,18 @@ def test_bad_backends_and_inputs_are_named(backend, other, message):
 # results travel through torch.save) and the comparisons happen here. The interpreter's
 # default tiles are small (32 x 16) so that every masking path is taken: partial tiles,
 # padded head_dim, segments shorter than a tile or not aligned to one, several key tiles
-# in a segment (online rescaling), several query blocks in kernel 2.
+# in a segment (online rescaling), several query blocks in token_profiles_kernel.
 INTERPRETER_CASES = list(range(len(HAND_LAYOUTS))) + [len(HAND_LAYOUTS) + i for i in (1, 2, 3)]
-# (kernel 1 config, kernel 2 config) per case; None = the interpreter default.
+# (frame_softmax_partials_kernel config, token_profiles_kernel config) per case; None =
+# the interpreter default.
 INTERPRETER_CONFIGS = {1: ({"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 16, "BLOCK_N": 32})}
-# This case also runs kernel 1 alone.
+# This case also runs frame_softmax_partials_kernel alone.
 FRAME_ONLY_CASE = 3
 
 _INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    from sinkscope.stats.triton_kernels import (attention_statistics_tma, attention_statistics_triton, segment_sums,
+    from sinkscope.stats.launch import (attention_statistics_tma, attention_statistics_triton, segment_sums,
                                                 statistics_given_lse, statistics_triton, tma_kernel_fits)
     cases, results = torch.load(sys.argv[1]), {}
     segments = cases.pop("segment_sums")
@@ -282,7 +283,7 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
     for index, case in cases.items():
         q, k, fsl, num_q, lengths, scale = (case[key] for key in ("q", "k", "fsl", "num_q", "key_lengths", "scale"))
         args = (q, k, fsl, num_q, lengths, scale)
-        if case.get("kernel_5"):
+        if case.get("tma"):
             assert tma_kernel_fits(q, k, case["v"], lengths), index
             out, stats = attention_statistics_tma(q, k, case["v"], fsl, num_q, lengths, scale, token_profiles=True)
             results[index] = {"output": out, "stats": vars(stats)}
@@ -330,8 +331,8 @@ def interpreted(tmp_path_factory):
         # [Lq, H, D] storage read as [H, L, D] views, as the capture passes them (TMA takes the strides).
         q, k, v = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v))
         cases[index] = dict(q=q, k=k, v=v, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"],
-                            scale=lay["dim"] ** -0.5, kernel_5=True)  # fmt: skip
-    # Kernel 7 alone: segments of 1 to 150 tokens, a strided fp16 view, in parts of several sizes.
+                            scale=lay["dim"] ** -0.5, tma=True)  # fmt: skip
+    # segment_sums_kernel alone: segments of 1 to 150 tokens, a strided fp16 view, in parts of several sizes.
     x = torch.randn(70, 3, 24, generator=torch.Generator().manual_seed(7)).half()
     x = torch.cat([x, x.flip(0), x[:60]]).transpose(0, 1)  # [3, 200, 24], strides (24, 72, 1)
     cases["segment_sums"] = dict(x=x, lengths=[1, 37, 150, 12])
@@ -350,7 +351,7 @@ def interpreted(tmp_path_factory):
 
 
 def test_segment_sums_in_the_interpreter(interpreted):
-    """Kernel 7: each segment's fp32 sum, whatever the parts it is split into."""
+    """segment_sums_kernel: each segment's fp32 sum, whatever the parts it is split into."""
     case, sums = interpreted["segment_sums"]
     x, bounds = case["x"].double(), [0, 1, 38, 188, 200]
     expected = torch.stack([x[:, a:b].sum(1) for a, b in zip(bounds, bounds[1:])], dim=1)  # [H, S, D]
@@ -360,7 +361,7 @@ def test_segment_sums_in_the_interpreter(interpreted):
         torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-5, msg=f"chunk {chunk}")
 
 
-# Kernel 5 in fp16 (the interpreter's bf16 is not NumPy's), tiles 32 x 16: frames that end
+# attention_frame_partials_tma_kernel in fp16 (the interpreter's bf16 is not NumPy's), tiles 32 x 16: frames that end
 # inside a tile and on a tile's edge, out of order, a partial frame, query blocks past the
 # end, one key frame of two tiles.
 TMA_INTERPRETER_LAYOUTS = {
@@ -385,7 +386,8 @@ def test_triton_kernels_in_the_interpreter(interpreted, index):
 
 @pytest.mark.parametrize("index", INTERPRETER_CASES)
 def test_fused_attention_kernel_in_the_interpreter(interpreted, index):
-    """Kernel 3: the attention output and every statistic from one pass over the keys."""
+    """attention_frame_partials_kernel: the attention output and every statistic from one
+    pass over the keys."""
     case, out = interpreted[index]
     q, k, v, scale = case["q"].double(), case["k"].double(), case["v"].double(), case["scale"]
     expected = (torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1) @ v).transpose(0, 1)  # [Lq, H, D]
@@ -398,7 +400,7 @@ def test_fused_attention_kernel_in_the_interpreter(interpreted, index):
 
 @pytest.mark.parametrize("index", TMA_INTERPRETER_LAYOUTS)
 def test_tma_attention_kernel_in_the_interpreter(interpreted, index):
-    """Kernel 5 (then kernel 6): the attention output within fp16 rounding (P is rounded
+    """attention_frame_partials_tma_kernel (then the combine): the attention output within fp16 rounding (P is rounded
     for P @ V, as in flash attention), every statistic as the float64 brute force."""
     case, out = interpreted[index]
     q, k, v, scale = case["q"].double(), case["k"].double(), case["v"].double(), case["scale"]
@@ -411,8 +413,8 @@ def test_tma_attention_kernel_in_the_interpreter(interpreted, index):
 
 
 def test_tma_kernel_takes_only_what_it_can_address():
-    """Kernel 5 needs fp16 / bf16, frames of at least a key tile, TMA-aligned strides."""
-    from sinkscope.stats.triton_kernels import tma_kernel_fits
+    """The TMA pass needs fp16 / bf16, frames of at least a key tile, TMA-aligned strides."""
+    from sinkscope.stats.launch import tma_kernel_fits
 
     q, k = (torch.zeros(2, n, 64, dtype=torch.bfloat16) for n in (128, 256))
     assert tma_kernel_fits(q, k, k, [128, 128])
@@ -426,7 +428,8 @@ def test_tma_kernel_takes_only_what_it_can_address():
 
 @pytest.mark.parametrize("index", INTERPRETER_CASES)
 def test_statistics_given_the_log_sum_exp_in_the_interpreter(interpreted, index):
-    """Kernel 4: the statistics when the attention call gave each query's log-sum-exp."""
+    """frame_partials_given_lse_kernel: the statistics when the attention call gave each
+    query's log-sum-exp."""
     case, out = interpreted[index]
     stats = CallStatistics(**out["given_lse"])
     assert_matches(stats, brute_force_statistics(*_case_args(case)))
@@ -434,7 +437,8 @@ def test_statistics_given_the_log_sum_exp_in_the_interpreter(interpreted, index)
 
 
 def test_triton_frame_statistics_alone_in_the_interpreter(interpreted):
-    """Kernel 1 without kernel 2: the same frame statistics, no profiles."""
+    """frame_softmax_partials_kernel without token_profiles_kernel: the same frame
+    statistics, no profiles."""
     case, out = interpreted[FRAME_ONLY_CASE]
     stats, frame_only = CallStatistics(**out["stats"]), CallStatistics(**out["frame_only"])
     assert_matches(frame_only, brute_force_statistics(*_case_args(case)), token_profiles=False)
@@ -443,8 +447,8 @@ def test_triton_frame_statistics_alone_in_the_interpreter(interpreted):
 
 
 def test_triton_runtime_loop_bounds_in_the_interpreter(interpreted):
-    """In the interpreter the kernels' loops run to compile-time bounds (kernel 1: the
-    longest segment, see LOOP_END); this runs the GPU's runtime bounds, where the
+    """In the interpreter the kernels' loops run to compile-time bounds
+    (frame_softmax_partials_kernel: the longest segment, see LOOP_END); this runs the GPU's runtime bounds, where the
     interpreter supports them."""
     dynamic = interpreted["dynamic_bound"]
     if isinstance(dynamic, str):
@@ -467,6 +471,27 @@ CUDA_LAYOUTS = [
     dict(heads=3, fsl=37, dim=64, num_q=3, key_lengths=[1, 37, 200, 5, 37, 1], key_frames=[7, 0, 1, 5, 6, 3]),
     dict(heads=2, fsl=130, dim=16, num_q=1, key_lengths=[129, 1, 130], key_frames=[2, 1, 0]),
 ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_the_captured_call_outputs_the_models_own_attention_then_the_statistics(dtype):
+    """attention_with_statistics off CUDA: the output is the model's cached call bit for bit
+    (the statistics never feed it), the statistics those of attention_statistics."""
+    from sinkscope.attention.split import cached_attention
+    from sinkscope.stats.attention import attention_with_statistics
+
+    lengths = [8, 5, 8]
+    q, k = make_inputs(3, 2, 8, 16, 2, lengths, dtype)
+    v = torch.randn(k.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    layout = dict(frame_seq_length=8, query_frames=[4, 5], key_frames=[0, 4, 5], key_lengths=lengths, token_profiles=True)
+    for fused in (False, True):  # fused is a Triton kernel's: the CPU takes the model's call
+        out, stats = attention_with_statistics(q, k, v, fused=fused, **layout)
+        model_out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)))
+        assert lse is None and out.dtype == dtype and torch.equal(out, model_out[0])
+        ref = attention_statistics(q, k, **layout)
+        assert all(torch.equal(getattr(stats, name), getattr(ref, name)) for name in FIELDS)
+    with pytest.raises(ValueError, match="scales by 1/sqrt"):
+        attention_with_statistics(q, k, v, scale=0.5, **layout)
 
 
 @pytest.mark.gpu
@@ -521,14 +546,14 @@ def test_cuda_token_profiles_allocate_no_score_matrix():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not triton_available(), reason="needs a CUDA device and triton")
-@pytest.mark.parametrize("route", ["default", "kernel 3", "kernel 4", "kernel 5"])
+@pytest.mark.parametrize("route", ["default", "one pass", "given lse", "tma"])
 @pytest.mark.parametrize("index", range(len(CUDA_LAYOUTS)))
 def test_cuda_attention_with_statistics_matches_sdpa_and_the_reference(index, route):
     """The captured call's output is SDPA's (bit for bit by cuDNN with its log-sum-exp and
-    kernel 4; within bf16 rounding by kernels 3 and 5, the default where frames are at
-    least a key tile long); its statistics are the reference's."""
+    the pass given it; within bf16 rounding by the one pass and its TMA form, the default
+    where frames are at least a key tile long); its statistics are the reference's."""
     from sinkscope.stats.attention import attention_with_statistics
-    from sinkscope.stats.triton_kernels import (
+    from sinkscope.stats.launch import (
         attention_statistics_lse,
         attention_statistics_tma,
         attention_statistics_triton,
@@ -545,13 +570,13 @@ def test_cuda_attention_with_statistics_matches_sdpa_and_the_reference(index, ro
     args = (q, k, v, lay["fsl"], lay["num_q"], lay["key_lengths"], scale)
     if route == "default":
         out, stats = attention_with_statistics(q, k, v, **kwargs)
-    elif route == "kernel 3":
+    elif route == "one pass":
         out, stats = attention_statistics_triton(*args, token_profiles=True)
-    elif route == "kernel 4":
+    elif route == "given lse":
         out, stats = attention_statistics_lse(*args, token_profiles=True)
     else:
         if not tma_kernel_fits(q, k, v, lay["key_lengths"]):
-            pytest.skip("frames shorter than kernel 5's key tile")
+            pytest.skip("frames shorter than the TMA pass's key tile")
         out, stats = attention_statistics_tma(*args, token_profiles=True)
     exact = (torch.softmax(q.double() @ k.double().transpose(1, 2) * scale, dim=-1) @ v.double()).transpose(0, 1)
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(0, 1)

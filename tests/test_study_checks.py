@@ -3,10 +3,13 @@ refuse the same configs, at config time, each with one line naming the key or fi
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import yaml
 
 from sinkscope.cli import main as cli_main
-from sinkscope.errors import ConfigError
+from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.pipeline.config import read_config_file, resolve_layers_per_job
 from sinkscope.pipeline.study import load_study
 
@@ -26,6 +29,15 @@ BAD_CONFIG_FILES = {
     "first_k_past_video": ("diagnostics:\n  first_k: 1000\n", "diagnostics.first_k: 1000 frames are more"),
     "periodic_prompt_id": ("prompts:\n  take_00000000000000000000: a ball\n", "prompts.take_00000000000000000000"),
     "triton_on_cpu": ("device: cpu\ncapture:\n  backend: triton\n", "capture.backend: 'triton'"),
+    "head_zero": ("figures:\n  heads: [L0H1]\n", "'L0H1' is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0"),
+    "shift_overflows_schedule": ("generation:\n  timestep_shift: 1.0e+308\n",
+                                 "generation.timestep_shift: 1e+308 makes the denoising schedule non-finite"),
+    "highlight_layer_not_captured": ("layers: [0, 1]\nfigures:\n  highlight_layers: [1, 4]\n",
+                                     "figures.highlight_layers: [4] are not captured (layers: [0, 1])"),
+    "misspelled_key": ("generation:\n  num_frame: 9\n", "'num_frame' in generation (did you mean 'num_frames'?)"),
+    # The message names the policy the procedure needs, which configs/rolling-forcing.yaml sets.
+    "rolling_forcing_under_global": ("generation:\n  procedure: rolling_forcing\n  cache_policy: global\n",
+                                     "or set it to 'rolling_forcing'"),
 }
 
 
@@ -224,3 +236,71 @@ def test_a_variant_inherits_the_base_generation_through_the_snakefile(workflow):
     files = sorted(workflow.directory.glob("results/extract/demo@win/*/seed0/layers0/layer0.parquet"))
     assert files and pq.read_table(files[0], columns=["key_frame"]).column("key_frame").to_pylist()
     assert max(pq.read_table(files[0], columns=["query_frame"]).column("query_frame").to_pylist()) == 2
+
+
+def _bad_frame_matrices() -> dict[str, tuple[dict, str]]:
+    """Frame-matrix caches the import refuses for their values: what load_study must refuse too."""
+    import math
+
+    from test_legacy import frame_matrix_cache
+
+    good, _ = frame_matrix_cache()
+    nan = good["full_frame_attention"].clone()
+    nan[3, 5, 2] = math.nan
+    return {
+        "NaN": ({**good, "full_frame_attention": nan}, "field full_frame_attention: holds 1 NaN"),
+        "block layout": ({**good, "block_sizes": [1, 3]}, "field block_sizes: [1, 3] sum to 4 frames"),
+        "head count": ({**good, "num_heads": int(good["num_heads"]) + 1}, "field num_heads: says"),
+    }
+
+
+@pytest.mark.parametrize("case", ["NaN", "block layout", "head count"])
+def test_a_legacy_cache_the_import_refuses_is_refused_at_config_time(tmp_path, capsys, case):
+    import torch
+
+    from sinkscope.legacy.importer import import_cache
+
+    data, message = _bad_frame_matrices()[case]
+    path = tmp_path / "old.pt"
+    torch.save(data, path)
+    with pytest.raises(SinkscopeError, match=re.escape(message)):  # what sinkscope import-cache says at once
+        import_cache(path, checkpoint="old")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"legacy_caches:\n  old: {{path: {path}}}\n")
+    assert cli_main(["check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "legacy_caches.old" in err and message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_a_token_level_cache_with_nan_is_refused_at_config_time(tmp_path):
+    import math
+
+    import torch
+    from test_legacy import token_level_cache
+
+    data = token_level_cache(layers=(0,), num_frames=6)
+    data["attention_weights"][0]["attn_logits"][0, 1, 2, 3] = math.nan
+    torch.save(data, tmp_path / "old.pt")
+    with pytest.raises(ConfigError, match="legacy_caches.old: .*attn_logits: holds NaN or infinite values"):
+        load_study({"legacy_caches": {"old": {"path": "old.pt"}}}, base_dir=tmp_path, check_this_machine=False)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("generation.num_frames=9", "snakemake --config takes no dotted keys; write generation='{num_frames: 9}'"),
+        ("figures.heads=[L1H1]", "write figures='{heads: [L1H1]}'"),
+        ("x=1", "'x' is not a key snakemake --config accepts"),
+    ],
+)
+def test_check_takes_overrides_as_snakemake_config_does(tmp_path, capsys, override, message):
+    path = tmp_path / "config.yaml"
+    path.write_text("layers: [0]\n")
+    assert cli_main(["check", str(path), override]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    # The nested form merges into the section, as Snakemake's update of its config does.
+    assert cli_main(["check", str(path), "generation={num_frames: 9}", "figures={heads: [L1H1]}"]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["generation"]["num_frames"] == 9 and config["generation"]["frames_per_block"] == 3
+    assert config["figures"]["heads"] == ["L1H1"] and config["figures"]["step"] == "last"

@@ -10,6 +10,9 @@ import pytest
 from synthetic import synthetic_rows
 
 from sinkscope.stats.summaries import (
+    HEAD_CLASSES,
+    HEAD_LABELS,
+    base_class,
     block_stats,
     classify_head,
     curve_stats,
@@ -18,6 +21,7 @@ from sinkscope.stats.summaries import (
     head_class_grid,
     head_diagnostics,
     head_stats,
+    is_borderline,
     layer_stats,
     resolve_step,
     uniform_mass,
@@ -131,14 +135,81 @@ def test_dominant_period_finds_a_planted_period():
     assert all(math.isnan(v) for v in dominant_period(np.ones(10)))
 
 
-def test_head_classes_follow_the_thresholds():
-    thresholds = {"sink_mass": 0.3, "local_mass": 0.5, "periodic_power": 0.5}
-    base = {"frame0_mass": 0.05, "recent_mass": 0.2, "period": 6.0, "period_power": 0.2}
-    assert classify_head({**base, "frame0_mass": 0.4}, thresholds, 21) == "sink"
-    assert classify_head({**base, "recent_mass": 0.6}, thresholds, 21) == "local"
-    assert classify_head({**base, "period_power": 0.7}, thresholds, 21) == "periodic"
-    assert classify_head({**base, "period_power": 0.7, "period": 21.0}, thresholds, 21) == "diffuse"
-    assert classify_head(base, thresholds, 21) == "diffuse"
+def test_head_classes_follow_the_thresholds_and_the_interval_between_runs():
+    thresholds = {"sink_ratio": 5.0, "local_ratio": 2.5, "periodic_power": 0.5}
+    base = {"frame0_ratio": 1.0, "recent_ratio": 1.0, "period": 6.0, "period_power": 0.2}
+    one_run = {"frame0_ratio_run_std": float("nan"), "recent_ratio_run_std": float("nan")}
+
+    def klass(**row):
+        return classify_head({**base, **one_run, **row}, thresholds, 21)
+
+    assert klass(frame0_ratio=6.0, frame0_ratio_run_std=0.5) == "sink"  # 5.5..6.5: every run a sink
+    assert klass(frame0_ratio=5.3, frame0_ratio_run_std=0.5) == "sink?"  # 4.8..5.8 holds 5
+    assert klass(frame0_ratio=4.8, frame0_ratio_run_std=0.5, recent_ratio=4.0) == "sink?"  # below, but not clearly
+    assert klass(frame0_ratio=4.4, frame0_ratio_run_std=0.5, recent_ratio=4.0) == "local"  # 3.9..4.9: not a sink
+    assert klass(frame0_ratio=5.0, frame0_ratio_run_std=0.0) == "sink"  # the threshold itself is in
+    assert klass(frame0_ratio=5.3) == klass(frame0_ratio=5.0) == "sink"  # one run: the value alone, no '?'
+    assert klass(frame0_ratio=4.99, recent_ratio=2.4) == "diffuse"
+    assert klass(frame0_ratio=float("nan"), frame0_ratio_run_std=float("nan")) == "diffuse"  # frame 0 evicted
+    assert klass(recent_ratio=2.6, recent_ratio_run_std=0.3) == "local?"
+    assert klass(recent_ratio=3.0, recent_ratio_run_std=0.3) == "local"
+    assert klass(period_power=0.7) == "periodic"
+    assert klass(period_power=0.7, period=21.0) == "diffuse"
+    assert klass() == "diffuse"
+    assert is_borderline("sink?") and not is_borderline("sink") and base_class("local?") == "local"
+    assert [label for label in HEAD_LABELS if not is_borderline(label)] == list(HEAD_CLASSES)
+
+
+def _three_seeds_with_planted_ratios() -> pd.DataFrame:
+    """21 frames, last block 18-20; per seed, head 0 puts 7, 8, 9x uniform on frame 0
+    (a sink in every run), head 1 4, 5.5, 6.5x (mean 5.33 ± 1.26: straddles 5), head 2
+    2.0, 2.6, 3.2x uniform on the block and frame 17 (mean 2.6 ± 0.6: straddles 2.5)."""
+    rows = synthetic_rows(blocks=(3,) * 7, heads=3, steps=1, seeds=(0, 1, 2))
+    last = rows["block"] == 6
+    recent = rows["key_frame"] >= 17
+    planted = {0: (7.0, 8.0, 9.0), 1: (4.0, 5.5, 6.5)}
+    for head, ratios in planted.items():
+        for seed, ratio in enumerate(ratios):
+            chosen = last & (rows["head"] == head) & (rows["seed"] == seed)
+            rows.loc[chosen, "prob_mass"] = (1 - ratio / 21) / 20
+            rows.loc[chosen & (rows["key_frame"] == 0), "prob_mass"] = ratio / 21
+    for seed, ratio in enumerate((2.0, 2.6, 3.2)):
+        chosen = last & (rows["head"] == 2) & (rows["seed"] == seed)
+        rows.loc[chosen, "prob_mass"] = (1 - ratio * 4 / 21) / 17
+        rows.loc[chosen & recent, "prob_mass"] = ratio / 21
+    return rows
+
+
+def test_head_classes_are_decided_on_the_ratio_to_uniform_over_the_runs_together():
+    rows = _three_seeds_with_planted_ratios()
+    diagnostics = head_diagnostics(rows, thresholds={"sink_ratio": 5.0, "local_ratio": 2.5})
+    call = diagnostics[diagnostics["pass"] == "denoise"].set_index("head")
+    # Brute force: each run's mass on frame 0 (recent frames) over its uniform share, 1/21 (4/21) here.
+    last = rows[(rows["block"] == 6) & (rows["pass"] == "denoise")]
+    per_run = last.assign(frame0=last["prob_mass"].where(last["key_frame"] == 0, 0.0) * 21,
+                          recent=last["prob_mass"].where(last["key_frame"] >= 17, 0.0) * 21 / 4)
+    per_run = per_run.groupby(["head", "seed", "query_frame"])[["frame0", "recent"]].sum().groupby(["head", "seed"]).mean()
+    for head in range(3):
+        ratios = per_run.loc[head]
+        assert call.loc[head, "frame0_ratio"] == pytest.approx(ratios["frame0"].mean())
+        assert call.loc[head, "frame0_ratio_run_std"] == pytest.approx(ratios["frame0"].std(ddof=1))
+        assert call.loc[head, "recent_ratio"] == pytest.approx(ratios["recent"].mean())
+        assert call.loc[head, "recent_ratio_run_std"] == pytest.approx(ratios["recent"].std(ddof=1))
+    assert np.allclose(call["recent_uniform"], 4 / 21) and (call["runs"] == 3).all()
+    assert call.loc[0, "frame0_ratio"] == pytest.approx(8.0)
+    assert list(call["head_class"]) == ["sink", "sink?", "local?"]
+    assert list(call["borderline"]) == [False, True, True]
+    assert head_class_grid(diagnostics).loc["L4", "H2"] == "sink?"
+    # Head 0's runs, 7..9x: a threshold inside them makes it borderline, one above them not a sink.
+    head0 = call.loc[0].to_dict()
+    for ratio, expected in ((8.5, "sink?"), (9.5, "diffuse")):
+        label = classify_head({**head0, "period_power": 0.0}, {"sink_ratio": ratio, "local_ratio": 2.5, "periodic_power": 0.5}, 21)
+        assert label == expected
+    # One run: no interval, so no borderline label; seed 0 of head 1 is 4x uniform: not a sink.
+    alone = head_diagnostics(rows[rows["seed"] == 0], thresholds={"sink_ratio": 5.0, "local_ratio": 2.5})
+    alone = alone[alone["pass"] == "denoise"].set_index("head")
+    assert alone.loc[0, "head_class"] == "sink" and set(alone.loc[[1, 2], "head_class"]) <= {"periodic", "diffuse"}
+    assert not alone["borderline"].any() and alone["frame0_ratio_run_std"].isna().all() and (alone["runs"] == 1).all()
 
 
 def test_head_diagnostics_on_constructed_heads():

@@ -222,6 +222,7 @@ def test_same_seed_same_weights(tmp_path):
     assert any(not torch.equal(v, c.model.state_dict()[k]) for k, v in a.model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumes_to_the_weights_of_one_run(tmp_path):
     """stop_at writes state.pt; resume goes on from it: bit for bit the run in one go (CPU)."""
     whole = _train(tmp_path, "whole", steps=6, seed=3)
@@ -371,6 +372,7 @@ def test_condition_dropout_trains_and_is_recorded(tmp_path):
     assert any(not torch.equal(v, dropped.model.state_dict()[k]) for k, v in plain.model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_guided_ode_distillation_stage(tmp_path):
     teacher = _train(tmp_path, "teacher", steps=1, dtype="float32", cond_dropout=0.2)
     student = _train(tmp_path, "student", steps=1, stage="ode", teacher=teacher.final_checkpoint,
@@ -378,6 +380,7 @@ def test_guided_ode_distillation_stage(tmp_path):
     assert student.metadata["training"]["guidance"] == 2.5 and student.final_loss == student.final_loss
 
 
+@pytest.mark.slow
 def test_ode_distillation_stage(tmp_path):
     teacher = _train(tmp_path, "teacher", steps=1, dtype="float32", data_extra={"fine_texture": 0.5})
     student = _train(tmp_path, "student", steps=2, stage="ode", teacher=teacher.final_checkpoint,
@@ -403,6 +406,7 @@ def test_motion_classifier_separates_the_classes():
     assert float((classifier.predict(test) == test_labels).float().mean()) >= 0.9
 
 
+@pytest.mark.slow
 def test_evaluate_demo_runs():
     result = evaluate_demo(model=build_model("demo", seed=0), seeds_per_class=1, reference_per_class=20,
                            baseline_seed=None, attention=False)  # fmt: skip
@@ -411,6 +415,7 @@ def test_evaluate_demo_runs():
     assert len(result["trained"]["frame_std"]) == 21
 
 
+@pytest.mark.slow
 def test_the_cli_command_trains_with_the_full_option_set(tmp_path, capsys):
     from sinkscope.cli import main as cli_main
 
@@ -423,6 +428,7 @@ def test_the_cli_command_trains_with_the_full_option_set(tmp_path, capsys):
     assert data["sinkscope"]["data"]["fine_texture"] == 0.5  # the default demo's data (docs/trained-demo.md, run M)
 
 
+@pytest.mark.slow
 def test_attention_summary_of_random_weights_is_near_uniform():
     from sinkscope.demo.evaluation import attention_summary
 

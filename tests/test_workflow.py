@@ -10,6 +10,7 @@ import pytest
 
 from sinkscope.figures.registry import (
     CHECKPOINT_FIGURES,
+    FIGURES,
     LABEL_FIGURES,
     LAYER_FIGURES,
     SOURCE_FIGURES,
@@ -18,7 +19,8 @@ from sinkscope.figures.registry import (
 )
 from sinkscope.figures.report import number
 from sinkscope.pipeline.study import TABLES
-from sinkscope.tables import SCHEMAS, read_metadata, token_rows
+from sinkscope.tables import SCHEMAS, read_metadata
+from sinkscope.tokens import token_rows
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
@@ -86,13 +88,14 @@ def test_full_run_then_only_what_changed(workflow):
     assert without_all(workflow.planned_jobs()) == {}
 
     # A new layer: only its extraction (layers go one a job on the CPU), then what reads it:
-    # its layer figures, and the per_head_grid of the other layers, whose titles give the
-    # head classes of the source's head_diagnostics (which the new layer's rows rewrite).
+    # its layer figures, and those of the other layers whose titles give the head classes of
+    # the source's head_diagnostics (which the new layer's rows rewrite).
     first = digest(workflow.path("results/extract/demo/drift/seed0/layers0/layer0.parquet"))
     workflow.write_config({**BASE, "layers": [0, 4, 5]})
     jobs = without_all(workflow.planned_jobs())
     assert jobs["extract_attention"] == 1 and "encode_prompt" not in jobs
-    assert jobs["layer_figure"] == len(LAYER_FIGURES) + len(BASE["layers"])
+    with_classes = [kind for kind in LAYER_FIGURES if "head_diagnostics" in FIGURES[kind].uses]
+    assert jobs["layer_figure"] == len(LAYER_FIGURES) + len(BASE["layers"]) * len(with_classes)
     workflow.run()
     assert digest(workflow.path("results/extract/demo/drift/seed0/layers0/layer0.parquet")) == first
 

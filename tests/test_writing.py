@@ -40,16 +40,18 @@ from sinkscope.tables import (
     _metadata_digest,
     column_digests,
     column_digests_v1,
-    decode_token_values,
-    encode_token_tensors,
-    encode_token_values,
     read_arrow,
     read_metadata,
     read_table,
+    write_table,
+)
+from sinkscope.tokens import (
+    decode_token_values,
+    encode_token_tensors,
+    encode_token_values,
     round_significant,
     token_rows,
     token_values,
-    write_table,
 )
 
 REPO = Path(__file__).resolve().parent.parent

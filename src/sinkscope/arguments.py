@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
+from pathlib import Path
 from typing import NoReturn
+
+# What every --out and --out-prefix accepts, for their --help.
+OUTPUT_RULE = "the folder it goes in must exist, or be the only missing one (then it is created)"
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -69,3 +75,53 @@ def torch_device(text: str) -> str:
     if kind not in ("cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
         raise argparse.ArgumentTypeError(f"{text!r} is not cpu, cuda or cuda:N")
     return text
+
+
+def output_path(text: str) -> str:
+    """A path to write (a file, a folder or a figure prefix): the folder it goes in exists
+    and takes new files, or only that last folder is missing and the one above it takes
+    new files. So ``results/new/x.parquet`` works where ``results/`` exists, and a typo
+    in a path's start (``/nonexistent/dir/x.parquet``) is refused before any work."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    folder = Path(text).parent
+    if not folder.exists():
+        above = folder.parent
+        if not above.exists():
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: folder {str(above)!r} does not exist (only the last folder of an output path is created)")
+        folder = above
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(folder)!r} is a file, not a folder")
+    if not _takes_new_files(folder):
+        raise argparse.ArgumentTypeError(f"{text!r}: folder {str(folder)!r} is not writable")
+    return text
+
+
+def output_folder(text: str) -> str:
+    """A folder to write into: as ``output_path``, and not an existing file."""
+    if Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is an existing file, not a folder")
+    return output_path(text)
+
+
+def torch_checkpoint(text: str) -> str:
+    """An existing ``.pt`` file (what torch.save and train-demo write)."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
+    if not path.is_file() or path.suffix != ".pt":
+        raise argparse.ArgumentTypeError(f"{text!r} is not a .pt checkpoint (train-demo writes final.pt and checkpoints/*.pt)")
+    return text
+
+
+def _takes_new_files(folder: Path) -> bool:
+    """Whether a file can be created in ``folder``. Permission bits say nothing for root
+    (nor for /proc or a read-only mount), so a file is made and removed at once."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".sinkscope-write-test-"):
+            return True
+    except OSError:
+        return False

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from sinkscope import __version__
-from sinkscope.arguments import OneLineArgumentParser, natural
+from sinkscope.arguments import OUTPUT_RULE, OneLineArgumentParser, natural, output_path
 from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.schema import load_schema, schema_defaults
 
@@ -52,18 +52,12 @@ def parse_head(text: str) -> str:
     return text
 
 
-def _overrides(pairs: list[str]) -> dict:
-    """key=value pairs (YAML values); dotted keys set one nested key (generation.num_frames=9)."""
-    result = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {pair!r} is not key=value")
-        try:
-            result[key] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise ConfigError(f"override {pair!r}: the value is not valid YAML") from None
-    return result
+def _overrides(pairs: list[str], *, dotted: bool = False) -> dict:
+    """key=value pairs read as snakemake --config reads them (nested: generation={num_frames: 9});
+    ``dotted`` (extract --set) also takes generation.num_frames=9."""
+    from sinkscope.pipeline.config import parse_config_overrides
+
+    return parse_config_overrides(pairs, dotted=dotted)
 
 
 def _study(args: argparse.Namespace, *, local: bool = True):
@@ -71,7 +65,8 @@ def _study(args: argparse.Namespace, *, local: bool = True):
     from sinkscope.pipeline.config import apply_overrides, read_config_file
     from sinkscope.pipeline.study import load_study
 
-    return load_study(apply_overrides(read_config_file(args.config), _overrides(args.overrides)), local=local)
+    overrides = _overrides(args.overrides, dotted=args.command == "extract")
+    return load_study(apply_overrides(read_config_file(args.config), overrides), local=local)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -309,15 +304,20 @@ def cmd_figure(args: argparse.Namespace) -> int:
             raise ConfigError(f"--layer {args.layer} is not in the input (it has layers {layers})")
         chosen = [(label, *parse_head_label(label)) for label in args.heads]
         for label, _, head in chosen:
-            if head not in heads:
+            if head not in heads and kind.draws_heads:  # the default --heads do not bind the other kinds
                 raise ConfigError(f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)")
         if kind.draws_heads and not any(layer in layers for _, layer, _ in chosen):
             shown = ", ".join(head_label(layer, 0) for layer in layers[:4])
             raise ConfigError(f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)")
+        absent = [layer for layer in args.highlight_layers or [] if layer not in layers]
+        if absent:
+            raise ConfigError(f"--highlight-layers {absent[0]} is not in the input (it has layers {layers})")
+    if args.highlight_layers and "highlight_layers" not in kind.options:
+        raise ConfigError(f"figure {args.kind!r} does not draw --highlight-layers (layer_comparison does)")
     # Only the options this kind draws with; the plotting API fills the rest as the pipeline does.
     given = {name: getattr(args, name) for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS)}
     figure = plot.plot(args.kind, {name: tables[name] for name in kind.inputs if name in tables}, layer=args.layer,
-                       source=args.source or args.checkpoint or "the input",
+                       source=args.source or args.checkpoint,  # else the table's checkpoint[@variant]
                        **{name: value for name, value in given.items() if value is not None})  # fmt: skip
     plot.save(figure, args.out_prefix, dpi=args.dpi)
     print(f"wrote {args.out_prefix}.svg and .png")
@@ -387,47 +387,73 @@ def cmd_compare_labels(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from sinkscope.pipeline.integrity import check_result, is_moved_aside
+    from sinkscope.pipeline.integrity import CHECKED_SUFFIXES, check_result
 
     root = Path(args.results)
     if not root.exists():
         raise ConfigError(f"{str(root)!r} does not exist (give the results folder or one result)")
-    results, moved_aside = _results_under(root, is_moved_aside)
+    checkable = f"folders with a manifest, {', '.join(CHECKED_SUFFIXES)} files"
+    results, moved_aside, others = _results_under(root)
+    if not results and not moved_aside:
+        if root.is_file():
+            raise ConfigError(f"{str(root)!r}: sinkscope cannot check a file of this kind (it checks {checkable})")
+        raise ConfigError(f"{str(root)!r} holds nothing sinkscope can check (it checks {checkable})")
     problems = [problem for result in results for problem in check_result(result, full=True)]
     for line in problems:
         print(line)
     folders = sum(p.is_dir() for p in results)
     aside = f"; {len(moved_aside)} moved aside as damaged, not checked" if moved_aside else ""
+    if others:
+        kinds = sorted({path.suffix or path.name for path in others})
+        aside += f"; {len(others)} other files not checked ({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''})"
     print(f"checked {len(results)} results ({folders} folders, {len(results) - folders} files){aside}: "
           f"{'all whole' if not problems else f'{len(problems)} problems'}", file=sys.stderr)  # fmt: skip
     return 1 if problems else 0
 
 
-def _results_under(root: Path, is_moved_aside) -> tuple[list[Path], list[Path]]:
-    """The results at or below ``root``: folders that hold a manifest (taken whole), and
-    Parquet files, figures and pages outside them; and what was moved aside as damaged."""
+def _results_under(root: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """The results at or below ``root``: folders that hold a manifest (taken whole),
+    extraction and dataset folders without one (incomplete), and the files whose kind
+    ``check_result`` checks outside them; what was moved aside as damaged; and the
+    other files (logs, benchmarks, hidden files), which no check covers."""
     from sinkscope.manifests import DATASET_MANIFEST, MANIFEST
+    from sinkscope.pipeline.integrity import is_checked_file, is_moved_aside
 
     if root.is_file():
-        return ([], [root]) if is_moved_aside(root) else ([root], [])
-    results, moved_aside = [], []
+        if is_moved_aside(root):
+            return [], [root], []
+        return ([root], [], []) if is_checked_file(root) else ([], [], [root])
+    results, moved_aside, others = [], [], []
     for directory, folders, files in os.walk(root):
         here = Path(directory)
         if is_moved_aside(here):
             moved_aside.append(here)
             folders.clear()
             continue
-        if MANIFEST in files or DATASET_MANIFEST in files:
-            results.append(here)
+        if MANIFEST in files or DATASET_MANIFEST in files or _is_result_folder(here.name):
+            results.append(here)  # check_result names a missing manifest
             folders.clear()
             continue
         for name in sorted(files):
             path = here / name
             if is_moved_aside(path):
                 moved_aside.append(path)
-            elif path.suffix in (".parquet", ".png", ".svg", ".html") and not name.startswith("."):
+            elif is_checked_file(path) and not name.startswith("."):
                 results.append(path)
-    return results, moved_aside
+            else:
+                others.append(path)
+        for name in list(folders):
+            if name.startswith(".") and not is_moved_aside(name):  # a job's temporary folder
+                folders.remove(name)
+                others.append(here / name)
+    return results, moved_aside, others
+
+
+def _is_result_folder(name: str) -> bool:
+    """An extraction folder or a Parquet dataset folder, which a manifest completes."""
+    from sinkscope.naming import is_group_folder
+
+    return is_group_folder(name) or name.endswith(".parquet")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -438,8 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="validate a config (as the Snakefile does) and print it with defaults filled in")
-    check.add_argument("config", nargs="?", default="config.yaml")
-    check.add_argument("overrides", nargs="*", help="key=value (YAML values; dotted keys for nested ones), as snakemake --config")
+    check.add_argument("config", nargs="?", default="config.yaml",
+                       help="the study: config.yaml, or the file snakemake gets with --configfile (which replaces config.yaml)")
+    check.add_argument("overrides", nargs="*",
+                       help="key=value as snakemake --config takes them: YAML values, nested keys as "
+                            "'generation={num_frames: 9}' (no dotted keys)")
     check.add_argument("--cluster", action="store_true", help="jobs run elsewhere: skip checks of this machine's devices")
     check.set_defaults(func=cmd_check)
 
@@ -453,7 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     extract.add_argument("--prompt", help="prompt id (default: the first)")
     extract.add_argument("--seed", type=natural, help="noise seed (default: the config's first)")
     extract.add_argument("--layers", type=natural, nargs="+", help="0-based layers (default: the config's)")
-    extract.add_argument("--out", required=True, help="folder for the layer<N>*.parquet files and manifest.json")
+    extract.add_argument("--out", required=True, type=output_path,
+                         help=f"folder for the layer<N>*.parquet files and manifest.json; {OUTPUT_RULE}")
     extract.add_argument("--force", action="store_true", help="replace an extraction folder an earlier extract wrote at --out")
     extract.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                          help="config override (YAML value; dotted keys, e.g. generation.local_attn_frames=9), repeatable")
@@ -461,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     imp = sub.add_parser("import-cache", help="convert an older extraction script's .pt cache to frame_attention rows")
     imp.add_argument("path")
-    imp.add_argument("--out", required=True, help="output .parquet")
+    imp.add_argument("--out", required=True, type=output_path, help=f"output .parquet; {OUTPUT_RULE}")
     imp.add_argument("--checkpoint", default="legacy", help="name for the checkpoint column (default: legacy)")
     imp.add_argument("--prompt-id", default=None, help="prompt id for the rows (default: legacy)")
     imp.add_argument("--seed", type=natural, default=0, help="seed for the rows (older caches did not record one)")
@@ -473,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "its extraction folders, as the workflow does")  # fmt: skip
     agg.add_argument("--input", nargs="+", required=True,
                      help="extraction folders (sinkscope extract --out, or results/extract/...) or imported tables")
-    agg.add_argument("--out", required=True, help="folder for <table>.parquet, head_classes.csv and token_profiles/")
+    agg.add_argument("--out", required=True, type=output_path,
+                     help=f"folder for <table>.parquet, head_classes.csv and token_profiles/; {OUTPUT_RULE}")
     agg.add_argument("--name", help="the source name in the tables (default: checkpoint[@variant] of the inputs)")
     agg.add_argument("--force", action="store_true", help="replace tables an earlier aggregate wrote at --out")
     agg.set_defaults(func=cmd_aggregate)
@@ -482,18 +513,19 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("kind", choices=list(FIGURES), metavar="KIND",
                      help="; ".join(f"{name}: {kind.shows}" for name, kind in FIGURES.items()))
     fig.add_argument("--input", nargs="+", required=True, help="tables (.parquet) or extraction folders the figure reads")
-    fig.add_argument("--out-prefix", required=True, help="writes PREFIX.svg and PREFIX.png")
+    fig.add_argument("--out-prefix", required=True, type=output_path, help=f"writes PREFIX.svg and PREFIX.png; {OUTPUT_RULE}")
     fig.add_argument("--checkpoint", help="the checkpoint to draw, when the input holds several")
     fig.add_argument("--variant", help="the variant to draw, when the input holds several")
     defaults = schema_defaults("figures")
     fig.add_argument("--highlight-layers", type=natural, nargs="+", help="0-based layers drawn as curves in layer_comparison")
-    fig.add_argument("--source", help="name shown in titles (default: the checkpoint)")
+    fig.add_argument("--source", help="name shown in titles (default: the input's checkpoint[@variant])")
     fig.add_argument("--layer", type=natural, help="0-based layer (the layer figures)")
     fig.add_argument("--step", type=_step, default=defaults["step"],
                      help="the call drawn: last (the last denoising step), cache (the cache pass) or a step index")
     fig.add_argument("--metric", choices=["logit_mean", "prob_mass"],
                      help=f"logit_mean (pre-softmax, the paper's y axis) or prob_mass (softmax mass per frame); "
-                          f"default {defaults['metric']} (key_frame_maps: prob_mass)")
+                          f"default {defaults['metric']} "
+                          f"({', '.join(n for n, k in FIGURES.items() if 'metric' in k.extra_options)}: prob_mass)")
     fig.add_argument("--heads", type=parse_head, nargs="+", default=defaults["heads"],
                      help="heads in the paper's notation (L1H1 = layer 0, head 0)")
     fig.add_argument("--video-frames", action="store_true", help="label video frames (stride 4) in the query x key maps")
@@ -509,15 +541,18 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--checkpoint", help="the checkpoint compared, when the table holds several")
     compare.add_argument("--variant", help="the variant compared, when the table holds several")
     compare.add_argument("--step", type=_step, default="last", help="the call compared: last, cache or a step index")
-    compare.add_argument("--out", metavar="PREFIX", help="also draw the confusion figure to PREFIX.svg and PREFIX.png")
+    compare.add_argument("--out", metavar="PREFIX", type=output_path,
+                         help=f"also draw the confusion figure to PREFIX.svg and PREFIX.png; {OUTPUT_RULE}")
     compare.set_defaults(func=cmd_compare_labels)
 
-    verify = sub.add_parser("verify", help="check every result in full (manifests, checksums, content digests, figures); "
-                                           "results moved aside as damaged are counted, not checked")  # fmt: skip
+    verifies = ("check every result in full (manifests, checksums, content digests, figures, CSV tables, prompt "
+                "embeddings); results moved aside as damaged and files that are not results (logs) are counted, not "
+                "checked; a file or folder with nothing it can check is refused")  # fmt: skip
+    verify = sub.add_parser("verify", help=verifies, description=verifies[0].upper() + verifies[1:] + ".")
     verify.add_argument("results", nargs="?", default="results", help="the results folder, or one result (file or folder)")
     verify.set_defaults(func=cmd_verify)
 
-    # Only listed here: main() hands its arguments to sinkscope.train (which imports torch).
+    # Only listed here: main() hands its arguments to sinkscope.demo.train (which imports torch).
     sub.add_parser("train-demo", add_help=False,
                    help="train the demo model on synthetic videos (options: sinkscope train-demo --help; docs/trained-demo.md)")  # fmt: skip
     return parser

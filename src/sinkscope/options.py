@@ -7,29 +7,15 @@ starts, ``PromptSegment``) are read and checked here too; ``re_cache`` and the t
 policy's defaults, so that equivalent configs (``local_attn_frames: 21`` or
 ``cache_policy: window``) give the same canonical options and rerun nothing.
 
-KV-cache policies (``cache_policy``; their code is in ``sinkscope.model.policies``):
-
-=============================  ==================================================  ======================
-policy                         follows                                             defaults (frames)
-=============================  ==================================================  ======================
-``global``                     Self-Forcing: every frame stays                     -
-``window``                     Self-Forcing ``local_attn_size``: FIFO eviction     window 21
-``sink``                       Self-Forcing ``sink_size`` / LongLive frame sink    window 12, sink 3
-``deep_sink``                  Deep Forcing, Deep Sink (code: causal_model_DS.py)  window 21, sink 10
-``participative_compression``  Deep Forcing, Deep Sink + Participative Compr.      window 21, sink 10,
-                                                                                    budget 16, recent 4
-``rerope_sink``                Rolling Forcing's anchor (un-roped, re-roped)       window 21, sink 3
-``rolling_sink``               Rolling Sink: first-window segments re-inserted     window 21, segment 3
-``relative_rope``              Infinity-RoPE: block-relativistic RoPE              window 6, sink 1
-``ema_sink``                   Reward Forcing: evicted frames blended into sink    window 9, sink 3
-``rolling_forcing``            Rolling Forcing: anchor + working cache + window    span 21, anchor 3
-=============================  ==================================================  ======================
-
-``procedure`` chooses how the model calls are made: ``self_forcing`` (block by block,
-one call a denoising step and a cache pass; every policy above but the last) or
-``rolling_forcing`` (Rolling Forcing's rolling window of W = len(denoising_steps) blocks
-denoised jointly at staggered noise levels; ``sinkscope.generation.rolling``), which runs
-only with ``cache_policy: rolling_forcing`` and refuses what it has no reference for.
+KV-cache policies (``cache_policy``) and generation procedures (``procedure``) are one
+entry each: ``CACHE_POLICY_TABLE`` holds a ``PolicySpec`` per policy (what it follows,
+its published defaults, the keys it reads, its cache size), ``PROCEDURE_TABLE`` a
+``ProcedureSpec`` per procedure (what it refuses, how many calls it makes). Their code is
+registered under the same names: a policy class with ``register_policy``
+(``sinkscope.model.policies``), a procedure function with ``register_procedure``
+(``sinkscope.generation``); tests check that every spec has exactly one of them, and that
+the config schema's enums list the same names. docs/cache-policies.md describes each
+policy and procedure; docs/architecture.md says how to add one.
 """
 
 from __future__ import annotations
@@ -53,7 +39,6 @@ ROLLING_SINK, RELATIVE_ROPE, EMA_SINK = "rolling_sink", "relative_rope", "ema_si
 ROLLING_FORCING = "rolling_forcing"
 # Generation procedures (``generation.procedure``): Self-Forcing's block loop, Rolling Forcing's window.
 SELF_FORCING_PROCEDURE, ROLLING_FORCING_PROCEDURE = "self_forcing", "rolling_forcing"
-PROCEDURES = (SELF_FORCING_PROCEDURE, ROLLING_FORCING_PROCEDURE)
 POLICY_KEYS = ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames")
 
 
@@ -70,6 +55,8 @@ class PolicySpec:
     defaults: Mapping[str, int]
     # The window keys it reads; any other window key set to a non-default value is refused.
     keys: tuple[str, ...]
+    # What it follows, in a few words (the reference and its behaviour).
+    follows: str = ""
     # Whether it needs at least one sink frame.
     needs_sink: bool = False
     # Participative compression holds the new block beside a full window while it compresses.
@@ -103,24 +90,32 @@ def _defaults(window: int = -1, sink: int = 0, budget: int = 0, recent: int = 0)
 
 
 _WINDOW_AND_SINK = ("local_attn_frames", "sink_frames")
+# One row a policy; its class is registered under the same name (``sinkscope.model.policies``).
 CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
     spec.name: spec
     for spec in (
-        PolicySpec(GLOBAL, _defaults(), (), recaches=True),
-        PolicySpec(WINDOW, _defaults(21), ("local_attn_frames",), recaches=True),
-        PolicySpec(SINK, _defaults(12, 3), _WINDOW_AND_SINK, needs_sink=True, recaches=True),
-        PolicySpec(DEEP_SINK, _defaults(21, 10), _WINDOW_AND_SINK, needs_sink=True),
-        PolicySpec(PARTICIPATIVE, _defaults(21, 10, 16, 4), POLICY_KEYS, holds_block_beyond_window=True),
-        PolicySpec(REROPE_SINK, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True),
+        PolicySpec(GLOBAL, _defaults(), (), "Self-Forcing: every frame stays", recaches=True),
+        PolicySpec(WINDOW, _defaults(21), ("local_attn_frames",), "Self-Forcing local_attn_size: FIFO eviction",
+                   recaches=True),  # fmt: skip
+        PolicySpec(SINK, _defaults(12, 3), _WINDOW_AND_SINK, "Self-Forcing sink_size / LongLive frame sink", needs_sink=True,
+                   recaches=True),  # fmt: skip
+        PolicySpec(DEEP_SINK, _defaults(21, 10), _WINDOW_AND_SINK, "Deep Forcing, Deep Sink (code: causal_model_DS.py)",
+                   needs_sink=True),  # fmt: skip
+        PolicySpec(PARTICIPATIVE, _defaults(21, 10, 16, 4), POLICY_KEYS, "Deep Forcing, Deep Sink + Participative Compression",
+                   holds_block_beyond_window=True),  # fmt: skip
+        PolicySpec(REROPE_SINK, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Forcing's anchor (un-roped, re-roped)",
+                   needs_sink=True),  # fmt: skip
         # sink_frames: the re-inserted segment (Rolling Sink has no fixed sink: its
         # reference runs a plain 21-frame FIFO window with sink_size 0).
-        PolicySpec(ROLLING_SINK, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True, keeps_first_window=True),
-        PolicySpec(RELATIVE_ROPE, _defaults(6, 1), _WINDOW_AND_SINK, needs_sink=True),
-        PolicySpec(EMA_SINK, _defaults(9, 3), _WINDOW_AND_SINK, needs_sink=True),
+        PolicySpec(ROLLING_SINK, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Sink: first-window segments re-inserted",
+                   needs_sink=True, keeps_first_window=True),  # fmt: skip
+        PolicySpec(RELATIVE_ROPE, _defaults(6, 1), _WINDOW_AND_SINK, "Infinity-RoPE: block-relativistic RoPE", needs_sink=True),
+        PolicySpec(EMA_SINK, _defaults(9, 3), _WINDOW_AND_SINK, "Reward Forcing: evicted frames blended into the sink",
+                   needs_sink=True),  # fmt: skip
         # local_attn_frames: the span a call attends (their max_attention_size, 21 frames);
         # sink_frames: the anchor (block 0). The cache holds both: 24 frames (RF pipeline).
-        PolicySpec(ROLLING_FORCING, _defaults(21, 3), _WINDOW_AND_SINK, needs_sink=True, holds_anchor_beyond_window=True,
-                   procedure=ROLLING_FORCING_PROCEDURE),  # fmt: skip
+        PolicySpec(ROLLING_FORCING, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Forcing: anchor + working cache + window",
+                   needs_sink=True, holds_anchor_beyond_window=True, procedure=ROLLING_FORCING_PROCEDURE),  # fmt: skip
     )
 }
 CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
@@ -149,6 +144,102 @@ def policy_spec(name: str) -> PolicySpec:
 
 class OptionsError(ConfigError):
     """Generation options that cannot run; the message names the config key and value."""
+
+
+# -- generation procedures -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcedureSpec:
+    """One generation procedure, as every planning step sees it (no torch).
+
+    The base class is Self-Forcing's block procedure (per block, one call a denoising step
+    and a cache pass); a procedure whose calls differ overrides the methods. Its code is
+    the function registered under ``name`` in ``sinkscope.generation``.
+    """
+
+    name: str
+    # What it follows, in a few words.
+    follows: str = ""
+    # The cache policy it brings (what ``cache_policy: null`` means under it); None: the
+    # window keys decide (``infer_policy``).
+    cache_policy: str | None = None
+    # Whether a video has one prompt (prompt schedules are refused).
+    one_prompt: bool = False
+
+    def check(self, options: GenerationOptions) -> None:
+        """Refuse options the procedure has no reference for (one line, the key named)."""
+
+    def num_calls(self, options: GenerationOptions) -> int:
+        """Calls of one generation with one prompt, as the tables count them."""
+        return sum(len(options.block_steps(block)) + 1 for block in range(len(options.block_sizes())))
+
+    def widest_call_frames(self, options: GenerationOptions) -> int:
+        """Query frames of its widest model call (re-cache calls aside)."""
+        return max(options.block_sizes())
+
+
+@dataclass(frozen=True)
+class RollingForcingProcedure(ProcedureSpec):
+    """Rolling Forcing's rolling window (``sinkscope.generation.rolling``): only what its
+    code does (docs/cache-policies.md)."""
+
+    def check(self, options: GenerationOptions) -> None:
+        block, steps = options.frames_per_block, len(options.denoising_steps)
+        if options.independent_first_frame:
+            raise OptionsError(
+                f"config key generation.independent_first_frame: procedure {self.name!r} has blocks of one size "
+                "(its anchor and every cached slot are one block)"
+            )
+        if options.first_block_denoising_steps is not None:
+            raise OptionsError(
+                f"config key generation.first_block_denoising_steps: procedure {self.name!r} gives every block the "
+                "same noise levels (one per window position)"
+            )
+        if options.sink_frames != block:
+            raise OptionsError(
+                f"config key generation.sink_frames: {options.sink_frames} must equal frames_per_block = {block} under "
+                f"procedure {self.name!r} (the anchor is block 0)"
+            )
+        blocks = len(options.block_sizes())
+        if blocks < steps:
+            raise OptionsError(
+                f"config key generation.num_frames: {options.num_frames} frames are {blocks} blocks, fewer than the {steps} "
+                f"denoising steps (the rolling window holds {steps} blocks)"
+            )
+        span, need = options.local_attn_frames, (steps + 1) * block
+        if span < need or span % block:
+            raise OptionsError(
+                f"config key generation.local_attn_frames: {span} must be a multiple of frames_per_block = {block} and at "
+                f"least {need} (the anchor plus a window of {steps} blocks)"
+            )
+
+    def num_calls(self, options: GenerationOptions) -> int:
+        """nb + W - 1 windows, each one table call per block it holds (nb W in all) and one cache update."""
+        blocks, steps = len(options.block_sizes()), len(options.denoising_steps)
+        return blocks * steps + blocks + steps - 1
+
+    def widest_call_frames(self, options: GenerationOptions) -> int:
+        return max(options.block_sizes()) * len(options.denoising_steps)  # a full window
+
+
+# One entry a procedure; its function is registered under the same name (``sinkscope.generation``).
+PROCEDURE_TABLE: dict[str, ProcedureSpec] = {
+    spec.name: spec
+    for spec in (
+        ProcedureSpec(SELF_FORCING_PROCEDURE, "Self-Forcing: block by block, a call per denoising step, then the cache pass"),
+        RollingForcingProcedure(ROLLING_FORCING_PROCEDURE, "Rolling Forcing: a rolling window of blocks denoised jointly",
+                                cache_policy=ROLLING_FORCING, one_prompt=True),  # fmt: skip
+    )
+}
+PROCEDURES = tuple(PROCEDURE_TABLE)
+
+
+def procedure_spec(name: str) -> ProcedureSpec:
+    try:
+        return PROCEDURE_TABLE[name]
+    except KeyError:
+        raise OptionsError(f"config key generation.procedure: {name!r} is not one of {', '.join(PROCEDURES)}") from None
 
 
 @dataclass(frozen=True)
@@ -188,8 +279,8 @@ class GenerationOptions:
     # At a prompt switch, recompute the kept frames' keys/values under the new prompt
     # (LongLive's KV re-cache); False only switches the cross-attention context.
     re_cache: bool = True
-    # How the calls are made: Self-Forcing's block loop, or Rolling Forcing's rolling window
-    # (``sinkscope.generation.rolling``; needs cache_policy rolling_forcing).
+    # How the calls are made: a name of ``PROCEDURE_TABLE`` (Self-Forcing's block loop, or
+    # Rolling Forcing's rolling window, which needs cache_policy rolling_forcing).
     procedure: str = SELF_FORCING_PROCEDURE
 
     def __post_init__(self) -> None:
@@ -202,8 +293,8 @@ class GenerationOptions:
         object.__setattr__(self, "timestep_shift", float(self.timestep_shift))
         object.__setattr__(self, "context_noise", float(self.context_noise))
         if self.cache_policy is None:
-            inferred = ROLLING_FORCING if self.procedure == ROLLING_FORCING_PROCEDURE else infer_policy(
-                self.local_attn_frames, self.sink_frames)  # fmt: skip
+            brought = PROCEDURE_TABLE[self.procedure].cache_policy if self.procedure in PROCEDURE_TABLE else None
+            inferred = brought or infer_policy(self.local_attn_frames, self.sink_frames)
             object.__setattr__(self, "cache_policy", inferred)
         self.block_sizes()  # validates the frame counts
         if not self.denoising_steps:
@@ -227,8 +318,9 @@ class GenerationOptions:
         if unknown:
             raise OptionsError(f"unknown config key generation.{unknown[0]} (known: {', '.join(sorted(known))})")
         values = {k: v for k, v in data.items() if v is not None}
-        if values.get("cache_policy") is None and values.get("procedure") == ROLLING_FORCING_PROCEDURE:
-            values["cache_policy"] = ROLLING_FORCING  # the procedure's own cache
+        procedure = PROCEDURE_TABLE.get(values.get("procedure", SELF_FORCING_PROCEDURE))
+        if values.get("cache_policy") is None and procedure is not None and procedure.cache_policy is not None:
+            values["cache_policy"] = procedure.cache_policy  # the procedure's own cache
         inferred = values.get("cache_policy") is None
         policy = infer_policy(values.get("local_attn_frames"), values.get("sink_frames")) if inferred else values["cache_policy"]
         spec = policy_spec(policy)
@@ -249,7 +341,7 @@ class GenerationOptions:
         data["denoising_steps"] = list(self.denoising_steps)
         if self.first_block_denoising_steps is not None:
             data["first_block_denoising_steps"] = list(self.first_block_denoising_steps)
-        if not self.rolling_forcing:
+        if self.procedure == SELF_FORCING_PROCEDURE:
             del data["procedure"]  # the default: rule params (and results) of earlier runs stay valid
         return data
 
@@ -313,14 +405,10 @@ class GenerationOptions:
 
     @property
     def num_calls(self) -> int:
-        """Calls of one generation with one prompt, as the tables count them: per block,
-        every denoising step plus the cache pass. Rolling Forcing: nb + W - 1 windows, each
-        one table call per block it holds (nb W in all) and one cache update."""
-        blocks = len(self.block_sizes())
-        if self.rolling_forcing:
-            steps = len(self.denoising_steps)
-            return blocks * steps + blocks + steps - 1
-        return sum(len(self.block_steps(block)) + 1 for block in range(blocks))
+        """Calls of one generation with one prompt, as the tables count them (the
+        procedure's ``ProcedureSpec.num_calls``): Self-Forcing's, per block every denoising
+        step plus the cache pass."""
+        return procedure_spec(self.procedure).num_calls(self)
 
     @property
     def recaches(self) -> bool:
@@ -340,19 +428,18 @@ class GenerationOptions:
 
     def largest_call_frames(self, switch_frames: Sequence[int] = ()) -> int:
         """Query frames of the widest model call: a block, or a re-cache call."""
-        widest = max(self.block_sizes())
-        if self.rolling_forcing:
-            return widest * len(self.denoising_steps)  # a full window
+        widest = procedure_spec(self.procedure).widest_call_frames(self)
         if self.recaches:
             widest = max([widest, *(self.recache_frames(f) for f in switch_frames)])
         return widest
 
     def check_prompt_switches(self, switch_frames: Sequence[int]) -> None:
         """Refuse prompt switches the procedure or the policy cannot do (one line, the key named)."""
-        if switch_frames and self.rolling_forcing:
+        procedure = procedure_spec(self.procedure)
+        if switch_frames and procedure.one_prompt:
             raise OptionsError(
-                f"config key generation.procedure: {self.procedure!r} generates a video under one prompt (prompt "
-                "switches have no reference in Rolling Forcing's procedure)"
+                f"config key generation.procedure: {self.procedure!r} generates a video under one prompt (its "
+                "reference has no prompt switches)"
             )
         self.check_recache(switch_frames)
 
@@ -415,52 +502,20 @@ class GenerationOptions:
                 )
 
     def _check_procedure(self) -> None:
-        """Rolling Forcing's procedure: only what its code does (docs/cache-policies.md)."""
-        procedure, policy = self.procedure, self.cache_policy
-        if procedure not in PROCEDURES:
-            raise OptionsError(f"config key generation.procedure: {procedure!r} is not one of {', '.join(PROCEDURES)}")
+        """The procedure runs the policy (the policy expects its calls), and its own checks."""
+        procedure, policy = procedure_spec(self.procedure), self.cache_policy
         spec = policy_spec(policy)
-        if procedure != spec.procedure:
-            if self.rolling_forcing:
+        if procedure.name != spec.procedure:
+            if procedure.cache_policy is not None:
                 raise OptionsError(
-                    f"config key generation.cache_policy: {policy!r} cannot run under procedure {procedure!r}, whose cache "
-                    f"is {ROLLING_FORCING!r} (leave cache_policy out, or set it to {ROLLING_FORCING!r})"
+                    f"config key generation.cache_policy: {policy!r} cannot run under procedure {procedure.name!r}, whose "
+                    f"cache is {procedure.cache_policy!r} (leave cache_policy out, or set it to {procedure.cache_policy!r})"
                 )
             raise OptionsError(
-                f"config key generation.procedure: {procedure!r} cannot run cache_policy {policy!r}, which expects the "
+                f"config key generation.procedure: {procedure.name!r} cannot run cache_policy {policy!r}, which expects the "
                 f"calls of procedure {spec.procedure!r}"
             )
-        if not self.rolling_forcing:
-            return
-        block, steps = self.frames_per_block, len(self.denoising_steps)
-        if self.independent_first_frame:
-            raise OptionsError(
-                "config key generation.independent_first_frame: procedure 'rolling_forcing' has blocks of one size "
-                "(its anchor and every cached slot are one block)"
-            )
-        if self.first_block_denoising_steps is not None:
-            raise OptionsError(
-                "config key generation.first_block_denoising_steps: procedure 'rolling_forcing' gives every block the "
-                "same noise levels (one per window position)"
-            )
-        if self.sink_frames != block:
-            raise OptionsError(
-                f"config key generation.sink_frames: {self.sink_frames} must equal frames_per_block = {block} under "
-                "procedure 'rolling_forcing' (the anchor is block 0)"
-            )
-        blocks = len(self.block_sizes())
-        if blocks < steps:
-            raise OptionsError(
-                f"config key generation.num_frames: {self.num_frames} frames are {blocks} blocks, fewer than the {steps} "
-                f"denoising steps (the rolling window holds {steps} blocks)"
-            )
-        span, need = self.local_attn_frames, (steps + 1) * block
-        if span < need or span % block:
-            raise OptionsError(
-                f"config key generation.local_attn_frames: {span} must be a multiple of frames_per_block = {block} and at "
-                f"least {need} (the anchor plus a window of {steps} blocks)"
-            )
-
+        procedure.check(self)
 
 
 # -- prompt schedules ------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Every figure of the pipeline in one line, from a table you already hold.
 
-Each ``plot_*`` function takes a pandas DataFrame (read with pandas, DuckDB, or anything
+There is one ``plot_<kind>`` function a figure kind, made at import from the kind's entry
+in ``sinkscope.figures.registry.FIGURES`` (its tables, layer, heads and options become
+its arguments; ``help(plot.plot_figure4)`` lists them). Each takes a pandas DataFrame (read with pandas, DuckDB, or anything
 else), draws with the same code as the pipeline (``sinkscope.figures``), in the package
 style, with the config's figure defaults (``figures:`` of the config schema) for what you
 leave out, and returns the matplotlib Figure. Single-panel figures draw into ``ax`` when
@@ -37,6 +39,7 @@ Layers and heads are 0-based in tables; ``heads`` use the paper's 1-based labels
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -45,40 +48,17 @@ from typing import Any
 import pandas as pd
 
 from sinkscope import figures
-from sinkscope.figures.common import save_figure
 from sinkscope.figures.registry import (
     CHECKPOINT,
     COMMON_OPTIONS,
+    FIGURES,
     LAYER,
     STUDY,
     FigureKind,
     figure_kind,
 )
+from sinkscope.figures.style import save_figure
 from sinkscope.tables import DEFAULT_VARIANT, with_default_columns
-
-__all__ = [
-    "plot",
-    "plot_attention_across_checkpoints",
-    "plot_attention_over_time",
-    "plot_entropy_overview",
-    "plot_figure4",
-    "plot_figure4_steps",
-    "plot_figure4_tokens",
-    "plot_first_middle_last",
-    "plot_head_classes",
-    "plot_label_agreement",
-    "plot_heads_heatmap",
-    "plot_key_frame_maps",
-    "plot_layer_comparison",
-    "plot_per_head_grid",
-    "plot_policy_comparison",
-    "plot_prompt_switch",
-    "plot_query_key_maps",
-    "plot_sink_collapse",
-    "plot_sink_mass_over_time",
-    "plot_sink_score_overview",
-    "save",
-]
 
 
 @lru_cache(maxsize=1)
@@ -145,6 +125,17 @@ def _source(table: pd.DataFrame, source: str | None) -> str:
     return checkpoint if variant == DEFAULT_VARIANT else f"{checkpoint}@{variant}"
 
 
+def _reference_labels(labels: Any) -> pd.DataFrame:
+    """A published label file as rows of layer, head, reference: from its path, a layers x
+    heads grid of -1/1/2, or the rows themselves."""
+    if isinstance(labels, pd.DataFrame):
+        return labels
+    from sinkscope.labels import read_label_file
+    from sinkscope.stats.labels import reference_frame
+
+    return reference_frame(read_label_file(labels) if isinstance(labels, (str, Path)) else labels)
+
+
 def plot(
     kind: str,
     tables: Mapping[str, pd.DataFrame] | pd.DataFrame,
@@ -189,7 +180,7 @@ def plot(
             rows = rows[rows["checkpoint"].isin(list(checkpoints))]
         picked[name] = rows
     if spec.needs_reference_labels and "reference_labels" in tables:
-        picked["reference_labels"] = tables["reference_labels"]
+        picked["reference_labels"] = _reference_labels(tables["reference_labels"])
     main = picked[spec.tables[-1]]
     if spec.scope == STUDY:
         source = source or "study"
@@ -215,177 +206,102 @@ def plot(
                         train_steps=train_steps, ax=ax)  # fmt: skip
 
 
-# -- the figures of a source ---------------------------------------------------------------------
+# -- one plot_<kind> function a kind, derived from its registry entry ----------------------------
+
+# The argument that takes each table, where it is not the table's own name.
+_TABLE_ARGUMENTS = {"frame_attention": "table", "token_profiles": "tokens", "head_diagnostics": "diagnostics",
+                    "reference_labels": "labels"}  # fmt: skip
+_ARGUMENTS: dict[str, tuple[Any, str]] = {  # argument: (annotation, what it is)
+    "table": ("pd.DataFrame", "frame_attention rows"),
+    "tokens": ("pd.DataFrame", "token_profiles rows (the dataset folder read with a filter: only what the figure needs)"),
+    "diagnostics": ("pd.DataFrame", "head_diagnostics rows"),
+    "block_stats": ("pd.DataFrame", "block_stats rows"),
+    "labels": ("Any", "a published label file: its path, a layers x heads grid of -1/1/2, or rows of layer, head, "
+                      "reference"),
+    "layer": ("int | str", "the layer, 0-based (4) or labelled like the paper ('L5')"),
+    "heads": ("Sequence[str] | str | None", "the heads, labelled like the paper ('L1H1' = layer 0, head 0), or one"),
+    "head": ("str | None", "one head; the same as heads=[head]"),
+    "grid": ("Sequence[int] | None", "(rows, cols) of the latent patch grid (30, 52 for Wan2.1 at 480x832)"),
+    "step": ("str | int | None", "the call of the last block: 'last' (denoising step), 'cache' (pass) or a step index"),
+    "metric": ("str | None", "'logit_mean' or 'prob_mass'"),
+    "highlight_layers": ("Sequence[int | str] | None", "layers drawn as curves beside the heat map"),
+    "video_frames": ("bool | None", "label the axes in video frames"),
+    "frame_base": ("int | None", "0 or 1: the number of the first frame in labels"),
+    "dpi": ("int | None", "the figure's resolution"),
+    "checkpoint": ("str | None", "the checkpoint to draw, when the table holds several"),
+    "variant": ("str | None", "the variant to draw, when the table holds several"),
+    "variants": ("Sequence[str] | None", "the variants to compare (default: every one in the table)"),
+    "checkpoints": ("Sequence[str] | None", "the checkpoints in order (default: the table's order)"),
+    "train_steps": ("Mapping[str, int | None] | None", "checkpoint -> training step, the x axis"),
+    "source": ("str | None", "the name in the subtitle (default: the checkpoint, @variant)"),
+    "ax": ("Any", "a matplotlib Axes to draw a one-panel figure into"),
+}  # fmt: skip
 
 
-def plot_figure4(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *, checkpoint: str | None = None,
-                 variant: str | None = None, step: str | int | None = None, metric: str | None = None,
-                 frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
-    """Deep Forcing Figure 4 (frame bars) of the last block, one panel per head; ``ax``
-    for one head."""
-    return plot("figure4", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax, heads=heads, step=step,
-                metric=metric, frame_base=frame_base)  # fmt: skip
+def _argument(name: str) -> tuple[str, str]:
+    """(annotation, what it is) of a ``plot_<kind>`` argument; an option named nowhere
+    above is a ``figures:`` key of the config schema."""
+    return _ARGUMENTS.get(name, ("Any", f"the figures option {name!r} (see the config schema)"))
 
 
-def plot_figure4_tokens(tokens: pd.DataFrame, table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
-                        grid: Sequence[int] | None = None, checkpoint: str | None = None, variant: str | None = None,
-                        step: str | int | None = None, metric: str | None = None, frame_base: int | None = None,
-                        source: str | None = None, ax=None):  # fmt: skip
-    """Figure 4 at token resolution from token_profiles rows (``tokens``) and the
-    frame_attention ``table`` (query block, gaps, frame means); ``grid`` = (rows, cols) of
-    the latent patch grid (30, 52 for Wan2.1 at 480x832)."""
-    return plot("figure4_tokens", {"token_profiles": tokens, "frame_attention": table}, grid=grid, checkpoint=checkpoint,
-                variant=variant, source=source, ax=ax, heads=heads, step=step, metric=metric,
-                frame_base=frame_base)  # fmt: skip
+def _table_inputs(kind: FigureKind) -> tuple[str, ...]:
+    """The tables a ``plot_<kind>`` function takes as its first arguments, in order."""
+    return (*kind.tables, *(("reference_labels",) if kind.needs_reference_labels else ()))
 
 
-def plot_figure4_steps(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *, checkpoint: str | None = None,
-                       variant: str | None = None, metric: str | None = None, frame_base: int | None = None,
-                       source: str | None = None):  # fmt: skip
-    """Figure 4 at every denoising step and the cache pass (Deep Forcing Fig. 11)."""
-    return plot("figure4_steps", table, checkpoint=checkpoint, variant=variant, source=source, heads=heads,
-                metric=metric, frame_base=frame_base)  # fmt: skip
+def _signature(kind: FigureKind) -> inspect.Signature:
+    """``plot_<kind>``'s signature: its tables, then its layer (layer figures) and heads
+    (figures of chosen heads), positional; the options it draws with and its scope's
+    choices (checkpoint and variant, or the variants or checkpoints it compares) by name."""
+    positional = [_TABLE_ARGUMENTS.get(name, name) for name in _table_inputs(kind)]
+    positional += ["layer"] if kind.scope == LAYER else []
+    positional += ["heads"] if kind.draws_heads else []
+    named = ["head"] if kind.draws_heads else []
+    named += ["grid"] if kind.needs_token_profiles else []
+    named += [name for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS) if name not in positional]
+    named += {CHECKPOINT: ["checkpoint", "variants"], STUDY: ["train_steps", "checkpoints", "variant"]}.get(
+        kind.scope, ["checkpoint", "variant"])
+    named += ["source", "ax"]
+    required = set(positional) - {"heads"}
+
+    def parameter(name: str, how: Any) -> inspect.Parameter:
+        default = inspect.Parameter.empty if name in required else None
+        return inspect.Parameter(name, how, default=default, annotation=_argument(name)[0])
+
+    return inspect.Signature(
+        [parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in positional]
+        + [parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in dict.fromkeys(named)],
+        return_annotation="matplotlib.figure.Figure",
+    )
 
 
-def plot_key_frame_maps(tokens: pd.DataFrame, table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
-                        grid: Sequence[int] | None = None, checkpoint: str | None = None, variant: str | None = None,
-                        step: str | int | None = None, metric: str = "prob_mass", frame_base: int | None = None,
-                        source: str | None = None):  # fmt: skip
-    """Token profiles of each head's most attended key frames on the patch grid."""
-    return plot("key_frame_maps", {"token_profiles": tokens, "frame_attention": table}, grid=grid, checkpoint=checkpoint,
-                variant=variant, source=source, heads=heads, step=step, metric=metric, frame_base=frame_base)  # fmt: skip
+def _plot_function(kind: FigureKind):
+    """``plot_<kind>``: ``plot(kind, ...)`` with the kind's arguments spelled out."""
+    signature = _signature(kind)
+    tables = {name: _TABLE_ARGUMENTS.get(name, name) for name in _table_inputs(kind)}
+
+    def plot_kind(*args: Any, **kwargs: Any):
+        given = signature.bind(*args, **kwargs).arguments
+        head = given.pop("head", None)
+        if head is not None:
+            given["heads"] = [head]
+        return plot(kind.name, {name: given.pop(argument) for name, argument in tables.items()}, **given)
+
+    lines = [f"{kind.shows[0].upper()}{kind.shows[1:]}.", ""]
+    lines += [f"- ``{name}``: {_argument(name)[1]}" for name in signature.parameters]
+    lines += ["", f"Returns the matplotlib Figure; the same as ``plot({kind.name!r}, ...)``."]
+    plot_kind.__name__ = plot_kind.__qualname__ = f"plot_{kind.name}"
+    plot_kind.__doc__ = "\n".join(lines)
+    plot_kind.__signature__ = signature  # type: ignore[attr-defined]
+    plot_kind.__module__ = __name__
+    return plot_kind
 
 
-def plot_layer_comparison(table: pd.DataFrame, *, highlight_layers: Sequence[int | str] | None = None,
-                          checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
-                          metric: str | None = None, frame_base: int | None = None, source: str | None = None):  # fmt: skip
-    """Layers x key frames heat map plus chosen layers as small multiples, ±1 std between runs."""
-    return plot("layer_comparison", table, checkpoint=checkpoint, variant=variant, source=source,
-                highlight_layers=highlight_layers, step=step, metric=metric, frame_base=frame_base)  # fmt: skip
+for _kind in FIGURES.values():
+    globals()[f"plot_{_kind.name}"] = _plot_function(_kind)
+del _kind
 
-
-def plot_first_middle_last(table: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
-                           step: str | int | None = None, metric: str | None = None, frame_base: int | None = None,
-                           source: str | None = None, ax=None):  # fmt: skip
-    """First, middle, last and own frames of each layer's head-averaged curve."""
-    return plot("first_middle_last", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax, step=step,
-                metric=metric, frame_base=frame_base)  # fmt: skip
-
-
-def plot_sink_score_overview(table: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
-                             step: str | int | None = None, metric: str | None = None, source: str | None = None,
-                             ax=None):  # fmt: skip
-    """First − middle of every layer x head (sink-class heads outlined: give head_diagnostics
-    through ``plot.plot('sink_score_overview', {'frame_attention': ..., 'head_diagnostics': ...})``
-    for the config's thresholds; without it, the rows' classes at the default ones)."""
-    return plot("sink_score_overview", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax, step=step,
-                metric=metric)  # fmt: skip
-
-
-def plot_head_classes(diagnostics: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
-                      step: str | int | None = None, source: str | None = None, ax=None):  # fmt: skip
-    """Layers x heads coloured by head_class (head_diagnostics)."""
-    return plot("head_classes", diagnostics, checkpoint=checkpoint, variant=variant, source=source, ax=ax, step=step)
-
-
-def plot_label_agreement(diagnostics: pd.DataFrame, labels: Any, *, checkpoint: str | None = None,
-                         variant: str | None = None, source: str | None = None, ax: Any = None,
-                         step: str | int | None = None):
-    """A published label file (a path, a layers x heads grid of -1/1/2, or rows of layer,
-    head, reference) against head_class and pyramid_label (head_diagnostics)."""
-    from sinkscope.labels import read_label_file
-    from sinkscope.stats.labels import reference_frame
-
-    if isinstance(labels, (str, Path)):
-        labels = read_label_file(labels)
-    frame = labels if isinstance(labels, pd.DataFrame) else reference_frame(labels)
-    return plot("label_agreement", {"head_diagnostics": diagnostics, "reference_labels": frame}, checkpoint=checkpoint,
-                variant=variant, source=source, ax=ax, step=step)  # fmt: skip
-
-
-def plot_entropy_overview(diagnostics: pd.DataFrame, *, checkpoint: str | None = None, variant: str | None = None,
-                          step: str | int | None = None, source: str | None = None):  # fmt: skip
-    """entropy_frames and entropy_tokens of every layer x head, and their layer means."""
-    return plot("entropy_overview", diagnostics, checkpoint=checkpoint, variant=variant, source=source, step=step)
-
-
-def plot_attention_over_time(table: pd.DataFrame, head: str | None = None, *, heads: Sequence[str] | None = None,
-                             checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
-                             frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
-    """Blocks x absolute key frames of the softmax mass, for ``head`` (or ``heads``)."""
-    chosen = [head] if head else (list(heads) if heads else None)
-    return plot("attention_over_time", table, checkpoint=checkpoint, variant=variant, source=source, ax=ax,
-                heads=chosen, step=step, frame_base=frame_base)  # fmt: skip
-
-
-# -- the figures of one layer --------------------------------------------------------------------
-
-
-def plot_per_head_grid(table: pd.DataFrame, layer: int | str, *, checkpoint: str | None = None,
-                       variant: str | None = None, step: str | int | None = None, metric: str | None = None,
-                       frame_base: int | None = None, source: str | None = None):  # fmt: skip
-    """One layer: every head's Figure 4 bars on one y scale."""
-    return plot("per_head_grid", table, layer=layer, checkpoint=checkpoint, variant=variant, source=source, step=step,
-                metric=metric, frame_base=frame_base)  # fmt: skip
-
-
-def plot_heads_heatmap(table: pd.DataFrame, layer: int | str, *, checkpoint: str | None = None,
-                       variant: str | None = None, step: str | int | None = None, metric: str | None = None,
-                       frame_base: int | None = None, source: str | None = None, ax=None):  # fmt: skip
-    """One layer: heads x key frames heat map of the last block."""
-    return plot("heads_heatmap", table, layer=layer, checkpoint=checkpoint, variant=variant, source=source, ax=ax,
-                step=step, metric=metric, frame_base=frame_base)  # fmt: skip
-
-
-def plot_query_key_maps(table: pd.DataFrame, layer: int | str, *, video_frames: bool | None = None,
-                        checkpoint: str | None = None, variant: str | None = None, step: str | int | None = None,
-                        metric: str | None = None, frame_base: int | None = None, source: str | None = None):  # fmt: skip
-    """One layer: query x key frame maps of every head over the whole generation."""
-    return plot("query_key_maps", table, layer=layer, checkpoint=checkpoint, variant=variant, source=source,
-                video_frames=video_frames, step=step, metric=metric, frame_base=frame_base)  # fmt: skip
-
-
-# -- the figures of a checkpoint and of the study ------------------------------------------------
-
-
-def plot_sink_mass_over_time(block_stats: pd.DataFrame, *, checkpoint: str | None = None,
-                             variants: Sequence[str] | None = None, source: str | None = None):  # fmt: skip
-    """Mass on frame 0 (or the sink frames) block by block beside its uniform share, and the
-    excess over it; one panel pair per layer, one line per variant (block_stats)."""
-    return plot("sink_mass_over_time", block_stats, checkpoint=checkpoint, variants=variants, source=source)
-
-
-def plot_sink_collapse(block_stats: pd.DataFrame, *, checkpoint: str | None = None,
-                       variants: Sequence[str] | None = None, step: str | int | None = None,
-                       source: str | None = None):  # fmt: skip
-    """Sink mass, the latents' similarity to the sink frames and to the previous block,
-    and where temporal RoPE channels complete a turn, block by block (block_stats)."""
-    return plot("sink_collapse", block_stats, checkpoint=checkpoint, variants=variants, source=source, step=step)
-
-
-def plot_policy_comparison(table: pd.DataFrame, heads: Sequence[str] | str | None = None, *,
-                           checkpoint: str | None = None, variants: Sequence[str] | None = None,
-                           step: str | int | None = None, metric: str | None = None, frame_base: int | None = None,
-                           source: str | None = None):  # fmt: skip
-    """Figure 4 of the last block, one row per variant (KV-cache policy) of one checkpoint."""
-    return plot("policy_comparison", table, checkpoint=checkpoint, variants=variants, source=source, heads=heads,
-                step=step, metric=metric, frame_base=frame_base)  # fmt: skip
-
-
-def plot_prompt_switch(table: pd.DataFrame, *, checkpoint: str | None = None, variants: Sequence[str] | None = None,
-                       step: str | int | None = None, source: str | None = None):  # fmt: skip
-    """Around each prompt switch: sink mass and mass on pre-switch frames block by block,
-    one line per variant (frame_attention rows of prompt schedules)."""
-    return plot("prompt_switch", table, checkpoint=checkpoint, variants=variants, source=source, step=step)
-
-
-def plot_attention_across_checkpoints(diagnostics: pd.DataFrame, *, train_steps: Mapping[str, int | None] | None = None,
-                                      checkpoints: Sequence[str] | None = None, variant: str | None = None,
-                                      source: str | None = None):  # fmt: skip
-    """frame0_mass and entropy_frames per layer against training step (``train_steps``:
-    checkpoint -> step) or checkpoint order (``checkpoints``, else the table's order)."""
-    return plot("attention_across_checkpoints", diagnostics, train_steps=train_steps, checkpoints=checkpoints,
-                variant=variant, source=source)  # fmt: skip
+__all__ = ["defaults", "plot", "save", *(f"plot_{name}" for name in FIGURES)]
 
 
 def save(fig, prefix: str | Path, dpi: int | None = None) -> tuple[Path, Path]:

@@ -11,9 +11,10 @@ The tables (DESIGN.md; the derived ones are computed in ``sinkscope.stats.summar
 - ``query_stats``: one row per call x head x query frame (token-level entropy).
 - ``token_profiles``: one row per chosen call x head x key frame: the frame's exact mean
   logit and softmax mass (float32) and its token values relative to them, at float16's
-  precision, as two lists of ``frame_seq_length`` values (NaN where a token is absent); ``token_rows``
-  decodes them into one row per key token (``decode_token_values``: the float32 values,
-  whose frame mean and sum equal the stored frame values).
+  precision, as two lists of ``frame_seq_length`` values (NaN where a token is absent);
+  ``sinkscope.tokens.token_rows`` decodes them into one row per key token
+  (``tokens.decode_token_values``: the float32 values, whose frame mean and sum equal the
+  stored frame values).
 - ``head_stats`` / ``layer_stats``: the last block's Figure 4 view, summarized.
 - ``block_stats``: per block and call, where the mass goes (over-time view).
 - ``head_diagnostics``: per head, entropies, sink mass, sign rate, periodicity, class.
@@ -37,20 +38,6 @@ import pyarrow.parquet as pq
 from sinkscope.digests import ContentDigests, column_digests, column_digests_v1
 from sinkscope.errors import DamagedFileError
 from sinkscope.io import _UMASK, atomic_path
-from sinkscope.tokens import (  # noqa: F401 - the token-value API, importable from here as before
-    TOKEN_BITS,
-    TOKEN_DECODED,
-    TOKEN_ENCODED,
-    TOKEN_ROW_COLUMNS,
-    decode_token_profiles,
-    decode_token_values,
-    encode_token_tensors,
-    encode_token_values,
-    round_significant,
-    token_lists,
-    token_rows,
-    token_values,
-)
 
 METRICS = ("logit_mean", "prob_mass")
 META_PREFIX = "sinkscope."
@@ -133,7 +120,7 @@ HEAD_RUN_STD = ("first", "middle", "last", "own", "sink_score", "first_middle_ra
                 "frame0_excess", "first_k_mass", "cache_share", "own_share")
 LAYER_RUN_STD = (*HEAD_RUN_STD, "diagonal_mean", "first_column_mean")
 DIAGNOSTICS_RUN_STD = ("entropy_frames", "entropy_tokens", "frame0_mass", "frame0_excess", "frame0_argmax_share",
-                       "recent_mass")
+                       "recent_mass", "frame0_ratio", "recent_ratio")
 RUN_STD_SUFFIX = "_run_std"
 
 
@@ -179,12 +166,16 @@ HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
         ("frame0_mass", pa.float64()),
         ("frame0_uniform", pa.float64()),
         ("frame0_excess", pa.float64()),
+        ("frame0_ratio", pa.float64()),
         ("frame0_argmax_share", pa.float64()),
         ("recent_mass", pa.float64()),
+        ("recent_uniform", pa.float64()),
+        ("recent_ratio", pa.float64()),
         ("sign_rate", pa.float64()),
         ("period", pa.float64()),
         ("period_power", pa.float64()),
         ("head_class", pa.string()),
+        ("borderline", pa.bool_()),
         ("pyramid_label", pa.int8()),
     ]
     + run_std_fields(DIAGNOSTICS_RUN_STD)
@@ -231,8 +222,8 @@ COLUMN_DOCS: dict[str, str] = {
     "token_prob_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's query tokens of the token's softmax probability; its sum over the frame is the query-averaged prob_mass",
     "frame_logit_mean": "mean of token_logit_mean over the frame's present tokens (the query-averaged logit_mean), exact in float32; decoded token logits average to it",
     "frame_prob_mass": "sum of token_prob_mean over the frame's present tokens (the query-averaged prob_mass), exact in float32; decoded token probabilities sum to it",
-    "token_logit_centered": "per key token of the frame (list index = token index, NaN where absent): token_logit_mean - frame_logit_mean, rounded to a power-of-two step of 2**-11 to 2**-10 of the row's largest |value| (float16 precision; decode: sinkscope.tables.decode_token_values)",
-    "token_prob_ratio": "per key token of the frame (list index = token index, NaN where absent): token_prob_mean / (frame_prob_mass / key_tokens), 1 = the frame's mean token, rounded to 11 significant bits (float16 precision; decode: sinkscope.tables.decode_token_values)",
+    "token_logit_centered": "per key token of the frame (list index = token index, NaN where absent): token_logit_mean - frame_logit_mean, rounded to a power-of-two step of 2**-11 to 2**-10 of the row's largest |value| (float16 precision; decode: sinkscope.tokens.decode_token_values)",
+    "token_prob_ratio": "per key token of the frame (list index = token index, NaN where absent): token_prob_mean / (frame_prob_mass / key_tokens), 1 = the frame's mean token, rounded to 11 significant bits (float16 precision; decode: sinkscope.tokens.decode_token_values)",
     "metric": "which statistic the row summarizes: logit_mean or prob_mass",
     "runs": "prompt x seed runs averaged into the curve (1 for per-run rows)",
     "query_frames": "the query frames averaged (the last block's frames)",
@@ -271,10 +262,18 @@ COLUMN_DOCS: dict[str, str] = {
     "rope_periods": "temporal RoPE channel pairs (period >= 16 frames) whose turn ends inside the block's frames, as c<pair>@<frame position>",
     "frame0_argmax_share": "share of the block's query tokens whose highest-scoring key is in frame 0",
     "recent_mass": "softmax mass on the block's own frames and the frame before them",
+    "frame0_ratio": "frame0_mass / frame0_uniform, each run's own, averaged over runs (1 = uniform); the sink "
+                    "class's statistic; null when frame 0 is not visible",
+    "recent_uniform": "the mass uniform attention over the key tokens would give the recent_mass frames",
+    "recent_ratio": "recent_mass / recent_uniform, each run's own, averaged over runs (1 = uniform); the local "
+                    "class's statistic",
     "sign_rate": "share of key frames with a positive logit_mean",
     "period": "dominant period (frames) of the key-frame logit_mean profile, by FFT",
     "period_power": "share of the profile's spectral power (DC excluded) at that period",
-    "head_class": "sink, local, periodic or diffuse (thresholds: config diagnostics:, docs/statistics.md)",
+    "head_class": "sink, local, periodic or diffuse; sink? / local?: borderline, the statistic's interval between "
+                  "runs (frame0_ratio or recent_ratio ± its _run_std) holds the threshold; one run: no interval, no '?' "
+                  "(thresholds: config diagnostics:, docs/statistics.md)",
+    "borderline": "head_class ends in '?': the runs do not settle the class (false with one run: no interval)",
     "pyramid_label": "Pyramid Forcing's head type from the logit_mean profile: -1 wave (oscillating: mixed signs, "
                      "periodic), 1 anchor (stable, compact: positive on most key frames), 2 veil (stable-sparse: "
                      "negative on most), the mean logit's sign deciding 1/2 otherwise; 0 no profile "

@@ -40,21 +40,6 @@ WAVE_BYTES_PER_KEY = WAVE_SECONDS_PER_KEY * 3.0e12
 SPLIT_LAUNCH_SECONDS = 10e-6
 
 
-_ENABLED = True
-
-
-def enable_key_split(enabled: bool) -> None:
-    """Turn key splitting on or off for the process (like ``torch.backends.cuda.enable_*_sdp``):
-    off, every cached call and the ``exact`` capture route run one attention call, as
-    Self-Forcing's own code does."""
-    global _ENABLED
-    _ENABLED = bool(enabled)
-
-
-def key_split_enabled() -> bool:
-    return _ENABLED
-
-
 @dataclass(frozen=True)
 class KeySplit:
     """How one attention call runs: its first ``head`` queries in one call over every key,
@@ -195,21 +180,45 @@ def merge_parts(
     return merged, total
 
 
-def key_split(q: torch.Tensor, k: torch.Tensor) -> KeySplit:
-    """The plan for q, k [B, L, H, D]: a plain call unless enabled, on CUDA, in fp16 / bf16."""
+def key_split(q: torch.Tensor, k: torch.Tensor, enabled: bool = True) -> KeySplit:
+    """The plan for q, k [B, L, H, D]: a plain call unless ``enabled`` (``KernelSettings.key_split``),
+    on CUDA, in fp16 / bf16."""
     batch, num_q, heads, dim = q.shape
-    if not (_ENABLED and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
+    if not (enabled and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
         return KeySplit(0, 1, 0.0)
     return plan_key_split(batch, heads, num_q, k.shape[1], multiprocessors(q.device), dim)
 
 
-def balanced_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """SDPA of q, k, v [B, L, H, D] (softmax scale 1/sqrt(D)), its keys split when that fills
-    the GPU's waves better (``key_split``); [B, Lq, H, D]."""
-    plan = key_split(q, k)
-    if plan.plain:
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-    return planned_attention(q, k, v, plan, lse=False)[0]
+def _gives_lse(q: torch.Tensor) -> bool:
+    """Where an attention kernel returns the log-sum-exp with the output (cuDNN, flash)."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+
+
+def cached_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's cached self-attention call, q, k, v [B, L, H, D] (softmax scale 1/sqrt(D)):
+    (output [B, Lq, H, D], each query's natural-log log-sum-exp [B, H, Lq] fp32, or None
+    where the kernel does not return it). The one function both the uncaptured call and the
+    ``exact`` capture route run, so capturing leaves the output bit for bit as it is.
+
+    On CUDA in fp16 / bf16, cuDNN's attention with its log-sum-exp (the backend SDPA picks on
+    Hopper), the keys split when that fills the GPU's waves better and ``split``
+    (``key_split``); elsewhere (the CPU, float32) SDPA itself, without the log-sum-exp."""
+    plan = key_split(q, k, split)
+    if _gives_lse(q):
+        try:
+            return planned_attention(q, k, v, plan)
+        except NotImplementedError:
+            if not plan.plain:
+                raise
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2), None
+
+
+def balanced_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True) -> torch.Tensor:
+    """The output of ``cached_attention``, [B, Lq, H, D]."""
+    return cached_attention(q, k, v, split=split)[0]
 
 
 _MULTIPROCESSORS: dict[int, int] = {}
@@ -224,6 +233,6 @@ def multiprocessors(device: torch.device) -> int:
 
 
 __all__ = [
-    "KeySplit", "attention_with_lse", "balanced_attention", "enable_key_split", "key_split", "key_split_enabled",
-    "merge_parts", "multiprocessors", "plan_key_split", "planned_attention", "split_key_attention", "wave_cost",
+    "KeySplit", "attention_with_lse", "balanced_attention", "cached_attention", "key_split", "merge_parts", "multiprocessors",
+    "plan_key_split", "planned_attention", "split_key_attention", "wave_cost",
 ]  # fmt: skip

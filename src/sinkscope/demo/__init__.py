@@ -7,7 +7,7 @@ a structured attention.
 - ``saving``: checkpoints in Self-Forcing's layout.
 - ``evaluation``: samples from the real sampler against the data, attention summary.
 - ``train``: ``TrainConfig``, the training loop (``train_demo``) and the command line
-  (``python -m sinkscope.train``, ``sinkscope train-demo``).
+  (``python -m sinkscope.demo.train``, ``sinkscope train-demo``).
 
 May import the model, generation, statistics and base modules; nothing from figures or
 pipeline.

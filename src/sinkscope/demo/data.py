@@ -1,6 +1,6 @@
 """A seeded synthetic video data set in the demo model's latent space.
 
-The trained demo (``sinkscope.train``) learns from videos drawn here. They are made
+The trained demo (``sinkscope.demo.train``) learns from videos drawn here. They are made
 directly as latents (16 channels x 21 frames x 8 x 12, the ``demo`` config's grid;
 7 blocks of 3 frames), with no VAE: soft Gaussian "balls" move over a static,
 smooth background. Every video draws its own
@@ -94,7 +94,7 @@ BACKGROUND_AMPLITUDE = 0.5  # the constant 16-d offset
 TEXTURE_AMPLITUDE = 0.35  # the smooth static texture
 # The raw data's standard deviation over the whole data set (all classes equally
 # likely, the first frame an image latent), measured once over 4096 videos
-# (``measure_scale``); dividing by it gives unit variance. Every frame but the first
+# (``synthetic_batch(12345, 4096, scale=1.0).latents.double().std()``); dividing by it gives unit variance. Every frame but the first
 # then has a standard deviation of 0.92, the image latent 2.0 (its offset). Version 1
 # (``first_frame="video"``, ``temporal_compression=1``) measured 0.764
 # (``VERSION1_SCALE``; ``options_of`` passes it for version 1 checkpoints).
@@ -401,9 +401,3 @@ def _camera_window(plane: torch.Tensor, shift: torch.Tensor, margin: int, height
             weight = (wr[:, :, :, None] * wc[:, :, None, :]).flatten(1)[:, None, :]
             out = out + values * weight
     return out.view(batch, channels, shift.shape[-1], height, width)
-
-
-def measure_scale(videos: int = 4096, seed: int = 12345) -> float:
-    """The raw data's standard deviation (how DATA_SCALE was measured)."""
-    batch = synthetic_batch(seed, videos, scale=1.0)
-    return float(batch.latents.double().std())

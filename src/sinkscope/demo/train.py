@@ -34,7 +34,7 @@ model="demo")`` reads them; ``sinkscope`` holds the training metadata.
 
 Entry points: ``train_demo`` (training), ``evaluate_demo`` (samples from the real
 KV-cache sampler compared with the data, against the random-weights baseline),
-``export_checkpoint`` (the small file to ship), and ``python -m sinkscope.train``.
+``export_checkpoint`` (the small file to ship), and ``python -m sinkscope.demo.train``.
 """
 
 from __future__ import annotations
@@ -55,11 +55,14 @@ from typing import Any
 import torch
 
 from sinkscope.arguments import (
+    OUTPUT_RULE,
     OneLineArgumentParser,
     fraction,
     natural,
+    output_folder,
     positive,
     positive_number,
+    torch_checkpoint,
     torch_device,
 )
 from sinkscope.demo import data as synthetic
@@ -75,6 +78,7 @@ from sinkscope.demo.objective import (
 )
 from sinkscope.demo.ode import build_ode_pool
 from sinkscope.demo.saving import DTYPES, FINAL_NAME, FORMAT_VERSION, save_checkpoint
+from sinkscope.errors import SinkscopeError
 from sinkscope.generation.sampler import (
     block_causal_frame_mask,
 )
@@ -558,14 +562,15 @@ def read_loss_log(path: str | Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(handle)]
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.train") -> int:
-    """The training command line: ``sinkscope train-demo`` and ``python -m sinkscope.train``."""
+def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.demo.train") -> int:
+    """The training command line: ``sinkscope train-demo`` and ``python -m sinkscope.demo.train``."""
     defaults = TrainConfig()
     parser = OneLineArgumentParser(
         prog=prog,
         description="Train the demo model on sinkscope's synthetic videos (and evaluate it).",
     )
-    parser.add_argument("--out", required=True, help="output folder (checkpoints/, final.pt, loss.csv, train.json)")
+    parser.add_argument("--out", required=True, type=output_folder,
+                        help=f"output folder (checkpoints/, final.pt, loss.csv, train.json); {OUTPUT_RULE}")
     parser.add_argument("--steps", type=positive, default=defaults.steps, help="optimizer steps")
     parser.add_argument("--batch-size", type=positive, default=defaults.batch_size, help="videos a step")
     parser.add_argument("--seed", type=natural, default=defaults.seed, help="seed of the data, the weights and the noise")
@@ -611,7 +616,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
     parser.add_argument("--eval-ode-steps", type=positive, default=None, help="also sample by the flow ODE (diagnostic)")
     parser.add_argument("--eval-ode-guidance", type=positive_number, default=1.0, help="classifier-free guidance of that ODE (1 = none)")
     parser.add_argument("--eval-device", type=torch_device, default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--evaluate-only", metavar="CHECKPOINT", help="only evaluate this checkpoint into --out")
+    parser.add_argument("--evaluate-only", metavar="CHECKPOINT", type=torch_checkpoint,
+                        help="only evaluate this .pt checkpoint (a train-demo run's final.pt) into --out/eval.json")
     args = parser.parse_args(argv)
     if args.stage == "ode" and not args.teacher and not args.evaluate_only:
         parser.error("argument --teacher: --stage ode distils a teacher; give its checkpoint")
@@ -653,10 +659,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.tra
         checkpoint = result.final_checkpoint
         if not args.evaluate:
             return 0
-    evaluation = evaluate_demo(
-        checkpoint, seeds_per_class=args.eval_seeds, ode_steps=args.eval_ode_steps, ode_guidance=args.eval_ode_guidance,
-        device=args.eval_device,
-    )
+    try:  # a checkpoint that is not a demo model's is refused while loading, before any sampling
+        evaluation = evaluate_demo(
+            checkpoint, seeds_per_class=args.eval_seeds, ode_steps=args.eval_ode_steps, ode_guidance=args.eval_ode_guidance,
+            device=args.eval_device,
+        )
+    except SinkscopeError as error:  # the file's own problem (a WeightsError); anything else is a bug
+        parser.error(f"argument --evaluate-only: {error}" if args.evaluate_only else str(error))
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "eval.json") as tmp:
         tmp.write_text(json.dumps(evaluation, indent=1))

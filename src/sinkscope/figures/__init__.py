@@ -6,7 +6,7 @@
 - the shared drawing code, one concern a module: ``style`` (style, option defaults,
   saving), ``text`` (the words figures print), ``views`` (the data a figure draws),
   ``layout`` (the page, panels, ticks), ``colours`` (palette, colour scales, heat maps),
-  ``marks`` (axis marks, legend handles); ``common`` re-exports them all.
+  ``marks`` (axis marks, legend handles).
 - one module per kind (``sinkscope.figures.figure4`` draws ``figure4``), each importing
   only the shared drawing modules, ``sinkscope.stats.summaries``, ``sinkscope.tables``
   and ``sinkscope.naming``.

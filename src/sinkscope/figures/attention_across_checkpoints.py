@@ -128,7 +128,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                  "dashed: the mass uniform attention over the key tokens would give it) and entropy_frames (entropy "
                  "over key frames / ln(frames)); runs averaged in head_diagnostics, error bars: the mean over heads of "
                  "each head's std between runs. Sink heads: heads the head classifier calls sink (frame-0 mass at "
-                 "least diagnostics.sink_mass), stacked by layer, the total above. Checkpoints: "
+                 "least diagnostics.sink_ratio x uniform; borderline sink? not counted), stacked by layer, the total above. Checkpoints: "
                  + ", ".join(f"{n}{f' (step {int(train_steps[n])})' if numeric else ''}" for n in order) + "."),
     )  # fmt: skip
 

@@ -104,7 +104,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         ax_.set_xlabel("key frame")
         ax_.set_ylabel("block (its frames)")
     if image is not None:
-        colourbar(fig, image, shown_values, "softmax mass (square-root scale)", fontsize=9, ax=axes, pad=0.02,
+        colourbar(fig, image, shown_values, "softmax mass (prob_mass),\nsquare-root scale", fontsize=9, ax=axes, pad=0.02,
                   shrink=0.9 if len(axes) > 1 else 1.0, aspect=25)  # fmt: skip
     if given:
         return fig
@@ -124,9 +124,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     return finish(
         fig,
         title="Where each block's queries look, block by block",
-        subtitle=subtitle(source, call, "softmax mass", runs, "spread in the caption"),
+        subtitle=subtitle(source, call, "softmax mass (prob_mass)", runs, "spread in the caption"),
         legend=legend,
-        caption=("Each row: one block's queries, averaged over its frames and the runs (the Figure 4 view of that "
-                 "block, sinkscope.stats.summaries.figure4_curves), against every absolute key frame; "
+        caption=("Each row: the softmax mass (frame_attention prob_mass) of one block's queries on each key frame, "
+                 "averaged over its frames and the runs (the Figure 4 view of that "
+                 "block, sinkscope.stats.summaries.figure4_curves); key frames are absolute frame numbers; "
                  f"{spread}.{baseline}"),
     )  # fmt: skip

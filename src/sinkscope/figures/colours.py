@@ -33,10 +33,6 @@ def layer_colors(layers: Sequence[int]) -> dict[int, tuple]:
     return {layer: cmap(p) for layer, p in zip(layers, positions)}
 
 
-def class_cmap(classes: Sequence[str]) -> mcolors.ListedColormap:
-    return mcolors.ListedColormap([CLASS_COLORS.get(c, "#888888") for c in classes]).with_extremes(bad="white")
-
-
 # -- colour scales -------------------------------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
 diverging colours centred on 0 for logits, sequential for the softmax mass, clipped to
 percentiles (the clipped range on the colour bar); the query block's own frames boxed,
 frames not in the KV cache grey; on softmax mass the uniform share 1 / visible frames
-marked on the colour bar; the spread between runs in the caption."""
+marked on the colour bar; the spread between runs in the caption; each row labelled with
+its head's class (head_diagnostics), sink-class heads in bold."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from sinkscope.figures.text import (
     spread_note,
     subtitle,
 )
-from sinkscope.figures.views import figure4_view, one_source, table, uniform_share
+from sinkscope.figures.views import figure4_view, head_classes, one_source, table, uniform_share
 from sinkscope.naming import layer_label
 
 
@@ -51,6 +52,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     metric, base = option(options, "metric"), int(option(options, "frame_base"))
     view = figure4_view(frame[frame["layer"] == layer], option(options, "step"), metric)
     per_head = view.curves.loc[layer]
+    classes, classes_from = head_classes(tables.get("head_diagnostics"), frame[frame["layer"] == layer], view)
     heads, frames = list(per_head.index), view.frames.astype(int)
     values = per_head.to_numpy(dtype=float)
     width = min(12.0, max(6.5, 0.36 * len(frames) + 2.5))
@@ -63,7 +65,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     outline_frames(ax, view.query_frames, (len(heads) - 0.5, -0.5), gid="own-block-heatmap")
     ax.set_xlim(frames[0] - 0.5, frames[-1] + 0.5)
     set_frame_ticks(ax, frames, base, length=width - 2)
-    set_label_ticks(ax, [f"H{h + 1}" for h in heads], axis="y", length=row * len(heads))
+    set_label_ticks(ax, [f"H{h + 1} · {classes.get((layer, int(h)), 'class n/a')}" for h in heads], axis="y",
+                    length=row * len(heads))  # fmt: skip
+    for tick in ax.get_yticklabels():
+        tick.set_fontweight("bold" if tick.get_text().endswith(" · sink") else "normal")
     ax.set_xlabel("key frame")
     ax.set_ylabel("head")
     bar = colourbar(fig, image, values, METRIC_SHORT[metric].replace(" (", "\n("), fontsize=9, ax=ax, pad=0.02)
@@ -88,5 +93,6 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "spread in the caption"),
         legend=legend,
         caption=f"Each cell: a head's {METRIC_LABELS[metric]} of a key frame, queries averaged over the last block "
-                f"and the runs; {spread}. {scale_sentence(norm)}",
+                f"and the runs (the frame_attention column {metric}); {spread}. Rows: each head with its class "
+                f"({classes_from}; bold: sink). {scale_sentence(norm)}",
     )  # fmt: skip

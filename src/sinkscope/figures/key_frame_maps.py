@@ -123,8 +123,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         for a in cells[len(picks):]:
             a.set_visible(False)
         if image is not None:
-            bar = colourbar(fig, image, shown, "x uniform within the frame" if metric == "prob_mass" else "q·k/√d",
-                            fontsize=7.5, ax=list(cells), shrink=0.9, pad=0.01, aspect=12)  # fmt: skip
+            bar_label = ("token mass, x uniform\nwithin the frame" if metric == "prob_mass" else
+                         "token logit q·k/√d\n(token_logit_mean)")  # fmt: skip
+            bar = colourbar(fig, image, shown, bar_label, fontsize=7.5, ax=list(cells), shrink=0.9, pad=0.01, aspect=12)
             bar.ax.tick_params(labelsize=7)
         cells[0].set_ylabel("patch row", fontsize=8)
     for a in axes[-1]:

@@ -49,7 +49,7 @@ from sinkscope.figures.marks import (
     uniform_steps,
 )
 from sinkscope.figures.style import option
-from sinkscope.figures.text import METRIC_SHORT, frames_text, spread_note, subtitle
+from sinkscope.figures.text import METRIC_LABELS, METRIC_SHORT, frames_text, spread_note, subtitle
 from sinkscope.figures.views import evenly, figure4_view, one_source, table
 from sinkscope.naming import layer_label
 
@@ -132,13 +132,18 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     legend = [own_handle(view.query_frames, base)] + ([gap_handle()] if gaps else [])
     legend += [uniform_handle()] if metric == "prob_mass" else []
     legend += [band_handle(CURVE_COLOR)] if view.runs >= 2 else []
-    picked = "config figures.highlight_layers" if options.get("highlight_layers") else "spread evenly"
+    asked = [int(x) for x in options.get("highlight_layers") or []]
+    absent = [layer_label(x) for x in asked if x not in layers]
+    picked = ("spread evenly" if not asked else "figures.highlight_layers" if not absent else
+              f"figures.highlight_layers; {', '.join(absent)} not in the table" + ("" if set(asked) & set(layers) else
+                                                                                   ", so spread evenly"))  # fmt: skip
     return finish(
         fig,
         title=f"Attention of the last block across layers (query frames {frames_text(view.query_frames, base)})",
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "curves ±1 std between runs"),
         legend=legend,
-        caption=(f"Top: every layer's head-averaged curve{' minus its mean over the visible frames' if centred else ''} "
+        caption=(f"Top: every layer's head-averaged {METRIC_LABELS[metric]} curve"
+                 f"{' minus its mean over the visible frames' if centred else ''} "
                  f"(dashed box: the block's own frames; grey: not in the KV cache); {heat_spread}. Below: "
                  f"{len(chosen)} of {len(layers)} layers "
                  f"({picked}), one panel each on {'its own' if centred else 'one'} y scale, with a ±1 std band between "

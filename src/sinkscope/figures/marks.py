@@ -20,6 +20,9 @@ from sinkscope.figures.text import frames_text, runs_of
 UNIFORM_COLOR = "0.15"
 UNIFORM_STYLE = dict(color=UNIFORM_COLOR, lw=1.1, ls=(0, (4, 2)), zorder=4)
 SPREAD_COLOR = "0.1"
+# A cell, bar or layer whose first − middle points the other way than its first frame's
+# softmax mass against uniform (``views.disagrees``).
+DISAGREE_MARK = dict(marker="X", color="black", markeredgecolor="white", markeredgewidth=0.6, ls="none")
 
 
 # -- marks ---------------------------------------------------------------------------------------
@@ -187,3 +190,7 @@ def band_handle(color, label: str = "±1 std between runs") -> Patch:
 
 def line_handle(color, label: str, **kwargs: Any) -> Line2D:
     return Line2D([], [], color=color, label=label, **{"lw": 1.8, **kwargs})
+
+
+def disagree_handle(label: str) -> Line2D:
+    return Line2D([], [], ms=7, label=label, **DISAGREE_MARK)

@@ -29,7 +29,7 @@ from sinkscope.figures.marks import (
     uniform_handle,
 )
 from sinkscope.figures.style import option
-from sinkscope.figures.text import METRIC_SHORT, frames_text, subtitle
+from sinkscope.figures.text import METRIC_LABELS, METRIC_SHORT, frames_text, subtitle
 from sinkscope.figures.views import (
     excess_text,
     figure4_view,
@@ -77,7 +77,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         f"{frames_text(view.query_frames, base)}",
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "error bars ±1 std between runs"),
         legend=legend,
-        caption=(("One y scale for every head." if shared else f"Each head on its own y scale. {LOGIT_LEVEL_NOTE}")
+        caption=(f"Bars: each head's {METRIC_LABELS[metric]} of a key frame, queries averaged over the last block. "
+                 + ("One y scale for every head." if shared else f"Each head on its own y scale. {LOGIT_LEVEL_NOTE}")
                  + f" Titles: the head's class ({classes_from}; bold: sink) and its "
                  "frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible frames) "
                  "(sinkscope.stats.summaries.curve_stats, the head_stats rows with prompt_id '*')."),

@@ -20,7 +20,7 @@ from sinkscope.figures.marks import (
     uniform_handle,
 )
 from sinkscope.figures.style import heads_of, option
-from sinkscope.figures.text import METRIC_SHORT, class_text, subtitle
+from sinkscope.figures.text import METRIC_LABELS, METRIC_SHORT, class_text, subtitle
 from sinkscope.figures.views import (
     excess_text,
     figure4_view,
@@ -92,7 +92,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         subtitle=subtitle(source, first.call, METRIC_SHORT[metric], runs[0], spread) if len(runs) == 1 else
         " · ".join([source, first.call, METRIC_SHORT[metric], f"means of n = {', '.join(map(str, runs))} runs, {spread}"]),
         legend=legend,
-        caption=("Each head's panels share one y scale. Titles: the head's class under that policy "
+        caption=(f"Bars: {METRIC_LABELS[metric]} of each key frame, queries averaged over the last block. "
+                 "Each head's panels share one y scale. Titles: the head's class under that policy "
                  f"({classes[variants[0]][1]}); frame-0 excess = softmax mass on frame 0 − its uniform share "
                  "(1 / visible frames, key tokens counted); max@ = the largest key frame "
                  "(sinkscope.stats.summaries.curve_stats)."),

@@ -122,7 +122,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     return finish(
         fig,
         title="Attention around each prompt switch, block by block",
-        subtitle=subtitle(source, call, "softmax mass", run_count(calls)),
+        subtitle=subtitle(source, call, "softmax mass (prob_mass)", run_count(calls)),
         legend=handles,
         caption=(f"Left: the mass of each block's queries on frame 0 (the sink; the block's own frames excluded); "
                  f"right: on frames 1 to the switch frame - 1, generated under the earlier prompt. {AROUND} blocks on "

@@ -3,7 +3,8 @@ every block (grey = not visible to that query), on one colour scale (diverging a
 for logits), clipped to percentiles (the clipped range on the colour bar); dashed
 squares: each block's own frames. ``video_frames`` expands latent frames to the video
 frames they decode to (Wan's VAE: 4 per latent, frame 0 alone). The caption gives the
-uniform share of each block's queries and the spread between runs."""
+uniform share of each block's queries and the spread between runs. Each panel is titled
+with its head's class (head_diagnostics, at the chosen call of the last block)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from sinkscope.figures.views import (
     VAE_TEMPORAL_STRIDE,
     block_call_rows,
     block_frames,
+    figure4_view,
+    head_classes,
     latent_of_video_frame,
     one_source,
     run_count,
@@ -68,7 +71,11 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         raise ValueError(f"{kind} is a grid of panels; it draws its own figure (leave ax out)")
     frame = one_source(table(tables, "frame_attention", kind), kind)
     metric, base = option(options, "metric"), int(option(options, "frame_base"))
-    values, heads, info = matrices(frame[frame["layer"] == layer], option(options, "step"), metric)
+    rows = frame[frame["layer"] == layer]
+    values, heads, info = matrices(rows, option(options, "step"), metric)
+    # The classes are a statistic of the last block's call (the Figure 4 view's).
+    classes, classes_from = head_classes(tables.get("head_diagnostics"), rows,
+                                         figure4_view(rows, option(options, "step"), metric))  # fmt: skip
     count = values.shape[1]
     axis_name, blocks = "frame", info["blocks"]
     if options.get("video_frames"):
@@ -86,7 +93,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         image = heat(ax_, matrix, cmap, norm, origin="lower")
         for b, fs in blocks.items():
             outline_frames(ax_, fs, (min(fs) - 0.5, max(fs) + 0.5), gid=f"own-block-H{head + 1}-{b}", color="0.15")
-        ax_.set_title(f"H{head + 1}", fontsize=9.5, fontweight="bold")
+        klass = classes.get((layer, head))
+        ax_.set_title(f"H{head + 1} · {klass or 'class n/a'}", fontsize=9,
+                      fontweight="bold" if klass == "sink" else "normal")  # fmt: skip
         set_frame_ticks(ax_, range(count), base, length=size - 0.6)
         set_frame_ticks(ax_, range(count), base, axis="y", length=size - 0.6)
     for patch in [p for a in axes for p in a.patches]:
@@ -108,5 +117,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         legend=[nan_handle("not visible to the query"),
                 Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
         caption=(f"Each cell: {METRIC_LABELS[metric]} of a query frame on a key frame, query tokens and runs "
-                 f"averaged; {spread_note(info['spread'], info['runs'])}. {scale_sentence(norm)}{baseline}"),
+                 f"averaged (the frame_attention column {metric}); {spread_note(info['spread'], info['runs'])}. "
+                 f"Titles: each head's class ({classes_from}, at the last block's call; bold: sink). "
+                 f"{scale_sentence(norm)}{baseline}"),
     )  # fmt: skip

@@ -31,7 +31,8 @@ from sinkscope.figures.style import DEFAULTS, figure_style, option, save_figure
 from sinkscope.figures.views import figure4_view
 from sinkscope.manifests import DATASET_MANIFEST, check_dataset_folder, read_manifest
 from sinkscope.naming import parse_head_label
-from sinkscope.tables import read_metadata, read_table, token_rows, with_default_columns
+from sinkscope.tables import read_metadata, read_table, with_default_columns
+from sinkscope.tokens import token_rows
 
 log = logging.getLogger("sinkscope")
 
@@ -106,7 +107,7 @@ TOKEN_FIGURE_COLUMNS = ["checkpoint", "variant", "prompt_id", "seed", "layer", "
 
 def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mapping[str, Any]) -> pd.DataFrame:
     """The token profiles a token figure draws: the chosen heads, the last block, the chosen
-    call, a row per key token (float32 values, ``sinkscope.tables.token_rows``); read with
+    call, a row per key token (float32 values, ``sinkscope.tokens.token_rows``); read with
     a filter from the (possibly GB-sized) dataset folder, never whole."""
     present = set(frame["layer"].unique())
     heads = [head for head in map(parse_head_label, option(options, "heads")) if head[0] in present]

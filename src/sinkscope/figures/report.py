@@ -6,7 +6,8 @@ Every number comes from the tables' run-averaged rows (``prompt_id == '*'``; hea
 classes from head_diagnostics): the same numbers the figures annotate
 (``sinkscope.stats.summaries``), never recomputed here, printed to three significant
 digits throughout, ± the standard deviation between runs where there are several.
-"Sink" names only heads whose ``head_class`` is sink.
+"Sink" names only heads whose ``head_class`` is sink; borderline labels (``sink?``) are
+listed and counted apart.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pandas as pd
 
 from sinkscope.io import atomic_path
 from sinkscope.naming import head_label, layer_label
-from sinkscope.stats.summaries import HEAD_CLASSES, resolve_step
+from sinkscope.stats.summaries import BORDERLINE, DEFAULT_THRESHOLDS, HEAD_LABELS, is_borderline, resolve_step
 from sinkscope.tables import ALL_PROMPTS, RUN_STD_SUFFIX, read_table
 
 DIGITS = 3
@@ -42,7 +43,11 @@ _STYLE = (
     "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
     ".note{background:#fff8e1;border-left:4px solid #f0b400;padding:.5em 1em}"
     ".model{background:#eef5fb;border-left:4px solid #2e86ab;padding:.5em 1em}"
-    ".pair{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}.pair>div{flex:1 1 30em;min-width:0}"
+    # Tables keep their full width (scrolling inside their box on a narrow page); a figure
+    # sits beside them only where it has 28em, else below: nothing is drawn over a table.
+    ".pair{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}"
+    ".pair>.tables{flex:0 1 auto;max-width:100%;overflow-x:auto}"
+    ".pair>.figures{flex:1 1 28em;min-width:min(28em,100%);max-width:60em}"
     "figure{margin:0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:90%;color:#555}"
 )
 
@@ -130,7 +135,7 @@ def _figure(figures: Mapping[str, str], kind: str, what: str) -> str:
 
 
 def _pair(left: str, right: str) -> str:
-    return f"<div class='pair'><div>{left}</div><div>{right}</div></div>" if right else left
+    return f"<div class='pair'><div class='tables'>{left}</div><div class='figures'>{right}</div></div>" if right else left
 
 
 def summary_html(
@@ -145,12 +150,12 @@ def summary_html(
     step, metric = options["step"], options["metric"]
     checkpoints = options.get("checkpoints", {})
     legacy = options.get("legacy_caches", {})
-    sink_mass = (options.get("diagnostics") or {}).get("sink_mass")
+    sink_ratio = {**DEFAULT_THRESHOLDS, **(options.get("diagnostics") or {})}["sink_ratio"]
     figures = figures or {}
     sources = sorted(set(layer_stats["checkpoint"] + "@" + layer_stats["variant"]))
     names = sorted({s.split("@", 1)[0] for s in sources})
     models = "".join(f"<li>{model_text(n, checkpoints.get(n), legacy.get(n))}</li>" for n in names)
-    threshold = f"frame0_mass ≥ {number(sink_mass)}" if sink_mass is not None else "config diagnostics.sink_mass"
+    threshold = f"frame-0 mass ≥ {number(sink_ratio)}× its uniform share"
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>sinkscope summary</title>",
         f"<style>{_STYLE}</style></head><body>",
@@ -164,7 +169,8 @@ def summary_html(
         "frame before the block, <i>middle</i> the mean of those between, <i>own</i> the block's own frames. "
         "<b>Frame-0 excess</b> = the softmax mass on frame 0 − the mass uniform attention over the key tokens seen "
         "would give it (1 / visible key frames without dropped tokens): 0 = no preference for frame 0. A head is "
-        f"called a <b>sink</b> only when head_diagnostics classes it so ({threshold}); <i>first − middle</i> "
+        f"called a <b>sink</b> only when head_diagnostics classes it so ({threshold}), <b>sink?</b> (borderline) "
+        "when its runs straddle that (mean ± std between runs); <i>first − middle</i> "
         "(the <code>sink_score</code> column) is a difference, not a verdict. Ratios and shares exist for softmax "
         f"mass only. Numbers to {DIGITS} significant digits. Layers and heads in paper notation (L1 = layer index "
         "0).</p>",
@@ -190,26 +196,35 @@ def summary_html(
                         for column, title in _CURVE_COLUMNS[key].items()}}
                        for r in chosen[key].sort_values("layer").to_dict("records")]  # fmt: skip
             tables.append(f"<h3>{label}, head-averaged, per layer ({runs_text})</h3>" + _table(records))
-        parts.append(_pair("".join(tables), _figure(shown, "first_middle_last", "first, middle, last and own frames")))
+        parts.append(_pair("".join(tables), _figure(shown, "first_middle_last", "first, middle, last and own frames "
+                                                                           "of the softmax mass table")))
         diagnostics = head_diagnostics[(head_diagnostics["checkpoint"] == checkpoint)
                                        & (head_diagnostics["variant"] == variant)]  # fmt: skip
         calls = _at_step(diagnostics, step) if not diagnostics.empty else diagnostics
         classes = {(int(r.layer), int(r.head)): str(r.head_class) for r in calls.itertuples()}
-        sinks = calls[calls["head_class"] == "sink"].sort_values("frame0_mass", ascending=False) if len(calls) else calls
+        ranked = calls.sort_values("frame0_ratio" if "frame0_ratio" in calls else "frame0_mass", ascending=False)
+        sinks = ranked[ranked["head_class"] == "sink"] if len(calls) else calls
+        maybe = ranked[ranked["head_class"] == "sink" + BORDERLINE] if len(calls) else calls
         heads = head_stats[(head_stats["checkpoint"] == checkpoint) & (head_stats["variant"] == variant)]
         mass = _at_step(heads, step, "prob_mass")
         shown_metric = _at_step(heads, step, metric).set_index(["layer", "head"])
         section = ["<h3>Sink-class heads</h3>"]
+        borderline_text = (f" {len(maybe)} more {'are' if len(maybe) != 1 else 'is'} borderline (sink?: the runs "
+                           "straddle the threshold), listed apart." if len(maybe) else "")  # fmt: skip
         if len(calls) and sinks.empty:
-            section.append(f"<p>None: no head is classed sink at this call ({threshold}; {len(calls)} heads). The "
-                           "heads below draw the most on frame 0 relative to uniform; none of them is a sink.</p>")
-        elif len(calls):
-            records = [{"head": head_label(int(r["layer"]), int(r["head"])), "mass on frame 0": _cell(r, "frame0_mass", runs),
+            section.append(f"<p>None: no head is classed sink at this call ({threshold}; {len(calls)} heads)."
+                           f"{borderline_text} The heads below draw the most on frame 0 relative to uniform.</p>")
+        if len(calls) and len(sinks) + len(maybe):
+            records = [{"head": head_label(int(r["layer"]), int(r["head"])), "class": r["head_class"],
+                        "frame-0 mass ÷ uniform": _cell(r, "frame0_ratio", runs),
+                        "mass on frame 0": _cell(r, "frame0_mass", runs),
                         "uniform share": number(r.get("frame0_uniform")), "frame-0 excess": _cell(r, "frame0_excess", runs),
                         "recent mass": _cell(r, "recent_mass", runs), "entropy over frames": _cell(r, "entropy_frames", runs)}
-                       for r in sinks.to_dict("records")]  # fmt: skip
-            section.append(f"<p>{len(sinks)} of {len(calls)} heads ({threshold}).</p>" + _table(records))
-        else:
+                       for r in pd.concat([sinks, maybe]).to_dict("records")]  # fmt: skip
+            if len(sinks):
+                section.append(f"<p>{len(sinks)} of {len(calls)} heads ({threshold}).{borderline_text}</p>")
+            section.append(_table(records))
+        elif not len(calls):
             section.append("<p>No head_diagnostics rows for this call.</p>")
         if not mass.empty:
             top = mass.sort_values("frame0_excess", ascending=False, na_position="last").head(TOP)
@@ -221,15 +236,25 @@ def summary_html(
                                 "frame-0 excess": _cell(r, "frame0_excess", runs),
                                 "mass on frame 0": _cell(r, "frame0_mass", runs),
                                 "uniform share": number(r.get("frame0_uniform")),
-                                f"first − middle ({metric})": _cell(other, "sink_score", runs)})  # fmt: skip
+                                # sink_score_overview's number (it draws softmax mass), and the chosen metric's
+                                "first − middle (prob_mass)": _cell(r, "sink_score", runs),
+                                **({f"first − middle ({metric})": _cell(other, "sink_score", runs)}
+                                   if metric != "prob_mass" else {})})  # fmt: skip
             section.append(f"<h3>Highest frame-0 excess over uniform (softmax mass, top {len(records)})</h3>"
                            + _table(records))  # fmt: skip
         parts.append(_pair("".join(section), _figure(shown, "figure4", "the chosen heads' attention")
-                           + _figure(shown, "sink_score_overview", "first − middle of every head, sink-class outlined")))
+                           + _figure(shown, "sink_score_overview", "first − middle of every head's softmax mass (the "
+                                                                     "prob_mass column above), sink-class outlined")))
         if len(calls):
-            counts = calls["head_class"].value_counts().reindex(list(HEAD_CLASSES), fill_value=0)
-            text = ("<h3>Head classes</h3><p>" + ", ".join(f"{k}: {v}" for k, v in counts.items())
-                    + " (thresholds: config <code>diagnostics:</code>, docs/statistics.md)</p>")  # fmt: skip
+            counts = calls["head_class"].value_counts()
+            shown_labels = [k for k in HEAD_LABELS if not is_borderline(k) or counts.get(k, 0)]
+            shown_labels += sorted(set(counts.index) - set(HEAD_LABELS))
+            class_runs = int(calls["runs"].max())
+            decided = (f"on {class_runs} runs: a label with ? is borderline, its statistic's mean ± std between runs holds "
+                       "the threshold" if class_runs >= 2 else "on one run: no interval, so no borderline label")  # fmt: skip
+            text = ("<h3>Head classes</h3><p>" + ", ".join(
+                        f"{k}{' (borderline)' if is_borderline(k) else ''}: {int(counts.get(k, 0))}" for k in shown_labels)
+                    + f"; decided {decided} (thresholds: config <code>diagnostics:</code>, docs/statistics.md)</p>")  # fmt: skip
             parts.append(_pair(text, _figure(shown, "head_classes", "head classes")))
         over_time = _figure(shown, "sink_mass_over_time", "mass on frame 0 / the sink frames block by block, and its "
                                                           "excess over uniform")  # fmt: skip

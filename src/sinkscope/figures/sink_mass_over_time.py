@@ -123,7 +123,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     handles = [line_handle(colors[v], f"{v} (frames {sinks.get(v, '0')})", marker="o", ms=3) for v in variants]
     handles.append(line_handle("0.3", "uniform over the key tokens seen (mass panels, per variant)", lw=1.1,
                                ls=(0, (4, 2))))  # fmt: skip
-    handles += [band_handle("0.5")] if runs >= 2 else []
+    # The band's swatch in the colour the bands are drawn in (grey is the blocks without a value).
+    band = "±1 std between runs" + (" (a band in the variant's colour)" if len(variants) > 1 else "")
+    handles += [band_handle(colors[variants[0]], band)] if runs >= 2 and variants else []
     handles += [Patch(facecolor=GAP_COLOR, label=f"none of {what.split(' (')[0]} in the cache: no value")] if empty else []
     if given:
         ax.set_xlabel("block")

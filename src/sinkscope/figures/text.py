@@ -9,11 +9,13 @@ import numpy as np
 
 from sinkscope.naming import head_label
 
+# The two statistics in the words every caption, axis and colour bar uses, each with the
+# table column it is, so that a reader checks a figure against the table by name.
 METRIC_LABELS = {
-    "logit_mean": "attention logit (mean q·k/√d)",
-    "prob_mass": "attention mass (softmax, per frame)",
+    "logit_mean": "mean pre-softmax logit q·k/√d (logit_mean)",
+    "prob_mass": "softmax mass on the key frame (prob_mass)",
 }
-METRIC_SHORT = {"logit_mean": "logits (pre-softmax q·k/√d)", "prob_mass": "softmax mass"}
+METRIC_SHORT = {"logit_mean": "mean logit (pre-softmax q·k/√d, logit_mean)", "prob_mass": "softmax mass (prob_mass)"}
 
 
 # -- words ---------------------------------------------------------------------------------------
@@ -111,3 +113,19 @@ def number(value: float, metric: str, signed: bool = False) -> str:
         return "n/a"
     digits = 3 if metric == "prob_mass" else 2
     return f"{value:{'+' if signed else ''}.{digits}f}"
+
+
+def against_mass(name: str, value: float, metric: str, frame: int, mass: float, uniform: float, base: int = 0) -> str:
+    """'L5H7 +7.63 while frame 0 gets 0.005 of the softmax mass (uniform 0.048)': a first −
+    middle beside its first frame's mass, for the captions that mark where they disagree."""
+    return (f"{name} {number(value, metric, signed=True)} while frame {frame + base} gets {number(mass, 'prob_mass')} "
+            f"of the softmax mass (uniform {number(uniform, 'prob_mass')})")
+
+
+def listed(items: list[tuple[str, str]], detailed: int = 4, most: int = 30) -> str:
+    """(name, text) pairs as 'text; text; also name, name, … and N more': the first
+    ``detailed`` with their text, the names of the rest up to ``most`` in all."""
+    shown = "; ".join(text for _, text in items[:detailed])
+    names = [name for name, _ in items[detailed:most]]
+    more = len(items) - max(len(items[:most]), detailed)
+    return shown + (f"; also {', '.join(names)}" if names else "") + (f", … and {more} more" if more > 0 else "")

@@ -332,3 +332,47 @@ def excess_text(view: View, layer: int, head: int, *, short: bool = False, sprea
 def difference_text(view: View, layer: int, head: int) -> str:
     """'first − middle +0.29': head_stats' sink_score, in the view's metric."""
     return f"first − middle {number(view.stats(layer, head)['sink_score'], view.metric, signed=True)}"
+
+
+# -- where a logit statistic and the softmax mass disagree ----------------------------------------
+
+# A first − middle is marked as disagreeing with the softmax mass when its sign is the
+# opposite of the first frame's excess over uniform and that excess is at least this share
+# of the uniform baseline (a near-uniform head's ±1% says nothing either way).
+DISAGREE_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class FirstFrameMass:
+    """The softmax mass of the oldest visible cache frame (frame 0 unless evicted) beside
+    what uniform attention over the key tokens gives it: head_stats / layer_stats
+    ``frame0_mass`` and ``frame0_uniform`` (prob_mass rows) when that frame is frame 0."""
+
+    frame: int
+    mass: float
+    uniform: float
+
+    @property
+    def excess(self) -> float:
+        return self.mass - self.uniform
+
+
+def first_frame_mass(mass: View, layer: int, head: int | None = None) -> FirstFrameMass:
+    """One head's (or, with ``head=None``, the layer's head-averaged) first-frame mass;
+    ``mass`` is a softmax-mass view (``mass_view``)."""
+    stats = mass.stats(layer, head) if head is not None else mass.layer_stats(layer)
+    baseline = mass.baseline(layer, head) if head is not None else mass.layer_baseline(layer)
+    frame = int(stats["first_frame"])
+    uniform = float(baseline.get(frame, np.nan)) if frame >= 0 else float("nan")
+    return FirstFrameMass(frame, float(stats["first"]), uniform)
+
+
+def disagrees(first_minus_middle: float, first: FirstFrameMass) -> bool:
+    """Whether a first − middle (of logits or of mass) points the other way than the first
+    frame's softmax mass against uniform: positive (red) while the frame gets less than
+    uniform attention would give it, or negative (blue) while it gets more."""
+    if not (np.isfinite(first_minus_middle) and np.isfinite(first.excess) and first.uniform > 0):
+        return False
+    if abs(first.excess) < DISAGREE_SHARE * first.uniform or first_minus_middle == 0:
+        return False
+    return (first_minus_middle > 0) != (first.excess > 0)

@@ -4,13 +4,16 @@
 it the q, k and v that the softmax sees and the call's ``AttentionLayout`` (which
 absolute frame each key segment was generated at, how many of its tokens are present,
 at which RoPE shift; rows carry the shift relative to the queries',
-``relative_position_shift``). The capture computes the layer's attention output
-itself, in the same call as its statistics (``sinkscope.stats.attention_with_statistics``:
-frame statistics, token entropy, argmax shares; key-token profiles for the chosen
-calls), and nothing token x token is kept. By default that output is the model's own
-attention bit for bit (cuDNN's, on CUDA), so capturing does not change the video;
-``fused_attention`` (config ``capture.attention: fused``) computes output and statistics
-in one Triton pass, within bf16 rounding. Results stay on the device until the
+``relative_position_shift``). By default (``capture.attention: exact``) the layer's
+output is the model's own call, the function and arguments the uncaptured call runs
+(``sinkscope.attention.split.cached_attention`` under the model's ``kernels``), so a
+captured video is the uncaptured one bit for bit on every device and dtype; the
+statistics come after it from q and k (``sinkscope.stats.attention_statistics``: frame
+statistics, token entropy, argmax shares; key-token profiles for the chosen calls; on
+CUDA given the log-sum-exp the attention call returned), and nothing token x token is
+kept. ``fused_attention`` (``capture.attention: fused``) computes output and statistics
+in one Triton pass where it can (CUDA, fp16 / bf16), the output within bf16 rounding:
+``video_exact`` then says whether any call took it. Results stay on the device until the
 generation ends, so capturing costs no host synchronization per call; or, given a
 ``handoff`` (the extraction job's ``sinkscope.pipeline.writing.ExtractionWriter``), each
 call's record goes to it at once and is written while the generation goes on. A Rolling
@@ -28,6 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sinkscope.attention.split import cached_attention
 from sinkscope.generation.sampler import (
     PASS_CACHE,
     PASS_DENOISE,
@@ -36,7 +40,12 @@ from sinkscope.generation.sampler import (
 )
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
-from sinkscope.stats.attention import CallStatistics, attention_with_statistics
+from sinkscope.stats.attention import (
+    CallStatistics,
+    attention_statistics,
+    attention_with_statistics,
+    fused_route_applies,
+)
 from sinkscope.tokens import encode_token_tensors
 
 TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
@@ -129,6 +138,14 @@ class FrameStatsCapture:
         self.records: list[CallRecord] = []
         self.handoff = handoff
         self._call: CallInfo | None = None
+        # Calls whose output came from the fused kernel, not the model's own call.
+        self.fused_calls = 0
+
+    @property
+    def video_exact(self) -> bool:
+        """Whether every captured call's output was the model's own, bit for bit (so the video
+        is the uncaptured one): False once a call took the fused route."""
+        return self.fused_calls == 0
 
     def __enter__(self) -> "FrameStatsCapture":
         for layer in self.layers:
@@ -152,8 +169,17 @@ class FrameStatsCapture:
                 raise RuntimeError("a captured attention call ran outside a generation")
             if q.shape[0] != 1:
                 raise ValueError(f"capture expects batch size 1, got {q.shape[0]}")
-            keys, values = k[0].transpose(0, 1), v[0].transpose(0, 1)
-            outs = []
+            queries, keys, values = (x[0].transpose(0, 1) for x in (q, k, v))
+            kernels = self.model.kernels
+            fused = self.fused_attention and fused_route_applies(queries, keys, values, layout.key_lengths, self.backend)
+            out, lse = None, None
+            if fused:
+                self.fused_calls += 1
+                outs = []
+            else:
+                # The model's own call, as the uncaptured layer runs it: the output does not
+                # depend on whether (or how) the statistics are computed.
+                out, lse = cached_attention(q, k, v, split=kernels.key_split)
             # A Rolling Forcing window call is one table call per block: each block's
             # queries get their own statistics (each query's softmax is its own, so this
             # is exact) and token profiles averaged over that block's queries only.
@@ -164,27 +190,26 @@ class FrameStatsCapture:
                 if part is not call:
                     part_layout = dataclasses.replace(layout, query_frames=tuple(range(part.start_frame,
                                                                                        part.start_frame + part.num_frames)))
-                # The layer's attention output comes from the same pass as its statistics.
-                out, stats = attention_with_statistics(
-                    q[0, rows].transpose(0, 1),
-                    keys,
-                    values,
-                    frame_seq_length=self.frame_seq_length,
-                    query_frames=part_layout.query_frames,
-                    key_frames=layout.key_frames,
-                    key_lengths=layout.key_lengths,
-                    token_profiles=self._wants_tokens(part),
-                    backend=self.backend,
-                    key_position_shift=layout.key_position_shift,
-                    fused=self.fused_attention,
-                )
+                statistics_args = dict(
+                    frame_seq_length=self.frame_seq_length, query_frames=part_layout.query_frames,
+                    key_frames=layout.key_frames, key_lengths=layout.key_lengths, token_profiles=self._wants_tokens(part),
+                    backend=self.backend, key_position_shift=layout.key_position_shift,
+                )  # fmt: skip
+                if fused:
+                    part_out, stats = attention_with_statistics(queries[:, rows], keys, values, fused=True,
+                                                                key_split=kernels.key_split, **statistics_args)  # fmt: skip
+                    outs.append(part_out)
+                else:
+                    stats = attention_statistics(queries[:, rows], keys, lse=None if lse is None else lse[0, :, rows],
+                                                 **statistics_args)  # fmt: skip
                 record = CallRecord(layer, part, part_layout, stats)
                 if self.handoff is not None:
                     self.handoff(record)
                 else:
                     self.records.append(record)
-                outs.append(out)
-            return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))[None]
+            if fused:
+                out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))[None]
+            return out
 
         return observe
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sinkscope.generation.sampler import (
+from sinkscope.generation.common import (
     PASS_CACHE,
     PASS_DENOISE,
     CallInfo,
@@ -51,9 +51,10 @@ from sinkscope.generation.sampler import (
     latents_to_host,
     prompt_schedule,
 )
+from sinkscope.generation.procedures import register_procedure
 from sinkscope.model import WanModel
 from sinkscope.model.policies import RollingForcingPolicy, policy_from_options
-from sinkscope.options import GenerationOptions, OptionsError
+from sinkscope.options import ROLLING_FORCING_PROCEDURE, GenerationOptions, OptionsError
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ def schedule_for(options: GenerationOptions) -> RollingSchedule:
     return RollingSchedule(len(options.block_sizes()), len(options.denoising_steps), options.frames_per_block)
 
 
+@register_procedure(ROLLING_FORCING_PROCEDURE)
 @torch.inference_mode()
 def generate_rolling(
     model: WanModel,
@@ -130,7 +132,8 @@ def generate_rolling(
 ) -> GenerationResult:
     """Generate one video's latents [1, C, F, H, W] (on the CPU) with Rolling Forcing's procedure.
 
-    As ``sampler.generate`` (one prompt only): observers hear of every model call before
+    Registered as procedure ``rolling_forcing``, run by ``sampler.generate`` (one prompt
+    only): observers hear of every model call before
     it runs; a window call's ``CallInfo`` carries one part per block (``parts``), which is
     what the capture turns into table calls.
     """

@@ -27,98 +27,40 @@ policy's business (``sinkscope.model.policies``); device memory stays flat under
 policy: the cache is sized by the policy, noise goes to the device one block at a
 time and the finished latents come back to the CPU block by block.
 
-Rolling Forcing's procedure (``generation.procedure: rolling_forcing``) lives in
-``sinkscope.generation.rolling`` and shares this module's helpers (``CallLog``,
-``latent_grid``, the noise stream, the host/device moves).
+This module holds ``generate``, the public entry point, which runs the procedure
+``generation.procedure`` names (``procedures.PROCEDURE_FUNCTIONS``), and Self-Forcing's
+block procedure (``generate_blocks``, registered as ``self_forcing``). Rolling Forcing's
+procedure is ``sinkscope.generation.rolling``; what the procedures share (schedule,
+noise stream, calls, host/device moves, clock) is ``sinkscope.generation.common``.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
+from sinkscope.generation.common import (
+    PASS_CACHE,
+    PASS_DENOISE,
+    PASS_RECACHE,
+    CallInfo,
+    CallLog,
+    FlowMatchSchedule,
+    GenerationClock,
+    GenerationObserver,
+    GenerationResult,
+    NoiseStream,
+    latent_grid,
+    latents_to_device,
+    latents_to_host,
+    prompt_schedule,
+    synchronize,
+)
+from sinkscope.generation.procedures import procedure_function, register_procedure
 from sinkscope.model import WanModel
 from sinkscope.model.policies import policy_from_options
-from sinkscope.options import GenerationOptions, OptionsError
-
-PASS_DENOISE = "denoise"
-PASS_CACHE = "cache"
-PASS_RECACHE = "recache"
-
-
-class FlowMatchSchedule:
-    """Shifted flow matching, sigma_min 0, one extra step (Self-Forcing's FlowMatchScheduler).
-
-    sigma_i = linspace(1, 0, T+1)[:-1], shifted s sigma / (1 + (s-1) sigma); t = T sigma.
-    Lookups take the nearest tabulated timestep, as the reference does.
-    """
-
-    def __init__(self, shift: float = 5.0, num_train_timesteps: int = 1000) -> None:
-        sigmas = torch.linspace(1.0, 0.0, num_train_timesteps + 1)[:-1]
-        self.sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
-        self.timesteps = self.sigmas * num_train_timesteps
-        self.num_train_timesteps = num_train_timesteps
-
-    def denoising_timesteps(self, steps: Sequence[int], warp: bool) -> list[float]:
-        if not warp:
-            return [float(s) for s in steps]
-        table = torch.cat([self.timesteps, torch.zeros(1)])
-        return [float(table[self.num_train_timesteps - int(s)]) for s in steps]
-
-    def sigma(self, timestep: float) -> float:
-        index = int(torch.argmin((self.timesteps.double() - float(timestep)).abs()))
-        return float(self.sigmas[index])
-
-    def to_x0(self, velocity: torch.Tensor, x_t: torch.Tensor, timestep: float) -> torch.Tensor:
-        """x0 = x_t - sigma_t v, in float64, returned in x_t's dtype."""
-        sigma = self.sigma(timestep)
-        return (x_t.double() - sigma * velocity.double()).to(x_t.dtype)
-
-    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, timestep: float) -> torch.Tensor:
-        sigma = self.sigma(timestep)
-        return ((1 - sigma) * x0.float() + sigma * noise.float()).to(x0.dtype)
-
-
-@dataclass(frozen=True)
-class CallInfo:
-    """One model call of the generation, announced to observers before it runs."""
-
-    block: int
-    pass_: str
-    step: int
-    timestep: float
-    start_frame: int
-    num_frames: int
-    # True for the calls of the video's last block (the Figure 4 view).
-    is_last_block: bool = False
-    # The prompt segment whose context the call uses (0 for a single prompt).
-    segment: int = 0
-    # Rolling Forcing's window call: one model call over several blocks at their own
-    # noise levels; the tables count it as one call per block, these (empty otherwise).
-    parts: tuple[CallInfo, ...] = ()
-
-    @property
-    def table_calls(self) -> tuple[CallInfo, ...]:
-        """The calls the tables hold for this model call: its parts, or itself."""
-        return self.parts or (self,)
-
-
-class GenerationObserver(Protocol):
-    def begin_call(self, info: CallInfo) -> None: ...
-
-
-@dataclass
-class GenerationResult:
-    latents: torch.Tensor
-    calls: list[CallInfo] = field(default_factory=list)
-    seconds: float = 0.0
-    peak_memory_bytes: int | None = None
-    kv_cache_bytes: int = 0
+from sinkscope.options import SELF_FORCING_PROCEDURE, GenerationOptions
 
 
 def block_causal_frame_mask(block_sizes: Sequence[int], local_attn_frames: int = -1, sink_frames: int = 0) -> torch.Tensor:
@@ -146,119 +88,6 @@ def seeded_noise(seed: int, shape: Sequence[int]) -> torch.Tensor:
     return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(int(seed)))
 
 
-class NoiseStream:
-    """A generation's noise from one seeded CPU generator, in Self-Forcing's order.
-
-    The values equal one draw of [num_frames + renoise_frames, C, H, W]: first the
-    initial noise of every frame, then the re-noising draws ([frames, C, H, W] per
-    step after the first) block by block. Only the initial noise is drawn up front;
-    the rest is drawn when asked for. torch's CPU normal sampler fills 16 values at a
-    time, so consecutive draws whose sizes are multiples of 16 continue one stream
-    exactly (tests check it); for other frame sizes everything is drawn up front.
-    """
-
-    def __init__(self, seed: int, num_frames: int, frame_shape: Sequence[int], renoise_frames: int) -> None:
-        self.frame_shape = tuple(int(s) for s in frame_shape)
-        self._generator = torch.Generator().manual_seed(int(seed))
-        self.streaming = math.prod(self.frame_shape) % 16 == 0
-        if self.streaming:
-            self.initial = torch.randn((num_frames, *self.frame_shape), generator=self._generator)
-            self._rest = None
-        else:
-            drawn = torch.randn((num_frames + renoise_frames, *self.frame_shape), generator=self._generator)
-            self.initial, self._rest = drawn[:num_frames], drawn[num_frames:]
-        self._drawn = 0
-        self._renoise_frames = renoise_frames
-
-    def renoise(self, frames: int) -> torch.Tensor:
-        """The next ``frames`` re-noising frames, [frames, C, H, W] on the CPU."""
-        if self._drawn + frames > self._renoise_frames:
-            raise ValueError(f"only {self._renoise_frames} re-noising frames were planned")
-        if self.streaming:
-            out = torch.randn((frames, *self.frame_shape), generator=self._generator)
-        else:
-            out = self._rest[self._drawn : self._drawn + frames]
-        self._drawn += frames
-        return out
-
-
-def latents_to_device(frames: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """CPU noise [F, C, H, W] as latents [1, C, F, H, W] on ``device``, without a host sync on CUDA."""
-    latents = frames.permute(1, 0, 2, 3).unsqueeze(0)
-    if device.type == "cuda":
-        return latents.contiguous().pin_memory().to(device, dtype, non_blocking=True)
-    return latents.to(device, dtype)
-
-
-def latents_to_host(latents: torch.Tensor) -> torch.Tensor:
-    """A block's latents on the CPU; from CUDA into pinned memory, queued without a host sync."""
-    if latents.device.type != "cuda":
-        return latents
-    host = torch.empty(latents.shape, dtype=latents.dtype, pin_memory=True)
-    return host.copy_(latents, non_blocking=True)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def latent_grid(model: WanModel, options: GenerationOptions) -> tuple[int, int, int]:
-    """(latent height, latent width, tokens a frame) of a generation."""
-    config = model.config
-    height = options.latent_height or config.latent_height
-    width = options.latent_width or config.latent_width
-    return height, width, config.frame_seq_length(height, width)
-
-
-class CallLog:
-    """The calls of a generation, as the tables count them; observers hear of each model
-    call before it runs."""
-
-    def __init__(self, observers: Iterable[GenerationObserver]) -> None:
-        self.observers = list(observers)
-        self.calls: list[CallInfo] = []
-
-    def announce(self, info: CallInfo) -> None:
-        self.calls.extend(info.table_calls)
-        for observer in self.observers:
-            observer.begin_call(info)
-
-
-class GenerationClock:
-    """Wall time and peak device memory of the denoising loop (synchronized at both ends)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        _synchronize(device)
-        self.began = time.perf_counter()
-
-    def result(self, outputs: Sequence[torch.Tensor], log: CallLog, kv_cache_bytes: int) -> GenerationResult:
-        _synchronize(self.device)
-        seconds = time.perf_counter() - self.began
-        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-        return GenerationResult(latents=torch.cat(list(outputs), dim=2), calls=log.calls, seconds=seconds,
-                                peak_memory_bytes=peak, kv_cache_bytes=kv_cache_bytes)  # fmt: skip
-
-
-def prompt_schedule(
-    context: torch.Tensor | Sequence[tuple[int, torch.Tensor]], options: GenerationOptions
-) -> list[tuple[int, torch.Tensor]]:
-    """(start frame, context) of every prompt segment, checked against the blocks."""
-    schedule = [(0, context)] if isinstance(context, torch.Tensor) else [(int(f), c) for f, c in context]
-    starts = [start for start, _ in schedule]
-    blocks = options.block_starts()
-    if not schedule or starts[0] != 0:
-        raise OptionsError(f"a prompt schedule starts at frame 0, not {starts[:1]}")
-    for previous, start in zip(starts, starts[1:]):
-        if not previous < start < options.num_frames or start not in blocks:
-            raise OptionsError(f"prompt switch at frame {start}: switches lie at block starts {blocks[1:]} in increasing order")
-    options.check_prompt_switches(starts[1:])
-    return schedule
-
-
 @torch.inference_mode()
 def generate(
     model: WanModel,
@@ -273,7 +102,28 @@ def generate(
     ``context`` is the prompt's text embedding [1, L, text_dim] (L <= text_len), or a
     prompt schedule: (start frame, embedding) per segment, the first at frame 0, the
     others at block starts. Observers hear of every call (block, pass, step, timestep,
-    prompt segment) before it runs. The steps are numbered as in Self-Forcing's
+    prompt segment) before it runs. The calls are those of the procedure
+    ``options.procedure`` names: Self-Forcing's blocks (``generate_blocks``), Rolling
+    Forcing's rolling window (``sinkscope.generation.rolling.generate_rolling``), or any
+    other registered with ``procedures.register_procedure``.
+    """
+    run = procedure_function(options.procedure)
+    return run(model, context, options=options, seed=seed, observers=observers)
+
+
+@register_procedure(SELF_FORCING_PROCEDURE)
+@torch.inference_mode()
+def generate_blocks(
+    model: WanModel,
+    context: torch.Tensor | Sequence[tuple[int, torch.Tensor]],
+    *,
+    options: GenerationOptions,
+    seed: int,
+    observers: Iterable[GenerationObserver] = (),
+) -> GenerationResult:
+    """Self-Forcing's block procedure (``procedure: self_forcing``); as ``generate``.
+
+    A prompt may switch at block starts. The steps are numbered as in Self-Forcing's
     ``inference()``:
 
     1. initialize the KV cache (here: the cache policy and its storage);
@@ -287,14 +137,7 @@ def generate(
        3.3 rerun at the context timestep to update the KV cache with clean keys;
        3.4 move the start frame on;
     4. (decoding to pixels is not done here).
-
-    Under ``procedure: rolling_forcing`` the calls are Rolling Forcing's rolling window
-    instead (``sinkscope.generation.rolling.generate_rolling``).
     """
-    if options.rolling_forcing:
-        from sinkscope.generation.rolling import generate_rolling
-
-        return generate_rolling(model, context, options=options, seed=seed, observers=observers)
     config = model.config
     device, dtype = model.device, model.dtype
     height, width, frame_seq_length = latent_grid(model, options)
@@ -330,7 +173,7 @@ def generate(
             cache.cache.forget_context()
             if options.recaches:
                 count = options.recache_frames(start)
-                _synchronize(device)  # the finished blocks' host copies are complete
+                synchronize(device)  # the finished blocks' host copies are complete
                 kept = latents_to_device(torch.cat(outputs, dim=2)[0, :, start - count : start].transpose(0, 1), device, dtype)
                 announce(CallInfo(block, PASS_RECACHE, 0, float(options.context_noise), start - count, count, last, segment))
                 cache.begin_recache(start - count, count)

@@ -8,30 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from sinkscope.legacy.plan import ROW_SUM_TOLERANCE, _as_int, _as_int_list, _blocks, _fail, _Plan
+from sinkscope.legacy.plan import ROW_SUM_TOLERANCE, _as_int, _as_int_list, _Plan, frame_matrix_layout
 from sinkscope.legacy.rows import _rows
 
 
 def _import_frame_matrix(data: Mapping[str, Any], plan: _Plan, path: Path, not_imported: list[str]):
     entry = plan.entries[0]
-    matrix = entry.tensor.to(torch.float64).numpy()
-    heads, frames = matrix.shape[0], matrix.shape[1]
-    if "num_heads" in data and _as_int(data["num_heads"], path, "num_heads") != heads:
-        raise _fail(path, "num_heads", f"says {data['num_heads']}, but full_frame_attention has {heads} heads")
-    blocks = _blocks({}, data, path, "")
-    if blocks.sizes is not None and sum(blocks.sizes) != frames:
-        raise _fail(
-            path, "block_sizes", f"{list(blocks.sizes)} sum to {sum(blocks.sizes)} frames, but full_frame_attention has {frames}"
-        )
+    # The fields checked against the matrix, as load_study checks them before any job.
+    matrix, blocks, block_of, visible = frame_matrix_layout(data, entry, path)
+    frames = matrix.shape[1]
     if blocks.sizes is None:
         plan.notes.append(f"no block_sizes: blocks of {blocks.per_block} frames assumed ({blocks.origin})")
     plan.blocks = blocks
-    block_of = np.array([blocks.of(f) for f in range(frames)])
-    # Block-causal: a query frame sees every frame up to the end of its block.
-    visible_until = np.array([blocks.span(b)[1] for b in block_of])
-    visible = np.arange(frames)[None, :] < visible_until[:, None]  # [Q, K]
     if "last_block_query_frames" in data:
         stated = _as_int_list(data["last_block_query_frames"], path, "last_block_query_frames")
         last = list(range(*blocks.span(int(block_of[-1]))))
@@ -39,10 +28,6 @@ def _import_frame_matrix(data: Mapping[str, Any], plan: _Plan, path: Path, not_i
             plan.notes.append(
                 f"last_block_query_frames {stated} differs from the last block {last} of the block sizes; the block sizes are used"
             )
-    values = matrix[:, visible]  # [H, cells]
-    if not np.isfinite(values).all():
-        bad = int((~np.isfinite(values)).sum())
-        raise _fail(path, "full_frame_attention", f"holds {bad} NaN or infinite values in the cells the queries can see")
 
     fsl = data.get("frame_seq_length")
     fsl = _as_int(fsl, path, "frame_seq_length", minimum=1) if fsl is not None else None

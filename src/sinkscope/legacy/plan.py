@@ -434,6 +434,53 @@ def _plan(data: Any, path: Path) -> _Plan:
     return plan
 
 
+def check_values(data: Mapping[str, Any], plan: _Plan, path: Path) -> None:
+    """What an import would refuse in the values, found without importing: a frame
+    matrix's fields that disagree with it (num_heads, block_sizes) and NaN or infinity in
+    the cells its queries see; NaN or infinity in a token-level tensor that is imported.
+    ``load_study`` runs it, so a bad cache stops the workflow before any job."""
+    if plan.layout == "frame_matrix":
+        frame_matrix_layout(data, plan.entries[0], path)
+        return
+    for entry in plan.entries:
+        values = entry.tensor[0]
+        rows = max(1, min(values.shape[1], (1 << 24) // values.shape[2]))
+        for head in range(values.shape[0]):
+            for start in range(0, values.shape[1], rows):
+                if not bool(torch.isfinite(values[head, start : start + rows]).all()):
+                    stop = min(values.shape[1], start + rows)
+                    raise _fail(path, entry.field, f"holds NaN or infinite values (head {head}, query tokens {start}..{stop - 1})")
+
+
+def check_cache(path: str | Path, allow_pickle: bool = False) -> None:
+    """``check_values`` of a cache file (after ``importer.peek_layers`` has checked its archive)."""
+    path, data = _load(path, allow_pickle)
+    check_values(data, _plan(data, path), path)
+
+
+def frame_matrix_layout(data: Mapping[str, Any], entry: _Entry, path: Path):
+    """A frame matrix checked against its fields: (matrix as float64 [H, F, F], blocks,
+    the block of each frame, the [Q, K] cells a query frame can see under the blocks)."""
+    matrix = entry.tensor.to(torch.float64).numpy()
+    heads, frames = matrix.shape[0], matrix.shape[1]
+    if "num_heads" in data and _as_int(data["num_heads"], path, "num_heads") != heads:
+        raise _fail(path, "num_heads", f"says {data['num_heads']}, but full_frame_attention has {heads} heads")
+    blocks = _blocks({}, data, path, "")
+    if blocks.sizes is not None and sum(blocks.sizes) != frames:
+        raise _fail(
+            path, "block_sizes", f"{list(blocks.sizes)} sum to {sum(blocks.sizes)} frames, but full_frame_attention has {frames}"
+        )
+    block_of = np.array([blocks.of(f) for f in range(frames)])
+    # Block-causal: a query frame sees every frame up to the end of its block.
+    visible_until = np.array([blocks.span(b)[1] for b in block_of])
+    visible = np.arange(frames)[None, :] < visible_until[:, None]  # [Q, K]
+    values = matrix[:, visible]  # [H, cells]
+    if not np.isfinite(values).all():
+        bad = int((~np.isfinite(values)).sum())
+        raise _fail(path, "full_frame_attention", f"holds {bad} NaN or infinite values in the cells the queries can see")
+    return matrix, blocks, block_of, visible
+
+
 def _load(path: str | Path, allow_pickle: bool) -> tuple[Path, Any]:
     from sinkscope.model.loading import torch_load
 

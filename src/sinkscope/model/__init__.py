@@ -4,7 +4,9 @@
 - ``wan``: the transformer (``WanModel``); ``cache``: KV cache storage; ``layout``: what
   each attention call sees; ``policies``: the KV-cache policies of long rollouts.
 - ``checkpoints``: a config's checkpoint entry resolved and its files checked (no
-  torch); ``lora``: its LoRA adapter read and checked (no torch); ``torchfile``: a
+  torch); ``formats``: the weight formats, each one registered object that detects,
+  checks (no torch) and reads its files; ``weightfiles``: paths, headers and the
+  torch-side readers; ``lora``: its LoRA adapter read and checked (no torch); ``torchfile``: a
   torch.save archive read without unpickling; ``loading``: weights into the model
   (``load_transformer``, adapters merged); ``text``: prompt encoders.
 

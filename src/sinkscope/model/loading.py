@@ -1,7 +1,8 @@
 """Loading transformer weights (the torch side of ``sinkscope.model.checkpoints``).
 
 ``sinkscope.model.checkpoints`` finds out what a checkpoint is (format, model config,
-files) without torch; this module reads the state dict and builds the model.
+files) without torch; this module has the checkpoint's format (``sinkscope.model.formats``)
+read the state dict, and builds the model.
 
 Loading is strict (missing/unexpected keys and shape mismatches fail, with counts and
 the first names), safe (``torch.load(weights_only=True)`` unless ``allow_pickle``) and
@@ -15,34 +16,25 @@ target device and cast to the model's dtype once.
 
 from __future__ import annotations
 
-import pickle
-import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from sinkscope.errors import WeightsError
-from sinkscope.model.checkpoints import (
-    FSDP_WRAPPER,
-    CheckpointSpec,
-    ResolvedCheckpoint,
-    check_shapes,
-    check_torch_file,
+from sinkscope.model.checkpoints import CheckpointSpec, ResolvedCheckpoint, resolve_checkpoint, weight_options
+from sinkscope.model.config import WanConfig, get_model_config
+from sinkscope.model.formats import (
+    WeightOptions,
     config_in_folder,
     detect_format,
-    diffusers_to_wan_key,
-    folder_weight_files,
-    resolve_checkpoint,
-    resolve_path,
-    safetensors_header,
-    transformer_folder,
+    diffusers_to_wan_key,  # noqa: F401 - importable from here, as before
+    weight_format,
 )
-from sinkscope.model.config import WanConfig, get_model_config
 from sinkscope.model.lora import LoraSpec, ResolvedLora, resolve_lora
-from sinkscope.model.wan import WanModel, build_model
+from sinkscope.model.wan import WanModel
+from sinkscope.model.weightfiles import check_shapes, load_safetensors, missing_path, resolve_path, torch_load
 
 __all__ = ["WeightsError", "detect_format", "load_checkpoint", "load_transformer", "merge_lora", "torch_load"]
 
@@ -52,109 +44,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # -- reading state dicts ----------------------------------------------------------------
 
 
-def _safe_open(path: Path, **options):
-    """safetensors' safe_open, with a corrupt or truncated file named in a WeightsError."""
-    from safetensors import safe_open
-
-    safetensors_header(path)  # a clear message for files that are not safetensors
-    try:
-        return safe_open(str(path), framework="pt", **options)
-    except Exception as exc:  # noqa: BLE001 - SafetensorError is not a common base class
-        raise WeightsError(f"{path} is not a readable .safetensors file (corrupt or truncated?): {exc}") from None
-
-
-def _load_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        # safe_open memory-maps the file; tensors are read when touched.
-        with _safe_open(file, device="cpu") as handle:
-            for key in handle.keys():
-                state[key] = handle.get_tensor(key)
-    return state
-
-
-def torch_load(path: Path, *, allow_pickle: bool, option: str = "allow_pickle: true") -> Any:
-    """torch.load, memory-mapped, refusing to unpickle code unless allowed.
-
-    ``option`` names the setting that allows unpickling, for the error message.
-    """
-    kwargs = dict(map_location="cpu", weights_only=not allow_pickle)
-    try:
-        try:
-            return torch.load(path, mmap=True, **kwargs)
-        except RuntimeError as exc:
-            # Files saved with _use_new_zipfile_serialization=False cannot be mapped.
-            if "mmap" not in str(exc) and "zip" not in str(exc):
-                raise WeightsError(f"{path} is not a readable torch file (corrupt or truncated?): {exc}") from None
-            try:
-                return torch.load(path, **kwargs)
-            except (RuntimeError, EOFError) as again:
-                raise WeightsError(f"{path} is not a readable torch file (corrupt or truncated?): {again}") from None
-    except pickle.UnpicklingError as exc:
-        # The refusal names the global it would not load; anything else is a broken file.
-        if allow_pickle or "global" not in str(exc).lower():
-            raise WeightsError(f"{path} is not a readable torch file (corrupt or truncated?): {_plain(str(exc))[:200]}") from None
-        raise WeightsError(
-            f"{path} holds objects beyond tensors, and unpickling them is refused by default "
-            f"(it can run code); if you trust the file, set {option} ({_plain(str(exc).splitlines()[0])[:120]})"
-        ) from None
-
-
-def _plain(text: str) -> str:
-    """Without terminal escape codes (torch bolds parts of its messages)."""
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-def _strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    if state and all(key.startswith(prefix) for key in state):
-        return {key[len(prefix) :]: value for key, value in state.items()}
-    return dict(state)
-
-
 def read_self_forcing_state(path: Path, *, ema: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """The generator state dict of a Self-Forcing checkpoint, ``model.`` stripped."""
-    check_torch_file(path)
-    data = torch_load(path, allow_pickle=allow_pickle)
-    if not isinstance(data, Mapping):
-        raise WeightsError(f"{path} holds a {type(data).__name__}, not a state dict")
-    wanted = "generator_ema" if ema else "generator"
-    if wanted in data:
-        state = data[wanted]
-    elif any(k in data for k in ("generator", "generator_ema")):
-        present = [k for k in ("generator", "generator_ema") if k in data]
-        option = "ema: false" if wanted == "generator_ema" else "ema: true"
-        raise WeightsError(f"{path} has no {wanted!r} (it has {present}); set {option} to load the other")
-    elif all(isinstance(v, torch.Tensor) for v in data.values()):
-        state = data  # a bare state dict
-    else:
-        raise WeightsError(f"{path} has neither 'generator_ema' nor 'generator' (keys: {sorted(data)[:8]})")
-    if not isinstance(state, Mapping):
-        raise WeightsError(f"{path}: {wanted!r} is a {type(state).__name__}, not a state dict")
-    # FSDP's wrapper names, which Causal Forcing's inference.py also removes on load.
-    state = {key.replace(FSDP_WRAPPER, ""): value for key, value in state.items()}
-    return _strip_prefix(_strip_prefix(state, "model."), "_orig_mod.")
+    return weight_format("self_forcing").read(Path(path), None, WeightOptions(ema=ema, allow_pickle=allow_pickle))
 
 
 def read_state_dict(path: Path, fmt: str, *, ema: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """The transformer state dict at ``path`` in original Wan key names."""
-    if fmt == "self_forcing":
-        if path.is_dir():
-            raise WeightsError(f"format 'self_forcing' expects a .pt file, got the folder {path}")
-        return read_self_forcing_state(path, ema=ema, allow_pickle=allow_pickle)
-    if path.is_dir():
-        files = folder_weight_files(transformer_folder(path))
-    elif path.suffix == ".safetensors":
-        files = [path]
-    else:
-        raise WeightsError(f"format {fmt!r} expects a folder or .safetensors file, got {path}")
-    state = _load_safetensors(files)
-    if fmt == "diffusers":
-        state = {diffusers_to_wan_key(k): v for k, v in state.items() if not k.startswith("rope.")}
-    elif fmt == "wan":
-        state = _strip_prefix(state, "model.diffusion_model.")
-    else:
-        raise WeightsError(f"unknown weights format {fmt!r}")
-    return state
+    return weight_format(fmt).read(Path(path), None, WeightOptions(ema=ema, allow_pickle=allow_pickle))
 
 
 def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
@@ -169,7 +66,7 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], 
 def read_lora_tensors(lora: ResolvedLora, *, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """The adapter's tensors by their keys in the file (the .pt's ``generator_lora`` entry, or its top level)."""
     if lora.tensors.suffix == ".safetensors":
-        return _load_safetensors([lora.tensors])
+        return load_safetensors([lora.tensors])
     data = torch_load(lora.tensors, allow_pickle=allow_pickle)
     if lora.state_key is not None:
         data = data.get(lora.state_key) if isinstance(data, Mapping) else None
@@ -251,17 +148,11 @@ def load_transformer(
     comes from the weights folder's config.json, or from ``base``'s. ``lora`` (a path,
     a ``{path, rank, alpha}`` mapping, or a resolved adapter) is merged into the weights.
     """
-    path = resolve_path(str(path))
+    text = str(path)
+    path = resolve_path(text)
     if not path.exists():
-        raise FileNotFoundError(f"weights path {str(path)!r} does not exist")
+        raise FileNotFoundError(missing_path(f"weights path {text!r} does not exist", text))
     fmt = detect_format(path) if format == "auto" else format
-    if isinstance(dtype, str):
-        if dtype == "auto":
-            dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-        elif dtype in DTYPES:
-            dtype = DTYPES[dtype]
-        else:
-            raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     if model is not None:
         config = get_model_config(model)
     else:
@@ -273,13 +164,42 @@ def load_transformer(
         if config is None:
             raise WeightsError(f"no config.json beside {path}; pass model= (e.g. 'wan2.1-t2v-1.3b') or base=")
     adapter = _resolved_lora(lora, config, allow_pickle)
-    state = read_state_dict(path, fmt, ema=ema, allow_pickle=allow_pickle)
-    with torch.device("meta"):
-        net = WanModel(config)
-    check_state_dict(net, state, f"{fmt} weights {path}")
-    if adapter is not None:
-        merge_lora(state, adapter, read_lora_tensors(adapter, allow_pickle=allow_pickle), dtype=dtype, device=device)
-    net.load_state_dict(state, strict=True, assign=True)
+    options = WeightOptions(ema=ema, allow_pickle=allow_pickle)
+    return _load(fmt, path, config, options, device=device, dtype=_dtype(dtype, device), lora=adapter)
+
+
+def _dtype(dtype: torch.dtype | str, device: torch.device | str) -> torch.dtype:
+    if not isinstance(dtype, str):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+
+
+def _load(
+    fmt: str,
+    path: Path | None,
+    config: WanConfig,
+    options: WeightOptions,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    lora: ResolvedLora | None,
+) -> WanModel:
+    """The model of ``config`` with the weights the format reads, checked strictly, the
+    adapter merged; built on the meta device, so the weights are never copied twice."""
+    weights = weight_format(fmt)
+    net = weights.build(config, options)
+    if net is None:
+        state = weights.read(path, config, options)
+        with torch.device("meta"):
+            net = WanModel(config)
+        check_state_dict(net, state, f"{fmt} weights {path}")
+        if lora is not None:
+            merge_lora(state, lora, read_lora_tensors(lora, allow_pickle=options.allow_pickle), dtype=dtype, device=device)
+        net.load_state_dict(state, strict=True, assign=True)
     return net.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
@@ -299,18 +219,6 @@ def load_checkpoint(
     """Load a checkpoint entry of the config on ``device`` in its compute dtype."""
     if isinstance(checkpoint, CheckpointSpec):
         checkpoint = resolve_checkpoint(checkpoint, base_dir)
-    spec = checkpoint.spec
-    dtype = compute_dtype(spec, device)
-    if checkpoint.format == "demo":
-        return build_model(checkpoint.model_config, seed=spec.seed, dtype=dtype, device=device)
-    return load_transformer(
-        checkpoint.weights,
-        format=checkpoint.format,
-        model=checkpoint.model_config,
-        base=checkpoint.base,
-        ema=spec.ema,
-        allow_pickle=spec.allow_pickle,
-        device=device,
-        dtype=dtype,
-        lora=checkpoint.lora,
-    )
+    dtype = compute_dtype(checkpoint.spec, device)
+    return _load(checkpoint.format, checkpoint.weights, checkpoint.model_config, weight_options(checkpoint.spec),
+                 device=device, dtype=dtype, lora=checkpoint.lora)  # fmt: skip

@@ -43,8 +43,16 @@ from pathlib import Path
 from typing import Any
 
 from sinkscope.errors import WeightsError
-from sinkscope.model.checkpoints import TORCH_SUFFIXES, cached_value, diffusers_to_wan_key, resolve_path, safetensors_header
 from sinkscope.model.config import WanConfig, parameter_shapes
+from sinkscope.model.formats import diffusers_to_wan_key
+from sinkscope.model.weightfiles import (
+    TORCH_SUFFIXES,
+    cached_value,
+    check_torch_file,
+    missing_path,
+    resolve_path,
+    safetensors_header,
+)
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -151,7 +159,7 @@ def resolve_lora(
     """
     path = resolve_path(spec.path, base_dir)
     if not path.exists():
-        raise FileNotFoundError(f"adapter {spec.path!r} does not exist (looked at {path})")
+        raise FileNotFoundError(missing_path(f"adapter {spec.path!r} does not exist (looked at {path})", spec.path))
     if path.is_dir():
         peft = _read_peft_config(path, spec)
         tensors = next((path / name for name in PEFT_WEIGHTS if (path / name).is_file()), None)
@@ -235,19 +243,10 @@ def _tensor_shapes(
 
 
 def _read_torch_adapter(path: Path, allow_pickle: bool, top_level_only: bool) -> dict[str, Any]:
-    from sinkscope.model.torchfile import read_archive, tensor_shapes
+    from sinkscope.model.torchfile import read_trusted_structure, tensor_shapes
 
-    with open(path, "rb") as handle:
-        head = handle.read(4)
-    if head != b"PK\x03\x04":
-        shown = head.decode("latin-1").encode("unicode_escape").decode() or "nothing"
-        raise WeightsError(f"{path} is not a torch.save zip archive (it starts with {shown!r}); adapters are checked "
-                           "without unpickling, so re-save a legacy-format file with a current torch.save")  # fmt: skip
-    archive = read_archive(path, verify=True)
-    if archive.unsafe_globals and not allow_pickle:
-        raise WeightsError(f"{path} holds pickled objects beyond tensors ({', '.join(archive.unsafe_globals[:3])}); set the "
-                           "checkpoint's allow_pickle: true only for a file you trust")  # fmt: skip
-    data = archive.data
+    check_torch_file(path)
+    data = read_trusted_structure(path, allow_pickle=allow_pickle, option="the checkpoint's allow_pickle: true")
     if not isinstance(data, dict):
         raise WeightsError(f"{path} holds a {type(data).__name__}, not a dict of LoRA tensors")
     state_key = None

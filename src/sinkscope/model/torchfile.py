@@ -9,6 +9,8 @@ other object becomes ``PickledObject`` naming its class), so the config check ca
 before any job runs and without executing a byte of the file:
 
 - whether the archive is whole (its directory, and with ``verify`` every record's CRC);
+  a file in torch's legacy format (before 1.6: a stream of pickles followed by the
+  storages' bytes) is walked the same way, each storage's length checked against the file;
 - which objects beyond tensors it would unpickle (what ``torch.load(weights_only=True)``
   refuses);
 - its key structure and every tensor's shape (a generator-less checkpoint, or weights
@@ -21,7 +23,7 @@ import pickletools
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sinkscope.errors import WeightsError
 
@@ -56,6 +58,7 @@ class _Global:
 @dataclass(frozen=True)
 class _Storage:
     key: str
+    type_name: str = ""  # torch.FloatStorage, ... (the legacy format needs it to size a record)
 
 
 class _Mark:
@@ -90,9 +93,13 @@ _DTYPES = {"float32", "float", "float64", "double", "float16", "half", "bfloat16
 
 
 def read_archive(path: str | Path, *, verify: bool = False) -> Archive:
-    """Read the object structure of a torch.save zip archive; ``verify`` also checks the
-    CRC of every record (reads the whole file). Raises WeightsError naming the file."""
+    """Read the object structure of a torch.save file: a zip archive (``verify`` also
+    checks the CRC of every record, reading the whole file) or torch's legacy format.
+    Raises WeightsError naming the file."""
     path = Path(path)
+    with open(path, "rb") as handle:
+        if handle.read(4) != b"PK\x03\x04":
+            return _read_legacy(path)
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -117,8 +124,60 @@ def read_archive(path: str | Path, *, verify: bool = False) -> Archive:
     return Archive(path, data, frozenset(found["globals"]))
 
 
-def _unpickle_structure(payload: bytes, path: Path) -> tuple[Any, dict[str, set]]:
-    """Run the pickle's opcodes on stand-ins: containers and scalars are built, calls are not."""
+def read_trusted_structure(path: str | Path, *, allow_pickle: bool, option: str = "allow_pickle: true") -> Any:
+    """The object structure of a torch.save file, verified whole; one that would unpickle
+    objects beyond tensors is refused unless ``allow_pickle`` (``option`` names the setting)."""
+    archive = read_archive(path, verify=True)
+    if archive.unsafe_globals and not allow_pickle:
+        raise WeightsError(f"{archive.path} holds pickled objects beyond tensors ({', '.join(archive.unsafe_globals[:3])}); "
+                           f"set {option} only for a file you trust")  # fmt: skip
+    return archive.data
+
+
+# torch.serialization's legacy format: the magic number, the protocol version and the
+# system info, each pickled; the object; the sorted storage keys; then per key the
+# storage's element count (int64, little-endian) and its bytes.
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+LEGACY_PROTOCOL = 1001
+_ELEMENT_SIZES = {"Double": 8, "Float": 4, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
+                  "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "Untyped": 1}  # fmt: skip
+
+
+def _read_legacy(path: Path) -> Archive:
+    """A legacy-format torch.save file, walked without unpickling: its pickles, and that
+    every storage the object refers to is there, as long as its element count says."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        for expected in (LEGACY_MAGIC, LEGACY_PROTOCOL, dict):
+            value = _unpickle_structure(handle, path)[0]
+            if not (isinstance(value, expected) if isinstance(expected, type) else value == expected):
+                raise WeightsError(f"{path} is not a torch.save file (it starts with a pickle, but not torch's header)")
+        data, found = _unpickle_structure(handle, path)
+        keys, _ = _unpickle_structure(handle, path)
+        if not isinstance(keys, list):
+            raise WeightsError(f"{path}: its list of storages cannot be read; damaged?")
+        types = {s.key: s.type_name for s in found["storages"]}
+        missing = sorted(set(types) - {str(k) for k in keys})
+        if missing:
+            raise WeightsError(f"{path} is incomplete: its pickle refers to storages it lacks ({', '.join(missing[:3])})")
+        for key in keys:
+            raw = handle.read(8)
+            if len(raw) < 8:
+                raise WeightsError(f"{path} is truncated: storage {key!r} is missing")
+            element = _ELEMENT_SIZES.get(types.get(str(key), "").rpartition(".")[2].removesuffix("Storage"))
+            if element is None:
+                break  # a storage type sized here by no table: the records after it cannot be found
+            end = handle.tell() + int.from_bytes(raw, "little", signed=True) * element
+            if not handle.tell() <= end <= size:
+                raise WeightsError(f"{path} is truncated: storage {key!r} needs {end} bytes, the file has {size}")
+            handle.seek(end)
+    return Archive(path, data, frozenset(found["globals"]))
+
+
+def _unpickle_structure(payload: bytes | BinaryIO, path: Path) -> tuple[Any, dict[str, set]]:
+    """Run the pickle's opcodes on stand-ins: containers and scalars are built, calls are not.
+
+    ``payload`` is the pickle's bytes, or a file positioned at one (left after its STOP)."""
     stack: list[Any] = []
     memo: dict[int, Any] = {}
     found: dict[str, set] = {"globals": set(), "storages": set()}
@@ -219,7 +278,8 @@ def _unpickle_structure(payload: bytes, path: Path) -> tuple[Any, dict[str, set]
             elif op == "BINPERSID":
                 pid = stack.pop()
                 key = str(pid[2]) if isinstance(pid, tuple) and len(pid) > 2 else str(pid)
-                storage = _Storage(key)
+                kind = pid[1].name if isinstance(pid, tuple) and len(pid) > 1 and isinstance(pid[1], _Global) else ""
+                storage = _Storage(key, kind)
                 found["storages"].add(storage)
                 stack.append(storage)
             elif op == "PERSID":
@@ -243,9 +303,9 @@ def _unpickle_structure(payload: bytes, path: Path) -> tuple[Any, dict[str, set]
             else:
                 raise ValueError(f"opcode {op} is not supported")
     except (ValueError, IndexError, KeyError, TypeError) as exc:
-        raise WeightsError(f"{path}: its data.pkl cannot be read ({exc}); damaged?") from None
+        raise WeightsError(f"{path}: its pickle cannot be read ({exc}); truncated or damaged?") from None
     if len(stack) != 1:
-        raise WeightsError(f"{path}: its data.pkl does not describe one object; damaged?")
+        raise WeightsError(f"{path}: its pickle does not describe one object; truncated or damaged?")
     return stack[0], found
 
 

@@ -13,6 +13,9 @@ Two ways to call it:
 - ``model(latents, timestep, context, kv_cache=policy, start_frame=s)``: one causal
   block step of KV-cache inference, as Self-Forcing generates; ``policy`` is a
   ``sinkscope.model.policies.CachePolicy`` (the KV cache and what it keeps).
+
+Which kernels it runs on CUDA (config ``capture.kernels``) is the model's field ``kernels``
+(a ``sinkscope.attention.settings.KernelSettings``), handed to every layer by the forward.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sinkscope.attention.split import balanced_attention, enable_key_split
+from sinkscope.attention.settings import FAST_KERNELS, KernelSettings
+from sinkscope.attention.split import balanced_attention
 from sinkscope.model.config import WanConfig, get_model_config
 from sinkscope.model.layout import AttentionLayout
 
@@ -39,9 +43,10 @@ class AttentionObserver(Protocol):
     q [B, Lq, H, D], k and v [B, Lk, H, D] exactly as the softmax sees them (after RMSNorm
     and RoPE, k after the cache policy's eviction, compaction and RoPE moves); ``layout``
     names the query frames and, segment by segment in k's order, the key frames. An
-    observer that computes the attention itself (the capture does, in the same pass as
-    its statistics) returns the output [B, Lq, H, D]; one that returns None leaves it to
-    SDPA.
+    observer that returns an output [B, Lq, H, D] gives the layer's attention (the capture
+    returns the model's own call, ``sinkscope.attention.split.cached_attention`` under the
+    model's ``kernels``, so the output is unchanged, or with ``capture.attention: fused``
+    its own); one that returns None leaves the call to the model.
     """
 
     def __call__(
@@ -218,12 +223,14 @@ class WanSelfAttention(_WanAttention):
         kv_cache: CachePolicy | None = None,
         attn_mask: torch.Tensor | None = None,
         raw_k: torch.Tensor | None = None,
+        kernels: KernelSettings = FAST_KERNELS,
     ) -> torch.Tensor:
         """Attention over the visible keys; [B, L, H*D] before the output projection.
 
         Kept out of compiled regions: the cache policy stores the block's keys (``raw_k``:
         the same keys before RoPE, for policies that keep some un-roped) and hands back
-        every key the softmax sees; the observer gets them with the call's layout.
+        every key the softmax sees; the observer gets them with the call's layout. A cached
+        call splits its keys where that fills the GPU better, if ``kernels.key_split``.
         """
         if kv_cache is not None:
             k, v = kv_cache.attend(self.layer_index, q, k, v, raw_k)
@@ -232,8 +239,7 @@ class WanSelfAttention(_WanAttention):
                 if out is not None and attn_mask is None:
                     return out.flatten(2)
             if attn_mask is None:
-                # Cached calls split their keys where that fills the GPU better.
-                return balanced_attention(q, k, v).flatten(2)
+                return balanced_attention(q, k, v, split=kernels.key_split).flatten(2)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
         )
@@ -277,9 +283,11 @@ class WanAttentionBlock(nn.Module):
         kv_cache: CachePolicy | None = None,
         attn_mask: torch.Tensor | None = None,
         keys_only: bool = False,
+        kernels: KernelSettings = FAST_KERNELS,
     ) -> torch.Tensor | None:
         """The layer's output; with ``keys_only``, only the self-attention call (its keys reach
-        the cache, an observer sees it) and nothing after it: None."""
+        the cache, an observer sees it) and nothing after it: None. ``kernels``: the model's
+        kernel settings (``WanModel.kernels``)."""
         before, after = self.step_functions
         raw_k = None
         if kv_cache is not None and kv_cache.wants_raw_keys:
@@ -295,10 +303,10 @@ class WanAttentionBlock(nn.Module):
         if keys_only and kv_cache is not None and self.self_attn.observer is None:
             kv_cache.attend(self.self_attn.layer_index, q, k, v, raw_k)  # stores the block's keys
             return None
-        attn = self.self_attn.attend(q, k, v, kv_cache, attn_mask, raw_k)
+        attn = self.self_attn.attend(q, k, v, kv_cache, attn_mask, raw_k, kernels)
         if keys_only:
             return None
-        return after(self, x, attn, e0, *context_kv)
+        return after(self, x, attn, e0, *context_kv, kernels.fused_gelu)
 
     # The pieces around the self-attention core: pure tensor functions, so that
     # WanModel.compile_blocks can compile them once for all layers.
@@ -321,8 +329,9 @@ class WanAttentionBlock(nn.Module):
         e0: torch.Tensor,
         context_k: torch.Tensor,
         context_v: torch.Tensor,
+        fused_gelu: bool = True,
     ) -> torch.Tensor:
-        """Output projection and gate, cross-attention, modulated FFN."""
+        """Output projection and gate, cross-attention, modulated FFN (``feed_forward``)."""
         frames = e0.shape[1]
         _, _, gate_sa, shift_ff, scale_ff, gate_ff = (block.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
 
@@ -332,31 +341,16 @@ class WanAttentionBlock(nn.Module):
         x = x + (per_frame(block.self_attn.o(attn)) * gate_sa).flatten(1, 2)
         x = x + block.cross_attn(block.norm3(x), (context_k, context_v))
         h = (per_frame(block.norm2(x)) * (1 + scale_ff) + shift_ff).flatten(1, 2)
-        return x + (per_frame(feed_forward(block.ffn, h)) * gate_ff).flatten(1, 2)
+        return x + (per_frame(feed_forward(block.ffn, h, fused_gelu)) * gate_ff).flatten(1, 2)
 
     step_functions = (attention_inputs, attention_outputs)
 
 
-_FUSED_GELU = True
-
-
-def enable_fused_gelu(enabled: bool) -> None:
-    """Turn the FFN's GELU epilogue (``feed_forward``) on or off for the process."""
-    global _FUSED_GELU
-    _FUSED_GELU = bool(enabled)
-
-
-def use_fast_kernels(enabled: bool) -> None:
-    """``capture.kernels``: fast (key-split attention, the GELU epilogue) or Self-Forcing's
-    reference kernels (one SDPA call per attention, a separate GELU), for the process."""
-    enable_key_split(enabled)
-    enable_fused_gelu(enabled)
-
-
-def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
+def feed_forward(ffn: nn.Sequential, h: torch.Tensor, fused_gelu: bool = True) -> torch.Tensor:
     """Wan's FFN (Linear, tanh GELU, Linear) of h [B, L, D].
 
-    For inference on CUDA in fp16 / bf16 the first product and its GELU are one cuBLASLt
+    With ``fused_gelu`` (``KernelSettings.fused_gelu``), for inference on CUDA in fp16 /
+    bf16, the first product and its GELU are one cuBLASLt
     product with a GELU epilogue (``torch._addmm_activation``; cuBLASLt's GELU is the tanh
     form Wan uses, ``benchmarks/block_gemms.py --sections ffn`` checks it): the GELU is
     applied to the fp32 accumulator and rounded once, where the two kernels round twice,
@@ -364,7 +358,7 @@ def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
     237 us on an H100).
     """
     up, _, down = ffn
-    fused = _FUSED_GELU and up.bias is not None and h.is_cuda and h.dtype in (torch.float16, torch.bfloat16)
+    fused = fused_gelu and up.bias is not None and h.is_cuda and h.dtype in (torch.float16, torch.bfloat16)
     if fused and not torch.is_grad_enabled():
         hidden = torch._addmm_activation(up.bias, h.flatten(0, -2), up.weight.t(), use_gelu=True)
         return down(hidden.unflatten(0, h.shape[:-1]))
@@ -404,6 +398,8 @@ class WanModel(nn.Module):
         self.head = Head(config)
         # A plain attribute, as in Wan: the RoPE tables are not in the state dict.
         self.rope = RotaryTables(config.head_dim, config.rope_max_positions)
+        # The kernels every call of this model runs (config capture.kernels); not in the state dict.
+        self.kernels: KernelSettings = FAST_KERNELS
 
     @property
     def dtype(self) -> torch.dtype:
@@ -509,8 +505,8 @@ class WanModel(nn.Module):
         for index, (block, context_kv) in enumerate(zip(self.blocks, cross)):
             if cache_only and kv_cache is not None and index == last:
                 # The last layer's output feeds only the head; the next block needs its keys.
-                return block(x, e0, rope, context_kv, kv_cache, keys_only=True)
-            x = block(x, e0, rope, context_kv, kv_cache, attn_mask)
+                return block(x, e0, rope, context_kv, kv_cache, keys_only=True, kernels=self.kernels)
+            x = block(x, e0, rope, context_kv, kv_cache, attn_mask, kernels=self.kernels)
         out = self.head(x, e)
         return self.unpatchify(out, frames, height, width)
 

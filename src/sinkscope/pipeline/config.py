@@ -9,6 +9,7 @@ and rejected only when they cannot be.
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib.util
 import math
 import re
@@ -35,9 +36,11 @@ from sinkscope.options import (
     schedule_problems,
     switch_frames,
 )
+from sinkscope.pipeline.overrides import apply_overrides, parse_config_overrides
 from sinkscope.schema import load_schema, resolve_ref
 
 __all__ = [
+    "DEFAULT_CONFIG_FILE",
     "apply_overrides",
     "check_machine",
     "checked_config",
@@ -45,6 +48,7 @@ __all__ = [
     "generation_options",
     "load_config",
     "normalize_config",
+    "parse_config_overrides",
     "read_config_file",
     "resolve_checkpoints",
     "resolve_layers_per_job",
@@ -53,6 +57,9 @@ __all__ = [
 
 # Sections whose keys are names the user chose (they become file and folder names).
 NAMED_SECTIONS = ("checkpoints", "prompts", "legacy_caches", "variants")
+
+# The study the workflow runs when no --configfile is given (a path in the working directory).
+DEFAULT_CONFIG_FILE = "config.yaml"
 
 
 # -- coercion ------------------------------------------------------------------------
@@ -182,7 +189,7 @@ def _describe(error) -> str:
         extra = sorted(set(value) - set(allowed)) if isinstance(value, dict) else []
         where = f" in {key}" if error.absolute_path else ""
         hint = f"; known keys: {', '.join(allowed)}" if allowed else ""
-        return f"unknown config key {', '.join(map(repr, extra))}{where}{hint}"
+        return f"unknown config key {', '.join(map(repr, extra))}{where}{_guesses(extra, allowed)}{hint}"
     if error.validator == "type":
         wanted = error.validator_value
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
@@ -194,12 +201,25 @@ def _describe(error) -> str:
         for option in error.validator_value:
             options += [repr(v) for v in option.get("enum", [])] or [_article(option.get("type", "value"))]
         return f"config key {key}: {value!r} is not {' or '.join(options)}"
+    if error.validator == "pattern" and list(error.absolute_path)[:2] == ["figures", "heads"]:
+        return f"config key {key}: {value!r} is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0, head 0)"
     if error.validator == "pattern":
         return f"config key {key}: {value!r} does not match the pattern {error.validator_value}"
     if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "uniqueItems",
                            "minProperties", "minLength", "maxLength"):  # fmt: skip
         return f"config key {key}: {error.message}"
     return f"config key {key}: {value!r}: {error.message}"
+
+
+def _guesses(unknown: list[str], known: list[str]) -> str:
+    """' (did you mean 'num_frames'?)': the known keys the unknown ones most resemble."""
+    found = {name: difflib.get_close_matches(str(name), known, n=1, cutoff=0.6) for name in unknown}
+    found = {name: close[0] for name, close in found.items() if close}
+    if not found:
+        return ""
+    if len(unknown) == 1:
+        return f" (did you mean {next(iter(found.values()))!r}?)"
+    return f" (did you mean {', '.join(f'{close!r} for {name!r}' for name, close in found.items())}?)"
 
 
 def _article(type_name: str) -> str:
@@ -368,6 +388,11 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
         if any(later >= earlier for earlier, later in zip(first, first[1:])):
             where = _where(config, checkpoint, variant, "first_block_denoising_steps")
             problems.append(f"config key {where}: {first} must decrease strictly (noisiest first)")
+        if not _FLOAT32_NORMAL_MIN <= option.timestep_shift <= _FLOAT32_MAX:
+            where = _where(config, checkpoint, variant, "timestep_shift")
+            problems.append(f"config key {where}: {option.timestep_shift!r} makes the denoising schedule non-finite (it is "
+                            f"computed in float32: use a value from {_FLOAT32_NORMAL_MIN:.1e} to {_FLOAT32_MAX:.1e}; "
+                            "Self-Forcing's is 5.0)")  # fmt: skip
     problems += _check_prompts(config, options)
     for section in NAMED_SECTIONS:
         for name in config.get(section) or {}:
@@ -556,6 +581,12 @@ def _check_finite(value: Any, key: str = "") -> None:
             _check_finite(item, f"{key}[{index}]")
 
 
+# The flow-matching schedule (generation.sampler.FlowMatchSchedule) is computed in
+# float32: a shift outside the normal float32 range becomes 0 or infinity there, and the
+# schedule's sigmas NaN.
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_NORMAL_MIN = 1.1754943508222875e-38
+
 # Snakemake refuses a wildcard value that ends in a substring repeated 20 times or more
 # (it takes it for a rule applied to its own output); names become wildcard values.
 _PERIODIC = re.compile(r"(.+?)\1{19,}$")
@@ -620,20 +651,6 @@ def read_config_file(path: str | Path) -> dict:
         raise ConfigError(f"{where} is empty; it must hold a mapping of config keys (see config.yaml)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must hold a mapping of config keys, not a {type(raw).__name__}")
-    return raw
-
-
-def apply_overrides(raw: dict, overrides: Mapping | None) -> dict:
-    """Set ``key=value`` overrides on a raw config; dotted keys set one nested key
-    (``generation.local_attn_frames``)."""
-    for key, value in (overrides or {}).items():
-        target = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            if not isinstance(target.get(part), dict):
-                target[part] = {}
-            target = target[part]
-        target[leaf] = value
     return raw
 
 

@@ -38,10 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sinkscope")
 
-# capture.compile: auto compiles from this rollout length on. Measured on an H100
-# (docs/performance.md, 2026-11-25): compiling saves 0.029-0.033 s a latent frame of a
-# 21-frame-cache rollout and costs ~4 s with Inductor's on-disk cache warm (a study's
-# later jobs on the node), ~25 s cold; the warm break-even is 120-140 frames.
+# capture.compile: auto compiles from this rollout length on: the rollout length where
+# the time compiling saves a latent frame repays compiling with Inductor's on-disk cache
+# warm (a study's later jobs on the node); docs/performance-history.md has the measurement.
 COMPILE_AUTO_MIN_FRAMES = 120
 
 
@@ -91,11 +90,11 @@ def extract_job(
     ``embedding``: the prompt's embedding file, or one file per prompt segment, the
     segments starting at ``segment_starts`` (latent frames; the first 0)."""
     job_began = time.perf_counter()
+    from sinkscope.attention.settings import KernelSettings
     from sinkscope.generation.capture import FrameStatsCapture
     from sinkscope.generation.sampler import generate
     from sinkscope.model.loading import load_checkpoint
     from sinkscope.model.text import load_embedding
-    from sinkscope.model.wan import use_fast_kernels
     from sinkscope.pipeline.writing import ExtractionWriter, default_workers
 
     spec = CheckpointSpec(**checkpoint)
@@ -109,7 +108,7 @@ def extract_job(
     dtype = str(model.dtype).replace("torch.", "")
     if dtype != compute["dtype"]:
         raise SinkscopeError(f"checkpoint {spec.name!r} computes in {dtype}, the workflow planned {compute['dtype']}")
-    use_fast_kernels(capture.get("kernels", "fast") == "fast")
+    model.kernels = KernelSettings.named(capture.get("kernels", "fast"))
     if compile_wanted(capture.get("compile", "auto"), device, options.num_frames):
         model.compile_blocks(dynamic=False)
     files = [embedding] if isinstance(embedding, (str, Path)) else list(embedding)
@@ -196,7 +195,10 @@ def extract_job(
                                    config.head_dim)  # fmt: skip
         write_manifest(built, written, {"layers": [int(x) for x in layers], "rows": counts, "num_calls": num_calls,
                                       "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
-                                      "generation": options.to_dict(), "rollout": rollout})  # fmt: skip
+                                      "generation": options.to_dict(), "rollout": rollout,
+                                      # Whether latents_sha256 is the uncaptured video's, and the route that decides it.
+                                      "capture_route": {"attention": capture["attention"], "kernels": model.kernels.name,
+                                                        "video_exact": recorder.video_exact}})  # fmt: skip
     except BaseException:
         # The generation, a writer thread or the check failed: nothing of this run stays.
         writer.abort()

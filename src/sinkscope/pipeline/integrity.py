@@ -88,12 +88,21 @@ def check_layer_rows(frames, *, layer: int, calls: int, heads: int, where: str) 
 # in full by `sinkscope verify`.
 FULL_SCAN_BYTES = 64 * 2**20
 
+# The files whose content check_result checks; any other file only by being non-empty.
+CHECKED_SUFFIXES = (".parquet", ".png", ".svg", ".html", ".csv", ".safetensors")
+
+
+def is_checked_file(path: str | Path) -> bool:
+    """Whether ``check_result`` checks this file's content (by its kind)."""
+    return Path(path).suffix in CHECKED_SUFFIXES
+
 
 def check_result(path: str | Path, *, full: bool = False) -> list[str]:
     """Problems of one result the pipeline owns ([] when it is whole): a folder against
     its manifest, a Parquet file by its checksums and digests (its footer only, past
     ``FULL_SCAN_BYTES``, unless ``full``), a PNG by its chunks' CRCs, an SVG or HTML page
-    by its closing tag, any file by being non-empty."""
+    by its closing tag, a CSV table by its rows' widths, a prompt embedding by the
+    digest written with it, any other file by being non-empty."""
     path = Path(path)
     if path.is_dir():
         for name in (MANIFEST, DATASET_MANIFEST):
@@ -122,6 +131,10 @@ def check_result(path: str | Path, *, full: bool = False) -> list[str]:
                 handle.seek(max(0, size - 256))
                 if closing not in handle.read():
                     raise DamagedFileError(path, f"is cut short (no closing {closing.decode()})")
+        elif path.suffix == ".csv":
+            _check_csv(path)
+        elif path.suffix == ".safetensors":
+            _check_embedding(path)
     except DamagedFileError as exc:
         return [str(exc)]
     return []
@@ -147,6 +160,47 @@ def _check_png(path: Path) -> None:
             return
         offset = end
     raise DamagedFileError(path, "is cut short (no IEND chunk)")
+
+
+def _check_csv(path: Path) -> None:
+    """UTF-8 text that ends its last line, every row as wide as the header (a table the
+    pipeline writes is small: read whole)."""
+    import csv
+    import io
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DamagedFileError(path, "is not a CSV table (not UTF-8 text)") from None
+    if not text.endswith("\n"):
+        raise DamagedFileError(path, "is cut short (its last line has no end)")
+    rows = list(csv.reader(io.StringIO(text)))
+    widths = {len(row) for row in rows}
+    if len(widths) > 1:
+        line = next(i for i, row in enumerate(rows, 1) if len(row) != len(rows[0]))
+        raise DamagedFileError(path, f"is damaged (row {line} has {len(rows[line - 1])} fields, the header {len(rows[0])})")
+
+
+def _check_embedding(path: Path) -> None:
+    """A prompt embedding (safetensors, one float32 tensor ``context``): its header, its
+    size, and its bytes against the ``context_sha256`` written with them."""
+    import hashlib
+    import json
+    import struct
+
+    data = path.read_bytes()
+    try:
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + length])
+        start, end = header["context"]["data_offsets"]
+    except (struct.error, ValueError, TypeError, KeyError):
+        raise DamagedFileError(path, "is not a prompt embedding (its safetensors header is damaged)") from None
+    body = data[8 + length :]
+    if len(body) != end or start != 0:
+        raise DamagedFileError(path, f"is damaged (it holds {len(body)} bytes of data, its header says {end})")
+    expected = (header.get("__metadata__") or {}).get("context_sha256")
+    if expected is not None and hashlib.sha256(body).hexdigest() != expected:
+        raise DamagedFileError(path, "is damaged (its bytes do not match the digest written with them)")
 
 
 def scan_results(paths: Iterable[str | Path]) -> dict[str, list[str]]:

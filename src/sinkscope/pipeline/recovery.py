@@ -12,10 +12,17 @@ previous result truncated. A job's own temporary files (``.<name>.*.tmp``,
 ``recover_interrupted_run`` runs while the Snakefile is parsed, in a run that will
 execute jobs, and only when no other Snakemake runs in this directory. Locks left by a
 killed run (which Snakemake would have the user remove with ``--unlock``) are removed
-when no Snakemake process on this machine has this directory as its working directory;
-where processes cannot be listed (no ``/proc``), locks are left to ``--unlock``. For
-each copy left behind it keeps the whole one of the two, by renames within the file
-system (no copy that a full disk could stop half-way):
+only when they are provably this machine's stopped run: every run records itself once
+it holds its locks (``mark_run_start``, called from the workflow's ``onstart``, writes
+``.snakemake/sinkscope-run.json``: host, process id, start time and the lock files it
+found), and the locks go only when that record names this host, its process is gone
+(or is no Snakemake process) and the lock files are the very ones it recorded. On a
+cluster's shared file system, a run started from another login node holds its locks
+legitimately: a lock from another host, or one no record explains, stops the run with
+Snakemake's own advice (``snakemake --unlock``) in one line; where processes cannot be
+listed (no ``/proc``), locks are left to Snakemake. For each copy left behind it keeps
+the whole one of the two, by renames within the file system (no copy that a full disk
+could stop half-way):
 
 - the result in place is whole (the previous one, or the new one of a job that ended
   just before the kill): the copy is deleted;
@@ -31,14 +38,24 @@ closing tag, any other file that is not a prefix of the copy (a restore cut shor
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from sinkscope.errors import SinkscopeError
+from sinkscope.io import atomic_path
 from sinkscope.manifests import DATASET_MANIFEST, MANIFEST, check_directory
 from sinkscope.naming import is_group_folder
+
+# What a run records about itself under .snakemake/ once it holds its locks.
+RUN_MARKER = "sinkscope-run.json"
+_UNLOCK_ADVICE = ("if no Snakemake runs in this directory on any machine, remove the lock with "
+                  "`snakemake --unlock` (with this run's options), then run again")  # fmt: skip
 
 _PNG_END = b"IEND\xaeB`\x82"
 # atomic_path's temporaries and the extraction job's temporary folder.
@@ -53,9 +70,11 @@ def recover_interrupted_run(workdir: str | Path = ".") -> list[str]:
     if locks.is_dir() and any(locks.iterdir()):
         if _another_snakemake_runs_in(workdir):
             return []  # a live run: its backups are in use
+        holder = _stopped_run_of_this_machine(workdir, locks)
         for lock in locks.iterdir():
             _remove(lock)
-        actions.append(f"{locks}: removed the locks of a stopped run (no Snakemake runs in this directory)")
+        actions.append(f"{locks}: removed the locks of this machine's stopped run (pid {holder['pid']}, "
+                       f"started {holder['started']}; no Snakemake runs in this directory)")  # fmt: skip
     backups = workdir / ".snakemake" / "backups"
     if backups.is_dir():
         for copy in _backup_units(backups):
@@ -76,6 +95,81 @@ def recover_interrupted_run(workdir: str | Path = ".") -> list[str]:
             _remove(temporary)
             actions.append(f"{temporary}: removed (left by an interrupted job)")
     return actions
+
+
+def mark_run_start(workdir: str | Path = ".") -> Path:
+    """Record this run in ``.snakemake/sinkscope-run.json``: this host, this process, the
+    time, and the lock files present (name, inode, mtime, size). Called by the main
+    Snakemake process once it holds its locks (the workflow's ``onstart``), so that a
+    later run can tell this run's stale locks from another machine's live ones."""
+    folder = Path(workdir) / ".snakemake"
+    record = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "locks": _lock_files(folder / "locks"),
+    }
+    with atomic_path(folder / RUN_MARKER) as tmp:
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+    return folder / RUN_MARKER
+
+
+def _lock_files(locks: Path) -> dict[str, list[int]]:
+    """{name: [inode, mtime_ns, size]} of the lock files: a lock written later differs."""
+    if not locks.is_dir():
+        return {}
+    found = {}
+    for lock in sorted(locks.iterdir()):
+        try:
+            stat = lock.stat()
+        except OSError:
+            continue  # removed meanwhile
+        found[lock.name] = [stat.st_ino, stat.st_mtime_ns, stat.st_size]
+    return found
+
+
+def _stopped_run_of_this_machine(workdir: Path, locks: Path) -> dict:
+    """The record of the run that left ``locks``, when it is provably this machine's
+    and stopped; otherwise a SinkscopeError with Snakemake's advice, in one line."""
+    marker = workdir / ".snakemake" / RUN_MARKER
+    try:
+        record = json.loads(marker.read_text())
+        host, pid, started = str(record["host"]), int(record["pid"]), str(record["started"])
+        recorded = {name: list(value) for name, value in record["locks"].items()}
+        if pid <= 0:
+            raise ValueError(pid)
+    except FileNotFoundError:
+        raise SinkscopeError(f"{locks}: held by a run that left no {marker} (it may run on another machine); "
+                             f"{_UNLOCK_ADVICE}") from None  # fmt: skip
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        raise SinkscopeError(f"{locks}: held by a run whose record {marker} is unreadable; {_UNLOCK_ADVICE}") from None
+    if host != socket.gethostname():
+        raise SinkscopeError(f"{locks}: held by a run started on host {host} (pid {pid}, {started}), which this "
+                             f"machine cannot see; {_UNLOCK_ADVICE}")  # fmt: skip
+    if _is_snakemake(pid):
+        raise SinkscopeError(f"{locks}: held by Snakemake process {pid} on this machine (started {started}); "
+                             f"{_UNLOCK_ADVICE}")  # fmt: skip
+    if _lock_files(locks) != recorded:
+        raise SinkscopeError(f"{locks}: written after this machine's last run (pid {pid}, {started}) started, by a "
+                             f"run that may be on another machine; {_UNLOCK_ADVICE}")  # fmt: skip
+    return {"pid": pid, "started": started}
+
+
+def _is_snakemake(pid: int) -> bool:
+    """Whether process ``pid`` of this machine runs and is a Snakemake process (True where
+    that cannot be read: a process that may be the run is never declared gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    try:
+        return b"snakemake" in (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # gone meanwhile; or no /proc to ask
+    except OSError:
+        return True
 
 
 def _another_snakemake_runs_in(workdir: Path) -> bool:

@@ -120,8 +120,14 @@ def load_study(
     )
     study = Study(normalized, str(base_dir), device=device, checkpoints=resolved)
     study.encoders  # noqa: B018 - resolves every text encoder now, not while rules are built
+    captured = set(study.layers) if study.checkpoints else set()
     for source in study.legacy:
-        study.source_layers(source)
+        captured.update(study.source_layers(source))
+    highlighted = normalized["figures"]["highlight_layers"] or []
+    missing = [layer for layer in highlighted if layer not in captured]
+    if missing:
+        raise ConfigError.invalid([f"config key figures.highlight_layers: {missing} are not captured (layers: "
+                                   f"{sorted(captured)}); highlight layers from that list, or add them to layers"])  # fmt: skip
     return study
 
 
@@ -197,9 +203,6 @@ class Study:
     def sources(self) -> list[str]:
         """Everything that gets tables and figures: extracted sources, then imported caches."""
         return list(self.runs) + list(self.legacy)
-
-    def variant_of(self, source: str) -> str:
-        return self.runs[source][1] if source in self.runs else DEFAULT_VARIANT
 
     def checkpoint_of(self, source: str) -> str:
         return self.runs[source][0] if source in self.runs else source
@@ -302,12 +305,17 @@ class Study:
 
         def peek() -> list[int]:
             from sinkscope.legacy.importer import peek_layers
+            from sinkscope.legacy.plan import check_cache
 
-            return peek_layers(file, allow_pickle=entry["allow_pickle"])
+            layers = peek_layers(file, allow_pickle=entry["allow_pickle"])
+            # What the import job would refuse in the values (NaN, fields that disagree
+            # with the tensors), refused now, before any job.
+            check_cache(file, allow_pickle=entry["allow_pickle"])
+            return layers
 
         try:
             digest = files_digest([file], cache=Path(self.base_dir) / DIGEST_CACHE)
-            return cached_value(f"{digest}:{entry['allow_pickle']}", cache, peek)
+            return cached_value(f"{digest}:{entry['allow_pickle']}:values", cache, peek)
         except (ValueError, FileNotFoundError) as error:
             raise ConfigError(f"config key legacy_caches.{source}: {error}") from None
 

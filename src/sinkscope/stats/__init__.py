@@ -1,6 +1,6 @@
 """Attention statistics: per call (``attention``, with the torch reference in
-``reference`` and the Triton kernels in ``kernels``, launched by ``triton_kernels``) and the derived summaries
-of the tables (``summaries``: head, layer and block statistics, head diagnostics).
+``reference``, the Triton kernels in ``kernels`` and ``reduction_kernels``, launched by
+``launch``) and the derived summaries of the tables (``summaries``: head, layer and block statistics, head diagnostics).
 
 ``summaries`` needs only numpy and pandas; the call statistics need torch and load on
 first use (``sinkscope.stats.attention_statistics``). May import the

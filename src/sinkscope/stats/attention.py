@@ -16,7 +16,9 @@ position: axis order follows ``query_frames`` / ``key_frames``.
 - token profiles (on request): per key token, the mean over all query tokens of s_ij
   and of p_ij.
 
-``attention_statistics`` returns all of them as a :class:`CallStatistics`.
+``attention_statistics`` returns all of them as a :class:`CallStatistics`; they never feed
+the attention's output, which the model's own call computes (``attention_with_statistics``
+gives both, for the capture's routes).
 
 Neither path materializes the Lq x Lk score matrix: the CPU reference streams over
 query chunks within a fixed memory budget; the CUDA path is a Triton kernel that
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
+from sinkscope.attention.split import cached_attention
 from sinkscope.stats.reference import CallStatistics, statistics_chunked
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "attention_statistics",
     "attention_with_statistics",
     "check_frame_layout",
+    "fused_route_applies",
     "resolve_key_lengths",
     "triton_available",
 ]
@@ -129,6 +133,7 @@ def attention_statistics(
     scale: float | None = None,
     backend: str = "auto",
     key_position_shift: Sequence[int] | None = None,
+    lse: torch.Tensor | None = None,
 ) -> CallStatistics:
     """Every statistic of one attention call, as a :class:`CallStatistics` on q's device.
 
@@ -140,13 +145,21 @@ def attention_statistics(
     means (``token_logit_mean``, ``token_prob_mean``); on CUDA this costs a second kernel
     pass over the call, so it is off by default. ``backend``: "auto" (Triton on CUDA when
     available, else torch), "torch" (the chunked reference, any device) or "triton".
+    ``lse``: each query's natural-log log-sum-exp of the scores over every key ([H, Lq]
+    fp32, as the attention call returns it, ``cached_attention``): the Triton path then
+    takes the pass that needs no running max (``frame_partials_given_lse_kernel``); the
+    reference ignores it.
     """
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     num_q = len(query_frames)
     if _resolve_backend(q, backend) == "triton":
-        from sinkscope.stats.triton_kernels import statistics_triton
+        from sinkscope.stats.launch import statistics_given_lse, statistics_triton
 
+        if lse is not None:
+            if lse.shape != q.shape[:2]:
+                raise ValueError(f"lse {tuple(lse.shape)} does not match q {tuple(q.shape)}: one value per head and query")
+            return statistics_given_lse(q, k, lse, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
         return statistics_triton(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
     return statistics_chunked(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
 
@@ -163,6 +176,21 @@ def _resolve_backend(q: torch.Tensor, backend: str) -> str:
 
 
 
+def fused_route_applies(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lengths: Sequence[int], backend: str = "auto"
+) -> bool:
+    """Whether ``attention_with_statistics(..., fused=True)`` takes the one-pass Triton
+    kernel (``attention_frame_partials_tma_kernel``) for q, k, v [H, L, D]: CUDA with the
+    Triton backend, fp16 / bf16, every key frame at least a key tile long. Its output is
+    SDPA's within bf16 rounding, not bit for bit: the only route whose video differs from
+    the uncaptured one."""
+    if _resolve_backend(q, backend) != "triton":
+        return False
+    from sinkscope.stats.launch import tma_kernel_fits
+
+    return tma_kernel_fits(q, k, v, key_lengths)
+
+
 def attention_with_statistics(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -177,41 +205,34 @@ def attention_with_statistics(
     backend: str = "auto",
     key_position_shift: Sequence[int] | None = None,
     fused: bool = False,
+    key_split: bool = True,
 ) -> tuple[torch.Tensor, CallStatistics]:
     """The attention call itself and its statistics: (output [Lq, H, D] in q's dtype,
     :class:`CallStatistics`). Arguments as :func:`attention_statistics`, plus v [H, Lk, D].
 
-    On CUDA, by default: cuDNN's attention (what SDPA runs on Hopper) gives the output and
-    each query's log-sum-exp, and one Triton pass over the keys (kernel 4) the statistics,
-    whose probabilities are then final (``triton_kernels.attention_statistics_lse``): the
-    output is SDPA's, bit for bit, so capturing does not change the generation. With
-    ``fused`` (config ``capture.attention: fused``), in fp16 / bf16 with every key frame at
-    least a key tile (64 keys) long: kernel 5, a flash-attention forward in Triton that
-    keeps every frame's partials as it goes, then kernel 6 (``attention_statistics_tma``):
-    one pass, the output SDPA's within bf16 rounding. Where no backend returns the
-    log-sum-exp (float32): kernel 3, kernel 5's pass without TMA (``attention_statistics_triton``;
-    the output within float32 rounding). Elsewhere: SDPA, then the chunked reference.
-    docs/performance.md compares them.
+    By default (the ``exact`` route) the output is the model's own cached call
+    (``sinkscope.attention.split.cached_attention``, the keys split as ``key_split`` says:
+    ``KernelSettings.key_split``), bit for bit on every device and dtype, and the
+    statistics come after it from q and k (on CUDA given each query's log-sum-exp, which
+    cuDNN returns with the output: ``frame_partials_given_lse_kernel``; elsewhere the
+    chunked reference, which recomputes the scores). With ``fused`` (config ``capture.attention: fused``) where
+    ``fused_route_applies``: ``attention_frame_partials_tma_kernel``, a flash-attention
+    forward in Triton that keeps every frame's partials as it goes, then
+    ``frame_statistics_combine_kernel`` (``attention_statistics_tma``): one pass,
+    the output SDPA's within bf16 rounding. docs/performance.md compares them.
     """
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     if v.shape[:2] != k.shape[:2] or v.dtype != k.dtype or v.device != k.device:
         raise ValueError(f"v {tuple(v.shape)} ({v.dtype}, {v.device}) does not match k {tuple(k.shape)}")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if _resolve_backend(q, backend) == "triton":
-        from sinkscope.stats.triton_kernels import (
-            attention_statistics_lse,
-            attention_statistics_tma,
-            attention_statistics_triton,
-            tma_kernel_fits,
-        )
+    if scale is not None and scale != q.shape[-1] ** -0.5:
+        raise ValueError(f"the model's attention call scales by 1/sqrt(head_dim) = {q.shape[-1] ** -0.5}, not {scale}")
+    if fused and fused_route_applies(q, k, v, lengths, backend):
+        from sinkscope.stats.launch import attention_statistics_tma
 
-        args = (q, k, v, frame_seq_length, len(query_frames), lengths, scale)
-        if fused and tma_kernel_fits(q, k, v, lengths):
-            return attention_statistics_tma(*args, token_profiles=token_profiles)
-        try:
-            return attention_statistics_lse(*args, token_profiles=token_profiles)
-        except NotImplementedError:
-            return attention_statistics_triton(*args, token_profiles=token_profiles)
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
-    stats = statistics_chunked(q, k, frame_seq_length, len(query_frames), lengths, scale, token_profiles=token_profiles)
-    return out, stats
+        return attention_statistics_tma(q, k, v, frame_seq_length, len(query_frames), lengths, q.shape[-1] ** -0.5,
+                                        token_profiles=token_profiles)  # fmt: skip
+    out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=key_split)
+    stats = attention_statistics(q, k, frame_seq_length=frame_seq_length, query_frames=query_frames, key_frames=key_frames,
+                                 key_lengths=lengths, token_profiles=token_profiles, backend=backend,
+                                 key_position_shift=key_position_shift, lse=None if lse is None else lse[0])  # fmt: skip
+    return out[0], stats

@@ -1,7 +1,7 @@
 """The Triton kernels of the call statistics (device code), streaming passes whose scores
-are never stored; ``sinkscope.stats.triton_kernels`` launches them and combines their partials.
+are never stored; ``sinkscope.stats.launch`` launches them and combines their partials.
 
-Kernel 1, ``frame_softmax_partials_kernel`` (always): each program owns BLOCK_M queries of one
+``frame_softmax_partials_kernel``: each program owns BLOCK_M queries of one
 head and one key frame, the frame being a contiguous segment of k (start and length
 read from two small int32 tensors, so frames may be partial and in any order). It
 streams that segment in tiles of BLOCK_N and keeps per query, with t = q.k * scale *
@@ -22,34 +22,32 @@ mass_f = l_f 2^(m_f - M) / L; entropy (nats) = ln L + ln 2 * sum_f 2^(m_f - M)
 (u_f + (M - m_f) l_f) / L (the identity H = lse - E_p[s] with E_p[M - t] accumulated
 directly); the argmax frame = argmax_f m_f (ties: the lowest frame position).
 
-Kernel 2, ``token_profiles_kernel`` (only for token profiles): a second streaming pass
+``token_profiles_kernel`` (only for token profiles): a second streaming pass
 that reuses each query's base-2 log-sum-exp (from the combine, or cuDNN's). Its grid is
 (key tiles of BLOCK_N, heads); each program holds its key tile and loops over all query blocks,
 computing p = 2^(t - lse2) and accumulating it elementwise in a [BLOCK_M, BLOCK_N]
 register tile, reduced over the queries once at the end. It writes [H, Lk] column sums:
-O(keys) memory, and one more QK^T over the call, so it costs about what kernel 1 does.
+O(keys) memory, and one more QK^T over the call, so it costs about what
+``frame_softmax_partials_kernel`` does.
 It is a separate pass because the column sums need every query's final normalizer,
-which only exists once kernel 1 has seen all keys. The same program also writes each
+which only exists once every key has been seen. The same program also writes each
 key's mean logit (mean_i q_i) . k_j from its tile (exact by factorization, in fp32,
 with no fp32 copy of q or k).
 
-Splitting kernel 1's grid by key frame gives 3 x 12 x ceil(Lq / BLOCK_M) independent
+Splitting ``frame_softmax_partials_kernel``'s grid by key frame gives 3 x 12 x ceil(Lq / BLOCK_M) independent
 programs even for the first block, needs no per-frame accumulators in registers, and
 works for any number of key frames (sliding windows, sinks, long videos).
 
-Measured on an H100 at the last block's shape (12 heads, 4680 queries, 32760 keys,
-bf16, 2026-11-22; medians, run-to-run noise up to ~20%): kernel 1 1.48-1.50 ms (the
-version without entropy: ~1.40), every frame statistic with the combine 1.65-1.80 ms,
-kernel 2 1.03-1.33 ms, the attention call itself (SDPA) 1.75-1.79 ms. Extra memory
-with token profiles: 37 MiB (the score matrix would be 613 MiB per head in fp32).
+``frame_partials_given_lse_kernel`` is the same pass when the attention call already gave
+each query's log-sum-exp (cuDNN's): no running max, no rescaling.
 
-Kernels 3 and 5 compute the attention output too (the captured layer's own attention):
-kernel 3 with pointer loads and a tile grid per frame, kernel 5 with TMA tensor
-descriptors and key tiles aligned to key 0, so that only a frame's last tile needs a mask
-(2.15-2.18 ms with every frame's partials against cuDNN's 1.76-1.83 ms, 2026-11-25).
-Kernels 6 and 7, the reductions that touch no score (the combine of kernel 3's and 5's
-partials, the per-frame sums of q or k), are in ``sinkscope.stats.reduction_kernels``.
-docs/performance.md has the measurements.
+``attention_frame_partials_kernel`` and ``attention_frame_partials_tma_kernel`` compute
+the attention output too (the captured layer's own attention) in the same pass: the
+first with pointer loads and a tile grid per frame, the second with TMA tensor
+descriptors and key tiles aligned to key 0, so that only a frame's last tile needs a
+mask. The reductions that touch no score (``frame_statistics_combine_kernel``, the
+combine of their partials; ``segment_sums_kernel``, the per-frame sums of q or k) are in
+``sinkscope.stats.reduction_kernels``. docs/performance.md has the measurements.
 """
 
 from __future__ import annotations
@@ -106,7 +104,7 @@ def frame_softmax_partials_kernel(
     # row reduction per tile). Keys past the segment load as 0 and add 0.
     raw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_seg = k_ptr + head * stride_kh + seg_start * stride_kl
-    # In Triton's interpreter (LOOP_END > 0, see triton_kernels._interpreter_loop_end) every program runs
+    # In Triton's interpreter (LOOP_END > 0, see launch._interpreter_loop_end) every program runs
     # to the longest segment, its extra tiles fully masked (they change nothing: p = 0).
     # (A conditional expression, not an assignment: the interpreter makes tensors of those.)
     for start in range(0, LOOP_END if LOOP_END > 0 else seg_len, BLOCK_N):
@@ -167,7 +165,7 @@ def _fused_tile(
     IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """One key tile of kernel 3 (inlined). Unmasked tiles skip every per-score select."""
+    """One key tile of ``attention_frame_partials_kernel`` (inlined). Unmasked tiles skip every per-score select."""
     offs_n = start + tl.arange(0, BLOCK_N)
     k_ptrs = k_seg + offs_n[None, :] * stride_kl + offs_d[:, None]
     v_ptrs = v_seg + offs_n[:, None] * stride_vl + offs_d[None, :]
@@ -243,7 +241,7 @@ def attention_frame_partials_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Kernel 3: the attention output and every frame statistic's partials in one pass.
+    """The attention output and every frame statistic's partials in one pass.
 
     A flash-attention forward (one running max G per query, the output accumulator and
     its normalizer L rescaled when G grows) whose key loop runs frame by frame and keeps,
@@ -264,7 +262,7 @@ def attention_frame_partials_kernel(
     g_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     big_l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end):
+    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end):
     # there every tile is masked and every loop runs to a compile-time bound.
     for frame in range(0, FRAMES_END if FRAMES_END > 0 else num_key_frames):
         seg_start = tl.load(starts_ptr + frame)
@@ -329,7 +327,7 @@ def _lse_tile(
     IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """One key tile of kernel 4 (inlined). Per score: one multiply-add into the exponent
+    """One key tile of ``frame_partials_given_lse_kernel`` (inlined). Per score: one multiply-add into the exponent
     (s * scale - lse), the exponential, and three accumulations (max, sum p, sum p s) on
     the raw score s; the scale goes onto m and w once, at the end. Unmasked tiles skip
     every per-score select."""
@@ -384,7 +382,7 @@ def frame_partials_given_lse_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Kernel 4: kernel 1's pass when the attention call already gave each query's
+    """``frame_softmax_partials_kernel``'s pass when the attention call already gave each query's
     log-sum-exp (``lse_ptr``: base 2, of t = q.k * scale * log2 e, [H, Lq]). Then
     p = 2^(t - lse) is final: no running max, no rescaling. Per (query, key frame) it
     stores the frame's max t (argmax_share), sum p (prob_mass) and sum p t (entropy)."""
@@ -405,7 +403,7 @@ def frame_partials_given_lse_kernel(
     w_i = tl.zeros([BLOCK_M], tl.float32)
     key_sum = tl.zeros([D_PAD], tl.float32)
     k_seg = k_ptr + head * stride_kh + seg_start * stride_kl
-    # LOOP_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end): there every
+    # LOOP_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end): there every
     # tile is masked and the loop runs to a compile-time bound.
     if LOOP_END > 0:
         for start in range(0, LOOP_END, BLOCK_N):
@@ -451,7 +449,7 @@ def token_profiles_kernel(
     BLOCK_N: tl.constexpr,
 ):
     # The key tile in two halves: two independent products and exponentials a step, which
-    # the scheduler interleaves (docs/performance.md, 2026-11-26).
+    # the scheduler interleaves (faster: docs/performance-history.md).
     HALF: tl.constexpr = BLOCK_N // 2
     pid_n = tl.program_id(0)
     head = tl.program_id(1)
@@ -467,7 +465,7 @@ def token_profiles_kernel(
     k_b = tl.load(k_base + offs_b[None, :] * stride_kl, mask=(offs_b < num_keys)[None, :] & d_valid[:, None], other=0.0)
     acc_a = tl.zeros([BLOCK_M, HALF], tl.float32)
     acc_b = tl.zeros([BLOCK_M, HALF], tl.float32)
-    # LOOP_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end).
+    # LOOP_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end).
     for start in range(0, LOOP_END if LOOP_END > 0 else num_queries, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         m_valid = offs_m < num_queries
@@ -556,7 +554,7 @@ def attention_frame_partials_tma_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Kernel 5: kernel 3's one pass (the attention output and every frame's partials) with
+    """``attention_frame_partials_kernel``'s one pass (the attention output and every frame's partials) with
     q, k, v read through tensor descriptors ([H, L, D]; TMA on Hopper) and key tiles on a
     grid aligned to key 0, not to each frame. Frames are contiguous in k, each at least
     BLOCK_N keys (``frame_ends_ptr``: each frame's end). Per frame, the tiles wholly inside
@@ -577,7 +575,7 @@ def attention_frame_partials_tma_kernel(
     w_f = tl.zeros([BLOCK_M], tl.float32)
     out = (head * num_queries + offs_m) * num_key_frames
     frame_start = tl.full([], 0, tl.int32)
-    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end):
+    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end):
     # there each loop runs from 0 to a compile-time bound, the tiles outside it masked.
     for frame in range(0, FRAMES_END if FRAMES_END > 0 else num_key_frames):
         frame_end = tl.load(frame_ends_ptr + frame)

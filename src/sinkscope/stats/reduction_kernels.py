@@ -1,14 +1,16 @@
 """The Triton reductions of the call statistics that touch no attention score (device
-code; ``sinkscope.stats.triton_kernels`` launches them).
+code; ``sinkscope.stats.launch`` launches them).
 
-Kernel 6, ``frame_statistics_combine_kernel``: every frame statistic (prob_mass,
-argmax_share, entropy, each query's log-sum-exp) from the per-frame partials of kernel 3
-or 5 (``sinkscope.stats.kernels``), and logit_mean from the key frames' sums, in one
-launch, in fixed row partitions that torch adds, so the result is deterministic.
+``frame_statistics_combine_kernel``: every frame statistic (prob_mass, argmax_share,
+entropy, each query's log-sum-exp) from the per-frame partials of
+``attention_frame_partials_kernel`` or its TMA form (``sinkscope.stats.kernels``), and
+logit_mean from the key frames' sums, in one launch, in fixed row partitions that torch
+adds, so the result is deterministic.
 
-Kernel 7, ``segment_sums_kernel``: the fp32 sum of each frame's tokens of q or k, which
-logit_mean's factorization needs (the key frames' after kernel 5, the query frames'
-after kernel 4), each frame split in parts so that a few long frames still fill the GPU.
+``segment_sums_kernel``: the fp32 sum of each frame's tokens of q or k, which logit_mean's
+factorization needs (the key frames' after the TMA pass, the query frames' after
+``frame_partials_given_lse_kernel``, all queries' for ``token_profiles_kernel``), each
+frame split in parts so that a few long frames still fill the GPU.
 """
 
 from __future__ import annotations
@@ -43,14 +45,14 @@ def frame_statistics_combine_kernel(
     F_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Kernel 6: every frame statistic from kernel 3's or 5's partials, each [H, Lq, F] fp32
+    """Every frame statistic from the one pass's partials, each [H, Lq, F] fp32
     (per query and key frame: the frame's max m, the running max g that its l = sum 2^(t - g)
     and w = sum 2^(t - g) t refer to). Per query, with G = max_f g_f and L = sum_f l_f 2^(g_f
     - G): mass_f = l_f 2^(g_f - G) / L, entropy = ln 2 (G + log2 L - sum_f w_f 2^(g_f - G) / L),
     the argmax frame = the lowest f of the largest m_f. Program (query frame, head, part)
     takes BLOCK_M of the frame's queries and stores their sums divided by the frame's size
     (the parts' sum is the mean: a fixed order, so the result is deterministic), and each
-    query's base-2 log-sum-exp G + log2 L (for kernel 2). logit_mean by factorization:
+    query's base-2 log-sum-exp G + log2 L (for ``token_profiles_kernel``). logit_mean by factorization:
     the part's sum of q ([H, Lq, D], unit stride last) . each key frame's sum of k
     (``key_sums_ptr``, [H, F, D] fp32) * scale / (frame_seq_length x the key frame's
     length, ``key_lengths_ptr`` fp32), so the query frames need no pass of their own.
@@ -113,7 +115,7 @@ def segment_sums_kernel(
     LOOP_END: tl.constexpr,
     BLOCK_L: tl.constexpr,
 ):
-    """Kernel 7: the fp32 sum of each segment of consecutive tokens of one head of x ([H, L, D],
+    """The fp32 sum of each segment of consecutive tokens of one head of x ([H, L, D],
     any strides, unit stride last; segment s ends at ``ends_ptr[s]``), without an fp32 copy
     of x: the key frames' sums and the query frames' sums that logit_mean's factorization
     needs. Program (segment, head, part) sums the part-th ``chunk`` tokens of its segment into
@@ -127,7 +129,7 @@ def segment_sums_kernel(
     offs_d = tl.arange(0, D_PAD)
     d_valid = offs_d < HEAD_DIM
     acc = tl.zeros([BLOCK_L, D_PAD], tl.float32)
-    # LOOP_END > 0 in Triton's interpreter only (see triton_kernels._interpreter_loop_end).
+    # LOOP_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end).
     for offset in range(0, LOOP_END if LOOP_END > 0 else stop - start, BLOCK_L):
         rows = start + offset + tl.arange(0, BLOCK_L)
         acc += tl.load(x_ptr + head * stride_h + rows[:, None] * stride_l + offs_d[None, :],

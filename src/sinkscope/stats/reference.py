@@ -1,7 +1,7 @@
 """Reference implementations of the call statistics, in plain torch (any device).
 
-Also home of :class:`CallStatistics` (re-exported by ``sinkscope.stats``), so that both
-backends can build it without importing the package's ``__init__``.
+Also home of :class:`CallStatistics` (re-exported by ``sinkscope.stats.attention``), so
+that both backends can build it without importing the package's ``__init__``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ every key frame they see, for each call of that block. On that curve:
   page rank heads by. ``sink_score`` (first - middle) is a name, not a verdict: "sink"
   is reserved for heads whose ``head_class`` is ``sink``.
 
+Head classes (``head_diagnostics``) are decided on ratios to that baseline, each run's
+own, over the runs together: a head whose ratio's interval between runs (mean ± std)
+holds a threshold gets the borderline label ``sink?`` / ``local?`` (``classify_head``).
+
 Rows with ``prompt_id = '*'`` and ``seed = -1`` summarize the run-averaged curve (mean
 over prompts and seeds, then the statistics); ``runs`` says how many runs it holds, and
 ``<stat>_run_std`` the sample standard deviation of each run's own statistic.
@@ -51,6 +55,11 @@ from sinkscope.tables import (
 
 SOURCE_KEYS = ["checkpoint", "variant"]
 HEAD_CLASSES = ("sink", "local", "periodic", "diffuse")
+# A borderline label: the class's test statistic, mean ± its std between runs, holds the
+# threshold ("sink?": some runs above, some below). Only the tests with a per-run
+# statistic have one (sink, local); the labels in the order figures and counts list them.
+BORDERLINE = "?"
+HEAD_LABELS = ("sink", "sink" + BORDERLINE, "local", "local" + BORDERLINE, "periodic", "diffuse")
 # The head-class thresholds of config diagnostics:, as the schema defines them.
 DEFAULT_THRESHOLDS = schema_defaults("diagnostics")
 _PROB_ONLY = ("first_middle_ratio", "spread_pct", "frame0_mass", "frame0_uniform", "frame0_excess", "first_k_mass",
@@ -413,16 +422,45 @@ def dominant_period(profile: Sequence[float]) -> tuple[float, float]:
     return values.size / k, float(power[k] / total)
 
 
+def _test(value: float, spread: float, threshold: float) -> str:
+    """'yes', 'no' or 'borderline': is ``value`` at least ``threshold``, given the
+    interval ``value ± spread`` between runs? Without a spread (one run) the value
+    decides alone; a missing value is 'no'."""
+    if value is None or not np.isfinite(value):
+        return "no"
+    if spread is None or not np.isfinite(spread):
+        return "yes" if value >= threshold else "no"
+    if value - spread >= threshold:
+        return "yes"
+    return "no" if value + spread < threshold else "borderline"
+
+
 def classify_head(row: Mapping[str, float], thresholds: Mapping[str, float], num_key_frames: int) -> str:
-    """sink > local > periodic > diffuse, by the thresholds of config ``diagnostics:``."""
-    if row["frame0_mass"] >= thresholds["sink_mass"]:
-        return "sink"
-    if row["recent_mass"] >= thresholds["local_mass"]:
-        return "local"
+    """sink > local > periodic > diffuse, by the thresholds of config ``diagnostics:``.
+
+    sink: ``frame0_ratio`` (frame-0 mass / its uniform share) ≥ ``sink_ratio``; local:
+    ``recent_ratio`` (mass on the block's own frames and the frame before / their
+    uniform share) ≥ ``local_ratio``. Each is decided on the interval between runs,
+    mean ± ``<stat>_run_std``: an interval that holds the threshold gives the
+    borderline label ``sink?`` / ``local?`` (the next tests are not asked). periodic is
+    decided on the run-averaged logit profile (one spectrum, no interval)."""
+    for name, stat, key in (("sink", "frame0_ratio", "sink_ratio"), ("local", "recent_ratio", "local_ratio")):
+        verdict = _test(row.get(stat), row.get(stat + RUN_STD_SUFFIX), thresholds[key])
+        if verdict != "no":
+            return name if verdict == "yes" else name + BORDERLINE
     period = row["period"]
     if row["period_power"] >= thresholds["periodic_power"] and 2 <= period <= num_key_frames / 2:
         return "periodic"
     return "diffuse"
+
+
+def base_class(label: str) -> str:
+    """'sink?' -> 'sink': the class a (possibly borderline) label is about."""
+    return label[:-len(BORDERLINE)] if label.endswith(BORDERLINE) else label
+
+
+def is_borderline(label: str) -> bool:
+    return isinstance(label, str) and label.endswith(BORDERLINE)
 
 
 def pyramid_label(row: Mapping[str, float], thresholds: Mapping[str, float], num_key_frames: int) -> int:
@@ -448,7 +486,9 @@ def pyramid_label(row: Mapping[str, float], thresholds: Mapping[str, float], num
 def head_diagnostics(
     frame: pd.DataFrame, query_stats: pd.DataFrame | None = None, thresholds: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """Per checkpoint, variant, layer, head and call of the last block (runs averaged)."""
+    """Per checkpoint, variant, layer, head and call of the last block: each statistic
+    per run (prompt, seed), then the mean over runs and its std between runs
+    (``<stat>_run_std``); ``head_class`` from those means and spreads (``classify_head``)."""
     thresholds = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
     rows = last_block(frame)
     if rows.empty:
@@ -466,17 +506,21 @@ def head_diagnostics(
     )  # fmt: skip
     per_qf["entropy_frames"] = per_qf["plogp"] / np.log(per_qf["frames"].where(per_qf["frames"] > 1))
     frame0 = rows[rows["key_frame"] == 0].groupby(qf_keys, observed=True)[["prob_mass", "argmax_share", "uniform"]].sum()
-    recent = rows[rows["key_frame"] >= rows["qmin"] - 1].groupby(qf_keys, observed=True)["prob_mass"].sum()
+    recent = rows[rows["key_frame"] >= rows["qmin"] - 1].groupby(qf_keys, observed=True)[["prob_mass", "uniform"]].sum()
     per_qf = per_qf.join(frame0.rename(columns={"prob_mass": "frame0_mass", "argmax_share": "frame0_argmax_share",
                                                 "uniform": "frame0_uniform"}))  # fmt: skip
-    per_qf["recent_mass"] = recent
+    per_qf["recent_mass"], per_qf["recent_uniform"] = recent["prob_mass"], recent["uniform"]
     per_run = per_qf.groupby(run_keys, observed=True)[
-        ["entropy_frames", "frame0_mass", "frame0_argmax_share", "recent_mass", "timestep", "frame0_uniform"]
+        ["entropy_frames", "frame0_mass", "frame0_argmax_share", "recent_mass", "timestep", "frame0_uniform",
+         "recent_uniform"]
     ].mean()
     # Frame 0 not visible: its mass is undefined, not 0.
     visible0 = rows[rows["key_frame"] == 0].groupby(run_keys, observed=True).size()
     per_run.loc[~per_run.index.isin(visible0.index), ["frame0_mass", "frame0_argmax_share", "frame0_uniform"]] = np.nan
     per_run["frame0_excess"] = per_run["frame0_mass"] - per_run["frame0_uniform"]
+    # The class statistics: each run's mass over what uniform attention would give the same frames.
+    per_run["frame0_ratio"] = per_run["frame0_mass"] / per_run["frame0_uniform"].where(per_run["frame0_uniform"] > 0)
+    per_run["recent_ratio"] = per_run["recent_mass"] / per_run["recent_uniform"].where(per_run["recent_uniform"] > 0)
     if query_stats is not None and not query_stats.empty:
         qs = last_block(query_stats)
         qs = qs.assign(normalized=qs["entropy_tokens"] / np.log(qs["num_keys"].where(qs["num_keys"] > 1)))
@@ -502,6 +546,7 @@ def head_diagnostics(
     out["head_class"] = [
         classify_head(row, thresholds, n) for row, n in zip(out.to_dict("records"), counts)
     ]
+    out["borderline"] = out["head_class"].map(is_borderline).astype(bool)
     out["pyramid_label"] = np.array(
         [pyramid_label({**row, "mean_logit": m}, thresholds, n) for row, m, n in zip(out.to_dict("records"), means, counts)],
         dtype=np.int8,

@@ -17,20 +17,15 @@ new block is the only one that evicts or compresses. Queries and new keys are al
 roped at their absolute frame. What each policy does, and where it follows which
 reference code, is in docs/cache-policies.md.
 
-=============================  ======================================================
-policy                         class
-=============================  ======================================================
-``global``                     ``GlobalPolicy``: every frame stays
-``window``                     ``WindowPolicy``: FIFO eviction of whole frames
-``sink``                       ``SinkPolicy``: FIFO behind the first S frames
-``deep_sink``                  ``DeepSinkPolicy``: + sink keys rotated in place (Deep Forcing DS)
-``participative_compression``  ``ParticipativeCompressionPolicy`` (Deep Forcing DS + PC)
-``rerope_sink``                ``ReropeSinkPolicy``: un-roped anchor (Rolling Forcing)
-``rolling_sink``               ``RollingSinkPolicy``: first-window frames re-inserted (Rolling Sink)
-``relative_rope``              ``RelativeRopePolicy``: keys roped at their cache slot (Infinity-RoPE)
-``ema_sink``                   ``EmaSinkPolicy``: + evicted frames blended into the sink (Reward Forcing)
-``rolling_forcing``            ``RollingForcingPolicy``: Rolling Forcing's own calls (its rolling window)
-=============================  ======================================================
+Each policy is one entry: its spec is its row of ``sinkscope.options.CACHE_POLICY_TABLE``
+(defaults, keys, cache size; torch-free, for planning), its code one class registered
+under the same name with ``@register_policy`` (``POLICY_CLASSES``), built from the
+``PolicySettings`` its constructor takes (``settings_keys``). Importing this package imports every
+policy module, which fills the registry; ``new_policy`` sizes the cache by the spec and
+builds the class. The classes: ``GlobalPolicy``, ``WindowPolicy``, ``SinkPolicy``
+(``base``); ``ParticipativeCompressionPolicy`` (``compression``); ``DeepSinkPolicy``,
+``ReropeSinkPolicy``, ``RollingSinkPolicy``, ``RelativeRopePolicy``, ``EmaSinkPolicy``
+(``sinks``); ``RollingForcingPolicy`` (``rolling_forcing``).
 
 ``RollingForcingPolicy`` does not follow the block procedure: its calls are Rolling
 Forcing's window and cache-update calls (``sinkscope.generation.rolling``), each announced
@@ -42,18 +37,21 @@ roped at its slot in the cache at each call, and the queries at the block's slot
 (``query_position_shift``), so no position grows past the cache.
 """
 
+# Every policy module is imported here: importing one registers its classes.
 from sinkscope.model.policies.base import (
     EMA_DECAY,
     FLUSH_KEEP_FRAMES,
     MAX_REUSE,
+    POLICY_CLASSES,
     CachePolicy,
     GlobalPolicy,
+    PolicySettings,
     SinkPolicy,
     WindowPolicy,
+    register_policy,
 )
 from sinkscope.model.policies.compression import ParticipativeCompressionPolicy
 from sinkscope.model.policies.registry import (
-    POLICY_CLASSES,
     new_policy,
     policy_from_options,
 )
@@ -68,6 +66,7 @@ from sinkscope.model.policies.sinks import (
 
 __all__ = [
     "EMA_DECAY", "FLUSH_KEEP_FRAMES", "MAX_REUSE", "POLICY_CLASSES", "CachePolicy", "DeepSinkPolicy",
-    "EmaSinkPolicy", "GlobalPolicy", "ParticipativeCompressionPolicy", "RelativeRopePolicy", "ReropeSinkPolicy",
-    "RollingForcingPolicy", "RollingSinkPolicy", "SinkPolicy", "WindowPolicy", "new_policy", "policy_from_options",
+    "EmaSinkPolicy", "GlobalPolicy", "ParticipativeCompressionPolicy", "PolicySettings", "RelativeRopePolicy",
+    "ReropeSinkPolicy", "RollingForcingPolicy", "RollingSinkPolicy", "SinkPolicy", "WindowPolicy", "new_policy",
+    "policy_from_options", "register_policy",
 ]  # fmt: skip

@@ -1,8 +1,10 @@
-"""The policy interface (``CachePolicy``) and the plain FIFO policies: global, window, sink."""
+"""The policy interface (``CachePolicy``), the registry of policy classes
+(``register_policy``), and the plain FIFO policies: global, window, sink."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -14,6 +16,7 @@ from sinkscope.options import (
     GLOBAL,
     SINK,
     WINDOW,
+    PolicySpec,
 )
 
 # Deep Forcing's PC_topc_max_reuse (DF causal_model.py: CausalWanModel's default, which
@@ -28,6 +31,39 @@ EMA_DECAY = 0.999
 FLUSH_KEEP_FRAMES = 2
 
 
+@dataclass(frozen=True)
+class PolicySettings:
+    """What a policy class is built from (``CachePolicy.build``): the resolved frame
+    counts, the model's RoPE tables, and the policies' constants (not config keys; tests
+    change them)."""
+
+    window_frames: int = -1
+    sink_frames: int = 0
+    budget_frames: int = 0
+    recent_frames: int = 0
+    rope: RotaryTables | None = None
+    max_reuse: int = MAX_REUSE
+    ema_decay: float = EMA_DECAY
+    flush_every_blocks: int = 0
+
+
+# Policy name -> its class; filled by ``register_policy`` as the policy modules are imported
+# (``sinkscope.model.policies`` imports them all).
+POLICY_CLASSES: dict[str, type[CachePolicy]] = {}
+_Policy = TypeVar("_Policy", bound="type[CachePolicy]")
+
+
+def register_policy(cls: _Policy) -> _Policy:
+    """Class decorator: ``cls`` is the code of the cache policy ``cls.name``, whose spec is
+    that name's row of ``sinkscope.options.CACHE_POLICY_TABLE``."""
+    if cls.name not in CACHE_POLICY_TABLE:
+        raise ValueError(f"{cls.__name__}: cache policy {cls.name!r} has no row in sinkscope.options.CACHE_POLICY_TABLE")
+    if POLICY_CLASSES.get(cls.name, cls) is not cls:
+        raise ValueError(f"{cls.__name__}: cache policy {cls.name!r} is registered already ({POLICY_CLASSES[cls.name].__name__})")
+    POLICY_CLASSES[cls.name] = cls
+    return cls
+
+
 class CachePolicy:
     """Self-Forcing's block bookkeeping; subclasses decide how a new block gets room."""
 
@@ -36,6 +72,19 @@ class CachePolicy:
     bounded: ClassVar[bool] = True
     # Whether every call wants the block's keys before RoPE (``wants_raw_keys``).
     raw_keys_every_call: ClassVar[bool] = False
+    # The ``PolicySettings`` fields its constructor takes as keywords, beside ``rope``.
+    settings_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def build(cls, cache: KVCache, settings: PolicySettings) -> CachePolicy:
+        """The policy around ``cache`` (sized by ``new_policy``), given the settings its
+        constructor takes (``settings_keys``)."""
+        return cls(cache, rope=settings.rope, **{key: getattr(settings, key) for key in cls.settings_keys})
+
+    @property
+    def spec(self) -> PolicySpec:
+        """The policy's row of ``sinkscope.options.CACHE_POLICY_TABLE``."""
+        return CACHE_POLICY_TABLE[self.name]
 
     def __init__(self, cache: KVCache, *, rope: RotaryTables | None = None) -> None:
         self.cache = cache
@@ -67,7 +116,7 @@ class CachePolicy:
         Its frames not held (evicted ones) are computed as queries only. No block
         bookkeeping changes: the next block starts where the last one ended.
         """
-        if not CACHE_POLICY_TABLE[self.name].recaches:
+        if not self.spec.recaches:
             raise ValueError(f"cache_policy {self.name!r} cannot re-cache (its cache holds keys that moved)")
         if self.block_start is None:
             raise ValueError("nothing to re-cache before the first block")
@@ -186,6 +235,7 @@ class CachePolicy:
         self.cache.rotate(0, count, delta, self.rope.temporal_angles(delta, self.cache.device), layers)
 
 
+@register_policy
 class GlobalPolicy(CachePolicy):
     """Every frame stays (Self-Forcing with ``local_attn_size = -1``); the cache grows with the video."""
 
@@ -201,6 +251,7 @@ class GlobalPolicy(CachePolicy):
         self._append_block(start, frames)
 
 
+@register_policy
 class WindowPolicy(CachePolicy):
     """Self-Forcing ``local_attn_size`` (W frames held, the current block included).
 
@@ -210,6 +261,7 @@ class WindowPolicy(CachePolicy):
     """
 
     name = WINDOW
+    settings_keys = ("window_frames",)
 
     def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int = 0, rope: RotaryTables | None = None) -> None:
         if not 0 <= sink_frames < window_frames:
@@ -237,6 +289,7 @@ class WindowPolicy(CachePolicy):
         """Hook: frames were evicted for the block starting at ``start`` (already appended)."""
 
 
+@register_policy
 class SinkPolicy(WindowPolicy):
     """Self-Forcing ``sink_size`` / LongLive's frame sink: the first S frames are never evicted.
 
@@ -244,6 +297,7 @@ class SinkPolicy(WindowPolicy):
     """
 
     name = SINK
+    settings_keys = ("window_frames", "sink_frames")
 
     def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
         if sink_frames < 1:

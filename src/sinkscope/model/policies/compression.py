@@ -11,6 +11,7 @@ from sinkscope.model.cache import KVCache, host_to_device
 from sinkscope.model.policies.base import (
     MAX_REUSE,
     CachePolicy,
+    register_policy,
 )
 from sinkscope.model.wan import RotaryTables
 from sinkscope.options import (
@@ -18,6 +19,7 @@ from sinkscope.options import (
 )
 
 
+@register_policy
 class ParticipativeCompressionPolicy(CachePolicy):
     """Deep Forcing, Deep Sink + Participative Compression (DF ``causal_model.py``), per layer.
 
@@ -37,6 +39,7 @@ class ParticipativeCompressionPolicy(CachePolicy):
     """
 
     name = PARTICIPATIVE
+    settings_keys = ("window_frames", "sink_frames", "budget_frames", "recent_frames", "max_reuse")
 
     def __init__(
         self,

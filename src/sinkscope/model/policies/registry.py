@@ -1,4 +1,5 @@
-"""Policy names to classes, and building a policy for a model and its generation options."""
+"""Building a policy for a model and its generation options: the cache sized by the
+policy's spec, the class registered under its name (``register_policy``)."""
 
 from __future__ import annotations
 
@@ -6,48 +7,15 @@ from sinkscope.model.cache import KVCache
 from sinkscope.model.policies.base import (
     EMA_DECAY,
     MAX_REUSE,
+    POLICY_CLASSES,
     CachePolicy,
-    GlobalPolicy,
-    SinkPolicy,
-    WindowPolicy,
-)
-from sinkscope.model.policies.compression import ParticipativeCompressionPolicy
-from sinkscope.model.policies.rolling_forcing import RollingForcingPolicy
-from sinkscope.model.policies.sinks import (
-    DeepSinkPolicy,
-    EmaSinkPolicy,
-    RelativeRopePolicy,
-    ReropeSinkPolicy,
-    RollingSinkPolicy,
+    PolicySettings,
 )
 from sinkscope.model.wan import WanModel
 from sinkscope.options import (
     CACHE_POLICY_TABLE,
-    DEEP_SINK,
-    EMA_SINK,
-    GLOBAL,
-    PARTICIPATIVE,
-    RELATIVE_ROPE,
-    REROPE_SINK,
-    ROLLING_FORCING,
-    ROLLING_SINK,
-    SINK,
-    WINDOW,
     GenerationOptions,
 )
-
-POLICY_CLASSES: dict[str, type[CachePolicy]] = {
-    GLOBAL: GlobalPolicy,
-    WINDOW: WindowPolicy,
-    SINK: SinkPolicy,
-    DEEP_SINK: DeepSinkPolicy,
-    PARTICIPATIVE: ParticipativeCompressionPolicy,
-    REROPE_SINK: ReropeSinkPolicy,
-    ROLLING_SINK: RollingSinkPolicy,
-    RELATIVE_ROPE: RelativeRopePolicy,
-    EMA_SINK: EmaSinkPolicy,
-    ROLLING_FORCING: RollingForcingPolicy,
-}
 
 
 def new_policy(
@@ -71,14 +39,14 @@ def new_policy(
     ``global`` holds ``num_frames``; participative compression holds W frames plus room
     for the new block (``largest_block``, default the recent window) while it compresses;
     ``rolling_forcing`` holds W frames plus its anchor (RF: 21 + 3); every other policy
-    holds W frames. ``max_reuse``, ``ema_decay`` and
+    holds W frames (``PolicySpec.capacity_frames``). ``max_reuse``, ``ema_decay`` and
     ``flush_every_blocks`` are the policies' constants (not config keys), for tests.
     """
     config = model.config
     if cache_policy not in POLICY_CLASSES:
         raise ValueError(f"unknown cache_policy {cache_policy!r} (known: {', '.join(POLICY_CLASSES)})")
-    if cache_policy == GLOBAL and num_frames is None:
-        raise ValueError("cache_policy 'global' needs num_frames (its cache grows with the video)")
+    if not POLICY_CLASSES[cache_policy].bounded and num_frames is None:
+        raise ValueError(f"cache_policy {cache_policy!r} needs num_frames (its cache grows with the video)")
     capacity = CACHE_POLICY_TABLE[cache_policy].capacity_frames(
         num_frames=num_frames or 0, local_attn_frames=local_attn_frames, largest_block=largest_block or recent_frames,
         sink_frames=sink_frames,
@@ -93,28 +61,17 @@ def new_policy(
         dtype=model.dtype,
         device=model.device,
     )
-    rope = model.rope
-    if cache_policy == GLOBAL:
-        return GlobalPolicy(cache, rope=rope)
-    if cache_policy == WINDOW:
-        return WindowPolicy(cache, window_frames=local_attn_frames, rope=rope)
-    if cache_policy == PARTICIPATIVE:
-        return ParticipativeCompressionPolicy(
-            cache,
-            window_frames=local_attn_frames,
-            sink_frames=sink_frames,
-            budget_frames=budget_frames,
-            recent_frames=recent_frames,
-            rope=rope,
-            max_reuse=max_reuse,
-        )
-    if cache_policy == RELATIVE_ROPE:
-        return RelativeRopePolicy(
-            cache, window_frames=local_attn_frames, sink_frames=sink_frames, rope=rope, flush_every_blocks=flush_every_blocks
-        )
-    if cache_policy == EMA_SINK:
-        return EmaSinkPolicy(cache, window_frames=local_attn_frames, sink_frames=sink_frames, rope=rope, ema_decay=ema_decay)
-    return POLICY_CLASSES[cache_policy](cache, window_frames=local_attn_frames, sink_frames=sink_frames, rope=rope)
+    settings = PolicySettings(
+        window_frames=local_attn_frames,
+        sink_frames=sink_frames,
+        budget_frames=budget_frames,
+        recent_frames=recent_frames,
+        rope=model.rope,
+        max_reuse=max_reuse,
+        ema_decay=ema_decay,
+        flush_every_blocks=flush_every_blocks,
+    )
+    return POLICY_CLASSES[cache_policy].build(cache, settings)
 
 
 def policy_from_options(model: WanModel, options: GenerationOptions, *, frame_seq_length: int) -> CachePolicy:

@@ -8,6 +8,7 @@ from sinkscope.model.cache import KVCache
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.model.policies.base import (
     CachePolicy,
+    register_policy,
 )
 from sinkscope.model.wan import RotaryTables, apply_rope
 from sinkscope.options import (
@@ -15,6 +16,7 @@ from sinkscope.options import (
 )
 
 
+@register_policy
 class RollingForcingPolicy(CachePolicy):
     """Rolling Forcing's KV cache and attention (RF ``wan/modules/causal_model.py`` 195-301).
 
@@ -38,6 +40,7 @@ class RollingForcingPolicy(CachePolicy):
     """
 
     name = ROLLING_FORCING
+    settings_keys = ("window_frames", "sink_frames")
 
     def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
         if rope is None:

@@ -12,6 +12,7 @@ from sinkscope.model.policies.base import (
     FLUSH_KEEP_FRAMES,
     SinkPolicy,
     WindowPolicy,
+    register_policy,
 )
 from sinkscope.model.wan import RotaryTables, apply_rope
 from sinkscope.options import (
@@ -34,6 +35,7 @@ def _first_frames_of_block(policy: SinkPolicy | RollingSinkPolicy, first_frames:
     return slice(start, start + tokens), tokens
 
 
+@register_policy
 class DeepSinkPolicy(SinkPolicy):
     """Deep Forcing, Deep Sink only (DF ``causal_model_DS.py``).
 
@@ -61,6 +63,7 @@ class DeepSinkPolicy(SinkPolicy):
         self._rotate_sink(self.sink_frames, delta)
 
 
+@register_policy
 class ReropeSinkPolicy(SinkPolicy):
     """Rolling Forcing's anchor (RF ``causal_model.py``) on Self-Forcing's block procedure.
 
@@ -118,6 +121,7 @@ class ReropeSinkPolicy(SinkPolicy):
         self.anchor_position = p0
 
 
+@register_policy
 class RollingSinkPolicy(WindowPolicy):
     """Rolling Sink (RS ``wan/modules/causal_model.py`` 233-281) on Self-Forcing's block procedure.
 
@@ -135,6 +139,7 @@ class RollingSinkPolicy(WindowPolicy):
     """
 
     name = ROLLING_SINK
+    settings_keys = ("window_frames", "sink_frames")
 
     def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
         if rope is None:
@@ -203,6 +208,7 @@ class RollingSinkPolicy(WindowPolicy):
         self.cache.relabel(slot, whole_frames(frames, fsl, positions=range(position, position + count)))
 
 
+@register_policy
 class RelativeRopePolicy(SinkPolicy):
     """Infinity-RoPE's block-relativistic RoPE (IR ``wan/modules/causal_model.py`` 224-296).
 
@@ -222,6 +228,7 @@ class RelativeRopePolicy(SinkPolicy):
 
     name = RELATIVE_ROPE
     raw_keys_every_call = True
+    settings_keys = ("window_frames", "sink_frames", "flush_every_blocks")
 
     def __init__(
         self,
@@ -290,6 +297,7 @@ class RelativeRopePolicy(SinkPolicy):
         return apply_rope(stored_k, phases), stored_v
 
 
+@register_policy
 class EmaSinkPolicy(RelativeRopePolicy):
     """Reward Forcing's EMA sink (RwF ``wan/modules/causal_model.py`` 88-108, 142-256).
 
@@ -309,6 +317,7 @@ class EmaSinkPolicy(RelativeRopePolicy):
     """
 
     name = EMA_SINK
+    settings_keys = ("window_frames", "sink_frames", "ema_decay")
 
     def __init__(
         self,

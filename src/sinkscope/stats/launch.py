@@ -1,10 +1,16 @@
-"""Launching the statistics kernels (``sinkscope.stats.kernels``: kernel 1, frame softmax
-partials; 2, token profiles; 3, the attention output and frame partials in one pass; 4,
-frame partials given the log-sum-exp; 5, kernel 3's pass fed by TMA; 6, the combine of
-kernel 3's or 5's partials; 7, per-frame sums of q or k) and turning their partials into
-every statistic of ``CallStatistics``: tile configurations, key segments on the device,
-the combines, the cuDNN call that gives the log-sum-exp. The kernels' maths and
-measurements are in that module's docstring.
+"""Launching the statistics kernels and turning their partials into every statistic of
+``CallStatistics``: tile configurations, key segments on the device, the combines, the
+cuDNN call that gives the log-sum-exp.
+
+The kernels (``sinkscope.stats.kernels``; the maths in its docstring):
+``frame_softmax_partials_kernel`` (each key frame's softmax partials),
+``token_profiles_kernel`` (per key token, given each query's log-sum-exp),
+``attention_frame_partials_kernel`` (the attention output and the frame partials in one
+pass), ``frame_partials_given_lse_kernel`` (the frame partials given the log-sum-exp),
+``attention_frame_partials_tma_kernel`` (the one pass fed by TMA), and in
+``sinkscope.stats.reduction_kernels`` ``frame_statistics_combine_kernel`` (the combine of
+the one pass's partials) and ``segment_sums_kernel`` (per-frame sums of q or k).
+docs/performance.md has the measured tiles.
 """
 
 from __future__ import annotations
@@ -33,10 +39,9 @@ from sinkscope.stats.reference import CallStatistics, one_hot_float
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
-# Measured on H100 and H200 (docs/performance.md): all four within 8% of each other, the
-# first best or tied; it is the default, used without autotuning so that a fresh job pays
-# no tuning runs. Re-measured on an H100 with the entropy accumulator: 128x64 (8 warps,
-# 3 stages) 1.51 ms, 64x64 (4, 3) 1.56 ms, 128x128 (8, 2) 2.06 ms (register pressure).
+# Each kernel runs one fixed tile, the fastest measured (docs/performance.md), without
+# autotuning so that a fresh job pays no tuning runs. frame_softmax_partials_kernel: the
+# four configurations below lie within 8% of each other; the first is best or tied.
 DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
 _CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
@@ -44,27 +49,22 @@ _CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
 ]
-# Kernel 2 holds a key tile (BLOCK_N, in two halves) and streams query tiles (BLOCK_M).
-# H200, last block, 2026-11-26 (attention_waves.py --sections profiles): 64x256 (4 warps,
-# 3 stages) 0.95 ms, (4, 2) 1.01, 64x128 (4, 4) 1.04, (4, 3) 1.11, 32x256 (4, 3) 1.35;
-# 128-query tiles spill. Fixed, no autotuning.
+# token_profiles_kernel holds a key tile (BLOCK_N, in two halves) and streams query tiles
+# (BLOCK_M); 128-query tiles spill registers.
 DEFAULT_PROFILE_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 4, "num_stages": 3}
-# Kernel 4 (the statistics given each query's log-sum-exp). H100, last block, 2026-11-25:
-# 128x64 (8 warps, 4 stages) 1.43 ms, (8, 3) 1.56, 64x64 (4, 3) 1.46, 64x128 (4, 3) 1.63,
-# 128x128 (8, 3) 1.79, 256x64 (8, 3) 1.77. Fixed, no autotuning.
+# frame_partials_given_lse_kernel (the statistics given each query's log-sum-exp).
 DEFAULT_LSE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4}
-# Kernel 3 (attention output + frame partials): a flash-attention forward's tiles.
+# attention_frame_partials_kernel (attention output + frame partials): a flash-attention
+# forward's tiles.
 DEFAULT_FUSED_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-# Kernel 5 (kernel 3's pass with TMA loads and key tiles aligned to key 0). H100, 2026-11-25,
-# three calls, with every frame's partials, last block / first block: 64x64 (4 warps, 3
-# stages) 2.15-2.18 / 0.42-0.46 ms, 128x128 (8, 3) 2.54-2.72 / 0.47-0.51, 128x64 (8, 3)
-# 2.64-2.78 / 0.46-0.52; warp-specialized loops slower with the partials (64x64: 2.18-2.29).
+# attention_frame_partials_tma_kernel (the same pass with TMA loads and key tiles aligned
+# to key 0); warp-specialized loops are slower with the partials.
 DEFAULT_TMA_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-# Kernel 6 (the combine): query rows a program, fewer when many key frames (a long global
+# frame_statistics_combine_kernel: query rows a program, fewer when many key frames (a long global
 # cache) would make its [rows, frames] tiles too large for the registers.
 COMBINE_BLOCK_M = 64
 COMBINE_TILE = 2048
-# Kernel 7 splits its segments until about this many programs run (a few times the H100's
+# segment_sums_kernel splits its segments until about this many programs run (a few times the H100's
 # 132 SMs): one program a query frame's 1560 tokens left most of the GPU idle.
 SEGMENT_PROGRAMS = 1024
 # Small tiles for Triton's CPU interpreter (tests): fast, and every masking path taken.
@@ -126,8 +126,9 @@ def frame_softmax_partials(
     config: dict | None = None,
     key_lengths: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Kernel 1. (m, l, u, sums), each [H, Lq, num_k] fp32: per query and key frame, the
-    max base-2 scaled score t, sum 2^(t - m), sum 2^(t - m) (m - t), and sum of raw q.k.
+    """``frame_softmax_partials_kernel``'s launch: (m, l, u, sums), each [H, Lq, num_k]
+    fp32: per query and key frame, the max base-2 scaled score t, sum 2^(t - m),
+    sum 2^(t - m) (m - t), and sum of raw q.k.
 
     Key frame f is the segment of ``key_lengths[f]`` tokens of k after the previous ones
     (default: ``num_k`` segments of ``frame_seq_length``)."""
@@ -158,14 +159,14 @@ def token_profile_sums(
     scale: float,
     config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel 2. (prob_sums, logit_means), each [H, Lk] fp32: the sum over every query i
-    of p_ij = 2^(t_ij - lse2_i), given each query's base-2 log-sum-exp ``lse2`` [H, Lq]
-    fp32; and (mean_i q_i) . k_j * scale."""
+    """``token_profiles_kernel``'s launch: (prob_sums, logit_means), each [H, Lk] fp32:
+    the sum over every query i of p_ij = 2^(t_ij - lse2_i), given each query's base-2
+    log-sum-exp ``lse2`` [H, Lq] fp32; and (mean_i q_i) . k_j * scale."""
     q, k = _unit_stride(q), _unit_stride(k)
     heads, num_queries, head_dim = q.shape
     num_keys = k.shape[1]
     lse2 = lse2.contiguous()
-    q_mean = segment_sums(q, (num_queries,))[:, 0].div_(num_queries)  # [H, D] fp32 (kernel 7)
+    q_mean = segment_sums(q, (num_queries,))[:, 0].div_(num_queries)  # [H, D] fp32
     prob_sums = torch.empty(heads, num_keys, dtype=torch.float32, device=q.device)
     logit_means = torch.empty_like(prob_sums)
     config, launch = _launch_config(config, DEFAULT_PROFILE_CONFIG)
@@ -192,8 +193,9 @@ def _combine(
     token_profiles: bool,
     profile_config: dict | None,
 ) -> CallStatistics:
-    """Every statistic from the per-frame partials (m, l, u) of kernel 1 or 3, each
-    [H, Lq, num_k]; kernel 2 for the token profiles."""
+    """Every statistic from the per-frame partials (m, l, u) of
+    ``frame_softmax_partials``, each [H, Lq, num_k]; ``token_profile_sums`` for the token
+    profiles."""
     heads, num_queries, num_k = m.shape
     per_frame = (heads, num_q, frame_seq_length)
     row_max = m.amax(dim=-1, keepdim=True)  # M_i, [H, Lq, 1]
@@ -224,8 +226,8 @@ def statistics_triton(
     config: dict | None = None,
     profile_config: dict | None = None,
 ) -> CallStatistics:
-    """Every statistic of :class:`CallStatistics`: kernel 1, then (only for token
-    profiles) kernel 2, and torch for the combine, all on q's device."""
+    """Every statistic of :class:`CallStatistics`: ``frame_softmax_partials``, then (only for
+    token profiles) ``token_profile_sums``, and torch for the combine, all on q's device."""
     key_lengths = tuple(int(n) for n in key_lengths)
     num_k = len(key_lengths)
     heads = q.shape[0]
@@ -237,7 +239,7 @@ def statistics_triton(
 
 def segment_sums(x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None) -> torch.Tensor:
     """[H, S, D] fp32: the sums of consecutive segments of ``lengths`` tokens of x [H, L, D]
-    (kernel 7; no fp32 copy of x). Each segment is summed in parts of ``chunk`` tokens (by
+    (``segment_sums_kernel``; no fp32 copy of x). Each segment is summed in parts of ``chunk`` tokens (by
     default enough parts for about ``SEGMENT_PROGRAMS`` programs), added in a fixed order."""
     heads, _, head_dim = x.shape
     x = _unit_stride(x)
@@ -279,10 +281,11 @@ def attention_statistics_triton(
     config: dict | None = None,
     profile_config: dict | None = None,
 ) -> tuple[torch.Tensor, CallStatistics]:
-    """The attention output, [Lq, H, D] in q's dtype, and every statistic: kernel 3 (one
-    pass over the keys for both; ``_combine_fused``), kernel 2 only for token profiles. q, k, v are [H, L, D]
+    """The attention output, [Lq, H, D] in q's dtype, and every statistic:
+    ``attention_frame_partials_kernel`` (one pass over the keys for both; ``_combine_fused``),
+    ``token_profile_sums`` only for token profiles. q, k, v are [H, L, D]
     (any strides with unit stride last). logit_mean by factorization: (mean of the query
-    frame's q) . (mean of the key frame's k) * scale, the key sums taken by kernel 3."""
+    frame's q) . (mean of the key frame's k) * scale, the key sums taken by the same pass."""
     key_lengths = tuple(int(n) for n in key_lengths)
     num_k = len(key_lengths)
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
@@ -316,19 +319,20 @@ def _combine_fused(
     token_profiles: bool,
     profile_config: dict | None,
 ) -> CallStatistics:
-    """Every statistic from the partials (m, g, l, w) of kernel 3 or 5, each [H, Lq, num_k]:
+    """Every statistic from the partials (m, g, l, w) of the one pass over the keys
+    (``attention_frame_partials_kernel`` or its TMA form), each [H, Lq, num_k]:
     per frame its max m, and the running max g that its sums l = sum 2^(t - g) and w = sum
     2^(t - g) t refer to; logit_mean by factorization from the key frames' sums
-    (``key_sums``, [H, num_k, D] fp32) and lengths (``key_lengths``, fp32). Kernel 6 does
-    it all (the maths in its docstring); kernel 2 the token profiles, from each query's
-    log-sum-exp. q is [H, Lq, D] with unit stride last."""
+    (``key_sums``, [H, num_k, D] fp32) and lengths (``key_lengths``, fp32). ``frame_statistics_combine_kernel``
+    does it all (the maths in its docstring); ``token_profile_sums`` the token profiles,
+    from each query's log-sum-exp. q is [H, Lq, D] with unit stride last."""
     m, g, l, w = partials
     heads, num_queries, num_k = m.shape
     head_dim = q.shape[-1]
     frames_pad = max(2, triton.next_power_of_2(num_k))
     block_m = INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else max(8, min(COMBINE_BLOCK_M, COMBINE_TILE // frames_pad))
     parts = math.ceil(frame_seq_length / block_m)
-    # Each statistic's parts contiguous ([parts, H, num_q, num_k]), as kernel 6 writes them.
+    # Each statistic's parts contiguous ([parts, H, num_q, num_k]), as the combine writes them.
     frame_parts = torch.empty(3, parts, heads, num_q, num_k, dtype=torch.float32, device=m.device)
     entropy_parts = torch.empty(parts, heads, num_q, dtype=torch.float32, device=m.device)
     lse2 = torch.empty(heads, num_queries, dtype=torch.float32, device=m.device)
@@ -373,8 +377,9 @@ def attention_statistics_lse(
     config: dict | None = None,
     profile_config: dict | None = None,
 ) -> tuple[torch.Tensor, CallStatistics]:
-    """The attention call by cuDNN (its output and log-sum-exp), then kernel 4 for the
-    frame statistics: a second pass over the keys, without kernel 1's running max."""
+    """The attention call by cuDNN (its output and log-sum-exp), then
+    ``statistics_given_lse`` for the frame statistics: a second pass over the keys, without
+    a running max."""
     out, lse = sdpa_with_lse(q, k, v, scale)
     stats = statistics_given_lse(q, k, lse, frame_seq_length, num_q, key_lengths, scale, token_profiles=token_profiles,
                                  config=config, profile_config=profile_config)  # fmt: skip
@@ -395,7 +400,8 @@ def statistics_given_lse(
     profile_config: dict | None = None,
 ) -> CallStatistics:
     """Every statistic, given each query's natural-log log-sum-exp of q.k * scale over
-    all keys (``lse``, [H, Lq] fp32): kernel 4, kernel 2 for token profiles, a combine."""
+    all keys (``lse``, [H, Lq] fp32): ``frame_partials_given_lse_kernel``,
+    ``token_profile_sums`` for token profiles, a combine."""
     key_lengths = tuple(int(n) for n in key_lengths)
     num_k = len(key_lengths)
     q, k = _unit_stride(q), _unit_stride(k)
@@ -426,9 +432,10 @@ def statistics_given_lse(
 
 def tma_kernel_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lengths: Sequence[int],
                     config: dict | None = None) -> bool:
-    """Whether kernel 5 takes this call: fp16 / bf16, a power-of-two head size of 16 to 256,
-    every key frame at least a key tile long, and every tensor as TMA can address it
-    (16-byte aligned base and strides, unit stride last)."""
+    """Whether ``attention_frame_partials_tma_kernel`` takes this call: fp16 / bf16, a
+    power-of-two head size of 16 to 256, every key frame at least a key tile long, and
+    every tensor as TMA can address it (16-byte aligned base and strides, unit stride
+    last)."""
     block_n = _launch_config(config, DEFAULT_TMA_CONFIG)[0]["BLOCK_N"]
     return (
         q.dtype in (torch.float16, torch.bfloat16)
@@ -467,9 +474,9 @@ def attention_statistics_tma(
     config: dict | None = None,
     profile_config: dict | None = None,
 ) -> tuple[torch.Tensor, CallStatistics]:
-    """As :func:`attention_statistics_triton`, by kernel 5 (TMA loads, key tiles aligned to
-    key 0) and kernel 6; for calls where :func:`tma_kernel_fits`. logit_mean by
-    factorization in kernel 6, the key frames' sums by kernel 7."""
+    """As :func:`attention_statistics_triton`, by ``tma_attention`` (TMA loads, key tiles
+    aligned to key 0) and the combine; for calls where :func:`tma_kernel_fits`. logit_mean
+    by factorization in the combine, the key frames' sums by ``segment_sums``."""
     key_lengths = tuple(int(n) for n in key_lengths)
     out, partials = tma_attention(q, k, v, key_lengths, scale, config=config)
     _, _, lengths_float = _segments_on(q.device, key_lengths)
@@ -488,7 +495,7 @@ def tma_attention(
     warp_specialize: bool = False,
     config: dict | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Kernel 5's launch: (output [Lq, H, D], (m, g, l, w) each [H, Lq, num_k] fp32), or
+    """``attention_frame_partials_tma_kernel``'s launch: (output [Lq, H, D], (m, g, l, w) each [H, Lq, num_k] fp32), or
     (output, ()) with ``stats`` False: then a plain flash-attention forward over one segment."""
     key_lengths = tuple(int(n) for n in key_lengths) if stats else (k.shape[1],)
     num_k = len(key_lengths)

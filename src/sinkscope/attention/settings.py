@@ -1,0 +1,41 @@
+"""Which kernels the model's own computation runs (config ``capture.kernels``), as a value.
+
+A :class:`KernelSettings` is a field of the model (``WanModel.kernels``) that its forward
+hands to every layer, so a call computes what its model was given and nothing that an
+earlier job in the process set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KERNEL_CHOICES = ("fast", "reference")
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    """``key_split``: a cached attention call whose query tiles would leave the GPU's last
+    wave part-empty splits its keys and merges the parts (``sinkscope.attention.split``);
+    ``fused_gelu``: the FFN applies its GELU in the matrix product's epilogue
+    (``sinkscope.model.wan.feed_forward``). Both act on CUDA in fp16 / bf16 only."""
+
+    key_split: bool = True
+    fused_gelu: bool = True
+
+    @classmethod
+    def named(cls, name: str) -> "KernelSettings":
+        """``fast`` (both on) or ``reference`` (both off: Self-Forcing's own kernels)."""
+        if name not in KERNEL_CHOICES:
+            raise ValueError(f"capture.kernels {name!r} is not one of {', '.join(KERNEL_CHOICES)}")
+        return cls(key_split=name == "fast", fused_gelu=name == "fast")
+
+    @property
+    def name(self) -> str:
+        """The config's name of these settings, or ``custom`` for a mix."""
+        if self.key_split == self.fused_gelu:
+            return KERNEL_CHOICES[0] if self.key_split else KERNEL_CHOICES[1]
+        return "custom"
+
+
+FAST_KERNELS = KernelSettings()
+REFERENCE_KERNELS = KernelSettings.named("reference")
