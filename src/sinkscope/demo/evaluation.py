@@ -324,7 +324,7 @@ def evaluate_demo(
     if data is None:
         data = {}
         if checkpoint_path is not None:
-            from sinkscope.model.checkpoints import resolve_path
+            from sinkscope.model.weightfiles import resolve_path
 
             saved = torch.load(resolve_path(str(checkpoint_path)), map_location="cpu", weights_only=True).get("sinkscope", {})
             data = synthetic.options_of(saved.get("data"))

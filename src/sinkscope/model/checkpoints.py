@@ -32,36 +32,22 @@ from typing import Any
 
 from sinkscope.errors import ConfigError, WeightsError
 from sinkscope.model.config import WanConfig, get_model_config
-from sinkscope.model.formats import (  # noqa: F401 - config_from_*_json, diffusers_to_wan_key: public here too
-    WEIGHT_FORMATS,
+from sinkscope.model.formats import (
     WeightOptions,
-    config_from_diffusers_json,
-    config_from_wan_json,
     config_in_folder,
     detect_format,
-    diffusers_to_wan_key,
     weight_format,
 )
 from sinkscope.model.lora import LoraSpec, ResolvedLora, resolve_lora
-from sinkscope.model.weightfiles import (  # noqa: F401 - the file helpers' names stay importable from here
-    FSDP_WRAPPER,
-    PACKAGE_PREFIX,
-    PACKAGE_WEIGHTS,
-    TORCH_SUFFIXES,
+from sinkscope.model.weightfiles import (
     cached_value,
-    check_shapes,
-    check_torch_file,
-    folder_weight_files,
     missing_path,
     resolve_path,
-    safetensors_header,
-    transformer_folder,
 )
 
 WAN_WEIGHTS = "diffusion_pytorch_model.safetensors"
 WAN_T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 WAN_TOKENIZER_DIR = "google/umt5-xxl"
-FORMATS = ("auto", *WEIGHT_FORMATS)  # the registry's names when this module was imported
 
 
 # -- the config entry ---------------------------------------------------------------------

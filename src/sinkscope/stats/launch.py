@@ -22,7 +22,7 @@ from functools import lru_cache
 import torch
 import triton
 
-from sinkscope.attention.split import key_split, planned_attention
+from sinkscope.attention.split import cached_attention
 from sinkscope.stats.kernels import (
     attention_frame_partials_kernel,
     attention_frame_partials_tma_kernel,
@@ -351,16 +351,18 @@ def _combine_fused(
 
 
 def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [Lq, H, D], natural-log log-sum-exp [H, Lq] fp32) of one attention call, from
-    cuDNN's attention (the backend SDPA picks on Hopper), or flash attention where cuDNN
-    is not available; the keys split as the model's uncaptured calls split them
-    (``sinkscope.attention.split``), so that the output is theirs, bit for bit.
-    q, k, v are [H, L, D]."""
+    """(output [Lq, H, D], natural-log log-sum-exp [H, Lq] fp32) of one attention call
+    through the model's own cached call (``sinkscope.attention.split.cached_attention``:
+    cuDNN's attention, the keys split as the uncaptured calls split them), so that the
+    output is theirs, bit for bit. q, k, v are [H, L, D]; ``scale`` must be 1/sqrt(D)."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         # cuDNN's op takes float32 without complaint and returns NaN (H100, torch 2.11).
         raise NotImplementedError(f"cuDNN and flash attention compute in fp16 / bf16, not {q.dtype}")
-    q4, k4, v4 = (x.transpose(0, 1)[None] for x in (q, k, v))  # [1, L, H, D]
-    out, lse = planned_attention(q4, k4, v4, key_split(q4, k4), scale)
+    if scale != q.shape[-1] ** -0.5:
+        raise ValueError(f"the model's attention call scales by 1/sqrt(head_dim) = {q.shape[-1] ** -0.5}, not {scale}")
+    out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)))
+    if lse is None:
+        raise NotImplementedError(f"no attention kernel returns the log-sum-exp on {q.device}")
     return out[0], lse[0]
 
 
