@@ -7,8 +7,9 @@
 #
 # Stages (rules/): extract (prompt embeddings, one GPU job per checkpoint x variant x
 # prompt x seed x layer group), import (older .pt caches), aggregate (verified Parquet
-# tables), figures (SVG + PNG), report (summary page). Paths, params and checks come
-# from the sinkscope package (sinkscope.pipeline.study); see README.md.
+# tables), effects (each variant against the untouched default run), figures (SVG +
+# PNG), video (outputs.video: MP4s, contact sheets), report (summary page). Paths, params
+# and checks come from the sinkscope package (sinkscope.pipeline.study); see README.md.
 
 from snakemake.utils import min_version
 
@@ -22,7 +23,10 @@ include: "rules/common.smk"
 include: "rules/extract.smk"
 include: "rules/import.smk"
 include: "rules/aggregate.smk"
+include: "rules/effects.smk"
+include: "rules/interventions.smk"
 include: "rules/figures.smk"
+include: "rules/video.smk"
 include: "rules/report.smk"
 
 

@@ -16,6 +16,7 @@ from sinkscope.pipeline.integrity import quarantine, scan_results
 from sinkscope.pipeline.invocation import LOCAL_EXECUTORS, forget_inventory, invocation_mode, requested_executor
 from sinkscope.pipeline.recovery import mark_run_start, recover_interrupted_run
 from sinkscope.pipeline.study import (
+    EFFECT_TABLES,
     PATTERNS,
     SOURCE_TABLES,
     TABLES,
@@ -146,7 +147,7 @@ def source_tables(table):
 
 
 def figure_options(wildcards):
-    return STUDY.figure_options(wildcards.kind)
+    return STUDY.figure_options(wildcards.kind, wildcards.get("source"))
 
 
 def figure_code(wildcards):

@@ -52,6 +52,8 @@ rule encode_prompt_segment:
 rule extract_attention:
     input:
         embedding=embedding_of,
+        # Edits that select heads by class wait for the untouched run's classes.
+        head_classes=lambda wildcards: STUDY.head_classes_inputs(wildcards.source),
     output:
         update(directory(PATTERNS["extract_dir"])),
     params:

@@ -75,3 +75,80 @@ def flip_bytes_and_read(path: Path, trial: int, width: int) -> None:
         assert path.name in str(error)
         return
     assert position >= footer_start and damaged.equals(original), position
+
+
+def synthetic_effects(
+    layers: int,
+    heads: int,
+    *,
+    frames: int = 21,
+    per_block: int = 3,
+    runs=(("p", 0), ("p", 1)),
+    checkpoint: str = "ck",
+    variants=(("no_sink", [(0, 0), (min(4, 5), 9)]), ("identity", "all"), ("kv_int8", [])),
+    seed: int = 0,
+) -> dict[str, pd.DataFrame]:
+    """variant_effects and variant_head_effects of ``variants`` (name, edited heads: a list,
+    or 'all') against a default run, as sinkscope.pipeline.effects writes them (per-run
+    rows and run-averaged rows): latents that move away from the untouched ones after block
+    0 (the identity variant not at all), random frame-0 mass changes of the captured heads."""
+    from sinkscope.pipeline.effects import frame_blocks, frame_effects, with_run_means
+    from sinkscope.tables import EFFECTS_RUN_STD, HEAD_EFFECTS_RUN_STD
+
+    rng = np.random.default_rng(seed)
+    frame_parts, head_parts = [], []
+    blocks = frame_blocks([per_block] * (frames // per_block), frames)
+    for prompt, run_seed in runs:
+        reference = rng.normal(size=(4, frames, 3, 5)).astype(np.float32)
+        for index, (variant, edited) in enumerate(variants):
+            scale = 0.0 if variant == "identity" else 0.02 * (index + 1)
+            moved = reference + scale * (blocks > 0)[None, :, None, None] * rng.normal(size=reference.shape)
+            effects = frame_effects(moved.astype(np.float32), reference)
+            run = dict(checkpoint=checkpoint, variant=variant, prompt_id=prompt, seed=run_seed)
+            frame_parts.append(pd.DataFrame(effects).assign(block=blocks, **run))
+            named = {(a, b) for a in range(layers) for b in range(heads)} if edited == "all" else set(edited)
+            for layer in range(layers):
+                for head in range(heads):
+                    default_mass, default_entropy = rng.random(), 2 + rng.random()
+                    change = 0.0 if variant == "identity" else (-default_mass if (layer, head) in named
+                                                                else rng.normal(scale=0.02))  # fmt: skip
+                    head_parts.append(dict(run, layer=layer, head=head, calls=40, edited=(layer, head) in named,
+                                           frame0_mass=default_mass + change, frame0_mass_default=default_mass,
+                                           frame0_mass_change=change, entropy_tokens=default_entropy + change,
+                                           entropy_tokens_default=default_entropy, entropy_tokens_change=change))
+    frame_table = with_run_means(pd.concat(frame_parts, ignore_index=True), ["checkpoint", "variant", "latent_frame"],
+                                 EFFECTS_RUN_STD, ["block"])  # fmt: skip
+    head_table = with_run_means(pd.DataFrame(head_parts), ["checkpoint", "variant", "layer", "head"],
+                                HEAD_EFFECTS_RUN_STD, ["calls", "edited"])  # fmt: skip
+    return {"variant_effects": frame_table, "variant_head_effects": head_table}
+
+
+def cache_rows(
+    layouts,
+    *,
+    layers=(0,),
+    heads: int = 1,
+    steps: int = 1,
+    checkpoint: str = "ck",
+    variant: str = "default",
+    runs=(("p", 0),),
+) -> pd.DataFrame:
+    """frame_attention rows whose key layout is given: ``layouts`` maps each block to (its
+    query frames, [(key frame, key_position_shift, key_tokens), ...]); every call of a
+    block (``steps`` denoising steps and the cache pass) sees that layout, uniform mass."""
+    rows = []
+    for prompt, run_seed in runs:
+        for layer in layers:
+            for block, (queries, keys) in layouts.items():
+                for pass_, step in [("denoise", s) for s in range(steps)] + [("cache", steps)]:
+                    for head in range(heads):
+                        for qf in queries:
+                            for kf, shift, tokens in keys:
+                                rows.append(dict(
+                                    checkpoint=checkpoint, variant=variant, prompt_id=prompt, seed=run_seed, layer=layer,
+                                    head=head, block=block, timestep=0.0 if pass_ == "cache" else 1000.0 - 100 * step,
+                                    query_frame=qf, key_frame=kf, logit_mean=0.0, prob_mass=1.0 / len(keys),
+                                    argmax_share=1.0 / len(keys), key_tokens=tokens, key_position_shift=shift, step=step,
+                                    prompt_segment=0, **{"pass": pass_},
+                                ))  # fmt: skip
+    return pd.DataFrame(rows)

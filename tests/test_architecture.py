@@ -21,7 +21,7 @@ from sinkscope.pipeline.codedigest import ROOT, _imports
 # tests/test_architecture.py`` prints the diagram).
 LAYER_TABLE = (
     (("errors", "arguments", "io", "manifests", "naming", "options", "schema", "tables", "digests", "tokens",
-      "attention", "labels"), "leaves shared by everything"),
+      "attention", "labels", "interventions", "prompt_schedules"), "leaves shared by everything"),
     (("model", "stats"), "Wan2.1, KV cache, cache policies, checkpoints, loading; per-call statistics and derived "
                          "summaries"),
     (("generation",), "the KV-cache generation procedures and the capture of their attention"),
@@ -101,7 +101,7 @@ def snakefile_imports() -> set[str]:
 PLANNING = tuple(sorted(snakefile_imports() | {
     "sinkscope.model.checkpoints", "sinkscope.model.formats", "sinkscope.model.weightfiles", "sinkscope.model.lora",
     "sinkscope.model.torchfile", "sinkscope.pipeline.resources", "sinkscope.pipeline.codedigest", "sinkscope.options",
-    "sinkscope.schema",
+    "sinkscope.schema", "sinkscope.interventions", "sinkscope.prompt_schedules",
 }))  # fmt: skip
 
 

@@ -21,23 +21,30 @@ from sinkscope.pipeline.codedigest import STAGE_MODULES, code_text, module_closu
 
 _MODEL = {"model", "model.checkpoints", "model.config", "model.formats", "model.layout", "model.loading", "model.lora",
           "model.torchfile", "model.weightfiles",
-          "model.wan", "attention", "attention.settings", "attention.split", "attention.merge_kernel"}
+          "model.wan", "attention", "attention.settings", "attention.split", "attention.merge_kernel",
+          "attention.edits"}
 _TABLES = {"tables", "digests"}
 _SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", *_TABLES}
 PINNED = {
     "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},
     "extract_attention": {
-        "io", "naming", "options", "tokens", *_TABLES, *_MODEL, "model.cache", "model.policies", "model.policies.base",
-        "model.policies.compression", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks", "model.text",
-        "generation", "generation.capture", "generation.common", "generation.procedures", "generation.rolling", "generation.sampler",
+        "io", "naming", "options", "interventions", "tokens", *_TABLES, *_MODEL, "model.cache", "model.policies", "model.policies.base",
+        "model.policies.compression", "model.policies.krea", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks",
+        "model.policies.longlive2", "model.text", "model.vae", "model.edits", "model.quantize",
+        "generation", "generation.capture", "generation.common", "generation.krea", "generation.longlive2",
+        "generation.procedures", "generation.rolling", "generation.sampler", "generation.unipc",
         "stats", "stats.attention", "stats.kernels", "stats.reduction_kernels", "stats.reference", "stats.rollout", "stats.launch",
-        "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.writing",
+        "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.latents", "pipeline.writing",
     },
     "import_cache": {"io", *_TABLES, *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",
                      "legacy.tokens", "pipeline.imports"},
     "aggregate_source": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
     "combine_tables": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
     "summary_page": {*_SUMMARIES, "figures", "figures.report"},
+    "intervention_head_classes": {*_SUMMARIES, "interventions", "pipeline.headclasses"},
+    "variant_effects": {*_SUMMARIES, "interventions", "manifests", "pipeline.aggregate", "pipeline.effects",
+                        "pipeline.integrity", "pipeline.latents"},
+    "combine_effects": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
 }  # fmt: skip
 
 

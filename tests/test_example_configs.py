@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, Workflow
+from safetensors.torch import save_file
 from fakes import TINY, tiny_state, write_self_forcing_pt, write_umt5, write_wan_folder
 
 from sinkscope.cli import main as cli_main
@@ -33,24 +34,37 @@ def example_file(name: str) -> Path:
 
 
 def weights_files(name: str) -> dict[str, str]:
-    """Checkpoint -> the weights file the example names (a seeded demo model has none)."""
+    """Checkpoint -> the weights file to download that the example names (a seeded demo
+    model has none; weights shipped with the package, ``sinkscope:<file>``, need none)."""
     checkpoints = read_config_file(example_file(name))["checkpoints"]
-    return {checkpoint: entry["weights"] for checkpoint, entry in checkpoints.items() if entry.get("weights")}
+    return {checkpoint: entry["weights"] for checkpoint, entry in checkpoints.items()
+            if entry.get("weights") and not entry["weights"].startswith("sinkscope:")}  # fmt: skip
+
+
+# Examples that run on the shipped demo (configs/interventions.yaml): nothing to download.
+SHIPPED = [name for name in EXAMPLES if not weights_files(name)]
 
 
 def write_stand_ins(root: Path, names: list[str]) -> None:
     """Tiny files in the real formats at every path the examples name: weights (a
-    Self-Forcing .pt of the tiny Wan model, or of the demo model for `model: demo`), the
+    Self-Forcing .pt of the tiny Wan model, or of the demo model for `model: demo`; Krea's
+    flat .safetensors for a .safetensors path), the
     Wan release folder with its umT5 encoder, LoRA adapters."""
     states = {}  # one state a model: the check reads names and shapes, not values
     for name in names:
         for entry in read_config_file(example_file(name))["checkpoints"].values():
             model = entry.get("model") or "tiny"
-            if entry.get("weights") and not (root / entry["weights"]).exists():
+            if entry.get("weights") in weights_files(name).values() and not (root / entry["weights"]).exists():
                 state = states.setdefault(model, tiny_state(20, TINY if model == "tiny" else MODEL_CONFIGS[model]))
-                write_self_forcing_pt(root / entry["weights"], state, ema_state=state)
+                if entry["weights"].endswith(".safetensors"):  # Krea's flat dict, keys prefixed "model."
+                    (root / entry["weights"]).parent.mkdir(parents=True, exist_ok=True)
+                    save_file({f"model.{k}": v.contiguous() for k, v in state.items()}, str(root / entry["weights"]))
+                else:
+                    write_self_forcing_pt(root / entry["weights"], state, ema_state=state)
             if entry.get("base") and not (root / entry["base"]).exists():
                 write_umt5(write_wan_folder(root / entry["base"], tiny_state(9)), "wan")
+            if entry.get("base") and "reencode" in str(read_config_file(example_file(name)).get("generation")):
+                (root / entry["base"] / "Wan2.1_VAE.pth").touch()  # Krea's re-encode: the check looks for the file
             lora = entry.get("lora")
             lora = lora.get("path") if isinstance(lora, dict) else lora
             if lora and not (root / lora).exists():
@@ -77,12 +91,18 @@ def check(name: str, directory: Path, monkeypatch, capsys, *overrides: str) -> t
 
 
 def test_every_example_names_its_weights():
-    assert len(EXAMPLES) >= 7
+    assert len(EXAMPLES) >= 7 and len(SHIPPED) < len(EXAMPLES)
     for name in EXAMPLES:
-        assert weights_files(name), name
+        weights = [entry.get("weights") for entry in read_config_file(example_file(name))["checkpoints"].values()]
+        assert any(weights), name
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+def test_an_example_on_the_shipped_demo_needs_no_files(tmp_path, monkeypatch, capsys):
+    for name in SHIPPED:
+        assert check(name, tmp_path, monkeypatch, capsys) == (0, ""), name
+
+
+@pytest.mark.parametrize("name", sorted(set(EXAMPLES) - set(SHIPPED)))
 def test_check_without_its_files_names_each_missing_weights_file(name, tmp_path, monkeypatch, capsys):
     status, message = check(name, tmp_path, monkeypatch, capsys)
     assert status == 2
@@ -105,10 +125,11 @@ def test_snakemake_plans_the_example_alone_and_refuses_what_check_refuses(name, 
     # Without its files: the same one-line messages as sinkscope check. The working
     # directory's config.yaml is not read at all (it is not even YAML here).
     (tmp_path / "config.yaml").write_text(BROKEN_YAML)
-    refused = Workflow(tmp_path).run("--dry-run", "--configfile", configfile, check=False)
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    _, expected = check(name, tmp_path, monkeypatch, capsys)
-    assert f"sinkscope: {expected}\n" in refused.stderr
+    if name not in SHIPPED:
+        refused = Workflow(tmp_path).run("--dry-run", "--configfile", configfile, check=False)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr
+        _, expected = check(name, tmp_path, monkeypatch, capsys)
+        assert f"sinkscope: {expected}\n" in refused.stderr
     # With them: both accept, and the plan holds the example's checkpoints only (no demo
     # from config.yaml merged in).
     planned = Workflow(stand_ins).run("--dry-run", "--configfile", configfile, "--config", *TINY_FIT)

@@ -29,6 +29,7 @@ from sinkscope.naming import head_label, parse_head_label
 from sinkscope.stats import summaries
 from sinkscope.tables import ALL_PROMPTS, SCHEMAS, write_table
 from sinkscope.tokens import token_lists
+from synthetic import synthetic_effects
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = (1000, 750, 500, 250)
@@ -146,6 +147,19 @@ def synthetic_tokens(frame: pd.DataFrame, heads: list[tuple[int, int]], grid: tu
     return table.astype({"token": "int32", "token_logit_mean": "float32", "token_prob_mean": "float32"})
 
 
+def synthetic_contact_frames(frames: int = 6, shape: tuple[int, int] = (16, 24)) -> pd.DataFrame:
+    """The contact sheet's frames table: two variants of one run, an image a frame (a
+    gradient that moves with the frame, the variant's brighter)."""
+    yy, xx = np.mgrid[: shape[0], : shape[1]]
+    rows = []
+    for shift, variant in enumerate(("default", "sink")):
+        for frame in range(frames):
+            image = np.stack([(xx * 10 + frame * 20) % 256, (yy * 12) % 256, np.full(shape, 60 + 80 * shift)], axis=-1)
+            rows.append({"checkpoint": "demo", "variant": variant, "prompt_id": "eagle", "seed": 0, "frame": frame,
+                         "image": image.astype(np.uint8), "unit": "latent"})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 SIZES = {
     # name: (layers, heads, latent patch grid, denoising steps, runs)
     "demo": (6, 12, (4, 6), STEPS, (("eagle", 0), ("city", 0))),
@@ -178,7 +192,10 @@ def study(size: str, window: int | None = None, sinks: int = 0) -> dict[str, pd.
         "block_stats": summaries.block_stats(both, {"default": 0, "sink": 3}),
         "variants": both,
         "variants_diagnostics": summaries.head_diagnostics(both[both["block"] == both["block"].max()]),
+        # The paired effects of three edited variants against the default run (checkpoint figures).
+        **synthetic_effects(layers, heads, runs=runs, checkpoint="demo"),
         "grid": grid,
+        "frames": synthetic_contact_frames(),
         "diagnostics_all": pd.concat([
             diagnostics,
             diagnostics.assign(checkpoint="step2000", frame0_mass=diagnostics["frame0_mass"] * 1.5,
@@ -309,9 +326,12 @@ def tables_for(kind: str, data: dict) -> dict[str, pd.DataFrame]:
     """What the workflow hands the kind: its tables and the ones it uses (head classes)."""
     if FIGURES[kind].scope == "checkpoint":
         return {"frame_attention": data["variants"], "block_stats": data["block_stats"],
-                "head_diagnostics": data["variants_diagnostics"]}  # fmt: skip
+                "head_diagnostics": data["variants_diagnostics"], "variant_effects": data["variant_effects"],
+                "variant_head_effects": data["variant_head_effects"]}  # fmt: skip
     if FIGURES[kind].scope == "study":
         return {"head_diagnostics": data["diagnostics_all"]}
+    if FIGURES[kind].scope == "run":  # the contact sheet: images, not tables
+        return {"frames": data["frames"]}
     tables = {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
     if FIGURES[kind].needs_reference_labels:  # the config's label file: codes cycling over the heads
         heads = data["head_diagnostics"][["layer", "head"]].drop_duplicates()
@@ -839,7 +859,7 @@ def test_each_kind_module_imports_only_the_shared_code():
 
     shared = {f"sinkscope.figures.{name}" for name in ("style", "text", "views", "layout", "colours", "marks")}
     allowed = {"sinkscope.figures", *shared, "sinkscope.stats.summaries", "sinkscope.tables", "sinkscope.naming",
-               "sinkscope.stats.labels"}  # fmt: skip
+               "sinkscope.stats.labels", "sinkscope.interventions"}  # fmt: skip
     for kind, module in figures.KINDS.items():
         assert _imports(module) <= allowed, (kind, _imports(module) - allowed)
     for module in shared:

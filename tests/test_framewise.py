@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_figures import (
     layout_problems,
+    synthetic_contact_frames,
     synthetic_frames,
     synthetic_queries,
     synthetic_tokens,
@@ -90,6 +91,8 @@ def test_every_figure_draws_one_frame_blocks_with_few_steps(kind, data):
         tables = {"frame_attention": data["variants"], "block_stats": data["block_stats"]}
     elif scope == "study":
         tables = {"head_diagnostics": data["diagnostics_all"]}
+    elif scope == "run":  # the contact sheet: images, not tables
+        tables = {"frames": synthetic_contact_frames()}
     else:
         tables = {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
     if FIGURES[kind].needs_reference_labels:  # the config's label file: codes cycling over the heads

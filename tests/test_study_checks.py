@@ -148,7 +148,7 @@ def _bad_weights(tmp_path, kind: str):
         return path, "self_forcing", "pickled objects beyond tensors (argparse.Namespace)"
     if kind == "generator_less":
         torch.save({"critic": {"w": torch.zeros(2)}, "step": 3}, path)
-        return path, "self_forcing", "neither 'generator_ema' nor 'generator'"
+        return path, "self_forcing", "has none of 'generator_ema', 'generator', 'model'"
     if kind == "wrong_keys":
         torch.save({"generator_ema": {f"model.{k}x": v for k, v in state.items()}}, path)
         return path, "self_forcing", "does not fit the model"

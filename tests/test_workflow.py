@@ -70,8 +70,9 @@ def test_full_run_then_only_what_changed(workflow):
     # One variant and one checkpoint: the figures that compare them are not drawn.
     for kind in CHECKPOINT_FIGURES:
         drawn = workflow.path(f"results/figures/demo/{kind}.png")
-        # policy_comparison compares variants (one here); prompt_switch needs a prompt that switches.
-        assert drawn.exists() == (kind not in ("policy_comparison", *SWITCH_FIGURES)), kind
+        # policy_comparison and the effects figures compare variants (one here); prompt_switch needs a
+        # prompt that switches.
+        assert drawn.exists() == (FIGURES[kind].compares != "variants" and kind not in SWITCH_FIGURES), kind
         assert not drawn.exists() or drawn.stat().st_size > 1000
     for kind in STUDY_FIGURES:
         assert not workflow.path(f"results/figures/{kind}.png").exists(), kind

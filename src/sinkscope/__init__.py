@@ -19,6 +19,8 @@ docs/architecture.md says what lives where)::
      manifests naming options
      schema tables digests
      tokens attention labels
+     interventions
+     prompt_schedules
 """
 
 __version__ = "0.1.0"

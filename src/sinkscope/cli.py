@@ -1,6 +1,7 @@
 """The ``sinkscope`` command: the pipeline's jobs and checks, runnable without Snakemake.
 
     sinkscope check [config.yaml] [key=value ...]   validate a config as the Snakefile does, print it normalized
+    sinkscope check --results [config.yaml]          finished runs' cache contents against their policies' layouts
     sinkscope models                                 named model configs and their sizes
     sinkscope extract --layers 0 4 --out DIR         one extraction job (one generation)
     sinkscope import-cache PATH --out OUT.parquet    convert an older .pt attention cache
@@ -71,9 +72,25 @@ def _study(args: argparse.Namespace, *, local: bool = True):
 
 def cmd_check(args: argparse.Namespace) -> int:
     study = _study(args, local=not args.cluster)
+    if args.results:
+        return _check_results(study)
     print(yaml.safe_dump(dict(study.config), sort_keys=False), end="")
     print(f"# extraction jobs compute on: {study.device}", file=sys.stderr)
     return 0
+
+
+def _check_results(study) -> int:
+    """``check --results``: the study's finished extraction folders against the cache
+    layouts their policies declare; one line a contradicting call, exit status 1 if any."""
+    from sinkscope.pipeline.cachecheck import check_study_results
+
+    planned = study.all_extract_dirs()
+    checked, lines = check_study_results(planned)
+    for line in lines:
+        print(line)
+    print(f"# {checked} of {len(planned)} extraction folders finished and checked: "
+          f"{len(lines) or 'no'} calls contradict their cache policy's layout", file=sys.stderr)  # fmt: skip
+    return 1 if lines else 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -256,6 +273,7 @@ def cmd_figure(args: argparse.Namespace) -> int:
         CHECKPOINT,
         COMMON_OPTIONS,
         LAYER,
+        RUN,
         STUDY,
         figure_kind,
     )
@@ -267,6 +285,9 @@ def cmd_figure(args: argparse.Namespace) -> int:
     kind = figure_kind(args.kind)
     if kind.scope == LAYER and args.layer is None:
         raise ConfigError(f"figure {args.kind!r} needs --layer")
+    if kind.scope == RUN:  # the contact sheet: drawn from videos or latents, not tables
+        raise ConfigError(f"figure {args.kind!r} is drawn from videos or latents, not tables: set outputs.contact_sheet "
+                          "(docs/video.md) or call sinkscope.plot.plot_contact_sheet")  # fmt: skip
     tables = _figure_tables(args.input)
     frame = tables.get("frame_attention")
     if frame is not None:  # the tables aggregation derives from frame rows
@@ -315,13 +336,29 @@ def cmd_figure(args: argparse.Namespace) -> int:
     if args.highlight_layers and "highlight_layers" not in kind.options:
         raise ConfigError(f"figure {args.kind!r} does not draw --highlight-layers (layer_comparison does)")
     # Only the options this kind draws with; the plotting API fills the rest as the pipeline does.
-    given = {name: getattr(args, name) for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS)}
+    given = {name: getattr(args, name, None) for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS)}
+    if "generation" in kind.extra_options:  # the run's generation options, as its extraction files record them
+        given["generation"] = _input_generation(args.input)
     figure = plot.plot(args.kind, {name: tables[name] for name in kind.inputs if name in tables}, layer=args.layer,
                        source=args.source or args.checkpoint,  # else the table's checkpoint[@variant]
                        **{name: value for name, value in given.items() if value is not None})  # fmt: skip
     plot.save(figure, args.out_prefix, dpi=args.dpi)
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
+
+
+def _input_generation(inputs: list[str]) -> dict | None:
+    """The generation options the first extraction folder among ``inputs`` records."""
+    from sinkscope.manifests import MANIFEST, read_manifest
+    from sinkscope.tables import read_metadata
+
+    for entry in map(Path, inputs):
+        if entry.is_dir() and (entry / MANIFEST).is_file():
+            files = sorted(name for name in read_manifest(entry)["files"] if name.endswith(".parquet"))
+            generation = read_metadata(entry / files[0]).get("generation") if files else None
+            if generation:
+                return generation
+    return None
 
 
 def _figure_tables(inputs: list[str]) -> dict:
@@ -332,7 +369,8 @@ def _figure_tables(inputs: list[str]) -> dict:
     from sinkscope.manifests import DATASET_MANIFEST, MANIFEST, read_manifest
     from sinkscope.tables import read_table
 
-    known = ("frame_attention", "head_diagnostics", "block_stats", "token_profiles", "query_stats")
+    known = ("frame_attention", "head_diagnostics", "block_stats", "token_profiles", "query_stats", "variant_effects",
+             "variant_head_effects")
     parts: dict[str, list] = {}
     for entry in map(Path, inputs):
         if not entry.exists():
@@ -470,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="key=value as snakemake --config takes them: YAML values, nested keys as "
                             "'generation={num_frames: 9}' (no dotted keys)")
     check.add_argument("--cluster", action="store_true", help="jobs run elsewhere: skip checks of this machine's devices")
+    check.add_argument("--results", action="store_true",
+                       help="instead of printing the config, check the finished extraction folders: list (one line "
+                            "each) the calls whose cache contents contradict the layout their cache policy declares")
     check.set_defaults(func=cmd_check)
 
     models = sub.add_parser("models", help="list the named model configs")

@@ -2,7 +2,7 @@
 
 Kept free of torch so that the Snakefile can validate a config, and turn it into rule
 params, without importing it. Prompt schedules (``prompts:`` entries that switch at block
-starts, ``PromptSegment``) are read and checked here too; ``re_cache`` and the table's
+starts) are read and checked in ``sinkscope.prompt_schedules``; ``re_cache`` and the table's
 ``PolicySpec.recaches`` say whether a switch recomputes the cache (LongLive's KV re-cache). ``GenerationOptions.from_config`` resolves a KV-cache
 policy's defaults, so that equivalent configs (``local_attn_frames: 21`` or
 ``cache_policy: window``) give the same canonical options and rerun nothing.
@@ -21,11 +21,13 @@ policy and procedure; docs/architecture.md says how to add one.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sinkscope.errors import ConfigError
+from sinkscope.interventions import Edit, FrameSelection, ReplaceFrames, parse_interventions
 
 GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
     "global",
@@ -37,8 +39,15 @@ GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
 )
 ROLLING_SINK, RELATIVE_ROPE, EMA_SINK = "rolling_sink", "relative_rope", "ema_sink"
 ROLLING_FORCING = "rolling_forcing"
+# Krea Realtime 14B's cache, rebuilt every block from a few context frames (policy and procedure).
+KREA_RECOMPUTE = "krea_recompute"
+# LongLive 2.0's chunk procedure and its cache (window, global sink, scene-cut sink), one name for both.
+LONGLIVE2 = "longlive2"
 # Generation procedures (``generation.procedure``): Self-Forcing's block loop, Rolling Forcing's window.
 SELF_FORCING_PROCEDURE, ROLLING_FORCING_PROCEDURE = "self_forcing", "rolling_forcing"
+# krea_recompute's context frames: the oldest one re-encoded from a decoded pixel frame
+# through the VAE (Krea's code), or the kept latent (no VAE: tests, the demo).
+RECOMPUTE_CONTEXTS = ("reencode", "latent")
 POLICY_KEYS = ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames")
 
 
@@ -116,6 +125,13 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
         # sink_frames: the anchor (block 0). The cache holds both: 24 frames (RF pipeline).
         PolicySpec(ROLLING_FORCING, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Forcing: anchor + working cache + window",
                    needs_sink=True, holds_anchor_beyond_window=True, procedure=ROLLING_FORCING_PROCEDURE),  # fmt: skip
+        # local_attn_frames: the context (one block, Krea's kv_cache_num_frames 3) plus the block.
+        PolicySpec(KREA_RECOMPUTE, _defaults(6), ("local_attn_frames",), "Krea Realtime: cleared and recomputed from the "
+                   "context frames every block, positions restarting at 0", procedure=KREA_RECOMPUTE),  # fmt: skip
+        # local_attn_frames: the cache and the span a call attends (their local_attn_size 32);
+        # sink_frames: the global sink, and the scene-cut sink's length (their sink_size 8).
+        PolicySpec(LONGLIVE2, _defaults(32, 8), _WINDOW_AND_SINK, "LongLive 2.0: window with a global sink and a scene-cut "
+                   "sink pinned at prompt-marked cuts", needs_sink=True, procedure=LONGLIVE2),  # fmt: skip
     )
 }
 CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
@@ -166,6 +182,8 @@ class ProcedureSpec:
     cache_policy: str | None = None
     # Whether a video has one prompt (prompt schedules are refused).
     one_prompt: bool = False
+    # Whether its code applies ``generation.interventions`` (sinkscope.interventions).
+    supports_interventions: bool = True
 
     def check(self, options: GenerationOptions) -> None:
         """Refuse options the procedure has no reference for (one line, the key named)."""
@@ -177,6 +195,10 @@ class ProcedureSpec:
     def widest_call_frames(self, options: GenerationOptions) -> int:
         """Query frames of its widest model call (re-cache calls aside)."""
         return max(options.block_sizes())
+
+    def needs_vae(self, options: GenerationOptions) -> bool:
+        """Whether its generation decodes and re-encodes frames (the job loads the Wan VAE)."""
+        return False
 
 
 @dataclass(frozen=True)
@@ -223,13 +245,80 @@ class RollingForcingProcedure(ProcedureSpec):
         return max(options.block_sizes()) * len(options.denoising_steps)  # a full window
 
 
+@dataclass(frozen=True)
+class KreaRecomputeProcedure(ProcedureSpec):
+    """Krea Realtime 14B's KV recomputation (``sinkscope.generation.krea``): per block b >= 1
+    one recompute call over the context frames (the cache cleared), then a call per
+    denoising step; no cache pass (docs/krea-realtime.md)."""
+
+    def check(self, options: GenerationOptions) -> None:
+        block = options.frames_per_block
+        if options.independent_first_frame:
+            raise OptionsError(
+                f"config key generation.independent_first_frame: procedure {self.name!r} has blocks of one size "
+                "(its context is one block)"
+            )
+        if options.local_attn_frames != 2 * block:
+            raise OptionsError(
+                f"config key generation.local_attn_frames: {options.local_attn_frames} must be 2 x frames_per_block = "
+                f"{2 * block} under procedure {self.name!r} (the context, one block, plus the block)"
+            )
+
+    def num_calls(self, options: GenerationOptions) -> int:
+        """A call per denoising step of every block, and a recompute call before every block but the first."""
+        blocks = len(options.block_sizes())
+        return sum(len(options.block_steps(block)) for block in range(blocks)) + blocks - 1
+
+    def widest_call_frames(self, options: GenerationOptions) -> int:
+        return max(options.block_sizes())  # the context is one block too
+
+    def needs_vae(self, options: GenerationOptions) -> bool:
+        """The re-encode of the oldest context frame, from the third block on."""
+        return options.recompute_context == "reencode" and options.num_frames > 2 * options.frames_per_block
+
+
+def unipc_timesteps(num_steps: int, shift: float, num_train_timesteps: int = 1000) -> tuple[int, ...]:
+    """The model timesteps of LongLive 2.0's UniPC flow schedule, without torch (equal to
+    ``sinkscope.generation.unipc.flow_unipc_schedule``'s; a test checks it): 999, 937, 833,
+    624 for 4 steps at shift 5."""
+    sigma_max = struct.unpack("f", struct.pack("f", 1.0 - 1.0 / num_train_timesteps))[0]  # float32, as their table
+    spacing = -sigma_max / num_steps
+    unshifted = [k * spacing + sigma_max for k in range(num_steps)]
+    return tuple(int(shift * u / (1 + (shift - 1) * u) * num_train_timesteps) for u in unshifted)
+
+
+@dataclass(frozen=True)
+class LongLive2Procedure(ProcedureSpec):
+    """LongLive 2.0's chunks (``sinkscope.generation.longlive2``): per chunk a new UniPC
+    sampler, a call per step, then the clean cache pass (docs/longlive2.md)."""
+
+    def check(self, options: GenerationOptions) -> None:
+        if options.independent_first_frame:
+            raise OptionsError(f"config key generation.independent_first_frame: procedure {self.name!r} has chunks of "
+                               "one size")  # fmt: skip
+        if options.first_block_denoising_steps is not None:
+            raise OptionsError(f"config key generation.first_block_denoising_steps: procedure {self.name!r} builds the "
+                               "same sampler for every chunk")  # fmt: skip
+        expected = unipc_timesteps(len(options.denoising_steps), options.timestep_shift, options.num_train_timesteps)
+        if options.denoising_steps != expected:
+            raise OptionsError(
+                f"config key generation.denoising_steps: {list(options.denoising_steps)} are not the UniPC timesteps of "
+                f"{len(options.denoising_steps)} steps at timestep_shift {options.timestep_shift:g} under procedure "
+                f"{self.name!r}: {list(expected)}"
+            )
+
+
 # One entry a procedure; its function is registered under the same name (``sinkscope.generation``).
 PROCEDURE_TABLE: dict[str, ProcedureSpec] = {
     spec.name: spec
     for spec in (
         ProcedureSpec(SELF_FORCING_PROCEDURE, "Self-Forcing: block by block, a call per denoising step, then the cache pass"),
         RollingForcingProcedure(ROLLING_FORCING_PROCEDURE, "Rolling Forcing: a rolling window of blocks denoised jointly",
-                                cache_policy=ROLLING_FORCING, one_prompt=True),  # fmt: skip
+                                cache_policy=ROLLING_FORCING, one_prompt=True, supports_interventions=False),  # fmt: skip
+        KreaRecomputeProcedure(KREA_RECOMPUTE, "Krea Realtime: per block the cache rebuilt from the context frames at "
+                               "t = 0, then a call per step", cache_policy=KREA_RECOMPUTE, one_prompt=True),  # fmt: skip
+        LongLive2Procedure(LONGLIVE2, "LongLive 2.0: chunk by chunk, UniPC steps, then the clean cache pass at t = 0",
+                           cache_policy=LONGLIVE2),  # fmt: skip
     )
 }
 PROCEDURES = tuple(PROCEDURE_TABLE)
@@ -282,6 +371,15 @@ class GenerationOptions:
     # How the calls are made: a name of ``PROCEDURE_TABLE`` (Self-Forcing's block loop, or
     # Rolling Forcing's rolling window, which needs cache_policy rolling_forcing).
     procedure: str = SELF_FORCING_PROCEDURE
+    # krea_recompute: the oldest context frame re-encoded through the VAE ('reencode', Krea's
+    # code) or the kept latent ('latent', where there is no VAE); no meaning elsewhere.
+    recompute_context: str = "reencode"
+    # Edits applied while the video is generated (sinkscope.interventions); () none.
+    interventions: tuple[Edit, ...] = ()
+    # longlive2: the cache holds keys before RoPE, roped at their slot at every call (their
+    # use_relative_rope); and the NVFP4 KV cache (their kv_quant). No meaning elsewhere.
+    use_relative_rope: bool = False
+    kv_quant: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "denoising_steps", tuple(int(s) for s in self.denoising_steps))
@@ -303,6 +401,11 @@ class GenerationOptions:
             raise OptionsError("config key generation.first_block_denoising_steps: name at least one step, or null")
         self._check_policy()
         self._check_procedure()
+        try:
+            object.__setattr__(self, "interventions", parse_interventions(self.interventions, "generation.interventions"))
+        except ConfigError as exc:
+            raise OptionsError(str(exc)) from None
+        self._check_interventions()
 
     # -- construction ------------------------------------------------------------------
 
@@ -343,6 +446,15 @@ class GenerationOptions:
             data["first_block_denoising_steps"] = list(self.first_block_denoising_steps)
         if self.procedure == SELF_FORCING_PROCEDURE:
             del data["procedure"]  # the default: rule params (and results) of earlier runs stay valid
+        if self.interventions:
+            data["interventions"] = [edit.to_config() for edit in self.interventions]
+        else:
+            del data["interventions"]  # none: an empty list and no key are one param, as before
+        if self.procedure != KREA_RECOMPUTE:
+            del data["recompute_context"]  # read by krea_recompute only: earlier params stay valid
+        for key in ("use_relative_rope", "kv_quant"):
+            if not data[key]:
+                del data[key]  # longlive2's switches, off: earlier params stay valid
         return data
 
     # -- derived -------------------------------------------------------------------------
@@ -515,58 +627,44 @@ class GenerationOptions:
                 f"config key generation.procedure: {procedure.name!r} cannot run cache_policy {policy!r}, which expects the "
                 f"calls of procedure {spec.procedure!r}"
             )
+        if self.recompute_context not in RECOMPUTE_CONTEXTS:
+            raise OptionsError(f"config key generation.recompute_context: {self.recompute_context!r} is not one of "
+                               f"{', '.join(RECOMPUTE_CONTEXTS)}")  # fmt: skip
+        for key in ("use_relative_rope", "kv_quant"):
+            if getattr(self, key) and policy != LONGLIVE2:
+                raise OptionsError(f"config key generation.{key}: has no meaning for cache_policy {policy!r} (it is "
+                                   f"{LONGLIVE2!r}'s)")  # fmt: skip
+        if self.recompute_context != RECOMPUTE_CONTEXTS[0] and procedure.name != KREA_RECOMPUTE:
+            raise OptionsError(f"config key generation.recompute_context: has no meaning under procedure {procedure.name!r} "
+                               f"(it is {KREA_RECOMPUTE!r}'s)")  # fmt: skip
         procedure.check(self)
 
-
-# -- prompt schedules ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PromptSegment:
-    """One prompt of a schedule: its text, active from latent frame ``start_frame`` on."""
-
-    text: str
-    start_frame: int = 0
-
-
-def prompt_segments(entry: str | Sequence[Mapping[str, Any]] | Sequence[PromptSegment]) -> tuple[PromptSegment, ...]:
-    """A ``prompts:`` entry as its segments: a string is one segment from frame 0; a list
-    gives ``{text, start_frame}`` per segment (LongLive's interactive prompts)."""
-    if isinstance(entry, str):
-        return (PromptSegment(entry, 0),)
-    segments = []
-    for item in entry:
-        if isinstance(item, PromptSegment):
-            segments.append(item)
-        else:
-            segments.append(PromptSegment(str(item["text"]), int(item["start_frame"])))
-    return tuple(segments)
-
-
-def switch_frames(segments: Sequence[PromptSegment]) -> list[int]:
-    """The frames where the prompt switches (every segment's start but the first)."""
-    return [segment.start_frame for segment in segments[1:]]
-
-
-def schedule_problems(segments: Sequence[PromptSegment], options: GenerationOptions) -> list[tuple[int, str]]:
-    """What is wrong with a schedule under ``options``: (segment index, problem) pairs.
-
-    The first segment starts at frame 0; starts increase, lie within the video and at the
-    start of a block (a switch takes effect between blocks)."""
-    problems: list[tuple[int, str]] = []
-    starts = options.block_starts()
-    for index, segment in enumerate(segments):
-        start = segment.start_frame
-        if index == 0:
-            if start != 0:
-                problems.append((index, f"{start} is not 0: the first segment starts the video"))
-            continue
-        previous = segments[index - 1].start_frame
-        if start <= previous:
-            problems.append((index, f"{start} does not come after the previous segment's start {previous}"))
-        elif start >= options.num_frames:
-            problems.append((index, f"{start} is past the video's last frame {options.num_frames - 1}"))
-        elif start not in starts:
-            shown = ", ".join(map(str, starts[:6])) + (", ..." if len(starts) > 6 else "")
-            problems.append((index, f"{start} is not where a block starts (blocks start at frames {shown})"))
-    return problems
+    def _check_interventions(self) -> None:
+        """Edits the procedure can run, on frames the video has and a later block sees; a
+        replacing frame earlier than every frame it replaces. Heads are checked against the
+        model by ``sinkscope.pipeline.config``."""
+        if not self.interventions:
+            return
+        if not procedure_spec(self.procedure).supports_interventions:
+            raise OptionsError(f"config key generation.interventions: procedure {self.procedure!r} cannot apply edits "
+                               "(use procedure self_forcing)")  # fmt: skip
+        last_start = self.block_starts()[-1]
+        for index, edit in enumerate(self.interventions):
+            where = f"config key generation.interventions[{index}]"
+            frames = getattr(edit, "key_frames", FrameSelection("cached"))
+            if frames.kind == "list":
+                past = [frame for frame in frames.frames if frame >= self.num_frames]
+                if past:
+                    raise OptionsError(f"{where}.key_frames: frame {past[0]} is past the video's last frame "
+                                       f"{self.num_frames - 1}")  # fmt: skip
+                never = [frame for frame in frames.frames if frame >= last_start]
+                if never:
+                    raise OptionsError(f"{where}.key_frames: frame {never[0]} is in the last block (frames {last_start}-"
+                                       f"{self.num_frames - 1}), which no later block sees: edits touch cached frames only")
+            if isinstance(edit, ReplaceFrames) and edit.source != "noise":
+                if frames.kind != "list":
+                    raise OptionsError(f"{where}.source: frame {edit.source} must be earlier than every frame it replaces, "
+                                       f"and key_frames {frames.kind!r} holds frame 0; list the frames")  # fmt: skip
+                if edit.source >= min(frames.frames):
+                    raise OptionsError(f"{where}.source: frame {edit.source} must be earlier than every frame it replaces "
+                                       f"(key_frames {list(frames.frames)})")  # fmt: skip

@@ -53,6 +53,7 @@ from sinkscope.figures.registry import (
     COMMON_OPTIONS,
     FIGURES,
     LAYER,
+    RUN,
     STUDY,
     FigureKind,
     figure_kind,
@@ -173,8 +174,8 @@ def plot(
     # The tables it reads when given (head_diagnostics: the heads' classes) are picked alike.
     for name in [*spec.tables, *(name for name in spec.uses if name in tables)]:
         rows = _pick(tables[name], checkpoint=checkpoint, variant=variant, what=what if name == spec.tables[-1] else
-                     f"{what} ({name})", variants=spec.scope == CHECKPOINT, checkpoints=spec.scope == STUDY)  # fmt: skip
-        if variants and spec.scope == CHECKPOINT:
+                     f"{what} ({name})", variants=spec.scope in (CHECKPOINT, RUN), checkpoints=spec.scope == STUDY)  # fmt: skip
+        if variants and spec.scope in (CHECKPOINT, RUN):
             rows = rows[rows["variant"].isin(list(variants))]
         if checkpoints and spec.scope == STUDY:
             rows = rows[rows["checkpoint"].isin(list(checkpoints))]
@@ -186,7 +187,7 @@ def plot(
         source = source or "study"
         if checkpoints:
             train_steps = train_steps or {name: None for name in checkpoints}
-    elif spec.scope == CHECKPOINT:
+    elif spec.scope in (CHECKPOINT, RUN):
         source = source or str(main["checkpoint"].iloc[0])
     else:
         source = _source(main, source)
@@ -216,6 +217,10 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # argument: (annotation, what it is)
     "tokens": ("pd.DataFrame", "token_profiles rows (the dataset folder read with a filter: only what the figure needs)"),
     "diagnostics": ("pd.DataFrame", "head_diagnostics rows"),
     "block_stats": ("pd.DataFrame", "block_stats rows"),
+    "variant_effects": ("pd.DataFrame", "variant_effects rows (per run, and the run-averaged rows it draws)"),
+    "variant_head_effects": ("pd.DataFrame", "variant_head_effects rows (per run, and the run-averaged rows it draws)"),
+    "frames": ("pd.DataFrame", "one image a row: checkpoint, variant, prompt_id, seed, frame, image (uint8 [H, W, 3]), "
+                               "unit ('video' or 'latent'); sinkscope.pipeline.video.frames_table reads them"),
     "labels": ("Any", "a published label file: its path, a layers x heads grid of -1/1/2, or rows of layer, head, "
                       "reference"),
     "layer": ("int | str", "the layer, 0-based (4) or labelled like the paper ('L5')"),
@@ -234,6 +239,8 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # argument: (annotation, what it is)
     "checkpoints": ("Sequence[str] | None", "the checkpoints in order (default: the table's order)"),
     "train_steps": ("Mapping[str, int | None] | None", "checkpoint -> training step, the x axis"),
     "source": ("str | None", "the name in the subtitle (default: the checkpoint, @variant)"),
+    "generation": ("Mapping[str, Any] | None", "the run's generation options (an extraction file's metadata "
+                                               "'generation'): its sink frames and interventions are marked"),
     "ax": ("Any", "a matplotlib Axes to draw a one-panel figure into"),
 }  # fmt: skip
 
@@ -259,8 +266,8 @@ def _signature(kind: FigureKind) -> inspect.Signature:
     named = ["head"] if kind.draws_heads else []
     named += ["grid"] if kind.needs_token_profiles else []
     named += [name for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS) if name not in positional]
-    named += {CHECKPOINT: ["checkpoint", "variants"], STUDY: ["train_steps", "checkpoints", "variant"]}.get(
-        kind.scope, ["checkpoint", "variant"])
+    named += {CHECKPOINT: ["checkpoint", "variants"], RUN: ["checkpoint", "variants"],
+              STUDY: ["train_steps", "checkpoints", "variant"]}.get(kind.scope, ["checkpoint", "variant"])
     named += ["source", "ax"]
     required = set(positional) - {"heads"}
 

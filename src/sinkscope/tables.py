@@ -18,6 +18,9 @@ The tables (DESIGN.md; the derived ones are computed in ``sinkscope.stats.summar
 - ``head_stats`` / ``layer_stats``: the last block's Figure 4 view, summarized.
 - ``block_stats``: per block and call, where the mass goes (over-time view).
 - ``head_diagnostics``: per head, entropies, sink mass, sign rate, periodicity, class.
+- ``variant_effects`` / ``variant_head_effects``: each variant against the untouched
+  ``default`` run of the same checkpoint, prompt and seed, per latent frame and per head
+  (computed in ``sinkscope.pipeline.effects``).
 """
 
 from __future__ import annotations
@@ -181,6 +184,22 @@ HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
     + run_std_fields(DIAGNOSTICS_RUN_STD)
 )  # fmt: skip
 
+# The paired effects of a variant against the untouched (default) run of the same
+# checkpoint, prompt and seed (sinkscope.pipeline.effects).
+EFFECTS_RUN_STD = ("latent_rel_distance", "latent_cosine", "flicker", "first_frame_similarity",
+                   "first_frame_similarity_default")  # fmt: skip
+HEAD_EFFECTS_RUN_STD = ("frame0_mass", "frame0_mass_default", "frame0_mass_change", "entropy_tokens",
+                        "entropy_tokens_default", "entropy_tokens_change")  # fmt: skip
+VARIANT_EFFECTS_SCHEMA = pa.schema(
+    _RUN_FIELDS + [("latent_frame", pa.int16()), ("block", pa.int16()), ("runs", pa.int16())]
+    + [(name, pa.float64()) for name in EFFECTS_RUN_STD] + run_std_fields(EFFECTS_RUN_STD)
+)  # fmt: skip
+VARIANT_HEAD_EFFECTS_SCHEMA = pa.schema(
+    _RUN_FIELDS + [("layer", pa.int16()), ("head", pa.int16()), ("runs", pa.int16()), ("calls", pa.int32()),
+                   ("edited", pa.bool_())]
+    + [(name, pa.float64()) for name in HEAD_EFFECTS_RUN_STD] + run_std_fields(HEAD_EFFECTS_RUN_STD)
+)  # fmt: skip
+
 SCHEMAS = {
     "frame_attention": FRAME_ATTENTION_SCHEMA,
     "query_stats": QUERY_STATS_SCHEMA,
@@ -189,6 +208,8 @@ SCHEMAS = {
     "layer_stats": LAYER_STATS_SCHEMA,
     "block_stats": BLOCK_STATS_SCHEMA,
     "head_diagnostics": HEAD_DIAGNOSTICS_SCHEMA,
+    "variant_effects": VARIANT_EFFECTS_SCHEMA,
+    "variant_head_effects": VARIANT_HEAD_EFFECTS_SCHEMA,
 }
 
 # What every column means; written into each file's metadata and into README.md.
@@ -201,9 +222,10 @@ COLUMN_DOCS: dict[str, str] = {
     "head": "0-based head (paper notation H = head + 1)",
     "block": "generation block index",
     "pass": "'denoise' (a denoising step), 'cache' (the pass that writes the finished block's keys) or 'recache' (at a "
-            "prompt switch, the kept frames recomputed under the new prompt before the block)",
+            "prompt switch, the kept frames recomputed under the new prompt before the block) or 'recompute' (Krea's "
+            "call that rebuilds the cleared cache from the context frames before the block)",
     "step": "denoising step index; the cache pass has step = the block's number of steps; the re-cache pass 0; -1 for "
-            "imported calls",
+            "imported calls; the recompute pass 0",
     "timestep": "the model timestep of the call",
     "prompt_segment": "index of the prompt segment whose text the call is conditioned on (0 for a single prompt; the "
                       "re-cache pass carries the new segment)",
@@ -278,8 +300,29 @@ COLUMN_DOCS: dict[str, str] = {
                      "periodic), 1 anchor (stable, compact: positive on most key frames), 2 veil (stable-sparse: "
                      "negative on most), the mean logit's sign deciding 1/2 otherwise; 0 no profile "
                      "(thresholds: config diagnostics: pyramid_*, docs/statistics.md)",
+    "latent_frame": "variant_effects: absolute latent frame, among the frames both the variant's and the default's "
+                    "video have",
+    "latent_rel_distance": "variant_effects: ||x - x_default|| / ||x_default|| over the latent frame (L2 over channels "
+                           "and positions; 0 = the untouched frame); the default run of the same checkpoint, prompt "
+                           "and seed",
+    "latent_cosine": "variant_effects: cosine between the latent frame and the untouched run's (1 = same direction)",
+    "flicker": "variant_effects: ||x_f - x_(f-1)|| / the same in the untouched video (1 = as much change from the "
+               "previous frame as untouched); NaN at frame 0, which has no previous frame",
+    "first_frame_similarity": "variant_effects: cosine between the latent frame and frame 0 of its own video (the "
+                              "drift proxy)",
+    "first_frame_similarity_default": "variant_effects: the same in the untouched (default) video, for comparison",
+    "calls": "variant_head_effects: (call, query frame) pairs after block 0 that both runs make, matched by block, "
+             "pass, step and query frame (per run; the first run's in run-averaged rows)",
+    "edited": "variant_head_effects: the head is named by a mask_keys or logit_bias edit of the variant",
+    "frame0_mass_default": "variant_head_effects: the default run's mean softmax mass on frame 0 over the matched calls",
+    "frame0_mass_change": "variant_head_effects: mean over the matched calls after block 0 of the variant's frame-0 "
+                          "mass minus the default's (0 where frame 0 is not a key frame of the call)",
+    "entropy_tokens_default": "variant_head_effects: the default run's mean token-level entropy (query_stats "
+                       "entropy_tokens, nats) over the matched calls",
+    "entropy_tokens_change": "variant_head_effects: mean over the matched calls after block 0 of the variant's token-level "
+                      "entropy minus the default's (nats)",
 }
-for _name in {*LAYER_RUN_STD, *DIAGNOSTICS_RUN_STD}:
+for _name in {*LAYER_RUN_STD, *DIAGNOSTICS_RUN_STD, *EFFECTS_RUN_STD, *HEAD_EFFECTS_RUN_STD}:
     COLUMN_DOCS[_name + RUN_STD_SUFFIX] = (
         f"sample standard deviation (ddof 1) of {_name} between the runs (prompts x seeds), each run's own value; "
         "in run-averaged rows (prompt_id '*'; every head_diagnostics row); null in per-run rows and with one run"

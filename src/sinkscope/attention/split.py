@@ -195,7 +195,7 @@ def _gives_lse(q: torch.Tensor) -> bool:
 
 
 def cached_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True, plan: KeySplit | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The model's cached self-attention call, q, k, v [B, L, H, D] (softmax scale 1/sqrt(D)):
     (output [B, Lq, H, D], each query's natural-log log-sum-exp [B, H, Lq] fp32, or None
@@ -204,8 +204,10 @@ def cached_attention(
 
     On CUDA in fp16 / bf16, cuDNN's attention with its log-sum-exp (the backend SDPA picks on
     Hopper), the keys split when that fills the GPU's waves better and ``split``
-    (``key_split``); elsewhere (the CPU, float32) SDPA itself, without the log-sum-exp."""
-    plan = key_split(q, k, split)
+    (``key_split``); elsewhere (the CPU, float32) SDPA itself, without the log-sum-exp.
+    ``plan``: run this plan instead (``sinkscope.attention.edits`` runs a call's unedited
+    heads with the plan of the whole call, so that they get its output bit for bit)."""
+    plan = key_split(q, k, split) if plan is None else plan
     if _gives_lse(q):
         try:
             return planned_attention(q, k, v, plan)

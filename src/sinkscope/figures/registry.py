@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 # What one figure is drawn for.
 SOURCE, LAYER, CHECKPOINT, STUDY = "source", "layer", "checkpoint", "study"
+# One checkpoint's variants for one prompt and seed, from their videos or latents (drawn by
+# the video rules, not from tables: sinkscope.pipeline.video).
+RUN = "run"
 # Options every figure takes (the ``figures:`` keys of the config).
 COMMON_OPTIONS = ("dpi", "frame_base")
 # The other ``figures:`` keys a kind may draw with, in the order rule params list them.
@@ -23,7 +26,8 @@ DRAWING_OPTIONS = ("step", "metric", "heads", "video_frames", "highlight_layers"
 class FigureKind:
     name: str
     # SOURCE: one checkpoint and variant, every layer; LAYER: one layer of a source;
-    # CHECKPOINT: the variants of one checkpoint side by side; STUDY: its checkpoints.
+    # CHECKPOINT: the variants of one checkpoint side by side; STUDY: its checkpoints;
+    # RUN: the variants of one checkpoint for one prompt and seed (their frames).
     scope: str
     # The tables it reads (layer figures: the frame_attention rows of their layer, read
     # from the extraction files).
@@ -33,7 +37,8 @@ class FigureKind:
     # One line: what it shows (the CLI's help, the docs).
     shows: str
     # Options the plotting API and the CLI take but the pipeline leaves at the kind's own
-    # default (key_frame_maps shows softmax mass unless asked for another metric).
+    # default (key_frame_maps shows softmax mass unless asked for another metric);
+    # ``generation``: the source's generation options, which the workflow passes too.
     extra_options: tuple[str, ...] = ()
     # Tables it reads when given: the workflow gives them; without them (the plotting
     # API, the CLI) it derives what it needs from the tables above. head_diagnostics
@@ -97,6 +102,9 @@ FIGURES: dict[str, FigureKind] = {
                    "attention entropy of every layer x head"),
         FigureKind("attention_over_time", SOURCE, ("frame_attention",), ("step", "heads"),
                    "blocks x absolute key frames of the chosen heads"),
+        FigureKind("cache_timeline", SOURCE, ("frame_attention",), ("step",),
+                   "blocks x absolute key frames the KV cache holds, at their RoPE positions, marked sink, window, "
+                   "kept in part, edited", extra_options=("generation",)),
         FigureKind("per_head_grid", LAYER, ("frame_attention",), _STEP_METRIC,
                    "one layer: every head's Figure 4 bars (softmax mass on one y scale, logits each on its own)",
                    uses=_CLASSES),
@@ -116,6 +124,15 @@ FIGURES: dict[str, FigureKind] = {
         FigureKind("prompt_switch", CHECKPOINT, ("frame_attention",), ("step",),
                    "around each prompt switch: sink mass and mass on pre-switch frames block by block, per variant",
                    needs_prompt_switches=True),
+        FigureKind("variant_drift", CHECKPOINT, ("variant_effects",), (),
+                   "latent distance of each edited variant to the untouched video over latent frames, bands across "
+                   "runs, block boundaries marked", compares="variants"),
+        FigureKind("attention_shift", CHECKPOINT, ("variant_head_effects",), (),
+                   "layer x head maps of each variant's change of frame-0 mass against the untouched run, edited heads "
+                   "outlined", compares="variants"),
+        FigureKind("contact_sheet", RUN, ("frames",), (),
+                   "every 4th video frame (the latents' channels without a VAE) of one prompt and seed, one row per "
+                   "variant, the untouched default on top"),
         FigureKind("attention_across_checkpoints", STUDY, ("head_diagnostics",), ("step",),
                    "frame-0 mass and entropy per layer across checkpoints (training steps)", compares="checkpoints"),
     )
@@ -134,6 +151,7 @@ def kinds(scope: str) -> tuple[str, ...]:
 
 
 SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY))
+RUN_FIGURES = kinds(RUN)
 TOKEN_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_token_profiles)
 SWITCH_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_prompt_switches)
 LABEL_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_reference_labels)

@@ -134,6 +134,13 @@ def _figure(figures: Mapping[str, str], kind: str, what: str) -> str:
             f"loading='lazy'></a><figcaption>{html.escape(what)} ({html.escape(kind)})</figcaption></figure>")
 
 
+def _effects_figures(shown: Mapping[str, str]) -> str:
+    """The paired effects of a checkpoint's variants against its untouched run."""
+    return (_figure(shown, "variant_drift", "each variant's latent distance to the untouched video, frame by frame")
+            + _figure(shown, "attention_shift", "each variant's change of frame-0 mass per head, edited heads "
+                                                "outlined"))  # fmt: skip
+
+
 def _pair(left: str, right: str) -> str:
     return f"<div class='pair'><div class='tables'>{left}</div><div class='figures'>{right}</div></div>" if right else left
 
@@ -260,12 +267,20 @@ def summary_html(
                                                           "excess over uniform")  # fmt: skip
         if over_time:
             parts.append("<h3>Block by block</h3>" + over_time)
+        edits = _effects_figures(shown)
+        if edits:
+            parts.append("<h3>Variants against the untouched video</h3>" + edits)
+        cache = _figure(shown, "cache_timeline", "the key frames the KV cache holds block by block, at their RoPE "
+                                                 "positions")  # fmt: skip
+        if cache:
+            parts.append("<h3>The KV cache</h3>" + cache)
     # A checkpoint's figures over its variants, when no source is named like it.
     for name in sorted(set(figures) - placed):
         shown = figures[name]
         body = (_figure(shown, "sink_mass_over_time", "mass on frame 0 / the sink frames block by block, and its excess "
                                                      "over uniform, every variant")
-                + _figure(shown, "policy_comparison", "the chosen heads under every variant"))  # fmt: skip
+                + _figure(shown, "policy_comparison", "the chosen heads under every variant")
+                + _effects_figures(shown))  # fmt: skip
         if body:
             parts.append(f"<h2>{html.escape(name)}: every variant</h2>" + body)
     parts.append("</body></html>")

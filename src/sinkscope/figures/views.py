@@ -20,6 +20,7 @@ from sinkscope.stats.summaries import (
     resolve_step,
     runs_in,
 )
+from sinkscope.stats.summaries import ALL_PROMPTS
 
 VAE_TEMPORAL_STRIDE = 4
 
@@ -61,6 +62,17 @@ def one_checkpoint(table: pd.DataFrame, kind: str) -> None:
     checkpoints = sorted(str(x) for x in pd.unique(table["checkpoint"]))
     if len(checkpoints) > 1:
         raise ValueError(f"figure {kind} draws one checkpoint; the table holds {', '.join(checkpoints)} (checkpoint=...)")
+
+
+def run_averaged(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """A variant table's (``sinkscope.pipeline.effects``) run-averaged rows (prompt_id '*'), or a table of one run a variant as its own average."""
+    averaged = rows[rows["prompt_id"] == ALL_PROMPTS]
+    if len(averaged):
+        return averaged
+    if rows.groupby("variant", observed=True)[["prompt_id", "seed"]].apply(lambda g: len(g.drop_duplicates())).max() > 1:
+        raise ValueError(f"figure {kind} draws the run-averaged rows (prompt_id '*') that sinkscope.pipeline.effects "
+                         "writes beside the per-run rows; the table has none")  # fmt: skip
+    return rows.assign(runs=1)
 
 
 def variants_in(frame: pd.DataFrame) -> list[str]:

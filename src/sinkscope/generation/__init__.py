@@ -2,7 +2,9 @@
 
 - ``sampler``: ``generate``, the entry point, which runs the procedure the options name;
   Self-Forcing's block-causal few-step generation (``generate_blocks``).
+- ``longlive2``: LongLive 2.0's chunks (UniPC steps, the clean pass, scene cuts).
 - ``rolling``: Rolling Forcing's procedure (a rolling window of blocks denoised jointly).
+- ``krea``: Krea Realtime 14B's procedure (the cache recomputed from context frames every block).
 - ``procedures``: the registry of procedures (``register_procedure``), one function each,
   named as ``sinkscope.options.PROCEDURE_TABLE``.
 - ``common``: what the procedures share (flow-matching schedule, noise stream, calls
@@ -15,4 +17,4 @@ May import ``sinkscope.model``, ``sinkscope.stats`` and the base modules (``erro
 """
 
 # Every procedure module is imported here: importing one registers its procedure.
-from sinkscope.generation import rolling, sampler  # noqa: F401
+from sinkscope.generation import krea, longlive2, rolling, sampler  # noqa: F401

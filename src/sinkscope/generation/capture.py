@@ -17,7 +17,11 @@ in one Triton pass where it can (CUDA, fp16 / bf16), the output within bf16 roun
 generation ends, so capturing costs no host synchronization per call; or, given a
 ``handoff`` (the extraction job's ``sinkscope.pipeline.writing.ExtractionWriter``), each
 call's record goes to it at once and is written while the generation goes on. A Rolling
-Forcing window call (``CallInfo.parts``) gives one record per block of the window.
+Forcing window call (``CallInfo.parts``) gives one record per block of the window. A call
+that an edit changes (``generation.interventions``: the observer gets a ``frame_bias``)
+runs ``sinkscope.attention.edits.edited_attention``, the output the uncaptured edited call
+gives, and its rows are the statistics of that edited softmax (masked frames get exactly 0
+mass); it never takes the fused route.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sinkscope.attention.edits import edited_attention
 from sinkscope.attention.split import cached_attention
 from sinkscope.generation.sampler import (
     PASS_CACHE,
@@ -38,6 +43,7 @@ from sinkscope.generation.sampler import (
     PASS_RECACHE,
     CallInfo,
 )
+from sinkscope.generation.common import PASS_RECOMPUTE
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.stats.attention import (
@@ -163,7 +169,9 @@ class FrameStatsCapture:
         return self.token_profiles == "all" or (self.token_profiles == "last_block" and call.is_last_block)
 
     def _observer(self, layer: int):
-        def observe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
+        def observe(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, frame_bias: torch.Tensor | None = None
+        ) -> torch.Tensor:
             call = self._call
             if call is None:
                 raise RuntimeError("a captured attention call ran outside a generation")
@@ -173,7 +181,13 @@ class FrameStatsCapture:
             kernels = self.model.kernels
             fused = self.fused_attention and fused_route_applies(queries, keys, values, layout.key_lengths, self.backend)
             out, lse = None, None
-            if fused:
+            edited = {}
+            if frame_bias is not None:
+                # An edited call (sinkscope.model.edits): the attention the model really uses,
+                # and the statistics of that edited softmax; never the fused route.
+                fused, edited = False, {"frame_bias": frame_bias}
+                out, lse = edited_attention(q, k, v, frame_bias, layout.key_lengths, split=kernels.key_split)
+            elif fused:
                 self.fused_calls += 1
                 outs = []
             else:
@@ -193,7 +207,7 @@ class FrameStatsCapture:
                 statistics_args = dict(
                     frame_seq_length=self.frame_seq_length, query_frames=part_layout.query_frames,
                     key_frames=layout.key_frames, key_lengths=layout.key_lengths, token_profiles=self._wants_tokens(part),
-                    backend=self.backend, key_position_shift=layout.key_position_shift,
+                    backend=self.backend, key_position_shift=layout.key_position_shift, **edited,
                 )  # fmt: skip
                 if fused:
                     part_out, stats = attention_with_statistics(queries[:, rows], keys, values, fused=True,
@@ -273,8 +287,9 @@ KIND_COLUMNS = {"frames": FRAME_COLUMNS, "queries": QUERY_COLUMNS, "tokens": TOK
 
 
 # The re-cache pass at a prompt switch is captured like the others: its queries are the
-# recomputed frames, its keys everything the cache holds.
-PASSES = (PASS_DENOISE, PASS_CACHE, PASS_RECACHE)
+# recomputed frames, its keys everything the cache holds; so is Krea's recompute pass
+# (its queries and keys the context frames). New names go last: codes stay stable.
+PASSES = (PASS_DENOISE, PASS_CACHE, PASS_RECACHE, PASS_RECOMPUTE)
 
 
 def _call_columns(record: CallRecord, n: int) -> dict[str, np.ndarray]:

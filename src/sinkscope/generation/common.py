@@ -22,6 +22,8 @@ from sinkscope.options import GenerationOptions, OptionsError
 PASS_DENOISE = "denoise"
 PASS_CACHE = "cache"
 PASS_RECACHE = "recache"
+# Krea Realtime's call that rebuilds the cleared cache from the context frames (generation.krea).
+PASS_RECOMPUTE = "recompute"
 
 
 class FlowMatchSchedule:
@@ -195,7 +197,8 @@ def prompt_schedule(
     context: torch.Tensor | Sequence[tuple[int, torch.Tensor]], options: GenerationOptions
 ) -> list[tuple[int, torch.Tensor]]:
     """(start frame, context) of every prompt segment, checked against the blocks."""
-    schedule = [(0, context)] if isinstance(context, torch.Tensor) else [(int(f), c) for f, c in context]
+    # An entry may carry its prompt's text third (LongLive 2.0's procedure reads it; the others do not).
+    schedule = [(0, context)] if isinstance(context, torch.Tensor) else [(int(f), c) for f, c, *_ in context]
     starts = [start for start, _ in schedule]
     blocks = options.block_starts()
     if not schedule or starts[0] != 0:

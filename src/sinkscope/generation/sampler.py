@@ -96,6 +96,7 @@ def generate(
     options: GenerationOptions,
     seed: int,
     observers: Iterable[GenerationObserver] = (),
+    vae: object | None = None,
 ) -> GenerationResult:
     """Generate one video's latents [1, C, F, H, W] (on the CPU) with the real KV-cache procedure.
 
@@ -105,10 +106,12 @@ def generate(
     prompt segment) before it runs. The calls are those of the procedure
     ``options.procedure`` names: Self-Forcing's blocks (``generate_blocks``), Rolling
     Forcing's rolling window (``sinkscope.generation.rolling.generate_rolling``), or any
-    other registered with ``procedures.register_procedure``.
+    other registered with ``procedures.register_procedure``. ``vae``: the Wan VAE, for a
+    procedure that decodes and re-encodes frames (``krea_recompute``); passed only when given.
     """
     run = procedure_function(options.procedure)
-    return run(model, context, options=options, seed=seed, observers=observers)
+    extra = {} if vae is None else {"vae": vae}
+    return run(model, context, options=options, seed=seed, observers=observers, **extra)
 
 
 @register_procedure(SELF_FORCING_PROCEDURE)
@@ -153,7 +156,7 @@ def generate_blocks(
     noise = NoiseStream(seed, options.num_frames, (config.in_dim, height, width), renoise)
 
     # Step 1: the KV cache, sized by the policy (the cross-attention K/V come with it).
-    cache = policy_from_options(model, options, frame_seq_length=frame_seq_length)
+    cache = policy_from_options(model, options, frame_seq_length=frame_seq_length, seed=seed)
     contexts = [c.to(device, dtype) for _, c in schedule]
     switches = {start: index for index, (start, _) in enumerate(schedule) if index}
     outputs: list[torch.Tensor] = []

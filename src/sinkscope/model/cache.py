@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from sinkscope.model.layout import AttentionLayout
+from sinkscope.model.quantize import cache_format
 
 
 @dataclass(frozen=True, eq=False)
@@ -247,6 +248,26 @@ class KVCache:
         if v is not None:
             self.v[layer, :, start : start + v.shape[1]] = v
 
+    def quantize_frames(self, frames: Sequence[int], format: str, tensors: str = "both") -> None:
+        """Store the tokens of ``frames``, in every layer, as a cache of ``format`` reads them back
+        (``sinkscope.model.quantize``; ``tensors``: k, v or both), in place. The tokens of one
+        layer's frames form one tensor of the format (nvfp4's per-tensor scale: that layer's
+        ``frames``, all heads): pass one block's frames, as LongLive 2.0 quantizes a chunk."""
+        entry = cache_format(format)
+        buffers = {"k": (self.k,), "v": (self.v,), "both": (self.k, self.v)}[tensors]
+        for layer in range(self.num_layers):
+            runs = _token_runs(self.segments_of(layer), frames)
+            for buffer in buffers:
+                if len(runs) == 1:  # a block's frames lie together: quantize the view in place
+                    view = buffer[layer, :, runs[0][0] : runs[0][1]]
+                    view.copy_(entry.roundtrip(view))
+                elif runs:
+                    back = entry.roundtrip(torch.cat([buffer[layer, :, a:b] for a, b in runs], dim=1))
+                    at = 0
+                    for a, b in runs:
+                        buffer[layer, :, a:b] = back[:, at : at + b - a]
+                        at += b - a
+
     def evict(self, count: int, after: int) -> None:
         """FIFO: drop the ``count`` segments that follow the first ``after`` in every layer.
 
@@ -358,6 +379,19 @@ class KVCache:
             return tuple(moved)
 
         self._assign(self._layers(layers), build)
+
+
+def _token_runs(segments: Sequence[Segment], frames: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, stop) buffer ranges of the stored tokens of ``frames``, adjacent ranges joined."""
+    wanted, runs, offset = set(frames), [], 0
+    for segment in segments:
+        if segment.frame in wanted:
+            if runs and runs[-1][1] == offset:
+                runs[-1] = (runs[-1][0], offset + segment.length)
+            else:
+                runs.append((offset, offset + segment.length))
+        offset += segment.length
+    return runs
 
 
 def _token_metadata(segs: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -42,6 +42,7 @@ from sinkscope.model.lora import LoraSpec, ResolvedLora, resolve_lora
 from sinkscope.model.weightfiles import (
     cached_value,
     missing_path,
+    read_json,
     resolve_path,
 )
 
@@ -203,6 +204,34 @@ class ResolvedCheckpoint:
         blob = json.dumps({"weights": weights, "lora": files_digest(self.lora.files(), cache), "scales": self.lora.scales()},
                           sort_keys=True)  # fmt: skip
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# The Wan VAE beside the transformer (sinkscope.model.vae reads both layouts): the original
+# release file of the model's latent width, or a diffusers pipeline folder's vae/.
+WAN_VAE_FILES = {16: "Wan2.1_VAE.pth", 48: "Wan2.2_VAE.pth"}
+DIFFUSERS_VAE_DIR = "vae"
+
+
+def vae_candidates(checkpoint: ResolvedCheckpoint) -> list[Path]:
+    """Where the checkpoint's VAE would be, in the order looked at: in its release folder
+    (``base``, or the weights folder; a diffusers ``transformer/`` folder's parent) the
+    original file of the model's latent width, then a diffusers ``vae/`` folder."""
+    folders = [p for p in (checkpoint.base, checkpoint.weights) if p is not None and p.is_dir()]
+    folders += [p.parent for p in folders if p.name == "transformer"]
+    name = WAN_VAE_FILES.get(checkpoint.model_config.in_dim, WAN_VAE_FILES[16])
+    return [path for folder in dict.fromkeys(folders) for path in (folder / name, folder / DIFFUSERS_VAE_DIR)]
+
+
+def find_vae(checkpoint: ResolvedCheckpoint) -> Path | None:
+    """The checkpoint's Wan VAE (a ``.pth`` or a diffusers ``vae/`` folder whose z_dim is the
+    model's latent width), or None; reads no weights (no torch)."""
+    for path in vae_candidates(checkpoint):
+        if path.is_file():
+            return path
+        config = path / "config.json"
+        if config.is_file() and read_json(config).get("z_dim", 16) == checkpoint.model_config.in_dim:
+            return path
+    return None
 
 
 def resolve_checkpoint(spec: CheckpointSpec, base_dir: str | Path = ".") -> ResolvedCheckpoint:

@@ -14,7 +14,8 @@ class WanConfig:
     """Sizes of a Wan2.1 text-to-video transformer.
 
     Field names follow the original Wan ``config.json`` (``dim``, ``ffn_dim``, ...).
-    ``latent_height``/``latent_width`` are the default latent grid (pixels / 8);
+    ``latent_height``/``latent_width`` are the default latent grid (pixels / 8; / 16 for
+    Wan2.2-TI2V-5B's VAE);
     a generation may override them.
     """
 
@@ -74,6 +75,11 @@ MODEL_CONFIGS: dict[str, WanConfig] = {
     "wan2.1-t2v-1.3b": WanConfig(),
     # Wan-AI/Wan2.1-T2V-14B (the DMD teacher of Self-Forcing).
     "wan2.1-t2v-14b": WanConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
+    # Wan-AI/Wan2.2-TI2V-5B, the base of LongLive 2.0: 48 latent channels (the Wan2.2 VAE's
+    # z_dim, stride 4x16x16), so 704x1280 video -> 44x80 latents, 880 tokens a frame, 24 fps.
+    # Its block is Wan2.1's (RoPE split 44/42/42 of head_dim 128, as the 3-axis formula gives).
+    "wan2.2-ti2v-5b": WanConfig(dim=3072, ffn_dim=14336, num_heads=24, num_layers=30, in_dim=48, out_dim=48,
+                                latent_height=44, latent_width=80),
     # The embedded demo: the same architecture, 12 heads (so L5H10 exists), 6 layers,
     # 16-wide heads and 4x6 = 24 tokens a frame, so a whole study runs on a CPU in seconds.
     "demo": WanConfig(

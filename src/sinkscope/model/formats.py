@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sinkscope.errors import WeightsError
-from sinkscope.model.config import WanConfig, parameter_shapes
+from sinkscope.model.config import MODEL_CONFIGS, WanConfig, parameter_shapes
 from sinkscope.model.weightfiles import (
     TORCH_SUFFIXES,
     check_shapes,
@@ -170,6 +170,7 @@ def generator_state(data: Any, path: Path, ema: bool, is_state_dict: Callable[[A
         raise WeightsError(f"{path} holds a {type(data).__name__}, not a dict of state dicts")
     wanted = "generator_ema" if ema else "generator"
     present = [key for key in ("generator", "generator_ema") if key in data]
+    wrapped = data.get("model") if isinstance(data.get("model"), Mapping) else None
     if wanted in data:
         state = data[wanted]
         if not is_state_dict(state):
@@ -177,11 +178,13 @@ def generator_state(data: Any, path: Path, ema: bool, is_state_dict: Callable[[A
     elif present:
         option = "ema: false" if ema else "ema: true"
         raise WeightsError(f"{path} has no {wanted!r} (it has {present}); set {option} to load the other")
+    elif wrapped is not None and is_state_dict(wrapped):
+        state = wrapped  # LongLive 2.0's loader takes a "model" entry when there is no generator
     elif is_state_dict(data):
         state = data
     else:
         keys = ", ".join(map(str, list(data)[:8]))
-        raise WeightsError(f"{path} has neither 'generator_ema' nor 'generator' (keys: {keys})")
+        raise WeightsError(f"{path} has none of 'generator_ema', 'generator', 'model' (keys: {keys})")
     # FSDP's wrapper names, which Causal Forcing's inference.py also removes on load.
     return strip_wrappers(state)
 
@@ -195,10 +198,12 @@ def _is_tensor_dict(value: Any) -> bool:
 @register
 class SelfForcingFormat(WeightFormat):
     """A Self-Forcing ``.pt``: the state dict under ``generator_ema`` (or ``generator``),
-    keys prefixed ``model.``; a bare state dict works too."""
+    keys prefixed ``model.``; a bare state dict works too. LongLive 2.0's ``model_bf16.pt``
+    is this layout as well (``generator``, ``generator_ema`` with FSDP's wrapper names, or
+    ``model``; their loader's order)."""
 
     name = "self_forcing"
-    summary = ".pt with generator_ema / generator"
+    summary = ".pt with generator_ema / generator / model"
 
     def detect(self, path: Path) -> bool:
         return path.is_file() and path.suffix in TORCH_SUFFIXES
@@ -279,13 +284,15 @@ class SafetensorsFormat(WeightFormat):
 class WanFormat(SafetensorsFormat):
     """The Wan2.1 release folder (``config.json`` + ``diffusion_pytorch_model.safetensors``,
     sharded with an ``.index.json`` or not), or a single original-format ``.safetensors``
-    (ComfyUI's ``model.diffusion_model.`` prefix is dropped)."""
+    (ComfyUI's ``model.diffusion_model.`` prefix is dropped, and a training wrapper's
+    ``model.``: Krea Realtime 14B's ``krea-realtime-video-14b.safetensors`` is a flat dict of
+    ``model.blocks.0.self_attn.k.weight``...)."""
 
     name = "wan"
     summary = "original Wan release folder or .safetensors"
 
     def model_names(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        return strip_wrappers(state, ("model.diffusion_model.",))
+        return strip_wrappers(state, ("model.diffusion_model.", "model."))
 
     def folder_config(self, folder: Path) -> WanConfig | None:
         folder = transformer_folder(folder)
@@ -308,9 +315,16 @@ def config_from_wan_json(data: Mapping[str, Any]) -> WanConfig:
     fields = {k: data[k] for k in keys if k in data}
     if "patch_size" in data:
         fields["patch_size"] = tuple(data["patch_size"])
-    if data.get("model_type", "t2v") != "t2v":
-        raise WeightsError(f"model_type {data.get('model_type')!r} is not supported (text-to-video 't2v' only)")
-    return WanConfig(**fields)
+    if data.get("model_type", "t2v") not in ("t2v", "ti2v"):
+        raise WeightsError(f"model_type {data.get('model_type')!r} is not supported (text-to-video 't2v', or "
+                           "Wan2.2's 'ti2v' as LongLive 2.0 runs it)")  # fmt: skip
+    config = WanConfig(**fields)
+    # A named model of the same sizes gives its latent grid (Wan2.2-TI2V-5B: 44x80, not 60x104).
+    grid = ("latent_height", "latent_width")
+    sizes = {k: v for k, v in config.to_dict().items() if k not in grid}
+    named = next((c for c in MODEL_CONFIGS.values() if {k: v for k, v in c.to_dict().items() if k not in grid} == sizes), None)
+    return config if named is None else dataclasses.replace(config, latent_height=named.latent_height,
+                                                            latent_width=named.latent_width)  # fmt: skip
 
 
 def _peek_shape(folder: Path, key: str) -> tuple[int, ...] | None:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sinkscope.attention.edits import edited_attention
 from sinkscope.attention.settings import FAST_KERNELS, KernelSettings
 from sinkscope.attention.split import balanced_attention
 from sinkscope.model.config import WanConfig, get_model_config
@@ -46,11 +47,15 @@ class AttentionObserver(Protocol):
     observer that returns an output [B, Lq, H, D] gives the layer's attention (the capture
     returns the model's own call, ``sinkscope.attention.split.cached_attention`` under the
     model's ``kernels``, so the output is unchanged, or with ``capture.attention: fused``
-    its own); one that returns None leaves the call to the model.
+    its own); one that returns None leaves the call to the model. A call whose scores an
+    edit changes (``sinkscope.model.edits``) passes the keyword ``frame_bias`` (the
+    [H, key segments] float32 bias, ``sinkscope.attention.edits.edited_attention``'s); the
+    observers of an edited generation take it.
     """
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, *,
+        frame_bias: torch.Tensor | None = None,
     ) -> torch.Tensor | None: ...
 
 
@@ -234,6 +239,10 @@ class WanSelfAttention(_WanAttention):
         """
         if kv_cache is not None:
             k, v = kv_cache.attend(self.layer_index, q, k, v, raw_k)
+            if kv_cache.edits is not None:
+                bias = kv_cache.frame_bias(self.layer_index)
+                if bias is not None:
+                    return self._edited(q, k, v, kv_cache.layout(self.layer_index), bias, kernels)
             if self.observer is not None:
                 out = self.observer(q, k, v, kv_cache.layout(self.layer_index))
                 if out is not None and attn_mask is None:
@@ -244,6 +253,18 @@ class WanSelfAttention(_WanAttention):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
         )
         return out.transpose(1, 2).flatten(2)
+
+    def _edited(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, bias: torch.Tensor,
+        kernels: KernelSettings,
+    ) -> torch.Tensor:
+        """A cached call whose scores an edit changes (``frame_bias`` [H, key segments], see
+        ``sinkscope.model.edits``): the observer gets the bias, or the edited attention runs."""
+        if self.observer is not None:
+            out = self.observer(q, k, v, layout, frame_bias=bias)
+            if out is not None:
+                return out.flatten(2)
+        return edited_attention(q, k, v, bias, layout.key_lengths, split=kernels.key_split)[0].flatten(2)
 
 
 class WanCrossAttention(_WanAttention):

@@ -221,6 +221,11 @@ STAGE_MODULES = {
     "aggregate_source": ("sinkscope.pipeline.aggregate",),
     "combine_tables": ("sinkscope.pipeline.aggregate",),
     "summary_page": ("sinkscope.figures.report",),
+    "decode_video": ("sinkscope.pipeline.video",),
+    "contact_sheet": ("sinkscope.pipeline.contact_sheets", "sinkscope.figures.contact_sheet", "sinkscope.figures.render"),
+    "intervention_head_classes": ("sinkscope.pipeline.headclasses",),
+    "variant_effects": ("sinkscope.pipeline.effects",),
+    "combine_effects": ("sinkscope.pipeline.aggregate",),
 }
 
 

@@ -24,6 +24,7 @@ from sinkscope.labels import read_label_file
 from sinkscope.model.checkpoints import (
     ResolvedCheckpoint,
     checkpoint_specs,
+    find_vae,
     resolve_checkpoint,
 )
 from sinkscope.naming import parse_head_label
@@ -32,10 +33,9 @@ from sinkscope.options import (
     POLICY_KEYS,
     GenerationOptions,
     OptionsError,
-    prompt_segments,
-    schedule_problems,
-    switch_frames,
+    procedure_spec,
 )
+from sinkscope.prompt_schedules import prompt_segments, schedule_problems, switch_frames
 from sinkscope.pipeline.overrides import apply_overrides, parse_config_overrides
 from sinkscope.schema import load_schema, resolve_ref
 
@@ -195,7 +195,8 @@ def _describe(error) -> str:
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
         return f"config key {key}: {value!r} is not {_article(wanted)}"
     if error.validator == "enum":
-        return f"config key {key}: {value!r} is not one of {', '.join(map(repr, error.validator_value))}"
+        guess = _guesses([value], [str(option) for option in error.validator_value]) if isinstance(value, str) else ""
+        return f"config key {key}: {value!r} is not one of {', '.join(map(repr, error.validator_value))}{guess}"
     if error.validator == "anyOf":
         options = []
         for option in error.validator_value:
@@ -314,8 +315,14 @@ def prompt_switches(config: Mapping) -> dict[str, list[int]]:
 
 
 def variant_names(config: Mapping) -> list[str]:
-    """The study's generation variants: the ``variants:`` names, or ``default``."""
-    return list(config.get("variants") or {}) or ["default"]
+    """The study's generation variants: the ``variants:`` names, or ``default``. When a
+    variant sets ``interventions`` and none is named ``default``, ``default`` (the study's
+    generation, untouched) comes first: every edited run has its paired control."""
+    variants = config.get("variants") or {}
+    names = list(variants)
+    if "default" not in variants and any((entry or {}).get("interventions") for entry in variants.values()):
+        names.insert(0, "default")
+    return names or ["default"]
 
 
 def _run_name(config: Mapping, checkpoint: str, variant: str) -> str:
@@ -366,6 +373,34 @@ def _check_prompts(config: Mapping, options: Mapping[tuple[str, str], Generation
     return problems
 
 
+def _check_intervention_places(config: Mapping) -> list[str]:
+    """Edits belong in variants other than ``default``: the study's generation, a
+    checkpoint's own and the ``default`` variant are the untouched control."""
+    places = [("generation", config["generation"])]
+    places += [(f"checkpoints.{name}.generation", (entry or {}).get("generation") or {})
+               for name, entry in config["checkpoints"].items()]  # fmt: skip
+    places.append(("variants.default", (config.get("variants") or {}).get("default") or {}))
+    return [f"config key {where}.interventions: edits belong in variants: (each edited variant is paired with the "
+            "untouched default variant of the same checkpoint, prompt and seed); move them under "
+            "variants.<name>.interventions" for where, values in places if values.get("interventions")]  # fmt: skip
+
+
+def _check_edited_heads(config: Mapping, checkpoint: str, variant: str, option: GenerationOptions, model_config) -> list[str]:
+    """Heads and layers of the run's edits that its checkpoint's model does not have."""
+    problems = []
+    where = _where(config, checkpoint, variant, "interventions")
+    model = (config["checkpoints"][checkpoint] or {}).get("model")
+    shape = f"{model_config.num_layers} layers, {model_config.num_heads} heads"
+    for index, edit in enumerate(option.interventions):
+        heads = getattr(edit, "heads", None)
+        missing = heads.problems(model_config.num_layers, model_config.num_heads) if heads is not None else []
+        if missing:
+            what = "a head" if "H" in missing[0] else "a layer"
+            owner = f"{model} (checkpoint {checkpoint!r}: {shape})" if model else f"checkpoint {checkpoint!r} ({shape})"
+            problems.append(f"config key {where}[{index}].heads: {missing[0]} is not {what} of {owner}")
+    return problems
+
+
 def _unique(lines: list[str]) -> list[str]:
     return list(dict.fromkeys(lines))
 
@@ -394,6 +429,7 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                             f"computed in float32: use a value from {_FLOAT32_NORMAL_MIN:.1e} to {_FLOAT32_MAX:.1e}; "
                             "Self-Forcing's is 5.0)")  # fmt: skip
     problems += _check_prompts(config, options)
+    problems += _check_intervention_places(config)
     for section in NAMED_SECTIONS:
         for name in config.get(section) or {}:
             match = _PERIODIC.search(name)
@@ -439,6 +475,10 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                 model_config.frame_seq_length(option.latent_height, option.latent_width)
             except ValueError as exc:
                 problems.append(f"config key {where}.latent_height/latent_width: {exc}")
+            if procedure_spec(option.procedure).needs_vae(option) and find_vae(checkpoint) is None:
+                problems.append(f"config key {_where(config, name, variant, 'recompute_context')}: 'reencode' needs "
+                                f"checkpoint {name!r}'s Wan VAE (Wan2.1_VAE.pth or vae/ in its base folder); set "
+                                "recompute_context: latent to keep the latent instead")  # fmt: skip
         for key, chosen in (("layers", config["layers"]), ("figures.highlight_layers", config["figures"]["highlight_layers"])):
             bad_layers = [layer for layer in chosen or [] if layer >= model_config.num_layers]
             if bad_layers:
@@ -446,12 +486,19 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                     f"config key {key}: {bad_layers} do not exist in checkpoint {name!r} "
                     f"(model has layers 0..{model_config.num_layers - 1})"
                 )
+        for (owner, variant), option in options.items():
+            if owner == name:
+                problems += _check_edited_heads(config, name, variant, option, model_config)
         for label, layer, head in heads:
             if layer >= model_config.num_layers or head >= model_config.num_heads:
                 problems.append(
                     f"config key figures.heads: {label!r} does not exist in checkpoint {name!r} "
                     f"({model_config.num_layers} layers x {model_config.num_heads} heads)"
                 )
+        if config["outputs"]["video"]:
+            from sinkscope.pipeline.videoplan import missing_vae
+
+            problems += [line for line in [missing_vae(name, checkpoint)] if line]
     step = config["figures"]["step"]
     for (checkpoint, variant), option in options.items():
         if isinstance(step, int) and step >= len(option.denoising_steps):

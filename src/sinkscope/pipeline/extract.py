@@ -4,7 +4,9 @@ One job = one (checkpoint, variant, prompt, seed, layer group); a prompt may be 
 schedule of segments (one embedding file each, switched at their start frames). It
 writes, per layer, ``layer<L>.parquet`` (frame_attention rows, one row group per block),
 ``layer<L>.queries.parquet`` (query_stats) and, with token capture,
-``layer<L>.tokens.parquet`` (token_profiles), then ``manifest.json`` last. The rows are
+``layer<L>.tokens.parquet`` (token_profiles), the run's final latents
+(``latents.safetensors``, [C, F, H, W] float32: ``sinkscope.pipeline.latents``), then
+``manifest.json`` last. The rows are
 written while the video is generated (``sinkscope.pipeline.writing``: writer threads on
 CUDA, inline on CPU). The folder is built beside its final place and swapped in whole,
 so a reader never sees half of it; before the files are closed and the folder swapped
@@ -14,6 +16,7 @@ in, the job checks its rows against what the generation must produce, and any fa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,9 +31,11 @@ from sinkscope.errors import DamagedFileError, SinkscopeError
 from sinkscope.manifests import write_manifest
 from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.naming import stable_hash
+from sinkscope.interventions import class_selections, read_head_classes, with_head_classes
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.integrity import check_layer_rows
 from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
+from sinkscope.pipeline.latents import write_latents
 from sinkscope.stats.rollout import block_similarity
 
 if TYPE_CHECKING:
@@ -78,6 +83,7 @@ def extract_job(
     compute: Mapping[str, str],
     segment_starts: Sequence[int] = (0,),
     base_dir: str | Path = ".",
+    head_classes: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     """Generate one video, capture ``layers``, write the extraction folder ``output``;
     returns the files' metadata plus ``timings`` (seconds: start-up, load, generation;
@@ -92,6 +98,7 @@ def extract_job(
     job_began = time.perf_counter()
     from sinkscope.attention.settings import KernelSettings
     from sinkscope.generation.capture import FrameStatsCapture
+    from sinkscope.generation.krea import load_reencode_vae
     from sinkscope.generation.sampler import generate
     from sinkscope.model.loading import load_checkpoint
     from sinkscope.model.text import load_embedding
@@ -99,11 +106,18 @@ def extract_job(
 
     spec = CheckpointSpec(**checkpoint)
     options = GenerationOptions.from_config(generation)
+    if class_selections(options.interventions):  # class:<label> -> the untouched run's heads of that class
+        if not head_classes:
+            raise SinkscopeError(f"variant {variant!r} selects heads by class: its job needs the untouched default run's "
+                                 "head classes (the workflow makes them first)")  # fmt: skip
+        edits = with_head_classes(options.interventions, read_head_classes(head_classes[0]))
+        options = dataclasses.replace(options, interventions=edits)
     device = pick_device(compute["device"])
     began = time.perf_counter()
     timings: dict[str, float] = {"startup_seconds": began - job_began}
     resolved = resolve_checkpoint(spec, base_dir)
     model = load_checkpoint(resolved, device=device)
+    vae = load_reencode_vae(resolved, options, device)  # Krea's re-encode of a context frame; else None
     timings["load_seconds"] = time.perf_counter() - began
     dtype = str(model.dtype).replace("torch.", "")
     if dtype != compute["dtype"]:
@@ -119,7 +133,7 @@ def extract_job(
     context_meta = loaded[0][1]
     texts = [meta.get("prompt", "") for _, meta in loaded]
     switches = starts[1:]
-    schedule = loaded[0][0][None] if not switches else [(start, ctx[None]) for start, (ctx, _) in zip(starts, loaded)]
+    schedule = loaded[0][0][None] if not switches else [(start, ctx[None], text) for start, (ctx, _), text in zip(starts, loaded, texts)]
     config = model.config
     height, width = options.latent_height or config.latent_height, options.latent_width or config.latent_width
     frame_seq_length = config.frame_seq_length(height, width)
@@ -151,10 +165,12 @@ def extract_job(
             fused_attention=capture["attention"] == "fused", token_profiles=capture["token_profiles"], handoff=writer.submit,
         )  # fmt: skip
         with recorder:
-            result = generate(model, schedule, options=options, seed=seed, observers=[recorder])
+            result = generate(model, schedule, options=options, seed=seed, observers=[recorder], vae=vae)
         timings["generation_seconds"] = result.seconds
 
         latents_sha = hashlib.sha256(result.latents.float().cpu().numpy().tobytes()).hexdigest()
+        # The final latents beside the rows (pairing runs, decoding the video): the same bytes.
+        latents_file = write_latents(built, result.latents[0].float().cpu().numpy())
         prompt: str | list[dict[str, Any]] = texts[0]
         if switches:
             prompt = [{"text": text, "start_frame": start} for text, start in zip(texts, starts)]
@@ -193,7 +209,7 @@ def extract_job(
         # Per block, how like the sink frames and the previous block the video is (sink collapse).
         rollout = block_similarity(result.latents[0].float().cpu().numpy(), options.block_sizes(), options.sink_frames,
                                    config.head_dim)  # fmt: skip
-        write_manifest(built, written, {"layers": [int(x) for x in layers], "rows": counts, "num_calls": num_calls,
+        write_manifest(built, [*written, latents_file], {"layers": [int(x) for x in layers], "rows": counts, "num_calls": num_calls,
                                       "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
                                       "generation": options.to_dict(), "rollout": rollout,
                                       # Whether latents_sha256 is the uncaptured video's, and the route that decides it.

@@ -133,6 +133,9 @@ def check_result(path: str | Path, *, full: bool = False) -> list[str]:
                     raise DamagedFileError(path, f"is cut short (no closing {closing.decode()})")
         elif path.suffix == ".csv":
             _check_csv(path)
+        elif path.suffix == ".safetensors" and (path.parent / MANIFEST).is_file():
+            # A file of an extraction folder (a run's latents): against the folder's manifest.
+            return [problem for problem in check_directory(path.parent, full=full) if path.name in problem]
         elif path.suffix == ".safetensors":
             _check_embedding(path)
     except DamagedFileError as exc:

@@ -167,15 +167,43 @@ class MemoryEstimate:
     kv_cache: int
     activations: int
     statistics: int
+    # The Wan VAE of a procedure that decodes and re-encodes frames (krea_recompute), else 0.
+    vae: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + self.statistics
+        return self.weights + self.kv_cache + self.activations + self.statistics + self.vae
 
     def describe(self) -> str:
         parts = [("weights", self.weights), ("KV cache", self.kv_cache), ("activations", self.activations),
-                 ("statistics", self.statistics)]  # fmt: skip
+                 ("statistics", self.statistics)] + ([("VAE", self.vae)] if self.vae else [])  # fmt: skip
         return ", ".join(f"{name} {value / GIB:.2f}" for name, value in parts)
+
+
+# The Wan2.1 VAE (Wan2.1_VAE.pth: 127M float32 parameters, 508 MB), kept in float32.
+WAN_VAE_PARAMETERS = 127_000_000
+# Its decoder's and encoder's working set (the causal convolutions' cached frames at every
+# level, live activations, the allocator's share): float32 values per video pixel. Measured:
+# the re-encode raised a 21-frame 480x832 generation's peak by 8.1 GiB on an H100, of which
+# weights and decoded frames are 0.7 (benchmarks/krea_speed.py, docs/krea-realtime.md);
+# this gives 8.0 + 0.7.
+VAE_DECODE_VALUES_PER_PIXEL = 96 * 4 * 14
+# Of a device's memory, the share ``auto_layers_per_job`` plans to fill (the CUDA context,
+# the allocator's fragmentation and the kernels' workspaces take the rest).
+AUTO_MEMORY_SHARE = 0.9
+
+
+def vae_reencode_bytes(config: WanConfig, options: GenerationOptions) -> int:
+    """Device bytes of Krea's re-encode (``krea_recompute`` with ``recompute_context:
+    reencode``): the VAE, the longest decoded prefix (every latent up to the third-to-last,
+    float32 video) and the decoder's working set; 0 for every other procedure."""
+    if options.procedure != "krea_recompute" or options.recompute_context != "reencode":
+        return 0
+    height = (options.latent_height or config.latent_height) * 8
+    width = (options.latent_width or config.latent_width) * 8
+    latents = max(1, options.num_frames - 2 * options.frames_per_block)
+    video = 3 * (1 + 4 * (latents - 1)) * height * width * 4
+    return WAN_VAE_PARAMETERS * 4 + video + VAE_DECODE_VALUES_PER_PIXEL * height * width * 4
 
 
 def estimate_job_memory(
@@ -184,7 +212,9 @@ def estimate_job_memory(
     """Peak device memory of one extraction job (weights, KV cache, one layer's activations).
 
     The widest call sets the activations: a block, or the re-cache call at a prompt
-    switch (``switch_frames``), which runs up to a whole window of frames at once."""
+    switch (``switch_frames``), which runs up to a whole window of frames at once. The
+    statistics: every call's frame statistics and the last block's key-token profiles
+    (float32, before encoding) of each captured layer, and the CPU reference's score chunk."""
     size = 4 if dtype == "float32" else 2
     fsl = config.frame_seq_length(options.latent_height, options.latent_width)
     block = options.largest_call_frames(switch_frames)
@@ -195,7 +225,30 @@ def estimate_job_memory(
     # Per call and captured layer: frame statistics, plus the CPU reference's score chunk.
     frames = options.cache_frames
     statistics = captured_layers * options.calls(switch_frames) * config.num_heads * block * frames * 4 * 4 + 2**28
-    return MemoryEstimate(parameter_count(config) * size, kv_cache, activations, statistics)
+    # The last block's calls (its steps and one cache / recompute pass) with token profiles.
+    last_calls = len(options.block_steps(len(options.block_sizes()) - 1)) + 1
+    statistics += captured_layers * last_calls * config.num_heads * options.kv_cache_frames * fsl * 2 * 4
+    return MemoryEstimate(parameter_count(config) * size, kv_cache, activations, statistics, vae_reencode_bytes(config, options))
+
+
+def auto_layers_per_job(
+    config: WanConfig,
+    options: GenerationOptions,
+    dtype: str,
+    *,
+    layers: int,
+    memory_bytes: int | None,
+    switch_frames: Sequence[int] = (),
+) -> int:
+    """``layers_per_job: auto`` on a GPU: the most of ``layers`` one job captures within
+    ``AUTO_MEMORY_SHARE`` of the device's ``memory_bytes`` (all of them when unknown), at
+    least 1 (a job that does not fit with one layer is refused by the memory check)."""
+    if memory_bytes is None:
+        return max(1, layers)
+    budget = memory_bytes * AUTO_MEMORY_SHARE
+    fits = [n for n in range(1, layers + 1)
+            if estimate_job_memory(config, options, dtype, captured_layers=n, switch_frames=switch_frames).total <= budget]  # fmt: skip
+    return max(fits, default=1)
 
 
 def device_memory_bytes(device: str) -> int | None:

@@ -35,10 +35,8 @@ from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_
 from sinkscope.naming import decode_layers, encode_layers
 from sinkscope.options import (
     GenerationOptions,
-    PromptSegment,
-    prompt_segments,
-    switch_frames,
 )
+from sinkscope.prompt_schedules import PromptSegment, prompt_segments, switch_frames
 from sinkscope.pipeline.codedigest import stage_digest
 from sinkscope.pipeline.config import (
     check_machine,
@@ -62,9 +60,11 @@ LEGACY_CACHE = ".snakemake/sinkscope/legacy-layers.json"
 # Tables per source (and combined over sources); token_profiles only with token capture.
 TABLES = ("frame_attention", "head_stats", "layer_stats", "block_stats", "head_diagnostics")
 SOURCE_TABLES = (*TABLES, "query_stats", "token_profiles")
+# Per checkpoint (and combined): each variant paired with the untouched default run.
+EFFECT_TABLES = ("variant_effects", "variant_head_effects")
 # The figures the summary page embeds beside its tables.
 SUMMARY_FIGURES = ("figure4", "sink_score_overview", "head_classes", "first_middle_last", "sink_mass_over_time",
-                   "policy_comparison")  # fmt: skip
+                   "policy_comparison", "variant_drift", "attention_shift", "cache_timeline")  # fmt: skip
 PATTERNS = {
     "embedding": RESULTS + "/prompts/{encoder}/{prompt}.safetensors",
     # A prompt schedule: one embedding per segment.
@@ -79,6 +79,12 @@ PATTERNS = {
     "checkpoint_figure": RESULTS + "/figures/{checkpoint}/{kind}.{ext}",
     "study_figure": RESULTS + "/figures/{kind}.{ext}",
     "summary": RESULTS + "/report/summary.html",
+    # outputs.video / outputs.contact_sheet (sinkscope.pipeline.videoplan).
+    "video": RESULTS + "/videos/{source}/{prompt}/seed{seed}.mp4",
+    "contact_sheet": RESULTS + "/figures/{checkpoint}/contact_sheet/{prompt}/seed{seed}.{ext}",
+    # The untouched (default) run's head classes, for edits that select heads by class.
+    "intervention_classes": RESULTS + "/interventions/{checkpoint}/head_classes.json",
+    "effects_table": RESULTS + "/tables/checkpoints/{checkpoint}/{table}.parquet",
 }
 
 def path(name: str, **wildcards: Any) -> str:
@@ -324,7 +330,9 @@ class Study:
     def figure_inputs(self, kind: str, source: str) -> list[str]:
         """The tables figure ``kind`` of ``source`` reads (a checkpoint's: all its variants)."""
         sources = self.sources_of(source) if kind in CHECKPOINT_FIGURES else [source]
-        tables = [path("source_table", source=s, table=t) for s in sources for t in FIGURES[kind].inputs]
+        tables = [path("source_table", source=s, table=t) for s in sources for t in FIGURES[kind].inputs
+                  if t not in EFFECT_TABLES]  # fmt: skip
+        tables += [path("effects_table", checkpoint=source, table=t) for t in FIGURES[kind].inputs if t in EFFECT_TABLES]
         if FIGURES[kind].needs_reference_labels:
             tables.append(str(self.config["diagnostics"]["reference_labels"]))
         return tables
@@ -370,7 +378,8 @@ class Study:
         the prompt-switch figures only when a prompt switches."""
         several = len(self.sources_of(checkpoint)) >= 2
         return [kind for kind in CHECKPOINT_FIGURES if (FIGURES[kind].compares != "variants" or several)
-                and (kind not in SWITCH_FIGURES or self.switches)]  # fmt: skip
+                and (kind not in SWITCH_FIGURES or self.switches)
+                and (self.effect_variants or not set(FIGURES[kind].inputs) & set(EFFECT_TABLES))]  # fmt: skip
 
     def study_figure_kinds(self) -> list[str]:
         """Study figures to draw: those that compare checkpoints only with two or more (the
@@ -405,7 +414,63 @@ class Study:
         inputs = self.all_extract_dirs() + [path("imported", source=name) for name in self.legacy]
         embeddings = sorted({file for checkpoint in self.checkpoints for prompt in self.prompts
                              for file in self.embeddings(checkpoint, prompt)})  # fmt: skip
-        return tables + per_source + inputs + embeddings + self.figure_targets() + [PATTERNS["summary"]]
+        effects = [path("effects_table", checkpoint=c, table=t) for c in self.checkpoints for t in EFFECT_TABLES]
+        effects += [path("table", table=t) for t in EFFECT_TABLES]
+        tables += effects if self.effect_variants else []
+        classes = [path("intervention_classes", checkpoint=c) for c in self.class_checkpoints]
+        from sinkscope.pipeline.videoplan import video_targets
+
+        return (tables + per_source + inputs + embeddings + classes + self.figure_targets() + [PATTERNS["summary"]]
+                + video_targets(self))  # fmt: skip
+
+    # -- edits that select heads by class (sinkscope.interventions, pipeline.headclasses) ----------
+
+    def selects_by_class(self, source: str) -> bool:
+        """Whether the source's edits select heads by class (``class:sink``)."""
+        from sinkscope.interventions import class_selections
+
+        options = self.options.get(source)
+        return options is not None and bool(class_selections(options.interventions))
+
+    @property
+    def class_checkpoints(self) -> list[str]:
+        """The checkpoints a variant of which selects heads by class."""
+        return [c for c in self.checkpoints if any(self.selects_by_class(self.source_name(c, v)) for v in self.variants)]
+
+    def head_classes_inputs(self, source: str) -> list[str]:
+        """The head classes file an extraction of ``source`` waits for: the checkpoint's
+        untouched run's, when its edits select heads by class; none otherwise."""
+        if not self.selects_by_class(source):
+            return []
+        return [path("intervention_classes", checkpoint=self.checkpoint_of(source))]
+
+    def head_classes_diagnostics(self, checkpoint: str) -> str:
+        """The table the checkpoint's head classes come from: its default run's head_diagnostics."""
+        return path("source_table", source=self.source_name(checkpoint, DEFAULT_VARIANT), table="head_diagnostics")
+
+    # -- variant effects (sinkscope.pipeline.effects) ------------------------------------------------
+
+    @property
+    def effect_variants(self) -> list[str]:
+        """The variants paired with the untouched run: every one but ``default``, when the
+        study has ``default`` and at least one other (else none)."""
+        others = [variant for variant in self.variants if variant != DEFAULT_VARIANT]
+        return others if DEFAULT_VARIANT in self.variants else []
+
+    def effects_inputs(self, checkpoint: str) -> list[str]:
+        """The extraction folders of the checkpoint's default and paired variants, and the
+        head classes file when an edit selects heads by class."""
+        sources = [self.source_name(checkpoint, v) for v in (DEFAULT_VARIANT, *self.effect_variants)]
+        inputs = [folder for source in sources for folder in self.extract_dirs(source)]
+        if checkpoint in self.class_checkpoints:
+            inputs.append(path("intervention_classes", checkpoint=checkpoint))
+        return inputs
+
+    def effects_params(self, checkpoint: str) -> dict[str, Any]:
+        """The checkpoint and each paired variant's edits (canonical config form)."""
+        edits = {v: self.options[self.source_name(checkpoint, v)].to_dict().get("interventions", [])
+                 for v in self.effect_variants}  # fmt: skip
+        return {"checkpoint": checkpoint, "interventions": edits}
 
     # -- rule params (canonical: equivalent configs give equal params) -----------------------------
 
@@ -437,9 +502,10 @@ class Study:
             "diagnostics": {k: v for k, v in self.config["diagnostics"].items() if k != "reference_labels"},
         }
 
-    def figure_options(self, kind: str) -> dict[str, Any]:
+    def figure_options(self, kind: str, source: str | None = None) -> dict[str, Any]:
         """Only the options figure ``kind`` draws with (the registry says which): changing
-        another reruns nothing. ``summary`` is the report page."""
+        another reruns nothing. ``summary`` is the report page. A kind that draws with
+        ``generation`` gets ``source``'s resolved generation options."""
         options = self.config["figures"]
         chosen: dict[str, Any] = {name: options[name] for name in COMMON_OPTIONS}
         if kind == "summary":
@@ -454,6 +520,8 @@ class Study:
         chosen.update((name, options[name]) for name in DRAWING_OPTIONS if name in drawn)
         if "heads" in chosen:
             chosen["heads"] = list(chosen["heads"])
+        if "generation" in FIGURES[kind].extra_options and source in self.options:
+            chosen["generation"] = self.options[source].to_dict()
         return chosen
 
     @staticmethod

@@ -16,6 +16,12 @@ position: axis order follows ``query_frames`` / ``key_frames``.
 - token profiles (on request): per key token, the mean over all query tokens of s_ij
   and of p_ij.
 
+An edited call (``frame_bias``, ``sinkscope.attention.edits``: a bias per head and key
+frame added to s_ij, -inf masking the frame) has the statistics of the softmax the model
+used: p_ij, and so prob_mass, argmax_share, entropy and the token profile of p, are the
+edited softmax's (a masked frame gets exactly 0 mass and never the argmax), while
+logit_mean and the token profile of s stay the raw s_ij, before the edit.
+
 ``attention_statistics`` returns all of them as a :class:`CallStatistics`; they never feed
 the attention's output, which the model's own call computes (``attention_with_statistics``
 gives both, for the capture's routes).
@@ -35,6 +41,7 @@ from collections.abc import Sequence
 
 import torch
 
+from sinkscope.attention.edits import bias_rows, edited_attention
 from sinkscope.attention.split import cached_attention
 from sinkscope.stats.reference import CallStatistics, statistics_chunked
 
@@ -42,6 +49,7 @@ __all__ = [
     "CallStatistics",
     "attention_statistics",
     "attention_with_statistics",
+    "check_frame_bias",
     "check_frame_layout",
     "fused_route_applies",
     "resolve_key_lengths",
@@ -134,6 +142,7 @@ def attention_statistics(
     backend: str = "auto",
     key_position_shift: Sequence[int] | None = None,
     lse: torch.Tensor | None = None,
+    frame_bias: torch.Tensor | None = None,
 ) -> CallStatistics:
     """Every statistic of one attention call, as a :class:`CallStatistics` on q's device.
 
@@ -148,20 +157,38 @@ def attention_statistics(
     ``lse``: each query's natural-log log-sum-exp of the scores over every key ([H, Lq]
     fp32, as the attention call returns it, ``cached_attention``): the Triton path then
     takes the pass that needs no running max (``frame_partials_given_lse_kernel``); the
-    reference ignores it.
+    reference ignores it. ``frame_bias`` [H, len(key_frames)] float32 (an edited call:
+    0 untouched, finite added to every s_ij of that head and key frame, -inf masked; as
+    ``sinkscope.attention.edits.edited_attention`` takes it): prob_mass, argmax_share,
+    entropy and token_prob_mean are the edited softmax's (``lse``, if given, must be its
+    log-sum-exp, as ``edited_attention`` returns it), logit_mean and token_logit_mean the
+    raw q.k * scale before the edit. None leaves every path as without edits.
     """
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     num_q = len(query_frames)
+    if frame_bias is not None:
+        check_frame_bias(frame_bias, q.shape[0], len(lengths))
     if _resolve_backend(q, backend) == "triton":
         from sinkscope.stats.launch import statistics_given_lse, statistics_triton
 
         if lse is not None:
             if lse.shape != q.shape[:2]:
                 raise ValueError(f"lse {tuple(lse.shape)} does not match q {tuple(q.shape)}: one value per head and query")
-            return statistics_given_lse(q, k, lse, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
-        return statistics_triton(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
-    return statistics_chunked(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles)
+            return statistics_given_lse(q, k, lse, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles,
+                                        frame_bias=frame_bias)  # fmt: skip
+        return statistics_triton(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles,
+                                 frame_bias=frame_bias)  # fmt: skip
+    return statistics_chunked(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles,
+                              frame_bias=frame_bias)  # fmt: skip
+
+
+def check_frame_bias(frame_bias: torch.Tensor, heads: int, num_k: int) -> None:
+    """Raise ValueError unless ``frame_bias`` is [heads, num_k] of finite values or -inf, with
+    a key frame left to every head (read once per tensor: ``attention.edits.bias_rows``)."""
+    if tuple(frame_bias.shape) != (heads, num_k):
+        raise ValueError(f"frame_bias {tuple(frame_bias.shape)} is not [{heads} heads, {num_k} key frames]")
+    bias_rows(frame_bias)
 
 
 def _resolve_backend(q: torch.Tensor, backend: str) -> str:
@@ -206,6 +233,7 @@ def attention_with_statistics(
     key_position_shift: Sequence[int] | None = None,
     fused: bool = False,
     key_split: bool = True,
+    frame_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, CallStatistics]:
     """The attention call itself and its statistics: (output [Lq, H, D] in q's dtype,
     :class:`CallStatistics`). Arguments as :func:`attention_statistics`, plus v [H, Lk, D].
@@ -220,12 +248,25 @@ def attention_with_statistics(
     forward in Triton that keeps every frame's partials as it goes, then
     ``frame_statistics_combine_kernel`` (``attention_statistics_tma``): one pass,
     the output SDPA's within bf16 rounding. docs/performance.md compares them.
+
+    ``frame_bias`` (an edited call, as :func:`attention_statistics` takes it): always the
+    exact route, the output and log-sum-exp of ``sinkscope.attention.edits.edited_attention``
+    (the model's own calls for the unedited heads, bit for bit), then the edited softmax's
+    statistics given that log-sum-exp; ``fused`` is ignored.
     """
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     if v.shape[:2] != k.shape[:2] or v.dtype != k.dtype or v.device != k.device:
         raise ValueError(f"v {tuple(v.shape)} ({v.dtype}, {v.device}) does not match k {tuple(k.shape)}")
     if scale is not None and scale != q.shape[-1] ** -0.5:
         raise ValueError(f"the model's attention call scales by 1/sqrt(head_dim) = {q.shape[-1] ** -0.5}, not {scale}")
+    if frame_bias is not None:
+        check_frame_bias(frame_bias, q.shape[0], len(lengths))
+        out, lse = edited_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), frame_bias, lengths, split=key_split)
+        stats = attention_statistics(q, k, frame_seq_length=frame_seq_length, query_frames=query_frames,
+                                     key_frames=key_frames, key_lengths=lengths, token_profiles=token_profiles,
+                                     backend=backend, key_position_shift=key_position_shift, lse=lse[0],
+                                     frame_bias=frame_bias)  # fmt: skip
+        return out[0], stats
     if fused and fused_route_applies(q, k, v, lengths, backend):
         from sinkscope.stats.launch import attention_statistics_tma
 

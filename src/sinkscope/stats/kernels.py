@@ -362,6 +362,7 @@ def frame_partials_given_lse_kernel(
     q_ptr,
     k_ptr,
     lse_ptr,
+    bias_ptr,
     starts_ptr,
     lengths_ptr,
     m_ptr,
@@ -379,13 +380,21 @@ def frame_partials_given_lse_kernel(
     D_PAD: tl.constexpr,
     IEEE: tl.constexpr,
     LOOP_END: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """``frame_softmax_partials_kernel``'s pass when the attention call already gave each query's
     log-sum-exp (``lse_ptr``: base 2, of t = q.k * scale * log2 e, [H, Lq]). Then
     p = 2^(t - lse) is final: no running max, no rescaling. Per (query, key frame) it
-    stores the frame's max t (argmax_share), sum p (prob_mass) and sum p t (entropy)."""
+    stores the frame's max t (argmax_share), sum p (prob_mass) and sum p t (entropy).
+
+    HAS_BIAS (an edited call, ``sinkscope.attention.edits``): ``bias_ptr`` [H, num key
+    frames] holds base-2 biases b, added to every t of that head and frame, and ``lse_ptr``
+    is the edited softmax's. b is constant over the program, so it goes into the exponent's
+    offset (p = 2^(t + b - lse)) and onto m (+ b) and w (+ b sum p) at the end. A masked
+    frame (b = -inf) gets p = 0, m = -inf and w = 0 (not -inf * 0); only the first query
+    block reads its keys, for their sums (logit_mean stays the raw score's)."""
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     frame = tl.program_id(2)
@@ -398,6 +407,13 @@ def frame_partials_given_lse_kernel(
     seg_start = tl.load(starts_ptr + frame)
     seg_len = tl.load(lengths_ptr + frame)
     sum_keys = pid_m == 0
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + head * num_key_frames + frame)
+        neg_lse += bias
+        # The tokens this program reads: none of a masked frame, but in the first query block.
+        run_len = tl.where((bias == float("-inf")) & (pid_m != 0), 0, seg_len)
+    else:
+        run_len = seg_len
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     w_i = tl.zeros([BLOCK_M], tl.float32)
@@ -410,17 +426,22 @@ def frame_partials_given_lse_kernel(
             m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, start, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
                                                d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
     else:
-        whole = (seg_len // BLOCK_N) * BLOCK_N
+        whole = (run_len // BLOCK_N) * BLOCK_N
         for start in range(0, whole, BLOCK_N):
             m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, start, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
                                                d_valid, qk_scale_log2, sum_keys, False, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
-        if whole < seg_len:
+        if whole < run_len:
             m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, whole, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
                                                d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
     out = (head * num_queries + offs_m) * num_key_frames + frame
-    tl.store(m_ptr + out, m_i * qk_scale_log2, mask=m_valid)
+    m_out = m_i * qk_scale_log2
+    w_out = w_i * qk_scale_log2
+    if HAS_BIAS:
+        m_out += bias
+        w_out += tl.where(l_i > 0.0, bias, 0.0) * l_i
+    tl.store(m_ptr + out, m_out, mask=m_valid)
     tl.store(l_ptr + out, l_i, mask=m_valid)
-    tl.store(w_ptr + out, w_i * qk_scale_log2, mask=m_valid)
+    tl.store(w_ptr + out, w_out, mask=m_valid)
     if sum_keys:
         tl.store(key_sum_ptr + (head * num_key_frames + frame) * HEAD_DIM + offs_d, key_sum, mask=d_valid)
 
@@ -430,6 +451,7 @@ def token_profiles_kernel(
     q_ptr,
     k_ptr,
     lse2_ptr,
+    bias_ptr,
     q_mean_ptr,
     prob_ptr,
     logit_ptr,
@@ -445,9 +467,13 @@ def token_profiles_kernel(
     D_PAD: tl.constexpr,
     IEEE: tl.constexpr,
     LOOP_END: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # HAS_BIAS (an edited call): ``bias_ptr`` [H, Lk] holds each key token's base-2 bias
+    # (-inf: masked, p = 0) and ``lse2_ptr`` the edited softmax's log-sum-exp; the mean
+    # logits stay the raw scores'.
     # The key tile in two halves: two independent products and exponentials a step, which
     # the scheduler interleaves (faster: docs/performance-history.md).
     HALF: tl.constexpr = BLOCK_N // 2
@@ -465,6 +491,9 @@ def token_profiles_kernel(
     k_b = tl.load(k_base + offs_b[None, :] * stride_kl, mask=(offs_b < num_keys)[None, :] & d_valid[:, None], other=0.0)
     acc_a = tl.zeros([BLOCK_M, HALF], tl.float32)
     acc_b = tl.zeros([BLOCK_M, HALF], tl.float32)
+    if HAS_BIAS:
+        bias_a = tl.load(bias_ptr + head * num_keys + offs_a, mask=offs_a < num_keys, other=0.0)
+        bias_b = tl.load(bias_ptr + head * num_keys + offs_b, mask=offs_b < num_keys, other=0.0)
     # LOOP_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end).
     for start in range(0, LOOP_END if LOOP_END > 0 else num_queries, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
@@ -479,8 +508,12 @@ def token_profiles_kernel(
             s_a = tl.dot(q, k_a)
             s_b = tl.dot(q, k_b)
         # Columns past the end are never stored, so they need no mask here.
-        acc_a += tl.exp2(s_a * qk_scale_log2 - lse2[:, None])
-        acc_b += tl.exp2(s_b * qk_scale_log2 - lse2[:, None])
+        if HAS_BIAS:
+            acc_a += tl.exp2(s_a * qk_scale_log2 + bias_a[None, :] - lse2[:, None])
+            acc_b += tl.exp2(s_b * qk_scale_log2 + bias_b[None, :] - lse2[:, None])
+        else:
+            acc_a += tl.exp2(s_a * qk_scale_log2 - lse2[:, None])
+            acc_b += tl.exp2(s_b * qk_scale_log2 - lse2[:, None])
     tl.store(prob_ptr + head * num_keys + offs_a, tl.sum(acc_a, 0), mask=offs_a < num_keys)
     tl.store(prob_ptr + head * num_keys + offs_b, tl.sum(acc_b, 0), mask=offs_b < num_keys)
     # The mean score of each key over every query, (mean_i q_i) . k_j * scale in fp32, after the

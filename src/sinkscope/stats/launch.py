@@ -22,6 +22,7 @@ from functools import lru_cache
 import torch
 import triton
 
+from sinkscope.attention.edits import token_bias
 from sinkscope.attention.split import cached_attention
 from sinkscope.stats.kernels import (
     attention_frame_partials_kernel,
@@ -158,10 +159,13 @@ def token_profile_sums(
     lse2: torch.Tensor,
     scale: float,
     config: dict | None = None,
+    key_bias2: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``token_profiles_kernel``'s launch: (prob_sums, logit_means), each [H, Lk] fp32:
     the sum over every query i of p_ij = 2^(t_ij - lse2_i), given each query's base-2
-    log-sum-exp ``lse2`` [H, Lq] fp32; and (mean_i q_i) . k_j * scale."""
+    log-sum-exp ``lse2`` [H, Lq] fp32; and (mean_i q_i) . k_j * scale. ``key_bias2`` [H, Lk]
+    fp32: an edited call's base-2 bias of each key token, added to t (then ``lse2`` is the
+    edited softmax's); the logit means stay the raw scores'."""
     q, k = _unit_stride(q), _unit_stride(k)
     heads, num_queries, head_dim = q.shape
     num_keys = k.shape[1]
@@ -172,10 +176,11 @@ def token_profile_sums(
     config, launch = _launch_config(config, DEFAULT_PROFILE_CONFIG)
     grid = (math.ceil(num_keys / config["BLOCK_N"]), heads)
     token_profiles_kernel[grid](
-        q, k, lse2, q_mean, prob_sums, logit_means,
+        q, k, lse2, key_bias2, q_mean, prob_sums, logit_means,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         num_queries, num_keys, scale * LOG2E, scale,
-        **{**_constants(q), "LOOP_END": _interpreter_loop_end(num_queries), **config}, **launch,
+        **{**_constants(q), "LOOP_END": _interpreter_loop_end(num_queries), "HAS_BIAS": key_bias2 is not None, **config},
+        **launch,
     )  # fmt: skip
     return prob_sums, logit_means
 
@@ -192,26 +197,46 @@ def _combine(
     scale: float,
     token_profiles: bool,
     profile_config: dict | None,
+    bias2: torch.Tensor | None = None,
+    key_lengths: Sequence[int] = (),
 ) -> CallStatistics:
     """Every statistic from the per-frame partials (m, l, u) of
     ``frame_softmax_partials``, each [H, Lq, num_k]; ``token_profile_sums`` for the token
-    profiles."""
+    profiles. ``bias2`` [H, num_k]: an edited call's base-2 frame biases (-inf masked). A
+    bias shifts a frame's scores and its max alike, so only m moves (m + b; l and u are
+    relative to m); a masked frame's weight is 0 and so is its entropy term."""
     heads, num_queries, num_k = m.shape
     per_frame = (heads, num_q, frame_seq_length)
+    if bias2 is not None:
+        m = m + bias2[:, None, :]
     row_max = m.amax(dim=-1, keepdim=True)  # M_i, [H, Lq, 1]
     rescale = torch.exp2(m - row_max)
     weights = l * rescale
     row_sum = weights.sum(dim=-1, keepdim=True)  # L_i >= 1
     prob_mass = (weights / row_sum).view(*per_frame, num_k).mean(dim=2)
-    below_max = (rescale * (u + (row_max - m) * l)).sum(dim=-1, keepdim=True)  # sum_j 2^(t-M) (M - t)
+    below = rescale * (u + (row_max - m) * l)
+    if bias2 is not None:  # a masked frame: 0 * inf
+        below = torch.where(rescale > 0, below, 0.0)
+    below_max = below.sum(dim=-1, keepdim=True)  # sum_j 2^(t-M) (M - t)
     entropy_tok = torch.log(row_sum) + LN2 * below_max / row_sum
     entropy = entropy_tok.view(per_frame).mean(dim=2)
     argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
-        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, (row_max + torch.log2(row_sum))[..., 0], scale, profile_config)
+        key_bias2 = None if bias2 is None else token_bias(bias2, key_lengths)
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, (row_max + torch.log2(row_sum))[..., 0], scale, profile_config,
+                                                               key_bias2)  # fmt: skip
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
+
+
+def _bias2(frame_bias: torch.Tensor | None, q: torch.Tensor, num_k: int) -> torch.Tensor | None:
+    """An edited call's frame biases in base 2 ([H, num_k] fp32, contiguous, on q's device), or None."""
+    if frame_bias is None:
+        return None
+    if tuple(frame_bias.shape) != (q.shape[0], num_k):
+        raise ValueError(f"frame_bias {tuple(frame_bias.shape)} is not [{q.shape[0]} heads, {num_k} key frames]")
+    return (frame_bias.to(device=q.device, dtype=torch.float32) * LOG2E).contiguous()
 
 
 def statistics_triton(
@@ -225,16 +250,21 @@ def statistics_triton(
     token_profiles: bool = False,
     config: dict | None = None,
     profile_config: dict | None = None,
+    frame_bias: torch.Tensor | None = None,
 ) -> CallStatistics:
     """Every statistic of :class:`CallStatistics`: ``frame_softmax_partials``, then (only for
-    token profiles) ``token_profile_sums``, and torch for the combine, all on q's device."""
+    token profiles) ``token_profile_sums``, and torch for the combine, all on q's device.
+    ``frame_bias`` [H, num_k] (an edited call, ``sinkscope.attention.edits``): the edited
+    softmax's statistics, logit_mean the raw score's (the bias enters the combine only)."""
     key_lengths = tuple(int(n) for n in key_lengths)
     num_k = len(key_lengths)
     heads = q.shape[0]
+    bias2 = _bias2(frame_bias, q, num_k)
     m, l, u, sums = frame_softmax_partials(q, k, frame_seq_length, num_k, scale, config, key_lengths)
     _, _, lengths = _segments_on(q.device, key_lengths)
     logit_mean = sums.view(heads, num_q, frame_seq_length, num_k).sum(dim=2) * scale / (frame_seq_length * lengths)
-    return _combine(q, k, m, l, u, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config)
+    return _combine(q, k, m, l, u, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config, bias2,
+                    key_lengths)  # fmt: skip
 
 
 def segment_sums(x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None) -> torch.Tensor:
@@ -400,14 +430,19 @@ def statistics_given_lse(
     token_profiles: bool = False,
     config: dict | None = None,
     profile_config: dict | None = None,
+    frame_bias: torch.Tensor | None = None,
 ) -> CallStatistics:
     """Every statistic, given each query's natural-log log-sum-exp of q.k * scale over
     all keys (``lse``, [H, Lq] fp32): ``frame_partials_given_lse_kernel``,
-    ``token_profile_sums`` for token profiles, a combine."""
+    ``token_profile_sums`` for token profiles, a combine. ``frame_bias`` [H, num_k] (an
+    edited call, ``sinkscope.attention.edits``): the bias each (head, key frame) adds to
+    its scores, -inf masked; ``lse`` is then the edited softmax's (``edited_attention``
+    returns it), and so are every statistic but logit_mean / token_logit_mean (raw)."""
     key_lengths = tuple(int(n) for n in key_lengths)
     num_k = len(key_lengths)
     q, k = _unit_stride(q), _unit_stride(k)
     heads, num_queries, head_dim = q.shape
+    bias2 = _bias2(frame_bias, q, num_k)
     starts, lengths, lengths_float = _segments_on(q.device, key_lengths)
     lse2 = (lse * LOG2E).contiguous()
     m, l, w = torch.empty(3, heads, num_queries, num_k, dtype=torch.float32, device=q.device).unbind(0)
@@ -415,10 +450,11 @@ def statistics_given_lse(
     config, launch = _launch_config(config, DEFAULT_LSE_CONFIG)
     grid = (math.ceil(num_queries / config["BLOCK_M"]), heads, num_k)
     frame_partials_given_lse_kernel[grid](
-        q, k, lse2, starts, lengths, m, l, w, key_sums,
+        q, k, lse2, bias2, starts, lengths, m, l, w, key_sums,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         num_queries, num_k, scale * LOG2E,
-        **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), **config}, **launch,
+        **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), "HAS_BIAS": bias2 is not None, **config},
+        **launch,
     )  # fmt: skip
     logit_mean = _logit_mean_by_factorization(q, key_sums, num_q, frame_seq_length, lengths_float, scale)
     per_frame = (heads, num_q, frame_seq_length)
@@ -427,7 +463,8 @@ def statistics_given_lse(
     argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
-        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, scale, profile_config)
+        key_bias2 = None if bias2 is None else token_bias(bias2, key_lengths)
+        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, scale, profile_config, key_bias2)
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 

@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import torch
 
+from sinkscope.attention.edits import token_bias
+
 # Scores held at once by the chunked softmax: 2**26 fp32 values = 256 MiB. A chunk's
 # scores and one more buffer of the same size (its log-probabilities, then its
 # probabilities) are what exist at once, plus small per-row results.
@@ -35,6 +37,10 @@ class CallStatistics:
     - ``token_logit_mean`` [H, Lk] or None: mean over all query tokens of the call of s_ij.
     - ``token_prob_mean`` [H, Lk] or None: mean over all query tokens of the call of p_ij.
       The token profiles are None unless asked for (``token_profiles=True``).
+
+    Of an edited call (``frame_bias``: ``sinkscope.attention.edits``), p is the edited
+    softmax (prob_mass, argmax_share, entropy, token_prob_mean: a masked key frame gets 0)
+    and s the raw score before the edit (logit_mean, token_logit_mean).
     """
 
     logit_mean: torch.Tensor
@@ -151,6 +157,7 @@ def statistics_chunked(
     *,
     token_profiles: bool = False,
     score_budget: int = DEFAULT_SCORE_BUDGET,
+    frame_bias: torch.Tensor | None = None,
 ) -> CallStatistics:
     """Every statistic of :class:`CallStatistics`, exact softmax, one pass over query chunks.
 
@@ -161,6 +168,12 @@ def statistics_chunked(
     0/1 token-to-frame matrix), its entropy -sum p log p (each term finite and of one
     sign, no cancellation), and, with ``token_profiles``, the column sums of p. Per-token
     results are accumulated over query tokens in float64 on the CPU (fp32 elsewhere).
+
+    ``frame_bias`` [H, num_k] (``sinkscope.attention.edits``: 0 untouched, finite added to
+    the scores of that head and key frame, -inf masked): the statistics of the edited
+    softmax. Its scores give prob_mass, argmax_share, entropy and token_prob_mean (a masked
+    frame gets exactly 0 mass and never the argmax); logit_mean and token_logit_mean stay
+    the raw q.k * scale, before the edit.
     """
     heads, num_queries, _ = q.shape
     num_keys = k.shape[1]
@@ -174,14 +187,24 @@ def statistics_chunked(
     entropy_tok = torch.empty(heads, num_queries, dtype=torch.float32, device=device)
     argmax_tok = torch.empty(heads, num_queries, dtype=torch.long, device=device)
     col_sum = torch.zeros(heads, num_keys, dtype=accumulate, device=device) if token_profiles else None
+    bias = masked = None
+    if frame_bias is not None:
+        if tuple(frame_bias.shape) != (heads, num_k):
+            raise ValueError(f"frame_bias {tuple(frame_bias.shape)} is not [{heads} heads, {num_k} key frames]")
+        bias = token_bias(frame_bias.to(device), key_lengths)[:, None, :]  # [H, 1, Lk]
+        masked = bool(torch.isneginf(frame_bias).any())
     for start in range(0, num_queries, chunk):
         stop = min(start + chunk, num_queries)
         scores = torch.matmul(q[:, start:stop].float(), keys_t).mul_(scale)
+        if bias is not None:
+            scores += bias
         # The frame of the top key token = the frame with the largest max; torch.argmax
         # returns the first maximal index, so ties go to the earliest frame position.
         argmax_tok[:, start:stop] = frame_max(scores, key_lengths).argmax(dim=-1)
         log_p = torch.log_softmax(scores, dim=-1)
         del scores
+        if masked:  # masked keys: p = 0 and p log p = 0 (a finite log p, not 0 * -inf)
+            log_p.clamp_(min=torch.finfo(log_p.dtype).min)
         probs = log_p.exp()
         mass_tok[:, start:stop] = torch.matmul(probs, indicator)
         if col_sum is not None:

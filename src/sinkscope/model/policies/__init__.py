@@ -25,7 +25,8 @@ policy module, which fills the registry; ``new_policy`` sizes the cache by the s
 builds the class. The classes: ``GlobalPolicy``, ``WindowPolicy``, ``SinkPolicy``
 (``base``); ``ParticipativeCompressionPolicy`` (``compression``); ``DeepSinkPolicy``,
 ``ReropeSinkPolicy``, ``RollingSinkPolicy``, ``RelativeRopePolicy``, ``EmaSinkPolicy``
-(``sinks``); ``RollingForcingPolicy`` (``rolling_forcing``).
+(``sinks``); ``RollingForcingPolicy`` (``rolling_forcing``); ``KreaRecomputePolicy`` (``krea``);
+``LongLive2Policy`` (``longlive2``).
 
 ``RollingForcingPolicy`` does not follow the block procedure: its calls are Rolling
 Forcing's window and cache-update calls (``sinkscope.generation.rolling``), each announced
@@ -51,6 +52,8 @@ from sinkscope.model.policies.base import (
     register_policy,
 )
 from sinkscope.model.policies.compression import ParticipativeCompressionPolicy
+from sinkscope.model.policies.krea import KreaRecomputePolicy
+from sinkscope.model.policies.longlive2 import LongLive2Policy
 from sinkscope.model.policies.registry import (
     new_policy,
     policy_from_options,
@@ -66,7 +69,7 @@ from sinkscope.model.policies.sinks import (
 
 __all__ = [
     "EMA_DECAY", "FLUSH_KEEP_FRAMES", "MAX_REUSE", "POLICY_CLASSES", "CachePolicy", "DeepSinkPolicy",
-    "EmaSinkPolicy", "GlobalPolicy", "ParticipativeCompressionPolicy", "PolicySettings", "RelativeRopePolicy",
+    "EmaSinkPolicy", "GlobalPolicy", "KreaRecomputePolicy", "LongLive2Policy", "ParticipativeCompressionPolicy", "PolicySettings", "RelativeRopePolicy",
     "ReropeSinkPolicy", "RollingForcingPolicy", "RollingSinkPolicy", "SinkPolicy", "WindowPolicy", "new_policy",
     "policy_from_options", "register_policy",
 ]  # fmt: skip

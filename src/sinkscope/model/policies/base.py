@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
 
@@ -18,6 +18,9 @@ from sinkscope.options import (
     WINDOW,
     PolicySpec,
 )
+
+if TYPE_CHECKING:
+    from sinkscope.model.edits import GenerationEdits
 
 # Deep Forcing's PC_topc_max_reuse (DF causal_model.py: CausalWanModel's default, which
 # their wrapper cannot change): a token may be selected as top-C this many times; after
@@ -45,6 +48,9 @@ class PolicySettings:
     max_reuse: int = MAX_REUSE
     ema_decay: float = EMA_DECAY
     flush_every_blocks: int = 0
+    # longlive2: keys stored before RoPE and roped at their slot (use_relative_rope); the NVFP4 cache (kv_quant).
+    use_relative_rope: bool = False
+    kv_quant: bool = False
 
 
 # Policy name -> its class; filled by ``register_policy`` as the policy modules are imported
@@ -74,6 +80,9 @@ class CachePolicy:
     raw_keys_every_call: ClassVar[bool] = False
     # The ``PolicySettings`` fields its constructor takes as keywords, beside ``rope``.
     settings_keys: ClassVar[tuple[str, ...]] = ()
+    # The generation's edits (``sinkscope.model.edits``, set by ``policy_from_options``);
+    # None, and nothing is done for them, when there is none.
+    edits: GenerationEdits | None = None
 
     @classmethod
     def build(cls, cache: KVCache, settings: PolicySettings) -> CachePolicy:
@@ -102,6 +111,8 @@ class CachePolicy:
         # (first frame, frames) of the re-cache call announced, and of the one running.
         self._pending_recache: tuple[int, int] | None = None
         self.recaching: tuple[int, int] | None = None
+        if self.edits is not None:
+            self.edits.reset()
 
     # -- per model call ------------------------------------------------------------------
 
@@ -136,6 +147,8 @@ class CachePolicy:
                 raise ValueError(f"re-cache of frames {self._pending_recache} announced, the call is {(start_frame, num_frames)}")
             self.recaching, self._pending_recache = self._pending_recache, None
             self.new_block = False
+            if self.edits is not None:
+                self.edits.frames_rewritten(self._rewritten_frames())
             return
         if self.block_start == start_frame:
             if num_frames != self.block_frames:
@@ -146,6 +159,9 @@ class CachePolicy:
         expected = 0 if self.block_start is None else self.block_start + self.block_frames
         if start_frame != expected:
             raise ValueError(f"next block must start at frame {expected}, got {start_frame}")
+        if self.edits is not None and self.block_start is not None:
+            # The finished block's frames become earlier frames: the cache edits, once.
+            self.edits.edit_cache(self.cache, range(self.block_start, self.block_start + self.block_frames))
         self.block_start, self.block_frames, self.new_block = start_frame, num_frames, True
         self.start_block(start_frame, num_frames)
 
@@ -164,6 +180,19 @@ class CachePolicy:
         else:
             self.cache.write_tail(layer, k, v)
         return self.cache.keys(layer)
+
+    def frame_bias(self, layer: int) -> torch.Tensor | None:
+        """What this call of ``layer`` adds to its scores, [heads, key segments] float32 on the
+        cache's device (``GenerationEdits.frame_bias``); None when nothing."""
+        if self.edits is None:
+            return None
+        return self.edits.frame_bias(layer, self.layout(layer), self.cache.device)
+
+    def _rewritten_frames(self) -> list[int]:
+        """The frames the re-cache call about to run rewrites (``_rewrite``'s rule)."""
+        start, count = self.recaching
+        protected = getattr(self, "sink_frames", 0) if start > 0 else 0
+        return [frame for frame in range(start, start + count) if frame >= protected]
 
     def _rewrite(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The re-cache call: overwrite the held frames of its range with its keys/values
@@ -192,6 +221,12 @@ class CachePolicy:
 
     def layout(self, layer: int) -> AttentionLayout:
         return self.cache.layout(layer, self.query_frames, self.query_position_shift)
+
+    def chosen_frames(self, layer: int) -> frozenset[int]:
+        """Frames whose kept tokens the video's scores choose (any number of them, or none):
+        the part of the layout a policy does not fix (``sinkscope.pipeline.cachecheck``).
+        Empty unless the policy selects tokens."""
+        return frozenset()
 
     # -- reading -----------------------------------------------------------------------
 

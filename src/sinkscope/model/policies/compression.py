@@ -87,6 +87,8 @@ class ParticipativeCompressionPolicy(CachePolicy):
         self._pending: list[_Selection | None] = [None] * self.cache.num_layers
         self.sink_base: list[int | None] = [None] * self.cache.num_layers
         self.compress = [False] * self.cache.num_layers
+        # Every frame that was a top-C candidate (``chosen_frames``).
+        self._candidates: set[int] = set()
 
     @property
     def nbytes(self) -> int:
@@ -120,6 +122,11 @@ class ParticipativeCompressionPolicy(CachePolicy):
 
     def repeat_call(self) -> None:
         self.compress = [False] * self.cache.num_layers
+
+    def chosen_frames(self, layer: int) -> frozenset[int]:
+        """Every frame that was a top-C candidate: which of its tokens stay depends on the
+        scores (at their own positions)."""
+        return frozenset(self._candidates)
 
     def attend(self, layer, q, k, v, raw_k=None):
         self._remember_queries(layer, q)
@@ -206,6 +213,11 @@ class ParticipativeCompressionPolicy(CachePolicy):
                 torch.arange(old_end, total, device=device),
             ]
         )
+        offset = 0
+        for segment in self.cache.segments_of(layer):  # the candidates' frames, [sink, old_end)
+            if offset < old_end and offset + segment.length > sink:
+                self._candidates.add(segment.frame)
+            offset += segment.length
         self.cache.keep_later(layer, index, end, sink, selection.keep)
         self._pending[layer] = selection
 

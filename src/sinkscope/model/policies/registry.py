@@ -4,6 +4,7 @@ policy's spec, the class registered under its name (``register_policy``)."""
 from __future__ import annotations
 
 from sinkscope.model.cache import KVCache
+from sinkscope.model.edits import GenerationEdits
 from sinkscope.model.policies.base import (
     EMA_DECAY,
     MAX_REUSE,
@@ -33,6 +34,8 @@ def new_policy(
     max_reuse: int = MAX_REUSE,
     ema_decay: float = EMA_DECAY,
     flush_every_blocks: int = 0,
+    use_relative_rope: bool = False,
+    kv_quant: bool = False,
 ) -> CachePolicy:
     """A policy for ``model`` with a cache sized by the policy (not by the video, when bounded).
 
@@ -70,13 +73,17 @@ def new_policy(
         max_reuse=max_reuse,
         ema_decay=ema_decay,
         flush_every_blocks=flush_every_blocks,
+        use_relative_rope=use_relative_rope,
+        kv_quant=kv_quant,
     )
     return POLICY_CLASSES[cache_policy].build(cache, settings)
 
 
-def policy_from_options(model: WanModel, options: GenerationOptions, *, frame_seq_length: int) -> CachePolicy:
-    """The policy ``generate()`` uses: ``options.cache_policy`` with its resolved frame counts."""
-    return new_policy(
+def policy_from_options(model: WanModel, options: GenerationOptions, *, frame_seq_length: int, seed: int = 0) -> CachePolicy:
+    """The policy ``generate()`` uses: ``options.cache_policy`` with its resolved frame counts,
+    carrying the generation's edits (``options.interventions``, resolved; ``seed``: the run's,
+    for replacement noise) when there are any."""
+    policy = new_policy(
         model,
         options.cache_policy,
         frame_seq_length=frame_seq_length,
@@ -86,4 +93,9 @@ def policy_from_options(model: WanModel, options: GenerationOptions, *, frame_se
         budget_frames=options.budget_frames,
         recent_frames=options.recent_frames,
         largest_block=max(options.block_sizes()),
+        use_relative_rope=options.use_relative_rope,
+        kv_quant=options.kv_quant,
     )
+    if options.interventions:
+        policy.edits = GenerationEdits.for_policy(options.interventions, policy, seed=seed)
+    return policy

@@ -1,0 +1,156 @@
+"""Speed and memory of sinkscope's LongLive 2.0 generation at the real shape.
+
+Wan2.2-TI2V-5B (30 layers, 24 heads, dim 3072, 48 latent channels) with random bf16
+weights, 704x1280 video (44x80 latents, 880 tokens a latent frame), LongLive 2.0's
+procedure (``procedure: longlive2``: chunks of 8, UniPC 4 steps, the clean pass, a 32-frame
+cache with an 8-frame sink), the blocks compiled as an extraction job compiles them
+(``WanModel.compile_blocks(dynamic=False)``, as ``benchmarks/gpu_benchmark.py``):
+
+- uncaptured generation of each ``--frames`` length (default 64 and 128 latent frames):
+  seconds, video FPS ((4 F - 3) / seconds: the Wan2.2 VAE's 4x temporal stride), ms a chunk,
+  peak GPU memory;
+- at the longest length, with 1 layer (layer 4) and all 30 layers captured
+  (``FrameStatsCapture``, rows collected as ``gpu_benchmark`` does): the same, and the
+  overhead against uncaptured.
+
+Medians over ``--reps`` generations after one warm-up. The text encoder and the VAE are not
+run (as the fact sheet's measurement of LongLive's own pipeline). Writes ``results.json``
+to ``--out`` (default $OUT or ./benchmark-out) and prints it.
+
+``--quick``: a CPU smoke run of the same code on a tiny model of the 5B's kind (2 layers,
+48 channels, 4x6 latents, chunks of 2), float32, no compile; it checks the script, not speed.
+
+    PYTHONPATH=src python benchmarks/longlive2_speed.py --out $OUT
+    PYTHONPATH=src python benchmarks/longlive2_speed.py --quick --out /tmp/ll2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
+from sinkscope.generation.sampler import generate  # noqa: E402
+from sinkscope.model import WanConfig, build_model, get_model_config, init_random_weights  # noqa: E402
+from sinkscope.options import GenerationOptions  # noqa: E402
+
+GiB = 2**30
+STEPS = [999, 937, 833, 624]
+QUICK = WanConfig(dim=64, ffn_dim=96, num_heads=2, num_layers=2, in_dim=48, out_dim=48, text_dim=16, text_len=8,
+                  freq_dim=16, latent_height=4, latent_width=6)  # fmt: skip
+
+
+def real_model() -> torch.nn.Module:
+    with torch.device("cuda"):
+        model = build_model(get_model_config("wan2.2-ti2v-5b"), seed=None, device="cuda", dtype=torch.float32)
+    init_random_weights(model, seed=0, device="cuda")
+    return model.to(torch.bfloat16)
+
+
+def options_for(frames: int, chunk: int, window: int, sink: int) -> GenerationOptions:
+    return GenerationOptions.from_config({"procedure": "longlive2", "num_frames": frames, "frames_per_block": chunk,
+                                          "local_attn_frames": window, "sink_frames": sink, "denoising_steps": STEPS})  # fmt: skip
+
+
+def time_generation(model, context, options, layers, reps, frame_seq_length) -> dict:
+    """Median seconds of ``reps`` generations after one warm-up (generation plus collecting
+    the rows when captured), the parts, video FPS and the peak memory."""
+    totals, generations, collects, peak, rows = [], [], [], 0, None
+    for rep in range(reps + 1):
+        if context.is_cuda:
+            torch.cuda.empty_cache()
+        if layers:
+            with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length) as capture:
+                result = generate(model, context, options=options, seed=0, observers=[capture])
+                began = time.perf_counter()
+                rows = len(capture.to_frame())
+                collect = time.perf_counter() - began
+        else:
+            result = generate(model, context, options=options, seed=0)
+            collect = 0.0
+        if rep == 0:
+            first = result.seconds
+            continue
+        totals.append(result.seconds + collect)
+        generations.append(result.seconds)
+        collects.append(collect)
+        peak = max(peak, result.peak_memory_bytes or 0)
+        finite = bool(torch.isfinite(result.latents).all())
+    median = statistics.median(totals)
+    frames, chunks = options.num_frames, len(options.block_sizes())
+    return {"latent_frames": frames, "seconds_median": median, "seconds_min": min(totals), "seconds_max": max(totals),
+            "first_run_seconds": first, "generation_seconds_median": statistics.median(generations),
+            "collect_seconds_median": statistics.median(collects), "video_fps": (4 * frames - 3) / median,
+            "ms_per_chunk": 1000 * median / chunks, "peak_gib": peak / GiB, "kv_cache_gib": result.kv_cache_bytes / GiB,
+            "rows": rows, "latents_finite": finite}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
+    parser.add_argument("--frames", default="64,128", help="latent frame counts, comma-separated")
+    parser.add_argument("--reps", type=int, default=2, help="timed generations per variant (after one warm-up)")
+    parser.add_argument("--no-compile", action="store_true", help="run the blocks eagerly")
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run on a tiny model of the 5B's kind")
+    args = parser.parse_args()
+
+    frames = [int(f) for f in args.frames.split(",")]
+    if args.quick:
+        model = build_model(QUICK, seed=0)
+        context = torch.randn(1, 5, QUICK.text_dim, generator=torch.Generator().manual_seed(1))
+        chunk, window, sink = 2, 8, 2
+        frames = [f // 4 for f in frames]  # 16 and 32 latent frames
+        captured_layers = [0]
+        device = "cpu"
+    else:
+        if not torch.cuda.is_available():
+            parser.error("the real shape needs CUDA; --quick runs a CPU smoke test")
+        model = real_model()
+        context = torch.randn(1, 24, 4096, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+        chunk, window, sink = 8, 32, 8
+        captured_layers = [4]
+        device = torch.cuda.get_device_name()
+    config = model.config
+    frame_seq_length = config.frame_seq_length()
+    results: dict = {"device": device, "torch": torch.__version__, "model": config.to_dict(), "chunk": chunk,
+                     "window": window, "sink": sink, "steps": STEPS, "reps": args.reps,
+                     "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB}  # fmt: skip
+    if not args.quick and not args.no_compile:
+        began = time.perf_counter()
+        model.compile_blocks(dynamic=False)
+        results["compile_setup_seconds"] = time.perf_counter() - began
+    variants = [(f"{n} frames, no capture", n, []) for n in frames]
+    longest = max(frames)
+    variants += [(f"{longest} frames, 1 layer captured", longest, captured_layers),
+                 (f"{longest} frames, all {config.num_layers} layers captured", longest, list(range(config.num_layers)))]  # fmt: skip
+    for label, n, layers in variants:
+        try:
+            results[label] = time_generation(model, context, options_for(n, chunk, window, sink), layers, args.reps,
+                                             frame_seq_length)  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - report, keep going
+            results[label] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-2000:]}
+    base = results.get(f"{longest} frames, no capture", {}).get("seconds_median")
+    for label, n, layers in variants:
+        row = results[label]
+        if layers and base and "seconds_median" in row:
+            row["overhead_pct"] = 100 * (row["seconds_median"] / base - 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+    return 1 if any(isinstance(row, dict) and "error" in row for row in results.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,22 @@
+# Edits that select heads by class (generation.interventions, heads: class:<head class>):
+# per checkpoint, the untouched default run's head classes, read from its head_diagnostics
+# table; the extraction jobs of the variants that select by class wait for this file
+# (sinkscope.pipeline.study.Study.head_classes_inputs), and only those.
+
+
+rule intervention_head_classes:
+    input:
+        lambda wildcards: STUDY.head_classes_diagnostics(wildcards.checkpoint),
+    output:
+        update(PATTERNS["intervention_classes"]),
+    params:
+        code=STUDY.code("intervention_head_classes"),
+    log:
+        "results/logs/intervention_head_classes/{checkpoint}.log",
+    benchmark:
+        "results/benchmarks/intervention_head_classes/{checkpoint}.tsv"
+    localrule: True
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/head_classes.py"

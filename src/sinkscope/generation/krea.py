@@ -1,0 +1,181 @@
+"""Krea Realtime 14B's procedure: the KV cache recomputed from a few context frames every block.
+
+Written from the fact sheet on krea-ai/realtime-video @acf4b7b (``release_server.py``
+``GenerationSession``, ``wan/modules/causal_model.py``; CC-BY-NC-SA-4.0: read for facts,
+nothing of it copied). With blocks of F frames (3) and a cache of W = 2F frames:
+
+- timesteps: the shifted flow-matching table (shift 5, one extra step) with 0 appended,
+  indexed at ``krea_denoising_steps(n)`` = linspace(1000, 0, n) truncated; the last pass is
+  at t = 0, whose x0 conversion and re-noising use the table's last sigma (0.00498), as
+  their nearest-timestep lookup does (``FlowMatchSchedule.sigma``);
+- per step the DMD rule: x0 = x_t - sigma_t v, then x_next = (1 - sigma') x0 + sigma' eps
+  with fresh noise; the last step's x0 is the block's output; no cache pass;
+- all noise from one seeded generator, in order: the initial noise of every frame, then the
+  re-noising draws block by block (``NoiseStream``; a CPU generator here, Krea's is CUDA);
+- block 0 denoises at RoPE frames 0 .. F - 1 over an empty cache;
+- every later block b (first frame n = bF), in order: the context latents, the previous
+  block's frames [n - F, n): for b = 1 the latents themselves, for b >= 2 the oldest
+  replaced by E, the VAE re-encoding of the decoded pixel frame just before the two kept
+  latents (the last pixel frame of latent n - F, 4 (n - F): the oldest of Krea's last
+  1 + (F - 1) 4 decoded frames); the cache cleared; the **recompute pass**, one call over
+  the context at t = 0 roped from frame 0, attending only itself; then the denoising passes
+  at RoPE frames F .. 2F - 1, attending the 2F frames. Positions never grow.
+
+``recompute_context: latent`` keeps the latent z_{n-F} instead of E (where there is no VAE:
+the tests, the demo): a deviation, documented in docs/krea-realtime.md. The cache is the
+policy ``krea_recompute`` (``sinkscope.model.policies.KreaRecomputePolicy``), which labels
+each key by the frame it came from; the recompute call is captured as pass ``recompute``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import torch
+
+from sinkscope.generation.common import (
+    PASS_DENOISE,
+    PASS_RECOMPUTE,
+    CallInfo,
+    CallLog,
+    FlowMatchSchedule,
+    GenerationClock,
+    GenerationObserver,
+    GenerationResult,
+    NoiseStream,
+    latent_grid,
+    latents_to_device,
+    latents_to_host,
+    prompt_schedule,
+    synchronize,
+)
+from sinkscope.generation.procedures import register_procedure
+from sinkscope.model import WanModel
+from sinkscope.model.checkpoints import ResolvedCheckpoint, find_vae, vae_candidates
+from sinkscope.model.policies import KreaRecomputePolicy, policy_from_options
+from sinkscope.model.vae import TEMPORAL_STRIDE, WanVAE, load_vae
+from sinkscope.options import KREA_RECOMPUTE, GenerationOptions, OptionsError, procedure_spec
+
+class LatentCodec(Protocol):
+    """The VAE path the re-encode needs (``sinkscope.model.vae.WanVAE``): latents in the
+    model's (normalized) space [1, C, F, h, w] <-> video [1, 3, T, H, W] in [-1, 1]."""
+
+    def decode_pixels(self, latents: torch.Tensor) -> torch.Tensor: ...
+
+    def encode(self, frames: torch.Tensor) -> torch.Tensor: ...
+
+
+def load_reencode_vae(checkpoint: ResolvedCheckpoint, options: GenerationOptions, device: torch.device) -> WanVAE | None:
+    """The Wan VAE of ``checkpoint`` (float32 on ``device``) when its procedure re-encodes
+    frames (``ProcedureSpec.needs_vae``), else None; a missing VAE is one line naming where
+    it was looked for."""
+    if not procedure_spec(options.procedure).needs_vae(options):
+        return None
+    path = find_vae(checkpoint)
+    if path is None:
+        looked = ", ".join(str(p) for p in vae_candidates(checkpoint)) or "no release folder (set base)"
+        raise OptionsError(f"config key checkpoints.{checkpoint.name}: generation.recompute_context 'reencode' needs the "
+                           f"Wan VAE (looked at {looked}); set recompute_context: latent to keep the latent instead")  # fmt: skip
+    return load_vae(path, device=str(device), dtype="float32")
+
+
+def krea_denoising_steps(num_steps: int, strength: float = 1.0) -> list[int]:
+    """Krea's step indices into the schedule: linspace(1000 strength, 0, n), truncated to
+    integers as torch's ``.long()`` does; with ``warp_denoising_step`` they give its
+    timesteps (4 steps: 1000, 908.84, 713.98, 0; 5: 1000, 937.5, 833.33, 625, 0)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be positive, got {num_steps}")
+    top = 1000.0 * strength
+    values = torch.linspace(top, 0.0, num_steps) if num_steps > 1 else torch.tensor([top])
+    return [int(v) for v in values.long()]
+
+
+def reencoded_frame(vae: LatentCodec, latents: torch.Tensor) -> torch.Tensor:
+    """E: the last decoded video frame of ``latents`` [1, C, F, h, w] (every latent up to the
+    frame it stands for; Wan's VAE is causal, so this equals Krea's streaming decode),
+    encoded alone: one latent frame [1, C, 1, h, w] in ``latents``' dtype and device."""
+    video = vae.decode_pixels(latents)
+    expected = 1 + TEMPORAL_STRIDE * (latents.shape[2] - 1)  # Wan's VAE: frame 0 alone, then 4 a latent
+    if video.shape[2] != expected:
+        raise ValueError(f"the VAE decoded {latents.shape[2]} latent frames to {video.shape[2]} video frames, not {expected}")
+    encoded = vae.encode(video[:, :, -1:])
+    return encoded.to(latents.device, latents.dtype)
+
+
+@register_procedure(KREA_RECOMPUTE)
+@torch.inference_mode()
+def generate_krea(
+    model: WanModel,
+    context: torch.Tensor | Sequence[tuple[int, torch.Tensor]],
+    *,
+    options: GenerationOptions,
+    seed: int,
+    observers: Iterable[GenerationObserver] = (),
+    vae: LatentCodec | None = None,
+) -> GenerationResult:
+    """Generate one video's latents [1, C, F, H, W] (on the CPU) with Krea Realtime's procedure.
+
+    Registered as procedure ``krea_recompute``, run by ``sampler.generate`` (one prompt).
+    ``vae``: the Wan VAE (``recompute_context: reencode``, the default, needs it from the
+    third block on). Observers hear of every call before it runs: per block b >= 1 the
+    recompute call (pass ``recompute``, step 0, the context frames as its queries), then one
+    call per denoising step. The numbered steps follow Krea's ``generate_block_internal``.
+    """
+    schedule = prompt_schedule(context, options)  # one prompt (the spec refuses schedules)
+    device, dtype = model.device, model.dtype
+    height, width, frame_seq_length = latent_grid(model, options)
+    blocks = options.block_sizes()
+    flow = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
+    block_timesteps = [flow.denoising_timesteps(options.block_steps(b), options.warp_denoising_step) for b in range(len(blocks))]
+    context_frames = options.local_attn_frames - options.frames_per_block
+    reencode = options.recompute_context == "reencode"
+    if vae is None and procedure_spec(options.procedure).needs_vae(options):
+        raise OptionsError(
+            "config key generation.recompute_context: 'reencode' needs the Wan VAE (Wan2.1_VAE.pth in the checkpoint's "
+            "base folder); set recompute_context: latent to keep the latent instead"
+        )
+    renoise = sum(frames * (len(steps) - 1) for frames, steps in zip(blocks, block_timesteps))
+    noise = NoiseStream(seed, options.num_frames, (model.config.in_dim, height, width), renoise)
+    policy = policy_from_options(model, options, frame_seq_length=frame_seq_length, seed=seed)
+    if not isinstance(policy, KreaRecomputePolicy):
+        raise OptionsError(f"config key generation.cache_policy: {options.cache_policy!r} is not Krea's recomputed cache")
+    text = schedule[0][1].to(device, dtype)
+    context_t = float(options.context_noise)  # 0: Krea's recompute pass runs at t = 0
+    log = CallLog(observers)
+    outputs: list[torch.Tensor] = []
+    previous: torch.Tensor | None = None  # the last block's x0, on the device
+    clock = GenerationClock(device)
+    start = 0
+    for block, frames in enumerate(blocks):
+        last = block == len(blocks) - 1
+        timesteps = block_timesteps[block]
+        if block:
+            # 1. The context: the last frames generated, the oldest re-encoded unless it is frame 0.
+            count = min(start, context_frames)
+            first = start - count
+            kept = previous[:, :, -count:]
+            if reencode and first > 0:
+                synchronize(device)  # the host copies of the finished blocks are complete
+                upto = torch.cat(outputs, dim=2)[:, :, : first + 1]
+                encoded = reencoded_frame(vae, latents_to_device(upto[0].transpose(0, 1), device, dtype))
+                kept = torch.cat([encoded, kept[:, :, 1:]], dim=2)
+            # 2.-3. The cache cleared and rebuilt: the recompute pass at t = 0, roped from frame 0.
+            log.announce(CallInfo(block, PASS_RECOMPUTE, 0, context_t, first, count, last))
+            policy.begin_recompute(range(first, start))
+            model(kept, torch.full((1, count), context_t, device=device), text, kv_cache=policy, start_frame=first,
+                  cache_only=True)  # fmt: skip
+        # 4. The denoising passes, the block after the context in RoPE position.
+        x = latents_to_device(noise.initial[start : start + frames], device, dtype)
+        x0 = x
+        for step, t in enumerate(timesteps):
+            log.announce(CallInfo(block, PASS_DENOISE, step, t, start, frames, last))
+            velocity = model(x, torch.full((1, frames), t, device=device), text, kv_cache=policy, start_frame=start)
+            x0 = flow.to_x0(velocity, x, t)
+            if step + 1 < len(timesteps):
+                fresh = latents_to_device(noise.renoise(frames), device, dtype)
+                x = flow.add_noise(x0, fresh, timesteps[step + 1])
+        outputs.append(latents_to_host(x0))
+        previous = x0
+        start += frames
+    return clock.result(outputs, log, policy.nbytes)

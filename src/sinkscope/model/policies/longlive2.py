@@ -1,0 +1,169 @@
+"""LongLive 2.0's KV cache (L ``wan_5b/modules/causal_model.py`` 457-781, 1371-1483;
+``pipeline/causal_diffusion_inference.py`` 532-699, 974-1033), on its chunk procedure
+(``sinkscope.generation.longlive2``).
+
+The cache holds W frames (their ``local_attn_size``, 32) and a call attends every frame it
+holds (``max_attention_size`` is the cache: the window always starts at slot 0). The first
+S frames (``sink_size`` = ``global_sink_size``, 8) are the global sink. A chunk whose
+prompt marks a scene cut is pinned after its clean pass: its first min(S, chunk) frames
+become the shot sink. While the pin sits right after the global sink it is kept with it
+(the rolls keep ``S + pin`` frames); a pin elsewhere ("floating") is not protected but
+moves down with every roll until it reaches that place; a new cut replaces it.
+
+On the first call of a chunk that would overflow W, the frames after the protected prefix
+are evicted FIFO and the rest moves left (their roll). Keys are stored after RoPE, at
+their frame plus ``shot_rope_offset`` x the shot index (their ``multi_shot_rope_offset``;
+the queries too), or, with ``use_relative_rope``, before RoPE and roped at their slot
+0 .. n-1 at every call with the queries at the last slots, without the shot offset.
+
+``kv_quant`` (their NVFP4 cache, scale rule ``mse``: ``CACHE_FORMATS["nvfp4_4over6"]``):
+a chunk's stored keys and values are quantized once it is an earlier chunk (when the next
+one starts; their cache stores every pass's write quantized, and the clean pass writes
+last), one block of one layer at a time, through ``KVCache.quantize_frames`` (the ``quantize_cache`` edit's primitive).
+The current chunk's own keys are not quantized but mean-centred over head_dim
+(``smooth_keys``, their ``k_smooth``); the stored keys are quantized without centring,
+as their cache update stores ``key_to_cache``, not the centred copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sinkscope.model.cache import KVCache, whole_frames
+from sinkscope.model.policies.base import CachePolicy, register_policy
+from sinkscope.model.quantize import smooth_keys
+from sinkscope.model.wan import RotaryTables, apply_rope
+from sinkscope.options import LONGLIVE2
+
+# Their multi_shot_rope_offset (configs/inference.yaml): temporal RoPE positions added per shot.
+SHOT_ROPE_OFFSET = 8
+# Their kv_quant_scale_rule default, "mse": NVFP4 with the four-over-six block scales.
+KV_QUANT_FORMAT = "nvfp4_4over6"
+
+
+@register_policy
+class LongLive2Policy(CachePolicy):
+    """LongLive 2.0's window with its global sink and scene-cut sink (module docstring).
+
+    The procedure announces a scene cut with ``begin_shot()`` before the chunk's first call
+    and pins it with ``pin_block()`` after its clean pass.
+    """
+
+    name = LONGLIVE2
+    settings_keys = ("window_frames", "sink_frames", "use_relative_rope", "kv_quant")
+
+    def __init__(
+        self,
+        cache: KVCache,
+        *,
+        window_frames: int,
+        sink_frames: int,
+        rope: RotaryTables | None = None,
+        use_relative_rope: bool = False,
+        kv_quant: bool = False,
+        shot_rope_offset: int = SHOT_ROPE_OFFSET,
+    ) -> None:
+        if not 1 <= sink_frames < window_frames:
+            raise ValueError(f"cache_policy {self.name!r} needs 1 <= sink_frames < window_frames, "
+                             f"got {sink_frames}, {window_frames}")
+        if cache.capacity_frames < window_frames:
+            raise ValueError(f"a cache of {cache.capacity_frames} frames cannot hold a window of {window_frames}")
+        if use_relative_rope and rope is None:
+            raise ValueError(f"cache_policy {self.name!r} with use_relative_rope needs the model's RoPE tables")
+        self.window_frames = window_frames
+        self.sink_frames = sink_frames
+        self.use_relative_rope = bool(use_relative_rope)
+        self.kv_quant = bool(kv_quant)
+        self.shot_rope_offset = int(shot_rope_offset)
+        # The model asks for the keys before RoPE on every call (the compiled path) when relative.
+        self.raw_keys_every_call = self.use_relative_rope
+        super().__init__(cache, rope=rope)
+
+    def reset(self) -> None:
+        super().reset()
+        self.shot = 0
+        # The shot sink: (first slot, frames), or None (their pinned_start / pinned_len).
+        self.pin: tuple[int, int] | None = None
+        self._last_frames = 0
+
+    # -- the procedure's announcements -------------------------------------------------------
+
+    def begin_shot(self) -> None:
+        """The next chunk starts a new shot (its prompt marks a scene cut): RoPE offset + 1 shot."""
+        self.shot += 1
+
+    def pin_block(self) -> None:
+        """After the clean pass of a scene-cut chunk: its first min(S, chunk) frames become the shot sink."""
+        if self.block_start is None:
+            raise ValueError("no chunk to pin before the first one")
+        self.pin = (self._held() - self.block_frames, min(self.sink_frames, self.block_frames))
+
+    # -- positions ---------------------------------------------------------------------------
+
+    @property
+    def temporal_offset(self) -> int:
+        """Temporal RoPE positions added to this shot's frames (0 under relative RoPE)."""
+        return 0 if self.use_relative_rope else self.shot * self.shot_rope_offset
+
+    @property
+    def protected_frames(self) -> int:
+        """Frames at the front a roll keeps: the global sink, and the pin when it sits right after it."""
+        if self.pin is not None and self.pin[0] == self.sink_frames:
+            return self.sink_frames + self.pin[1]
+        return self.sink_frames
+
+    @property
+    def wants_raw_keys(self) -> bool:
+        return self.use_relative_rope
+
+    @property
+    def query_position_shift(self) -> int:
+        if self.block_start is None:
+            return 0
+        if self.use_relative_rope:
+            return self._held() - self.block_frames - self.block_start  # the queries at the last slots
+        return self.temporal_offset
+
+    # -- the cache -----------------------------------------------------------------------------
+
+    def start_block(self, start: int, frames: int) -> None:
+        if self.kv_quant and self._last_frames:
+            # The finished chunk as the NVFP4 cache reads it back, every layer in place: the
+            # same cache primitive as the quantize_cache edit (sinkscope.model.edits).
+            self.cache.quantize_frames(range(start - self._last_frames, start), KV_QUANT_FORMAT, "both")
+        held, protected = self._held(), self.protected_frames
+        overflow = held + frames - self.window_frames
+        if overflow > 0:
+            if overflow > held - protected:
+                raise ValueError(f"window of {self.window_frames} frames keeping {protected} frames cannot hold a chunk "
+                                 f"of {frames}")
+            self.cache.evict(overflow, after=protected)
+            if self.pin is not None and self.pin[0] >= protected:
+                self.pin = (self.pin[0] - overflow, self.pin[1])  # a floating pin follows the roll
+        if self.use_relative_rope:
+            self._append_block(start, frames)
+            held = self._held()
+            self.cache.set_positions(0, held, list(range(held)))
+        else:
+            offset = self.temporal_offset
+            self.cache.append(whole_frames(range(start, start + frames), self.frame_seq_length,
+                                           positions=range(start + offset, start + frames + offset)))  # fmt: skip
+        self._last_frames = frames
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.use_relative_rope:
+            if raw_k is None:
+                raise ValueError(f"cache_policy {self.name!r} with use_relative_rope stores the keys before RoPE (raw_k)")
+            k = raw_k
+        self.cache.write_tail(layer, k, v)
+        keys, values = self.cache.keys(layer)
+        if self.kv_quant:
+            # The current chunk's keys enter the softmax mean-centred, not quantized.
+            keys = torch.cat([keys[:, : keys.shape[1] - k.shape[1]], smooth_keys(k)], dim=1)
+        if self.use_relative_rope:
+            dtype = torch.float64 if keys.dtype == torch.float64 else torch.float32
+            phases = self.rope.phases(0, keys.shape[1] // self.frame_seq_length, *self.grid, keys.device, dtype)
+            keys = apply_rope(keys, phases)
+        return keys, values

@@ -1,0 +1,333 @@
+"""The paired effects job: every variant of a checkpoint against its untouched run.
+
+An edited variant (``generation.interventions``, or another cache policy, or another
+length) runs with the same checkpoint, prompt and seed, hence the same noise stream, as
+the ``default`` variant; the difference between the two runs is the edit's effect. This
+job pairs them from the extraction folders alone (the final latents kept there, and the
+rows), with no GPU:
+
+- ``variant_effects``: per (variant, prompt, seed, latent frame), over the frames both
+  runs have: the latent frame's L2 distance to the untouched frame over the untouched
+  frame's norm (``latent_rel_distance``), their cosine (``latent_cosine``), the frame's
+  change from the previous frame over the same change in the untouched video
+  (``flicker``; NaN at frame 0, which has no previous frame), and the frame's cosine to
+  frame 0 of its own video (``first_frame_similarity``, the drift proxy) beside the
+  untouched video's (``first_frame_similarity_default``). ``block``: the frame's block
+  under the variant.
+- ``variant_head_effects``: per (variant, prompt, seed, captured layer, head), over the
+  calls after block 0 (block 0 has no cache, so no edit touches it) that both runs
+  make, matched by block, pass, step and query frame: the softmax mass on frame 0
+  (0 where frame 0 is not among the call's key frames) and the token-level attention
+  entropy (query_stats ``entropy_tokens``, nats), each run's mean and the mean change;
+  ``edited``: the head is named by a ``mask_keys`` or ``logit_bias`` edit of the variant.
+
+Both tables hold the per-run rows and, as head_stats does, run-averaged rows
+(``prompt_id = '*'``, ``seed = -1``) with ``runs`` and ``<stat>_run_std`` (the sample std
+between runs), which the figures draw.
+
+Vectors are compared in float64. The cosine is computed as 1 - |a/|a| - b/|b||^2 / 2,
+which is exactly 1 for equal vectors and keeps its precision for nearly equal ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sinkscope.errors import DamagedFileError, SinkscopeError
+from sinkscope.manifests import read_manifest
+from sinkscope.pipeline.aggregate import extraction_files
+from sinkscope.pipeline.integrity import verify_file
+from sinkscope.pipeline.jobs import provenance
+from sinkscope.pipeline.latents import LATENTS_FILE, read_latents
+from sinkscope.tables import (
+    ALL_PROMPTS,
+    ALL_SEEDS,
+    DEFAULT_VARIANT,
+    EFFECTS_RUN_STD,
+    HEAD_EFFECTS_RUN_STD,
+    RUN_KEYS,
+    RUN_STD_SUFFIX,
+    SCHEMAS,
+    read_metadata,
+    read_table,
+    write_table,
+)
+
+log = logging.getLogger("sinkscope")
+
+FRAME_STATS = EFFECTS_RUN_STD
+HEAD_STATS = HEAD_EFFECTS_RUN_STD
+# A call of one head and query frame: how the rows of two runs are matched.
+CALL_KEYS = ["layer", "head", "block", "pass", "step", "query_frame"]
+
+
+# -- the latents ---------------------------------------------------------------------------------
+
+
+def _frames(latents: np.ndarray) -> np.ndarray:
+    """[C, F, H, W] -> one float64 vector per latent frame, [F, C*H*W]."""
+    return np.moveaxis(np.asarray(latents, dtype=np.float64), 1, 0).reshape(latents.shape[1], -1)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine, as 1 - |â - b̂|² / 2 (exactly 1 for equal rows); NaN for a zero row."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        unit_a = a / np.linalg.norm(a, axis=1, keepdims=True)
+        unit_b = b / np.linalg.norm(b, axis=1, keepdims=True)
+        return 1.0 - 0.5 * np.sum((unit_a - unit_b) ** 2, axis=1)
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """numerator / denominator, NaN where the denominator is 0 (never an exception)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)
+
+
+def frame_effects(latents: np.ndarray, reference: np.ndarray) -> dict[str, np.ndarray]:
+    """Per latent frame of the frames both runs have (the first min(F, F_ref)): the
+    variant's ``latents`` [C, F, H, W] against the untouched ``reference``."""
+    if latents.shape[0] != reference.shape[0] or latents.shape[2:] != reference.shape[2:]:
+        raise ValueError(f"latents of shape {list(latents.shape)} and {list(reference.shape)} share no frame layout")
+    count = min(latents.shape[1], reference.shape[1])
+    x, ref = _frames(latents)[:count], _frames(reference)[:count]
+    ref_norm = np.linalg.norm(ref, axis=1)
+    step = np.full(count, np.nan)
+    ref_step = np.full(count, np.nan)
+    step[1:] = np.linalg.norm(np.diff(x, axis=0), axis=1)
+    ref_step[1:] = np.linalg.norm(np.diff(ref, axis=0), axis=1)
+    return {
+        "latent_frame": np.arange(count),
+        "latent_rel_distance": _ratio(np.linalg.norm(x - ref, axis=1), ref_norm),
+        "latent_cosine": _cosine(x, ref),
+        "flicker": _ratio(step, ref_step),
+        "first_frame_similarity": _cosine(x, np.broadcast_to(x[:1], x.shape)),
+        "first_frame_similarity_default": _cosine(ref, np.broadcast_to(ref[:1], ref.shape)),
+    }
+
+
+def frame_blocks(block_sizes: Sequence[int], count: int) -> np.ndarray:
+    """The block of each of the first ``count`` latent frames."""
+    blocks = np.repeat(np.arange(len(block_sizes)), [int(size) for size in block_sizes])
+    if len(blocks) < count:  # a run longer than its sizes say (never written so): the last block goes on
+        blocks = np.concatenate([blocks, np.full(count - len(blocks), len(block_sizes) - 1)])
+    return blocks[:count]
+
+
+# -- the attention -------------------------------------------------------------------------------
+
+
+def call_values(frames: pd.DataFrame, queries: pd.DataFrame | None) -> pd.DataFrame:
+    """Per call after block 0, head and query frame (``CALL_KEYS``): the softmax mass on
+    frame 0 (0 where frame 0 is not a key frame of the call; summed where it appears
+    twice, as under rolling_sink) and the token-level entropy (NaN without query rows)."""
+    rows = frames[frames["block"] >= 1]
+    rows = rows.assign(**{"pass": rows["pass"].astype(str)})
+    calls = rows[CALL_KEYS].drop_duplicates().set_index(CALL_KEYS)
+    mass = rows[rows["key_frame"] == 0].groupby(CALL_KEYS, observed=True)["prob_mass"].sum()
+    calls["frame0_mass"] = mass.reindex(calls.index).fillna(0.0).astype(np.float64)
+    if queries is not None and len(queries):
+        q = queries[queries["block"] >= 1]
+        q = q.assign(**{"pass": q["pass"].astype(str)})
+        entropy = q.groupby(CALL_KEYS, observed=True)["entropy_tokens"].mean()
+        calls["entropy_tokens"] = entropy.reindex(calls.index).astype(np.float64)
+    else:
+        calls["entropy_tokens"] = np.nan
+    return calls
+
+
+def head_effects(variant: pd.DataFrame, default: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, head): the two runs' ``call_values`` matched call by call (inner join),
+    averaged: each run's mean, the mean change and the number of matched calls."""
+    both = variant.join(default.add_suffix("_default"), how="inner")
+    both["frame0_mass_change"] = both["frame0_mass"] - both["frame0_mass_default"]
+    both["entropy_tokens_change"] = both["entropy_tokens"] - both["entropy_tokens_default"]
+    grouped = both.groupby(level=["layer", "head"], observed=True)
+    out = grouped[list(HEAD_STATS)].mean()
+    out["calls"] = grouped.size()
+    return out.reset_index()
+
+
+def edited_heads(edits: Sequence[Mapping[str, Any]], where: str, num_layers: int, num_heads: int,
+                 head_classes: Mapping[tuple[int, int], str] | None = None) -> frozenset[tuple[int, int]]:  # fmt: skip
+    """The (layer, head) pairs named by the ``mask_keys`` / ``logit_bias`` edits among a
+    variant's ``interventions`` (their config form; ``where`` names them in errors)."""
+    from sinkscope import interventions
+
+    parsed = interventions.parse_interventions(list(edits), where)
+    heads = interventions.edited_heads(parsed, num_layers, num_heads, head_classes)
+    return frozenset((int(layer), int(head)) for layer, head in heads)
+
+
+def _needs_classes(edits: Sequence[Mapping[str, Any]], where: str) -> bool:
+    from sinkscope import interventions
+
+    return bool(interventions.class_selections(interventions.parse_interventions(list(edits), where)))
+
+
+# -- the runs' spread ----------------------------------------------------------------------------
+
+
+def with_run_means(per_run: pd.DataFrame, keys: Sequence[str], stats: Sequence[str], constant: Sequence[str] = ()
+                   ) -> pd.DataFrame:  # fmt: skip
+    """The per-run rows (``runs`` 1, ``<stat>_run_std`` null) and, per ``keys``, the
+    run-averaged row (prompt_id '*', seed -1): each stat's mean over the runs, the
+    number of runs, and ``<stat>_run_std``, the sample std (ddof 1) between runs (null
+    with one run). ``constant`` columns are the same in every run (taken from the first)."""
+    stds = [name + RUN_STD_SUFFIX for name in stats]
+    rows = per_run.assign(runs=1, **{name: np.nan for name in stds})
+    if per_run.empty:
+        return rows
+    grouped = per_run.groupby(list(keys), observed=True, sort=True)
+    mean = grouped[list(stats)].mean()
+    spread = grouped[list(stats)].std(ddof=1).rename(columns=lambda name: name + RUN_STD_SUFFIX)
+    runs = grouped.size().rename("runs")  # one row per run and key
+    averaged = mean.join(spread).join(runs)
+    averaged.loc[averaged["runs"] < 2, stds] = np.nan
+    if constant:
+        averaged = averaged.join(grouped[list(constant)].first())
+    averaged = averaged.reset_index().assign(prompt_id=ALL_PROMPTS, seed=ALL_SEEDS)
+    return pd.concat([rows, averaged[rows.columns]], ignore_index=True)
+
+
+# -- the job -------------------------------------------------------------------------------------
+
+
+class _Run:
+    """One run's extraction folders (one per layer group): its latents and its rows."""
+
+    def __init__(self, key: tuple[str, str, str, int]) -> None:
+        self.key = key
+        self.folders: list[Path] = []
+        self.files: dict[Path, dict[str, list[Path]]] = {}  # per folder, its verified layer files
+        self.meta: dict[str, Any] = {}
+
+    def latents(self) -> np.ndarray:
+        folder = self.folders[0]
+        manifest = read_manifest(folder)
+        if (folder / LATENTS_FILE).is_file():
+            try:
+                verify_file(folder / LATENTS_FILE, manifest)
+            except DamagedFileError as error:  # the folder is the job's output: it is rebuilt whole
+                raise DamagedFileError(folder, f"{LATENTS_FILE} {error.problem}") from None
+        return read_latents(folder, self.meta.get("latents_sha256"))
+
+    def calls(self) -> pd.DataFrame:
+        parts = []
+        for folder in self.folders:
+            files = self.files[folder]
+            queries = {Path(p).name.split(".")[0]: p for p in files["queries"]}
+            for path in files["frames"]:
+                frames = read_table(path, columns=[*CALL_KEYS, "key_frame", "prob_mass"])
+                query_file = queries.get(Path(path).name.split(".")[0])
+                query_rows = read_table(query_file, columns=[*CALL_KEYS, "entropy_tokens"]) if query_file else None
+                parts.append(call_values(frames, query_rows))
+        return pd.concat(parts) if parts else pd.DataFrame(columns=["frame0_mass", "entropy_tokens"])
+
+
+def _runs(folders: Iterable[str | Path]) -> dict[tuple[str, str, str, int], _Run]:
+    """The extraction folders grouped by run (checkpoint, variant, prompt, seed), read
+    from their rows' metadata; layer groups in the order given."""
+    runs: dict[tuple[str, str, str, int], _Run] = {}
+    for folder in map(Path, folders):
+        files = extraction_files(folder)
+        meta = read_metadata(files["frames"][0])
+        key = (str(meta["checkpoint"]), str(meta.get("variant", DEFAULT_VARIANT)), str(meta["prompt_id"]), int(meta["seed"]))
+        run = runs.setdefault(key, _Run(key))
+        run.folders.append(folder)
+        run.files[folder] = files
+        if run.meta and run.meta.get("latents_sha256") != meta.get("latents_sha256"):
+            log.warning("run %s: layer groups generated different latents (capture route not video-exact); the "
+                        "effects use the first group's (%s)", "/".join(map(str, key)), run.folders[0])  # fmt: skip
+        run.meta = run.meta or meta
+    return runs
+
+
+def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path], params: Mapping[str, Any]) -> None:
+    """One checkpoint's extraction folders (every variant, prompt, seed and layer group;
+    and the head classes file when an edit selects heads by class) -> its
+    ``variant_effects`` and ``variant_head_effects`` tables.
+
+    ``params``: ``checkpoint``; ``interventions``: variant -> its edits (config form)."""
+    began = time.perf_counter()
+    checkpoint = params["checkpoint"]
+    interventions: Mapping[str, list] = params.get("interventions") or {}
+    classes_files = [Path(p) for p in inputs if str(p).endswith(".json")]
+    runs = _runs(p for p in inputs if not str(p).endswith(".json"))
+    defaults = {key[2:]: run for key, run in runs.items() if key[1] == DEFAULT_VARIANT}
+    if not defaults:
+        raise SinkscopeError(f"checkpoint {checkpoint!r}: the variant effects need the {DEFAULT_VARIANT!r} variant's runs")
+    head_classes = None
+    if any(_needs_classes(edits or [], f"variants.{variant}.interventions") for variant, edits in interventions.items()):
+        if not classes_files:
+            raise SinkscopeError(f"checkpoint {checkpoint!r}: an edit selects heads by class, and no head classes file "
+                                 "was given")  # fmt: skip
+        # Where pipeline.headclasses takes it from too: the digest holds no classification code.
+        from sinkscope.interventions import read_head_classes
+
+        head_classes = read_head_classes(classes_files[0])
+    frame_parts, head_parts = [], []
+    edited_cache: dict[str, frozenset] = {}
+    paired = [(key, run) for key, run in sorted(runs.items()) if key[1] != DEFAULT_VARIANT]
+    missing = next(((key, run) for key, run in paired if key[2:] not in defaults), None)
+    if missing is not None:
+        _, variant, prompt_id, seed = missing[0]
+        raise SinkscopeError(f"checkpoint {checkpoint!r}, variant {variant!r}: no {DEFAULT_VARIANT!r} run of prompt "
+                             f"{prompt_id!r}, seed {seed} to pair it with")  # fmt: skip
+    # One untouched run at a time, with every variant paired with it (a long video's latents are large).
+    for (prompt_id, seed), default in sorted(defaults.items()):
+        variants = [(key, run) for key, run in paired if key[2:] == (prompt_id, seed)]
+        if not variants:
+            continue
+        reference, reference_calls = default.latents(), default.calls()
+        for (_, variant, _, _), run in variants:
+            columns = {"checkpoint": checkpoint, "variant": variant, "prompt_id": prompt_id, "seed": seed}
+            latents = run.latents()
+            try:
+                effects = frame_effects(latents, reference)
+            except ValueError as error:
+                log.warning("variant %s, prompt %s, seed %d: no latent effects (%s)", variant, prompt_id, seed, error)
+            else:
+                table = pd.DataFrame(effects).assign(**columns)
+                table["block"] = frame_blocks(run.meta.get("block_sizes") or [latents.shape[1]], len(table))
+                frame_parts.append(table)
+            if variant not in edited_cache:
+                model = run.meta.get("model_config") or {}
+                edited_cache[variant] = edited_heads(interventions.get(variant) or [], f"variants.{variant}.interventions",
+                                                     int(model.get("num_layers", 0)), int(model.get("num_heads", 0)),
+                                                     head_classes)  # fmt: skip
+            heads = head_effects(run.calls(), reference_calls).assign(**columns)
+            edited = edited_cache[variant]
+            heads["edited"] = [(int(a), int(b)) in edited for a, b in zip(heads["layer"], heads["head"])]
+            head_parts.append(heads)
+    frame_table = pd.concat(frame_parts, ignore_index=True) if frame_parts else pd.DataFrame(
+        columns=[*RUN_KEYS, "latent_frame", "block", *FRAME_STATS])  # fmt: skip
+    head_table = pd.concat(head_parts, ignore_index=True) if head_parts else pd.DataFrame(
+        columns=[*RUN_KEYS, "layer", "head", "calls", "edited", *HEAD_STATS])  # fmt: skip
+    frame_table = with_run_means(frame_table, ["checkpoint", "variant", "latent_frame"], EFFECTS_RUN_STD, ["block"])
+    head_table = with_run_means(head_table, ["checkpoint", "variant", "layer", "head"], HEAD_EFFECTS_RUN_STD,
+                                ["calls", "edited"])  # fmt: skip
+    metadata = {
+        **provenance("variant_effects"),
+        "checkpoint": checkpoint,
+        "model_config": next(iter(defaults.values())).meta.get("model_config"),
+        "interventions": {variant: list(edits or []) for variant, edits in interventions.items()},
+        "sources": [{"checkpoint": k[0], "variant": k[1], "prompt_id": k[2], "seed": k[3], "file": str(run.folders[0]),
+                     "latents_sha256": run.meta.get("latents_sha256"), "device_kind": run.meta.get("device_kind"),
+                     **({"dtype": run.meta["dtype"]} if "dtype" in run.meta else {})}
+                    for k, run in sorted(runs.items())],
+    }  # fmt: skip
+    write_table(frame_table.sort_values(["variant", "prompt_id", "seed", "latent_frame"], kind="stable"),
+                outputs["variant_effects"], SCHEMAS["variant_effects"], metadata)  # fmt: skip
+    write_table(head_table.sort_values(["variant", "prompt_id", "seed", "layer", "head"], kind="stable"),
+                outputs["variant_head_effects"], SCHEMAS["variant_head_effects"], metadata)  # fmt: skip
+    log.info("variant effects of %s: %d runs paired, %d frame rows, %d head rows in %.2f s", checkpoint,
+             sum(1 for key in runs if key[1] != DEFAULT_VARIANT), len(frame_table), len(head_table),
+             time.perf_counter() - began)  # fmt: skip
+

@@ -1,0 +1,410 @@
+"""Edited attention (``mask_keys``, ``logit_bias``: a bias per head and key frame, -inf masking
+it) and the statistics of the edited softmax, against a float64 brute force (the dense
+scores plus the bias, softmax, weighted sum): ``attention.edits.edited_attention`` on the
+CPU, the torch reference and the Triton kernels (in Triton's CPU interpreter) of the
+statistics; on CUDA in bf16 under ``-m gpu``."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from sinkscope.attention.edits import edit_plan, edited_attention, log_sum_exp
+from sinkscope.attention.split import cached_attention
+from sinkscope.stats.attention import (
+    CallStatistics,
+    attention_statistics,
+    attention_with_statistics,
+    triton_available,
+)
+
+NEG = -math.inf
+FIELDS = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")
+
+
+def brute_attention(q, k, v, frame_bias, key_lengths):
+    """(output [B, Lq, H, D], lse [B, H, Lq]) in float64 from the dense edited scores."""
+    bias = frame_bias.double().cpu().repeat_interleave(torch.tensor(key_lengths), dim=1)  # [H, Lk]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.double().cpu(), k.double().cpu()) / math.sqrt(q.shape[-1])
+    scores = scores + bias[None, :, None, :]
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v.double().cpu())
+    return out, torch.logsumexp(scores, dim=-1)
+
+
+def brute_statistics(q, k, fsl, num_q, key_lengths, frame_bias):
+    """Every statistic of the edited softmax from the dense float64 scores of q, k [H, L, D];
+    logit_mean and token_logit_mean from the raw scores."""
+    q, k = q.double().cpu(), k.double().cpu()
+    raw = torch.einsum("hqd,hkd->hqk", q, k) / math.sqrt(q.shape[-1])
+    scores = raw + frame_bias.double().cpu().repeat_interleave(torch.tensor(key_lengths), dim=1)[:, None, :]
+    probs = torch.softmax(scores, dim=-1)
+    # p log p with p = 0 on masked keys: 0.
+    plogp = torch.where(probs > 0, probs * torch.log_softmax(scores, dim=-1), torch.zeros_like(probs))
+    heads, num_k = q.shape[0], len(key_lengths)
+    bounds = [(sum(key_lengths[:f]), sum(key_lengths[: f + 1])) for f in range(num_k)]
+    token_frame = torch.repeat_interleave(torch.arange(num_k), torch.tensor(key_lengths))
+    top_frame = token_frame[scores.argmax(dim=-1)]
+    out = {name: torch.empty(heads, num_q, num_k, dtype=torch.float64) for name in FIELDS[:3]}
+    out["entropy"] = torch.empty(heads, num_q, dtype=torch.float64)
+    for a in range(num_q):
+        rows = slice(a * fsl, (a + 1) * fsl)
+        for b, (lo, hi) in enumerate(bounds):
+            out["logit_mean"][:, a, b] = raw[:, rows, lo:hi].mean(dim=(1, 2))
+            out["prob_mass"][:, a, b] = probs[:, rows, lo:hi].sum(dim=2).mean(dim=1)
+            out["argmax_share"][:, a, b] = (top_frame[:, rows] == b).double().mean(dim=1)
+        out["entropy"][:, a] = -plogp[:, rows].sum(dim=-1).mean(dim=1)
+    out["token_logit_mean"] = raw.mean(dim=1)
+    out["token_prob_mean"] = probs.mean(dim=1)
+    return out, torch.logsumexp(scores, dim=-1)
+
+
+def make_call(seed, batch, heads, num_q, key_lengths, dim, dtype=torch.float64, sharp=1.5):
+    """q [B, Lq, H, D], k, v [B, Lk, H, D] with per-frame offsets, so frames differ."""
+    g = torch.Generator().manual_seed(seed)
+    lk = sum(key_lengths)
+    q = torch.randn(batch, num_q, heads, dim, generator=g) * sharp
+    k = torch.randn(batch, lk, heads, dim, generator=g)
+    k += torch.randn(batch, len(key_lengths), heads, dim, generator=g).repeat_interleave(torch.tensor(key_lengths), dim=1)
+    v = torch.randn(batch, lk, heads, dim, generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+# Rows of frame_bias: 0 untouched, finite added, -inf masked. Heads 1 and 4 share a row (one
+# group of non-adjacent heads), head 3 has three bias values and a mask, head 5 every frame
+# biased alike (one part: the output unchanged, the lse shifted).
+MIXED_BIAS = [
+    [0.0, 0.0, 0.0, 0.0, 0.0],
+    [NEG, 0.0, 0.0, 0.0, 0.0],
+    [2.5, 0.0, 0.0, 0.0, 0.0],
+    [-3.0, NEG, 1.25, 0.0, -3.0],
+    [NEG, 0.0, 0.0, 0.0, 0.0],
+    [0.75, 0.75, 0.75, 0.75, 0.75],
+]
+CASES = {
+    "masked": ([5, 5, 5], [[NEG, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+    "positive bias": ([4, 4, 4, 4], [[3.0, 0.0, 0.0, 0.0], [3.0, 0.0, 0.0, 0.0]]),
+    "negative bias": ([4, 4, 4, 4], [[0.0, -2.0, 0.0, -2.0], [0.0, 0.0, 0.0, 0.0]]),
+    "mixed heads, unequal frames": ([6, 1, 9, 4, 7], MIXED_BIAS),
+    "masked middle frames": ([3, 5, 2, 6], [[0.0, NEG, NEG, 0.0], [NEG, 0.0, NEG, 1.0], [0.0, 0.0, 0.0, 0.0]]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("case", CASES)
+def test_edited_attention_matches_the_dense_float64_softmax(case, dtype):
+    lengths, rows = CASES[case]
+    bias = torch.tensor(rows, dtype=torch.float32)
+    q, k, v = make_call(len(case), 2, bias.shape[0], 11, lengths, 16, dtype)
+    out, lse = edited_attention(q, k, v, bias, lengths)
+    ref_out, ref_lse = brute_attention(q, k, v, bias, lengths)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == (2, bias.shape[0], 11)
+    # float64 merges its parts in float32 (attention.split.merge_parts), float32 computes in it.
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-6, atol=2e-6)
+
+
+# Unedited heads (rows of 0) as one run, inside a range with edited heads, and apart.
+PLAIN_LAYOUTS = {
+    "first head": MIXED_BIAS,
+    "a range with edited heads": [[0.0] * 5, MIXED_BIAS[1], [0.0] * 5, [0.0] * 5, MIXED_BIAS[3], [0.0] * 5],
+    "apart": [[0.0] * 5, *[MIXED_BIAS[2]] * 4, [0.0] * 5],
+}
+
+
+@pytest.mark.parametrize("layout", PLAIN_LAYOUTS)
+def test_unedited_heads_run_the_models_plain_call_bit_for_bit(layout):
+    """Heads with an all-zero row get the whole plain call's output for them, exactly; an
+    all-zero (or absent) bias is the plain call itself."""
+    lengths = [6, 1, 9, 4, 7]
+    bias = torch.tensor(PLAIN_LAYOUTS[layout])
+    plain_heads = [h for h in range(6) if not bias[h].any()]
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        q, k, v = make_call(3, 2, 6, 12, lengths, 16, dtype)
+        plain, _ = cached_attention(q, k, v)
+        out, lse = edited_attention(q, k, v, bias, lengths)
+        assert torch.equal(out[:, :, plain_heads], plain[:, :, plain_heads])
+        assert torch.equal(lse[:, plain_heads], log_sum_exp(q, k)[:, plain_heads])
+        if dtype == torch.float64:
+            torch.testing.assert_close(out, brute_attention(q, k, v, bias, lengths)[0], rtol=1e-5, atol=2e-6)
+        for bias in (torch.zeros(6, 5), None, torch.full((6, 5), -0.0)):
+            out, lse = edited_attention(q, k, v, bias, lengths)
+            assert torch.equal(out, plain)
+            assert torch.equal(lse, log_sum_exp(q, k))
+
+
+def test_a_bias_written_in_place_or_made_in_inference_mode_is_read_again():
+    """The host copy of a bias is kept per tensor while the tensor is unwritten."""
+    lengths = [4, 4, 4]
+    q, k, v = make_call(5, 1, 2, 6, lengths, 8)
+    bias = torch.zeros(2, 3)
+    plain, _ = edited_attention(q, k, v, bias, lengths)
+    bias[1, 0] = NEG
+    out, _ = edited_attention(q, k, v, bias, lengths)
+    torch.testing.assert_close(out, brute_attention(q, k, v, bias, lengths)[0], rtol=1e-5, atol=2e-6)
+    assert not torch.equal(out, plain)
+    with torch.inference_mode():
+        frozen = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+        out, _ = edited_attention(q, k, v, frozen, lengths)
+    torch.testing.assert_close(out, brute_attention(q, k, v, frozen, lengths)[0], rtol=1e-5, atol=2e-6)
+
+
+def test_the_plan_groups_heads_by_row_and_frames_by_bias():
+    plan = edit_plan(tuple(tuple(row) for row in MIXED_BIAS))
+    assert plan.plain == (0,)
+    groups = {group.heads: {part.bias: part.frames for part in group.parts} for group in plan.groups}
+    assert groups == {
+        (1, 4): {0.0: (1, 2, 3, 4)},
+        (2,): {2.5: (0,), 0.0: (1, 2, 3, 4)},
+        (3,): {-3.0: (0, 4), 1.25: (2,), 0.0: (3,)},
+        (5,): {0.75: (0, 1, 2, 3, 4)},
+    }
+
+
+@pytest.mark.parametrize(
+    "bias, message",
+    [
+        ([[NEG, NEG], [0.0, 0.0]], "masks every key frame of head 0"),
+        ([[0.0, math.nan], [0.0, 0.0]], "NaN or \\+inf"),
+        ([[0.0, 0.0], [math.inf, 0.0]], "NaN or \\+inf"),
+        ([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], "not \\[2 heads, 2 key frames\\]"),
+    ],
+)
+def test_bad_biases_are_named(bias, message):
+    q, k, v = make_call(0, 1, 2, 4, [3, 3], 8)
+    with pytest.raises(ValueError, match=message):
+        edited_attention(q, k, v, torch.tensor(bias), [3, 3])
+    with pytest.raises(ValueError, match=message):
+        attention_statistics(q[0].transpose(0, 1), k[0].transpose(0, 1), frame_seq_length=4, query_frames=[2],
+                             key_frames=[0, 1], key_lengths=[3, 3], frame_bias=torch.tensor(bias))  # fmt: skip
+
+
+# -- statistics of the edited softmax ---------------------------------------------------------
+
+# (frame_seq_length, query frames, key lengths, frame_bias rows): whole and partial frames.
+STAT_CASES = {
+    "mixed": (6, 2, [6, 1, 6, 4, 6], [[NEG, 0.0, 0.0, 0.0, 0.0], [2.0, -1.5, 0.0, 0.0, 0.0], [0.0] * 5]),
+    "sink masked everywhere": (5, 1, [5, 5, 5, 5], [[NEG, 0.0, 0.0, 0.0]] * 3),
+    "large biases": (4, 2, [4, 4, 3], [[8.0, 0.0, NEG], [-8.0, NEG, 0.0]]),
+}
+
+
+def stat_inputs(case, dtype=torch.float64):
+    fsl, num_q, lengths, rows = STAT_CASES[case]
+    bias = torch.tensor(rows, dtype=torch.float32)
+    q, k, v = make_call(len(case), 1, bias.shape[0], num_q * fsl, lengths, 16, dtype)
+    return fsl, num_q, lengths, bias, *(x[0].transpose(0, 1) for x in (q, k, v))  # [H, L, D]
+
+
+def assert_statistics(stats, ref, *, atol=1e-6, share_atol=1e-6, profiles=True):
+    for name in FIELDS:
+        got = getattr(stats, name)
+        if name.startswith("token") and not profiles:
+            assert got is None
+            continue
+        assert got.dtype == torch.float32 and got.shape == ref[name].shape, name
+        assert torch.isfinite(got).all(), name
+        got = got.double().cpu()
+        if name == "argmax_share":
+            torch.testing.assert_close(got, ref[name], rtol=0, atol=share_atol, msg=name)
+        elif name in ("logit_mean", "token_logit_mean", "entropy"):
+            torch.testing.assert_close(got, ref[name], rtol=1e-5, atol=10 * atol, msg=name)
+        else:
+            torch.testing.assert_close(got, ref[name], rtol=1e-4, atol=atol, msg=name)
+
+
+def assert_masked_frames_get_nothing(stats, bias):
+    masked = torch.isneginf(bias.cpu())  # [H, nk]
+    for name in ("prob_mass", "argmax_share"):
+        values = getattr(stats, name).cpu().permute(0, 2, 1)[masked]  # every query frame of masked (h, kf)
+        assert torch.equal(values, torch.zeros_like(values)), name
+    torch.testing.assert_close(stats.prob_mass.double().sum(-1).cpu(), torch.ones(stats.prob_mass.shape[:2], dtype=torch.float64),
+                               rtol=0, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", STAT_CASES)
+def test_statistics_of_the_edited_softmax_match_float64_brute_force(case):
+    fsl, num_q, lengths, bias, q, k, _ = stat_inputs(case)
+    layout = dict(frame_seq_length=fsl, query_frames=list(range(4, 4 + num_q)), key_frames=list(range(len(lengths))),
+                  key_lengths=lengths, token_profiles=True)  # fmt: skip
+    stats = attention_statistics(q, k, backend="torch", frame_bias=bias, **layout)
+    ref, _ = brute_statistics(q, k, fsl, num_q, lengths, bias)
+    assert_statistics(stats, ref)
+    assert_masked_frames_get_nothing(stats, bias)
+    # The raw scores' statistics do not see the edit.
+    plain = attention_statistics(q, k, backend="torch", **layout)
+    assert torch.equal(stats.logit_mean, plain.logit_mean) and torch.equal(stats.token_logit_mean, plain.token_logit_mean)
+    zero = attention_statistics(q, k, backend="torch", frame_bias=torch.zeros_like(bias), **layout)
+    assert all(torch.equal(getattr(zero, name), getattr(plain, name)) for name in FIELDS)
+
+
+def test_the_captured_edited_call_is_edited_attention_then_its_statistics():
+    """attention_with_statistics with a frame_bias: the output of edited_attention, the
+    statistics of the edited softmax (fused or not: an edited call takes the exact route)."""
+    fsl, num_q, lengths, bias, q, k, v = stat_inputs("mixed", torch.float32)
+    layout = dict(frame_seq_length=fsl, query_frames=[7, 8], key_frames=[0, 1, 2, 6, 7], key_lengths=lengths, token_profiles=True)
+    expected, _ = edited_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), bias, lengths)
+    for fused in (False, True):
+        out, stats = attention_with_statistics(q, k, v, fused=fused, frame_bias=bias, **layout)
+        assert torch.equal(out, expected[0])
+        ref = attention_statistics(q, k, frame_bias=bias, **layout)
+        assert all(torch.equal(getattr(stats, name), getattr(ref, name)) for name in FIELDS)
+    assert_masked_frames_get_nothing(stats, bias)
+
+
+# -- the Triton kernels in the CPU interpreter --------------------------------------------------
+
+# TRITON_INTERPRET must be set before triton is imported: one subprocess runs every case.
+_INTERPRETER_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    from sinkscope.stats.launch import statistics_given_lse, statistics_triton
+    cases, results = torch.load(sys.argv[1]), {}
+    for name, case in cases.items():
+        args = (case["q"], case["k"], case["fsl"], case["num_q"], case["key_lengths"], case["scale"])
+        results[name] = {
+            "given_lse": vars(statistics_given_lse(case["q"], case["k"], case["lse"], *args[2:], token_profiles=True,
+                                                   frame_bias=case["bias"])),
+            "partials": vars(statistics_triton(*args, token_profiles=True, frame_bias=case["bias"])),
+            "unbiased": vars(statistics_given_lse(case["q"], case["k"], case["plain_lse"], *args[2:], token_profiles=True)),
+        }
+        # The GPU's loop bounds (each segment's own length: masked frames skipped past the
+        # first query block), where this interpreter can run them.
+        try:
+            results[name]["dynamic_bound"] = vars(statistics_given_lse(
+                case["q"], case["k"], case["lse"], *args[2:], frame_bias=case["bias"],
+                config={"LOOP_END": 0, "BLOCK_M": 4, "BLOCK_N": 16}))
+        except Exception as error:
+            results[name]["dynamic_bound"] = repr(error)
+    torch.save(results, sys.argv[2])
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    """Case -> (inputs, results) of the Triton kernels with a frame_bias, from one subprocess."""
+    pytest.importorskip("triton")
+    folder = tmp_path_factory.mktemp("edited_interpreter")
+    cases = {}
+    for case in STAT_CASES:
+        fsl, num_q, lengths, bias, q, k, _ = stat_inputs(case, torch.float32)
+        _, lse = brute_statistics(q, k, fsl, num_q, lengths, bias)
+        plain_lse = torch.logsumexp(q.double() @ k.double().transpose(1, 2) / 4.0, dim=-1).float()
+        cases[case] = dict(q=q, k=k, fsl=fsl, num_q=num_q, key_lengths=lengths, scale=0.25, bias=bias, lse=lse.float(),
+                           plain_lse=plain_lse)  # fmt: skip
+    torch.save(cases, folder / "cases.pt")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    src = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "src"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-c", _INTERPRETER_SCRIPT, str(folder / "cases.pt"), str(folder / "results.pt")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = torch.load(folder / "results.pt")
+    return {case: (cases[case], results[case]) for case in cases}
+
+
+@pytest.mark.parametrize("case", STAT_CASES)
+def test_triton_statistics_of_the_edited_softmax_in_the_interpreter(interpreted, case):
+    """frame_partials_given_lse_kernel and token_profiles_kernel with HAS_BIAS, and the
+    combine of frame_softmax_partials_kernel's partials with a bias; without a bias the
+    given-lse pass is unchanged."""
+    inputs, out = interpreted[case]
+    ref, _ = brute_statistics(inputs["q"], inputs["k"], inputs["fsl"], inputs["num_q"], inputs["key_lengths"], inputs["bias"])
+    for route in ("given_lse", "partials"):
+        stats = CallStatistics(**out[route])
+        assert_statistics(stats, ref)
+        assert_masked_frames_get_nothing(stats, inputs["bias"])
+    plain, _ = brute_statistics(inputs["q"], inputs["k"], inputs["fsl"], inputs["num_q"], inputs["key_lengths"],
+                                torch.zeros_like(inputs["bias"]))  # fmt: skip
+    assert_statistics(CallStatistics(**out["unbiased"]), plain)
+    dynamic = out["dynamic_bound"]
+    if isinstance(dynamic, str):
+        if "0-dimensional" in dynamic:
+            pytest.skip(f"this Triton's interpreter cannot bound a loop by a loaded value: {dynamic}")
+        raise AssertionError(dynamic)
+    assert_statistics(CallStatistics(**dynamic), ref, profiles=False)
+    assert_masked_frames_get_nothing(CallStatistics(**dynamic), inputs["bias"])
+
+
+# -- CUDA ---------------------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not triton_available(), reason="needs a CUDA device and triton")
+
+
+def wan_bias(heads, num_k):
+    """A mixed edit at Wan2.1's sizes: head 0 plain, 1 masks the sink, 2 biases it, 3 masks
+    the sink and biases the next frame, the rest as head 1 (one group of several heads)."""
+    bias = torch.zeros(heads, num_k)
+    bias[1:, 0] = NEG
+    bias[2, 0] = 2.0
+    bias[3, 1] = -1.5
+    return bias
+
+
+def inner_bias(heads, num_k):
+    """Heads 1 and 4 mask the sink: the unedited heads' range is every head."""
+    bias = torch.zeros(heads, num_k)
+    bias[[1, 4], 0] = NEG
+    return bias
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("make_bias", [wan_bias, inner_bias], ids=["mixed", "inner heads"])
+@pytest.mark.parametrize("split", [True, False], ids=["key split", "one call"])
+@pytest.mark.parametrize("lengths", [[1560] * 6, [1560, 1560, 611, 1560, 1560, 1560]], ids=["whole", "partial"])
+def test_cuda_edited_attention_in_bf16(lengths, split, make_bias):
+    heads, num_q = 6, 3 * 1560
+    q, k, v = (x.cuda() for x in make_call(1, 1, heads, num_q, lengths, 128, torch.bfloat16))
+    bias = make_bias(heads, len(lengths)).cuda()
+    plain_heads = [h for h in range(heads) if not bias[h].any()]
+    out, lse = edited_attention(q, k, v, bias, lengths, split=split)
+    ref_out, ref_lse = brute_attention(q, k, v, bias, lengths)
+    plain, plain_lse = cached_attention(q, k, v, split=split)
+    # The rounding of a bf16 call: no worse than SDPA's own output against float64.
+    sdpa_error = (plain.double().cpu() - brute_attention(q, k, v, torch.zeros_like(bias), lengths)[0]).abs().max().item()
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and lse.is_cuda
+    assert (out.double().cpu() - ref_out).abs().max().item() <= 2 * sdpa_error + 2**-9
+    torch.testing.assert_close(lse.double().cpu(), ref_lse, rtol=0, atol=2e-3)
+    # The plain heads are the whole plain call's, bit for bit, and so is a zero bias.
+    assert torch.equal(out[:, :, plain_heads], plain[:, :, plain_heads])
+    assert torch.equal(lse[:, plain_heads], plain_lse[:, plain_heads])
+    zero_out, zero_lse = edited_attention(q, k, v, torch.zeros_like(bias), lengths, split=split)
+    assert torch.equal(zero_out, plain) and torch.equal(zero_lse, plain_lse)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("token_profiles", [False, True])
+def test_cuda_statistics_of_the_edited_softmax_match_the_cpu_reference(token_profiles):
+    """The capture's route on CUDA: edited_attention's log-sum-exp, then
+    frame_partials_given_lse_kernel (and token_profiles_kernel) with the bias; and the
+    route without the log-sum-exp (frame_softmax_partials_kernel's combine)."""
+
+    heads, fsl, num_q, lengths = 6, 1560, 2, [1560, 1560, 611, 1560, 1560]
+    q, k, v = (x[0].transpose(0, 1).cuda() for x in make_call(2, 1, heads, num_q * fsl, lengths, 128, torch.bfloat16))
+    bias = wan_bias(heads, len(lengths)).cuda()
+    layout = dict(frame_seq_length=fsl, query_frames=[5, 6], key_frames=[0, 1, 2, 3, 4], key_lengths=lengths,
+                  token_profiles=token_profiles)  # fmt: skip
+    cpu = attention_statistics(q.cpu(), k.cpu(), backend="torch", frame_bias=bias.cpu(), **layout)
+    out, given_lse = attention_with_statistics(q, k, v, frame_bias=bias, fused=True, **layout)
+    partials = attention_statistics(q, k, frame_bias=bias, **layout)
+    expected, _ = edited_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), bias, lengths)
+    assert torch.equal(out, expected[0])
+    for stats in (given_lse, partials):
+        for name in FIELDS:
+            got, ref = getattr(stats, name), getattr(cpu, name)
+            if ref is None:
+                assert got is None
+                continue
+            assert got.is_cuda and torch.isfinite(got).all(), name
+            atol = 3 / fsl + 1e-6 if name == "argmax_share" else (5e-5 if "logit" in name or name == "entropy" else 2e-6)
+            torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=atol, msg=name)
+        assert_masked_frames_get_nothing(stats, bias)
