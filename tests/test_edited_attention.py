@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 import torch
+from test_stats import FIELDS, brute_force_statistics
 
 from sinkscope.attention.edits import edit_plan, edited_attention, log_sum_exp
 from sinkscope.attention.split import cached_attention
@@ -25,7 +26,6 @@ from sinkscope.stats.attention import (
 )
 
 NEG = -math.inf
-FIELDS = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")
 
 
 def brute_attention(q, k, v, frame_bias, key_lengths):
@@ -38,30 +38,12 @@ def brute_attention(q, k, v, frame_bias, key_lengths):
 
 
 def brute_statistics(q, k, fsl, num_q, key_lengths, frame_bias):
-    """Every statistic of the edited softmax from the dense float64 scores of q, k [H, L, D];
-    logit_mean and token_logit_mean from the raw scores."""
-    q, k = q.double().cpu(), k.double().cpu()
-    raw = torch.einsum("hqd,hkd->hqk", q, k) / math.sqrt(q.shape[-1])
-    scores = raw + frame_bias.double().cpu().repeat_interleave(torch.tensor(key_lengths), dim=1)[:, None, :]
-    probs = torch.softmax(scores, dim=-1)
-    # p log p with p = 0 on masked keys: 0.
-    plogp = torch.where(probs > 0, probs * torch.log_softmax(scores, dim=-1), torch.zeros_like(probs))
-    heads, num_k = q.shape[0], len(key_lengths)
-    bounds = [(sum(key_lengths[:f]), sum(key_lengths[: f + 1])) for f in range(num_k)]
-    token_frame = torch.repeat_interleave(torch.arange(num_k), torch.tensor(key_lengths))
-    top_frame = token_frame[scores.argmax(dim=-1)]
-    out = {name: torch.empty(heads, num_q, num_k, dtype=torch.float64) for name in FIELDS[:3]}
-    out["entropy"] = torch.empty(heads, num_q, dtype=torch.float64)
-    for a in range(num_q):
-        rows = slice(a * fsl, (a + 1) * fsl)
-        for b, (lo, hi) in enumerate(bounds):
-            out["logit_mean"][:, a, b] = raw[:, rows, lo:hi].mean(dim=(1, 2))
-            out["prob_mass"][:, a, b] = probs[:, rows, lo:hi].sum(dim=2).mean(dim=1)
-            out["argmax_share"][:, a, b] = (top_frame[:, rows] == b).double().mean(dim=1)
-        out["entropy"][:, a] = -plogp[:, rows].sum(dim=-1).mean(dim=1)
-    out["token_logit_mean"] = raw.mean(dim=1)
-    out["token_prob_mean"] = probs.mean(dim=1)
-    return out, torch.logsumexp(scores, dim=-1)
+    """Every statistic of the edited softmax from the dense float64 scores of q, k [H, L, D]
+    (logit_mean and token_logit_mean from the raw scores), and each query's edited lse."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    bias = frame_bias.double().cpu().repeat_interleave(torch.tensor(key_lengths), dim=1)[:, None, :]
+    scores = torch.einsum("hqd,hkd->hqk", q.double().cpu(), k.double().cpu()) * scale + bias
+    return brute_force_statistics(q, k, fsl, num_q, key_lengths, scale, frame_bias), torch.logsumexp(scores, dim=-1)
 
 
 def make_call(seed, batch, heads, num_q, key_lengths, dim, dtype=torch.float64, sharp=1.5):

@@ -18,7 +18,7 @@ from fakes import TINY, tiny_state, write_self_forcing_pt, write_umt5, write_wan
 
 from sinkscope.cli import main as cli_main
 from sinkscope.model import MODEL_CONFIGS
-from sinkscope.pipeline.config import read_config_file
+from sinkscope.pipeline.configfile import read_config_file
 
 EXAMPLES = sorted(path.stem for path in (REPO / "configs").glob("*.yaml"))
 # Tiny stand-ins have 2 layers of 4 heads (the demo model 6 of 12): layers and heads that
@@ -133,7 +133,7 @@ def test_snakemake_plans_the_example_alone_and_refuses_what_check_refuses(name, 
     # With them: both accept, and the plan holds the example's checkpoints only (no demo
     # from config.yaml merged in).
     planned = Workflow(stand_ins).run("--dry-run", "--configfile", configfile, "--config", *TINY_FIT)
-    extracted = {line.split("results/extract/", 1)[1].split("/", 1)[0]
+    extracted = {line.split("results/extract/", 1)[1].split("/", 1)[0].split("@", 1)[0]  # a variant's source: <ckpt>@<variant>
                  for line in planned.stdout.splitlines() if "results/extract/" in line}  # fmt: skip
     assert extracted == set(read_config_file(example_file(name))["checkpoints"])
     assert check(name, stand_ins, monkeypatch, capsys, *TINY_FIT) == (0, "")

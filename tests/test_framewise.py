@@ -16,6 +16,8 @@ from test_figures import (
     synthetic_tokens,
 )
 
+from synthetic import synthetic_effects
+
 from sinkscope import figures
 from sinkscope.figures.registry import FIGURES
 from sinkscope.generation.capture import FrameStatsCapture
@@ -87,8 +89,9 @@ def data() -> dict:
 @pytest.mark.parametrize("kind", list(figures.KINDS))
 def test_every_figure_draws_one_frame_blocks_with_few_steps(kind, data):
     scope = FIGURES[kind].scope
-    if scope == "checkpoint":
-        tables = {"frame_attention": data["variants"], "block_stats": data["block_stats"]}
+    if scope == "checkpoint":  # the variants' tables, and their effects against the untouched run
+        tables = {"frame_attention": data["variants"], "block_stats": data["block_stats"],
+                  **synthetic_effects(6, 12, frames=21, per_block=1)}  # fmt: skip
     elif scope == "study":
         tables = {"head_diagnostics": data["diagnostics_all"]}
     elif scope == "run":  # the contact sheet: images, not tables

@@ -25,12 +25,18 @@ from sinkscope.stats.reference import statistics_chunked
 FIELDS = ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_logit_mean", "token_prob_mean")
 
 
-def brute_force_statistics(q, k, fsl, num_q, key_lengths, scale):
-    """Every statistic from the full float64 score matrix, frame slice by frame slice."""
-    q, k = q.double(), k.double()
-    scores = torch.einsum("hqd,hkd->hqk", q, k) * scale
+def brute_force_statistics(q, k, fsl, num_q, key_lengths, scale, frame_bias=None):
+    """Every statistic from the full float64 score matrix, frame slice by frame slice; with
+    ``frame_bias`` [H, frames] (an edit: added to the scores, -inf masks), of the edited
+    softmax, logit_mean and token_logit_mean staying the raw scores'."""
+    q, k = q.double().cpu(), k.double().cpu()
+    raw = torch.einsum("hqd,hkd->hqk", q, k) * scale
+    scores = raw
+    if frame_bias is not None:
+        scores = raw + frame_bias.double().cpu().repeat_interleave(torch.tensor(key_lengths), dim=1)[:, None, :]
     probs = torch.softmax(scores, dim=-1)
-    log_probs = torch.log_softmax(scores, dim=-1)
+    # p log p with p = 0 on masked keys: 0.
+    plogp = torch.where(probs > 0, probs * torch.log_softmax(scores, dim=-1), torch.zeros_like(probs))
     heads, num_k = q.shape[0], len(key_lengths)
     bounds = [(sum(key_lengths[:f]), sum(key_lengths[: f + 1])) for f in range(num_k)]
     token_frame = torch.repeat_interleave(torch.arange(num_k), torch.tensor(key_lengths))
@@ -40,11 +46,11 @@ def brute_force_statistics(q, k, fsl, num_q, key_lengths, scale):
     for a in range(num_q):
         rows = slice(a * fsl, (a + 1) * fsl)
         for b, (lo, hi) in enumerate(bounds):
-            out["logit_mean"][:, a, b] = scores[:, rows, lo:hi].mean(dim=(1, 2))
+            out["logit_mean"][:, a, b] = raw[:, rows, lo:hi].mean(dim=(1, 2))
             out["prob_mass"][:, a, b] = probs[:, rows, lo:hi].sum(dim=2).mean(dim=1)
             out["argmax_share"][:, a, b] = (top_frame[:, rows] == b).double().mean(dim=1)
-        out["entropy"][:, a] = -(probs[:, rows] * log_probs[:, rows]).sum(dim=-1).mean(dim=1)
-    out["token_logit_mean"] = scores.mean(dim=1)
+        out["entropy"][:, a] = -plogp[:, rows].sum(dim=-1).mean(dim=1)
+    out["token_logit_mean"] = raw.mean(dim=1)
     out["token_prob_mean"] = probs.mean(dim=1)
     return out
 

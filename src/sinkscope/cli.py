@@ -63,7 +63,8 @@ def _overrides(pairs: list[str], *, dotted: bool = False) -> dict:
 
 def _study(args: argparse.Namespace, *, local: bool = True):
     """The config file plus overrides, through the Snakefile's own check (load_study)."""
-    from sinkscope.pipeline.config import apply_overrides, read_config_file
+    from sinkscope.pipeline.config import apply_overrides
+    from sinkscope.pipeline.configfile import read_config_file
     from sinkscope.pipeline.study import load_study
 
     overrides = _overrides(args.overrides, dotted=args.command == "extract")
@@ -192,8 +193,8 @@ def _source_name(inputs: list[Path]) -> str:
     from sinkscope.tables import DEFAULT_VARIANT, read_metadata
 
     first = inputs[0]
-    if first.is_dir():
-        first = first / sorted(read_manifest(first)["files"])[0]
+    if first.is_dir():  # its first table (the folder also keeps latents.safetensors)
+        first = first / sorted(name for name in read_manifest(first)["files"] if name.endswith(".parquet"))[0]
     meta = read_metadata(first)
     checkpoint = (meta.get("checkpoint") or {}).get("name") if isinstance(meta.get("checkpoint"), dict) else meta.get("checkpoint")
     return Study.source_name(str(checkpoint or "cli"), str(meta.get("variant") or DEFAULT_VARIANT))

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.labels import read_label_file
 from sinkscope.model.checkpoints import (
@@ -28,6 +26,7 @@ from sinkscope.model.checkpoints import (
     resolve_checkpoint,
 )
 from sinkscope.naming import parse_head_label
+from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.options import (
     GLOBAL,
     POLICY_KEYS,
@@ -49,7 +48,6 @@ __all__ = [
     "load_config",
     "normalize_config",
     "parse_config_overrides",
-    "read_config_file",
     "resolve_checkpoints",
     "resolve_layers_per_job",
     "variant_names",
@@ -651,54 +649,6 @@ def resolve_layers_per_job(value: int | str, layers: int, device: str) -> int:
 def resolve_checkpoints(config: Mapping, base_dir: str | Path = ".") -> dict[str, ResolvedCheckpoint]:
     """Every checkpoint of a normalized config, resolved (files found, config read)."""
     return {name: resolve_checkpoint(spec, base_dir) for name, spec in checkpoint_specs(config).items()}
-
-
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last)."""
-
-
-def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise ConfigError(
-                f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); YAML would "
-                "silently keep the last"
-            )
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
-def read_config_file(path: str | Path) -> dict:
-    """A config file's mapping, refusing what YAML would accept silently (a key twice, an
-    empty file) and naming the file in every error."""
-    path = Path(path)
-    where = f"config file {str(path)!r}"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{where} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{where} is a folder, not a YAML file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where} is not a text file") from None
-    except OSError as exc:
-        raise ConfigError(f"{where} cannot be read: {exc.strerror}") from None
-    try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
-    if raw is None:
-        raise ConfigError(f"{where} is empty; it must hold a mapping of config keys (see config.yaml)")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must hold a mapping of config keys, not a {type(raw).__name__}")
-    return raw
 
 
 def load_config(path: str | Path, overrides: Mapping | None = None, base_dir: str | Path = ".") -> dict:

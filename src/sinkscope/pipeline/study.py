@@ -42,11 +42,11 @@ from sinkscope.pipeline.config import (
     check_machine,
     checked_config,
     generation_options,
-    read_config_file,
     resolve_checkpoints,
     resolve_layers_per_job,
     variant_names,
 )
+from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.resources import default_dtype
 
 RESULTS = "results"
