@@ -11,7 +11,8 @@ from snakemake.utils import validate
 from sinkscope.errors import SinkscopeError
 from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
 from sinkscope.naming import LAYER_GROUP
-from sinkscope.pipeline.config import DEFAULT_CONFIG_FILE, read_config_file
+from sinkscope.pipeline.config import DEFAULT_CONFIG_FILE
+from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.integrity import quarantine, scan_results
 from sinkscope.pipeline.invocation import LOCAL_EXECUTORS, forget_inventory, invocation_mode, requested_executor
 from sinkscope.pipeline.recovery import mark_run_start, recover_interrupted_run
