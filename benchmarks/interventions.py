@@ -30,7 +30,6 @@ import json
 import os
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -40,9 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
-from sinkscope.generation.sampler import GenerationOptions, generate  # noqa: E402
+from sinkscope.generation.sampler import GenerationOptions  # noqa: E402
 from sinkscope.model import WanConfig, build_model  # noqa: E402
+from timing import captured_generation  # noqa: E402
 
 EDITS = {
     "unedited": [],
@@ -74,14 +73,8 @@ def build(quick: bool):
 
 def run_once(model, context, options, layers, frame_seq_length) -> tuple[float, float, torch.Tensor]:
     """(generation seconds, collection seconds, latents) of one generation."""
-    if not layers:
-        result = generate(model, context, options=options, seed=0)
-        return result.seconds, 0.0, result.latents
-    with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length) as capture:
-        result = generate(model, context, options=options, seed=0, observers=[capture])
-        began = time.perf_counter()
-        capture.to_frame()
-        return result.seconds, time.perf_counter() - began, result.latents
+    result, collect, _ = captured_generation(model, context, options, layers, frame_seq_length)
+    return result.seconds, collect, result.latents
 
 
 def block_distances(latents: torch.Tensor, reference: torch.Tensor, block: int = 3) -> list[float]:

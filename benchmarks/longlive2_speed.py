@@ -39,11 +39,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
-from sinkscope.generation.sampler import generate  # noqa: E402
 from sinkscope.model import WanConfig, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import GenerationOptions  # noqa: E402
+from timing import captured_generation  # noqa: E402
 
 GiB = 2**30
 STEPS = [999, 937, 833, 624]
@@ -70,15 +70,8 @@ def time_generation(model, context, options, layers, reps, frame_seq_length) -> 
     for rep in range(reps + 1):
         if context.is_cuda:
             torch.cuda.empty_cache()
-        if layers:
-            with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length) as capture:
-                result = generate(model, context, options=options, seed=0, observers=[capture])
-                began = time.perf_counter()
-                rows = len(capture.to_frame())
-                collect = time.perf_counter() - began
-        else:
-            result = generate(model, context, options=options, seed=0)
-            collect = 0.0
+        result, collect, count = captured_generation(model, context, options, layers, frame_seq_length)
+        rows = count if layers else None
         if rep == 0:
             first = result.seconds
             continue

@@ -7,14 +7,11 @@ statistics; on CUDA in bf16 under ``-m gpu``."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
-from test_stats import FIELDS, brute_force_statistics
+from test_stats import FIELDS, brute_force_statistics, run_in_interpreter
 
 from sinkscope.attention.edits import edit_plan, edited_attention, log_sum_exp
 from sinkscope.attention.split import cached_attention
@@ -281,14 +278,7 @@ def interpreted(tmp_path_factory):
         plain_lse = torch.logsumexp(q.double() @ k.double().transpose(1, 2) / 4.0, dim=-1).float()
         cases[case] = dict(q=q, k=k, fsl=fsl, num_q=num_q, key_lengths=lengths, scale=0.25, bias=bias, lse=lse.float(),
                            plain_lse=plain_lse)  # fmt: skip
-    torch.save(cases, folder / "cases.pt")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    src = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "src"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-    command = [sys.executable, "-c", _INTERPRETER_SCRIPT, str(folder / "cases.pt"), str(folder / "results.pt")]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = torch.load(folder / "results.pt")
+    results = run_in_interpreter(_INTERPRETER_SCRIPT, cases, folder)
     return {case: (cases[case], results[case]) for case in cases}
 
 

@@ -318,6 +318,20 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
 )
 
 
+def run_in_interpreter(script: str, cases: dict, folder) -> dict:
+    """``script`` run in a subprocess under Triton's CPU interpreter (TRITON_INTERPRET=1) on
+    ``cases`` (saved to ``folder``): the results it saves. One subprocess for every case,
+    since the interpreter's setup takes seconds."""
+    torch.save(cases, folder / "cases.pt")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    src = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "src"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-c", script, str(folder / "cases.pt"), str(folder / "results.pt")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(folder / "results.pt")
+
+
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
     """Index -> (inputs, results) of every interpreter case, from one subprocess."""
@@ -342,14 +356,7 @@ def interpreted(tmp_path_factory):
     x = torch.randn(70, 3, 24, generator=torch.Generator().manual_seed(7)).half()
     x = torch.cat([x, x.flip(0), x[:60]]).transpose(0, 1)  # [3, 200, 24], strides (24, 72, 1)
     cases["segment_sums"] = dict(x=x, lengths=[1, 37, 150, 12])
-    torch.save(cases, folder / "cases.pt")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    src = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "src"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-    command = [sys.executable, "-c", _INTERPRETER_SCRIPT, str(folder / "cases.pt"), str(folder / "results.pt")]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = torch.load(folder / "results.pt")
+    results = run_in_interpreter(_INTERPRETER_SCRIPT, cases, folder)
     out = {index: (cases[index], results[index]) for index in [*INTERPRETER_CASES, *TMA_INTERPRETER_LAYOUTS]}
     out["dynamic_bound"] = results["dynamic_bound"]
     out["segment_sums"] = (cases["segment_sums"], results["segment_sums"])
