@@ -6,12 +6,17 @@ capture and with all 30 layers captured:
 - ``logit_bias`` bias 0.0 (the identity: its latents must equal the unedited ones);
 - ``mask_keys`` heads [L1H1, L5H10], key_frames [0] (the no-sink variant);
 - ``mask_keys`` heads all, key_frames [0];
+- ``mask_keys`` two heads in every layer (H1 and H7 of L1-L30), key_frames [0] (what a
+  ``class:`` selection spread over the layers costs);
 - ``logit_bias`` heads all, key_frames [0], bias -2.0;
 - ``quantize_cache`` int8, both; ``quantize_cache`` nvfp4, both.
 
-Every configuration runs once to warm up, then three rounds run every configuration in
-turn (so a drift of the machine spreads over all of them); each gets the median of its
-three. A configuration's seconds are the generation's (``GenerationResult.seconds``,
+Every configuration runs once to warm up, then ``--reps`` rounds run every configuration in
+turn (so a drift of the machine spreads over all of them), with the GPU memory cache kept
+between runs (emptying it made every run pay the allocator again, and varied by up to 25%
+between runs). A configuration's overhead is the median over the rounds of its time over
+the unedited run's of the same round and capture mode (pairs within a round, so a slow
+round moves both); its seconds are the median of its rounds. A configuration's seconds are the generation's (``GenerationResult.seconds``,
 synchronized) plus, with capture, collecting the rows (``capture.to_frame``), as
 ``gpu_benchmark.py``'s generation section counts them. Prints a markdown table with the
 overhead over the unedited run of the same capture mode and writes JSON to ``--out``
@@ -48,6 +53,8 @@ EDITS = {
     "logit_bias all heads, frame 0, 0.0 (identity)": [{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": 0.0}],
     "mask_keys [L1H1, L5H10], frame 0": [{"edit": "mask_keys", "heads": ["L1H1", "L5H10"], "key_frames": [0]}],
     "mask_keys all heads, frame 0": [{"edit": "mask_keys", "heads": "all", "key_frames": [0]}],
+    # Its heads are filled in for the model's layers (every_layer_heads).
+    "mask_keys H1 and H7 of every layer, frame 0": [{"edit": "mask_keys", "key_frames": [0], "heads": []}],
     "logit_bias all heads, frame 0, -2.0": [{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": -2.0}],
     "quantize_cache int8 both": [{"edit": "quantize_cache", "format": "int8", "tensors": "both"}],
     "quantize_cache nvfp4 both": [{"edit": "quantize_cache", "format": "nvfp4", "tensors": "both"}],
@@ -90,7 +97,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmark-out"), "interventions.json"))
     parser.add_argument("--quick", action="store_true", help="a CPU smoke test at a tiny shape")
-    parser.add_argument("--reps", type=int, default=3, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--reps", type=int, default=5, help="timed rounds (after one warm-up round)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the blocks (jobs do at long rollouts only)")
     args = parser.parse_args()
     if not args.quick and not torch.cuda.is_available():
@@ -102,6 +109,8 @@ def main() -> int:
     if args.compile:
         model.compile_blocks(dynamic=False)
     all_layers = list(range(model.config.num_layers))
+    EDITS["mask_keys H1 and H7 of every layer, frame 0"][0]["heads"] = [f"L{layer + 1}H{head}" for layer in all_layers
+                                                                       for head in (1, 7)]  # fmt: skip
     configs = {(name, captured): GenerationOptions.from_config({"num_frames": frames, "interventions": spec})
                for captured in (False, True) for name, spec in EDITS.items()}  # fmt: skip
     seconds: dict = {key: [] for key in configs}
@@ -112,8 +121,6 @@ def main() -> int:
         for key, options in configs.items():
             if key in errors:
                 continue
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
             try:
                 generation, collected, video = run_once(model, context, options, all_layers if key[1] else [], fsl)
             except Exception as error:  # noqa: BLE001 - report, keep the others
@@ -140,7 +147,11 @@ def main() -> int:
         base = seconds.get(("unedited", captured))
         median = statistics.median(times)
         row.update(seconds_median=median, seconds=times, collect_seconds_median=statistics.median(collect[key]))
-        overhead = 100 * (median / statistics.median(base) - 1) if base and name != "unedited" else None
+        overhead = None
+        if base and len(base) == len(times) and name != "unedited":
+            ratios = [t / b for t, b in zip(times, base)]
+            row["paired_ratios"] = ratios
+            overhead = 100 * (statistics.median(ratios) - 1)
         limit = LIMITS.get(EDITS[name][0]["edit"]) if EDITS[name] and "identity" not in name else None
         reference = latents.get(("unedited", captured))
         distances = block_distances(latents[key], reference) if reference is not None else []

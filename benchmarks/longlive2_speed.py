@@ -63,14 +63,14 @@ def options_for(frames: int, chunk: int, window: int, sink: int) -> GenerationOp
                                           "local_attn_frames": window, "sink_frames": sink, "denoising_steps": STEPS})  # fmt: skip
 
 
-def time_generation(model, context, options, layers, reps, frame_seq_length) -> dict:
+def time_generation(model, context, options, layers, reps, frame_seq_length, fused=False) -> dict:
     """Median seconds of ``reps`` generations after one warm-up (generation plus collecting
     the rows when captured), the parts, video FPS and the peak memory."""
     totals, generations, collects, peak, rows = [], [], [], 0, None
     for rep in range(reps + 1):
         if context.is_cuda:
             torch.cuda.empty_cache()
-        result, collect, count = captured_generation(model, context, options, layers, frame_seq_length)
+        result, collect, count = captured_generation(model, context, options, layers, frame_seq_length, fused=fused)
         rows = count if layers else None
         if rep == 0:
             first = result.seconds
@@ -123,18 +123,19 @@ def main() -> int:
         began = time.perf_counter()
         model.compile_blocks(dynamic=False)
         results["compile_setup_seconds"] = time.perf_counter() - began
-    variants = [(f"{n} frames, no capture", n, []) for n in frames]
-    longest = max(frames)
-    variants += [(f"{longest} frames, 1 layer captured", longest, captured_layers),
-                 (f"{longest} frames, all {config.num_layers} layers captured", longest, list(range(config.num_layers)))]  # fmt: skip
-    for label, n, layers in variants:
+    variants = [(f"{n} frames, no capture", n, [], False) for n in frames]
+    longest, every = max(frames), list(range(config.num_layers))
+    variants += [(f"{longest} frames, 1 layer captured", longest, captured_layers, False),
+                 (f"{longest} frames, all {config.num_layers} layers captured", longest, every, False),
+                 (f"{longest} frames, all {config.num_layers} layers captured, fused", longest, every, True)]  # fmt: skip
+    for label, n, layers, fused in variants:
         try:
             results[label] = time_generation(model, context, options_for(n, chunk, window, sink), layers, args.reps,
-                                             frame_seq_length)  # fmt: skip
+                                             frame_seq_length, fused)  # fmt: skip
         except Exception as error:  # noqa: BLE001 - report, keep going
             results[label] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-2000:]}
     base = results.get(f"{longest} frames, no capture", {}).get("seconds_median")
-    for label, n, layers in variants:
+    for label, n, layers, _ in variants:
         row = results[label]
         if layers and base and "seconds_median" in row:
             row["overhead_pct"] = 100 * (row["seconds_median"] / base - 1)

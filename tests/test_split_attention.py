@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,6 +46,27 @@ def test_split_key_attention_matches_the_brute_force(parts):
     assert out.shape == q.shape and lse.shape == (2, 3, 37)
     torch.testing.assert_close(out.double(), ref_out, atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_split_parts_with_a_bias_per_head_and_parts_of_other_keys_merge_as_one_softmax(parts):
+    """An edited call's pieces (attention.edits): the key-split parts with a bias added to
+    each head's scores (-inf: none of its keys), and ``extra`` parts over other keys (here
+    with their own bias already in their log-sum-exp), merged as one softmax over all."""
+    q, k, v = inputs(num_k=60)
+    extra_k, extra_v = inputs(num_k=12, seed=1)[1:]
+    head_bias = torch.tensor([-1.5, 0.0, -math.inf])
+    extra_bias = torch.tensor([0.0, 2.0, 0.5])
+    extra_out, extra_lse = split_key_attention(q, extra_k, extra_v, 1)
+    extra = (extra_out.transpose(1, 2), extra_lse + extra_bias[None, :, None])
+    out, lse = split_key_attention(q, k, v, parts, part_bias=head_bias, extra=extra)
+    # The brute force: one softmax over both key sets, each head's scores shifted.
+    scores = torch.einsum("blhd,bkhd->bhlk", q.double(), torch.cat((k, extra_k), 1).double()) * 0.25
+    scores[..., :60] += head_bias.double()[None, :, None, None]
+    scores[..., 60:] += extra_bias.double()[None, :, None, None]
+    ref_out = torch.einsum("bhlk,bkhd->blhd", torch.softmax(scores, -1), torch.cat((v, extra_v), 1).double())
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=2e-6, rtol=1e-6)
 
 
 def test_a_split_that_does_not_divide_the_keys_is_refused():
@@ -132,6 +154,13 @@ _MERGE_SCRIPT = textwrap.dedent(
         lse = torch.randn(batch * parts, heads, num_q, generator=g) * 3
         merged, total = merge_parts_cuda(out, lse, batch, parts)
         ref, ref_total = merge_parts(out, lse, batch, parts)
+        results.append([(merged - ref).abs().max().item(), (total - ref_total).abs().max().item(), list(merged.shape)])
+        # Parts of a second tensor (an edited call's biased frames): as if stacked with the first's.
+        extra = (torch.randn(batch * 2, num_q, heads, dim, generator=g).transpose(1, 2), torch.randn(batch * 2, heads, num_q, generator=g))
+        merged, total = merge_parts_cuda(out, lse, batch, parts, extra=extra)
+        stacked = [torch.cat((a.reshape(batch, -1, *a.shape[1:]), b.reshape(batch, -1, *b.shape[1:])), 1).flatten(0, 1)
+                   for a, b in ((out, extra[0]), (lse, extra[1]))]
+        ref, ref_total = merge_parts(stacked[0], stacked[1], batch, parts + 2)
         results.append([(merged - ref).abs().max().item(), (total - ref_total).abs().max().item(), list(merged.shape)])
     print(json.dumps(results))
     """

@@ -1,5 +1,5 @@
 """Self-attention with edited key frames (``generation.interventions``: ``mask_keys``,
-``logit_bias``), exact, from the model's own attention calls.
+``logit_bias``), exact, from the model's own attention kernel.
 
 An edit is a bias per (head, key frame), ``frame_bias`` [H, num key frames] float32: 0
 leaves the scores as they are, a finite b is added to every score s_ij = q_i.k_j/sqrt(D)
@@ -7,25 +7,24 @@ of that head and frame, -inf masks the frame (its keys get exactly 0 probability
 are laid out frame after frame, ``key_lengths[f]`` tokens each, in the order of
 ``frame_bias``'s columns.
 
-``edited_attention`` never forms a score matrix. A softmax over keys split into groups
-is the groups' softmaxes merged by their log-sum-exps, and a bias b on a group adds b to
-that group's log-sum-exp and changes nothing else. So:
-
-- heads whose row is all 0 run the model's plain call (``cached_attention``, with the
-  key split of the whole call, so they get the unedited output bit for bit), over the
-  heads from the first to the last of them (a view of q, k, v, not a copy: the edited
-  heads inside that range are computed and written over; where neither the first nor the
-  last head is edited, this is the unedited call itself), unless that range holds more
-  than twice their number (then those heads are copied out);
-- heads with the same row run together: their masked frames are dropped (the keys
-  gathered without them, a view when the kept frames are contiguous), the kept frames
-  grouped by their bias, each group attended by ``cached_attention``, its log-sum-exp
-  plus its bias, and the groups merged by ``attention.split.merge_parts`` (the merge of
-  key-split parts). One group (masking only, or one bias on every kept frame) is one call.
+``edited_attention`` never forms a score matrix. A softmax over keys split into segments
+is the segments' softmaxes merged by their log-sum-exps, and a bias b on a segment adds b
+to that segment's log-sum-exp and changes nothing else. So the key frames are cut into
+segments of consecutive frames over which every head's bias stays the same (``edit_plan``:
+frame 0 biased or masked in some heads gives two segments, frame 0 and the rest); a segment
+masked in every head is left out; each segment is attended by every head at once, over a
+view of k and v (no copy), and its log-sum-exp gets each head's bias; the longest segment
+runs key-split as the model's call would (``split.key_split``), and the others merge into
+its parts in the same merge (``split.split_key_attention``'s ``extra``). Every head runs in
+every call, so a layer with a few edited heads costs what one with every head edited costs:
+the plain call plus a call over the edited frames and a merge; the unedited heads of such
+a call get the unedited softmax within one bf16 rounding of the model's own call (their
+output is merged from parts). A call with no edit is the model's call itself, bit for bit.
 
 The plan needs the bias values on the host: a CUDA ``frame_bias`` is read once per tensor
-(``bias_rows`` keeps its rows until the tensor is freed or written), so a policy that
-hands the same tensor to a layer's calls of a block costs one device sync, not one a call.
+(``bias_rows`` keeps its rows until the tensor is freed or written), and not at all when
+whoever wrote it hands its rows over (``remember_rows``: the generation's edits do), so
+an edited generation waits for the GPU nowhere.
 """
 
 from __future__ import annotations
@@ -38,43 +37,35 @@ from functools import lru_cache
 
 import torch
 
-from sinkscope.attention.split import KeySplit, cached_attention, key_split, merge_parts
+from sinkscope.attention.split import cached_attention, gives_lse, key_split, merge_parts, split_key_attention
 
 # Scores held at once by the log-sum-exp of calls whose kernel does not return it (the
 # CPU, float32 on CUDA): 2**24 values (64 MiB in float32).
 LSE_SCORE_BUDGET = 2**24
 
-Runs = tuple[tuple[int, int], ...]  # (start, stop) ranges of an axis, ascending, disjoint
-
 
 @dataclass(frozen=True)
-class BiasPart:
-    """The kept key frames of one bias value: ``bias`` added to their scores, ``frames``
-    their positions in ``frame_bias``'s columns."""
+class KeySegment:
+    """Key frames ``start`` to ``stop`` (positions in ``frame_bias``'s columns, stop excluded)
+    over which each head's bias is the same: ``column``, one value per head."""
 
-    bias: float
-    frames: tuple[int, ...]
+    start: int
+    stop: int
+    column: tuple[float, ...]
 
-
-@dataclass(frozen=True)
-class HeadGroup:
-    """Heads with one bias row: attended together, their kept frames in ``parts``."""
-
-    heads: tuple[int, ...]
-    parts: tuple[BiasPart, ...]
+    @property
+    def biased(self) -> bool:
+        """Whether some head's scores over this segment change (its log-sum-exp gets the bias)."""
+        return any(b != 0.0 for b in self.column)
 
 
 @dataclass(frozen=True)
 class EditPlan:
-    """How one edited call runs: the ``plain`` heads (row all 0) in the model's call, each
-    of ``groups`` by its parts."""
+    """How one call runs: the segments attended, in frame order (a segment masked in every
+    head left out); ``edited`` False when no score changes (the model's call itself)."""
 
-    plain: tuple[int, ...]
-    groups: tuple[HeadGroup, ...]
-
-    @property
-    def edited(self) -> bool:
-        return bool(self.groups)
+    segments: tuple[KeySegment, ...]
+    edited: bool
 
 
 # id(tensor) -> (a weak reference to it, its version counter when read, its rows, its plan).
@@ -112,7 +103,16 @@ def bias_rows(frame_bias: torch.Tensor) -> tuple[tuple[float, ...], ...]:
         return hit[2]
     if frame_bias.ndim != 2:
         raise ValueError(f"frame_bias must be [heads, key frames]; got {tuple(frame_bias.shape)}")
-    rows = tuple(tuple(row) for row in frame_bias.detach().to(torch.float32).cpu().double().tolist())
+    return remember_rows(frame_bias, frame_bias.detach().to(torch.float32).cpu().double().tolist())
+
+
+def remember_rows(frame_bias: torch.Tensor, rows: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    """Keep ``rows`` (frame_bias's values, [H, F], from the host that wrote them) as
+    ``bias_rows`` of ``frame_bias``, so that reading them costs no device sync; checked as
+    ``bias_rows`` checks them."""
+    rows = tuple(tuple(float(b) for b in row) for row in rows)
+    if tuple(frame_bias.shape) != (len(rows), len(rows[0]) if rows else 0):
+        raise ValueError(f"rows of {len(rows)} heads do not match frame_bias {tuple(frame_bias.shape)}")
     for head, row in enumerate(rows):
         if any(math.isnan(b) or b == math.inf for b in row):
             raise ValueError(f"frame_bias of head {head} holds NaN or +inf: {list(row)}")
@@ -130,73 +130,17 @@ def bias_rows(frame_bias: torch.Tensor) -> tuple[tuple[float, ...], ...]:
 
 @lru_cache(maxsize=256)
 def edit_plan(rows: tuple[tuple[float, ...], ...]) -> EditPlan:
-    """The plan of a call whose bias rows (``bias_rows``) are ``rows``: heads of one row grouped
-    (in head order), each row's kept frames grouped by bias value (in frame order)."""
-    plain, by_row = [], {}
-    for head, row in enumerate(rows):
-        if all(b == 0.0 for b in row):
-            plain.append(head)
-        else:
-            by_row.setdefault(row, []).append(head)
-    groups = []
-    for row, heads in by_row.items():
-        frames_of: dict[float, list[int]] = {}
-        for frame, b in enumerate(row):
-            if b != -math.inf:
-                frames_of.setdefault(b + 0.0, []).append(frame)  # + 0.0: -0.0 and 0.0 are one part
-        parts = tuple(BiasPart(b, tuple(frames)) for b, frames in frames_of.items())
-        groups.append(HeadGroup(tuple(heads), parts))
-    return EditPlan(tuple(plain), tuple(groups))
-
-
-def plain_runs(plain: Sequence[int]) -> Runs:
-    """The heads the plain call runs for the unedited heads ``plain``: the range from the first
-    to the last (a view of q, k, v; the edited heads among them computed and written over)
-    while it holds at most twice as many heads, else the runs of ``plain`` (copied)."""
-    lo, hi = plain[0], plain[-1] + 1
-    return ((lo, hi),) if hi - lo <= 2 * len(plain) else runs_of(plain)
-
-
-def runs_of(indices: Sequence[int]) -> Runs:
-    """Ascending indices as (start, stop) runs of consecutive values."""
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and runs[-1][1] == i:
-            runs[-1][1] = i + 1
-        else:
-            runs.append([i, i + 1])
-    return tuple((a, b) for a, b in runs)
-
-
-def token_runs(frames: Sequence[int], key_lengths: Sequence[int]) -> Runs:
-    """The key tokens of ``frames`` (positions, ascending) as runs of k's token axis."""
-    starts = [0]
-    for n in key_lengths:
-        starts.append(starts[-1] + int(n))
-    runs: list[list[int]] = []
-    for f in frames:
-        a, b = starts[f], starts[f + 1]
-        if runs and runs[-1][1] == a:
-            runs[-1][1] = b
-        else:
-            runs.append([a, b])
-    return tuple((a, b) for a, b in runs)
-
-
-def select(x: torch.Tensor, dim: int, runs: Runs) -> torch.Tensor:
-    """x's ``runs`` of axis ``dim``: a view for one run, else one copy (``torch.cat``)."""
-    if len(runs) == 1:
-        a, b = runs[0]
-        return x if (a, b) == (0, x.shape[dim]) else x.narrow(dim, a, b - a)
-    return torch.cat([x.narrow(dim, a, b - a) for a, b in runs], dim=dim)
-
-
-def _put(out: torch.Tensor, dim: int, runs: Runs, part: torch.Tensor) -> None:
-    """Write ``part`` into ``out``'s ``runs`` of axis ``dim`` (the inverse of ``select``)."""
-    offset = 0
-    for a, b in runs:
-        out.narrow(dim, a, b - a).copy_(part.narrow(dim, offset, b - a))
-        offset += b - a
+    """The plan of a call whose bias rows (``bias_rows``, [H][F]) are ``rows``: its key frames cut
+    where some head's bias changes, the segments masked in every head left out."""
+    columns = [tuple(row[frame] + 0.0 for row in rows) for frame in range(len(rows[0]))]  # + 0.0: -0.0 is 0.0
+    edited = any(b != 0.0 for column in columns for b in column)
+    segments, start = [], 0
+    for frame in range(1, len(columns) + 1):
+        if frame == len(columns) or columns[frame] != columns[start]:
+            if not all(b == -math.inf for b in columns[start]):
+                segments.append(KeySegment(start, frame, columns[start]))
+            start = frame
+    return EditPlan(tuple(segments), edited)
 
 
 def log_sum_exp(q: torch.Tensor, k: torch.Tensor, budget: int = LSE_SCORE_BUDGET) -> torch.Tensor:
@@ -251,43 +195,41 @@ def edited_attention(
     plan = bias_plan(frame_bias)
     if not plan.edited:
         return attention_and_lse(q, k, v, split=split)
-    runs = plain_runs(plan.plain) if plan.plain else ()
-    if runs == ((0, heads),):
-        # The unedited call itself (the plain heads' range is every head): the edited heads
-        # are written over it.
-        out, lse = attention_and_lse(q, k, v, split=split)
-    else:
-        out = torch.empty_like(q)
-        lse = torch.empty(batch, heads, q.shape[1], dtype=torch.float32, device=q.device)
-        if runs:
-            # The whole call's key split, so that these heads get the unedited call's output.
-            plain_out, plain_lse = attention_and_lse(*(select(x, 2, runs) for x in (q, k, v)), split=split,
-                                                     plan=key_split(q, k, split))  # fmt: skip
-            _put(out, 2, runs, plain_out)
-            _put(lse, 1, runs, plain_lse)
-    key_lengths = tuple(int(n) for n in key_lengths)
-    for group in plan.groups:
-        runs = runs_of(group.heads)
-        group_q, group_k, group_v = (select(x, 2, runs) for x in (q, k, v))
-        outs, lses = [], []
-        for part in group.parts:
-            tokens = token_runs(part.frames, key_lengths)
-            part_out, part_lse = attention_and_lse(group_q, select(group_k, 1, tokens), select(group_v, 1, tokens), split=split)
-            outs.append(part_out)
-            lses.append(part_lse + part.bias if part.bias != 0.0 else part_lse)
-        if len(outs) == 1:
-            _put(out, 2, runs, outs[0])
-            _put(lse, 1, runs, lses[0])
-            continue
-        # merge_parts takes the parts batch-major: [B * parts, h, Lq, D] and [B * parts, h, Lq];
-        # it writes into out where the group's heads are one run.
-        stacked = torch.stack(outs, dim=1).flatten(0, 1).transpose(1, 2)
-        into = out.narrow(2, runs[0][0], runs[0][1] - runs[0][0]) if len(runs) == 1 and out.stride(-1) == 1 else None
-        group_out, group_lse = merge_parts(stacked, torch.stack(lses, dim=1).flatten(0, 1), batch, len(outs), into)
-        if into is None:
-            _put(out, 2, runs, group_out)
-        _put(lse, 1, runs, group_lse)
-    return out, lse
+    starts = [0]
+    for n in key_lengths:
+        starts.append(starts[-1] + int(n))
+
+    def keys_of(segment: KeySegment) -> tuple[torch.Tensor, torch.Tensor]:
+        first, count = starts[segment.start], starts[segment.stop] - starts[segment.start]
+        return k.narrow(1, first, count), v.narrow(1, first, count)
+
+    def column_of(segment: KeySegment) -> torch.Tensor:
+        """Its bias per head, [H] float32 on frame_bias's device (a view: no host copy)."""
+        return frame_bias[:, segment.start].to(torch.float32)
+
+    main = max(plan.segments, key=lambda segment: starts[segment.stop] - starts[segment.start])
+    extras = []
+    for segment in plan.segments:
+        if segment is not main:
+            part_out, part_lse = attention_and_lse(q, *keys_of(segment), split=split)
+            if segment.biased:
+                part_lse = part_lse + column_of(segment)[None, :, None]
+            extras.append((part_out.transpose(1, 2), part_lse))
+    main_bias = column_of(main) if main.biased else None
+    main_k, main_v = keys_of(main)
+    if not extras:
+        out, lse = attention_and_lse(q, main_k, main_v, split=split)
+        return out, lse if main_bias is None else lse + main_bias[None, :, None]
+    # merge_parts takes the other segments batch-major: [B * E, H, Lq, D] and [B * E, H, Lq].
+    extra = extras[0] if len(extras) == 1 else tuple(torch.stack(x, 1).flatten(0, 1) for x in zip(*extras))
+    if gives_lse(q):
+        # The longest segment key-split as the model's call would be, the others merged in.
+        parts = key_split(q, main_k, split, head_first=False).parts
+        return split_key_attention(q, main_k, main_v, parts, part_bias=main_bias, extra=extra)
+    out, lse = attention_and_lse(q, main_k, main_v, split=split)
+    if main_bias is not None:
+        lse = lse + main_bias[None, :, None]
+    return merge_parts(out.transpose(1, 2), lse, batch, 1, None, extra)
 
 
 @lru_cache(maxsize=256)
@@ -303,6 +245,7 @@ def token_bias(frame_bias: torch.Tensor, key_lengths: Sequence[int]) -> torch.Te
 
 
 __all__ = [
-    "BiasPart", "EditPlan", "HeadGroup", "attention_and_lse", "bias_plan", "bias_rows", "edit_plan", "edited_attention", "log_sum_exp",
-    "token_bias", "token_runs",
+    "EditPlan", "KeySegment", "attention_and_lse", "bias_plan", "bias_rows", "edit_plan", "edited_attention", "log_sum_exp",
+    "remember_rows", "token_bias",
 ]  # fmt: skip
+

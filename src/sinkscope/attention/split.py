@@ -68,11 +68,13 @@ def _copy_waves(rows: int, heads: int, dim: int, num_keys: int) -> float:
     return rows * heads * dim * 2 / (num_keys * WAVE_BYTES_PER_KEY)
 
 
-def plan_key_split(batch: int, heads: int, num_queries: int, num_keys: int, processors: int, dim: int = 128) -> KeySplit:
+def plan_key_split(batch: int, heads: int, num_queries: int, num_keys: int, processors: int, dim: int = 128,
+                   *, head_first: bool = True) -> KeySplit:
     """The plan with the fewest waves (``KeySplit``), the merge's traffic counted: each split
     row is written S times as queries and as outputs, and read once more by the merge; a
     head's rows are copied into the output; and its extra launches. A split must save
-    ``MIN_GAIN`` of one call's waves."""
+    ``MIN_GAIN`` of one call's waves. ``head_first`` False: plans without a head of queries
+    only (every query over S parts: what an edited call merges other parts into)."""
     per_tile = batch * heads
     tiles = -(-num_queries // QUERY_TILE)
     plain = KeySplit(0, 1, float(wave_cost(per_tile * tiles, processors)))
@@ -81,7 +83,7 @@ def plan_key_split(batch: int, heads: int, num_queries: int, num_keys: int, proc
         for s in _part_counts(num_keys)
     ]
     head_tiles = (per_tile * tiles // processors) * processors // per_tile
-    if 0 < head_tiles < tiles:
+    if head_first and 0 < head_tiles < tiles:
         head = head_tiles * QUERY_TILE
         head_waves = wave_cost(per_tile * head_tiles, processors) + _copy_waves(2 * batch * head, heads, dim, num_keys)
         options += [
@@ -121,11 +123,17 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
 
 def split_key_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: int, scale: float | None = None,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, *, part_bias: torch.Tensor | None = None,
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, Lq, H, D] over k, v [B, Lk, H, D] (the model's layout), the keys in
     ``parts`` equal parts: (output [B, Lq, H, D], log-sum-exp [B, H, Lq] fp32). ``out``: a
-    [B, Lq, H, D] view to write the output into."""
+    [B, Lq, H, D] view to write the output into.
+
+    For an edited call (``sinkscope.attention.edits``): ``part_bias`` fp32, [H] or [parts, H], is
+    added to every score of each head (and part), so to its log-sum-exp, before the merge; ``extra`` (output
+    [B * E, H, Lq, D], log-sum-exp [B * E, H, Lq], batch-major) are E more parts, attended
+    elsewhere over other keys, merged with these."""
     batch, num_keys, heads, dim = k.shape
     if parts < 1 or num_keys % parts:
         raise ValueError(f"{num_keys} keys do not split into {parts} equal parts")
@@ -136,8 +144,10 @@ def split_key_attention(
     keys = k.reshape(batch * parts, per_part, heads, dim)
     values = v.reshape(batch * parts, per_part, heads, dim)
     result, lse = attention_with_lse(queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale)
-    if parts > 1:
-        return merge_parts(result, lse, batch, parts, out)
+    if part_bias is not None:
+        lse = (lse.view(batch, parts, heads, num_q) + part_bias.expand(parts, heads)[None, :, :, None]).view(batch * parts, heads, num_q)
+    if parts > 1 or extra is not None:
+        return merge_parts(result, lse, batch, parts, out, extra)
     if out is None:
         return result.transpose(1, 2), lse
     out.copy_(result.transpose(1, 2))
@@ -159,20 +169,26 @@ def planned_attention(
 
 
 def merge_parts(
-    out: torch.Tensor, lse: torch.Tensor, batch: int, parts: int, merged: torch.Tensor | None = None
+    out: torch.Tensor, lse: torch.Tensor, batch: int, parts: int, merged: torch.Tensor | None = None,
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge ``parts`` partial attentions, out [B * parts, H, Lq, D] and lse [B * parts, H, Lq]
-    (batch-major), into (output [B, Lq, H, D] in out's dtype, log-sum-exp [B, H, Lq] fp32);
-    written into ``merged`` when given."""
+    (batch-major), and the parts of ``extra`` (the same, over other keys), into (output
+    [B, Lq, H, D] in out's dtype, log-sum-exp [B, H, Lq] fp32); written into ``merged`` when
+    given."""
     _, heads, num_q, dim = out.shape
     if out.is_cuda:
         from sinkscope.attention.merge_kernel import merge_parts_cuda
 
-        return merge_parts_cuda(out, lse, batch, parts, merged)
-    lse = lse.reshape(batch, parts, heads, num_q)
+        return merge_parts_cuda(out, lse, batch, parts, merged, extra)
+    out, lse = out.reshape(batch, parts, heads, num_q, dim), lse.reshape(batch, parts, heads, num_q)
+    if extra is not None:
+        extra_parts = extra[0].shape[0] // batch
+        out = torch.cat((out, extra[0].reshape(batch, extra_parts, heads, num_q, dim)), dim=1)
+        lse = torch.cat((lse, extra[1].reshape(batch, extra_parts, heads, num_q)), dim=1)
     total = torch.logsumexp(lse, dim=1)
     weights = torch.exp(lse - total.unsqueeze(1))
-    result = (out.reshape(batch, parts, heads, num_q, dim).float() * weights.unsqueeze(-1)).sum(1)
+    result = (out.float() * weights.unsqueeze(-1)).sum(1)
     result = result.to(out.dtype).transpose(1, 2)
     if merged is None:
         return result.contiguous(), total
@@ -180,16 +196,16 @@ def merge_parts(
     return merged, total
 
 
-def key_split(q: torch.Tensor, k: torch.Tensor, enabled: bool = True) -> KeySplit:
+def key_split(q: torch.Tensor, k: torch.Tensor, enabled: bool = True, *, head_first: bool = True) -> KeySplit:
     """The plan for q, k [B, L, H, D]: a plain call unless ``enabled`` (``KernelSettings.key_split``),
-    on CUDA, in fp16 / bf16."""
+    on CUDA, in fp16 / bf16. ``head_first``: as ``plan_key_split``."""
     batch, num_q, heads, dim = q.shape
     if not (enabled and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
         return KeySplit(0, 1, 0.0)
-    return plan_key_split(batch, heads, num_q, k.shape[1], multiprocessors(q.device), dim)
+    return plan_key_split(batch, heads, num_q, k.shape[1], multiprocessors(q.device), dim, head_first=head_first)
 
 
-def _gives_lse(q: torch.Tensor) -> bool:
+def gives_lse(q: torch.Tensor) -> bool:
     """Where an attention kernel returns the log-sum-exp with the output (cuDNN, flash)."""
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
 
@@ -208,7 +224,7 @@ def cached_attention(
     ``plan``: run this plan instead (``sinkscope.attention.edits`` runs a call's unedited
     heads with the plan of the whole call, so that they get its output bit for bit)."""
     plan = key_split(q, k, split) if plan is None else plan
-    if _gives_lse(q):
+    if gives_lse(q):
         try:
             return planned_attention(q, k, v, plan)
         except NotImplementedError:
@@ -235,6 +251,7 @@ def multiprocessors(device: torch.device) -> int:
 
 
 __all__ = [
-    "KeySplit", "attention_with_lse", "balanced_attention", "cached_attention", "key_split", "merge_parts", "multiprocessors",
+    "KeySplit", "attention_with_lse", "balanced_attention", "cached_attention", "gives_lse", "key_split", "merge_parts",
+    "multiprocessors",
     "plan_key_split", "planned_attention", "split_key_attention", "wave_cost",
 ]  # fmt: skip

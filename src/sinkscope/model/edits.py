@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from sinkscope.attention.edits import remember_rows
 from sinkscope.model.cache import KVCache, Segment, host_to_device
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.model.quantize import cache_format
@@ -191,6 +192,7 @@ class GenerationEdits:
                 # and its readers may check its version counter.
                 with torch.inference_mode(False):
                     tensor = self._bias_tensors[same] = host_to_device(bias, torch.device(device))
+                remember_rows(tensor, bias.tolist())  # read by edited_attention without a device sync
         if len(self._bias_memo) >= 4 * self.num_layers:
             self._bias_memo.clear()
             self._bias_tensors.clear()
