@@ -1,9 +1,10 @@
 # Extraction: prompt embeddings (once per text encoder and prompt, or per segment of a
 # prompt schedule), then one GPU job per source (checkpoint x variant) x prompt x seed x
 # layer group that generates a video with the KV-cache procedure and writes one folder
-# of per-layer Parquet files plus a manifest. Weights and text encoders enter through their sha256 (params):
-# replaced bytes rerun what used them, a touch nothing. Outputs are update(): a failed
-# rerun gives the previous result back instead of deleting it.
+# of per-layer Parquet files plus a manifest. Weights, text encoders and a VAE the generation
+# runs enter through their sha256 (params): replaced bytes rerun what used them, a touch
+# nothing. Outputs are update(): a failed rerun gives the previous result back instead of
+# deleting it.
 
 
 rule encode_prompt:
@@ -60,6 +61,8 @@ rule extract_attention:
         run=extract_params,
         segment_starts=lambda wildcards: STUDY.segment_starts(wildcards.prompt),
         weights_sha256=weights_sha256,
+        # Krea's re-encode runs the Wan VAE inside the generation; '' for every other run.
+        vae_sha256=lambda wildcards: STUDY.generation_vae_sha256(wildcards.source),
         code=STUDY.code("extract_attention"),
     log:
         "results/logs/extract_attention/{source}/{prompt}/seed{seed}/layers{group}.log",

@@ -13,6 +13,7 @@ compared with that forward's, and so is the video.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -409,3 +410,33 @@ def test_check_refuses_reencode_without_a_vae(tmp_path):
     checked_config({**config, "generation": {**config["generation"], "num_frames": 6}}, tmp_path)  # two blocks: no re-encode
     (base / "Wan2.1_VAE.pth").touch()
     checked_config(config, tmp_path)  # found (its weights are read by the job)
+
+
+def test_the_reencoding_extraction_reruns_when_the_vae_bytes_change(tmp_path):
+    """Krea's re-encode runs the VAE inside the extraction job: its digest is a param of the
+    job (new bytes rerun it, a touch does not); a run that does not re-encode gets ''."""
+    from sinkscope.pipeline.config import checked_config
+    from sinkscope.pipeline.study import Study
+
+    weights = write_krea_safetensors(tmp_path / "krea.safetensors", build_model(KREA_TINY, seed=7).state_dict())
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(__import__("json").dumps({**wan_config_json(KREA_TINY), "text_dim": KREA_TINY.text_dim}))
+    vae = base / "Wan2.1_VAE.pth"
+    vae.write_bytes(b"first")
+    generation = {"procedure": "krea_recompute", "num_frames": 9, "denoising_steps": STEPS}
+    config = {"checkpoints": {"krea": {"weights": str(weights), "base": str(base)}}, "layers": [0],
+              "figures": {"heads": ["L1H1"]}, "generation": generation,
+              "variants": {"default": {}, "latent": {"recompute_context": "latent"}}}  # fmt: skip
+
+    def digests():
+        normalized, resolved = checked_config(config, tmp_path)
+        study = Study(normalized, str(tmp_path), checkpoints=resolved)
+        return study.generation_vae_sha256("krea"), study.generation_vae_sha256("krea@latent")
+
+    first, latent = digests()
+    assert len(first) == 64 and latent == ""
+    os.utime(vae, (1, 1))
+    assert digests()[0] == first  # a touch: the same bytes
+    vae.write_bytes(b"other")
+    assert digests()[0] not in ("", first)

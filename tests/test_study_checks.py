@@ -10,7 +10,7 @@ import yaml
 
 from sinkscope.cli import main as cli_main
 from sinkscope.errors import ConfigError, SinkscopeError
-from sinkscope.pipeline.config import read_config_file, resolve_layers_per_job
+from sinkscope.pipeline.config import checked_config, generation_options, read_config_file, resolve_layers_per_job, study_layers_per_job
 from sinkscope.pipeline.study import load_study
 
 # (config file text, what the error must name)
@@ -86,6 +86,26 @@ def test_layers_per_job_auto_means_one_generation_on_cuda_and_one_layer_on_the_c
     assert resolve_layers_per_job("auto", 30, "cuda:1") == 30
     assert resolve_layers_per_job("auto", 30, "cpu") == 1
     assert resolve_layers_per_job(4, 30, "cpu") == 4
+
+
+def test_layers_per_job_auto_fills_max_job_memory_gib_on_cuda():
+    """With max_job_memory_gib set, auto on CUDA captures the most layers whose job fits 90%
+    of it; the GPU of the machine that reads the config plays no part."""
+    from sinkscope.pipeline.resources import GIB, default_dtype, estimate_job_memory
+
+    config, resolved = checked_config({"layers": [0, 1, 2, 3, 4, 5]})
+    demo = resolved["demo"]
+    dtype = default_dtype("cuda", demo.spec.dtype)
+    estimates = [estimate_job_memory(demo.model_config, generation_options(config, "default", "demo"), dtype,
+                                     captured_layers=n).total for n in range(1, 7)]  # fmt: skip
+    assert estimates == sorted(estimates) and estimates[0] < estimates[-1]
+    # Room for three layers in 90%, not for four.
+    limit = (estimates[2] + estimates[3]) / 2 / 0.9
+    limited = {**config, "max_job_memory_gib": limit / GIB}
+    assert study_layers_per_job(limited, resolved, "cuda") == 3
+    assert study_layers_per_job(config, resolved, "cuda") == 6  # no limit: every layer
+    assert study_layers_per_job(limited, resolved, "cpu") == 1
+    assert study_layers_per_job({**limited, "layers_per_job": 5}, resolved, "cuda") == 5
 
 
 def test_load_study_resolves_checkpoints_once_and_plans_the_groups():

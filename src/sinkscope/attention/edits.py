@@ -37,7 +37,7 @@ from functools import lru_cache
 
 import torch
 
-from sinkscope.attention.split import cached_attention, gives_lse, key_split, merge_parts, split_key_attention
+from sinkscope.attention.split import KeySplit, cached_attention, gives_lse, key_split, merge_parts, split_key_attention
 
 # Scores held at once by the log-sum-exp of calls whose kernel does not return it (the
 # CPU, float32 on CUDA): 2**24 values (64 MiB in float32).

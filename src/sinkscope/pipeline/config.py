@@ -50,6 +50,7 @@ __all__ = [
     "parse_config_overrides",
     "resolve_checkpoints",
     "resolve_layers_per_job",
+    "study_layers_per_job",
     "variant_names",
 ]
 
@@ -543,7 +544,9 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
     ``max_job_memory_gib`` is checked: this machine is not where jobs run.
     """
     from sinkscope.pipeline.resources import (
+        AUTO_MEMORY_SHARE,
         GIB,
+        auto_layers_per_job,
         default_dtype,
         device_memory_bytes,
         estimate_job_memory,
@@ -563,8 +566,8 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
         return device
     where = f"max_job_memory_gib = {limit_gib}" if limit_gib is not None else f"the {device} here"
     problems = []
-    captured = resolve_layers_per_job(config["layers_per_job"], len(config["layers"]), device)
-    switches = sorted({frame for frames in prompt_switches(config).values() for frame in frames})
+    captured = study_layers_per_job(config, resolved, device)
+    switches = _switch_frames(config)
     for name, checkpoint in resolved.items():
         dtype = default_dtype(device, checkpoint.spec.dtype)
         for variant in variant_names(config):
@@ -572,11 +575,17 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
             estimate = estimate_job_memory(checkpoint.model_config, options, dtype, captured_layers=captured,
                                            switch_frames=switches)  # fmt: skip
             if estimate.total > limit:
+                fits = auto_layers_per_job(checkpoint.model_config, options, dtype, layers=captured, memory_bytes=limit,
+                                           switch_frames=switches)  # fmt: skip
+                fewer = estimate_job_memory(checkpoint.model_config, options, dtype, captured_layers=fits,
+                                            switch_frames=switches).total <= limit * AUTO_MEMORY_SHARE  # fmt: skip
                 problems.append(
                     f"checkpoint {name!r}{'' if variant == 'default' else f', variant {variant!r}'}: an extraction job "
-                    f"needs about {estimate.total / GIB:.1f} GiB ({estimate.describe()} GiB), more than {where} "
-                    f"({limit / GIB:.1f} GiB); lower generation.num_frames or latent_height/latent_width, use a "
-                    "bounded cache_policy, or set max_job_memory_gib"
+                    f"of {captured} layers needs about {estimate.total / GIB:.1f} GiB ({estimate.describe()} GiB), more "
+                    f"than {where} ({limit / GIB:.1f} GiB); "
+                    + (f"set layers_per_job: {fits} (or max_job_memory_gib, which auto then fills), " if fewer else "")
+                    + "lower generation.num_frames or latent_height/latent_width, use a bounded cache_policy, or set "
+                    "max_job_memory_gib"
                 )
     if problems:
         raise ConfigError.invalid(problems)
@@ -638,12 +647,39 @@ _PERIODIC = re.compile(r"(.+?)\1{19,}$")
 
 
 def resolve_layers_per_job(value: int | str, layers: int, device: str) -> int:
-    """How many layers one extraction job captures. ``auto``: every layer in one job on
-    CUDA (one generation serves all: 27x less GPU time for 30 layers), one a job on the
-    CPU (reruns stay per layer and cost little)."""
+    """How many layers one extraction job captures, before memory is counted. ``auto``: every
+    layer in one job on CUDA (one generation serves all: 27x less GPU time for 30 layers),
+    one a job on the CPU (reruns stay per layer and cost little)."""
     if value == "auto":
         return max(1, layers) if device.startswith("cuda") else 1
     return int(value)
+
+
+def study_layers_per_job(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], device: str) -> int:
+    """How many layers one extraction job of this study captures: ``resolve_layers_per_job``,
+    except that ``auto`` on CUDA with ``max_job_memory_gib`` set captures the most layers
+    that every (checkpoint, variant) job fits in ``AUTO_MEMORY_SHARE`` of it
+    (``resources.auto_layers_per_job``). Only the config decides (not the GPU of the
+    machine that reads it), so every process that builds the workflow, a cluster job's
+    too, plans the same layer groups."""
+    value, layers, limit_gib = config["layers_per_job"], len(config["layers"]), config.get("max_job_memory_gib")
+    if value != "auto" or not device.startswith("cuda") or limit_gib is None or not resolved:
+        return resolve_layers_per_job(value, layers, device)
+    from sinkscope.pipeline.resources import GIB, auto_layers_per_job, default_dtype
+
+    switches = _switch_frames(config)
+    return min(
+        auto_layers_per_job(checkpoint.model_config, generation_options(config, variant, name),
+                            default_dtype(device, checkpoint.spec.dtype), layers=layers, memory_bytes=int(limit_gib * GIB),
+                            switch_frames=switches)  # fmt: skip
+        for name, checkpoint in resolved.items()
+        for variant in variant_names(config)
+    )
+
+
+def _switch_frames(config: Mapping) -> list[int]:
+    """Every latent frame where some prompt of the study switches (the re-cache calls)."""
+    return sorted({frame for frames in prompt_switches(config).values() for frame in frames})
 
 
 def resolve_checkpoints(config: Mapping, base_dir: str | Path = ".") -> dict[str, ResolvedCheckpoint]:

@@ -31,10 +31,11 @@ from sinkscope.figures.registry import (
     SWITCH_FIGURES,
     TOKEN_FIGURES,
 )
-from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_digest
+from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_digest, find_vae
 from sinkscope.naming import decode_layers, encode_layers
 from sinkscope.options import (
     GenerationOptions,
+    procedure_spec,
 )
 from sinkscope.prompt_schedules import PromptSegment, prompt_segments, switch_frames
 from sinkscope.pipeline.codedigest import stage_digest
@@ -43,7 +44,7 @@ from sinkscope.pipeline.config import (
     checked_config,
     generation_options,
     resolve_checkpoints,
-    resolve_layers_per_job,
+    study_layers_per_job,
     variant_names,
 )
 from sinkscope.pipeline.configfile import read_config_file
@@ -220,7 +221,7 @@ class Study:
 
     @cached_property
     def layers_per_job(self) -> int:
-        return resolve_layers_per_job(self.config.get("layers_per_job", "auto"), len(self.layers), self.device)
+        return study_layers_per_job(self.config, self.checkpoints, self.device)
 
     @cached_property
     def layer_groups(self) -> list[list[int]]:
@@ -295,6 +296,21 @@ class Study:
     def weights_sha256(self, checkpoint: str) -> str:
         """The checkpoint's weights digest, cached by file size and mtime."""
         return self.checkpoints[checkpoint].digest(cache=Path(self.base_dir) / DIGEST_CACHE)
+
+    def vae_sha256(self, checkpoint: str) -> str:
+        """The digest of the checkpoint's Wan VAE files (``find_vae``), cached as the weights';
+        '' without a VAE."""
+        vae = find_vae(self.checkpoints[checkpoint])
+        if vae is None:
+            return ""
+        files = sorted(p for p in vae.rglob("*") if p.is_file()) if vae.is_dir() else [vae]
+        return files_digest(files, cache=Path(self.base_dir) / DIGEST_CACHE)
+
+    def generation_vae_sha256(self, source: str) -> str:
+        """The VAE digest of a source whose generation runs the VAE (Krea's re-encode of a
+        context frame: new VAE bytes rerun its extraction), else ''."""
+        options = self.options[source]
+        return self.vae_sha256(self.checkpoint_of(source)) if procedure_spec(options.procedure).needs_vae(options) else ""
 
     def source_layers(self, source: str) -> list[int]:
         if source in self.legacy:

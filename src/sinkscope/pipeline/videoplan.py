@@ -12,12 +12,11 @@ Torch-free: the Snakefile imports it while it parses.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sinkscope.model.checkpoints import WAN_VAE_FILES, files_digest, find_vae, vae_candidates
+from sinkscope.model.checkpoints import WAN_VAE_FILES, find_vae, vae_candidates
 from sinkscope.naming import encode_layers
-from sinkscope.pipeline.study import DEFAULT_VARIANT, DIGEST_CACHE, path
+from sinkscope.pipeline.study import DEFAULT_VARIANT, path
 
 if TYPE_CHECKING:
     from sinkscope.model.checkpoints import ResolvedCheckpoint
@@ -84,11 +83,10 @@ def video_params(study: Study, source: str) -> dict[str, Any]:
     vae = find_vae(checkpoint)
     if vae is None:  # the config check refused it already
         raise FileNotFoundError(missing_vae(checkpoint.name, checkpoint))
-    files = sorted(p for p in vae.rglob("*") if p.is_file()) if vae.is_dir() else [vae]
     budget = study.config.get("max_job_memory_gib")
     return {
         "vae": str(vae),
-        "vae_sha256": files_digest(files, cache=Path(study.base_dir) / DIGEST_CACHE),
+        "vae_sha256": study.vae_sha256(checkpoint.name),
         "fps": video_fps(checkpoint),
         "device": study.device,
         "memory_budget_gib": budget / 2 if isinstance(budget, (int, float)) else None,
