@@ -27,12 +27,10 @@ to ``--out`` (default $OUT or ./benchmark-out) and prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -43,6 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from sinkscope.model import WanConfig, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import GenerationOptions  # noqa: E402
+from report import error_entry, write_results  # noqa: E402
 from timing import captured_generation  # noqa: E402
 
 GiB = 2**30
@@ -133,17 +132,13 @@ def main() -> int:
             results[label] = time_generation(model, context, options_for(n, chunk, window, sink), layers, args.reps,
                                              frame_seq_length, fused)  # fmt: skip
         except Exception as error:  # noqa: BLE001 - report, keep going
-            results[label] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-2000:]}
+            results[label] = error_entry(error)
     base = results.get(f"{longest} frames, no capture", {}).get("seconds_median")
     for label, n, layers, _ in variants:
         row = results[label]
         if layers and base and "seconds_median" in row:
             row["overhead_pct"] = 100 * (row["seconds_median"] / base - 1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(json.dumps(results, indent=1))
-    return 1 if any(isinstance(row, dict) and "error" in row for row in results.values()) else 0
+    return write_results(results, args.out)
 
 
 if __name__ == "__main__":

@@ -71,14 +71,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.machinery
-import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import time
-import traceback
 import types
 from pathlib import Path
 
@@ -86,6 +84,9 @@ from pathlib import Path
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import error_entry, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 2**30
@@ -403,14 +404,10 @@ def main() -> int:
         try:
             results[label] = time_length(pipe, n, chunk, shape, args.reps, device)
         except Exception as error:  # noqa: BLE001 - report, keep going
-            results[label] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-2000:]}
+            results[label] = error_entry(error)
     timesteps = getattr(pipe, "timesteps", None)
     results["timesteps"] = timesteps.tolist() if timesteps is not None else None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(json.dumps(results, indent=1))
-    return 1 if any(isinstance(row, dict) and "error" in row for row in results.values()) else 0
+    return write_results(results, args.out)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,14 @@ import yaml
 
 from sinkscope.cli import main as cli_main
 from sinkscope.errors import ConfigError, SinkscopeError
-from sinkscope.pipeline.config import checked_config, generation_options, read_config_file, resolve_layers_per_job, study_layers_per_job
+from sinkscope.pipeline.config import (
+    check_machine,
+    checked_config,
+    generation_options,
+    read_config_file,
+    resolve_layers_per_job,
+    study_layers_per_job,
+)
 from sinkscope.pipeline.study import load_study
 
 # (config file text, what the error must name)
@@ -106,6 +113,15 @@ def test_layers_per_job_auto_fills_max_job_memory_gib_on_cuda():
     assert study_layers_per_job(config, resolved, "cuda") == 6  # no limit: every layer
     assert study_layers_per_job(limited, resolved, "cpu") == 1
     assert study_layers_per_job({**limited, "layers_per_job": 5}, resolved, "cuda") == 5
+    # A job too large for the limit is refused, naming the layers_per_job that fits (a long
+    # video, where each layer's statistics weigh: about 216 MiB a layer at 480 frames).
+    config, resolved = checked_config({"layers": [0, 1, 2, 3, 4, 5], "generation": {"num_frames": 480},
+                                       "layers_per_job": 6})  # fmt: skip
+    options = generation_options(config, "default", "demo")
+    need = [estimate_job_memory(demo.model_config, options, dtype, captured_layers=n).total for n in (2, 3)]
+    tight = {**config, "max_job_memory_gib": (need[0] + need[1]) / 2 / 0.9 / GIB}
+    with pytest.raises(ConfigError, match=r"with 6 layers captured, more than max_job_memory_gib = .*set layers_per_job: 2"):
+        check_machine(tight, resolved, local=False)
 
 
 def test_load_study_resolves_checkpoints_once_and_plans_the_groups():

@@ -37,7 +37,7 @@ from functools import lru_cache
 
 import torch
 
-from sinkscope.attention.split import KeySplit, cached_attention, gives_lse, key_split, merge_parts, split_key_attention
+from sinkscope.attention.split import cached_attention, gives_lse, key_split, merge_parts, split_key_attention
 
 # Scores held at once by the log-sum-exp of calls whose kernel does not return it (the
 # CPU, float32 on CUDA): 2**24 values (64 MiB in float32).
@@ -159,12 +159,10 @@ def log_sum_exp(q: torch.Tensor, k: torch.Tensor, budget: int = LSE_SCORE_BUDGET
     return out
 
 
-def attention_and_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True, plan: KeySplit | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``cached_attention`` with its log-sum-exp always given: the kernel's where it returns
     one (CUDA, fp16 / bf16), else ``log_sum_exp``."""
-    out, lse = cached_attention(q, k, v, split=split, plan=plan)
+    out, lse = cached_attention(q, k, v, split=split)
     return out, log_sum_exp(q, k) if lse is None else lse
 
 
@@ -248,4 +246,3 @@ __all__ = [
     "EditPlan", "KeySegment", "attention_and_lse", "bias_plan", "bias_rows", "edit_plan", "edited_attention", "log_sum_exp",
     "remember_rows", "token_bias",
 ]  # fmt: skip
-

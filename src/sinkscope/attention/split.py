@@ -130,10 +130,10 @@ def split_key_attention(
     ``parts`` equal parts: (output [B, Lq, H, D], log-sum-exp [B, H, Lq] fp32). ``out``: a
     [B, Lq, H, D] view to write the output into.
 
-    For an edited call (``sinkscope.attention.edits``): ``part_bias`` fp32, [H] or [parts, H], is
-    added to every score of each head (and part), so to its log-sum-exp, before the merge; ``extra`` (output
-    [B * E, H, Lq, D], log-sum-exp [B * E, H, Lq], batch-major) are E more parts, attended
-    elsewhere over other keys, merged with these."""
+    For an edited call (``sinkscope.attention.edits``): ``part_bias`` fp32, [H] or [parts, H],
+    is added to every score of each head (and part), so to its log-sum-exp, before the merge;
+    ``extra`` (output [B * E, H, Lq, D], log-sum-exp [B * E, H, Lq], batch-major) are E more
+    parts, attended elsewhere over other keys, merged with these."""
     batch, num_keys, heads, dim = k.shape
     if parts < 1 or num_keys % parts:
         raise ValueError(f"{num_keys} keys do not split into {parts} equal parts")
@@ -145,7 +145,8 @@ def split_key_attention(
     values = v.reshape(batch * parts, per_part, heads, dim)
     result, lse = attention_with_lse(queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale)
     if part_bias is not None:
-        lse = (lse.view(batch, parts, heads, num_q) + part_bias.expand(parts, heads)[None, :, :, None]).view(batch * parts, heads, num_q)
+        shifted = lse.view(batch, parts, heads, num_q) + part_bias.expand(parts, heads)[None, :, :, None]
+        lse = shifted.view(batch * parts, heads, num_q)
     if parts > 1 or extra is not None:
         return merge_parts(result, lse, batch, parts, out, extra)
     if out is None:
@@ -221,8 +222,7 @@ def cached_attention(
     On CUDA in fp16 / bf16, cuDNN's attention with its log-sum-exp (the backend SDPA picks on
     Hopper), the keys split when that fills the GPU's waves better and ``split``
     (``key_split``); elsewhere (the CPU, float32) SDPA itself, without the log-sum-exp.
-    ``plan``: run this plan instead (``sinkscope.attention.edits`` runs a call's unedited
-    heads with the plan of the whole call, so that they get its output bit for bit)."""
+    ``plan``: run this plan instead of ``key_split``'s."""
     plan = key_split(q, k, split) if plan is None else plan
     if gives_lse(q):
         try:

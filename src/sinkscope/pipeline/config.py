@@ -581,8 +581,8 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
                                             switch_frames=switches).total <= limit * AUTO_MEMORY_SHARE  # fmt: skip
                 problems.append(
                     f"checkpoint {name!r}{'' if variant == 'default' else f', variant {variant!r}'}: an extraction job "
-                    f"of {captured} layers needs about {estimate.total / GIB:.1f} GiB ({estimate.describe()} GiB), more "
-                    f"than {where} ({limit / GIB:.1f} GiB); "
+                    f"needs about {estimate.total / GIB:.1f} GiB ({estimate.describe()} GiB) with {captured} "
+                    f"layer{'s' if captured != 1 else ''} captured, more than {where} ({limit / GIB:.1f} GiB); "
                     + (f"set layers_per_job: {fits} (or max_job_memory_gib, which auto then fills), " if fewer else "")
                     + "lower generation.num_frames or latent_height/latent_width, use a bounded cache_policy, or set "
                     "max_job_memory_gib"

@@ -297,20 +297,20 @@ class Study:
         """The checkpoint's weights digest, cached by file size and mtime."""
         return self.checkpoints[checkpoint].digest(cache=Path(self.base_dir) / DIGEST_CACHE)
 
-    def vae_sha256(self, checkpoint: str) -> str:
-        """The digest of the checkpoint's Wan VAE files (``find_vae``), cached as the weights';
-        '' without a VAE."""
-        vae = find_vae(self.checkpoints[checkpoint])
-        if vae is None:
-            return ""
-        files = sorted(p for p in vae.rglob("*") if p.is_file()) if vae.is_dir() else [vae]
+    def files_sha256(self, path: Path) -> str:
+        """The digest of a file, or of every file in a folder (a diffusers ``vae/``), cached as
+        the weights' are."""
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         return files_digest(files, cache=Path(self.base_dir) / DIGEST_CACHE)
 
     def generation_vae_sha256(self, source: str) -> str:
-        """The VAE digest of a source whose generation runs the VAE (Krea's re-encode of a
-        context frame: new VAE bytes rerun its extraction), else ''."""
+        """The digest of the Wan VAE of a source whose generation runs it (Krea's re-encode of a
+        context frame: new VAE bytes rerun its extraction); '' for every other source."""
         options = self.options[source]
-        return self.vae_sha256(self.checkpoint_of(source)) if procedure_spec(options.procedure).needs_vae(options) else ""
+        if not procedure_spec(options.procedure).needs_vae(options):
+            return ""
+        vae = find_vae(self.checkpoints[self.checkpoint_of(source)])
+        return "" if vae is None else self.files_sha256(vae)
 
     def source_layers(self, source: str) -> list[int]:
         if source in self.legacy:

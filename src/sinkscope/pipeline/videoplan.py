@@ -86,7 +86,7 @@ def video_params(study: Study, source: str) -> dict[str, Any]:
     budget = study.config.get("max_job_memory_gib")
     return {
         "vae": str(vae),
-        "vae_sha256": study.vae_sha256(checkpoint.name),
+        "vae_sha256": study.files_sha256(vae),
         "fps": video_fps(checkpoint),
         "device": study.device,
         "memory_budget_gib": budget / 2 if isinstance(budget, (int, float)) else None,
