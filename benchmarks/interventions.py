@@ -25,6 +25,7 @@ after; with random bf16 weights any change of a score, however small, moves late
 by about 0.011 (bf16 rounding carried through 30 random layers), so that is the floor).
 
     PYTHONPATH=src python benchmarks/interventions.py --out $OUT/interventions.json
+    PYTHONPATH=src python benchmarks/interventions.py --edits "every layer,-2.0" --out ...   # a subset
     PYTHONPATH=src python benchmarks/interventions.py --quick --out /tmp/interventions.json   # CPU, tiny shape
 """
 
@@ -99,6 +100,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a CPU smoke test at a tiny shape")
     parser.add_argument("--reps", type=int, default=5, help="timed rounds (after one warm-up round)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the blocks (jobs do at long rollouts only)")
+    parser.add_argument("--edits", default="", help="only the edits whose names hold one of these comma-separated words "
+                                                     "(the unedited run always runs)")
     args = parser.parse_args()
     if not args.quick and not torch.cuda.is_available():
         print("needs a CUDA device (or --quick)", file=sys.stderr)
@@ -111,8 +114,10 @@ def main() -> int:
     all_layers = list(range(model.config.num_layers))
     EDITS["mask_keys H1 and H7 of every layer, frame 0"][0]["heads"] = [f"L{layer + 1}H{head}" for layer in all_layers
                                                                        for head in (1, 7)]  # fmt: skip
+    words = [word.strip() for word in args.edits.split(",") if word.strip()]
+    chosen = {name: spec for name, spec in EDITS.items() if not spec or not words or any(word in name for word in words)}
     configs = {(name, captured): GenerationOptions.from_config({"num_frames": frames, "interventions": spec})
-               for captured in (False, True) for name, spec in EDITS.items()}  # fmt: skip
+               for captured in (False, True) for name, spec in chosen.items()}  # fmt: skip
     seconds: dict = {key: [] for key in configs}
     collect: dict = {key: [] for key in configs}
     latents: dict = {}
