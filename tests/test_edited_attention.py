@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from test_stats import FIELDS, brute_force_statistics, run_in_interpreter
+from test_stats import FIELDS, assert_matches, brute_force_statistics, run_in_interpreter
 
 from sinkscope.attention.edits import (
     KeySegment,
@@ -209,20 +209,11 @@ def stat_inputs(case, dtype=torch.float64):
 
 
 def assert_statistics(stats, ref, *, atol=1e-6, share_atol=1e-6, profiles=True):
+    """test_stats.assert_matches, every value finite."""
     for name in FIELDS:
         got = getattr(stats, name)
-        if name.startswith("token") and not profiles:
-            assert got is None
-            continue
-        assert got.dtype == torch.float32 and got.shape == ref[name].shape, name
-        assert torch.isfinite(got).all(), name
-        got = got.double().cpu()
-        if name == "argmax_share":
-            torch.testing.assert_close(got, ref[name], rtol=0, atol=share_atol, msg=name)
-        elif name in ("logit_mean", "token_logit_mean", "entropy"):
-            torch.testing.assert_close(got, ref[name], rtol=1e-5, atol=10 * atol, msg=name)
-        else:
-            torch.testing.assert_close(got, ref[name], rtol=1e-4, atol=atol, msg=name)
+        assert got is None or torch.isfinite(got).all(), name
+    assert_matches(stats, ref, token_profiles=profiles, atol=atol, share_atol=share_atol)
 
 
 def assert_masked_frames_get_nothing(stats, bias):

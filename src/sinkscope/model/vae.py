@@ -94,6 +94,19 @@ def _residual_names(rest: str) -> str:
     return rest
 
 
+def _nested_level_key(key: str, block: str, inner: str, resampler: str, rest: str) -> str:
+    """A Wan2.2 level's key (``<inner>.<i>.<part>`` of one level, ``block`` its diffusers
+    name): the resampler's parts (``resample.``, ``time_conv.``) under ``resampler``, the
+    residual blocks' under ``resnets.<i>``."""
+    match = re.match(rf"{inner}\.(\d+)\.(.*)$", rest)
+    if match is None:
+        raise WeightsError(f"unexpected Wan2.2 VAE key {key!r}")
+    j, part = match.groups()
+    if part.startswith(("resample.", "time_conv.")):
+        return f"{block}.{resampler}.{part}"
+    return f"{block}.resnets.{j}.{_residual_names(part)}"
+
+
 def diffusers_key(key: str, *, residual: bool, num_res_blocks: int) -> str:
     """An original Wan VAE key in diffusers' ``AutoencoderKLWan`` names.
 
@@ -109,25 +122,13 @@ def diffusers_key(key: str, *, residual: bool, num_res_blocks: int) -> str:
             return new + (_residual_names(rest) if ".resnets." in new else rest)
     if match := re.match(r"encoder\.downsamples\.(\d+)\.(.*)$", key):
         index, rest = match.groups()
-        if not residual:
-            return f"encoder.down_blocks.{index}.{_residual_names(rest)}"
-        inner = re.match(r"downsamples\.(\d+)\.(.*)$", rest)
-        if inner is None:
-            raise WeightsError(f"unexpected Wan2.2 VAE key {key!r}")
-        j, part = inner.groups()
-        if part.startswith(("resample.", "time_conv.")):
-            return f"encoder.down_blocks.{index}.downsampler.{part}"
-        return f"encoder.down_blocks.{index}.resnets.{j}.{_residual_names(part)}"
+        if residual:
+            return _nested_level_key(key, f"encoder.down_blocks.{index}", "downsamples", "downsampler", rest)
+        return f"encoder.down_blocks.{index}.{_residual_names(rest)}"
     if match := re.match(r"decoder\.upsamples\.(\d+)\.(.*)$", key):
         index, rest = match.groups()
         if residual:
-            inner = re.match(r"upsamples\.(\d+)\.(.*)$", rest)
-            if inner is None:
-                raise WeightsError(f"unexpected Wan2.2 VAE key {key!r}")
-            j, part = inner.groups()
-            if part.startswith(("resample.", "time_conv.")):
-                return f"decoder.up_blocks.{index}.upsampler.{part}"
-            return f"decoder.up_blocks.{index}.resnets.{j}.{_residual_names(part)}"
+            return _nested_level_key(key, f"decoder.up_blocks.{index}", "upsamples", "upsampler", rest)
         level, position = divmod(int(index), num_res_blocks + 2)
         if position <= num_res_blocks:
             return f"decoder.up_blocks.{level}.resnets.{position}.{_residual_names(rest)}"
