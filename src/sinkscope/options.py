@@ -269,9 +269,6 @@ class KreaRecomputeProcedure(ProcedureSpec):
         blocks = len(options.block_sizes())
         return sum(len(options.block_steps(block)) for block in range(blocks)) + blocks - 1
 
-    def widest_call_frames(self, options: GenerationOptions) -> int:
-        return max(options.block_sizes())  # the context is one block too
-
     def needs_vae(self, options: GenerationOptions) -> bool:
         """The re-encode of the oldest context frame, from the third block on."""
         return options.recompute_context == "reencode" and options.num_frames > 2 * options.frames_per_block

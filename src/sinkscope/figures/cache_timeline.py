@@ -22,7 +22,7 @@ from sinkscope.figures.layout import finish, new_figure, set_frame_ticks, set_la
 from sinkscope.figures.style import option
 from sinkscope.figures.text import frames_text, subtitle
 from sinkscope.figures.views import block_call_rows, evenly, one_source, table
-from sinkscope.interventions import ATTENTION_EDITS, QuantizeCache, parse_interventions
+from sinkscope.interventions import QuantizeCache, parse_interventions
 
 # Blocks drawn at most (evenly spread, first and last kept); a long rollout's row each
 # would not fit a page.
@@ -67,7 +67,7 @@ def edited_frames(edits: Sequence[Any], cached: Sequence[int], sink: Sequence[in
     for edit in edits:
         if isinstance(edit, QuantizeCache):
             touched |= set(cached)
-        elif isinstance(edit, ATTENTION_EDITS) or hasattr(edit, "key_frames"):  # masked, biased or replaced
+        elif hasattr(edit, "key_frames"):  # masked, biased or replaced
             touched |= set(edit.key_frames.resolve(cached, sink))
     return touched
 

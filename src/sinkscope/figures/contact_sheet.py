@@ -21,9 +21,8 @@ import pandas as pd
 from sinkscope.figures.layout import finish, new_figure
 from sinkscope.figures.style import option
 from sinkscope.figures.text import runs_text
-from sinkscope.figures.views import one_checkpoint, table
+from sinkscope.figures.views import one_checkpoint, table, variants_in
 
-DEFAULT_VARIANT = "default"
 WIDTH = 18.0  # inches of frames a line holds at most
 FRAME_HEIGHT = 0.75  # inches a frame is drawn at, at least
 GAP = 2  # pixels between frames
@@ -31,9 +30,7 @@ GAP = 2  # pixels between frames
 
 def _rows(frames: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """(variant, its frames in order), the default first, the others in the table's order."""
-    variants = list(dict.fromkeys(str(v) for v in frames["variant"]))
-    variants.sort(key=lambda name: name != DEFAULT_VARIANT)
-    return [(name, frames[frames["variant"] == name].sort_values("frame")) for name in variants]
+    return [(name, frames[frames["variant"] == name].sort_values("frame")) for name in variants_in(frames)]
 
 
 def _mosaic(images: list[np.ndarray], height: int, width: int) -> np.ndarray:

@@ -151,7 +151,6 @@ def kinds(scope: str) -> tuple[str, ...]:
 
 
 SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY))
-RUN_FIGURES = kinds(RUN)
 TOKEN_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_token_profiles)
 SWITCH_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_prompt_switches)
 LABEL_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_reference_labels)

@@ -89,6 +89,17 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
+def rotate_temporal(k: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Keys [..., D] moved in time: the first P channel pairs (2i, 2i+1) rotated by ``angles``
+    [P] (float64), in float64, cast back to k's dtype, as Deep Forcing does; the other
+    channels as they are."""
+    pairs = angles.shape[0]
+    rotation = torch.polar(torch.ones_like(angles), angles)
+    head = k[..., : 2 * pairs].to(torch.float64).unflatten(-1, (pairs, 2)).contiguous()
+    turned = torch.view_as_real(torch.view_as_complex(head) * rotation).flatten(-2).to(k.dtype)
+    return turned if turned.shape[-1] == k.shape[-1] else torch.cat((turned, k[..., 2 * pairs :]), dim=-1)
+
+
 class KVCache:
     """Self-attention keys/values of every layer, their metadata, plus the cross-attention K/V."""
 
@@ -334,15 +345,13 @@ class KVCache:
         layers = self._layers(layers)
         if delta == 0 or count == 0:
             return
-        rotation = torch.polar(torch.ones_like(angles), angles)
         pairs = angles.shape[0]
         for layer in layers:
             segs = self.segments_of(layer)
             start = sum(s.length for s in segs[:first])
             stop = start + sum(s.length for s in segs[first : first + count])
             chunk = self.k[layer, :, start:stop, :, : 2 * pairs]
-            turned = torch.view_as_complex(chunk.to(torch.float64).unflatten(-1, (pairs, 2)).contiguous()) * rotation
-            chunk.copy_(torch.view_as_real(turned).flatten(-2).to(chunk.dtype))
+            chunk.copy_(rotate_temporal(chunk, angles))
         self.set_positions(first, count, None, layers, delta=delta)
 
     def relabel(self, first: int, segments: Sequence[Segment], layers: Iterable[int] | None = None) -> None:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from sinkscope.attention.edits import remember_rows
-from sinkscope.model.cache import KVCache, Segment, host_to_device
+from sinkscope.model.cache import KVCache, Segment, host_to_device, rotate_temporal
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.model.quantize import cache_format
 from sinkscope.model.wan import RotaryTables
@@ -58,24 +58,6 @@ QUANTIZE_CACHE, REPLACE_FRAMES = "quantize_cache", "replace_frames"
 _OWN_COPY_POLICIES = ("rerope_sink", "rolling_sink")
 # Mixed into the noise generator's seed, so replacement noise never equals a video's noise stream.
 _NOISE_STREAM = 35
-
-
-class FrameChoice:
-    """Which earlier frames an edit names: a list, the policy's sink frames, or every one."""
-
-    def __init__(self, selection: FrameSelection, sink_frames: Sequence[int]) -> None:
-        kind = selection.kind
-        if kind == "list":
-            self.frames: frozenset[int] | None = frozenset(int(f) for f in selection.frames)
-        elif kind == "sink":
-            self.frames = frozenset(int(f) for f in sink_frames)
-        elif kind == "cached":
-            self.frames = None  # every frame before the current block
-        else:
-            raise ValueError(f"key_frames of kind {kind!r} is not list, sink or cached")
-
-    def __contains__(self, frame: int) -> bool:
-        return self.frames is None or frame in self.frames
 
 
 class GenerationEdits:
@@ -104,13 +86,13 @@ class GenerationEdits:
         self.rope = rope
         self.raw_keys = raw_keys
         # Attention edits: (value added, [layers, heads] bool, frames); a mask adds -inf.
-        self._attention: list[tuple[float, np.ndarray, FrameChoice]] = []
+        self._attention: list[tuple[float, np.ndarray, FrameSelection]] = []
         self.cache_edits: list[Edit] = []
         for edit in self.edits:
             if edit.edit in (MASK_KEYS, LOGIT_BIAS):
                 value = -np.inf if edit.edit == MASK_KEYS else float(edit.bias)
                 if value != 0.0:  # a bias of 0.0 changes no score: it does nothing
-                    self._attention.append((value, self._head_mask(edit.heads), FrameChoice(edit.key_frames, self.sink_frames)))
+                    self._attention.append((value, self._head_mask(edit.heads), edit.key_frames))
             elif edit.edit == QUANTIZE_CACHE:
                 cache_format(edit.format)  # a ConfigError for an unknown format, before any work
                 self.cache_edits.append(edit)
@@ -122,8 +104,6 @@ class GenerationEdits:
                 self.cache_edits.append(edit)
             else:
                 raise ValueError(f"unknown edit {edit.edit!r}")
-        self._targets = [FrameChoice(e.key_frames, self.sink_frames) if e.edit == REPLACE_FRAMES else None
-                         for e in self.cache_edits]  # fmt: skip
         self._sources = {int(e.source) for e in self.cache_edits if e.edit == REPLACE_FRAMES and e.source != "noise"}
         # Layers with an edited head: every other layer's calls are untouched.
         self._bias_layers = frozenset(
@@ -203,9 +183,11 @@ class GenerationEdits:
         first_query = min(layout.query_frames)
         frames = layout.key_frames
         bias = np.zeros((self.num_heads, len(frames)), dtype=np.float32)
-        for value, heads, choice in self._attention:
+        earlier = [frame for frame in frames if frame < first_query]
+        for value, heads, selection in self._attention:
             rows = np.flatnonzero(heads[layer])
-            cols = [i for i, frame in enumerate(frames) if frame < first_query and frame in choice]
+            chosen = set(selection.resolve(earlier, self.sink_frames))
+            cols = [i for i, frame in enumerate(frames) if frame in chosen]
             if rows.size and cols:
                 bias[np.ix_(rows, cols)] += np.float32(value)
         return bias if np.any(bias != 0) else None
@@ -228,13 +210,12 @@ class GenerationEdits:
             self._snapshot(cache, source)
         for group in (frames, rewritten):
             if group:
-                for edit, targets in zip(self.cache_edits, self._targets):
+                for edit in self.cache_edits:
                     if edit.edit == QUANTIZE_CACHE:
                         cache.quantize_frames(group, edit.format, edit.tensors)
                     else:
-                        for frame in group:
-                            if frame in targets:
-                                self._replace(cache, frame, edit.source)
+                        for frame in edit.key_frames.resolve(group, self.sink_frames):
+                            self._replace(cache, frame, edit.source)
 
     def _snapshot(self, cache: KVCache, frame: int) -> None:
         per_layer, position = [], None
@@ -278,16 +259,6 @@ class GenerationEdits:
         if delta != 0 and not self.raw_keys:
             k = rotate_temporal(k, self.rope.temporal_angles(delta, k.device))
         return k, v
-
-
-def rotate_temporal(k: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Keys [B, L, H, D] moved in time: the first P channel pairs (2i, 2i+1) rotated by
-    ``angles`` [P] (float64), in float64, cast back to k's dtype (``KVCache.rotate``'s math)."""
-    pairs = angles.shape[0]
-    rotation = torch.polar(torch.ones_like(angles), angles)
-    head = k[..., : 2 * pairs].to(torch.float64).unflatten(-1, (pairs, 2)).contiguous()
-    turned = torch.view_as_real(torch.view_as_complex(head) * rotation).flatten(-2).to(k.dtype)
-    return torch.cat((turned, k[..., 2 * pairs :]), dim=-1)
 
 
 def _whole_segment(cache: KVCache, layer: int, frame: int) -> tuple[int, Segment]:

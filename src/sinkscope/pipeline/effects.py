@@ -46,6 +46,7 @@ from sinkscope.pipeline.aggregate import extraction_files
 from sinkscope.pipeline.integrity import verify_file
 from sinkscope.pipeline.jobs import provenance
 from sinkscope.pipeline.latents import LATENTS_FILE, read_latents
+from sinkscope.stats.summaries import with_run_std
 from sinkscope.tables import (
     ALL_PROMPTS,
     ALL_SEEDS,
@@ -180,20 +181,17 @@ def with_run_means(per_run: pd.DataFrame, keys: Sequence[str], stats: Sequence[s
     run-averaged row (prompt_id '*', seed -1): each stat's mean over the runs, the
     number of runs, and ``<stat>_run_std``, the sample std (ddof 1) between runs (null
     with one run). ``constant`` columns are the same in every run (taken from the first)."""
-    stds = [name + RUN_STD_SUFFIX for name in stats]
-    rows = per_run.assign(runs=1, **{name: np.nan for name in stds})
+    rows = per_run.assign(runs=1, **{name + RUN_STD_SUFFIX: np.nan for name in stats})
     if per_run.empty:
         return rows
     grouped = per_run.groupby(list(keys), observed=True, sort=True)
-    mean = grouped[list(stats)].mean()
-    spread = grouped[list(stats)].std(ddof=1).rename(columns=lambda name: name + RUN_STD_SUFFIX)
-    runs = grouped.size().rename("runs")  # one row per run and key
-    averaged = mean.join(spread).join(runs)
-    averaged.loc[averaged["runs"] < 2, stds] = np.nan
+    averaged = grouped[list(stats)].mean().join(grouped.size().rename("runs"))  # one row per run and key
     if constant:
         averaged = averaged.join(grouped[list(constant)].first())
     averaged = averaged.reset_index().assign(prompt_id=ALL_PROMPTS, seed=ALL_SEEDS)
-    return pd.concat([rows, averaged[rows.columns]], ignore_index=True)
+    # The spread between runs as every other table has it (summaries.with_run_std).
+    table = pd.concat([rows, averaged.reindex(columns=rows.columns)], ignore_index=True)
+    return with_run_std(table, keys, stats)
 
 
 # -- the job -------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ in, the job checks its rows against what the generation must produce, and any fa
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ from sinkscope.interventions import class_selections, read_head_classes, with_he
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.integrity import check_layer_rows
 from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
-from sinkscope.pipeline.latents import write_latents
+from sinkscope.pipeline.latents import latents_sha256, write_latents
 from sinkscope.stats.rollout import block_similarity
 
 if TYPE_CHECKING:
@@ -168,9 +167,11 @@ def extract_job(
             result = generate(model, schedule, options=options, seed=seed, observers=[recorder], vae=vae)
         timings["generation_seconds"] = result.seconds
 
-        latents_sha = hashlib.sha256(result.latents.float().cpu().numpy().tobytes()).hexdigest()
-        # The final latents beside the rows (pairing runs, decoding the video): the same bytes.
-        latents_file = write_latents(built, result.latents[0].float().cpu().numpy())
+        # The final latents [C, F, H, W] on the host once: their digest goes into every row, the
+        # file beside the rows (pairing runs, decoding the video) holds the same bytes.
+        latents = result.latents[0].float().cpu().numpy()
+        latents_sha = latents_sha256(latents)
+        latents_file = write_latents(built, latents)
         prompt: str | list[dict[str, Any]] = texts[0]
         if switches:
             prompt = [{"text": text, "start_frame": start} for text, start in zip(texts, starts)]
@@ -207,8 +208,7 @@ def extract_job(
         timings["write_seconds"] = time.perf_counter() - began - writer.drain_seconds
         timings.update(writer.timings)
         # Per block, how like the sink frames and the previous block the video is (sink collapse).
-        rollout = block_similarity(result.latents[0].float().cpu().numpy(), options.block_sizes(), options.sink_frames,
-                                   config.head_dim)  # fmt: skip
+        rollout = block_similarity(latents, options.block_sizes(), options.sink_frames, config.head_dim)
         write_manifest(built, [*written, latents_file], {"layers": [int(x) for x in layers], "rows": counts, "num_calls": num_calls,
                                       "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
                                       "generation": options.to_dict(), "rollout": rollout,

@@ -22,7 +22,7 @@ from typing import IO
 
 from sinkscope.errors import ConfigError
 from sinkscope.model.config import WanConfig
-from sinkscope.options import GenerationOptions
+from sinkscope.options import GenerationOptions, procedure_spec
 
 GIB = 2**30
 # Where extraction jobs on one machine take their GPU (see acquire_gpu).
@@ -194,10 +194,11 @@ AUTO_MEMORY_SHARE = 0.9
 
 
 def vae_reencode_bytes(config: WanConfig, options: GenerationOptions) -> int:
-    """Device bytes of Krea's re-encode (``krea_recompute`` with ``recompute_context:
-    reencode``): the VAE, the longest decoded prefix (every latent up to the third-to-last,
-    float32 video) and the decoder's working set; 0 for every other procedure."""
-    if options.procedure != "krea_recompute" or options.recompute_context != "reencode":
+    """Device bytes of Krea's re-encode (where the procedure runs the VAE: ``krea_recompute``
+    with ``recompute_context: reencode`` past two blocks): the VAE, the longest decoded prefix
+    (every latent up to the third-to-last, float32 video) and the decoder's working set; 0
+    for every other run."""
+    if not procedure_spec(options.procedure).needs_vae(options):
         return 0
     height = (options.latent_height or config.latent_height) * 8
     width = (options.latent_width or config.latent_width) * 8
