@@ -196,6 +196,20 @@ def test_edits_under_a_procedure_that_cannot_run_them_are_refused():
     assert "config key variants.rf.interventions: procedure 'rolling_forcing' cannot apply edits" in text, text
 
 
+@pytest.mark.parametrize("policy", ["rerope_sink", "rolling_sink"])
+def test_cache_edits_under_a_policy_that_rebuilds_its_keys_are_refused_at_the_check(policy):
+    """Those policies rebuild stored keys from an un-roped copy of their own: a cache edit
+    would not reach them. Refused before any job, naming the variant and the edit."""
+    variant = {"cache_policy": policy, "local_attn_frames": 9, "sink_frames": 3,
+               "interventions": [{"edit": "quantize_cache", "format": "int8"}]}  # fmt: skip
+    text = _refusal({"q": variant})
+    assert (f"config key variants.q.interventions[0]: cache_policy '{policy}' re-ropes keys from its own un-roped "
+            "copy, which quantize_cache does not reach") in text, text
+    # An attention edit is fine there.
+    variant["interventions"] = [{"edit": "mask_keys", "heads": "all", "key_frames": [0]}]
+    load_study({"variants": {"m": variant}})
+
+
 @pytest.mark.parametrize("where, config", [
     ("generation.interventions", {"generation": {"num_frames": 9, "interventions": [{"edit": "quantize_cache", "format": "int8"}]}}),
     ("checkpoints.demo.generation.interventions",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sinkscope.errors import ConfigError
-from sinkscope.interventions import Edit, FrameSelection, ReplaceFrames, parse_interventions
+from sinkscope.interventions import CACHE_EDITS, Edit, FrameSelection, ReplaceFrames, parse_interventions
 
 GLOBAL, WINDOW, SINK, DEEP_SINK, PARTICIPATIVE, REROPE_SINK = (
     "global",
@@ -77,6 +77,9 @@ class PolicySpec:
     recaches: bool = False
     # Rolling Forcing: the cache holds the anchor beside the attention span (21 + 3 = 24 frames).
     holds_anchor_beyond_window: bool = False
+    # It rebuilds stored keys from an un-roped copy of its own (the re-roped anchor, Rolling
+    # Sink's re-inserted first window), which the cache edits do not reach.
+    rebuilds_keys: bool = False
     # The generation procedure whose calls the policy expects.
     procedure: str = SELF_FORCING_PROCEDURE
 
@@ -113,11 +116,11 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
         PolicySpec(PARTICIPATIVE, _defaults(21, 10, 16, 4), POLICY_KEYS, "Deep Forcing, Deep Sink + Participative Compression",
                    holds_block_beyond_window=True),  # fmt: skip
         PolicySpec(REROPE_SINK, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Forcing's anchor (un-roped, re-roped)",
-                   needs_sink=True),  # fmt: skip
+                   needs_sink=True, rebuilds_keys=True),  # fmt: skip
         # sink_frames: the re-inserted segment (Rolling Sink has no fixed sink: its
         # reference runs a plain 21-frame FIFO window with sink_size 0).
         PolicySpec(ROLLING_SINK, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Sink: first-window segments re-inserted",
-                   needs_sink=True, keeps_first_window=True),  # fmt: skip
+                   needs_sink=True, keeps_first_window=True, rebuilds_keys=True),  # fmt: skip
         PolicySpec(RELATIVE_ROPE, _defaults(6, 1), _WINDOW_AND_SINK, "Infinity-RoPE: block-relativistic RoPE", needs_sink=True),
         PolicySpec(EMA_SINK, _defaults(9, 3), _WINDOW_AND_SINK, "Reward Forcing: evicted frames blended into the sink",
                    needs_sink=True),  # fmt: skip
@@ -648,6 +651,9 @@ class GenerationOptions:
         last_start = self.block_starts()[-1]
         for index, edit in enumerate(self.interventions):
             where = f"config key generation.interventions[{index}]"
+            if isinstance(edit, CACHE_EDITS) and policy_spec(self.cache_policy).rebuilds_keys:
+                raise OptionsError(f"{where}: cache_policy {self.cache_policy!r} re-ropes keys from its own un-roped copy, "
+                                   f"which {edit.edit} does not reach")  # fmt: skip
             frames = getattr(edit, "key_frames", FrameSelection("cached"))
             if frames.kind == "list":
                 past = [frame for frame in frames.frames if frame >= self.num_frames]

@@ -46,6 +46,7 @@ from sinkscope.model.cache import KVCache, Segment, host_to_device, rotate_tempo
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.model.quantize import cache_format
 from sinkscope.model.wan import RotaryTables
+from sinkscope.options import policy_spec
 
 if TYPE_CHECKING:
     from sinkscope.interventions import Edit, FrameSelection, HeadSelection
@@ -53,9 +54,6 @@ if TYPE_CHECKING:
 
 MASK_KEYS, LOGIT_BIAS = "mask_keys", "logit_bias"
 QUANTIZE_CACHE, REPLACE_FRAMES = "quantize_cache", "replace_frames"
-# Policies that rebuild stored keys from an un-roped copy of their own (the re-roped anchor,
-# Rolling Sink's re-inserted first window): a cache edit would not reach those keys.
-_OWN_COPY_POLICIES = ("rerope_sink", "rolling_sink")
 # Mixed into the noise generator's seed, so replacement noise never equals a video's noise stream.
 _NOISE_STREAM = 35
 
@@ -116,7 +114,7 @@ class GenerationEdits:
         """The edits of a generation under ``policy`` (its model's sizes, sink frames and RoPE)."""
         edits = tuple(edits)
         cache = policy.cache
-        if policy.name in _OWN_COPY_POLICIES and any(e.edit in (QUANTIZE_CACHE, REPLACE_FRAMES) for e in edits):
+        if policy_spec(policy.name).rebuilds_keys and any(e.edit in (QUANTIZE_CACHE, REPLACE_FRAMES) for e in edits):
             raise ValueError(f"cache_policy {policy.name!r} re-ropes keys from its own un-roped copy, "
                              "which quantize_cache and replace_frames do not reach")  # fmt: skip
         sinks = int(getattr(policy, "sink_frames", 0) or 0)

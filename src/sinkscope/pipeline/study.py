@@ -147,6 +147,8 @@ class Study:
     # The device extraction jobs compute on ('cpu', 'cuda', 'cuda:N'), as check_machine resolved it.
     device: str = "cpu"
     checkpoints: dict[str, ResolvedCheckpoint] = field(default=None)  # type: ignore[assignment]
+    # Path -> digest (files_sha256): a VAE's once per workflow parse, not once per job.
+    _digests: dict[Path, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.checkpoints is None:
@@ -299,9 +301,11 @@ class Study:
 
     def files_sha256(self, path: Path) -> str:
         """The digest of a file, or of every file in a folder (a diffusers ``vae/``), cached as
-        the weights' are."""
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        return files_digest(files, cache=Path(self.base_dir) / DIGEST_CACHE)
+        the weights' are, and kept for this study's life."""
+        if path not in self._digests:
+            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+            self._digests[path] = files_digest(files, cache=Path(self.base_dir) / DIGEST_CACHE)
+        return self._digests[path]
 
     def generation_vae_sha256(self, source: str) -> str:
         """The digest of the Wan VAE of a source whose generation runs it (Krea's re-encode of a
