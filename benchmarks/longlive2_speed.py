@@ -46,6 +46,8 @@ from timing import captured_generation  # noqa: E402
 
 GiB = 2**30
 STEPS = [999, 937, 833, 624]
+# The rows: uncaptured (every --frames), then at the longest: 1 layer, all layers exact, all layers fused.
+CAPTURES = ("none", "layer", "exact", "fused")
 QUICK = WanConfig(dim=64, ffn_dim=96, num_heads=2, num_layers=2, in_dim=48, out_dim=48, text_dim=16, text_len=8,
                   freq_dim=16, latent_height=4, latent_width=6)  # fmt: skip
 
@@ -95,7 +97,12 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2, help="timed generations per variant (after one warm-up)")
     parser.add_argument("--no-compile", action="store_true", help="run the blocks eagerly")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run on a tiny model of the 5B's kind")
+    parser.add_argument("--captures", default=",".join(CAPTURES),
+                        help=f"which rows, comma-separated, of: {', '.join(CAPTURES)} (default: all)")
     args = parser.parse_args()
+    captures = args.captures.split(",")
+    if unknown := sorted(set(captures) - set(CAPTURES)):
+        parser.error(f"--captures: unknown {', '.join(unknown)}; known: {', '.join(CAPTURES)}")
 
     frames = [int(f) for f in args.frames.split(",")]
     if args.quick:
@@ -122,11 +129,13 @@ def main() -> int:
         began = time.perf_counter()
         model.compile_blocks(dynamic=False)
         results["compile_setup_seconds"] = time.perf_counter() - began
-    variants = [(f"{n} frames, no capture", n, [], False) for n in frames]
+    variants = [(f"{n} frames, no capture", n, [], False) for n in frames if "none" in captures]
     longest, every = max(frames), list(range(config.num_layers))
-    variants += [(f"{longest} frames, 1 layer captured", longest, captured_layers, False),
-                 (f"{longest} frames, all {config.num_layers} layers captured", longest, every, False),
-                 (f"{longest} frames, all {config.num_layers} layers captured, fused", longest, every, True)]  # fmt: skip
+    variants += [row for capture, row in (
+        ("layer", (f"{longest} frames, 1 layer captured", longest, captured_layers, False)),
+        ("exact", (f"{longest} frames, all {config.num_layers} layers captured", longest, every, False)),
+        ("fused", (f"{longest} frames, all {config.num_layers} layers captured, fused", longest, every, True)),
+    ) if capture in captures]  # fmt: skip
     for label, n, layers, fused in variants:
         try:
             results[label] = time_generation(model, context, options_for(n, chunk, window, sink), layers, args.reps,
