@@ -13,6 +13,7 @@ cache with an 8-frame sink), the blocks compiled as an extraction job compiles t
   (``FrameStatsCapture``, rows collected as ``gpu_benchmark`` does): the same, and the
   overhead against uncaptured.
 
+``--captures`` picks rows (``none``, ``layer``, ``exact``, ``fused``; default all).
 Medians over ``--reps`` generations after one warm-up. The text encoder and the VAE are not
 run (as the fact sheet's measurement of LongLive's own pipeline). Writes ``results.json``
 to ``--out`` (default $OUT or ./benchmark-out) and prints it.
