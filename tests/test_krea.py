@@ -77,6 +77,20 @@ class FakeVAE:
                 frames.append(self._pixels(latents[:, :, f]) * (j + 1) / 4 + self._pixels(latents[:, :, f - 1]) * 0.1)
         return torch.stack(frames, dim=2)
 
+    def pixel_stream(self):
+        """The same frames for latents pushed in pieces: the whole prefix kept, its new frames returned."""
+        vae = self
+
+        class Stream:
+            seen: torch.Tensor | None = None
+
+            def push(self, latents: torch.Tensor) -> torch.Tensor:
+                done = 0 if self.seen is None else 1 + 4 * (self.seen.shape[2] - 1)
+                self.seen = latents if self.seen is None else torch.cat([self.seen, latents], dim=2)
+                return vae.decode_pixels(self.seen)[:, :, done:]
+
+        return Stream()
+
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         assert video.shape[2] == 1  # one frame alone: one latent
         pooled = torch.nn.functional.avg_pool2d(video[:, :, 0], 8)
@@ -218,6 +232,30 @@ def test_every_call_matches_the_plain_procedure(vae):
             torch.testing.assert_close(k, forward[layer][1], rtol=0, atol=1e-10)  # the six frames the block sees
             torch.testing.assert_close(q, forward[layer][0][:, -BLOCK * FSL :], rtol=0, atol=1e-10)
     assert plain == len(plain_calls)
+
+
+def test_the_reencode_decodes_each_latent_once():
+    """15 frames = 5 blocks, three re-encodes: the streaming decode (each block's new latents
+    pushed once) gives the plain procedure's latents, which decode the whole prefix every block."""
+    model, context = tiny_model(), text()
+    codec = FakeVAE(KREA_TINY.in_dim)
+    pushed = []
+    stream = codec.pixel_stream
+    codec.pixel_stream = lambda: _Recording(stream(), pushed)
+    opts = options(15, recompute_context="reencode")
+    expected, _ = plain_krea(model, context, opts, seed=2, vae=codec)
+    result = generate(model, context, options=opts, seed=2, vae=codec)
+    torch.testing.assert_close(result.latents, expected, rtol=0, atol=1e-10)
+    assert pushed == [4, 3, 3]  # latents 0-3, 4-6, 7-9: E of latents 3, 6 and 9
+
+
+class _Recording:
+    def __init__(self, stream, pushed: list) -> None:
+        self.stream, self.pushed = stream, pushed
+
+    def push(self, latents):
+        self.pushed.append(latents.shape[2])
+        return self.stream.push(latents)
 
 
 def test_reencode_needs_the_vae():

@@ -185,7 +185,8 @@ def test_a_foreign_pth_is_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize("kind", ["wan2.1", "wan2.2"])
 def test_chunked_decode_equals_one_whole_decode(written, kind):
     """Latent frame 0 alone, then 1, 2 or 3 latent frames a call: diffusers' whole decode
-    (bit for bit at one a call, its own loop; to float rounding otherwise)."""
+    (bit for bit at one a call, its own loop; to float rounding otherwise); a pixel stream fed
+    the latents in pieces: to float rounding."""
     vae = load_vae(written[kind]["pth"])
     latents = torch.randn(1, vae.z_dim, 4, 2, 2, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -194,6 +195,11 @@ def test_chunked_decode_equals_one_whole_decode(written, kind):
     assert torch.equal(vae.decode_pixels(latents, frames_per_call=1), whole)
     for per_call in (2, 3):
         torch.testing.assert_close(vae.decode_pixels(latents, frames_per_call=per_call), whole, rtol=0, atol=5e-5)
+    stream = vae.pixel_stream()  # the latents in pieces of 1, 2 and 1, as Krea's re-encode pushes them
+    pieces = [stream.push(latents[:, :, a:b]) for a, b in ((0, 1), (1, 3), (3, 4))]
+    assert [piece.shape[2] for piece in pieces] == [1, 8, 4] and stream.latent_frames == 4
+    # Within float rounding: the 1x1x1 post-quant convolution rounds a piece unlike the whole video.
+    torch.testing.assert_close(torch.cat(pieces, dim=2), whole, rtol=0, atol=5e-5)
     frames = vae.decode(latents[0], frames_per_call=2)  # [C, F, H, W], as the extraction keeps them
     assert frames.dtype == torch.uint8 and frames.shape == (13, 2 * vae.spatial_stride, 2 * vae.spatial_stride, 3)
     expected = ((whole[0].permute(1, 2, 3, 0) + 1) * 127.5).round()

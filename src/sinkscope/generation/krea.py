@@ -57,11 +57,17 @@ from sinkscope.model.policies import KreaRecomputePolicy, policy_from_options
 from sinkscope.model.vae import TEMPORAL_STRIDE, WanVAE, load_vae
 from sinkscope.options import KREA_RECOMPUTE, GenerationOptions, OptionsError, procedure_spec
 
+class PixelDecoder(Protocol):
+    """One video's decode, fed its latents in order (``sinkscope.model.vae.PixelStream``)."""
+
+    def push(self, latents: torch.Tensor) -> torch.Tensor: ...
+
+
 class LatentCodec(Protocol):
     """The VAE path the re-encode needs (``sinkscope.model.vae.WanVAE``): latents in the
     model's (normalized) space [1, C, F, h, w] <-> video [1, 3, T, H, W] in [-1, 1]."""
 
-    def decode_pixels(self, latents: torch.Tensor) -> torch.Tensor: ...
+    def pixel_stream(self) -> PixelDecoder: ...
 
     def encode(self, frames: torch.Tensor) -> torch.Tensor: ...
 
@@ -91,16 +97,28 @@ def krea_denoising_steps(num_steps: int, strength: float = 1.0) -> list[int]:
     return [int(v) for v in values.long()]
 
 
-def reencoded_frame(vae: LatentCodec, latents: torch.Tensor) -> torch.Tensor:
-    """E: the last decoded video frame of ``latents`` [1, C, F, h, w] (every latent up to the
-    frame it stands for; Wan's VAE is causal, so this equals Krea's streaming decode),
-    encoded alone: one latent frame [1, C, 1, h, w] in ``latents``' dtype and device."""
-    video = vae.decode_pixels(latents)
-    expected = 1 + TEMPORAL_STRIDE * (latents.shape[2] - 1)  # Wan's VAE: frame 0 alone, then 4 a latent
-    if video.shape[2] != expected:
-        raise ValueError(f"the VAE decoded {latents.shape[2]} latent frames to {video.shape[2]} video frames, not {expected}")
-    encoded = vae.encode(video[:, :, -1:])
-    return encoded.to(latents.device, latents.dtype)
+class FrameReencoder:
+    """E, block after block: the last video frame of latent ``n`` (decoded from every latent
+    up to it; Wan's VAE is causal, so this equals Krea's streaming decode), encoded alone.
+    The latents are decoded once each, through one :class:`PixelDecoder`, as ``n`` grows."""
+
+    def __init__(self, vae: LatentCodec) -> None:
+        self.vae = vae
+        self.stream = vae.pixel_stream()
+        self.decoded = 0  # latent frames pushed
+
+    def encode_frame(self, latents: torch.Tensor, n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """E of latent ``n`` given the video's latents so far [1, C, >n, h, w] (on the host): one
+        latent frame [1, C, 1, h, w] in ``dtype`` on ``device``."""
+        if n < self.decoded:
+            raise ValueError(f"latent {n} was decoded already (the re-encode moves forward: next is {self.decoded})")
+        new = latents[:, :, self.decoded : n + 1]
+        video = self.stream.push(latents_to_device(new[0].transpose(0, 1), device, dtype))
+        expected = TEMPORAL_STRIDE * new.shape[2] - (TEMPORAL_STRIDE - 1 if self.decoded == 0 else 0)  # frame 0 decodes alone
+        if video.shape[2] != expected:
+            raise ValueError(f"the VAE decoded {new.shape[2]} latent frames to {video.shape[2]} video frames, not {expected}")
+        self.decoded = n + 1
+        return self.vae.encode(video[:, :, -1:]).to(device, dtype)
 
 
 @register_procedure(KREA_RECOMPUTE)
@@ -135,6 +153,7 @@ def generate_krea(
             "config key generation.recompute_context: 'reencode' needs the Wan VAE (Wan2.1_VAE.pth in the checkpoint's "
             "base folder); set recompute_context: latent to keep the latent instead"
         )
+    reencoder = FrameReencoder(vae) if reencode and vae is not None else None
     renoise = sum(frames * (len(steps) - 1) for frames, steps in zip(blocks, block_timesteps))
     noise = NoiseStream(seed, options.num_frames, (model.config.in_dim, height, width), renoise)
     policy = policy_from_options(model, options, frame_seq_length=frame_seq_length, seed=seed)
@@ -157,8 +176,7 @@ def generate_krea(
             kept = previous[:, :, -count:]
             if reencode and first > 0:
                 synchronize(device)  # the host copies of the finished blocks are complete
-                upto = torch.cat(outputs, dim=2)[:, :, : first + 1]
-                encoded = reencoded_frame(vae, latents_to_device(upto[0].transpose(0, 1), device, dtype))
+                encoded = reencoder.encode_frame(torch.cat(outputs, dim=2), first, device, dtype)
                 kept = torch.cat([encoded, kept[:, :, 1:]], dim=2)
             # 2.-3. The cache cleared and rebuilt: the recompute pass at t = 0, roped from frame 0.
             log.announce(CallInfo(block, PASS_RECOMPUTE, 0, context_t, first, count, last))

@@ -333,24 +333,11 @@ class WanVAE:
         """Normalized latents [1, C, F, H, W] (or [C, F, H, W]) -> the video [1, 3, T, H', W']
         in [-1, 1] (or uint8 [T, H', W', 3] on the host with ``to_uint8``); latent frame 0
         alone, then ``frames_per_call`` latent frames a call."""
-        import torch
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, unpatchify
+        return self.pixel_stream().push(latents, frames_per_call=frames_per_call, to_uint8=to_uint8)
 
-        module = self.module
-        z = self._latents(latents) * self.latents_std + self.latents_mean
-        count = latents.shape[-3]
-        spans = [(0, 1)] + [(a, min(a + max(1, frames_per_call), count)) for a in range(1, count, max(1, frames_per_call))]
-        cache: list[Any] = [None] * sum(isinstance(m, WanCausalConv3d) for m in module.decoder.modules())
-        parts = []
-        with torch.inference_mode():
-            x = module.post_quant_conv(z.to(self.dtype))
-            for start, stop in spans:
-                out = module.decoder(x[:, :, start:stop], feat_cache=cache, feat_idx=[0], first_chunk=start == 0)
-                if self.patch_size is not None:
-                    out = unpatchify(out, patch_size=self.patch_size)
-                out = out.clamp(-1.0, 1.0)
-                parts.append(_uint8_frames(out) if to_uint8 else out)
-        return torch.cat(parts, dim=0 if to_uint8 else 2)
+    def pixel_stream(self) -> PixelStream:
+        """A decode of one video whose latents arrive in pieces (:class:`PixelStream`)."""
+        return PixelStream(self)
 
     def decode(self, latents: torch.Tensor | np.ndarray, *, frames_per_call: int | None = None,
                memory_budget: int | None = None) -> torch.Tensor:  # fmt: skip
@@ -389,6 +376,47 @@ class WanVAE:
             out = torch.cat([module.encoder(x[:, :, a:b], feat_cache=cache, feat_idx=[0]) for a, b in spans], dim=2)
             mu = module.quant_conv(out)[:, : self.z_dim].float()
         return (mu - self.latents_mean) / self.latents_std
+
+
+class PixelStream:
+    """One video decoded as its latents arrive: each :meth:`push` decodes the next latent
+    frames with the decoder's causal-convolution cache of the earlier ones, so every latent
+    is decoded once and the pieces' frames are those of one decode of the whole video
+    (latent frame 0 alone, then ``frames_per_call`` a call, as :meth:`WanVAE.decode_pixels`).
+    Krea's re-encode needs the last frame of a growing prefix at every block: decoding the
+    prefix again each time would cost the square of the video's length."""
+
+    def __init__(self, vae: WanVAE) -> None:
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+        self.vae = vae
+        self.latent_frames = 0  # pushed so far
+        self._cache: list[Any] = [None] * sum(isinstance(m, WanCausalConv3d) for m in vae.module.decoder.modules())
+
+    def push(self, latents: torch.Tensor | np.ndarray, *, frames_per_call: int = 1, to_uint8: bool = False) -> torch.Tensor:
+        """The next normalized latents [1, C, F, H, W] (or [C, F, H, W]) -> their video frames
+        [1, 3, T, H', W'] in [-1, 1] (or uint8 [T, H', W', 3] on the host): T = 4 F, plus 1
+        more for the video's first latent frame."""
+        import torch
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        vae, module = self.vae, self.vae.module
+        z = vae._latents(latents) * vae.latents_std + vae.latents_mean
+        count, step = z.shape[-3], max(1, frames_per_call)
+        begin = 1 if self.latent_frames == 0 and count else 0
+        spans = [(0, 1)] * begin + [(a, min(a + step, count)) for a in range(begin, count, step)]
+        parts = []
+        with torch.inference_mode():
+            x = module.post_quant_conv(z.to(vae.dtype))
+            for start, stop in spans:
+                first = self.latent_frames == 0
+                out = module.decoder(x[:, :, start:stop], feat_cache=self._cache, feat_idx=[0], first_chunk=first)
+                self.latent_frames += stop - start
+                if vae.patch_size is not None:
+                    out = unpatchify(out, patch_size=vae.patch_size)
+                out = out.clamp(-1.0, 1.0)
+                parts.append(_uint8_frames(out) if to_uint8 else out)
+        return torch.cat(parts, dim=0 if to_uint8 else 2)
 
 
 def _uint8_frames(video: torch.Tensor) -> torch.Tensor:
