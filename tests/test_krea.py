@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -260,7 +261,7 @@ class _Recording:
 
 def test_reencode_needs_the_vae():
     model, context = tiny_model(), text()
-    with pytest.raises(OptionsError, match="generation.recompute_context: 'reencode' needs the Wan VAE"):
+    with pytest.raises(OptionsError, match="generation.recompute_context: 'reencode' needs the Wan VAE \\(none was passed as vae\\)"):
         generate(model, context, options=options(recompute_context="reencode"), seed=0)
     # Two blocks never re-encode (block 1's context is z0, z1, z2): no VAE needed.
     assert generate(model, context, options=options(6, recompute_context="reencode"), seed=0).latents.shape[2] == 6
@@ -390,6 +391,9 @@ def test_memory_plan_of_the_14b_on_an_80_gb_gpu():
     assert one.kv_cache == 40 * 2 * (9360 + 512) * 5120 * 2  # 6 frames of 1560 tokens and the text, K and V
     assert one.activations == 3 * 1560 * (12 * 5120 + 2 * 13824) * 4  # the widest call: one block
     assert one.vae > 0 and estimate_job_memory(config, options(27), "bfloat16", captured_layers=1).vae == 0
+    # The re-encode's streaming decode holds one piece (13 video frames), however long the video.
+    longer = GenerationOptions.from_config({"procedure": "krea_recompute", "num_frames": 120, "denoising_steps": STEPS})
+    assert estimate_job_memory(config, longer, "bfloat16", captured_layers=1).vae == one.vae
     # An H100's 80 GB holds every layer's capture: auto captures all 40 in one job.
     assert auto_layers_per_job(config, opts, "bfloat16", layers=40, memory_bytes=80 * 10**9) == 40
     # Where only some fit, auto takes the most that fit; unknown memory: all.
@@ -445,6 +449,12 @@ def test_check_refuses_reencode_without_a_vae(tmp_path):
               "generation": {"procedure": "krea_recompute", "num_frames": 9, "denoising_steps": STEPS}}  # fmt: skip
     with pytest.raises(ConfigError, match=r"config key generation.recompute_context: 'reencode' needs checkpoint 'krea'"):
         checked_config(config, tmp_path)
+    # The job's own loader says the same, naming where it looked.
+    from sinkscope.generation.krea import load_reencode_vae
+
+    resolved = resolve_checkpoint(CheckpointSpec("krea", weights=str(weights), base=str(base)), tmp_path)
+    with pytest.raises(OptionsError, match=rf"'reencode' needs checkpoint 'krea''s Wan VAE \(looked at {re.escape(str(base))}"):
+        load_reencode_vae(resolved, options(9, recompute_context="reencode"), torch.device("cpu"))
     checked_config({**config, "generation": {**config["generation"], "num_frames": 6}}, tmp_path)  # two blocks: no re-encode
     (base / "Wan2.1_VAE.pth").touch()
     checked_config(config, tmp_path)  # found (its weights are read by the job)

@@ -331,6 +331,13 @@ def procedure_spec(name: str) -> ProcedureSpec:
         raise OptionsError(f"config key generation.procedure: {name!r} is not one of {', '.join(PROCEDURES)}") from None
 
 
+def missing_reencode_vae(where: str, whose: str, looked: str) -> str:
+    """The one line for a run whose procedure re-encodes frames (``ProcedureSpec.needs_vae``)
+    where there is no Wan VAE: at the check, in the job, and for a direct call without one."""
+    return (f"config key {where}: 'reencode' needs {whose} Wan VAE ({looked}); set recompute_context: latent to keep "
+            "the latent instead")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GenerationOptions:
     """How a video is generated; field names are the config's ``generation:`` keys.

@@ -55,7 +55,7 @@ from sinkscope.model import WanModel
 from sinkscope.model.checkpoints import ResolvedCheckpoint, find_vae, vae_candidates
 from sinkscope.model.policies import KreaRecomputePolicy, policy_from_options
 from sinkscope.model.vae import TEMPORAL_STRIDE, WanVAE, load_vae
-from sinkscope.options import KREA_RECOMPUTE, GenerationOptions, OptionsError, procedure_spec
+from sinkscope.options import KREA_RECOMPUTE, GenerationOptions, OptionsError, missing_reencode_vae, procedure_spec
 
 class PixelDecoder(Protocol):
     """One video's decode, fed its latents in order (``sinkscope.model.vae.PixelStream``)."""
@@ -81,8 +81,8 @@ def load_reencode_vae(checkpoint: ResolvedCheckpoint, options: GenerationOptions
     path = find_vae(checkpoint)
     if path is None:
         looked = ", ".join(str(p) for p in vae_candidates(checkpoint)) or "no release folder (set base)"
-        raise OptionsError(f"config key checkpoints.{checkpoint.name}: generation.recompute_context 'reencode' needs the "
-                           f"Wan VAE (looked at {looked}); set recompute_context: latent to keep the latent instead")  # fmt: skip
+        raise OptionsError(missing_reencode_vae("generation.recompute_context", f"checkpoint {checkpoint.name!r}'s",
+                                                f"looked at {looked}"))  # fmt: skip
     return load_vae(path, device=str(device), dtype="float32")
 
 
@@ -149,10 +149,7 @@ def generate_krea(
     context_frames = options.local_attn_frames - options.frames_per_block
     reencode = options.recompute_context == "reencode"
     if vae is None and procedure_spec(options.procedure).needs_vae(options):
-        raise OptionsError(
-            "config key generation.recompute_context: 'reencode' needs the Wan VAE (Wan2.1_VAE.pth in the checkpoint's "
-            "base folder); set recompute_context: latent to keep the latent instead"
-        )
+        raise OptionsError(missing_reencode_vae("generation.recompute_context", "the", "none was passed as vae"))
     reencoder = FrameReencoder(vae) if reencode and vae is not None else None
     renoise = sum(frames * (len(steps) - 1) for frames, steps in zip(blocks, block_timesteps))
     noise = NoiseStream(seed, options.num_frames, (model.config.in_dim, height, width), renoise)

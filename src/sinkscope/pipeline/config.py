@@ -32,6 +32,7 @@ from sinkscope.options import (
     POLICY_KEYS,
     GenerationOptions,
     OptionsError,
+    missing_reencode_vae,
     procedure_spec,
 )
 from sinkscope.prompt_schedules import prompt_segments, schedule_problems, switch_frames
@@ -475,9 +476,8 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
             except ValueError as exc:
                 problems.append(f"config key {where}.latent_height/latent_width: {exc}")
             if procedure_spec(option.procedure).needs_vae(option) and find_vae(checkpoint) is None:
-                problems.append(f"config key {_where(config, name, variant, 'recompute_context')}: 'reencode' needs "
-                                f"checkpoint {name!r}'s Wan VAE (Wan2.1_VAE.pth or vae/ in its base folder); set "
-                                "recompute_context: latent to keep the latent instead")  # fmt: skip
+                problems.append(missing_reencode_vae(_where(config, name, variant, "recompute_context"),
+                                                     f"checkpoint {name!r}'s", "Wan2.1_VAE.pth or vae/ in its base folder"))  # fmt: skip
         for key, chosen in (("layers", config["layers"]), ("figures.highlight_layers", config["figures"]["highlight_layers"])):
             bad_layers = [layer for layer in chosen or [] if layer >= model_config.num_layers]
             if bad_layers:

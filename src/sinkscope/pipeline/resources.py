@@ -195,15 +195,17 @@ AUTO_MEMORY_SHARE = 0.9
 
 def vae_reencode_bytes(config: WanConfig, options: GenerationOptions) -> int:
     """Device bytes of Krea's re-encode (where the procedure runs the VAE: ``krea_recompute``
-    with ``recompute_context: reencode`` past two blocks): the VAE, the longest decoded prefix
-    (every latent up to the third-to-last, float32 video) and the decoder's working set; 0
-    for every other run."""
+    with ``recompute_context: reencode`` past two blocks): the VAE, the largest piece its
+    streaming decode returns at once (float32 video: the first push, every latent up to the
+    first re-encoded one; then a block's latents) and the decoder's working set; 0 for every
+    other run."""
     if not procedure_spec(options.procedure).needs_vae(options):
         return 0
     height = (options.latent_height or config.latent_height) * 8
     width = (options.latent_width or config.latent_width) * 8
-    latents = max(1, options.num_frames - 2 * options.frames_per_block)
-    video = 3 * (1 + 4 * (latents - 1)) * height * width * 4
+    blocks, context = options.frames_per_block, options.local_attn_frames - options.frames_per_block
+    first_push = min(2 * blocks - context + 1, options.num_frames)  # latents 0 .. the block-2 context's oldest
+    video = 3 * (1 + 4 * max(first_push - 1, blocks)) * height * width * 4
     return WAN_VAE_PARAMETERS * 4 + video + VAE_DECODE_VALUES_PER_PIXEL * height * width * 4
 
 
