@@ -259,6 +259,29 @@ class _Recording:
         return self.stream.push(latents)
 
 
+def test_cache_edits_reach_the_recomputed_context_once_a_block(monkeypatch):
+    """quantize_cache under Krea's procedure: at every block after the first, the context frames
+    the recompute call just wrote (not the finished block's slots of an older cache) are
+    quantized once; block 0 is the untouched video's."""
+    from sinkscope.model.edits import GenerationEdits
+
+    edited = []
+    real = GenerationEdits.edit_cache
+
+    def spy(self, cache, frames):
+        edited.append(tuple(frames))
+        return real(self, cache, frames)
+
+    monkeypatch.setattr(GenerationEdits, "edit_cache", spy)
+    model, context = tiny_model(), text()
+    plain = generate(model, context, options=options(12), seed=1)
+    quantized = generate(model, context, options=options(12, interventions=[{"edit": "quantize_cache", "format": "int4",
+                                                                              "tensors": "both"}]), seed=1)  # fmt: skip
+    assert edited == [(0, 1, 2), (3, 4, 5), (6, 7, 8)]
+    torch.testing.assert_close(quantized.latents[:, :, :BLOCK], plain.latents[:, :, :BLOCK], rtol=0, atol=0)
+    assert not torch.allclose(quantized.latents[:, :, BLOCK:], plain.latents[:, :, BLOCK:])
+
+
 def test_reencode_needs_the_vae():
     model, context = tiny_model(), text()
     with pytest.raises(OptionsError, match="generation.recompute_context: 'reencode' needs the Wan VAE \\(none was passed as vae\\)"):

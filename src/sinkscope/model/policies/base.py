@@ -160,10 +160,14 @@ class CachePolicy:
         if start_frame != expected:
             raise ValueError(f"next block must start at frame {expected}, got {start_frame}")
         if self.edits is not None and self.block_start is not None:
-            # The finished block's frames become earlier frames: the cache edits, once.
-            self.edits.edit_cache(self.cache, range(self.block_start, self.block_start + self.block_frames))
+            self.edit_earlier_frames()
         self.block_start, self.block_frames, self.new_block = start_frame, num_frames, True
         self.start_block(start_frame, num_frames)
+
+    def edit_earlier_frames(self) -> None:
+        """A new block begins: the frames that just became earlier frames (the finished
+        block's) get the generation's cache edits, once."""
+        self.edits.edit_cache(self.cache, range(self.block_start, self.block_start + self.block_frames))
 
     def start_block(self, start: int, frames: int) -> None:
         raise NotImplementedError

@@ -62,44 +62,37 @@ class KreaRecomputePolicy(CachePolicy):
         self._announced = frames
 
     def begin_call(self, start_frame: int, num_frames: int, grid: tuple[int, int] | None = None) -> None:
+        """A recompute call if one was announced; else a denoising call, as every policy's."""
+        self.recomputing = None
+        if self._announced is None:
+            super().begin_call(start_frame, num_frames, grid)
+            return
         if grid is not None:
             self.grid = (int(grid[0]), int(grid[1]))
-        self.recomputing = None
-        if self._announced is not None:
-            frames, self._announced = self._announced, None
-            if (start_frame, num_frames) != (frames[0], len(frames)):
-                raise ValueError(f"recompute of frames {frames} announced, the call is {(start_frame, num_frames)}")
-            cross = self.cache.cross
-            self.cache.reset()  # the cleared cache (Krea zeroes it); the text K/V stay
-            self.cache.cross = cross
-            self.cache.append(whole_frames(frames, self.frame_seq_length, range(len(frames))))
-            self.recomputing, self.new_block = frames, False
-            self._query_shift = -frames[0]
-            return
-        if self.block_start == start_frame:
-            if num_frames != self.block_frames:
-                raise ValueError(f"block at frame {start_frame} was {self.block_frames} frames, now {num_frames}")
-            self.new_block = False
-            return
-        expected = 0 if self.block_start is None else self.block_start + self.block_frames
-        if start_frame != expected:
-            raise ValueError(f"next block must start at frame {expected}, got {start_frame}")
-        held = self._held()
-        if start_frame and not held:
-            raise ValueError(f"the block at frame {start_frame} needs the recompute call before it")
-        if held + num_frames > self.window_frames:
-            raise ValueError(f"a window of {self.window_frames} frames cannot hold {held} context frames and a block of "
-                             f"{num_frames}")  # fmt: skip
-        if self.edits is not None and held:
-            # The context frames are the block's earlier frames: the cache edits, once a block.
-            self.edits.edit_cache(self.cache, self.cache.frames(0))
-        self.block_start, self.block_frames, self.new_block = start_frame, num_frames, True
-        self.cache.append(whole_frames(range(start_frame, start_frame + num_frames), self.frame_seq_length,
-                                       range(held, held + num_frames)))  # fmt: skip
-        self._query_shift = held - start_frame
+        frames, self._announced = self._announced, None
+        if (start_frame, num_frames) != (frames[0], len(frames)):
+            raise ValueError(f"recompute of frames {frames} announced, the call is {(start_frame, num_frames)}")
+        cross = self.cache.cross
+        self.cache.reset()  # the cleared cache (Krea zeroes it); the text K/V stay
+        self.cache.cross = cross
+        self.cache.append(whole_frames(frames, self.frame_seq_length, range(len(frames))))
+        self.recomputing, self.new_block = frames, False
+        self._query_shift = -frames[0]
 
-    def start_block(self, start: int, frames: int) -> None:  # pragma: no cover - begin_call does it
-        raise NotImplementedError
+    def edit_earlier_frames(self) -> None:
+        # The earlier frames are the recomputed context the cache holds, not the finished block.
+        if self._held():
+            self.edits.edit_cache(self.cache, self.cache.frames(0))
+
+    def start_block(self, start: int, frames: int) -> None:
+        held = self._held()
+        if start and not held:
+            raise ValueError(f"the block at frame {start} needs the recompute call before it")
+        if held + frames > self.window_frames:
+            raise ValueError(f"a window of {self.window_frames} frames cannot hold {held} context frames and a block of "
+                             f"{frames}")  # fmt: skip
+        self.cache.append(whole_frames(range(start, start + frames), self.frame_seq_length, range(held, held + frames)))
+        self._query_shift = held - start
 
     @property
     def query_position_shift(self) -> int:
