@@ -159,15 +159,16 @@ class CachePolicy:
         expected = 0 if self.block_start is None else self.block_start + self.block_frames
         if start_frame != expected:
             raise ValueError(f"next block must start at frame {expected}, got {start_frame}")
-        if self.edits is not None and self.block_start is not None:
-            self.edit_earlier_frames()
+        if self.block_start is not None:
+            self.finish_block()
         self.block_start, self.block_frames, self.new_block = start_frame, num_frames, True
         self.start_block(start_frame, num_frames)
 
-    def edit_earlier_frames(self) -> None:
-        """A new block begins: the frames that just became earlier frames (the finished
-        block's) get the generation's cache edits, once."""
-        self.edits.edit_cache(self.cache, range(self.block_start, self.block_start + self.block_frames))
+    def finish_block(self) -> None:
+        """The current block is done, a new one begins: the frames that just became earlier
+        frames (the finished block's) get the generation's cache edits, once."""
+        if self.edits is not None:
+            self.edits.edit_cache(self.cache, range(self.block_start, self.block_start + self.block_frames))
 
     def start_block(self, start: int, frames: int) -> None:
         raise NotImplementedError

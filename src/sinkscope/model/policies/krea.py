@@ -79,9 +79,9 @@ class KreaRecomputePolicy(CachePolicy):
         self.recomputing, self.new_block = frames, False
         self._query_shift = -frames[0]
 
-    def edit_earlier_frames(self) -> None:
+    def finish_block(self) -> None:
         # The earlier frames are the recomputed context the cache holds, not the finished block.
-        if self._held():
+        if self.edits is not None and self._held():
             self.edits.edit_cache(self.cache, self.cache.frames(0))
 
     def start_block(self, start: int, frames: int) -> None:

@@ -84,7 +84,6 @@ class LongLive2Policy(CachePolicy):
         self.shot = 0
         # The shot sink: (first slot, frames), or None (their pinned_start / pinned_len).
         self.pin: tuple[int, int] | None = None
-        self._last_frames = 0
 
     # -- the procedure's announcements -------------------------------------------------------
 
@@ -126,11 +125,14 @@ class LongLive2Policy(CachePolicy):
 
     # -- the cache -----------------------------------------------------------------------------
 
-    def start_block(self, start: int, frames: int) -> None:
-        if self.kv_quant and self._last_frames:
+    def finish_block(self) -> None:
+        super().finish_block()
+        if self.kv_quant:
             # The finished chunk as the NVFP4 cache reads it back, every layer in place: the
             # same cache primitive as the quantize_cache edit (sinkscope.model.edits).
-            self.cache.quantize_frames(range(start - self._last_frames, start), KV_QUANT_FORMAT, "both")
+            self.cache.quantize_frames(range(self.block_start, self.block_start + self.block_frames), KV_QUANT_FORMAT, "both")
+
+    def start_block(self, start: int, frames: int) -> None:
         held, protected = self._held(), self.protected_frames
         overflow = held + frames - self.window_frames
         if overflow > 0:
@@ -148,7 +150,6 @@ class LongLive2Policy(CachePolicy):
             offset = self.temporal_offset
             self.cache.append(whole_frames(range(start, start + frames), self.frame_seq_length,
                                            positions=range(start + offset, start + frames + offset)))  # fmt: skip
-        self._last_frames = frames
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
