@@ -40,12 +40,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinkscope.errors import DamagedFileError, SinkscopeError
-from sinkscope.manifests import read_manifest
+from sinkscope.errors import SinkscopeError
 from sinkscope.pipeline.aggregate import extraction_files
-from sinkscope.pipeline.integrity import verify_file
 from sinkscope.pipeline.jobs import provenance
-from sinkscope.pipeline.latents import LATENTS_FILE, read_latents
+from sinkscope.pipeline.latents import read_latents
 from sinkscope.stats.summaries import with_run_std
 from sinkscope.tables import (
     ALL_PROMPTS,
@@ -207,14 +205,9 @@ class _Run:
         self.meta: dict[str, Any] = {}
 
     def latents(self) -> np.ndarray:
-        folder = self.folders[0]
-        manifest = read_manifest(folder)
-        if (folder / LATENTS_FILE).is_file():
-            try:
-                verify_file(folder / LATENTS_FILE, manifest)
-            except DamagedFileError as error:  # the folder is the job's output: it is rebuilt whole
-                raise DamagedFileError(folder, f"{LATENTS_FILE} {error.problem}") from None
-        return read_latents(folder, self.meta.get("latents_sha256"))
+        # read_latents checks the bytes against the digest written with them and the rows'
+        # latents_sha256; a problem names the folder, the job's output, rebuilt whole.
+        return read_latents(self.folders[0], self.meta.get("latents_sha256"))
 
     def calls(self) -> pd.DataFrame:
         parts = []
