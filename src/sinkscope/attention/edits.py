@@ -188,8 +188,7 @@ def edited_attention(
         raise ValueError(f"key_lengths {list(key_lengths)} do not lay out k's {num_keys} keys")
     if frame_bias is None:
         return attention_and_lse(q, k, v, split=split)
-    if tuple(frame_bias.shape) != (heads, len(key_lengths)):
-        raise ValueError(f"frame_bias {tuple(frame_bias.shape)} is not [{heads} heads, {len(key_lengths)} key frames]")
+    check_bias_shape(frame_bias, heads, len(key_lengths))
     plan = bias_plan(frame_bias)
     if not plan.edited:
         return attention_and_lse(q, k, v, split=split)
@@ -233,6 +232,12 @@ def edited_attention(
 @lru_cache(maxsize=256)
 def _lengths_on(key_lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(key_lengths, device=device)
+
+
+def check_bias_shape(frame_bias: torch.Tensor, heads: int, num_k: int) -> None:
+    """Raise ValueError unless ``frame_bias`` is [heads, num_k] (one bias a head and key frame)."""
+    if tuple(frame_bias.shape) != (heads, num_k):
+        raise ValueError(f"frame_bias {tuple(frame_bias.shape)} is not [{heads} heads, {num_k} key frames]")
 
 
 def token_bias(frame_bias: torch.Tensor, key_lengths: Sequence[int]) -> torch.Tensor:

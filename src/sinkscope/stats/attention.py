@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sinkscope.attention.edits import bias_rows, edited_attention
+from sinkscope.attention.edits import bias_rows, check_bias_shape, edited_attention
 from sinkscope.attention.split import cached_attention
 from sinkscope.stats.reference import CallStatistics, statistics_chunked
 
@@ -186,8 +186,7 @@ def attention_statistics(
 def check_frame_bias(frame_bias: torch.Tensor, heads: int, num_k: int) -> None:
     """Raise ValueError unless ``frame_bias`` is [heads, num_k] of finite values or -inf, with
     a key frame left to every head (read once per tensor: ``attention.edits.bias_rows``)."""
-    if tuple(frame_bias.shape) != (heads, num_k):
-        raise ValueError(f"frame_bias {tuple(frame_bias.shape)} is not [{heads} heads, {num_k} key frames]")
+    check_bias_shape(frame_bias, heads, num_k)
     bias_rows(frame_bias)
 
 

@@ -22,7 +22,7 @@ from functools import lru_cache
 import torch
 import triton
 
-from sinkscope.attention.edits import token_bias
+from sinkscope.attention.edits import check_bias_shape, token_bias
 from sinkscope.attention.split import cached_attention
 from sinkscope.stats.kernels import (
     attention_frame_partials_kernel,
@@ -234,8 +234,7 @@ def _bias2(frame_bias: torch.Tensor | None, q: torch.Tensor, num_k: int) -> torc
     """An edited call's frame biases in base 2 ([H, num_k] fp32, contiguous, on q's device), or None."""
     if frame_bias is None:
         return None
-    if tuple(frame_bias.shape) != (q.shape[0], num_k):
-        raise ValueError(f"frame_bias {tuple(frame_bias.shape)} is not [{q.shape[0]} heads, {num_k} key frames]")
+    check_bias_shape(frame_bias, q.shape[0], num_k)
     return (frame_bias.to(device=q.device, dtype=torch.float32) * LOG2E).contiguous()
 
 

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from sinkscope.attention.edits import token_bias
+from sinkscope.attention.edits import check_bias_shape, token_bias
 
 # Scores held at once by the chunked softmax: 2**26 fp32 values = 256 MiB. A chunk's
 # scores and one more buffer of the same size (its log-probabilities, then its
@@ -189,8 +189,7 @@ def statistics_chunked(
     col_sum = torch.zeros(heads, num_keys, dtype=accumulate, device=device) if token_profiles else None
     bias = masked = None
     if frame_bias is not None:
-        if tuple(frame_bias.shape) != (heads, num_k):
-            raise ValueError(f"frame_bias {tuple(frame_bias.shape)} is not [{heads} heads, {num_k} key frames]")
+        check_bias_shape(frame_bias, heads, num_k)
         bias = token_bias(frame_bias.to(device), key_lengths)[:, None, :]  # [H, 1, Lk]
         masked = bool(torch.isneginf(frame_bias).any())
     for start in range(0, num_queries, chunk):
