@@ -189,12 +189,13 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 def _source_name(inputs: list[Path]) -> str:
     """The workflow's source name (checkpoint, or checkpoint@variant) of the first input."""
     from sinkscope.manifests import read_manifest
+    from sinkscope.naming import layer_file
     from sinkscope.pipeline.study import Study
     from sinkscope.tables import DEFAULT_VARIANT, read_metadata
 
     first = inputs[0]
-    if first.is_dir():  # its first table (the folder also keeps latents.safetensors)
-        first = first / sorted(name for name in read_manifest(first)["files"] if name.endswith(".parquet"))[0]
+    if first.is_dir():  # the frame table of its first layer
+        first = Path(layer_file(first, read_manifest(first)["contents"]["layers"][0]))
     meta = read_metadata(first)
     checkpoint = (meta.get("checkpoint") or {}).get("name") if isinstance(meta.get("checkpoint"), dict) else meta.get("checkpoint")
     return Study.source_name(str(checkpoint or "cli"), str(meta.get("variant") or DEFAULT_VARIANT))
