@@ -57,6 +57,7 @@ from sinkscope.model.policies import KreaRecomputePolicy, policy_from_options
 from sinkscope.model.vae import TEMPORAL_STRIDE, WanVAE, load_vae
 from sinkscope.options import KREA_RECOMPUTE, GenerationOptions, OptionsError, missing_reencode_vae, procedure_spec
 
+
 class PixelDecoder(Protocol):
     """One video's decode, fed its latents in order (``sinkscope.model.vae.PixelStream``)."""
 

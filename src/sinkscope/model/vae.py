@@ -382,7 +382,9 @@ class PixelStream:
     """One video decoded as its latents arrive: each :meth:`push` decodes the next latent
     frames with the decoder's causal-convolution cache of the earlier ones, so every latent
     is decoded once and the pieces' frames are those of one decode of the whole video
-    (latent frame 0 alone, then ``frames_per_call`` a call, as :meth:`WanVAE.decode_pixels`).
+    (latent frame 0 alone, then ``frames_per_call`` a call, as :meth:`WanVAE.decode_pixels`)
+    within float rounding: the 1x1x1 post-quant convolution rounds a piece by an ulp unlike
+    the whole.
     Krea's re-encode needs the last frame of a growing prefix at every block: decoding the
     prefix again each time would cost the square of the video's length."""
 
