@@ -13,7 +13,9 @@ cache with an 8-frame sink), the blocks compiled as an extraction job compiles t
   (``FrameStatsCapture``, rows collected as ``gpu_benchmark`` does): the same, and the
   overhead against uncaptured.
 
-``--captures`` picks rows (``none``, ``layer``, ``exact``, ``fused``; default all).
+``--captures`` picks rows (``none``, ``layer``, ``exact``, ``fused``, ``fused_written``: the
+fused route with each call's rows handed to an extraction job's writer threads during the
+generation, as a job runs; default all).
 Medians over ``--reps`` generations after one warm-up. The text encoder and the VAE are not
 run (as the fact sheet's measurement of LongLive's own pipeline). Writes ``results.json``
 to ``--out`` (default $OUT or ./benchmark-out) and prints it.
@@ -47,8 +49,10 @@ from timing import captured_generation  # noqa: E402
 
 GiB = 2**30
 STEPS = [999, 937, 833, 624]
-# The rows: uncaptured (every --frames), then at the longest: 1 layer, all layers exact, all layers fused.
-CAPTURES = ("none", "layer", "exact", "fused")
+# The rows: uncaptured (every --frames), then at the longest: 1 layer, all layers exact, all layers
+# fused (rows collected after the generation), all layers fused with the rows written as a job
+# writes them (handed to its writer threads during the generation).
+CAPTURES = ("none", "layer", "exact", "fused", "fused_written")
 QUICK = WanConfig(dim=64, ffn_dim=96, num_heads=2, num_layers=2, in_dim=48, out_dim=48, text_dim=16, text_len=8,
                   freq_dim=16, latent_height=4, latent_width=6)  # fmt: skip
 
@@ -65,14 +69,16 @@ def options_for(frames: int, chunk: int, window: int, sink: int) -> GenerationOp
                                           "local_attn_frames": window, "sink_frames": sink, "denoising_steps": STEPS})  # fmt: skip
 
 
-def time_generation(model, context, options, layers, reps, frame_seq_length, fused=False) -> dict:
+def time_generation(model, context, options, layers, reps, frame_seq_length, fused=False, written=False) -> dict:
     """Median seconds of ``reps`` generations after one warm-up (generation plus collecting
-    the rows when captured), the parts, video FPS and the peak memory."""
+    the rows when captured; ``written``: rows written as a job writes them,
+    ``timing.captured_generation``), the parts, video FPS and the peak memory."""
     totals, generations, collects, peak, rows = [], [], [], 0, None
     for rep in range(reps + 1):
         if context.is_cuda:
             torch.cuda.empty_cache()
-        result, collect, count = captured_generation(model, context, options, layers, frame_seq_length, fused=fused)
+        result, collect, count = captured_generation(model, context, options, layers, frame_seq_length, fused=fused,
+                                                     written=written)  # fmt: skip
         rows = count if layers else None
         if rep == 0:
             first = result.seconds
@@ -130,21 +136,22 @@ def main() -> int:
         began = time.perf_counter()
         model.compile_blocks(dynamic=False)
         results["compile_setup_seconds"] = time.perf_counter() - began
-    variants = [(f"{n} frames, no capture", n, [], False) for n in frames if "none" in captures]
-    longest, every = max(frames), list(range(config.num_layers))
+    variants = [(f"{n} frames, no capture", n, [], False, False) for n in frames if "none" in captures]
+    longest, every, all_layers = max(frames), list(range(config.num_layers)), f"all {config.num_layers} layers captured"
     variants += [row for capture, row in (
-        ("layer", (f"{longest} frames, 1 layer captured", longest, captured_layers, False)),
-        ("exact", (f"{longest} frames, all {config.num_layers} layers captured", longest, every, False)),
-        ("fused", (f"{longest} frames, all {config.num_layers} layers captured, fused", longest, every, True)),
+        ("layer", (f"{longest} frames, 1 layer captured", longest, captured_layers, False, False)),
+        ("exact", (f"{longest} frames, {all_layers}", longest, every, False, False)),
+        ("fused", (f"{longest} frames, {all_layers}, fused", longest, every, True, False)),
+        ("fused_written", (f"{longest} frames, {all_layers}, fused, rows written as a job", longest, every, True, True)),
     ) if capture in captures]  # fmt: skip
-    for label, n, layers, fused in variants:
+    for label, n, layers, fused, written in variants:
         try:
             results[label] = time_generation(model, context, options_for(n, chunk, window, sink), layers, args.reps,
-                                             frame_seq_length, fused)  # fmt: skip
+                                             frame_seq_length, fused, written)  # fmt: skip
         except Exception as error:  # noqa: BLE001 - report, keep going
             results[label] = error_entry(error)
     base = results.get(f"{longest} frames, no capture", {}).get("seconds_median")
-    for label, n, layers, _ in variants:
+    for label, n, layers, *_ in variants:
         row = results[label]
         if layers and base and "seconds_median" in row:
             row["overhead_pct"] = 100 * (row["seconds_median"] / base - 1)

@@ -1,26 +1,51 @@
 """What the generation benchmarks share: one generation, uncaptured or with ``layers``
 captured, timed as ``gpu_benchmark.py``'s generation section counts it (the generation's
-own synchronized seconds, plus collecting the rows when captured)."""
+own synchronized seconds, plus collecting the rows when captured), or as an extraction job
+runs it (each call's rows handed to the job's writer threads while the generation goes on)."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from sinkscope.generation.capture import FrameStatsCapture
 from sinkscope.generation.common import GenerationResult
 from sinkscope.generation.sampler import generate
+from sinkscope.naming import layer_file
+from sinkscope.pipeline.writing import ExtractionWriter, default_workers
 
 
 def captured_generation(model, context, options, layers: Sequence[int], frame_seq_length: int,
-                        seed: int = 0, fused: bool = False) -> tuple[GenerationResult, float, int]:
+                        seed: int = 0, fused: bool = False, written: bool = False) -> tuple[GenerationResult, float, int]:
     """(the generation's result, seconds collecting the frame rows, their count): without
     ``layers`` an uncaptured generation, 0.0 and 0. ``fused``: the ``capture.attention: fused``
-    route (one Triton pass for the output and the statistics) instead of ``exact``."""
+    route (one Triton pass for the output and the statistics) instead of ``exact``.
+    ``written``: as an extraction job (``pipeline.extract``) does it, each call's record handed
+    to an ``ExtractionWriter`` (a job's writer threads, files in a temporary folder) during the
+    generation; the collecting seconds are then its ``finish`` (the queued records, the last
+    block, the files closed)."""
     if not layers:
         return generate(model, context, options=options, seed=seed), 0.0, 0
-    with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused) as capture:
-        result = generate(model, context, options=options, seed=seed, observers=[capture])
+    if not written:
+        with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused) as capture:
+            result = generate(model, context, options=options, seed=seed, observers=[capture])
+            began = time.perf_counter()
+            rows = len(capture.to_frame())
+            return result, time.perf_counter() - began, rows
+    with tempfile.TemporaryDirectory() as folder:
+        run = {"checkpoint": "benchmark", "variant": "default", "prompt_id": "p0", "seed": int(seed)}
+        writer = ExtractionWriter(folder, layers, frame_seq_length=frame_seq_length, run_columns=run,
+                                  workers=default_workers(model.device, len(layers)))  # fmt: skip
+        try:
+            with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused,
+                                   handoff=writer.submit) as capture:  # fmt: skip
+                result = generate(model, context, options=options, seed=seed, observers=[capture])
+        except BaseException:
+            writer.abort()
+            raise
         began = time.perf_counter()
-        rows = len(capture.to_frame())
-        return result, time.perf_counter() - began, rows
+        _, counts = writer.finish({"benchmark": "timing.captured_generation"})
+        seconds = time.perf_counter() - began
+        return result, seconds, sum(counts[Path(layer_file(folder, layer)).name] for layer in layers)
