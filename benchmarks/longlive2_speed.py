@@ -73,12 +73,13 @@ def time_generation(model, context, options, layers, reps, frame_seq_length, fus
     """Median seconds of ``reps`` generations after one warm-up (generation plus collecting
     the rows when captured; ``written``: rows written as a job writes them,
     ``timing.captured_generation``), the parts, video FPS and the peak memory."""
-    totals, generations, collects, peak, rows = [], [], [], 0, None
+    totals, generations, collects, peak, rows, writer = [], [], [], 0, None, []
     for rep in range(reps + 1):
         if context.is_cuda:
             torch.cuda.empty_cache()
+        details: dict = {}
         result, collect, count = captured_generation(model, context, options, layers, frame_seq_length, fused=fused,
-                                                     written=written)  # fmt: skip
+                                                     written=written, details=details)  # fmt: skip
         rows = count if layers else None
         if rep == 0:
             first = result.seconds
@@ -86,6 +87,7 @@ def time_generation(model, context, options, layers, reps, frame_seq_length, fus
         totals.append(result.seconds + collect)
         generations.append(result.seconds)
         collects.append(collect)
+        writer.append(details)
         peak = max(peak, result.peak_memory_bytes or 0)
         finite = bool(torch.isfinite(result.latents).all())
     median = statistics.median(totals)
@@ -94,7 +96,8 @@ def time_generation(model, context, options, layers, reps, frame_seq_length, fus
             "first_run_seconds": first, "generation_seconds_median": statistics.median(generations),
             "collect_seconds_median": statistics.median(collects), "video_fps": (4 * frames - 3) / median,
             "ms_per_chunk": 1000 * median / chunks, "peak_gib": peak / GiB, "kv_cache_gib": result.kv_cache_bytes / GiB,
-            "rows": rows, "latents_finite": finite}  # fmt: skip
+            "rows": rows, "latents_finite": finite,
+            **{f"{name}_median": statistics.median(d[name] for d in writer) for name in (writer[0] if written else ())}}  # fmt: skip
 
 
 def main() -> int:

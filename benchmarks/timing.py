@@ -17,15 +17,17 @@ from sinkscope.naming import layer_file
 from sinkscope.pipeline.writing import ExtractionWriter, default_workers
 
 
-def captured_generation(model, context, options, layers: Sequence[int], frame_seq_length: int,
-                        seed: int = 0, fused: bool = False, written: bool = False) -> tuple[GenerationResult, float, int]:
+def captured_generation(model, context, options, layers: Sequence[int], frame_seq_length: int, seed: int = 0,
+                        fused: bool = False, written: bool = False,
+                        details: dict | None = None) -> tuple[GenerationResult, float, int]:  # fmt: skip
     """(the generation's result, seconds collecting the frame rows, their count): without
     ``layers`` an uncaptured generation, 0.0 and 0. ``fused``: the ``capture.attention: fused``
     route (one Triton pass for the output and the statistics) instead of ``exact``.
     ``written``: as an extraction job (``pipeline.extract``) does it, each call's record handed
     to an ``ExtractionWriter`` (a job's writer threads, files in a temporary folder) during the
     generation; the collecting seconds are then its ``finish`` (the queued records, the last
-    block, the files closed)."""
+    block, the files closed); ``details``, when given, gets the writer's timings (the
+    generation's seconds handing records over, the writer threads' busy seconds)."""
     if not layers:
         return generate(model, context, options=options, seed=seed), 0.0, 0
     if not written:
@@ -48,4 +50,6 @@ def captured_generation(model, context, options, layers: Sequence[int], frame_se
         began = time.perf_counter()
         _, counts = writer.finish({"benchmark": "timing.captured_generation"})
         seconds = time.perf_counter() - began
+        if details is not None:
+            details.update(writer.timings)
         return result, seconds, sum(counts[Path(layer_file(folder, layer)).name] for layer in layers)
