@@ -214,19 +214,20 @@ def edited_attention(
             extras.append((part_out.transpose(1, 2), part_lse))
     main_bias = column_of(main) if main.biased else None
     main_k, main_v = keys_of(main)
-    if not extras:
-        out, lse = attention_and_lse(q, main_k, main_v, split=split)
-        return out, lse if main_bias is None else lse + main_bias[None, :, None]
     # merge_parts takes the other segments batch-major: [B * E, H, Lq, D] and [B * E, H, Lq].
-    extra = extras[0] if len(extras) == 1 else tuple(torch.stack(x, 1).flatten(0, 1) for x in zip(*extras))
-    if gives_lse(q):
+    extra = None
+    if len(extras) == 1:
+        extra = extras[0]
+    elif extras:
+        extra = tuple(torch.stack(x, 1).flatten(0, 1) for x in zip(*extras))
+    if extra is not None and gives_lse(q):
         # The longest segment key-split as the model's call would be, the others merged in.
         parts = key_split(q, main_k, split, head_first=False).parts
         return split_key_attention(q, main_k, main_v, parts, part_bias=main_bias, extra=extra)
     out, lse = attention_and_lse(q, main_k, main_v, split=split)
     if main_bias is not None:
         lse = lse + main_bias[None, :, None]
-    return merge_parts(out.transpose(1, 2), lse, batch, 1, None, extra)
+    return (out, lse) if extra is None else merge_parts(out.transpose(1, 2), lse, batch, 1, None, extra)
 
 
 @lru_cache(maxsize=256)

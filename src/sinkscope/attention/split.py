@@ -212,7 +212,7 @@ def gives_lse(q: torch.Tensor) -> bool:
 
 
 def cached_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True, plan: KeySplit | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The model's cached self-attention call, q, k, v [B, L, H, D] (softmax scale 1/sqrt(D)):
     (output [B, Lq, H, D], each query's natural-log log-sum-exp [B, H, Lq] fp32, or None
@@ -221,9 +221,8 @@ def cached_attention(
 
     On CUDA in fp16 / bf16, cuDNN's attention with its log-sum-exp (the backend SDPA picks on
     Hopper), the keys split when that fills the GPU's waves better and ``split``
-    (``key_split``); elsewhere (the CPU, float32) SDPA itself, without the log-sum-exp.
-    ``plan``: run this plan instead of ``key_split``'s."""
-    plan = key_split(q, k, split) if plan is None else plan
+    (``key_split``); elsewhere (the CPU, float32) SDPA itself, without the log-sum-exp."""
+    plan = key_split(q, k, split)
     if gives_lse(q):
         try:
             return planned_attention(q, k, v, plan)

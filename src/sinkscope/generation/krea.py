@@ -101,23 +101,31 @@ def krea_denoising_steps(num_steps: int, strength: float = 1.0) -> list[int]:
 class FrameReencoder:
     """E, block after block: the last video frame of latent ``n`` (decoded from every latent
     up to it; Wan's VAE is causal, so this equals Krea's streaming decode), encoded alone.
-    The latents are decoded once each, through one :class:`PixelDecoder`, as ``n`` grows."""
+    Each block's latents are handed over once (``add``) and decoded once, through one
+    :class:`PixelDecoder`, as ``n`` grows; only those not yet decoded are kept."""
 
     def __init__(self, vae: LatentCodec) -> None:
         self.vae = vae
         self.stream = vae.pixel_stream()
         self.decoded = 0  # latent frames pushed
+        self._waiting: list[torch.Tensor] = []  # [1, C, f, h, w] on the host, after the decoded ones
 
-    def encode_frame(self, latents: torch.Tensor, n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """E of latent ``n`` given the video's latents so far [1, C, >n, h, w] (on the host): one
-        latent frame [1, C, 1, h, w] in ``dtype`` on ``device``."""
-        if n < self.decoded:
-            raise ValueError(f"latent {n} was decoded already (the re-encode moves forward: next is {self.decoded})")
-        new = latents[:, :, self.decoded : n + 1]
+    def add(self, latents: torch.Tensor) -> None:
+        """A finished block's latents [1, C, f, h, w] (on the host), in video order."""
+        self._waiting.append(latents)
+
+    def encode_frame(self, n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """E of latent ``n`` (added, not yet decoded): one latent frame [1, C, 1, h, w] in
+        ``dtype`` on ``device``."""
+        waiting = torch.cat(self._waiting, dim=2) if self._waiting else None
+        count = n + 1 - self.decoded
+        if waiting is None or not 0 < count <= waiting.shape[2]:
+            raise ValueError(f"latent {n} is not among those added and not yet decoded (from {self.decoded})")
+        new, self._waiting = waiting[:, :, :count], [waiting[:, :, count:]]
         video = self.stream.push(latents_to_device(new[0].transpose(0, 1), device, dtype))
-        expected = TEMPORAL_STRIDE * new.shape[2] - (TEMPORAL_STRIDE - 1 if self.decoded == 0 else 0)  # frame 0 decodes alone
+        expected = TEMPORAL_STRIDE * count - (TEMPORAL_STRIDE - 1 if self.decoded == 0 else 0)  # frame 0 decodes alone
         if video.shape[2] != expected:
-            raise ValueError(f"the VAE decoded {new.shape[2]} latent frames to {video.shape[2]} video frames, not {expected}")
+            raise ValueError(f"the VAE decoded {count} latent frames to {video.shape[2]} video frames, not {expected}")
         self.decoded = n + 1
         return self.vae.encode(video[:, :, -1:]).to(device, dtype)
 
@@ -174,7 +182,7 @@ def generate_krea(
             kept = previous[:, :, -count:]
             if reencode and first > 0:
                 synchronize(device)  # the host copies of the finished blocks are complete
-                encoded = reencoder.encode_frame(torch.cat(outputs, dim=2), first, device, dtype)
+                encoded = reencoder.encode_frame(first, device, dtype)
                 kept = torch.cat([encoded, kept[:, :, 1:]], dim=2)
             # 2.-3. The cache cleared and rebuilt: the recompute pass at t = 0, roped from frame 0.
             log.announce(CallInfo(block, PASS_RECOMPUTE, 0, context_t, first, count, last))
@@ -192,6 +200,8 @@ def generate_krea(
                 fresh = latents_to_device(noise.renoise(frames), device, dtype)
                 x = flow.add_noise(x0, fresh, timesteps[step + 1])
         outputs.append(latents_to_host(x0))
+        if reencoder is not None:
+            reencoder.add(outputs[-1])
         previous = x0
         start += frames
     return clock.result(outputs, log, policy.nbytes)
