@@ -18,7 +18,8 @@ fused route with each call's rows handed to an extraction job's writer threads d
 generation, as a job runs; default all).
 Medians over ``--reps`` generations after one warm-up. The text encoder and the VAE are not
 run (as the fact sheet's measurement of LongLive's own pipeline). Writes ``results.json``
-to ``--out`` (default $OUT or ./benchmark-out) and prints it.
+to ``--out`` (default $OUT or ./benchmark-out) after every row (a run cut off by a time limit
+keeps the rows it finished) and prints it at the end.
 
 ``--quick``: a CPU smoke run of the same code on a tiny model of the 5B's kind (2 layers,
 48 channels, 4x6 latents, chunks of 2), float32, no compile; it checks the script, not speed.
@@ -153,6 +154,7 @@ def main() -> int:
                                              frame_seq_length, fused, written)  # fmt: skip
         except Exception as error:  # noqa: BLE001 - report, keep going
             results[label] = error_entry(error)
+        write_results(results, args.out, partial=True)
     base = results.get(f"{longest} frames, no capture", {}).get("seconds_median")
     for label, n, layers, *_ in variants:
         row = results[label]

@@ -13,11 +13,13 @@ def error_entry(error: BaseException) -> dict:
     return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-2000:]}
 
 
-def write_results(results: dict, out: str | Path) -> int:
-    """Write ``results.json`` into the folder ``out``, print it; the exit status: 1 when an
-    entry failed (``error_entry``), else 0."""
+def write_results(results: dict, out: str | Path, *, partial: bool = False) -> int:
+    """Write ``results.json`` into the folder ``out`` and print it (``partial``: write only,
+    so that a run cut off by a time limit leaves the rows it finished); the exit status: 1
+    when an entry failed (``error_entry``), else 0."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(results, indent=1))
-    print(json.dumps(results, indent=1))
+    if not partial:
+        print(json.dumps(results, indent=1))
     return 1 if any(isinstance(row, dict) and "error" in row for row in results.values()) else 0

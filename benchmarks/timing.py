@@ -27,7 +27,8 @@ def captured_generation(model, context, options, layers: Sequence[int], frame_se
     to an ``ExtractionWriter`` (a job's writer threads, files in a temporary folder) during the
     generation; the collecting seconds are then its ``finish`` (the queued records, the last
     block, the files closed); ``details``, when given, gets the writer's timings (the
-    generation's seconds handing records over, the writer threads' busy seconds)."""
+    generation's seconds handing records over, the writer threads' busy seconds, finish's
+    drain and close)."""
     if not layers:
         return generate(model, context, options=options, seed=seed), 0.0, 0
     if not written:
@@ -51,5 +52,5 @@ def captured_generation(model, context, options, layers: Sequence[int], frame_se
         _, counts = writer.finish({"benchmark": "timing.captured_generation"})
         seconds = time.perf_counter() - began
         if details is not None:
-            details.update(writer.timings)
+            details.update(writer.timings, drain_seconds=writer.drain_seconds, close_seconds=writer.close_seconds)
         return result, seconds, sum(counts[Path(layer_file(folder, layer)).name] for layer in layers)

@@ -438,6 +438,67 @@ def test_a_failed_check_closes_no_file(tmp_path):
     assert list(folder.iterdir()) == []
 
 
+def test_finish_writes_each_layers_last_block_on_its_own_thread(tmp_path, monkeypatch):
+    # The last block holds the token profiles, most of the bytes: finish writes the layers in
+    # parallel, a thread per layer up to the usable cores, and the files are the same bytes.
+    monkeypatch.setattr(writing, "usable_cores", lambda: 8)
+    threads: dict[int, str] = {}
+    original = ExtractionWriter._flush
+
+    def flush(self, layer, files, before=None):
+        if before is None:  # finish's flush of the last block
+            threads[layer] = threading.current_thread().name
+        return original(self, layer, files, before)
+
+    monkeypatch.setattr(ExtractionWriter, "_flush", flush)
+    written, _ = _write(tmp_path / "threads", workers=1)
+    assert sorted(threads) == [0, 2] and len(set(threads.values())) == 2, threads
+    assert threading.current_thread().name not in threads.values()
+    monkeypatch.setattr(ExtractionWriter, "_flush", original)
+    _write(tmp_path / "inline", workers=0)
+    for name in written:
+        assert (tmp_path / "inline" / name).read_bytes() == (tmp_path / "threads" / name).read_bytes(), name
+
+
+def test_the_layers_of_a_job_spread_over_the_writer_threads_by_place(tmp_path, monkeypatch):
+    # Layers 0 and 2 on 2 threads: keyed by their number both would land on the first.
+    consumers: dict[int, set[str]] = {}
+    original = ExtractionWriter._consume
+
+    def consume(self, record, copy):
+        consumers.setdefault(record.layer, set()).add(threading.current_thread().name)
+        return original(self, record, copy)
+
+    monkeypatch.setattr(ExtractionWriter, "_consume", consume)
+    _write(tmp_path / "threads", workers=2)
+    assert consumers == {0: {"sinkscope-writer-0"}, 2: {"sinkscope-writer-1"}}, consumers
+
+
+def test_a_failure_writing_the_last_block_leaves_no_file(tmp_path, monkeypatch):
+    original = writing.TableWriter.write
+    rows_before = {}
+
+    def failing(self, columns):
+        # The first two blocks go through; the third (the last, written by finish) fails.
+        seen = rows_before.setdefault(self.path, [])
+        seen.append(len(columns["layer"]))
+        if len(seen) == 3:
+            raise OSError("disk full while writing the last block (test)")
+        return original(self, columns)
+
+    monkeypatch.setattr(writing.TableWriter, "write", failing)
+    for workers in (0, 2):
+        rows_before.clear()
+        folder = tmp_path / f"w{workers}"
+        folder.mkdir()
+        writer = ExtractionWriter(folder, (0, 2), frame_seq_length=FSL, run_columns={"checkpoint": "demo",
+                                  "variant": "default", "prompt_id": "p", "seed": 0}, workers=workers)  # fmt: skip
+        _generate(writer)
+        with pytest.raises(OSError, match="disk full while writing the last block"):
+            writer.finish({})
+        assert list(folder.iterdir()) == [], workers
+
+
 def _cli_extract(tmp_path, monkeypatch, *extra: str) -> int:
     from sinkscope.cli import main
 
