@@ -10,7 +10,9 @@ context, with their ``configs/inference.yaml`` at chunks of 2, a window of 8 and
 
 Compared, per case: the latents, and every self-attention call of every layer in order: the
 queries and keys the softmax sees (their ``attention(roped_query, roped_window_k, window_v)``
-against what sinkscope's observer receives, which is what its statistics are computed from).
+against what sinkscope's observer receives, which is what its statistics are computed from),
+and the frame statistics row by row (each call's, computed by sinkscope's float64 reference
+from their q and k and from ours, under the call's layout).
 Cases: one prompt (16 frames: the window rolls, the global sink stays); two prompts, the
 second starting with their scene-cut prefix (a shot sink pinned, the RoPE offset per shot);
 the same with their relative RoPE. Their init zeroes the output head, so every weight gets a
@@ -132,12 +134,14 @@ def run_case(pipe, recorder: Recorder, model, context: torch.Tensor, frames: int
     their_calls = list(recorder.calls)
 
     ours: list[tuple[torch.Tensor, torch.Tensor]] = []
+    layouts: list = []
     layers = len(model.blocks)
     per_layer: dict[int, list] = {layer: [] for layer in range(layers)}
 
     def observer(layer):
         def observe(q, k, v, layout, frame_bias=None):
-            per_layer[layer].append(tuple(x[0].transpose(0, 1).double().clone() for x in (q, k)))  # [B, L, H, D] -> [H, L, D]
+            qk = tuple(x[0].transpose(0, 1).double().clone() for x in (q, k))  # [B, L, H, D] -> [H, L, D]
+            per_layer[layer].append((qk, layout))
             return None
 
         return observe
@@ -152,7 +156,8 @@ def run_case(pipe, recorder: Recorder, model, context: torch.Tensor, frames: int
             model.set_observer(layer, None)
     # Their calls come layer by layer within each model call: interleave ours the same way.
     for call in range(len(per_layer[0])):
-        ours += [per_layer[layer][call] for layer in range(layers)]
+        ours += [per_layer[layer][call][0] for layer in range(layers)]
+        layouts += [per_layer[layer][call][1] for layer in range(layers)]
 
     latents_ours = result.latents[0].transpose(0, 1).double()  # [F, C, H, W]
     latents_theirs = their_latents[0].double()
@@ -166,11 +171,30 @@ def run_case(pipe, recorder: Recorder, model, context: torch.Tensor, frames: int
         if all(shapes):
             report["q_max_abs_diff"] = max(float((a[0] - b[0]).abs().max()) for a, b in zip(their_calls, ours))
             report["k_max_abs_diff"] = max(float((a[1] - b[1]).abs().max()) for a, b in zip(their_calls, ours))
+            # The frame statistics, row by row: each call's computed from their q and k and from
+            # ours, under the call's layout (their code gives no attention weights).
+            report["frame_statistics_max_abs_diff"] = max(
+                statistics_difference(a, b, layout, model.config.frame_seq_length())
+                for a, b, layout in zip(their_calls, ours, layouts)
+            )
         else:
             first = shapes.index(False)
             report["first_shape_difference"] = {"call": first, "theirs": [list(t.shape) for t in their_calls[first]],
                                                 "ours": [list(t.shape) for t in ours[first]]}  # fmt: skip
     return report, latents_theirs
+
+
+def statistics_difference(theirs_qk, ours_qk, layout, frame_seq_length: int) -> float:
+    """The largest difference of any frame statistic (logit_mean, prob_mass, argmax_share,
+    entropy) of one call between their q, k and ours (float64, sinkscope's reference)."""
+    from sinkscope.stats.attention import attention_statistics
+
+    stats = [attention_statistics(q, k, frame_seq_length=frame_seq_length, query_frames=layout.query_frames,
+                                  key_frames=layout.key_frames, key_lengths=layout.key_lengths, backend="torch",
+                                  key_position_shift=layout.key_position_shift)
+             for q, k in (theirs_qk, ours_qk)]  # fmt: skip
+    return max(float((getattr(stats[0], name) - getattr(stats[1], name)).abs().max())
+               for name in ("logit_mean", "prob_mass", "argmax_share", "entropy"))  # fmt: skip
 
 
 def main() -> int:
@@ -196,7 +220,8 @@ def main() -> int:
     reports, ok, latents = {}, True, {}
     for name, (frames, prompts, relative) in cases.items():
         report, latents[name] = run_case(pipe, recorder, model, context, frames, prompts, relative)
-        diffs = [report.get(key, float("inf")) for key in ("latents_max_abs_diff", "q_max_abs_diff", "k_max_abs_diff")]
+        diffs = [report.get(key, float("inf")) for key in ("latents_max_abs_diff", "q_max_abs_diff", "k_max_abs_diff",
+                                                             "frame_statistics_max_abs_diff")]  # fmt: skip
         report["within_atol"] = all(d <= args.atol for d in diffs)
         ok &= report["within_atol"]
         reports[name] = report
