@@ -70,7 +70,8 @@ def options_for(frames: int, chunk: int, window: int, sink: int) -> GenerationOp
                                           "local_attn_frames": window, "sink_frames": sink, "denoising_steps": STEPS})  # fmt: skip
 
 
-def time_generation(model, context, options, layers, reps, frame_seq_length, fused=False, written=False) -> dict:
+def time_generation(model, context, options, layers, reps, frame_seq_length, fused=False, written=False,
+                    token_profiles="last_block") -> dict:  # fmt: skip
     """Median seconds of ``reps`` generations after one warm-up (generation plus collecting
     the rows when captured; ``written``: rows written as a job writes them,
     ``timing.captured_generation``), the parts, video FPS and the peak memory."""
@@ -80,7 +81,8 @@ def time_generation(model, context, options, layers, reps, frame_seq_length, fus
             torch.cuda.empty_cache()
         details: dict = {}
         result, collect, count = captured_generation(model, context, options, layers, frame_seq_length, fused=fused,
-                                                     written=written, details=details)  # fmt: skip
+                                                     written=written, token_profiles=token_profiles,
+                                                     details=details)  # fmt: skip
         rows = count if layers else None
         if rep == 0:
             first = result.seconds
@@ -110,6 +112,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="CPU smoke run on a tiny model of the 5B's kind")
     parser.add_argument("--captures", default=",".join(CAPTURES),
                         help=f"which rows, comma-separated, of: {', '.join(CAPTURES)} (default: all)")
+    parser.add_argument("--token-profiles", default="last_block", choices=("none", "last_block", "all"),
+                        help="which captured calls get key-token profiles (default: last_block, a job's default)")
     args = parser.parse_args()
     captures = args.captures.split(",")
     if unknown := sorted(set(captures) - set(CAPTURES)):
@@ -134,7 +138,7 @@ def main() -> int:
     config = model.config
     frame_seq_length = config.frame_seq_length()
     results: dict = {"device": device, "torch": torch.__version__, "model": config.to_dict(), "chunk": chunk,
-                     "window": window, "sink": sink, "steps": STEPS, "reps": args.reps,
+                     "window": window, "sink": sink, "steps": STEPS, "reps": args.reps, "token_profiles": args.token_profiles,
                      "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB}  # fmt: skip
     if not args.quick and not args.no_compile:
         began = time.perf_counter()
@@ -151,7 +155,7 @@ def main() -> int:
     for label, n, layers, fused, written in variants:
         try:
             results[label] = time_generation(model, context, options_for(n, chunk, window, sink), layers, args.reps,
-                                             frame_seq_length, fused, written)  # fmt: skip
+                                             frame_seq_length, fused, written, args.token_profiles)  # fmt: skip
         except Exception as error:  # noqa: BLE001 - report, keep going
             results[label] = error_entry(error)
         write_results(results, args.out, partial=True)

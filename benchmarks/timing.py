@@ -18,12 +18,13 @@ from sinkscope.pipeline.writing import ExtractionWriter, default_workers
 
 
 def captured_generation(model, context, options, layers: Sequence[int], frame_seq_length: int, seed: int = 0,
-                        fused: bool = False, written: bool = False,
+                        fused: bool = False, written: bool = False, token_profiles: str = "last_block",
                         details: dict | None = None) -> tuple[GenerationResult, float, int]:  # fmt: skip
     """(the generation's result, seconds collecting the frame rows, their count): without
     ``layers`` an uncaptured generation, 0.0 and 0. ``fused``: the ``capture.attention: fused``
     route (one Triton pass for the output and the statistics) instead of ``exact``.
-    ``written``: as an extraction job (``pipeline.extract``) does it, each call's record handed
+    ``token_profiles``: which calls get key-token profiles (``FrameStatsCapture``'s choice; a
+    job's default is the last block's). ``written``: as an extraction job (``pipeline.extract``) does it, each call's record handed
     to an ``ExtractionWriter`` (a job's writer threads, files in a temporary folder) during the
     generation; the collecting seconds are then its ``finish`` (the queued records, the last
     block, the files closed); ``details``, when given, gets the writer's timings (the
@@ -32,7 +33,8 @@ def captured_generation(model, context, options, layers: Sequence[int], frame_se
     if not layers:
         return generate(model, context, options=options, seed=seed), 0.0, 0
     if not written:
-        with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused) as capture:
+        with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused,
+                               token_profiles=token_profiles) as capture:  # fmt: skip
             result = generate(model, context, options=options, seed=seed, observers=[capture])
             began = time.perf_counter()
             rows = len(capture.to_frame())
@@ -43,7 +45,7 @@ def captured_generation(model, context, options, layers: Sequence[int], frame_se
                                   workers=default_workers(model.device, len(layers)))  # fmt: skip
         try:
             with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused,
-                                   handoff=writer.submit) as capture:  # fmt: skip
+                                   token_profiles=token_profiles, handoff=writer.submit) as capture:  # fmt: skip
                 result = generate(model, context, options=options, seed=seed, observers=[capture])
         except BaseException:
             writer.abort()
