@@ -24,33 +24,32 @@ def captured_generation(model, context, options, layers: Sequence[int], frame_se
     ``layers`` an uncaptured generation, 0.0 and 0. ``fused``: the ``capture.attention: fused``
     route (one Triton pass for the output and the statistics) instead of ``exact``.
     ``token_profiles``: which calls get key-token profiles (``FrameStatsCapture``'s choice; a
-    job's default is the last block's). ``written``: as an extraction job (``pipeline.extract``) does it, each call's record handed
-    to an ``ExtractionWriter`` (a job's writer threads, files in a temporary folder) during the
-    generation; the collecting seconds are then its ``finish`` (the queued records, the last
-    block, the files closed); ``details``, when given, gets the writer's timings (the
-    generation's seconds handing records over, the writer threads' busy seconds, finish's
-    drain and close)."""
+    job's default is the last block's). ``written``: as an extraction job
+    (``pipeline.extract``) does it, each call's record handed to an ``ExtractionWriter`` (a
+    job's writer threads, files in a temporary folder) during the generation; the collecting
+    seconds are then its ``finish`` (the queued records, the last block, the files closed);
+    ``details``, when given, gets the writer's timings (the generation's seconds handing
+    records over, the writer threads' busy seconds, finish's drain and close)."""
     if not layers:
         return generate(model, context, options=options, seed=seed), 0.0, 0
-    if not written:
-        with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused,
-                               token_profiles=token_profiles) as capture:  # fmt: skip
-            result = generate(model, context, options=options, seed=seed, observers=[capture])
-            began = time.perf_counter()
-            rows = len(capture.to_frame())
-            return result, time.perf_counter() - began, rows
     with tempfile.TemporaryDirectory() as folder:
-        run = {"checkpoint": "benchmark", "variant": "default", "prompt_id": "p0", "seed": int(seed)}
-        writer = ExtractionWriter(folder, layers, frame_seq_length=frame_seq_length, run_columns=run,
-                                  workers=default_workers(model.device, len(layers)))  # fmt: skip
+        writer = None
+        if written:
+            run = {"checkpoint": "benchmark", "variant": "default", "prompt_id": "p0", "seed": int(seed)}
+            writer = ExtractionWriter(folder, layers, frame_seq_length=frame_seq_length, run_columns=run,
+                                      workers=default_workers(model.device, len(layers)))  # fmt: skip
         try:
             with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused,
-                                   token_profiles=token_profiles, handoff=writer.submit) as capture:  # fmt: skip
+                                   token_profiles=token_profiles, handoff=writer.submit if writer else None) as capture:  # fmt: skip
                 result = generate(model, context, options=options, seed=seed, observers=[capture])
+                began = time.perf_counter()
+                if writer is None:  # the rows collected after the generation
+                    rows = len(capture.to_frame())
+                    return result, time.perf_counter() - began, rows
         except BaseException:
-            writer.abort()
+            if writer is not None:
+                writer.abort()
             raise
-        began = time.perf_counter()
         _, counts = writer.finish({"benchmark": "timing.captured_generation"})
         seconds = time.perf_counter() - began
         if details is not None:

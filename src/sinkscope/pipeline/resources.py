@@ -203,9 +203,9 @@ def vae_reencode_bytes(config: WanConfig, options: GenerationOptions) -> int:
         return 0
     height = (options.latent_height or config.latent_height) * 8
     width = (options.latent_width or config.latent_width) * 8
-    blocks, context = options.frames_per_block, options.local_attn_frames - options.frames_per_block
-    first_push = min(2 * blocks - context + 1, options.num_frames)  # latents 0 .. the block-2 context's oldest
-    video = 3 * (1 + 4 * max(first_push - 1, blocks)) * height * width * 4
+    block, context = options.frames_per_block, options.local_attn_frames - options.frames_per_block
+    first_push = min(2 * block - context + 1, options.num_frames)  # latents 0 .. the block-2 context's oldest
+    video = 3 * (1 + 4 * max(first_push - 1, block)) * height * width * 4
     return WAN_VAE_PARAMETERS * 4 + video + VAE_DECODE_VALUES_PER_PIXEL * height * width * 4
 
 
