@@ -70,16 +70,25 @@ def section_split(key_frames: list[int]) -> list[dict]:
         sdpa = lambda: F.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))  # noqa: E731
         reference = sdpa().transpose(1, 2)
         plan = key_split(q4, k4)
-        row = {"key_frames": frames, "plan": {"head": plan.head, "parts": plan.parts, "waves": plan.waves}, "sdpa_ms": queued_ms(sdpa)}
-        for name, attend in (("planned", lambda: balanced_attention(q4, k4, v4)),
-                             ("two_parts", lambda: split_key_attention(q4, k4, v4, 2)[0])):
+        row = {
+            "key_frames": frames,
+            "plan": {"head": plan.head, "parts": plan.parts, "waves": plan.waves},
+            "sdpa_ms": queued_ms(sdpa),
+        }
+        for name, attend in (
+            ("planned", lambda: balanced_attention(q4, k4, v4)),
+            ("two_parts", lambda: split_key_attention(q4, k4, v4, 2)[0]),
+        ):
             out = attend()
             row[f"{name}_ms"] = queued_ms(attend)
             row[f"{name}_max_abs_diff"] = (out.float() - reference.float()).abs().max().item()
         rows.append(row)
-        print(f"split  {frames:2d} key frames  plan {plan.head} + {plan.parts} parts  SDPA {row['sdpa_ms']:.3f} ms  "
-              f"planned {row['planned_ms']:.3f} ms ({row['planned_ms'] / row['sdpa_ms']:.3f}x)  two parts "
-              f"{row['two_parts_ms']:.3f} ms  max |diff| {row['planned_max_abs_diff']:.2e}", flush=True)
+        print(
+            f"split  {frames:2d} key frames  plan {plan.head} + {plan.parts} parts  SDPA {row['sdpa_ms']:.3f} ms  "
+            f"planned {row['planned_ms']:.3f} ms ({row['planned_ms'] / row['sdpa_ms']:.3f}x)  two parts "
+            f"{row['two_parts_ms']:.3f} ms  max |diff| {row['planned_max_abs_diff']:.2e}",
+            flush=True,
+        )
     return rows
 
 
@@ -101,8 +110,21 @@ def _exp2_fma(x):
 
 @triton.jit
 def _profile_probe_kernel(
-    q_ptr, k_ptr, lse2_ptr, prob_ptr, stride_qh, stride_ql, stride_kh, stride_kl, num_queries, num_keys, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    lse2_ptr,
+    prob_ptr,
+    stride_qh,
+    stride_ql,
+    stride_kh,
+    stride_kl,
+    num_queries,
+    num_keys,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     # MODE 0: exp2 on the MUFU; 1: polynomial for every column; 2: polynomial for half; 3: no exponential.
     HALF: tl.constexpr = BLOCK_N // 2
@@ -111,14 +133,24 @@ def _profile_probe_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
     offs_b = offs_a + HALF
-    k_a = tl.load(k_ptr + head * stride_kh + offs_a[None, :] * stride_kl + offs_d[:, None], mask=offs_a[None, :] < num_keys, other=0.0)
-    k_b = tl.load(k_ptr + head * stride_kh + offs_b[None, :] * stride_kl + offs_d[:, None], mask=offs_b[None, :] < num_keys, other=0.0)
+    k_a = tl.load(
+        k_ptr + head * stride_kh + offs_a[None, :] * stride_kl + offs_d[:, None],
+        mask=offs_a[None, :] < num_keys,
+        other=0.0,
+    )
+    k_b = tl.load(
+        k_ptr + head * stride_kh + offs_b[None, :] * stride_kl + offs_d[:, None],
+        mask=offs_b[None, :] < num_keys,
+        other=0.0,
+    )
     acc_a = tl.zeros([BLOCK_M, HALF], tl.float32)
     acc_b = tl.zeros([BLOCK_M, HALF], tl.float32)
     for start in range(0, num_queries, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         m_valid = offs_m < num_queries
-        q = tl.load(q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :], mask=m_valid[:, None], other=0.0)
+        q = tl.load(
+            q_ptr + head * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :], mask=m_valid[:, None], other=0.0
+        )
         lse2 = tl.load(lse2_ptr + head * num_queries + offs_m, mask=m_valid, other=float("inf"))
         t_a = tl.dot(q, k_a) * qk_scale_log2 - lse2[:, None]
         t_b = tl.dot(q, k_b) * qk_scale_log2 - lse2[:, None]
@@ -142,7 +174,9 @@ def section_profiles() -> dict:
     q4, k4, v4 = last_block_inputs()
     q, k = (x[0].transpose(0, 1) for x in (q4, k4))  # [H, L, D]
     scale = DIM**-0.5
-    sdpa_ms = queued_ms(lambda: F.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)))
+    sdpa_ms = queued_ms(
+        lambda: F.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
+    )
     from sinkscope.stats.launch import sdpa_with_lse
 
     _, lse = sdpa_with_lse(q, k, v4[0].transpose(0, 1), scale)
@@ -168,9 +202,23 @@ def section_profiles() -> dict:
 
             def launch():
                 _profile_probe_kernel[grid](
-                    q, k, lse2, prob, q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1], k.shape[1],
-                    scale * 1.4426950408889634, HEAD_DIM=DIM, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode,
-                    num_warps=warps, num_stages=stages,
+                    q,
+                    k,
+                    lse2,
+                    prob,
+                    q.stride(0),
+                    q.stride(1),
+                    k.stride(0),
+                    k.stride(1),
+                    q.shape[1],
+                    k.shape[1],
+                    scale * 1.4426950408889634,
+                    HEAD_DIM=DIM,
+                    BLOCK_M=block_m,
+                    BLOCK_N=block_n,
+                    MODE=mode,
+                    num_warps=warps,
+                    num_stages=stages,
                 )
 
             try:
@@ -179,9 +227,23 @@ def section_profiles() -> dict:
                 print(f"probe {name} {block_m}x{block_n}: {type(error).__name__}", flush=True)
                 continue
             error = (prob - reference).abs().max().item() / reference.abs().max().item() if mode < 3 else None
-            result["probes"].append({"mode": name, "BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps,
-                                     "num_stages": stages, "ms": ms, "x_sdpa": ms / sdpa_ms, "max_rel_err": error})
-            print(f"probe {name:8s} {block_m}x{block_n} w{warps} s{stages}  {ms:.3f} ms  {ms / sdpa_ms:.2f}x  err {error}", flush=True)
+            result["probes"].append(
+                {
+                    "mode": name,
+                    "BLOCK_M": block_m,
+                    "BLOCK_N": block_n,
+                    "num_warps": warps,
+                    "num_stages": stages,
+                    "ms": ms,
+                    "x_sdpa": ms / sdpa_ms,
+                    "max_rel_err": error,
+                }
+            )
+            print(
+                f"probe {name:8s} {block_m}x{block_n} w{warps} s{stages}  {ms:.3f} ms  {ms / sdpa_ms:.2f}x  err "
+                f"{error}",
+                flush=True,
+            )
     return result
 
 

@@ -32,10 +32,19 @@ TOKENS, DIM, FFN = 4680, 1536, 8960
 
 @triton.jit
 def norm_rope_kernel(
-    x_ptr, weight_ptr, rope_ptr, out_ptr,
-    num_rows, stride_x, stride_out, eps,
-    WIDTH: tl.constexpr, HALF_PAD: tl.constexpr, PAIRS_PER_HEAD: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    weight_ptr,
+    rope_ptr,
+    out_ptr,
+    num_rows,
+    stride_x,
+    stride_out,
+    eps,
+    WIDTH: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    PAIRS_PER_HEAD: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     pair = tl.arange(0, HALF_PAD)
     in_row = pair < WIDTH // 2
@@ -72,9 +81,20 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, rope: torch.Tensor, eps: fl
     out = torch.empty(batch * length, width, dtype=x.dtype, device=x.device)
     block_rows = 4
     norm_rope_kernel[(triton.cdiv(batch * length, block_rows),)](
-        x2, weight, table, out, batch * length, x2.stride(0), out.stride(0), eps,
-        WIDTH=width, HALF_PAD=triton.next_power_of_2(width // 2), PAIRS_PER_HEAD=pairs, BLOCK_ROWS=block_rows, num_warps=4,
-    )  # fmt: skip
+        x2,
+        weight,
+        table,
+        out,
+        batch * length,
+        x2.stride(0),
+        out.stride(0),
+        eps,
+        WIDTH=width,
+        HALF_PAD=triton.next_power_of_2(width // 2),
+        PAIRS_PER_HEAD=pairs,
+        BLOCK_ROWS=block_rows,
+        num_warps=4,
+    )
     return out.view(batch, length, heads, width // heads)
 
 
@@ -111,14 +131,24 @@ def section_norm_rope() -> dict:
     reference = composition(x)
     result = {}
     with torch.no_grad():
-        for name, run in (("eager", lambda: composition(x)), ("inductor", lambda: compiled(x)),
-                          ("kernel", lambda: norm_rope(x, norm.weight, rope, eps, heads))):
+        for name, run in (
+            ("eager", lambda: composition(x)),
+            ("inductor", lambda: compiled(x)),
+            ("kernel", lambda: norm_rope(x, norm.weight, rope, eps, heads)),
+        ):
             out = run()
-            result[name] = {"us": queued_ms(run) * 1e3, "gpu_us": profiled_us(run),
-                            "differing_share": (out != reference).float().mean().item(),
-                            "max_abs_diff": (out.float() - reference.float()).abs().max().item()}
-            print(f"norm_rope {name:9s} {result[name]['us']:7.1f} us queued, {result[name]['gpu_us']:.1f} us of kernels; differing {result[name]['differing_share']:.2e}"
-                  f"  max |diff| {result[name]['max_abs_diff']:.2e}", flush=True)
+            result[name] = {
+                "us": queued_ms(run) * 1e3,
+                "gpu_us": profiled_us(run),
+                "differing_share": (out != reference).float().mean().item(),
+                "max_abs_diff": (out.float() - reference.float()).abs().max().item(),
+            }
+            print(
+                f"norm_rope {name:9s} {result[name]['us']:7.1f} us queued, {result[name]['gpu_us']:.1f} us of "
+                f"kernels; differing {result[name]['differing_share']:.2e}  max |diff| "
+                f"{result[name]['max_abs_diff']:.2e}",
+                flush=True,
+            )
     return result
 
 
@@ -141,18 +171,36 @@ def section_ffn() -> dict:
     probe = torch.linspace(-4, -2, 256, device="cuda").bfloat16().reshape(16, 16)
     eye, zero = torch.eye(16, device="cuda").bfloat16(), torch.zeros(16, device="cuda").bfloat16()
     epi = torch._addmm_activation(zero, probe, eye, use_gelu=True).float()
-    result = {"epilogue_vs_tanh_gelu": (epi - F.gelu(probe.float(), approximate="tanh").bfloat16().float()).abs().mean().item(),
-              "epilogue_vs_erf_gelu": (epi - F.gelu(probe.float()).bfloat16().float()).abs().mean().item()}
-    print(f"ffn epilogue mean |diff| against tanh GELU {result['epilogue_vs_tanh_gelu']:.2e}, against erf GELU "
-          f"{result['epilogue_vs_erf_gelu']:.2e}", flush=True)
+    result = {
+        "epilogue_vs_tanh_gelu": (epi - F.gelu(probe.float(), approximate="tanh").bfloat16().float())
+        .abs()
+        .mean()
+        .item(),
+        "epilogue_vs_erf_gelu": (epi - F.gelu(probe.float()).bfloat16().float()).abs().mean().item(),
+    }
+    print(
+        f"ffn epilogue mean |diff| against tanh GELU {result['epilogue_vs_tanh_gelu']:.2e}, against erf GELU "
+        f"{result['epilogue_vs_erf_gelu']:.2e}",
+        flush=True,
+    )
     with torch.no_grad():
-        for name, fn in (("two kernels", two_kernels), ("epilogue", epilogue),
-                         ("two kernels, compiled", torch.compile(two_kernels)), ("epilogue, compiled", torch.compile(epilogue))):
+        for name, fn in (
+            ("two kernels", two_kernels),
+            ("epilogue", epilogue),
+            ("two kernels, compiled", torch.compile(two_kernels)),
+            ("epilogue, compiled", torch.compile(epilogue)),
+        ):
             out = fn(x)
-            result[name] = {"gpu_us": profiled_us(lambda: fn(x)), "differing_share": (out != reference).float().mean().item(),
-                            "max_abs_diff": (out.float() - reference.float()).abs().max().item()}
-            print(f"ffn {name:22s} {result[name]['gpu_us']:7.1f} us of kernels; differing {result[name]['differing_share']:.2e}"
-                  f"  max |diff| {result[name]['max_abs_diff']:.2e}", flush=True)
+            result[name] = {
+                "gpu_us": profiled_us(lambda: fn(x)),
+                "differing_share": (out != reference).float().mean().item(),
+                "max_abs_diff": (out.float() - reference.float()).abs().max().item(),
+            }
+            print(
+                f"ffn {name:22s} {result[name]['gpu_us']:7.1f} us of kernels; differing "
+                f"{result[name]['differing_share']:.2e}  max |diff| {result[name]['max_abs_diff']:.2e}",
+                flush=True,
+            )
     return result
 
 
@@ -180,7 +228,12 @@ def main() -> int:
         "ffn up": (lambda: F.linear(x, w_up, b_up), DIM * FFN),
         "ffn down": (lambda: F.linear(hidden, w_down, bias), DIM * FFN),
     }
-    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": TOKENS, "products": {}}
+    result: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "tokens": TOKENS,
+        "products": {},
+    }
     if "norm_rope" in args.sections:
         result["norm_rope"] = section_norm_rope()
     if "ffn" in args.sections:
@@ -193,7 +246,10 @@ def main() -> int:
         tflops = 2 * TOKENS * weights / (ms * 1e-3) / 1e12
         result["products"][name] = {"ms": ms, "tflops": tflops}
         print(f"{name:32s} {ms * 1e3:8.1f} us  {tflops:5.0f} TFLOP/s", flush=True)
-    print(f"fused q equals separate q: {result['qkv_fused_equals_separate']} (max |diff| {result['qkv_fused_max_abs_diff']:.2e})")
+    print(
+        f"fused q equals separate q: {result['qkv_fused_equals_separate']} (max |diff| "
+        f"{result['qkv_fused_max_abs_diff']:.2e})"
+    )
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -71,9 +71,16 @@ def kernel_deltas(plain: dict[str, tuple[int, float]], captured: dict[str, tuple
     deltas = []
     for name in set(plain) | set(captured):
         (launches_plain, ms_plain), (launches_captured, ms_captured) = plain.get(name, none), captured.get(name, none)
-        deltas.append({"kernel": name[:120], "launches_plain": launches_plain, "launches_captured": launches_captured,
-                       "ms_plain": round(ms_plain, 2), "ms_captured": round(ms_captured, 2),
-                       "ms_added": round(ms_captured - ms_plain, 2)})  # fmt: skip
+        deltas.append(
+            {
+                "kernel": name[:120],
+                "launches_plain": launches_plain,
+                "launches_captured": launches_captured,
+                "ms_plain": round(ms_plain, 2),
+                "ms_captured": round(ms_captured, 2),
+                "ms_added": round(ms_captured - ms_plain, 2),
+            }
+        )
     return sorted(deltas, key=lambda d: -abs(d["ms_added"]))[:rows]
 
 
@@ -82,9 +89,18 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=30, help="captured layers (0..N-1)")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
     parser.add_argument("--rows", type=int, default=15, help="rows of each table")
-    parser.add_argument("--fused", action="store_true", help="capture.attention: fused (attention_frame_partials_tma_kernel) instead of exact")
-    parser.add_argument("--longlive2", type=int, default=0, metavar="FRAMES",
-                        help="LongLive 2.0's procedure at the Wan2.2-TI2V-5B size for FRAMES latent frames (compiled)")
+    parser.add_argument(
+        "--fused",
+        action="store_true",
+        help="capture.attention: fused (attention_frame_partials_tma_kernel) instead of exact",
+    )
+    parser.add_argument(
+        "--longlive2",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="LongLive 2.0's procedure at the Wan2.2-TI2V-5B size for FRAMES latent frames (compiled)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,13 +123,21 @@ def main() -> int:
     kernels = profile.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows)
     host = profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows)
     plain_kernels, captured_kernels = kernel_totals(plain_profile), kernel_totals(profile)
-    summary = {"run": name, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "layers": args.layers,
-               "attention": "fused" if args.fused else "exact", "seconds_no_capture": plain, "seconds_captured": captured,
-               "overhead_pct": 100 * (captured / plain - 1), "video_fps_captured": video_frames / captured,
-               "video_fps_no_capture": video_frames / plain,
-               "gpu_ms_no_capture": sum(ms for _, ms in plain_kernels.values()),
-               "gpu_ms_captured": sum(ms for _, ms in captured_kernels.values()),
-               "kernel_deltas": kernel_deltas(plain_kernels, captured_kernels, args.rows)}  # fmt: skip
+    summary = {
+        "run": name,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "layers": args.layers,
+        "attention": "fused" if args.fused else "exact",
+        "seconds_no_capture": plain,
+        "seconds_captured": captured,
+        "overhead_pct": 100 * (captured / plain - 1),
+        "video_fps_captured": video_frames / captured,
+        "video_fps_no_capture": video_frames / plain,
+        "gpu_ms_no_capture": sum(ms for _, ms in plain_kernels.values()),
+        "gpu_ms_captured": sum(ms for _, ms in captured_kernels.values()),
+        "kernel_deltas": kernel_deltas(plain_kernels, captured_kernels, args.rows),
+    }
     text = json.dumps(summary, indent=1) + "\n\nTop CUDA kernels:\n" + kernels + "\n\nTop host operators:\n" + host
     (out / f"profile-{name}-{args.layers}-layers{'-fused' if args.fused else ''}.txt").write_text(text)
     print(text)

@@ -1,10 +1,11 @@
 """One captured attention call at the last block's shape, against SDPA, in rounds.
 
 The routes of ``capture.attention`` (``fused``: the TMA pass, the key sums and the combine;
-``exact``: cuDNN with its log-sum-exp, then ``frame_partials_given_lse_kernel``) at 12 heads x 4680 queries x 32760 keys, bf16. Each
-round times SDPA and both routes back to back and keeps their ratios, so that two code
-trees can be compared in alternating processes on one GPU (clock drift between processes
-moved single numbers by up to 10% in one call). Two timings per route:
+``exact``: cuDNN with its log-sum-exp, then ``frame_partials_given_lse_kernel``) at 12
+heads x 4680 queries x 32760 keys, bf16. Each round times SDPA and both routes back to back
+and keeps their ratios, so that two code trees can be compared in alternating processes on
+one GPU (clock drift between processes moved single numbers by up to 10% in one call). Two
+timings per route:
 
 - ``alone``: CUDA events around one call (launch latency of the small kernels included);
 - ``queued``: 20 calls queued back to back, per call: what a generation sees, where the
@@ -57,7 +58,9 @@ def main() -> int:
     q, k, v = (x[0].transpose(0, 1) for x in (q4, k4, v4))  # [H, L, D] views, as the capture passes them
     layout = dict(frame_seq_length=fsl, query_frames=list(range(18, 21)), key_frames=list(range(21)))
     routes = {
-        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)),
+        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
+            q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)
+        ),
         "fused": lambda: attention_with_statistics(q, k, v, fused=True, **layout),
         "exact": lambda: attention_with_statistics(q, k, v, **layout),
     }

@@ -56,9 +56,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
 from sinkscope.generation.sampler import GenerationOptions, generate  # noqa: E402
-from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.stats.attention import attention_statistics  # noqa: E402
 from sinkscope.stats.reference import logit_mean_factorized, statistics_chunked  # noqa: E402
@@ -69,8 +69,9 @@ GiB = 2**30
 
 def frame_stats(q, k, *, frame_seq_length, query_frames, key_frames, backend="auto"):
     """(logit_mean, prob_mass) of one call: the frame statistics the first benchmark rows compare."""
-    stats = attention_statistics(q, k, frame_seq_length=frame_seq_length, query_frames=query_frames,
-                                 key_frames=key_frames, backend=backend)  # fmt: skip
+    stats = attention_statistics(
+        q, k, frame_seq_length=frame_seq_length, query_frames=query_frames, key_frames=key_frames, backend=backend
+    )
     return stats.logit_mean, stats.prob_mass
 
 
@@ -121,19 +122,25 @@ def section_env() -> dict:
     }
     try:
         smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
-        )  # fmt: skip
+            [
+                "nvidia-smi",
+                "--query-gpu=driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         info["nvidia_smi"] = smi.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    matmul = cuda_time(lambda: a @ b, reps=10)
+    matmul = cuda_time(lambda: a @ b, reps=10)  # noqa: F821 (the del below, after the call, confuses ruff)
     info["bf16_matmul_tflops"] = 2 * 8192**3 / (matmul["median_ms"] * 1e-3) / 1e12
     src = torch.empty(2 * GiB // 2, device="cuda", dtype=torch.bfloat16).normal_()
     dst = torch.empty_like(src)
-    copy = cuda_time(lambda: dst.copy_(src), reps=10)
+    copy = cuda_time(lambda: dst.copy_(src), reps=10)  # noqa: F821 (the del below, after the call, confuses ruff)
     info["copy_tb_s"] = 2 * src.numel() * 2 / (copy["median_ms"] * 1e-3) / 1e12
     del a, b, src, dst
     torch.cuda.empty_cache()
@@ -191,10 +198,14 @@ def section_stats() -> dict:
     frames_q, frames_k = list(range(18, 21)), list(range(21))
     q4, k4, v4 = last_block_inputs()
     q, k = q4[0].transpose(0, 1), k4[0].transpose(0, 1)  # [H, L, D] views, as the capture passes them
-    results: dict = {"shape": {"heads": 12, "queries": num_q * fsl, "keys": num_k * fsl, "head_dim": dim, "dtype": "bfloat16"}}
+    results: dict = {
+        "shape": {"heads": 12, "queries": num_q * fsl, "keys": num_k * fsl, "head_dim": dim, "dtype": "bfloat16"}
+    }
 
     def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)
+        )
 
     def ours():
         return frame_stats(q, k, frame_seq_length=fsl, query_frames=frames_q, key_frames=frames_k)
@@ -218,9 +229,14 @@ def section_stats() -> dict:
     torch.cuda.synchronize()
     naive_ms = (time.perf_counter() - began) * 1e3
     rows["seed notebooks: fp32 logits + softmax + 252x2 slice loop"] = {
-        "median_ms": naive_ms, "min_ms": naive_ms, "max_ms": naive_ms, "reps": 1,
-        "extra_mib": extra_memory(lambda: torch.softmax(torch.matmul(q.float(), k.float().transpose(1, 2)) * scale, -1)),
-    }  # fmt: skip
+        "median_ms": naive_ms,
+        "min_ms": naive_ms,
+        "max_ms": naive_ms,
+        "reps": 1,
+        "extra_mib": extra_memory(
+            lambda: torch.softmax(torch.matmul(q.float(), k.float().transpose(1, 2)) * scale, -1)
+        ),
+    }
     torch.cuda.empty_cache()
     base = rows["SDPA (default backend), the attention call itself"]["median_ms"]
     for row in rows.values():
@@ -245,7 +261,10 @@ def section_stats() -> dict:
     accuracy["logit_mean_vs_fp64_full"] = worst_logit
     accuracy["prob_mass_vs_fp64_full"] = worst_mass
     results["accuracy"] = accuracy
-    results["ranges"] = {"logit_mean": [logit.min().item(), logit.max().item()], "prob_mass": [mass.min().item(), mass.max().item()]}
+    results["ranges"] = {
+        "logit_mean": [logit.min().item(), logit.max().item()],
+        "prob_mass": [mass.min().item(), mass.max().item()],
+    }
 
     # A sliding window with sinks: 2 sink frames + 10 recent frames, non-contiguous key frames.
     window_k = [0, 1] + list(range(11, 21))
@@ -254,8 +273,10 @@ def section_stats() -> dict:
     ref = frame_stats(q, kw, frame_seq_length=fsl, query_frames=frames_q, key_frames=window_k, backend="torch")
     results["accuracy"]["window_with_sinks_vs_torch"] = max((a - b).abs().max().item() for a, b in zip(got, ref))
 
-    sweep = tile_sweep(lambda params: statistics_triton(q, k, fsl, num_q, (fsl,) * num_k, scale, config=params),
-                       [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in _CONFIGS])
+    sweep = tile_sweep(
+        lambda params: statistics_triton(q, k, fsl, num_q, (fsl,) * num_k, scale, config=params),
+        [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in _CONFIGS],
+    )
     results["triton_sweep_ms"] = sweep
     return results
 
@@ -279,8 +300,9 @@ def tile_sweep(run, configs) -> dict:
 def output_accuracy(out, reference, q, k, v, heads=(0, 5, 11)) -> dict:
     """Max abs errors of a captured call's output [Lq, H, D] against SDPA's (``reference``)
     and, for a few heads, both against the float64 attention."""
-    exact = torch.stack([torch.softmax(q[h].double() @ k[h].double().T * q.shape[-1] ** -0.5, -1) @ v[h].double()
-                         for h in heads], 1)  # fmt: skip
+    exact = torch.stack(
+        [torch.softmax(q[h].double() @ k[h].double().T * q.shape[-1] ** -0.5, -1) @ v[h].double() for h in heads], 1
+    )
     return {
         "output_vs_sdpa_max_abs": (out.float() - reference.float()).abs().max().item(),
         "output_vs_fp64_max_abs_3_heads": (out[:, list(heads)].double() - exact).abs().max().item(),
@@ -292,8 +314,14 @@ def output_accuracy(out, reference, q, k, v, heads=(0, 5, 11)) -> dict:
 # The kernels every model of this run computes with (--no-key-split turns the split off).
 KERNELS = KernelSettings()
 SDPA_ROW = "SDPA (default backend), the attention call itself"
-EXACT_ROW = "capture.attention: exact (the default): cuDNN attention + log-sum-exp, then frame_partials_given_lse_kernel: every frame statistic"
-FUSED_ROW = "capture.attention: fused: attention_frame_partials_tma_kernel + frame_statistics_combine_kernel, output and every frame statistic in one pass"
+EXACT_ROW = (
+    "capture.attention: exact (the default): cuDNN attention + log-sum-exp, then frame_partials_given_lse_kernel: "
+    "every frame statistic"
+)
+FUSED_ROW = (
+    "capture.attention: fused: attention_frame_partials_tma_kernel + frame_statistics_combine_kernel, output and "
+    "every frame statistic in one pass"
+)
 
 
 def section_fused() -> dict:
@@ -320,7 +348,9 @@ def section_fused() -> dict:
     layout = dict(frame_seq_length=fsl, query_frames=frames_q, key_frames=frames_k)
 
     def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)
+        )
 
     def before():
         sdpa()
@@ -368,19 +398,41 @@ def section_fused() -> dict:
     lse_out, lse_stats = attention_statistics_lse(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, token_profiles=True)
     accuracy["lse_route_output_vs_sdpa_max_abs"] = (lse_out.float() - reference.float()).abs().max().item()
     for name in ("logit_mean", "prob_mass", "argmax_share", "entropy"):
-        accuracy[f"{name}_vs_frame_softmax_partials_max_abs"] = (getattr(stats, name) - getattr(plain, name)).abs().max().item()
+        accuracy[f"{name}_vs_frame_softmax_partials_max_abs"] = (
+            (getattr(stats, name) - getattr(plain, name)).abs().max().item()
+        )
     for name in ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_prob_mean", "token_logit_mean"):
-        accuracy[f"lse_route_{name}_vs_frame_softmax_partials_max_abs"] = (getattr(lse_stats, name) - getattr(plain, name)).abs().max().item()
-    sweep = tile_sweep(lambda params: attention_statistics_triton(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params),
-                       ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3),
-                        (64, 64, 4, 4)))  # fmt: skip
+        accuracy[f"lse_route_{name}_vs_frame_softmax_partials_max_abs"] = (
+            (getattr(lse_stats, name) - getattr(plain, name)).abs().max().item()
+        )
+    sweep = tile_sweep(
+        lambda params: attention_statistics_triton(q, k, v, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params),
+        (
+            (128, 64, 8, 3),
+            (128, 64, 8, 2),
+            (128, 128, 8, 2),
+            (64, 64, 4, 3),
+            (64, 128, 4, 3),
+            (128, 32, 4, 3),
+            (64, 64, 4, 4),
+        ),
+    )
     # frame_partials_given_lse_kernel alone (the log-sum-exp given), the statistics pass of the default route.
     from sinkscope.stats.launch import statistics_given_lse
 
     lse = sdpa_with_lse(q, k, v, dim**-0.5)[1]
-    sweep_4 = tile_sweep(lambda params: statistics_given_lse(q, k, lse, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params),
-                         ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3), (64, 64, 4, 3),
-                          (256, 64, 8, 3)))  # fmt: skip
+    sweep_4 = tile_sweep(
+        lambda params: statistics_given_lse(q, k, lse, fsl, num_q, (fsl,) * num_k, dim**-0.5, config=params),
+        (
+            (128, 64, 8, 3),
+            (128, 64, 8, 4),
+            (128, 128, 8, 3),
+            (128, 128, 8, 2),
+            (64, 128, 4, 3),
+            (64, 64, 4, 3),
+            (256, 64, 8, 3),
+        ),
+    )
     return {"timings": rows, "accuracy": accuracy, "one_pass_sweep_ms": sweep, "given_lse_sweep_ms": sweep_4}
 
 
@@ -398,8 +450,16 @@ def section_tma() -> dict:
     )
 
     fsl, dim = 1560, 128
-    configs = ((64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 4), (64, 32, 4, 3),
-               (64, 128, 4, 3), (64, 64, 8, 3))  # fmt: skip
+    configs = (
+        (64, 64, 4, 3),
+        (128, 128, 8, 3),
+        (128, 64, 8, 3),
+        (64, 64, 4, 2),
+        (64, 64, 4, 4),
+        (64, 32, 4, 3),
+        (64, 128, 4, 3),
+        (64, 64, 8, 3),
+    )
     result: dict = {}
     for shape, num_k in (("last block", 21), ("first block", 3)):
         q4, k4, v4 = last_block_inputs(num_k=num_k)
@@ -407,38 +467,54 @@ def section_tma() -> dict:
         lengths = (fsl,) * num_k
 
         def sdpa():
-            return torch.nn.functional.scaled_dot_product_attention(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
+            return torch.nn.functional.scaled_dot_product_attention(
+                q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)
+            )
 
         rows = {
             "SDPA (default backend)": cuda_time(sdpa, reps=30)["median_ms"],
             "cuDNN with log-sum-exp": cuda_time(lambda: sdpa_with_lse(q, k, v, dim**-0.5), reps=30)["median_ms"],
-            "cuDNN + frame_partials_given_lse_kernel + combine": cuda_time(lambda: attention_statistics_lse(q, k, v, fsl, 3, lengths, dim**-0.5),
-                                                    reps=30)["median_ms"],  # fmt: skip
-            "TMA pass + combine, default tiles": cuda_time(lambda: attention_statistics_tma(q, k, v, fsl, 3, lengths, dim**-0.5),
-                                                            reps=30)["median_ms"],  # fmt: skip
+            "cuDNN + frame_partials_given_lse_kernel + combine": cuda_time(
+                lambda: attention_statistics_lse(q, k, v, fsl, 3, lengths, dim**-0.5), reps=30
+            )["median_ms"],
+            "TMA pass + combine, default tiles": cuda_time(
+                lambda: attention_statistics_tma(q, k, v, fsl, 3, lengths, dim**-0.5), reps=30
+            )["median_ms"],
         }
         # The parts of the TMA route: the kernel, the key frames' sums, the combine (with logit_mean).
         _, partials = tma_attention(q, k, v, lengths, dim**-0.5)
         key_sums = segment_sums(k, lengths)
         lengths_float = torch.tensor(lengths, dtype=torch.float32, device="cuda")
-        rows["part: attention_frame_partials_tma_kernel (default tiles)"] = cuda_time(lambda: tma_attention(q, k, v, lengths, dim**-0.5), reps=30)["median_ms"]
-        rows["part: segment_sums_kernel, key frames' sums"] = cuda_time(lambda: segment_sums(k, lengths), reps=30)["median_ms"]
+        rows["part: attention_frame_partials_tma_kernel (default tiles)"] = cuda_time(
+            lambda: tma_attention(q, k, v, lengths, dim**-0.5), reps=30
+        )["median_ms"]
+        rows["part: segment_sums_kernel, key frames' sums"] = cuda_time(lambda: segment_sums(k, lengths), reps=30)[
+            "median_ms"
+        ]
         rows["part: frame_statistics_combine_kernel, the combine and logit_mean"] = cuda_time(
-            lambda: _combine_fused(q, k, partials, key_sums, lengths_float, fsl, 3, dim**-0.5, False, None),
-            reps=30)["median_ms"]  # fmt: skip
+            lambda: _combine_fused(q, k, partials, key_sums, lengths_float, fsl, 3, dim**-0.5, False, None), reps=30
+        )["median_ms"]
         base = rows["SDPA (default backend)"]
         entry = {"ms": rows, "x_sdpa": {name: ms / base for name, ms in rows.items()}}
-        for label, stats_on, specialize in (("plain", False, False), ("plain_warp_specialized", False, True),
-                                            ("stats", True, False), ("stats_warp_specialized", True, True)):
+        for label, stats_on, specialize in (
+            ("plain", False, False),
+            ("plain_warp_specialized", False, True),
+            ("stats", True, False),
+            ("stats_warp_specialized", True, True),
+        ):
             entry[f"{label}_sweep_ms"] = tile_sweep(
                 lambda params, stats_on=stats_on, specialize=specialize: tma_attention(
-                    q, k, v, lengths, dim**-0.5, stats=stats_on, warp_specialize=specialize, config=params),
-                configs if not specialize else configs[:4])  # fmt: skip
+                    q, k, v, lengths, dim**-0.5, stats=stats_on, warp_specialize=specialize, config=params
+                ),
+                configs if not specialize else configs[:4],
+            )
         out, stats = attention_statistics_tma(q, k, v, fsl, 3, lengths, dim**-0.5, token_profiles=True)
         ref_out, ref_stats = attention_statistics_lse(q, k, v, fsl, 3, lengths, dim**-0.5, token_profiles=True)
         accuracy = output_accuracy(out, ref_out, q, k, v)
         for name in ("logit_mean", "prob_mass", "argmax_share", "entropy", "token_prob_mean", "token_logit_mean"):
-            accuracy[f"{name}_vs_given_lse_max_abs"] = (getattr(stats, name) - getattr(ref_stats, name)).abs().max().item()
+            accuracy[f"{name}_vs_given_lse_max_abs"] = (
+                (getattr(stats, name) - getattr(ref_stats, name)).abs().max().item()
+            )
         entry["accuracy"] = accuracy
         result[shape] = entry
         print(shape, json.dumps(entry, indent=1), flush=True)
@@ -489,11 +565,18 @@ def time_generation(model, context, options, layers, reps, fused=False):
     seconds.sort()
     median = seconds[len(seconds) // 2]
     return {
-        "seconds_median": median, "seconds_min": seconds[0], "seconds_max": seconds[-1], "first_run_seconds": first,
-        "generation_seconds_median": statistics.median(generation_seconds), "collect_seconds_median": statistics.median(collect_seconds),
-        "video_fps": 81 / median, "peak_gib": peak / GiB, "rows": rows, "latents_finite": bool(torch.isfinite(latents).all()),
+        "seconds_median": median,
+        "seconds_min": seconds[0],
+        "seconds_max": seconds[-1],
+        "first_run_seconds": first,
+        "generation_seconds_median": statistics.median(generation_seconds),
+        "collect_seconds_median": statistics.median(collect_seconds),
+        "video_fps": 81 / median,
+        "peak_gib": peak / GiB,
+        "rows": rows,
+        "latents_finite": bool(torch.isfinite(latents).all()),
         "kv_cache_gib": result.kv_cache_bytes / GiB,
-    }, latents  # fmt: skip
+    }, latents
 
 
 def section_generation(reps: int, compile_modes: list[str]) -> dict:
@@ -502,8 +585,13 @@ def section_generation(reps: int, compile_modes: list[str]) -> dict:
     context = random_context()
     results = {"weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB}
     # Keys: label -> (layers, capture.attention fused).
-    captures = {"no capture": ([], False), "1 layer (layer 4)": ([4], False), "all 30 layers": (list(range(30)), False),
-                "1 layer (layer 4), fused": ([4], True), "all 30 layers, fused": (list(range(30)), True)}
+    captures = {
+        "no capture": ([], False),
+        "1 layer (layer 4)": ([4], False),
+        "all 30 layers": (list(range(30)), False),
+        "1 layer (layer 4), fused": ([4], True),
+        "all 30 layers, fused": (list(range(30)), True),
+    }
     reference = None
     for mode in compile_modes:
         if mode == "compile":
@@ -515,12 +603,17 @@ def section_generation(reps: int, compile_modes: list[str]) -> dict:
             try:
                 results[key], latents = time_generation(model, context, options, layers, reps, fused)
             except Exception as error:  # noqa: BLE001 - report, keep going
-                results[key] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-2000:]}
+                results[key] = {
+                    "error": f"{type(error).__name__}: {error}",
+                    "traceback": traceback.format_exc()[-2000:],
+                }
                 continue
             if reference is None:
                 reference = latents.float()
             else:
-                results[key]["latents_rel_diff_vs_first"] = ((latents.float() - reference).norm() / reference.norm()).item()
+                results[key]["latents_rel_diff_vs_first"] = (
+                    (latents.float() - reference).norm() / reference.norm()
+                ).item()
         base = results.get(f"{mode}, no capture", {}).get("seconds_median")
         for label in captures:
             row = results.get(f"{mode}, {label}", {})
@@ -568,7 +661,9 @@ def section_handoff(reps: int) -> dict:
             sys.setswitchinterval(switch_interval)
         try:
             with tempfile.TemporaryDirectory() as folder:
-                writer = ExtractionWriter(folder, layers, frame_seq_length=1560, run_columns=run_columns, workers=workers)
+                writer = ExtractionWriter(
+                    folder, layers, frame_seq_length=1560, run_columns=run_columns, workers=workers
+                )
                 with FrameStatsCapture(model, layers, frame_seq_length=1560, handoff=writer.submit) as capture:
                     seconds = generate(model, context, options=options, seed=0, observers=[capture]).seconds
                 began = time.perf_counter()
@@ -577,16 +672,22 @@ def section_handoff(reps: int) -> dict:
         finally:
             sys.setswitchinterval(default_interval)
 
-    variants = {"no capture": lambda: (generate(model, context, options=options, seed=0).seconds, 0.0),
-                "records kept on the device": kept, "host copies only": copied,
-                **{f"extraction writer, {n} threads": (lambda n=n: written(n)) for n in (1, 2, 4)},
-                "extraction writer, 4 threads, GIL switch interval 0.5 ms": lambda: written(4, 0.0005)}
+    variants = {
+        "no capture": lambda: (generate(model, context, options=options, seed=0).seconds, 0.0),
+        "records kept on the device": kept,
+        "host copies only": copied,
+        **{f"extraction writer, {n} threads": (lambda n=n: written(n)) for n in (1, 2, 4)},
+        "extraction writer, 4 threads, GIL switch interval 0.5 ms": lambda: written(4, 0.0005),
+    }
     for label, run in variants.items():
         runs = [run() for _ in range(reps + 1)][1:]  # the first is a warm-up
         generation = sorted(r[0] for r in runs)
         after = sorted(r[1] for r in runs)
-        results[label] = {"generation_seconds_median": generation[len(generation) // 2], "generation_seconds": generation,
-                          "after_seconds_median": after[len(after) // 2]}  # fmt: skip
+        results[label] = {
+            "generation_seconds_median": generation[len(generation) // 2],
+            "generation_seconds": generation,
+            "after_seconds_median": after[len(after) // 2],
+        }
     return results  # the model goes with the closures
 
 
@@ -616,7 +717,9 @@ def write_release_folder(folder: Path) -> float:
     config = get_model_config("wan2.1-t2v-1.3b")
     folder.mkdir(parents=True, exist_ok=True)
     fields = ("dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads", "num_layers", "eps", "text_len")
-    (folder / "config.json").write_text(json.dumps({"_class_name": "WanModel", "model_type": "t2v", **{f: getattr(config, f) for f in fields}}))
+    (folder / "config.json").write_text(
+        json.dumps({"_class_name": "WanModel", "model_type": "t2v", **{f: getattr(config, f) for f in fields}})
+    )
     model = random_real_model()
     state = {k: v.float().cpu().contiguous() for k, v in model.state_dict().items()}
     del model
@@ -632,12 +735,33 @@ def run_job(workdir: Path, release: Path, layers: list[int], compile: bool, cach
 
     embedding = workdir / "eagle.safetensors"
     if not embedding.exists():
-        save_embedding(embedding, random_context()[0].cpu(), prompt="benchmark", encoder=TextEncoderSpec("umt5", "wan", str(release)))
-    checkpoint = {"name": "bench", "model": None, "format": "wan", "weights": str(release), "base": None, "seed": 0, "ema": True,
-                  "allow_pickle": False, "dtype": "bfloat16", "train_step": None}  # fmt: skip
+        save_embedding(
+            embedding,
+            random_context()[0].cpu(),
+            prompt="benchmark",
+            encoder=TextEncoderSpec("umt5", "wan", str(release)),
+        )
+    checkpoint = {
+        "name": "bench",
+        "model": None,
+        "format": "wan",
+        "weights": str(release),
+        "base": None,
+        "seed": 0,
+        "ema": True,
+        "allow_pickle": False,
+        "dtype": "bfloat16",
+        "train_step": None,
+    }
     out = workdir / f"out-{len(layers)}-{compile}"
-    script = JOB_DRIVER.format(src=str(ROOT / "src"), checkpoint=checkpoint, layers=layers, out=str(out),
-                               embedding=str(embedding), compile=compile)  # fmt: skip
+    script = JOB_DRIVER.format(
+        src=str(ROOT / "src"),
+        checkpoint=checkpoint,
+        layers=layers,
+        out=str(out),
+        embedding=str(embedding),
+        compile=compile,
+    )
     began = time.perf_counter()
     env = dict(os.environ)
     if cache_dir is not None:  # compile caches of this job only (cold, then warm)
@@ -699,33 +823,74 @@ def targets_table(results: dict) -> list[str]:
     for label, key in (("exact (the default)", EXACT_ROW), ("fused", FUSED_ROW)):
         if sdpa and key in fused:
             ratio = fused[key]["median_ms"] / sdpa
-            rows.append((f"captured call, capture.attention: {label}, output + every frame statistic, x SDPA", f"{ratio:.2f}x",
-                         "<= 1.25x", ratio <= 1.25))  # fmt: skip
+            rows.append(
+                (
+                    f"captured call, capture.attention: {label}, output + every frame statistic, x SDPA",
+                    f"{ratio:.2f}x",
+                    "<= 1.25x",
+                    ratio <= 1.25,
+                )
+            )
     gen = results.get("generation", {})
-    for label, target in (("1 layer (layer 4)", 2.0), ("all 30 layers", 20.0), ("1 layer (layer 4), fused", 2.0),
-                          ("all 30 layers, fused", 20.0)):  # fmt: skip
+    for label, target in (
+        ("1 layer (layer 4)", 2.0),
+        ("all 30 layers", 20.0),
+        ("1 layer (layer 4), fused", 2.0),
+        ("all 30 layers, fused", 20.0),
+    ):
         row = gen.get(f"eager, {label}", {})
         if "overhead_pct" in row:
-            rows.append((f"21-frame generation, {label} captured (eager, the default at 21 frames), rows collected",
-                         f"{row['overhead_pct']:+.1f}%", f"<= +{target:.0f}%", row["overhead_pct"] <= target))  # fmt: skip
+            rows.append(
+                (
+                    f"21-frame generation, {label} captured (eager, the default at 21 frames), rows collected",
+                    f"{row['overhead_pct']:+.1f}%",
+                    f"<= +{target:.0f}%",
+                    row["overhead_pct"] <= target,
+                )
+            )
         base = gen.get("eager, no capture", {}).get("generation_seconds_median")
         if base and "generation_seconds_median" in row:
             alone = 100 * (row["generation_seconds_median"] / base - 1)
-            rows.append((f"21-frame generation, {label} captured, the generation alone (what a job waits for)", f"{alone:+.1f}%",
-                         f"<= +{target:.0f}%", alone <= target))  # fmt: skip
+            rows.append(
+                (
+                    f"21-frame generation, {label} captured, the generation alone (what a job waits for)",
+                    f"{alone:+.1f}%",
+                    f"<= +{target:.0f}%",
+                    alone <= target,
+                )
+            )
     jobs = results.get("jobs", {})
     one, thirty = jobs.get("eager, 1 layer per job", {}), jobs.get("eager, 30 layers per job", {})
     if "timings" in one and "timings" in thirty:
         bound = 2 * (one["timings"]["load_seconds"] + one["timings"]["generation_seconds"])
-        rows.append(("30-layer job, fresh process, wall s (bound: 2 x the 1-layer job's load + generation)",
-                     f"{thirty['wall_seconds']:.1f}", f"<= {bound:.1f}", thirty["wall_seconds"] <= bound))  # fmt: skip
-        rows.append(("results/extract of one 21-frame video, 30 layers, MB", f"{thirty['output_mib'] * MiB / 1e6:.0f}", "<= 200",
-                     thirty["output_mib"] * MiB / 1e6 <= 200))  # fmt: skip
+        rows.append(
+            (
+                "30-layer job, fresh process, wall s (bound: 2 x the 1-layer job's load + generation)",
+                f"{thirty['wall_seconds']:.1f}",
+                f"<= {bound:.1f}",
+                thirty["wall_seconds"] <= bound,
+            )
+        )
+        rows.append(
+            (
+                "results/extract of one 21-frame video, 30 layers, MB",
+                f"{thirty['output_mib'] * MiB / 1e6:.0f}",
+                "<= 200",
+                thirty["output_mib"] * MiB / 1e6 <= 200,
+            )
+        )
     rollouts = results.get("rollouts", {})
     for policy, row in rollouts.items():
         if isinstance(row, dict) and "video_fps" in row and policy != "memory":
-            rows.append((f"{rollouts['frames']} frames, {policy}, 1 layer, {rollouts['default_mode']} (the default), video FPS",
-                         f"{row['video_fps']:.1f}", ">= 30", row["video_fps"] >= 30))  # fmt: skip
+            rows.append(
+                (
+                    f"{rollouts['frames']} frames, {policy}, 1 layer, {rollouts['default_mode']} (the default), "
+                    "video FPS",
+                    f"{row['video_fps']:.1f}",
+                    ">= 30",
+                    row["video_fps"] >= 30,
+                )
+            )
     memory = rollouts.get("memory", {})
     peaks = [row["peak_gib"] for row in memory.values() if isinstance(row, dict) and row.get("peak_gib")]
     if len(peaks) >= 2:
@@ -776,7 +941,9 @@ def probe_warmup(backend: str, layers: list[int]) -> dict:
             torch.cuda.synchronize()
             marks = clock.marks + [(time.perf_counter(), "end")]
             calls = [(marks[i + 1][0] - marks[i][0], marks[i][1]) for i in range(len(marks) - 1)]
-            result["slowest_first_calls_ms"] = [(label, round(1e3 * t, 1)) for t, label in sorted(calls, reverse=True)[:6]]
+            result["slowest_first_calls_ms"] = [
+                (label, round(1e3 * t, 1)) for t, label in sorted(calls, reverse=True)[:6]
+            ]
             result["median_first_call_ms"] = round(1e3 * sorted(t for t, _ in calls)[len(calls) // 2], 1)
     return result
 
@@ -788,8 +955,10 @@ def section_warmup() -> dict:
             label = f"{backend} SDPA, {'1 layer captured' if layers else 'no capture'}"
             proc = subprocess.run(
                 [sys.executable, __file__, "--probe-warmup", backend, ",".join(map(str, layers))],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
             results[label] = json.loads(line[7:]) if line else {"error": proc.stderr[-2000:]}
     return results
@@ -802,30 +971,62 @@ def markdown(results: dict) -> str:
     lines = []
     env = results.get("env", {})
     if env:
-        lines += [f"Device: {env.get('device')} ({env.get('sm_count')} SMs); torch {env.get('torch')}, triton {env.get('triton')}, "
-                  f"CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}; bf16 matmul {env.get('bf16_matmul_tflops', 0):.0f} TFLOP/s, "
-                  f"copy {env.get('copy_tb_s', 0):.2f} TB/s; nvidia-smi: {env.get('nvidia_smi', '-')}", ""]  # fmt: skip
+        lines += [
+            f"Device: {env.get('device')} ({env.get('sm_count')} SMs); torch {env.get('torch')}, triton "
+            f"{env.get('triton')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}; bf16 matmul "
+            f"{env.get('bf16_matmul_tflops', 0):.0f} TFLOP/s, copy {env.get('copy_tb_s', 0):.2f} TB/s; nvidia-smi: "
+            f"{env.get('nvidia_smi', '-')}",
+            "",
+        ]
     lines += targets_table(results)
     stats = results.get("stats", {})
     if "timings" in stats:
-        lines += ["| statistics call (last block, 12 x 4680 x 32760, bf16) | median ms | min | max | extra GPU MiB | x SDPA |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| statistics call (last block, 12 x 4680 x 32760, bf16) | median ms | min | max | extra GPU MiB "
+            "| x SDPA |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, row in stats["timings"].items():
-            lines.append(f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['max_ms']:.3f} | {row['extra_mib']:.1f} | {row['x_sdpa']:.2f} |")
-        lines += ["", "Accuracy (max abs error): " + ", ".join(f"{k} {v:.2e}" for k, v in stats["accuracy"].items()), ""]
-        lines += ["Triton sweep (ms): " + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in stats["triton_sweep_ms"].items()), ""]
+            lines.append(
+                f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['max_ms']:.3f} | "
+                f"{row['extra_mib']:.1f} | {row['x_sdpa']:.2f} |"
+            )
+        lines += [
+            "",
+            "Accuracy (max abs error): " + ", ".join(f"{k} {v:.2e}" for k, v in stats["accuracy"].items()),
+            "",
+        ]
+        lines += [
+            "Triton sweep (ms): "
+            + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in stats["triton_sweep_ms"].items()),
+            "",
+        ]
     fused = results.get("fused", {})
     if "timings" in fused:
-        lines += ["| captured call (last block, 12 x 4680 x 32760, bf16) | median ms | min | max | extra GPU MiB | x SDPA |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| captured call (last block, 12 x 4680 x 32760, bf16) | median ms | min | max | extra GPU MiB | x SDPA |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, row in fused["timings"].items():
-            lines.append(f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['max_ms']:.3f} | {row['extra_mib']:.1f} | {row['x_sdpa']:.2f} |")
+            lines.append(
+                f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['max_ms']:.3f} | "
+                f"{row['extra_mib']:.1f} | {row['x_sdpa']:.2f} |"
+            )
         lines += ["", "Accuracy: " + ", ".join(f"{k} {v:.2e}" for k, v in fused["accuracy"].items()), ""]
         for kernel in ("3", "4"):
             sweep = fused.get(f"kernel_{kernel}_sweep_ms", {})
-            lines += [f"Kernel {kernel} sweep (ms): " + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in sweep.items()), ""]
+            lines += [
+                f"Kernel {kernel} sweep (ms): "
+                + ", ".join(f"{k}: {v if isinstance(v, str) else f'{v:.3f}'}" for k, v in sweep.items()),
+                "",
+            ]
     gen = results.get("generation", {})
     if gen:
-        lines += ["| generation, 21 latent frames (81 video frames) | s (median) | min-max | video FPS | overhead | peak GiB | extra peak MiB "
-                  "| of which generation s | collecting the rows s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "| generation, 21 latent frames (81 video frames) | s (median) | min-max | video FPS | overhead | peak "
+            "GiB | extra peak MiB | of which generation s | collecting the rows s |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for key, row in gen.items():
             if not isinstance(row, dict):
                 continue
@@ -833,22 +1034,29 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {key} | error: {row['error'][:80]} | | | | | | | |")
                 continue
             lines.append(
-                f"| {key} | {row['seconds_median']:.3f} | {row['seconds_min']:.3f}-{row['seconds_max']:.3f} | {row['video_fps']:.1f} | "
-                f"{row.get('overhead_pct', 0):+.1f}% | {row['peak_gib']:.2f} | {row.get('extra_peak_mib', 0):.0f} | "
-                f"{row.get('generation_seconds_median', float('nan')):.3f} | {row.get('collect_seconds_median', float('nan')):.3f} |"
+                f"| {key} | {row['seconds_median']:.3f} | {row['seconds_min']:.3f}-{row['seconds_max']:.3f} | "
+                f"{row['video_fps']:.1f} | {row.get('overhead_pct', 0):+.1f}% | {row['peak_gib']:.2f} | "
+                f"{row.get('extra_peak_mib', 0):.0f} | {row.get('generation_seconds_median', float('nan')):.3f} | "
+                f"{row.get('collect_seconds_median', float('nan')):.3f} |"
             )
         lines.append("")
     handoff = results.get("handoff", {})
     if handoff and "error" not in handoff:
-        lines += ["| 30 layers captured, warm, eager: the records | generation s (median) | after it s |", "|---|---|---|"]
+        lines += [
+            "| 30 layers captured, warm, eager: the records | generation s (median) | after it s |",
+            "|---|---|---|",
+        ]
         for key, row in handoff.items():
             if isinstance(row, dict) and "generation_seconds_median" in row:
                 lines.append(f"| {key} | {row['generation_seconds_median']:.2f} | {row['after_seconds_median']:.2f} |")
         lines.append("")
     jobs = results.get("jobs", {})
     if jobs:
-        lines += ["| extraction job, fresh process | wall s | import s | start-up s | load s | generation s | collect s | write s | output MiB |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "| extraction job, fresh process | wall s | import s | start-up s | load s | generation s | collect s | "
+            "write s | output MiB |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for key, row in jobs.items():
             if not isinstance(row, dict):
                 continue
@@ -856,8 +1064,11 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {key} | error | | | | | | | |")
                 continue
             t = row["timings"]
-            lines.append(f"| {key} | {row['wall_seconds']:.1f} | {row['import_seconds']:.1f} | {t.get('startup_seconds', 0):.1f} | {t['load_seconds']:.1f} | {t['generation_seconds']:.2f} | "
-                         f"{t.get('collect_seconds', 0):.2f} | {t.get('write_seconds', 0):.2f} | {row['output_mib']:.1f} |")  # fmt: skip
+            lines.append(
+                f"| {key} | {row['wall_seconds']:.1f} | {row['import_seconds']:.1f} | "
+                f"{t.get('startup_seconds', 0):.1f} | {t['load_seconds']:.1f} | {t['generation_seconds']:.2f} | "
+                f"{t.get('collect_seconds', 0):.2f} | {t.get('write_seconds', 0):.2f} | {row['output_mib']:.1f} |"
+            )
         lines.append(f"\n(writing the random fp32 release folder took {jobs.get('write_release_seconds', 0):.1f} s)")
     return "\n".join(lines)
 

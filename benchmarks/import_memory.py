@@ -80,11 +80,18 @@ def machine() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-        mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
+        mem = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
         ram = f"{mem / 2**20:.1f} GiB RAM"
     except (OSError, StopIteration):
         ram = "unknown RAM"
-    return f"{os.cpu_count()} cores ({cpu}), {ram}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {ram}, {platform.system()} {platform.release()}, Python "
+        f"{platform.python_version()}"
+    )
 
 
 def main() -> None:
@@ -106,18 +113,31 @@ def main() -> None:
         size = path.stat().st_size
         print(f"machine: {machine()}; torch {torch.__version__}")
         print(
-            f"cache: [1, {args.heads}, {args.queries}, {args.keys}] bf16, {size / 2**30:.2f} GiB ({size:,} bytes), written in {write_seconds:.1f} s"
+            f"cache: [1, {args.heads}, {args.queries}, {args.keys}] bf16, {size / 2**30:.2f} GiB ({size:,} bytes), "
+            f"written in {write_seconds:.1f} s"
         )
-        results = {"machine": machine(), "torch": torch.__version__, "file_bytes": size,
-                   "shape": [1, args.heads, args.queries, args.keys], "frame_seq_length": args.fsl}  # fmt: skip
-        for mode, label in (("baseline", "baseline (imports only)"), ("peek", "peek_layers"),
-                            ("release", "import (pages released)"), ("mmap_only", "import (mmap only)")):  # fmt: skip
+        results = {
+            "machine": machine(),
+            "torch": torch.__version__,
+            "file_bytes": size,
+            "shape": [1, args.heads, args.queries, args.keys],
+            "frame_seq_length": args.fsl,
+        }
+        for mode, label in (
+            ("baseline", "baseline (imports only)"),
+            ("peek", "peek_layers"),
+            ("release", "import (pages released)"),
+            ("mmap_only", "import (mmap only)"),
+        ):
             out.unlink(missing_ok=True)
             measured = json.loads(run(MEASURE, mode, str(path), str(out)))
             results[mode] = measured
             rss = measured["maxrss_bytes"]
-            print(f"{label:26s} peak RSS {rss / 2**30:6.2f} GiB ({rss / size:5.2f} x file)   time {measured['seconds']:7.2f} s"
-                  + (f"   -> {measured['result']}" if measured["result"] is not None else ""))  # fmt: skip
+            print(
+                f"{label:26s} peak RSS {rss / 2**30:6.2f} GiB ({rss / size:5.2f} x file)   time "
+                f"{measured['seconds']:7.2f} s"
+                + (f"   -> {measured['result']}" if measured["result"] is not None else "")
+            )
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 

@@ -16,13 +16,14 @@ turn (so a drift of the machine spreads over all of them), with the GPU memory c
 between runs (emptying it made every run pay the allocator again, and varied by up to 25%
 between runs). A configuration's overhead is the median over the rounds of its time over
 the unedited run's of the same round and capture mode (pairs within a round, so a slow
-round moves both); its seconds are the median of its rounds. A configuration's seconds are the generation's (``GenerationResult.seconds``,
-synchronized) plus, with capture, collecting the rows (``capture.to_frame``), as
-``gpu_benchmark.py``'s generation section counts them. Prints a markdown table with the
-overhead over the unedited run of the same capture mode and writes JSON to ``--out``
-(with each edit's latent distance to the unedited video by block: 0 in block 0, > 0
-after; with random bf16 weights any change of a score, however small, moves later blocks
-by about 0.011 (bf16 rounding carried through 30 random layers), so that is the floor).
+round moves both); its seconds are the median of its rounds. A configuration's seconds are
+the generation's (``GenerationResult.seconds``, synchronized) plus, with capture,
+collecting the rows (``capture.to_frame``), as ``gpu_benchmark.py``'s generation section
+counts them. Prints a markdown table with the overhead over the unedited run of the same
+capture mode and writes JSON to ``--out`` (with each edit's latent distance to the unedited
+video by block: 0 in block 0, > 0 after; with random bf16 weights any change of a score,
+however small, moves later blocks by about 0.011 (bf16 rounding carried through 30 random
+layers), so that is the floor).
 
     PYTHONPATH=src python benchmarks/interventions.py --out $OUT/interventions.json
     PYTHONPATH=src python benchmarks/interventions.py --edits "every layer,-2.0" --out ...   # a subset
@@ -45,13 +46,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from timing import captured_generation  # noqa: E402
+
 from sinkscope.generation.sampler import GenerationOptions  # noqa: E402
 from sinkscope.model import WanConfig, build_model  # noqa: E402
-from timing import captured_generation  # noqa: E402
 
 EDITS = {
     "unedited": [],
-    "logit_bias all heads, frame 0, 0.0 (identity)": [{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": 0.0}],
+    "logit_bias all heads, frame 0, 0.0 (identity)": [
+        {"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": 0.0}
+    ],
     "mask_keys [L1H1, L5H10], frame 0": [{"edit": "mask_keys", "heads": ["L1H1", "L5H10"], "key_frames": [0]}],
     "mask_keys all heads, frame 0": [{"edit": "mask_keys", "heads": "all", "key_frames": [0]}],
     # Its heads are filled in for the model's layers (every_layer_heads).
@@ -64,8 +68,17 @@ EDITS = {
 LIMITS = {"mask_keys": 5.0, "logit_bias": 5.0, "quantize_cache": 15.0}
 # --quick: the demo's kind, small enough for a CPU smoke test (head_dim 16, 6 tokens a
 # frame); L5H10 exists (6 layers, 12 heads... of 16 channels: dim 192).
-QUICK = WanConfig(dim=192, ffn_dim=64, num_heads=12, num_layers=6, text_dim=16, text_len=8, freq_dim=16,
-                  latent_height=4, latent_width=6)  # fmt: skip
+QUICK = WanConfig(
+    dim=192,
+    ffn_dim=64,
+    num_heads=12,
+    num_layers=6,
+    text_dim=16,
+    text_len=8,
+    freq_dim=16,
+    latent_height=4,
+    latent_width=6,
+)
 
 
 def build(quick: bool):
@@ -99,9 +112,14 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmark-out"), "interventions.json"))
     parser.add_argument("--quick", action="store_true", help="a CPU smoke test at a tiny shape")
     parser.add_argument("--reps", type=int, default=5, help="timed rounds (after one warm-up round)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the blocks (jobs do at long rollouts only)")
-    parser.add_argument("--edits", default="", help="only the edits whose names hold one of these comma-separated words "
-                                                     "(the unedited run always runs)")
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile the blocks (jobs do at long rollouts only)"
+    )
+    parser.add_argument(
+        "--edits",
+        default="",
+        help="only the edits whose names hold one of these comma-separated words (the unedited run always runs)",
+    )
     args = parser.parse_args()
     if not args.quick and not torch.cuda.is_available():
         print("needs a CUDA device (or --quick)", file=sys.stderr)
@@ -112,12 +130,18 @@ def main() -> int:
     if args.compile:
         model.compile_blocks(dynamic=False)
     all_layers = list(range(model.config.num_layers))
-    EDITS["mask_keys H1 and H7 of every layer, frame 0"][0]["heads"] = [f"L{layer + 1}H{head}" for layer in all_layers
-                                                                       for head in (1, 7)]  # fmt: skip
+    EDITS["mask_keys H1 and H7 of every layer, frame 0"][0]["heads"] = [
+        f"L{layer + 1}H{head}" for layer in all_layers for head in (1, 7)
+    ]
     words = [word.strip() for word in args.edits.split(",") if word.strip()]
-    chosen = {name: spec for name, spec in EDITS.items() if not spec or not words or any(word in name for word in words)}
-    configs = {(name, captured): GenerationOptions.from_config({"num_frames": frames, "interventions": spec})
-               for captured in (False, True) for name, spec in chosen.items()}  # fmt: skip
+    chosen = {
+        name: spec for name, spec in EDITS.items() if not spec or not words or any(word in name for word in words)
+    }
+    configs = {
+        (name, captured): GenerationOptions.from_config({"num_frames": frames, "interventions": spec})
+        for captured in (False, True)
+        for name, spec in chosen.items()
+    }
     seconds: dict = {key: [] for key in configs}
     collect: dict = {key: [] for key in configs}
     latents: dict = {}
@@ -137,10 +161,21 @@ def main() -> int:
             seconds[key].append(generation + collected)
             collect[key].append(collected)
         print(f"round {round_} done", flush=True)
-    results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "quick": args.quick,
-               "compiled": args.compile, "num_frames": frames, "layers": model.config.num_layers,
-               "heads": model.config.num_heads, "frame_seq_length": fsl, "reps": args.reps, "rows": []}  # fmt: skip
-    lines = ["| edit | capture | s (median) | min-max | overhead | limit | latent distance by block |", "|---|---|---|---|---|---|---|"]
+    results = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "quick": args.quick,
+        "compiled": args.compile,
+        "num_frames": frames,
+        "layers": model.config.num_layers,
+        "heads": model.config.num_heads,
+        "frame_seq_length": fsl,
+        "reps": args.reps,
+        "rows": [],
+    }
+    lines = [
+        "| edit | capture | s (median) | min-max | overhead | limit | latent distance by block |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (name, captured), times in seconds.items():
         key = (name, captured)
         row = {"edit": name, "interventions": EDITS[name], "capture": "all layers" if captured else "none"}
@@ -161,17 +196,25 @@ def main() -> int:
         reference = latents.get(("unedited", captured))
         distances = block_distances(latents[key], reference) if reference is not None else []
         row["latents_equal_unedited"] = reference is not None and torch.equal(latents[key], reference)
-        row.update(overhead_pct=overhead, limit_pct=limit, latent_distance_by_block=distances,
-                   within_limit=None if overhead is None or limit is None else overhead <= limit)  # fmt: skip
+        row.update(
+            overhead_pct=overhead,
+            limit_pct=limit,
+            latent_distance_by_block=distances,
+            within_limit=None if overhead is None or limit is None else overhead <= limit,
+        )
         results["rows"].append(row)
-        lines.append(f"| {name} | {row['capture']} | {median:.3f} | {min(times):.3f}-{max(times):.3f} | "
-                     f"{'' if overhead is None else f'{overhead:+.1f}%'} | {'' if limit is None else f'{limit:.0f}%'} | "
-                     f"{' '.join(f'{d:.2g}' for d in distances)} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {row['capture']} | {median:.3f} | {min(times):.3f}-{max(times):.3f} | "
+            f"{'' if overhead is None else f'{overhead:+.1f}%'} | {'' if limit is None else f'{limit:.0f}%'} | "
+            f"{' '.join(f'{d:.2g}' for d in distances)} |"
+        )
     table = "\n".join(lines)
     results["table"] = table
     out.write_text(json.dumps(results, indent=1))
-    print(f"\n{results['device']}, {frames} frames, {results['layers']} layers x {results['heads']} heads, "
-          f"{fsl} tokens a frame, median of {args.reps}:\n\n{table}")  # fmt: skip
+    print(
+        f"\n{results['device']}, {frames} frames, {results['layers']} layers x {results['heads']} heads, "
+        f"{fsl} tokens a frame, median of {args.reps}:\n\n{table}"
+    )
     return 1 if errors else 0
 
 

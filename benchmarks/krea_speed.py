@@ -53,15 +53,28 @@ from sinkscope.pipeline.resources import GIB, auto_layers_per_job, estimate_job_
 
 MODEL = "wan2.1-t2v-14b"
 # --quick: the 14B's architecture at a CPU size.
-QUICK = WanConfig(dim=128, ffn_dim=256, num_heads=4, num_layers=4, text_dim=64, text_len=16, freq_dim=32, latent_height=8,
-                  latent_width=12)  # fmt: skip
+QUICK = WanConfig(
+    dim=128,
+    ffn_dim=256,
+    num_heads=4,
+    num_layers=4,
+    text_dim=64,
+    text_len=16,
+    freq_dim=32,
+    latent_height=8,
+    latent_width=12,
+)
 LAYER = 4
 HAS_DIFFUSERS = importlib.util.find_spec("diffusers") is not None
 
 
 def krea_generation(frames: int, context: str = "latent") -> dict:
-    return {"procedure": "krea_recompute", "num_frames": frames, "denoising_steps": krea_denoising_steps(4),
-            "recompute_context": context}  # fmt: skip
+    return {
+        "procedure": "krea_recompute",
+        "num_frames": frames,
+        "denoising_steps": krea_denoising_steps(4),
+        "recompute_context": context,
+    }
 
 
 def sync(device: torch.device) -> None:
@@ -98,7 +111,9 @@ def random_vae(device: torch.device, tiny: bool = False):
 
 
 def text(config: WanConfig, device: torch.device) -> torch.Tensor:
-    return torch.randn(1, min(24, config.text_len), config.text_dim, generator=torch.Generator().manual_seed(1)).to(device)
+    return torch.randn(1, min(24, config.text_len), config.text_dim, generator=torch.Generator().manual_seed(1)).to(
+        device
+    )
 
 
 def one_generation(model, options, layers, device, vae=None) -> dict:
@@ -114,19 +129,31 @@ def one_generation(model, options, layers, device, vae=None) -> dict:
     rows = sum(len(t["frames"]) for t in capture.layer_tables().values()) if layers else 0
     sync(device)
     seconds = time.perf_counter() - began
-    return {"seconds": seconds, "generation_seconds": result.seconds, "rows": rows,
-            "peak_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None,
-            "kv_cache_gib": result.kv_cache_bytes / GIB, "calls": len(result.calls),
-            "latents_finite": bool(torch.isfinite(result.latents.float()).all())}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "generation_seconds": result.seconds,
+        "rows": rows,
+        "peak_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None,
+        "kv_cache_gib": result.kv_cache_bytes / GIB,
+        "calls": len(result.calls),
+        "latents_finite": bool(torch.isfinite(result.latents.float()).all()),
+    }
 
 
 def timed(model, options, layers, device, reps, vae=None) -> dict:
     runs = [one_generation(model, options, layers, device, vae) for _ in range(reps)]
     median = statistics.median(r["seconds"] for r in runs)
     video_frames = 4 * options.num_frames - 3
-    return {"seconds_median": median, "seconds": [r["seconds"] for r in runs], "video_fps": video_frames / median,
-            "peak_gib": max((r["peak_gib"] or 0) for r in runs) or None, "kv_cache_gib": runs[0]["kv_cache_gib"],
-            "calls": runs[0]["calls"], "rows": runs[0]["rows"], "latents_finite": all(r["latents_finite"] for r in runs)}  # fmt: skip
+    return {
+        "seconds_median": median,
+        "seconds": [r["seconds"] for r in runs],
+        "video_fps": video_frames / median,
+        "peak_gib": max((r["peak_gib"] or 0) for r in runs) or None,
+        "kv_cache_gib": runs[0]["kv_cache_gib"],
+        "calls": runs[0]["calls"],
+        "rows": runs[0]["rows"],
+        "latents_finite": all(r["latents_finite"] for r in runs),
+    }
 
 
 def section_generation(config: WanConfig, device: torch.device, frames: int, reps: int) -> dict:
@@ -134,10 +161,15 @@ def section_generation(config: WanConfig, device: torch.device, frames: int, rep
     options = GenerationOptions.from_config(krea_generation(frames))
     layer = min(LAYER, config.num_layers - 1)
     one_generation(model, options, [layer], device)  # warm-up: kernels (the statistics' Triton JIT too), allocator
-    out = {"options": options.to_dict(), "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GIB}
+    out = {
+        "options": options.to_dict(),
+        "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GIB,
+    }
     out["no capture"] = timed(model, options, [], device, reps)
     out["1 layer captured"] = timed(model, options, [layer], device, reps)
-    out[f"all {config.num_layers} layers captured"] = timed(model, options, list(range(config.num_layers)), device, reps)
+    out[f"all {config.num_layers} layers captured"] = timed(
+        model, options, list(range(config.num_layers)), device, reps
+    )
     base = out["no capture"]["seconds_median"]
     for key in ("1 layer captured", f"all {config.num_layers} layers captured"):
         out[key]["overhead_pct"] = 100 * (out[key]["seconds_median"] / base - 1)
@@ -163,8 +195,12 @@ def section_reencode(config: WanConfig, device: torch.device, frames: int, reps:
         one_generation(model, options, [], device, vae)  # warm-up (the VAE's kernels too)
         out[context] = timed(model, options, [], device, reps, vae)
     out["reencode_extra_seconds"] = out["reencode"]["seconds_median"] - out["latent"]["seconds_median"]
-    out["estimate_vae_gib"] = estimate_job_memory(config, GenerationOptions.from_config(krea_generation(frames, "reencode")),
-                                                  "bfloat16", captured_layers=0).vae / GIB  # fmt: skip
+    out["estimate_vae_gib"] = (
+        estimate_job_memory(
+            config, GenerationOptions.from_config(krea_generation(frames, "reencode")), "bfloat16", captured_layers=0
+        ).vae
+        / GIB
+    )
     del model, vae
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -201,14 +237,28 @@ def write_checkpoint(workdir: Path, config: WanConfig, device: torch.device) -> 
     base = workdir / "wan_models" / "Wan2.1-T2V-14B"
     weights.parent.mkdir(parents=True, exist_ok=True)
     base.mkdir(parents=True, exist_ok=True)
-    fields = ("dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads", "num_layers", "eps", "text_len", "text_dim")
-    (base / "config.json").write_text(json.dumps({"_class_name": "WanModel", "model_type": "t2v",
-                                                  **{f: getattr(config, f) for f in fields}}))  # fmt: skip
+    fields = (
+        "dim",
+        "ffn_dim",
+        "freq_dim",
+        "in_dim",
+        "out_dim",
+        "num_heads",
+        "num_layers",
+        "eps",
+        "text_len",
+        "text_dim",
+    )
+    (base / "config.json").write_text(
+        json.dumps({"_class_name": "WanModel", "model_type": "t2v", **{f: getattr(config, f) for f in fields}})
+    )
     timings = {}
     began = time.perf_counter()
     model = random_model(config, device)
-    state = {f"model.{k}": v.to("cpu", torch.bfloat16 if device.type == "cuda" else torch.float32).contiguous()
-             for k, v in model.state_dict().items()}  # fmt: skip
+    state = {
+        f"model.{k}": v.to("cpu", torch.bfloat16 if device.type == "cuda" else torch.float32).contiguous()
+        for k, v in model.state_dict().items()
+    }
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -219,8 +269,12 @@ def write_checkpoint(workdir: Path, config: WanConfig, device: torch.device) -> 
     if vae is not None:
         vae.module.save_pretrained(base / "vae")
     embedding = workdir / "eagle.safetensors"
-    save_embedding(embedding, text(config, torch.device("cpu"))[0], prompt="benchmark",
-                   encoder=TextEncoderSpec("umt5", "wan", str(base)))  # fmt: skip
+    save_embedding(
+        embedding,
+        text(config, torch.device("cpu"))[0],
+        prompt="benchmark",
+        encoder=TextEncoderSpec("umt5", "wan", str(base)),
+    )
     timings["weights_gib"] = weights.stat().st_size / GIB
     return weights, embedding, timings
 
@@ -232,14 +286,34 @@ def section_job(config: WanConfig, device: torch.device, frames: int, workdir: P
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     layers_per_job = auto_layers_per_job(config, options, dtype, layers=config.num_layers, memory_bytes=memory)
-    out.update(recompute_context=context, layers_per_job_auto=layers_per_job, device_memory_gib=(memory or 0) / GIB,
-               estimate_gib=estimate_job_memory(config, options, dtype, captured_layers=layers_per_job).total / GIB)  # fmt: skip
-    checkpoint = {"name": "krea_realtime_14b", "model": None, "format": "wan", "weights": str(weights),
-                  "base": str(weights.parent.parent / "wan_models" / "Wan2.1-T2V-14B"), "seed": 0, "ema": True,
-                  "allow_pickle": False, "dtype": dtype, "train_step": None}  # fmt: skip
-    script = JOB_DRIVER.format(src=str(ROOT / "src"), checkpoint=checkpoint, layers=list(range(layers_per_job)),
-                               out=str(workdir / "extract"), embedding=str(embedding), generation=options.to_dict(),
-                               device=str(device), dtype=dtype)  # fmt: skip
+    out.update(
+        recompute_context=context,
+        layers_per_job_auto=layers_per_job,
+        device_memory_gib=(memory or 0) / GIB,
+        estimate_gib=estimate_job_memory(config, options, dtype, captured_layers=layers_per_job).total / GIB,
+    )
+    checkpoint = {
+        "name": "krea_realtime_14b",
+        "model": None,
+        "format": "wan",
+        "weights": str(weights),
+        "base": str(weights.parent.parent / "wan_models" / "Wan2.1-T2V-14B"),
+        "seed": 0,
+        "ema": True,
+        "allow_pickle": False,
+        "dtype": dtype,
+        "train_step": None,
+    }
+    script = JOB_DRIVER.format(
+        src=str(ROOT / "src"),
+        checkpoint=checkpoint,
+        layers=list(range(layers_per_job)),
+        out=str(workdir / "extract"),
+        embedding=str(embedding),
+        generation=options.to_dict(),
+        device=str(device),
+        dtype=dtype,
+    )
     began = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1500)
     out["wall_seconds"] = time.perf_counter() - began
@@ -254,7 +328,9 @@ def section_job(config: WanConfig, device: torch.device, frames: int, workdir: P
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "krea-speed.json"), help="the JSON file")
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("OUT", "."), "krea-speed.json"), help="the JSON file"
+    )
     parser.add_argument("--sections", default="generation,reencode,job")
     parser.add_argument("--frames", type=int, default=21, help="latent frames (21 = 7 blocks = 81 video frames)")
     parser.add_argument("--reps", type=int, default=2)
@@ -264,9 +340,13 @@ def main() -> int:
     device = torch.device("cpu" if args.quick else "cuda")
     config = QUICK if args.quick else get_model_config(MODEL)
     frames = 9 if args.quick else args.frames
-    results: dict = {"model": "quick" if args.quick else MODEL, "frames": frames, "torch": torch.__version__,
-                     "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                     "diffusers": HAS_DIFFUSERS}  # fmt: skip
+    results: dict = {
+        "model": "quick" if args.quick else MODEL,
+        "frames": frames,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "diffusers": HAS_DIFFUSERS,
+    }
     sections = [s for s in args.sections.split(",") if s]
     status = 0
     for section in sections:

@@ -39,9 +39,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
 from sinkscope.generation.sampler import generate  # noqa: E402
-from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.model import WanModel, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import CACHE_POLICIES, CACHE_POLICY_TABLE, GenerationOptions  # noqa: E402
 from sinkscope.stats.attention import attention_statistics  # noqa: E402
@@ -144,8 +144,9 @@ def section_tokens(model) -> dict:
 def policy_options(policy: str, frames: int) -> GenerationOptions:
     """A rollout of ``frames`` under ``policy``, in the procedure the policy runs in
     (rolling_forcing: Rolling Forcing's window)."""
-    return GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy,
-                                          "procedure": CACHE_POLICY_TABLE[policy].procedure})  # fmt: skip
+    return GenerationOptions.from_config(
+        {"num_frames": frames, "cache_policy": policy, "procedure": CACHE_POLICY_TABLE[policy].procedure}
+    )
 
 
 def section_policies(model, frames: int, policies=CACHE_POLICIES) -> dict:
@@ -192,9 +193,13 @@ def section_job_overhead(model) -> dict:
             for kind, rows in parts.items():
                 if rows is None:
                     continue
-                runs = {n: pd.Categorical.from_codes([0] * len(rows), [v]) for n, v in
-                        (("checkpoint", "x"), ("variant", "default"), ("prompt_id", "p"))}  # fmt: skip
-                write_table(rows.assign(**runs, seed=0), f"{tmp}/{kind}.parquet", schemas[kind], {}, row_groups_by="block")
+                runs = {
+                    n: pd.Categorical.from_codes([0] * len(rows), [v])
+                    for n, v in (("checkpoint", "x"), ("variant", "default"), ("prompt_id", "p"))
+                }
+                write_table(
+                    rows.assign(**runs, seed=0), f"{tmp}/{kind}.parquet", schemas[kind], {}, row_groups_by="block"
+                )
         out.setdefault(mode, []).append(time.perf_counter() - began)
     out["extra_seconds"] = min(out["last_block"]) - min(out["none"])
     # A one-layer extraction job took 14.4 s end to end (docs/performance.md (c)).
@@ -245,8 +250,18 @@ def _profiled(model, options) -> dict:
 
 
 # CUDA runtime calls that make the host wait for the GPU (or for the driver).
-BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-                  "cudaMemcpyAsync", "cudaHostAlloc", "cudaFreeHost", "cudaMalloc", "cudaFree", "cudaHostRegister")
+BLOCKING_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpyAsync",
+    "cudaHostAlloc",
+    "cudaFreeHost",
+    "cudaMalloc",
+    "cudaFree",
+    "cudaHostRegister",
+)
 
 
 def idle_gaps(prof, threshold_us: float = 50.0) -> dict:
@@ -255,10 +270,15 @@ def idle_gaps(prof, threshold_us: float = 50.0) -> dict:
     host waited for the GPU, then had to refill its queue) or, if none, to the host's own
     work (the CPU ops running at the gap's start)."""
     events = prof.events()
-    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start)
+    kernels = sorted(
+        (e for e in events if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
     cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     blocking = sorted((e for e in cpu if e.name in BLOCKING_CALLS), key=lambda e: e.time_range.end)
-    ops = sorted((e for e in cpu if e.name.startswith("aten::") or e.name.startswith("sinkscope")), key=lambda e: e.time_range.start)
+    ops = sorted(
+        (e for e in cpu if e.name.startswith("aten::") or e.name.startswith("sinkscope")),
+        key=lambda e: e.time_range.start,
+    )
     gaps, busy_until = [], kernels[0].time_range.end if kernels else 0
     for kernel in kernels[1:]:
         if kernel.time_range.start - busy_until > threshold_us:
@@ -280,10 +300,15 @@ def idle_gaps(prof, threshold_us: float = 50.0) -> dict:
     kernel_ms = sum(e.time_range.end - e.time_range.start for e in kernels) / 1e3
     span_ms = (kernels[-1].time_range.end - kernels[0].time_range.start) / 1e3 if kernels else 0.0
     top = sorted(causes.items(), key=lambda item: -item[1]["idle_ms"])[:15]
-    return {"threshold_us": threshold_us, "kernel_ms": kernel_ms, "first_to_last_kernel_ms": span_ms,
-            "idle_ms_in_gaps": sum(end - start for start, end in gaps) / 1e3, "gaps": len(gaps),
-            "blocking_calls": {name: sum(1 for e in blocking if e.name == name) for name in BLOCKING_CALLS},
-            "causes": dict(top)}  # fmt: skip
+    return {
+        "threshold_us": threshold_us,
+        "kernel_ms": kernel_ms,
+        "first_to_last_kernel_ms": span_ms,
+        "idle_ms_in_gaps": sum(end - start for start, end in gaps) / 1e3,
+        "gaps": len(gaps),
+        "blocking_calls": {name: sum(1 for e in blocking if e.name == name) for name in BLOCKING_CALLS},
+        "causes": dict(top),
+    }
 
 
 def _innermost_ops(ops: list, starts: list[float], longest: float, moment: float, count: int = 3) -> list[str]:
@@ -322,7 +347,9 @@ def section_gaps(model, frames: int, policy: str) -> dict:
     for warning in caught:
         where = f"{Path(warning.filename).name}:{warning.lineno}: {str(warning.message).splitlines()[0][:80]}"
         syncs[where] = syncs.get(where, 0) + 1
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if DEVICE != "cpu" else [])
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if DEVICE != "cpu" else []
+    )
     with torch.profiler.profile(activities=activities) as prof:
         run(model, options, [LAYER])
     return {"policy": policy, "frames": frames, "synchronizing_ops": syncs, "gaps": idle_gaps(prof)}
@@ -345,8 +372,12 @@ def main() -> int:
     parser.add_argument("--model", default="wan2.1-t2v-1.3b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--policy", default="window", help="the profile section's cache policy")
-    parser.add_argument("--policies", default=None, help="cache policies of the policies and compiled sections "
-                        "(default: every policy / the five of the 30 FPS target)")
+    parser.add_argument(
+        "--policies",
+        default=None,
+        help="cache policies of the policies and compiled sections "
+        "(default: every policy / the five of the 30 FPS target)",
+    )
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode of the compiled section")
     parser.add_argument("--no-key-split", action="store_true", help="one SDPA call per cached attention (no key split)")
     parser.add_argument("--profile-frames", type=int, default=45, help="the profile section's rollout length")
@@ -365,12 +396,18 @@ def main() -> int:
             if section == "tokens":
                 results[section] = section_tokens(model)
             elif section == "policies":
-                results[section] = section_policies(model, args.frames, args.policies.split(",") if args.policies else CACHE_POLICIES)
+                results[section] = section_policies(
+                    model, args.frames, args.policies.split(",") if args.policies else CACHE_POLICIES
+                )
             elif section == "job":
                 results[section] = section_job_overhead(model)
             elif section == "compiled":
-                results[section] = section_compiled(model, args.frames, args.policies.split(",") if args.policies else TARGET_POLICIES,
-                                                    args.compile_mode)
+                results[section] = section_compiled(
+                    model,
+                    args.frames,
+                    args.policies.split(",") if args.policies else TARGET_POLICIES,
+                    args.compile_mode,
+                )
             elif section == "profile":
                 results[section] = section_profile(model, args.profile_frames, args.policy)
             elif section == "gaps":
@@ -378,7 +415,10 @@ def main() -> int:
             elif section == "memory":
                 results[section] = section_memory(model, lengths=(21, 120, 480) if DEVICE != "cpu" else (21, 30))
         except Exception as error:  # noqa: BLE001
-            results[section] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+            results[section] = {
+                "error": f"{type(error).__name__}: {error}",
+                "traceback": traceback.format_exc()[-3000:],
+            }
         results[f"{section}_wall_seconds"] = time.perf_counter() - began
         (out_dir / "long_rollout.json").write_text(json.dumps(results, indent=1))
         print(section, json.dumps(results[section], indent=1)[:3000], flush=True)

@@ -85,10 +85,14 @@ def their_pipeline(root: Path, context: torch.Tensor):
     config = theirs.load_config(root, CHUNK, WINDOW, SINK, HEIGHT, WIDTH)
     quick = theirs.QUICK
     wan_default_config[config.model_kwargs.model_name].update(
-        num_heads=quick["num_heads"], head_dim=quick["dim"] // quick["num_heads"], num_transformer_blocks=quick["num_layers"])  # fmt: skip
+        num_heads=quick["num_heads"],
+        head_dim=quick["dim"] // quick["num_heads"],
+        num_transformer_blocks=quick["num_layers"],
+    )
     with theirs.random_weights(quick, "cpu", seed=0), contextlib.redirect_stdout(sys.stderr):
-        pipe = CausalDiffusionInferencePipeline(config, device=torch.device("cpu"),
-                                                text_encoder=theirs.FixedTextEncoder(context), vae=torch.nn.Module())  # fmt: skip
+        pipe = CausalDiffusionInferencePipeline(
+            config, device=torch.device("cpu"), text_encoder=theirs.FixedTextEncoder(context), vae=torch.nn.Module()
+        )
     pipe.generator.to(dtype=torch.float32)
     pipe.generator.model.eval().requires_grad_(False)
     # Their init zeroes the output head (a zero velocity would leave every latent its noise):
@@ -107,23 +111,41 @@ def our_model(state: dict, folder: Path):
     path = folder / "model_bf16.pt"
     torch.save({"generator": {f"model.{k}": v for k, v in state.items()}}, path)
     quick = theirs.QUICK
-    config = WanConfig(dim=quick["dim"], ffn_dim=quick["ffn_dim"], num_heads=quick["num_heads"], num_layers=quick["num_layers"],
-                       in_dim=48, out_dim=48, text_dim=quick["text_dim"], text_len=quick["text_len"], freq_dim=quick["freq_dim"],
-                       latent_height=HEIGHT, latent_width=WIDTH)  # fmt: skip
+    config = WanConfig(
+        dim=quick["dim"],
+        ffn_dim=quick["ffn_dim"],
+        num_heads=quick["num_heads"],
+        num_layers=quick["num_layers"],
+        in_dim=48,
+        out_dim=48,
+        text_dim=quick["text_dim"],
+        text_len=quick["text_len"],
+        freq_dim=quick["freq_dim"],
+        latent_height=HEIGHT,
+        latent_width=WIDTH,
+    )
     return load_transformer(path, model=config, ema=False, allow_pickle=True, dtype=torch.float32)
 
 
-def run_case(pipe, recorder: Recorder, model, context: torch.Tensor, frames: int, prompts: list[str],
-             relative_rope: bool = False) -> tuple[dict, torch.Tensor]:
+def run_case(
+    pipe, recorder: Recorder, model, context: torch.Tensor, frames: int, prompts: list[str], relative_rope: bool = False
+) -> tuple[dict, torch.Tensor]:
     """One generation by each pipeline: the report, and their latents [F, C, H, W]."""
     from sinkscope.generation.common import NoiseStream
     from sinkscope.generation.sampler import generate
     from sinkscope.options import GenerationOptions
 
     segments = [0] + [c * CHUNK for c in range(1, len(prompts)) if prompts[c] != prompts[c - 1]]
-    generation = {"procedure": "longlive2", "num_frames": frames, "frames_per_block": CHUNK, "local_attn_frames": WINDOW,
-                  "sink_frames": SINK, "denoising_steps": [999, 937, 833, 624], "re_cache": False,
-                  "use_relative_rope": relative_rope}  # fmt: skip
+    generation = {
+        "procedure": "longlive2",
+        "num_frames": frames,
+        "frames_per_block": CHUNK,
+        "local_attn_frames": WINDOW,
+        "sink_frames": SINK,
+        "denoising_steps": [999, 937, 833, 624],
+        "re_cache": False,
+        "use_relative_rope": relative_rope,
+    }
     options = GenerationOptions.from_config(generation)
     noise = NoiseStream(0, frames, (48, HEIGHT, WIDTH), 0).initial  # [F, C, H, W], sinkscope's draw for seed 0
 
@@ -161,10 +183,15 @@ def run_case(pipe, recorder: Recorder, model, context: torch.Tensor, frames: int
 
     latents_ours = result.latents[0].transpose(0, 1).double()  # [F, C, H, W]
     latents_theirs = their_latents[0].double()
-    report = {"frames": frames, "prompts": prompts, "relative_rope": relative_rope, "calls": [len(their_calls), len(ours)],
-              "latents_max_abs_diff": float((latents_ours - latents_theirs).abs().max()),
-              "latents_max_abs": float(latents_theirs.abs().max()),
-              "latents_moved_from_noise": float((latents_theirs - noise.double()).abs().max())}  # fmt: skip
+    report = {
+        "frames": frames,
+        "prompts": prompts,
+        "relative_rope": relative_rope,
+        "calls": [len(their_calls), len(ours)],
+        "latents_max_abs_diff": float((latents_ours - latents_theirs).abs().max()),
+        "latents_max_abs": float(latents_theirs.abs().max()),
+        "latents_moved_from_noise": float((latents_theirs - noise.double()).abs().max()),
+    }
     if len(their_calls) == len(ours):
         shapes = [a[1].shape == b[1].shape and a[0].shape == b[0].shape for a, b in zip(their_calls, ours)]
         report["calls_same_shapes"] = all(shapes)
@@ -179,8 +206,11 @@ def run_case(pipe, recorder: Recorder, model, context: torch.Tensor, frames: int
             )
         else:
             first = shapes.index(False)
-            report["first_shape_difference"] = {"call": first, "theirs": [list(t.shape) for t in their_calls[first]],
-                                                "ours": [list(t.shape) for t in ours[first]]}  # fmt: skip
+            report["first_shape_difference"] = {
+                "call": first,
+                "theirs": [list(t.shape) for t in their_calls[first]],
+                "ours": [list(t.shape) for t in ours[first]],
+            }
     return report, latents_theirs
 
 
@@ -189,12 +219,23 @@ def statistics_difference(theirs_qk, ours_qk, layout, frame_seq_length: int) -> 
     entropy) of one call between their q, k and ours (float64, sinkscope's reference)."""
     from sinkscope.stats.attention import attention_statistics
 
-    stats = [attention_statistics(q, k, frame_seq_length=frame_seq_length, query_frames=layout.query_frames,
-                                  key_frames=layout.key_frames, key_lengths=layout.key_lengths, backend="torch",
-                                  key_position_shift=layout.key_position_shift)
-             for q, k in (theirs_qk, ours_qk)]  # fmt: skip
-    return max(float((getattr(stats[0], name) - getattr(stats[1], name)).abs().max())
-               for name in ("logit_mean", "prob_mass", "argmax_share", "entropy"))  # fmt: skip
+    stats = [
+        attention_statistics(
+            q,
+            k,
+            frame_seq_length=frame_seq_length,
+            query_frames=layout.query_frames,
+            key_frames=layout.key_frames,
+            key_lengths=layout.key_lengths,
+            backend="torch",
+            key_position_shift=layout.key_position_shift,
+        )
+        for q, k in (theirs_qk, ours_qk)
+    ]
+    return max(
+        float((getattr(stats[0], name) - getattr(stats[1], name)).abs().max())
+        for name in ("logit_mean", "prob_mass", "argmax_share", "entropy")
+    )
 
 
 def main() -> int:
@@ -205,7 +246,9 @@ def main() -> int:
     root = Path(args.longlive_root).resolve()
     if not (root / "pipeline" / "causal_diffusion_inference.py").exists():
         parser.error(f"{root} is not a LongLive checkout (clone {theirs.UPSTREAM})")
-    context = torch.randn(1, theirs.QUICK["text_len"], theirs.QUICK["text_dim"], generator=torch.Generator().manual_seed(1))
+    context = torch.randn(
+        1, theirs.QUICK["text_len"], theirs.QUICK["text_dim"], generator=torch.Generator().manual_seed(1)
+    )
     pipe, recorder = their_pipeline(root, context)
     with tempfile.TemporaryDirectory() as folder:
         model = our_model(pipe.generator.model.state_dict(), Path(folder))
@@ -220,15 +263,19 @@ def main() -> int:
     reports, ok, latents = {}, True, {}
     for name, (frames, prompts, relative) in cases.items():
         report, latents[name] = run_case(pipe, recorder, model, context, frames, prompts, relative)
-        diffs = [report.get(key, float("inf")) for key in ("latents_max_abs_diff", "q_max_abs_diff", "k_max_abs_diff",
-                                                             "frame_statistics_max_abs_diff")]  # fmt: skip
+        diffs = [
+            report.get(key, float("inf"))
+            for key in ("latents_max_abs_diff", "q_max_abs_diff", "k_max_abs_diff", "frame_statistics_max_abs_diff")
+        ]
         report["within_atol"] = all(d <= args.atol for d in diffs)
         ok &= report["within_atol"]
         reports[name] = report
     # The scene cut changes the video from its chunk on (the same text embedding: only the shot sink and RoPE differ).
     one, cut = list(latents.values())[:2]
-    reports["the scene cut's effect"] = {"before_frame_8": float((one[:8] - cut[:8]).abs().max()),
-                                         "from_frame_8": float((one[8:] - cut[8:]).abs().max())}  # fmt: skip
+    reports["the scene cut's effect"] = {
+        "before_frame_8": float((one[:8] - cut[:8]).abs().max()),
+        "from_frame_8": float((one[8:] - cut[8:]).abs().max()),
+    }
     ok &= reports["the scene cut's effect"]["before_frame_8"] == 0 < reports["the scene cut's effect"]["from_frame_8"]
     # Relative RoPE changes the video once the window has rolled (the keys re-roped to their slots).
     absolute, relative = list(latents.values())[1:]

@@ -43,10 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from timing import captured_generation  # noqa: E402
+
+from report import error_entry, write_results  # noqa: E402
 from sinkscope.model import WanConfig, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import GenerationOptions  # noqa: E402
-from report import error_entry, write_results  # noqa: E402
-from timing import captured_generation  # noqa: E402
 
 GiB = 2**30
 STEPS = [999, 937, 833, 624]
@@ -54,8 +55,19 @@ STEPS = [999, 937, 833, 624]
 # fused (rows collected after the generation), all layers fused with the rows written as a job
 # writes them (handed to its writer threads during the generation).
 CAPTURES = ("none", "layer", "exact", "fused", "fused_written")
-QUICK = WanConfig(dim=64, ffn_dim=96, num_heads=2, num_layers=2, in_dim=48, out_dim=48, text_dim=16, text_len=8,
-                  freq_dim=16, latent_height=4, latent_width=6)  # fmt: skip
+QUICK = WanConfig(
+    dim=64,
+    ffn_dim=96,
+    num_heads=2,
+    num_layers=2,
+    in_dim=48,
+    out_dim=48,
+    text_dim=16,
+    text_len=8,
+    freq_dim=16,
+    latent_height=4,
+    latent_width=6,
+)
 
 
 def real_model() -> torch.nn.Module:
@@ -66,12 +78,21 @@ def real_model() -> torch.nn.Module:
 
 
 def options_for(frames: int, chunk: int, window: int, sink: int) -> GenerationOptions:
-    return GenerationOptions.from_config({"procedure": "longlive2", "num_frames": frames, "frames_per_block": chunk,
-                                          "local_attn_frames": window, "sink_frames": sink, "denoising_steps": STEPS})  # fmt: skip
+    return GenerationOptions.from_config(
+        {
+            "procedure": "longlive2",
+            "num_frames": frames,
+            "frames_per_block": chunk,
+            "local_attn_frames": window,
+            "sink_frames": sink,
+            "denoising_steps": STEPS,
+        }
+    )
 
 
-def time_generation(model, context, options, layers, reps, frame_seq_length, fused=False, written=False,
-                    token_profiles="last_block") -> dict:  # fmt: skip
+def time_generation(
+    model, context, options, layers, reps, frame_seq_length, fused=False, written=False, token_profiles="last_block"
+) -> dict:
     """Median seconds of ``reps`` generations after one warm-up (generation plus collecting
     the rows when captured; ``written``: rows written as a job writes them,
     ``timing.captured_generation``), the parts, video FPS and the peak memory."""
@@ -80,9 +101,17 @@ def time_generation(model, context, options, layers, reps, frame_seq_length, fus
         if context.is_cuda:
             torch.cuda.empty_cache()
         details: dict = {}
-        result, collect, count = captured_generation(model, context, options, layers, frame_seq_length, fused=fused,
-                                                     written=written, token_profiles=token_profiles,
-                                                     details=details)  # fmt: skip
+        result, collect, count = captured_generation(
+            model,
+            context,
+            options,
+            layers,
+            frame_seq_length,
+            fused=fused,
+            written=written,
+            token_profiles=token_profiles,
+            details=details,
+        )
         rows = count if layers else None
         if rep == 0:
             first = result.seconds
@@ -95,12 +124,22 @@ def time_generation(model, context, options, layers, reps, frame_seq_length, fus
         finite = bool(torch.isfinite(result.latents).all())
     median = statistics.median(totals)
     frames, chunks = options.num_frames, len(options.block_sizes())
-    return {"latent_frames": frames, "seconds_median": median, "seconds_min": min(totals), "seconds_max": max(totals),
-            "first_run_seconds": first, "generation_seconds_median": statistics.median(generations),
-            "collect_seconds_median": statistics.median(collects), "video_fps": (4 * frames - 3) / median,
-            "ms_per_chunk": 1000 * median / chunks, "peak_gib": peak / GiB, "kv_cache_gib": result.kv_cache_bytes / GiB,
-            "rows": rows, "latents_finite": finite,
-            **{f"{name}_median": statistics.median(d[name] for d in writer) for name in (writer[0] if written else ())}}  # fmt: skip
+    return {
+        "latent_frames": frames,
+        "seconds_median": median,
+        "seconds_min": min(totals),
+        "seconds_max": max(totals),
+        "first_run_seconds": first,
+        "generation_seconds_median": statistics.median(generations),
+        "collect_seconds_median": statistics.median(collects),
+        "video_fps": (4 * frames - 3) / median,
+        "ms_per_chunk": 1000 * median / chunks,
+        "peak_gib": peak / GiB,
+        "kv_cache_gib": result.kv_cache_bytes / GiB,
+        "rows": rows,
+        "latents_finite": finite,
+        **{f"{name}_median": statistics.median(d[name] for d in writer) for name in (writer[0] if written else ())},
+    }
 
 
 def main() -> int:
@@ -110,10 +149,17 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2, help="timed generations per variant (after one warm-up)")
     parser.add_argument("--no-compile", action="store_true", help="run the blocks eagerly")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run on a tiny model of the 5B's kind")
-    parser.add_argument("--captures", default=",".join(CAPTURES),
-                        help=f"which rows, comma-separated, of: {', '.join(CAPTURES)} (default: all)")
-    parser.add_argument("--token-profiles", default="last_block", choices=("none", "last_block", "all"),
-                        help="which captured calls get key-token profiles (default: last_block, a job's default)")
+    parser.add_argument(
+        "--captures",
+        default=",".join(CAPTURES),
+        help=f"which rows, comma-separated, of: {', '.join(CAPTURES)} (default: all)",
+    )
+    parser.add_argument(
+        "--token-profiles",
+        default="last_block",
+        choices=("none", "last_block", "all"),
+        help="which captured calls get key-token profiles (default: last_block, a job's default)",
+    )
     args = parser.parse_args()
     captures = args.captures.split(",")
     if unknown := sorted(set(captures) - set(CAPTURES)):
@@ -137,30 +183,55 @@ def main() -> int:
         device = torch.cuda.get_device_name()
     config = model.config
     frame_seq_length = config.frame_seq_length()
-    results: dict = {"device": device, "torch": torch.__version__, "model": config.to_dict(), "chunk": chunk,
-                     "window": window, "sink": sink, "steps": STEPS, "reps": args.reps, "token_profiles": args.token_profiles,
-                     "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB}  # fmt: skip
+    results: dict = {
+        "device": device,
+        "torch": torch.__version__,
+        "model": config.to_dict(),
+        "chunk": chunk,
+        "window": window,
+        "sink": sink,
+        "steps": STEPS,
+        "reps": args.reps,
+        "token_profiles": args.token_profiles,
+        "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB,
+    }
     if not args.quick and not args.no_compile:
         began = time.perf_counter()
         model.compile_blocks(dynamic=False)
         results["compile_setup_seconds"] = time.perf_counter() - began
     variants = [(f"{n} frames, no capture", n, [], False, False) for n in frames if "none" in captures]
     longest, every, all_layers = max(frames), list(range(config.num_layers)), f"all {config.num_layers} layers captured"
-    variants += [row for capture, row in (
-        ("layer", (f"{longest} frames, 1 layer captured", longest, captured_layers, False, False)),
-        ("exact", (f"{longest} frames, {all_layers}", longest, every, False, False)),
-        ("fused", (f"{longest} frames, {all_layers}, fused", longest, every, True, False)),
-        ("fused_written", (f"{longest} frames, {all_layers}, fused, rows written as a job", longest, every, True, True)),
-    ) if capture in captures]  # fmt: skip
+    variants += [
+        row
+        for capture, row in (
+            ("layer", (f"{longest} frames, 1 layer captured", longest, captured_layers, False, False)),
+            ("exact", (f"{longest} frames, {all_layers}", longest, every, False, False)),
+            ("fused", (f"{longest} frames, {all_layers}, fused", longest, every, True, False)),
+            (
+                "fused_written",
+                (f"{longest} frames, {all_layers}, fused, rows written as a job", longest, every, True, True),
+            ),
+        )
+        if capture in captures
+    ]
     for label, n, layers, fused, written in variants:
         try:
-            results[label] = time_generation(model, context, options_for(n, chunk, window, sink), layers, args.reps,
-                                             frame_seq_length, fused, written, args.token_profiles)  # fmt: skip
+            results[label] = time_generation(
+                model,
+                context,
+                options_for(n, chunk, window, sink),
+                layers,
+                args.reps,
+                frame_seq_length,
+                fused,
+                written,
+                args.token_profiles,
+            )
         except Exception as error:  # noqa: BLE001 - report, keep going
             results[label] = error_entry(error)
         write_results(results, args.out, partial=True)
     base = results.get(f"{longest} frames, no capture", {}).get("seconds_median")
-    for label, n, layers, *_ in variants:
+    for label, _n, layers, *_ in variants:
         row = results[label]
         if layers and base and "seconds_median" in row:
             row["overhead_pct"] = 100 * (row["seconds_median"] / base - 1)

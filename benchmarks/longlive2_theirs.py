@@ -94,10 +94,31 @@ UPSTREAM = "https://github.com/NVlabs/LongLive"
 EXPECTED_COMMIT = "7860ad9685686bc3edfd407eb4d12579ca47d689"
 # wan_models/Wan2.2-TI2V-5B/config.json (also their wan_5b/configs/wan_ti2v_5B.py); the rest
 # (patch (1,2,2), text_dim 4096, qk_norm, cross_attn_norm) are CausalWanModel's defaults.
-REAL_5B = dict(model_type="ti2v", dim=3072, ffn_dim=14336, freq_dim=256, in_dim=48, out_dim=48, num_heads=24,
-               num_layers=30, text_len=512, eps=1e-6)  # fmt: skip
-QUICK = dict(model_type="ti2v", dim=64, ffn_dim=96, freq_dim=16, in_dim=48, out_dim=48, num_heads=2, num_layers=2,
-             text_len=8, text_dim=16, eps=1e-6)  # fmt: skip
+REAL_5B = dict(
+    model_type="ti2v",
+    dim=3072,
+    ffn_dim=14336,
+    freq_dim=256,
+    in_dim=48,
+    out_dim=48,
+    num_heads=24,
+    num_layers=30,
+    text_len=512,
+    eps=1e-6,
+)
+QUICK = dict(
+    model_type="ti2v",
+    dim=64,
+    ffn_dim=96,
+    freq_dim=16,
+    in_dim=48,
+    out_dim=48,
+    num_heads=2,
+    num_layers=2,
+    text_len=8,
+    text_dim=16,
+    eps=1e-6,
+)
 
 
 # ---------------------------------------------------------------- import shims
@@ -133,7 +154,9 @@ def _plain(value):
 def _merge(a, b):
     out = _wrap(_plain(a))
     for key, value in b.items():
-        out[key] = _merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else _wrap(value)
+        out[key] = (
+            _merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else _wrap(value)
+        )
     return out
 
 
@@ -208,8 +231,21 @@ def install_shims(root: Path, cpu: bool) -> list[str]:
     return shims
 
 
-def sdpa_flash_attention(q, k, v, q_lens=None, k_lens=None, dropout_p=0.0, softmax_scale=None, q_scale=None,
-                         causal=False, window_size=(-1, -1), deterministic=False, dtype=torch.bfloat16, version=None):  # fmt: skip
+def sdpa_flash_attention(
+    q,
+    k,
+    v,
+    q_lens=None,
+    k_lens=None,
+    dropout_p=0.0,
+    softmax_scale=None,
+    q_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    deterministic=False,
+    dtype=torch.bfloat16,
+    version=None,
+):
     """Their ``flash_attention`` [B, L, N, D] contract on torch SDPA, as their ``attention()``
     fallback computes it; padding lengths and windows are not used by the inference path."""
     if q_lens is not None or k_lens is not None or tuple(window_size) != (-1, -1):
@@ -218,8 +254,9 @@ def sdpa_flash_attention(q, k, v, q_lens=None, k_lens=None, dropout_p=0.0, softm
     if q_scale is not None:
         q = q * q_scale
     q, k, v = (x.transpose(1, 2).to(dtype) for x in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
-                                                           scale=softmax_scale)  # fmt: skip
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, dropout_p=dropout_p, is_causal=causal, scale=softmax_scale
+    )
     return out.transpose(1, 2).contiguous().type(out_dtype)
 
 
@@ -286,8 +323,12 @@ def upstream_commit(root: Path) -> str:
     if stamp.exists():
         return stamp.read_text().strip()
     try:  # a clone: only if root is its own work tree, not a folder of an enclosing repository
-        git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True,  # noqa: E731
-                                        check=True).stdout.strip()  # fmt: skip
+
+        def git(*a):
+            return subprocess.run(
+                ["git", "-C", str(root), *a], capture_output=True, text=True, check=True
+            ).stdout.strip()
+
         return git("rev-parse", "HEAD") if Path(git("rev-parse", "--show-toplevel")).resolve() == root else "unknown"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -296,8 +337,12 @@ def upstream_commit(root: Path) -> str:
 def time_length(pipe, frames: int, chunk: int, shape: list[int], reps: int, device: torch.device) -> dict:
     """One warm-up and ``reps`` timed generations of ``frames`` latent frames."""
     cuda = device.type == "cuda"
-    noise = torch.randn([1, frames, *shape], device=device, dtype=torch.bfloat16,
-                        generator=torch.Generator(device=device).manual_seed(0))  # fmt: skip
+    noise = torch.randn(
+        [1, frames, *shape],
+        device=device,
+        dtype=torch.bfloat16,
+        generator=torch.Generator(device=device).manual_seed(0),
+    )
     prompts = [["a random-weight benchmark prompt"] * (frames // chunk)]  # one prompt block a chunk
     seconds, peak, first, latents = [], 0, None, None
     for rep in range(reps + 1):
@@ -318,10 +363,19 @@ def time_length(pipe, frames: int, chunk: int, shape: list[int], reps: int, devi
         if cuda:
             peak = max(peak, torch.cuda.max_memory_allocated())
     median = statistics.median(seconds)
-    return {"latent_frames": frames, "chunks": frames // chunk, "seconds_median": median, "seconds_min": min(seconds),
-            "seconds_max": max(seconds), "first_run_seconds": first, "video_fps": (4 * frames - 3) / median,
-            "ms_per_chunk": 1000 * median / (frames // chunk), "peak_gib": peak / GiB if cuda else None,
-            "latents_shape": list(latents.shape), "latents_finite": bool(torch.isfinite(latents).all())}  # fmt: skip
+    return {
+        "latent_frames": frames,
+        "chunks": frames // chunk,
+        "seconds_median": median,
+        "seconds_min": min(seconds),
+        "seconds_max": max(seconds),
+        "first_run_seconds": first,
+        "video_fps": (4 * frames - 3) / median,
+        "ms_per_chunk": 1000 * median / (frames // chunk),
+        "peak_gib": peak / GiB if cuda else None,
+        "latents_shape": list(latents.shape),
+        "latents_finite": bool(torch.isfinite(latents).all()),
+    }
 
 
 def main() -> int:
@@ -329,8 +383,9 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
     parser.add_argument("--frames", default="64,128", help="latent frame counts, comma-separated")
     parser.add_argument("--reps", type=int, default=2, help="timed generations per length (after one warm-up)")
-    parser.add_argument("--longlive-root", default=str(ROOT / "third_party" / "LongLive"),
-                        help="a checkout of NVlabs/LongLive")  # fmt: skip
+    parser.add_argument(
+        "--longlive-root", default=str(ROOT / "third_party" / "LongLive"), help="a checkout of NVlabs/LongLive"
+    )
     parser.add_argument("--lora", action="store_true", help="wrap the generator in their unmerged rank-128 LoRA")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run on a tiny model")
     args = parser.parse_args()
@@ -359,7 +414,10 @@ def main() -> int:
     config = load_config(root, chunk, window, sink, height, width)
     if args.quick:  # the pipeline sizes its caches from this table, not from the model
         wan_default_config[config.model_kwargs.model_name].update(
-            num_heads=QUICK["num_heads"], head_dim=QUICK["dim"] // QUICK["num_heads"], num_transformer_blocks=QUICK["num_layers"])  # fmt: skip
+            num_heads=QUICK["num_heads"],
+            head_dim=QUICK["dim"] // QUICK["num_heads"],
+            num_transformer_blocks=QUICK["num_layers"],
+        )
         shims.append("wan_default_config sizes set to the tiny model (quick)")
     # umT5's output: 512 x 4096 rows, padding rows zeroed (a short prompt: 24 tokens).
     text_dim = model_config.get("text_dim", 4096)
@@ -369,8 +427,9 @@ def main() -> int:
 
     began = time.perf_counter()
     with random_weights(model_config, str(device), seed=0), contextlib.redirect_stdout(sys.stderr):
-        pipe = CausalDiffusionInferencePipeline(config, device=device, text_encoder=FixedTextEncoder(context),
-                                                vae=torch.nn.Module())  # fmt: skip
+        pipe = CausalDiffusionInferencePipeline(
+            config, device=device, text_encoder=FixedTextEncoder(context), vae=torch.nn.Module()
+        )
     if args.lora:  # as inference.py with the adapter section kept and merge_lora false
         from utils.lora_utils import configure_lora_for_model
 
@@ -383,19 +442,32 @@ def main() -> int:
         torch.cuda.empty_cache()
 
     results: dict = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-        "upstream": {"repo": UPSTREAM, "commit": upstream_commit(root), "root": str(root),
-                     "pipeline": "pipeline.causal_diffusion_inference.CausalDiffusionInferencePipeline",
-                     "config": "configs/inference.yaml"},
-        "model": model_config, "chunk": chunk, "window": window, "sink": sink,
-        "latent_hw": [height, width], "frame_seq_length": pipe.frame_seq_length,
-        "sampling_steps": pipe.sampling_steps, "shift": pipe.shift, "lora": args.lora, "reps": args.reps,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "upstream": {
+            "repo": UPSTREAM,
+            "commit": upstream_commit(root),
+            "root": str(root),
+            "pipeline": "pipeline.causal_diffusion_inference.CausalDiffusionInferencePipeline",
+            "config": "configs/inference.yaml",
+        },
+        "model": model_config,
+        "chunk": chunk,
+        "window": window,
+        "sink": sink,
+        "latent_hw": [height, width],
+        "frame_seq_length": pipe.frame_seq_length,
+        "sampling_steps": pipe.sampling_steps,
+        "shift": pipe.shift,
+        "lora": args.lora,
+        "reps": args.reps,
         "attention": attention_backend,
         "triton": {k: os.environ.get(k, "1 (default)") for k in ("LLV2_TRITON_ROPE", "LLV2_TRITON_ADALN")},
-        "env": {k: v for k, v in os.environ.items() if k.startswith("LLV2_")}, "shims": shims,
+        "env": {k: v for k, v in os.environ.items() if k.startswith("LLV2_")},
+        "shims": shims,
         "weights_gib": sum(p.numel() * p.element_size() for p in pipe.generator.parameters()) / GiB,
         "build_seconds": build_seconds,
-    }  # fmt: skip
+    }
     if results["upstream"]["commit"] != EXPECTED_COMMIT:
         print(f"warning: LongLive commit {results['upstream']['commit']} is not {EXPECTED_COMMIT}", file=sys.stderr)
     shape = [48, height, width]

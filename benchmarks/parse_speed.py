@@ -75,8 +75,10 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     print(f"snakemake -n, one-rule Snakefile (the floor): {result['floor_median_s']:.2f} s")
-    print(f"snakemake -n, 30 layers x 3 prompts x 2 seeds ({total} jobs): first {first[0]:.2f} s, "
-          f"then {result['study_median_s']:.2f} s (median of {args.repeat})")  # fmt: skip
+    print(
+        f"snakemake -n, 30 layers x 3 prompts x 2 seeds ({total} jobs): first {first[0]:.2f} s, "
+        f"then {result['study_median_s']:.2f} s (median of {args.repeat})"
+    )
     print(f"sinkscope's share: {result['sinkscope_overhead_s']:.2f} s")
 
 

@@ -78,8 +78,13 @@ def probe(path: str | Path, *, device: str = "cuda", prompts=PROBE_PROMPTS, seed
     out: dict = {"checkpoint": str(path), "prompts": {}}
     for name in prompts:
         context = demo_embedding(synthetic.CLASS_PROMPTS[name], config.text_dim, config.text_len)[None]
-        capture = FrameStatsCapture(model, range(config.num_layers), frame_seq_length=config.frame_seq_length(), token_profiles="none",
-                                   backend="torch")
+        capture = FrameStatsCapture(
+            model,
+            range(config.num_layers),
+            frame_seq_length=config.frame_seq_length(),
+            token_profiles="none",
+            backend="torch",
+        )
         with capture:
             generate(model, context, options=GenerationOptions(), seed=seed, observers=[capture])
         frame = capture.to_frame().assign(checkpoint="demo", variant="default", prompt_id=name, seed=seed)
@@ -95,7 +100,9 @@ def probe(path: str | Path, *, device: str = "cuda", prompts=PROBE_PROMPTS, seed
             "sink_heads": int((classes == "sink").sum()),
             "sink_share": float((classes == "sink").mean()),
             "class_counts": {c: int((classes == c).sum()) for c in ("sink", "local", "periodic", "diffuse")},
-            "figure_heads_frame0": {f"L{l + 1}H{h + 1}": round(float(mass[l, h]), 4) for l, h in FIGURE_HEADS},
+            "figure_heads_frame0": {
+                f"L{layer + 1}H{head + 1}": round(float(mass[layer, head]), 4) for layer, head in FIGURE_HEADS
+            },
             "layer_frame0": [round(float(v), 4) for v in mass.mean(1)],
         }
     return out
@@ -105,7 +112,9 @@ def summary_line(result: dict) -> str:
     cells = []
     for name, entry in result["prompts"].items():
         figure = " ".join(f"{k} {v / UNIFORM:.1f}x" for k, v in entry["figure_heads_frame0"].items())
-        cells.append(f"{name}: sink {entry['sink_heads']}/72, max {max(max(r) for r in entry['frame0_mass']):.2f}, {figure}")
+        cells.append(
+            f"{name}: sink {entry['sink_heads']}/72, max {max(max(r) for r in entry['frame0_mass']):.2f}, {figure}"
+        )
     return f"{Path(result['checkpoint']).name}: " + "; ".join(cells)
 
 
@@ -136,7 +145,11 @@ def main(argv=None) -> int:
         p.add_argument("--keep-steps", default="", help="comma-separated steps whose bf16 copies go to --out")
         p.add_argument("--max-seconds", type=float, default=None)
         p.add_argument("--stop-at", type=int, default=None, help="stop after this step; NAME_state.pt goes to --out")
-        p.add_argument("--resume", default=None, help="a NAME_state.pt of the same run to go on from (or the stem of its .partN files)")
+        p.add_argument(
+            "--resume",
+            default=None,
+            help="a NAME_state.pt of the same run to go on from (or the stem of its .partN files)",
+        )
         p.add_argument("--first-frame", default="image")
         p.add_argument("--temporal-compression", type=int, default=4)
         p.add_argument("--grain", type=float, default=0.0)
@@ -145,11 +158,15 @@ def main(argv=None) -> int:
         p.add_argument("--weight-decay", type=float, default=0.01)
         p.add_argument("--schedule", default="cosine")
         p.add_argument("--cond-dropout", type=float, default=0.0, help="share of videos trained with the empty prompt")
-        p.add_argument("--guidance", type=float, default=1.0, help="ode: classifier-free guidance of the teacher's pool")
+        p.add_argument(
+            "--guidance", type=float, default=1.0, help="ode: classifier-free guidance of the teacher's pool"
+        )
         p.add_argument("--eval-ode-guidance", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--teacher")
-        p.add_argument("--init-from", default=None, help="flow: start from this checkpoint (e.g. a --mode bidirectional run)")
+        p.add_argument(
+            "--init-from", default=None, help="flow: start from this checkpoint (e.g. a --mode bidirectional run)"
+        )
         p.add_argument("--pool-size", type=int, default=16384)
         p.add_argument("--ode-chunk", type=int, default=1024)
         p.add_argument("--probe-prompts", default=",".join(PROBE_PROMPTS))
@@ -182,7 +199,9 @@ def main(argv=None) -> int:
             format_evaluation,
         )
 
-        result = evaluate_demo(args.checkpoint, device=args.device, ode_steps=args.ode_steps, ode_guidance=args.ode_guidance)
+        result = evaluate_demo(
+            args.checkpoint, device=args.device, ode_steps=args.ode_steps, ode_guidance=args.ode_guidance
+        )
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(format_evaluation(result))
         print(format_attention(result))
@@ -193,14 +212,35 @@ def main(argv=None) -> int:
     work = Path("/tmp") / f"sink_demo_{args.name}"
     shutil.rmtree(work, ignore_errors=True)
     config = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device, lr=args.lr, ema=args.ema,
-        warmup=args.warmup, save_every=args.save_every, weight_decay=args.weight_decay, schedule=args.schedule,
-        cond_dropout=args.cond_dropout, guidance=args.guidance, compile=args.device.startswith("cuda"), log_every=min(100, args.steps),
-        max_seconds=args.max_seconds, first_frame=args.first_frame, temporal_compression=args.temporal_compression, grain=args.grain,
-        data_extra={k: float(v) for k, v in (i.split("=") for i in args.data_extra.split(",") if i)}, mode=args.mode,
-        stage=args.command, teacher=args.teacher, pool_size=args.pool_size, ode_chunk=args.ode_chunk,
-        progress=False, stop_at=args.stop_at, resume=joined_state(args.resume) if args.resume else None, init_from=args.init_from,
-    )  # fmt: skip
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        device=args.device,
+        lr=args.lr,
+        ema=args.ema,
+        warmup=args.warmup,
+        save_every=args.save_every,
+        weight_decay=args.weight_decay,
+        schedule=args.schedule,
+        cond_dropout=args.cond_dropout,
+        guidance=args.guidance,
+        compile=args.device.startswith("cuda"),
+        log_every=min(100, args.steps),
+        max_seconds=args.max_seconds,
+        first_frame=args.first_frame,
+        temporal_compression=args.temporal_compression,
+        grain=args.grain,
+        data_extra={k: float(v) for k, v in (i.split("=") for i in args.data_extra.split(",") if i)},
+        mode=args.mode,
+        stage=args.command,
+        teacher=args.teacher,
+        pool_size=args.pool_size,
+        ode_chunk=args.ode_chunk,
+        progress=False,
+        stop_at=args.stop_at,
+        resume=joined_state(args.resume) if args.resume else None,
+        init_from=args.init_from,
+    )
     began = time.perf_counter()
     result = train_demo(work, config)
     print(f"{args.name}: {result.steps} steps in {result.seconds:.0f} s, loss {result.final_loss:.4f}", flush=True)
@@ -210,8 +250,11 @@ def main(argv=None) -> int:
         state = out / f"{args.name}_state.pt"
         shutil.copy(result.metadata["state"], state)
         parts = split_into_parts(state) if state.stat().st_size > PART_BYTES else [state]
-        print(f"{args.name}: stopped at step {result.steps}; {len(parts)} file(s) {parts[0].name}..; go on with --resume {state}",
-              flush=True)  # fmt: skip
+        print(
+            f"{args.name}: stopped at step {result.steps}; {len(parts)} file(s) {parts[0].name}..; go on with "
+            f"--resume {state}",
+            flush=True,
+        )
     keep = {int(s) for s in args.keep_steps.split(",") if s}
     kept = _export_all(result, out, keep) if keep else []
     for path in kept:
@@ -225,10 +268,17 @@ def main(argv=None) -> int:
         print(summary_line(r), flush=True)
         probes.append(r)
     record = {
-        "name": args.name, "argv": sys.argv, "steps": result.steps, "seconds": result.seconds, "final_loss": result.final_loss,
-        "loss_log": result.loss_log.read_text(), "train": result.metadata, "probes": probes, "kept": kept,
+        "name": args.name,
+        "argv": sys.argv,
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "final_loss": result.final_loss,
+        "loss_log": result.loss_log.read_text(),
+        "train": result.metadata,
+        "probes": probes,
+        "kept": kept,
         "wall": time.perf_counter() - began,
-    }  # fmt: skip
+    }
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=1))
     if args.evaluate:
         from sinkscope.demo.evaluation import (
@@ -237,7 +287,9 @@ def main(argv=None) -> int:
             format_evaluation,
         )
 
-        evaluation = evaluate_demo(final, device=args.device, ode_steps=args.eval_ode_steps, ode_guidance=args.eval_ode_guidance)
+        evaluation = evaluate_demo(
+            final, device=args.device, ode_steps=args.eval_ode_steps, ode_guidance=args.eval_ode_guidance
+        )
         record["evaluation"] = evaluation
         print(format_evaluation(evaluation))
         print(format_attention(evaluation), flush=True)

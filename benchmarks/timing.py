@@ -17,9 +17,18 @@ from sinkscope.naming import layer_file
 from sinkscope.pipeline.writing import ExtractionWriter, default_workers
 
 
-def captured_generation(model, context, options, layers: Sequence[int], frame_seq_length: int, seed: int = 0,
-                        fused: bool = False, written: bool = False, token_profiles: str = "last_block",
-                        details: dict | None = None) -> tuple[GenerationResult, float, int]:  # fmt: skip
+def captured_generation(
+    model,
+    context,
+    options,
+    layers: Sequence[int],
+    frame_seq_length: int,
+    seed: int = 0,
+    fused: bool = False,
+    written: bool = False,
+    token_profiles: str = "last_block",
+    details: dict | None = None,
+) -> tuple[GenerationResult, float, int]:
     """(the generation's result, seconds collecting the frame rows, their count): without
     ``layers`` an uncaptured generation, 0.0 and 0. ``fused``: the ``capture.attention: fused``
     route (one Triton pass for the output and the statistics) instead of ``exact``.
@@ -36,11 +45,22 @@ def captured_generation(model, context, options, layers: Sequence[int], frame_se
         writer = None
         if written:
             run = {"checkpoint": "benchmark", "variant": "default", "prompt_id": "p0", "seed": int(seed)}
-            writer = ExtractionWriter(folder, layers, frame_seq_length=frame_seq_length, run_columns=run,
-                                      workers=default_workers(model.device, len(layers)))  # fmt: skip
+            writer = ExtractionWriter(
+                folder,
+                layers,
+                frame_seq_length=frame_seq_length,
+                run_columns=run,
+                workers=default_workers(model.device, len(layers)),
+            )
         try:
-            with FrameStatsCapture(model, layers, frame_seq_length=frame_seq_length, fused_attention=fused,
-                                   token_profiles=token_profiles, handoff=writer.submit if writer else None) as capture:  # fmt: skip
+            with FrameStatsCapture(
+                model,
+                layers,
+                frame_seq_length=frame_seq_length,
+                fused_attention=fused,
+                token_profiles=token_profiles,
+                handoff=writer.submit if writer else None,
+            ) as capture:
                 result = generate(model, context, options=options, seed=seed, observers=[capture])
                 began = time.perf_counter()
                 if writer is None:  # the rows collected after the generation

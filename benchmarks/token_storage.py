@@ -83,7 +83,9 @@ def sync(device: str) -> None:
 def section_rounding(model, fsl, frames, device, layers) -> dict:
     capture = FrameStatsCapture(model, layers, frame_seq_length=fsl, token_profiles="last_block")
     with capture:
-        generate(model, context(model, device), options=GenerationOptions(num_frames=frames), seed=0, observers=[capture])
+        generate(
+            model, context(model, device), options=GenerationOptions(num_frames=frames), seed=0, observers=[capture]
+        )
     host = capture._host()  # the float32 values the capture computed, before any encoding
     prob_err, logit_err, mean_res, mass_res, vs_frames = [], [], [], [], []
     tables = capture.layer_tables()
@@ -94,19 +96,27 @@ def section_rounding(model, fsl, frames, device, layers) -> dict:
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         for name in ("token_logit_mean", "token_prob_mean"):
             assert arrays[name].shape[1] == lengths.sum()
-        for f, (start, n) in enumerate(zip(starts, lengths)):
+        for _f, (start, n) in enumerate(zip(starts, lengths)):
             logit = arrays["token_logit_mean"][:, start : start + n].astype(np.float32)
             prob = arrays["token_prob_mean"][:, start : start + n].astype(np.float32)
             stored = encode_token_values(logit, prob)
-            dl, dp = decode_token_values(stored["frame_logit_mean"], stored["frame_prob_mass"],
-                                         stored["token_logit_centered"], stored["token_prob_ratio"])  # fmt: skip
+            dl, dp = decode_token_values(
+                stored["frame_logit_mean"],
+                stored["frame_prob_mass"],
+                stored["token_logit_centered"],
+                stored["token_prob_ratio"],
+            )
             positive = prob > 0
             prob_err.append(np.abs(dp - prob)[positive] / prob[positive])
             spread = np.abs(logit - logit.mean(axis=1, keepdims=True)).max(axis=1, keepdims=True)
             logit_err.append((np.abs(dl - logit) / np.maximum(spread, 1e-30)).ravel())
-            mean_res.append(np.abs(dl.astype(np.float64).mean(1) - stored["frame_logit_mean"]) /
-                            np.maximum(np.abs(dl).max(1), 1e-30))  # fmt: skip
-            mass_res.append(np.abs(dp.astype(np.float64).sum(1) - stored["frame_prob_mass"]) / stored["frame_prob_mass"])
+            mean_res.append(
+                np.abs(dl.astype(np.float64).mean(1) - stored["frame_logit_mean"])
+                / np.maximum(np.abs(dl).max(1), 1e-30)
+            )
+            mass_res.append(
+                np.abs(dp.astype(np.float64).sum(1) - stored["frame_prob_mass"]) / stored["frame_prob_mass"]
+            )
     for layer in layers:
         frames_ = tables[layer]["frames"]
         tokens = tables[layer]["tokens"]
@@ -119,8 +129,11 @@ def section_rounding(model, fsl, frames, device, layers) -> dict:
     prob_err, logit_err = np.concatenate(prob_err), np.concatenate(logit_err)
     return {
         "token_values": int(prob_err.size),
-        "prob_relative_error": {"median": float(np.median(prob_err)), "p99": float(np.quantile(prob_err, 0.99)),
-                                "max": float(prob_err.max())},  # fmt: skip
+        "prob_relative_error": {
+            "median": float(np.median(prob_err)),
+            "p99": float(np.quantile(prob_err, 0.99)),
+            "max": float(prob_err.max()),
+        },
         "logit_error_over_frame_spread": {"median": float(np.median(logit_err)), "max": float(logit_err.max())},
         "identity_logit_mean_residual_relative_max": float(np.concatenate(mean_res).max()),
         "identity_prob_mass_residual_relative_max": float(np.concatenate(mass_res).max()),
@@ -162,9 +175,21 @@ def _token_bytes_per_value(logit: np.ndarray, prob: np.ndarray, tmp: Path) -> di
     from sinkscope.tables import TOKEN_PROFILES_SCHEMA
 
     rows = len(logit)
-    base = pd.DataFrame({**{k: [v] * rows for k, v in RUN.items()}, "layer": 0, "head": np.arange(rows) % 12,
-                         "block": 6, "pass": "denoise", "step": 0, "timestep": 0.0, "prompt_segment": 0,
-                         "key_frame": np.arange(rows) // 12 % 21, "key_tokens": logit.shape[1], "key_position_shift": 0})  # fmt: skip
+    base = pd.DataFrame(
+        {
+            **{k: [v] * rows for k, v in RUN.items()},
+            "layer": 0,
+            "head": np.arange(rows) % 12,
+            "block": 6,
+            "pass": "denoise",
+            "step": 0,
+            "timestep": 0.0,
+            "prompt_segment": 0,
+            "key_frame": np.arange(rows) // 12 % 21,
+            "key_tokens": logit.shape[1],
+            "key_position_shift": 0,
+        }
+    )
     stored = encode_token_values(logit, prob)
     new = base.assign(**{name: list(v) if v.ndim == 2 else v for name, v in stored.items()})
     old = base.assign(token_logit_mean=list(logit), token_prob_mean=list(prob))
@@ -183,12 +208,15 @@ def section_bytes(model, fsl, frames, device, layers) -> dict:
         folder.mkdir()
         workers = 0 if device != "cuda" else min(4, len(layers))
         writer = ExtractionWriter(folder, layers, frame_seq_length=fsl, run_columns=RUN, workers=workers)
-        capture = FrameStatsCapture(model, layers, frame_seq_length=fsl, token_profiles="last_block", handoff=writer.submit)
+        capture = FrameStatsCapture(
+            model, layers, frame_seq_length=fsl, token_profiles="last_block", handoff=writer.submit
+        )
         sync(device)
         began = time.perf_counter()
         with capture:
-            result = generate(model, context(model, device), options=GenerationOptions(num_frames=frames), seed=0,
-                              observers=[capture])  # fmt: skip
+            result = generate(
+                model, context(model, device), options=GenerationOptions(num_frames=frames), seed=0, observers=[capture]
+            )
         generated = time.perf_counter()
         written, counts = writer.finish({"package_version": "bench"})
         finished = time.perf_counter()
@@ -201,18 +229,27 @@ def section_bytes(model, fsl, frames, device, layers) -> dict:
             if name.endswith(".tokens.parquet"):
                 table = read_table(folder / name)
                 values += 2 * int(table["key_tokens"].sum())
-                write_table(decode_token_profiles(table), old / name, TOKEN_PROFILES_SCHEMA_V1, {}, row_groups_by="block")
+                write_table(
+                    decode_token_profiles(table), old / name, TOKEN_PROFILES_SCHEMA_V1, {}, row_groups_by="block"
+                )
         old_tokens = sum(p.stat().st_size for p in old.glob("*.parquet"))
         scale = REAL["layers"] / len(layers)
         measured = {
-            "layers": len(layers), "frames": frames, "tokens_a_frame": fsl, "token_values": values,
-            "bytes": kinds, "bytes_total": sum(kinds.values()),
+            "layers": len(layers),
+            "frames": frames,
+            "tokens_a_frame": fsl,
+            "token_values": values,
+            "bytes": kinds,
+            "bytes_total": sum(kinds.values()),
             "bytes_30_layers": {k: v * scale for k, v in kinds.items()},
             "MB_30_layers": sum(kinds.values()) * scale / MB,
             "token_MB_30_layers_float32_layout": old_tokens * scale / MB,
             "token_MB_30_layers_compact_layout": kinds["tokens"] * scale / MB,
-            "generation_seconds": generated - began, "result_seconds": result.seconds,
-            "finish_seconds": finished - generated, **writer.timings, "drain_seconds": writer.drain_seconds,
+            "generation_seconds": generated - began,
+            "result_seconds": result.seconds,
+            "finish_seconds": finished - generated,
+            **writer.timings,
+            "drain_seconds": writer.drain_seconds,
         }
         # This run's token values, bytes a value in either layout (the file's metadata included).
         table = read_table(folder / [n for n in written if n.endswith(".tokens.parquet")][-1])
@@ -225,46 +262,78 @@ def section_bytes(model, fsl, frames, device, layers) -> dict:
     real_values = 2 * REAL["layers"] * rows * REAL["tokens"]
     # Frame and query rows of a real video, at the bytes a row this run's files took.
     blocks = REAL["frames"] // REAL["block"]
-    frame_rows = REAL["layers"] * REAL["calls"] * REAL["heads"] * REAL["block"] * sum(REAL["block"] * (b + 1) for b in range(blocks))
+    frame_rows = (
+        REAL["layers"]
+        * REAL["calls"]
+        * REAL["heads"]
+        * REAL["block"]
+        * sum(REAL["block"] * (b + 1) for b in range(blocks))
+    )
     query_rows = REAL["layers"] * REAL["calls"] * blocks * REAL["heads"] * REAL["block"]
     frame_row_bytes = kinds["frames"] / max(counts_sum(counts, ""), 1)
     query_row_bytes = kinds["queries"] / max(counts_sum(counts, ".queries"), 1)
     estimate = {
-        "token_values": real_values, "frame_rows": frame_rows, "query_rows": query_rows,
-        "bytes_a_token_value": per_value_real, "bytes_a_frame_row": frame_row_bytes, "bytes_a_query_row": query_row_bytes,
-        "MB_compact_layout": (real_values * per_value_real["compact"] + frame_rows * frame_row_bytes
-                              + query_rows * query_row_bytes) / MB,
-        "MB_float32_layout": (real_values * per_value_real["float32"] + frame_rows * frame_row_bytes
-                              + query_rows * query_row_bytes) / MB,
-        "MB_compact_layout_at_this_runs_bytes_a_value": (real_values * per_value_run["compact"] + frame_rows * frame_row_bytes
-                                                          + query_rows * query_row_bytes) / MB,
+        "token_values": real_values,
+        "frame_rows": frame_rows,
+        "query_rows": query_rows,
+        "bytes_a_token_value": per_value_real,
+        "bytes_a_frame_row": frame_row_bytes,
+        "bytes_a_query_row": query_row_bytes,
+        "MB_compact_layout": (
+            real_values * per_value_real["compact"] + frame_rows * frame_row_bytes + query_rows * query_row_bytes
+        )
+        / MB,
+        "MB_float32_layout": (
+            real_values * per_value_real["float32"] + frame_rows * frame_row_bytes + query_rows * query_row_bytes
+        )
+        / MB,
+        "MB_compact_layout_at_this_runs_bytes_a_value": (
+            real_values * per_value_run["compact"] + frame_rows * frame_row_bytes + query_rows * query_row_bytes
+        )
+        / MB,
         "target_MB": 200,
-    }  # fmt: skip
+    }
     return {"measured": measured, "bytes_a_token_value_this_run": per_value_run, "real_size_estimate": estimate}
 
 
 def counts_sum(counts: dict[str, int], suffix: str) -> int:
     """Rows of the files of one kind: suffix "" (layer<L>.parquet), ".queries" or ".tokens"."""
-    return sum(n for name, n in counts.items() if name.removesuffix(".parquet").partition(".")[1:] == (suffix[:1], suffix[1:]))
+    return sum(
+        n for name, n in counts.items() if name.removesuffix(".parquet").partition(".")[1:] == (suffix[:1], suffix[1:])
+    )
 
 
 def _records(fsl: int, heads: int, frames: int, calls: int, layers: int, device: str) -> list[CallRecord]:
     """Synthetic last-block records: ``calls`` calls x ``layers`` layers, every key frame whole."""
     keys = frames * fsl
-    layout = AttentionLayout(query_frames=tuple(range(frames - 3, frames)), key_frames=tuple(range(frames)),
-                             key_lengths=(fsl,) * frames, key_position_shift=(0,) * frames)  # fmt: skip
+    layout = AttentionLayout(
+        query_frames=tuple(range(frames - 3, frames)),
+        key_frames=tuple(range(frames)),
+        key_lengths=(fsl,) * frames,
+        key_position_shift=(0,) * frames,
+    )
     g = torch.Generator(device=device).manual_seed(0)
     logits = torch.randn(heads, keys, device=device, generator=g)
     probs = torch.softmax(logits, dim=-1)
-    stats = CallStatistics(logit_mean=torch.randn(heads, 3, frames, device=device, generator=g),
-                           prob_mass=torch.full((heads, 3, frames), 1 / frames, device=device),
-                           argmax_share=torch.full((heads, 3, frames), 1 / frames, device=device),
-                           entropy=torch.rand(heads, 3, device=device, generator=g),
-                           token_logit_mean=logits, token_prob_mean=probs)  # fmt: skip
+    stats = CallStatistics(
+        logit_mean=torch.randn(heads, 3, frames, device=device, generator=g),
+        prob_mass=torch.full((heads, 3, frames), 1 / frames, device=device),
+        argmax_share=torch.full((heads, 3, frames), 1 / frames, device=device),
+        entropy=torch.rand(heads, 3, device=device, generator=g),
+        token_logit_mean=logits,
+        token_prob_mean=probs,
+    )
     records = []
     for step in range(calls):
-        info = CallInfo(block=frames // 3 - 1, pass_="denoise" if step < calls - 1 else "cache", step=step,
-                        timestep=1000.0 - step, start_frame=frames - 3, num_frames=3, is_last_block=True)  # fmt: skip
+        info = CallInfo(
+            block=frames // 3 - 1,
+            pass_="denoise" if step < calls - 1 else "cache",
+            step=step,
+            timestep=1000.0 - step,
+            start_frame=frames - 3,
+            num_frames=3,
+            is_last_block=True,
+        )
         records += [CallRecord(layer, info, layout, stats) for layer in range(layers)]
     return records
 
@@ -284,20 +353,28 @@ def section_writer(fsl, frames, device, heads: int = 12, layers: int = 30) -> di
             writer.finish({"package_version": "bench"})
             done = time.perf_counter()
             out[f"workers_{workers}"] = {
-                "seconds": done - began, "records_per_s": len(records) / (done - began),
+                "seconds": done - began,
+                "records_per_s": len(records) / (done - began),
                 "token_MB_per_s": values * 4 / MB / (done - began),  # float32 values consumed
                 "handoff_ms_per_record": 1e3 * writer.handoff_seconds / len(records),
-                "submit_seconds": submitted - began, "writer_busy_seconds": writer.queue.busy_seconds,
-            }  # fmt: skip
+                "submit_seconds": submitted - began,
+                "writer_busy_seconds": writer.queue.busy_seconds,
+            }
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny", help="tiny (the demo config) or a model config name (wan2.1-t2v-1.3b)")
+    parser.add_argument(
+        "--model", default="tiny", help="tiny (the demo config) or a model config name (wan2.1-t2v-1.3b)"
+    )
     parser.add_argument("--sections", default="rounding,bytes,writer")
-    parser.add_argument("--layers", default=None, help="captured layers, e.g. 0-29 or 0,4 (default: every layer); "
-                        "the writer section writes as many synthetic layers")
+    parser.add_argument(
+        "--layers",
+        default=None,
+        help="captured layers, e.g. 0-29 or 0,4 (default: every layer); "
+        "the writer section writes as many synthetic layers",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -316,8 +393,12 @@ def main() -> int:
         layers = list(range(lo, hi + 1))
     else:
         layers = [int(x) for x in args.layers.split(",")]
-    results: dict = {"model": args.model, "device": args.device, "torch": torch.__version__,
-                     "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}  # fmt: skip
+    results: dict = {
+        "model": args.model,
+        "device": args.device,
+        "torch": torch.__version__,
+        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+    }
     for section in sections:
         began = time.perf_counter()
         try:

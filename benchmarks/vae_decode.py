@@ -18,9 +18,18 @@ import torch
 
 from sinkscope.model.vae import LATENT_NORMALIZATION, WanVAE, decode_bytes
 
-WAN22 = {"base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "is_residual": True, "in_channels": 12,
-         "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16,
-         "latents_mean": list(LATENT_NORMALIZATION[48][0]), "latents_std": list(LATENT_NORMALIZATION[48][1])}  # fmt: skip
+WAN22 = {
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "latents_mean": list(LATENT_NORMALIZATION[48][0]),
+    "latents_std": list(LATENT_NORMALIZATION[48][1]),
+}
 CASES = {"wan2.1": ({}, (21, 60, 104)), "wan2.2": (WAN22, (8, 44, 80))}
 
 
@@ -54,11 +63,20 @@ def main() -> None:
             peak = torch.cuda.max_memory_allocated() - base
             reference = video if reference is None else reference
             estimate = decode_bytes(vae.config, height, width, per_call, torch.finfo(dtype).bits // 8)
-            results.append({"vae": name, "dtype": args.dtype, "latent_frames": frames, "size": list(video.shape[1:3]),
-                            "frames_per_call": per_call, "seconds": round(seconds, 3),
-                            "video_fps": round(video.shape[0] / seconds, 1), "peak_gib": round(peak / 2**30, 2),
-                            "estimate_gib": round(estimate / 2**30, 2),
-                            "max_uint8_diff_vs_first": int((video.int() - reference.int()).abs().max())})  # fmt: skip
+            results.append(
+                {
+                    "vae": name,
+                    "dtype": args.dtype,
+                    "latent_frames": frames,
+                    "size": list(video.shape[1:3]),
+                    "frames_per_call": per_call,
+                    "seconds": round(seconds, 3),
+                    "video_fps": round(video.shape[0] / seconds, 1),
+                    "peak_gib": round(peak / 2**30, 2),
+                    "estimate_gib": round(estimate / 2**30, 2),
+                    "max_uint8_diff_vs_first": int((video.int() - reference.int()).abs().max()),
+                }
+            )
             print(json.dumps(results[-1]), flush=True)
         del module, vae
         torch.cuda.empty_cache()

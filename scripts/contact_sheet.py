@@ -3,8 +3,8 @@
 
 import _bootstrap  # noqa: F401
 
-from sinkscope.pipeline.jobs import run_job
 from sinkscope.pipeline.contact_sheets import contact_sheet_job
+from sinkscope.pipeline.jobs import run_job
 
 sheet = snakemake.params.sheet
 run_job(

@@ -6,5 +6,10 @@ import _bootstrap  # noqa: F401
 from sinkscope.pipeline.headclasses import head_classes_job
 from sinkscope.pipeline.jobs import run_job
 
-run_job("intervention_head_classes", snakemake.log[0], head_classes_job, diagnostics=snakemake.input[0],
-        output=snakemake.output[0])  # fmt: skip
+run_job(
+    "intervention_head_classes",
+    snakemake.log[0],
+    head_classes_job,
+    diagnostics=snakemake.input[0],
+    output=snakemake.output[0],
+)

@@ -5,5 +5,11 @@ import _bootstrap  # noqa: F401
 from sinkscope.pipeline.effects import effects_job
 from sinkscope.pipeline.jobs import run_job
 
-run_job("variant_effects", snakemake.log[0], effects_job, list(snakemake.input), dict(snakemake.output.items()),
-        snakemake.params.effects)  # fmt: skip
+run_job(
+    "variant_effects",
+    snakemake.log[0],
+    effects_job,
+    list(snakemake.input),
+    dict(snakemake.output.items()),
+    snakemake.params.effects,
+)

@@ -25,12 +25,27 @@ class Workflow:
         (self.directory / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def run(self, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(self.directory),
-                   "--cores", "2", "--resources", "gpu=1", *args]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(SNAKEFILE),
+            "--directory",
+            str(self.directory),
+            "--cores",
+            "2",
+            "--resources",
+            "gpu=1",
+            *args,
+        ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=self.directory)
         if check and result.returncode != 0:
-            raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+            raise AssertionError(
+                f"snakemake {' '.join(args)} failed "
+                f"({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+            )
         return result
 
     def planned_jobs(self, *args: str) -> dict[str, int]:

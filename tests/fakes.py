@@ -17,9 +17,18 @@ from safetensors.torch import save_file
 from sinkscope.model import WanConfig, build_model
 
 TINY = WanConfig(
-    dim=48, ffn_dim=64, num_heads=4, num_layers=2, in_dim=4, out_dim=4, text_dim=16, text_len=8, freq_dim=16,
-    latent_height=4, latent_width=6,
-)  # fmt: skip
+    dim=48,
+    ffn_dim=64,
+    num_heads=4,
+    num_layers=2,
+    in_dim=4,
+    out_dim=4,
+    text_dim=16,
+    text_len=8,
+    freq_dim=16,
+    latent_height=4,
+    latent_width=6,
+)
 
 
 def tiny_state(seed: int = 0, config: WanConfig = TINY) -> dict[str, torch.Tensor]:
@@ -29,11 +38,23 @@ def tiny_state(seed: int = 0, config: WanConfig = TINY) -> dict[str, torch.Tenso
 def wan_config_json(config: WanConfig = TINY) -> dict:
     """As the release's config.json: WanModel fields, no text_dim."""
     return {
-        "_class_name": "WanModel", "_diffusers_version": "0.30.0", "model_type": "t2v", "patch_size": list(config.patch_size),
-        "text_len": config.text_len, "in_dim": config.in_dim, "dim": config.dim, "ffn_dim": config.ffn_dim,
-        "freq_dim": config.freq_dim, "out_dim": config.out_dim, "num_heads": config.num_heads,
-        "num_layers": config.num_layers, "window_size": [-1, -1], "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6,
-    }  # fmt: skip
+        "_class_name": "WanModel",
+        "_diffusers_version": "0.30.0",
+        "model_type": "t2v",
+        "patch_size": list(config.patch_size),
+        "text_len": config.text_len,
+        "in_dim": config.in_dim,
+        "dim": config.dim,
+        "ffn_dim": config.ffn_dim,
+        "freq_dim": config.freq_dim,
+        "out_dim": config.out_dim,
+        "num_heads": config.num_heads,
+        "num_layers": config.num_layers,
+        "window_size": [-1, -1],
+        "qk_norm": True,
+        "cross_attn_norm": True,
+        "eps": 1e-6,
+    }
 
 
 def write_wan_folder(folder: Path, state: dict[str, torch.Tensor], config: WanConfig = TINY, shards: int = 1) -> Path:
@@ -76,11 +97,20 @@ def diffusers_model(config: WanConfig = TINY, seed: int = 0):
     from sinkscope.model import init_random_weights
 
     model = WanTransformer3DModel(
-        patch_size=config.patch_size, num_attention_heads=config.num_heads, attention_head_dim=config.head_dim,
-        in_channels=config.in_dim, out_channels=config.out_dim, text_dim=config.text_dim, freq_dim=config.freq_dim,
-        ffn_dim=config.ffn_dim, num_layers=config.num_layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-        eps=config.eps, rope_max_seq_len=1024,
-    )  # fmt: skip
+        patch_size=config.patch_size,
+        num_attention_heads=config.num_heads,
+        attention_head_dim=config.head_dim,
+        in_channels=config.in_dim,
+        out_channels=config.out_dim,
+        text_dim=config.text_dim,
+        freq_dim=config.freq_dim,
+        ffn_dim=config.ffn_dim,
+        num_layers=config.num_layers,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=config.eps,
+        rope_max_seq_len=1024,
+    )
     return init_random_weights(model, seed).eval()
 
 
@@ -105,10 +135,20 @@ def tiny_umt5(d_model: int = 16, seed: int = 0):
 
     torch.manual_seed(seed)
     config = UMT5Config(
-        vocab_size=len(WORDS) + 3, d_model=d_model, d_kv=4, d_ff=24, num_layers=2, num_heads=4,
-        relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
-        is_encoder_decoder=False, use_cache=False, tie_word_embeddings=False, layer_norm_epsilon=1e-6,
-    )  # fmt: skip
+        vocab_size=len(WORDS) + 3,
+        d_model=d_model,
+        d_kv=4,
+        d_ff=24,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        use_cache=False,
+        tie_word_embeddings=False,
+        layer_norm_epsilon=1e-6,
+    )
     model = UMT5EncoderModel(config).eval()
     with torch.no_grad():
         for param in model.parameters():  # norm weights away from 1, so a key mix-up shows
@@ -120,12 +160,17 @@ def to_wan_t5_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' UMT5EncoderModel keys -> the Wan .pth names (written independently of sinkscope.model.text)."""
     out = {}
     names = {
-        "layer.0.layer_norm": "norm1", "layer.0.SelfAttention.q": "attn.q", "layer.0.SelfAttention.k": "attn.k",
-        "layer.0.SelfAttention.v": "attn.v", "layer.0.SelfAttention.o": "attn.o",
-        "layer.0.SelfAttention.relative_attention_bias": "pos_embedding.embedding", "layer.1.layer_norm": "norm2",
-        "layer.1.DenseReluDense.wi_0": "ffn.gate.0", "layer.1.DenseReluDense.wi_1": "ffn.fc1",
+        "layer.0.layer_norm": "norm1",
+        "layer.0.SelfAttention.q": "attn.q",
+        "layer.0.SelfAttention.k": "attn.k",
+        "layer.0.SelfAttention.v": "attn.v",
+        "layer.0.SelfAttention.o": "attn.o",
+        "layer.0.SelfAttention.relative_attention_bias": "pos_embedding.embedding",
+        "layer.1.layer_norm": "norm2",
+        "layer.1.DenseReluDense.wi_0": "ffn.gate.0",
+        "layer.1.DenseReluDense.wi_1": "ffn.fc1",
         "layer.1.DenseReluDense.wo": "ffn.fc2",
-    }  # fmt: skip
+    }
     for key, value in state.items():
         if key == "shared.weight":
             out["token_embedding.weight"] = value

@@ -45,12 +45,28 @@ def synthetic_rows(
                                 share = rng.random(len(keys))
                                 share /= share.sum()
                                 for kf, m, a in zip(keys, mass, share):
-                                    rows.append(dict(
-                                        checkpoint=checkpoint, variant=variant, prompt_id=prompt, seed=run_seed,
-                                        layer=layer, head=head, block=block, timestep=0.0 if pass_ == "cache" else 900.0 - 100 * step,
-                                        query_frame=qf, key_frame=kf, logit_mean=rng.normal(), prob_mass=m, argmax_share=a,
-                                        key_tokens=24, key_position_shift=0, step=step, prompt_segment=0, **{"pass": pass_},
-                                    ))  # fmt: skip
+                                    rows.append(
+                                        dict(
+                                            checkpoint=checkpoint,
+                                            variant=variant,
+                                            prompt_id=prompt,
+                                            seed=run_seed,
+                                            layer=layer,
+                                            head=head,
+                                            block=block,
+                                            timestep=0.0 if pass_ == "cache" else 900.0 - 100 * step,
+                                            query_frame=qf,
+                                            key_frame=kf,
+                                            logit_mean=rng.normal(),
+                                            prob_mass=m,
+                                            argmax_share=a,
+                                            key_tokens=24,
+                                            key_position_shift=0,
+                                            step=step,
+                                            prompt_segment=0,
+                                            **{"pass": pass_},
+                                        )
+                                    )
                     start += size
     return pd.DataFrame(rows)
 
@@ -85,7 +101,7 @@ def synthetic_effects(
     per_block: int = 3,
     runs=(("p", 0), ("p", 1)),
     checkpoint: str = "ck",
-    variants=(("no_sink", [(0, 0), (min(4, 5), 9)]), ("identity", "all"), ("kv_int8", [])),
+    variants=(("no_sink", [(0, 0), (4, 9)]), ("identity", "all"), ("kv_int8", [])),
     seed: int = 0,
 ) -> dict[str, pd.DataFrame]:
     """variant_effects and variant_head_effects of ``variants`` (name, edited heads: a list,
@@ -110,16 +126,32 @@ def synthetic_effects(
             for layer in range(layers):
                 for head in range(heads):
                     default_mass, default_entropy = rng.random(), 2 + rng.random()
-                    change = 0.0 if variant == "identity" else (-default_mass if (layer, head) in named
-                                                                else rng.normal(scale=0.02))  # fmt: skip
-                    head_parts.append(dict(run, layer=layer, head=head, calls=40, edited=(layer, head) in named,
-                                           frame0_mass=default_mass + change, frame0_mass_default=default_mass,
-                                           frame0_mass_change=change, entropy_tokens=default_entropy + change,
-                                           entropy_tokens_default=default_entropy, entropy_tokens_change=change))
-    frame_table = with_run_means(pd.concat(frame_parts, ignore_index=True), ["checkpoint", "variant", "latent_frame"],
-                                 EFFECTS_RUN_STD, ["block"])  # fmt: skip
-    head_table = with_run_means(pd.DataFrame(head_parts), ["checkpoint", "variant", "layer", "head"],
-                                HEAD_EFFECTS_RUN_STD, ["calls", "edited"])  # fmt: skip
+                    change = (
+                        0.0
+                        if variant == "identity"
+                        else (-default_mass if (layer, head) in named else rng.normal(scale=0.02))
+                    )
+                    head_parts.append(
+                        dict(
+                            run,
+                            layer=layer,
+                            head=head,
+                            calls=40,
+                            edited=(layer, head) in named,
+                            frame0_mass=default_mass + change,
+                            frame0_mass_default=default_mass,
+                            frame0_mass_change=change,
+                            entropy_tokens=default_entropy + change,
+                            entropy_tokens_default=default_entropy,
+                            entropy_tokens_change=change,
+                        )
+                    )
+    frame_table = with_run_means(
+        pd.concat(frame_parts, ignore_index=True), ["checkpoint", "variant", "latent_frame"], EFFECTS_RUN_STD, ["block"]
+    )
+    head_table = with_run_means(
+        pd.DataFrame(head_parts), ["checkpoint", "variant", "layer", "head"], HEAD_EFFECTS_RUN_STD, ["calls", "edited"]
+    )
     return {"variant_effects": frame_table, "variant_head_effects": head_table}
 
 
@@ -144,11 +176,26 @@ def cache_rows(
                     for head in range(heads):
                         for qf in queries:
                             for kf, shift, tokens in keys:
-                                rows.append(dict(
-                                    checkpoint=checkpoint, variant=variant, prompt_id=prompt, seed=run_seed, layer=layer,
-                                    head=head, block=block, timestep=0.0 if pass_ == "cache" else 1000.0 - 100 * step,
-                                    query_frame=qf, key_frame=kf, logit_mean=0.0, prob_mass=1.0 / len(keys),
-                                    argmax_share=1.0 / len(keys), key_tokens=tokens, key_position_shift=shift, step=step,
-                                    prompt_segment=0, **{"pass": pass_},
-                                ))  # fmt: skip
+                                rows.append(
+                                    dict(
+                                        checkpoint=checkpoint,
+                                        variant=variant,
+                                        prompt_id=prompt,
+                                        seed=run_seed,
+                                        layer=layer,
+                                        head=head,
+                                        block=block,
+                                        timestep=0.0 if pass_ == "cache" else 1000.0 - 100 * step,
+                                        query_frame=qf,
+                                        key_frame=kf,
+                                        logit_mean=0.0,
+                                        prob_mass=1.0 / len(keys),
+                                        argmax_share=1.0 / len(keys),
+                                        key_tokens=tokens,
+                                        key_position_shift=shift,
+                                        step=step,
+                                        prompt_segment=0,
+                                        **{"pass": pass_},
+                                    )
+                                )
     return pd.DataFrame(rows)

@@ -20,17 +20,38 @@ from sinkscope.pipeline.codedigest import ROOT, _imports
 # show this list as drawn by ``layer_diagram`` (checked below; ``python
 # tests/test_architecture.py`` prints the diagram).
 LAYER_TABLE = (
-    (("errors", "arguments", "io", "manifests", "naming", "options", "schema", "tables", "digests", "tokens",
-      "attention", "labels", "interventions", "prompt_schedules"), "leaves shared by everything"),
-    (("model", "stats"), "Wan2.1, KV cache, cache policies, checkpoints, loading; per-call statistics and derived "
-                         "summaries"),
+    (
+        (
+            "errors",
+            "arguments",
+            "io",
+            "manifests",
+            "naming",
+            "options",
+            "schema",
+            "tables",
+            "digests",
+            "tokens",
+            "attention",
+            "labels",
+            "interventions",
+            "prompt_schedules",
+        ),
+        "leaves shared by everything",
+    ),
+    (
+        ("model", "stats"),
+        "Wan2.1, KV cache, cache policies, checkpoints, loading; per-call statistics and derived summaries",
+    ),
     (("generation",), "the KV-cache generation procedures and the capture of their attention"),
-    (("legacy", "demo", "figures"), "old .pt caches; the demo model's data and training; every figure and the summary "
-                                    "page"),
+    (
+        ("legacy", "demo", "figures"),
+        "old .pt caches; the demo model's data and training; every figure and the summary page",
+    ),
     (("plot",), "one-line plotting from a table"),
     (("pipeline",), "config check, study plan, digests, integrity, recovery, jobs"),
     (("cli",), "the `sinkscope` command"),
-)  # fmt: skip
+)
 LAYERS = tuple(tuple(f"sinkscope.{part}" for part in parts) for parts, _ in LAYER_TABLE)
 LAYERS = (("sinkscope", *LAYERS[0]), *LAYERS[1:])  # the package's __init__ is a base module
 BASE = LAYERS[0]
@@ -62,7 +83,9 @@ def layer_diagram() -> str:
     lines = []
     for number, (parts, holds) in reversed(list(enumerate(LAYER_TABLE))):
         names = textwrap.wrap(" ".join(parts), 27, break_on_hyphens=False)
-        for i, (name, text) in enumerate(zip_longest(names, textwrap.wrap(holds, 60, break_on_hyphens=False), fillvalue="")):
+        for i, (name, text) in enumerate(
+            zip_longest(names, textwrap.wrap(holds, 60, break_on_hyphens=False), fillvalue="")
+        ):
             lines.append(f"  {number if i == 0 else ' '}  {name:<28} {text}".rstrip())
     return "\n".join(lines)
 
@@ -98,17 +121,32 @@ def snakefile_imports() -> set[str]:
 # The planning code: what the Snakefile imports while it parses, and the modules those
 # import on demand when they check a config (checkpoints and their adapters opened
 # without torch, the memory estimate, the code digests, the options and the schema).
-PLANNING = tuple(sorted(snakefile_imports() | {
-    "sinkscope.model.checkpoints", "sinkscope.model.formats", "sinkscope.model.weightfiles", "sinkscope.model.lora",
-    "sinkscope.model.torchfile", "sinkscope.pipeline.resources", "sinkscope.pipeline.codedigest", "sinkscope.options",
-    "sinkscope.schema", "sinkscope.interventions", "sinkscope.prompt_schedules",
-}))  # fmt: skip
+PLANNING = tuple(
+    sorted(
+        snakefile_imports()
+        | {
+            "sinkscope.model.checkpoints",
+            "sinkscope.model.formats",
+            "sinkscope.model.weightfiles",
+            "sinkscope.model.lora",
+            "sinkscope.model.torchfile",
+            "sinkscope.pipeline.resources",
+            "sinkscope.pipeline.codedigest",
+            "sinkscope.options",
+            "sinkscope.schema",
+            "sinkscope.interventions",
+            "sinkscope.prompt_schedules",
+        }
+    )
+)
 
 
 def test_the_docs_name_every_planning_module():
     assert "sinkscope.pipeline.recovery" in PLANNING and "sinkscope.pipeline.study" in PLANNING
     architecture = (ROOT.parents[1] / "docs" / "architecture.md").read_text()
-    paragraph = next(part for part in architecture.split("\n\n") if "imports neither torch, matplotlib nor pandas" in part)
+    paragraph = next(
+        part for part in architecture.split("\n\n") if "imports neither torch, matplotlib nor pandas" in part
+    )
     named = set(re.findall(r"`([\w.]+)`", paragraph))
     missing = [module for module in PLANNING if module.removeprefix("sinkscope.") not in named]
     assert not missing, f"docs/architecture.md's planning code misses {', '.join(missing)}"
@@ -116,7 +154,11 @@ def test_the_docs_name_every_planning_module():
 
 @pytest.mark.parametrize("heavy", ["torch", "matplotlib", "pandas"])
 def test_planning_code_imports_no_heavy_library(heavy):
-    code = "import sys\n" + "".join(f"import {m}\n" for m in PLANNING) + f"assert {heavy!r} not in sys.modules, {heavy!r}\n"
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in PLANNING)
+        + f"assert {heavy!r} not in sys.modules, {heavy!r}\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(ROOT).parent)
     assert result.returncode == 0, result.stderr[-2000:]
 

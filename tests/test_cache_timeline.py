@@ -5,7 +5,7 @@ check of a finished run's cache contents against the layout its policy declares
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
@@ -47,8 +47,12 @@ def deep_sink_layouts(blocks: int = 7, partial: dict[int, int] | None = None) ->
     return layouts
 
 
-GENERATION = {"cache_policy": "deep_sink", "local_attn_frames": WINDOW, "sink_frames": SINKS,
-              "interventions": [{"edit": "mask_keys", "heads": ["L1H1"], "key_frames": "sink"}]}  # fmt: skip
+GENERATION = {
+    "cache_policy": "deep_sink",
+    "local_attn_frames": WINDOW,
+    "sink_frames": SINKS,
+    "interventions": [{"edit": "mask_keys", "heads": ["L1H1"], "key_frames": "sink"}],
+}
 
 
 def marks(fig) -> dict[str, set[tuple[int, int]]]:
@@ -64,8 +68,9 @@ def marks(fig) -> dict[str, set[tuple[int, int]]]:
 def test_cells_are_marked_sink_window_compressed_own_and_edited(tmp_path):
     layouts = deep_sink_layouts(partial={13: 8})
     rows = cache_rows(layouts, layers=(0, 1), heads=2)
-    fig = figures.draw("cache_timeline", {"frame_attention": rows}, source="ck@no_sink",
-                       options={"dpi": 60, "generation": GENERATION})  # fmt: skip
+    fig = figures.draw(
+        "cache_timeline", {"frame_attention": rows}, source="ck@no_sink", options={"dpi": 60, "generation": GENERATION}
+    )
     found = marks(fig)
     cells = {(b, f, t) for b, (queries, keys) in layouts.items() for f, _, t in keys if f not in queries}
     assert found["own-block"] == {(b, f) for b, (queries, _) in layouts.items() for f in queries}
@@ -86,8 +91,12 @@ def test_every_cell_shows_its_rope_position_once():
     """Positions as text: each row's labels ('a' or 'a–b') cover exactly the positions of its
     cells (key frame + shift), moved sink frames included."""
     layouts = deep_sink_layouts()
-    fig = figures.draw("cache_timeline", {"frame_attention": cache_rows(layouts)}, source="ck",
-                       options={"dpi": 60, "generation": GENERATION})  # fmt: skip
+    fig = figures.draw(
+        "cache_timeline",
+        {"frame_attention": cache_rows(layouts)},
+        source="ck",
+        options={"dpi": 60, "generation": GENERATION},
+    )
     shown: dict[int, list[int]] = {}
     for label in fig.axes[0].texts:
         y = int(float((label.get_gid() or "").split("-")[1]))
@@ -99,8 +108,9 @@ def test_every_cell_shows_its_rope_position_once():
 
 
 def test_without_generation_options_nothing_is_called_sink_or_edited():
-    fig = figures.draw("cache_timeline", {"frame_attention": cache_rows(deep_sink_layouts())}, source="ck",
-                       options={"dpi": 60})  # fmt: skip
+    fig = figures.draw(
+        "cache_timeline", {"frame_attention": cache_rows(deep_sink_layouts())}, source="ck", options={"dpi": 60}
+    )
     found = marks(fig)
     assert "sink" not in found and "edited" not in found and found["window"]
 
@@ -110,12 +120,17 @@ def test_without_generation_options_nothing_is_called_sink_or_edited():
 POLICIES = {
     "window": {"cache_policy": "window", "local_attn_frames": 6},
     "deep_sink": {"cache_policy": "deep_sink", "local_attn_frames": 6, "sink_frames": 2},
-    "participative_compression": {"cache_policy": "participative_compression", "local_attn_frames": 6, "sink_frames": 1,
-                                  "budget_frames": 5, "recent_frames": 3},
-}  # fmt: skip
+    "participative_compression": {
+        "cache_policy": "participative_compression",
+        "local_attn_frames": 6,
+        "sink_frames": 1,
+        "budget_frames": 5,
+        "recent_frames": 3,
+    },
+}
 
 
-@lru_cache(maxsize=None)
+@cache
 def captured(policy: str) -> tuple[pd.DataFrame, GenerationOptions]:
     """A tiny generation of 12 frames (blocks of 3, one denoising step) captured in
     layers 0 and 1."""
@@ -129,8 +144,10 @@ def captured(policy: str) -> tuple[pd.DataFrame, GenerationOptions]:
 
 
 def listed_calls(lines: list[str]) -> set[tuple[int, int, str, int]]:
-    return {(int(a), int(b), c, int(d)) for a, b, c, d in
-            (re.match(r"layer (\d+) block (\d+) (\w+) step (\d+):", line).groups() for line in lines)}  # fmt: skip
+    return {
+        (int(a), int(b), c, int(d))
+        for a, b, c, d in (re.match(r"layer (\d+) block (\d+) (\w+) step (\d+):", line).groups() for line in lines)
+    }
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
@@ -151,7 +168,8 @@ def test_a_dropped_key_frame_is_listed(policy):
     altered = rows[~((rows["block"] == block) & (rows["key_frame"] == frame))]
     lines = check_rows(altered, options, frame_seq_length=FSL, where="run")
     assert listed_calls([line.removeprefix("run: ") for line in lines]) == {
-        (layer, block, p, s) for layer in (0, 1) for p, s in (("denoise", 0), ("cache", 1))}  # fmt: skip
+        (layer, block, p, s) for layer in (0, 1) for p, s in (("denoise", 0), ("cache", 1))
+    }
     assert all(f"frame {frame} is missing" in line for line in lines), lines
 
 
@@ -161,12 +179,14 @@ def test_a_shifted_position_and_a_partial_frame_are_listed():
     chosen = (shifted["block"] == 2) & (shifted["key_frame"] == 5) & (shifted["pass"] == "cache")
     shifted.loc[chosen, "key_position_shift"] += 1
     assert check_rows(shifted, options, frame_seq_length=FSL) == [
-        f"layer {layer} block 2 cache step 1: frame 5 is held at RoPE shift +1, the policy's is +0" for layer in (0, 1)]
+        f"layer {layer} block 2 cache step 1: frame 5 is held at RoPE shift +1, the policy's is +0" for layer in (0, 1)
+    ]
     partial = rows.copy()
     chosen = (partial["block"] == 1) & (partial["key_frame"] == 0) & (partial["layer"] == 1) & (partial["step"] == 0)
     partial.loc[chosen, "key_tokens"] = FSL - 1
     assert check_rows(partial, options, frame_seq_length=FSL) == [
-        f"layer 1 block 1 denoise step 0: frame 0 holds {FSL - 1} of its {FSL} tokens (the policy keeps it whole)"]
+        f"layer 1 block 1 denoise step 0: frame 0 holds {FSL - 1} of its {FSL} tokens (the policy keeps it whole)"
+    ]
 
 
 def test_compressed_frames_are_checked_by_their_total():
@@ -203,16 +223,22 @@ def test_check_results_lists_the_finished_runs_contradicting_calls(tmp_path, mon
     assert [call.key for call in calls] == [(b, p, s) for b in range(4) for p, s in (("denoise", 0), ("cache", 1))]
     assert calls[-1].query_frames == (9, 10, 11) and calls[-1].segments == tuple((f, 0) for f in range(6, 12))
     config = tmp_path / "config.yaml"
-    config.write_text("layers: [0]\nseeds: [0, 1]\ngeneration: {num_frames: 12, denoising_steps: [1000], "
-                      "cache_policy: window, local_attn_frames: 6}\n")  # fmt: skip
+    config.write_text(
+        "layers: [0]\nseeds: [0, 1]\ngeneration: {num_frames: 12, denoising_steps: [1000], "
+        "cache_policy: window, local_attn_frames: 6}\n"
+    )
     monkeypatch.chdir(tmp_path)
     folders = Study(normalize_config(read_config_file(config))).all_extract_dirs()
     assert len(folders) == 2  # seed 1 never ran
 
     def write(run: pd.DataFrame) -> None:
         run = run[run["layer"] == 0].assign(checkpoint="demo", variant="default", prompt_id="drift", seed=0)
-        write_table(run, Path(folders[0]) / "layer0.parquet", SCHEMAS["frame_attention"],
-                    {"generation": options.to_dict(), "frame_seq_length": FSL})  # fmt: skip
+        write_table(
+            run,
+            Path(folders[0]) / "layer0.parquet",
+            SCHEMAS["frame_attention"],
+            {"generation": options.to_dict(), "frame_seq_length": FSL},
+        )
         write_manifest(folders[0], ["layer0.parquet"], {"layers": [0]})
 
     write(rows)
@@ -222,8 +248,10 @@ def test_check_results_lists_the_finished_runs_contradicting_calls(tmp_path, mon
     write(rows[~((rows["block"] == 2) & (rows["key_frame"] == 4))])
     assert cli(["check", "--results", str(config)]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"{folders[0]}: layer 0 block 2 {call}: frame 4 is missing (the policy holds it at RoPE shift +0)"
-                     for call in ("denoise step 0", "cache step 1")]  # fmt: skip
+    assert lines == [
+        f"{folders[0]}: layer 0 block 2 {call}: frame 4 is missing (the policy holds it at RoPE shift +0)"
+        for call in ("denoise step 0", "cache step 1")
+    ]
 
 
 def test_the_figure_command_reads_the_generation_options_of_an_extraction_folder(tmp_path):
@@ -238,6 +266,9 @@ def test_the_figure_command_reads_the_generation_options_of_an_extraction_folder
     run = rows[rows["layer"] == 0].assign(checkpoint="demo", variant="deep", prompt_id="drift", seed=0)
     write_table(run, folder / "layer0.parquet", SCHEMAS["frame_attention"], {"generation": options.to_dict()})
     write_manifest(folder, ["layer0.parquet"], {"layers": [0]})
-    assert cli(["figure", "cache_timeline", "--input", str(folder), "--out-prefix", str(tmp_path / "t"), "--dpi", "50"]) == 0
+    assert (
+        cli(["figure", "cache_timeline", "--input", str(folder), "--out-prefix", str(tmp_path / "t"), "--dpi", "50"])
+        == 0
+    )
     svg = (tmp_path / "t.svg").read_text()
     assert 'id="sink-3-0-0"' in svg and "cache_policy deep_sink, W 6, S 2" in svg

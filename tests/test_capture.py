@@ -4,7 +4,7 @@ of the q and k each call saw, under every KV-cache policy."""
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +60,9 @@ def test_every_call_is_captured_with_absolute_frames():
     tables, recorder, result = run(GenerationOptions(num_frames=9))
     rows = tables[4]["frames"]
     assert [(c.block, c.pass_, c.step) for c in result.calls] == [
-        (b, p, s) for b in range(3) for p, s in [("denoise", 0), ("denoise", 1), ("denoise", 2), ("denoise", 3), ("cache", 4)]
+        (b, p, s)
+        for b in range(3)
+        for p, s in [("denoise", 0), ("denoise", 1), ("denoise", 2), ("denoise", 3), ("cache", 4)]
     ]
     assert rows.groupby(["block", "pass", "step"]).ngroups == 15
     last = rows[rows["block"] == 2]
@@ -84,10 +86,14 @@ def test_every_call_is_captured_with_absolute_frames():
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", BLOCK_CACHE_POLICIES)  # rolling_forcing: tests/test_rolling_forcing.py
 def test_values_equal_a_float64_brute_force_under_every_policy(policy):
-    extra = {"participative_compression": dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3),
-             "deep_sink": dict(local_attn_frames=7, sink_frames=2), "rerope_sink": dict(local_attn_frames=7, sink_frames=3),
-             "sink": dict(local_attn_frames=6, sink_frames=2), "window": dict(local_attn_frames=6),
-             "rolling_sink": dict(local_attn_frames=12, sink_frames=3)}.get(policy, {})  # fmt: skip
+    extra = {
+        "participative_compression": dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3),
+        "deep_sink": dict(local_attn_frames=7, sink_frames=2),
+        "rerope_sink": dict(local_attn_frames=7, sink_frames=3),
+        "sink": dict(local_attn_frames=6, sink_frames=2),
+        "window": dict(local_attn_frames=6),
+        "rolling_sink": dict(local_attn_frames=12, sink_frames=3),
+    }.get(policy, {})
     frames = {"global": 9, "rolling_sink": 18}.get(policy, 15)  # rolling_sink: frames 6..8 attended twice at cs 15
     options = GenerationOptions.from_config({"num_frames": frames, "cache_policy": policy, **extra})
     tables, recorder, _ = run(options, token_profiles="all")
@@ -95,6 +101,7 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     partial = False
     for info, q, k, layout in recorder.calls:
         ref = brute_force_statistics(q, k, FSL, len(layout.query_frames), list(layout.key_lengths), q.shape[-1] ** -0.5)
+
         def call(t, info=info):
             return t[(t["block"] == info.block) & (t["pass"] == info.pass_) & (t["step"] == info.step)]
 
@@ -103,7 +110,9 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
         for name, atol in (("logit_mean", 1e-6), ("prob_mass", 1e-7), ("argmax_share", 1e-9)):
             expected = ref[name][:, :, order].flatten().numpy()
             assert np.allclose(got[name].to_numpy(), expected, atol=atol, rtol=1e-5), (policy, info, name)
-        assert (got["key_tokens"].to_numpy() == np.tile(np.asarray(layout.key_lengths)[order], got.shape[0] // len(order))).all()
+        assert (
+            got["key_tokens"].to_numpy() == np.tile(np.asarray(layout.key_lengths)[order], got.shape[0] // len(order))
+        ).all()
         partial |= min(layout.key_lengths) < FSL
         queries = call(query_rows).sort_values(["head", "query_frame"])
         assert np.allclose(queries["entropy_tokens"].to_numpy(), ref["entropy"].flatten().numpy(), atol=1e-6)
@@ -112,8 +121,11 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
         tokens = call(token_table)
         lengths = np.asarray(layout.key_lengths)
         segment = np.repeat(np.arange(len(lengths)), lengths)
-        index = (np.asarray(layout.key_token_index) if layout.key_token_index is not None
-                 else np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths))  # fmt: skip
+        index = (
+            np.asarray(layout.key_token_index)
+            if layout.key_token_index is not None
+            else np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        )
         # Stored at float16 precision relative to each frame: within float16 rounding (2**-11
         # of a token's ratio to the frame's mean token; of the frame's logit spread).
         decoded = dict(zip(("token_logit_mean", "token_prob_mean"), token_values(tokens), strict=True))
@@ -125,7 +137,9 @@ def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     # Dropped tokens show as partial key frames under participative compression only.
     assert partial == (policy == "participative_compression")
     shifted = (frame_rows["key_position_shift"] != 0).any()
-    assert shifted == (policy in ("deep_sink", "participative_compression", "rerope_sink", "rolling_sink", "relative_rope", "ema_sink"))
+    assert shifted == (
+        policy in ("deep_sink", "participative_compression", "rerope_sink", "rolling_sink", "relative_rope", "ema_sink")
+    )
 
 
 def test_token_profiles_sum_and_average_to_the_frame_statistics():
@@ -133,14 +147,18 @@ def test_token_profiles_sum_and_average_to_the_frame_statistics():
     frames, tokens = tables[4]["frames"], token_rows(tables[4]["tokens"])
     keys = ["block", "pass", "step", "head", "key_frame"]
     per_frame = frames[frames["block"] == 2].groupby(keys, observed=True)[["logit_mean", "prob_mass"]].mean()
-    from_tokens = tokens.groupby(keys, observed=True).agg(logit=("token_logit_mean", "mean"), mass=("token_prob_mean", "sum"))
+    from_tokens = tokens.groupby(keys, observed=True).agg(
+        logit=("token_logit_mean", "mean"), mass=("token_prob_mean", "sum")
+    )
     assert np.allclose(from_tokens["logit"], per_frame["logit_mean"], atol=1e-5)
     assert np.allclose(from_tokens["mass"], per_frame["prob_mass"], atol=1e-6)
     # The decoded float16 values average / sum to the stored float32 frame values exactly
     # (up to the float32 rounding of each decoded value).
     stored = tables[4]["tokens"].set_index(keys)[["frame_logit_mean", "frame_prob_mass"]]
-    exact = tokens.groupby(keys, observed=True).agg(logit=("token_logit_mean", lambda v: v.astype(np.float64).mean()),
-                                                    mass=("token_prob_mean", lambda v: v.astype(np.float64).sum()))  # fmt: skip
+    exact = tokens.groupby(keys, observed=True).agg(
+        logit=("token_logit_mean", lambda v: v.astype(np.float64).mean()),
+        mass=("token_prob_mean", lambda v: v.astype(np.float64).sum()),
+    )
     stored = stored.reindex(exact.index)
     assert np.allclose(exact["logit"], stored["frame_logit_mean"], rtol=1e-6, atol=1e-7)
     assert np.allclose(exact["mass"], stored["frame_prob_mass"], rtol=1e-6, atol=0)
@@ -156,17 +174,42 @@ def test_seed_determines_the_video():
 
 
 # A model small enough for a dozen generations in a few seconds, with the demo's 24 tokens a frame.
-SMALL = WanConfig(dim=48, ffn_dim=64, num_heads=4, num_layers=3, text_dim=16, text_len=8, freq_dim=16, latent_height=8,
-                  latent_width=12)  # fmt: skip
+SMALL = WanConfig(
+    dim=48,
+    ffn_dim=64,
+    num_heads=4,
+    num_layers=3,
+    text_dim=16,
+    text_len=8,
+    freq_dim=16,
+    latent_height=8,
+    latent_width=12,
+)
 SMALL_OPTIONS = {
     "global": {"num_frames": 6, "denoising_steps": [1000, 500]},
-    "deep_sink": {"num_frames": 9, "denoising_steps": [1000, 500], "cache_policy": "deep_sink", "local_attn_frames": 4,
-                  "sink_frames": 1},
-    "participative_compression": {"num_frames": 9, "denoising_steps": [1000, 500], "cache_policy": "participative_compression",
-                                  "local_attn_frames": 6, "sink_frames": 1, "budget_frames": 5, "recent_frames": 3},
-    "rolling_forcing": {"procedure": "rolling_forcing", "num_frames": 12, "denoising_steps": [1000, 500],
-                        "local_attn_frames": 9},
-}  # fmt: skip
+    "deep_sink": {
+        "num_frames": 9,
+        "denoising_steps": [1000, 500],
+        "cache_policy": "deep_sink",
+        "local_attn_frames": 4,
+        "sink_frames": 1,
+    },
+    "participative_compression": {
+        "num_frames": 9,
+        "denoising_steps": [1000, 500],
+        "cache_policy": "participative_compression",
+        "local_attn_frames": 6,
+        "sink_frames": 1,
+        "budget_frames": 5,
+        "recent_frames": 3,
+    },
+    "rolling_forcing": {
+        "procedure": "rolling_forcing",
+        "num_frames": 12,
+        "denoising_steps": [1000, 500],
+        "local_attn_frames": 9,
+    },
+}
 
 
 def latents_sha256(latents: torch.Tensor) -> str:
@@ -174,7 +217,7 @@ def latents_sha256(latents: torch.Tensor) -> str:
     return hashlib.sha256(latents.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _small_model(dtype: torch.dtype):
     return build_model(SMALL, seed=0, dtype=dtype)
 
@@ -202,8 +245,10 @@ def test_capture_leaves_the_video_bit_for_bit(dtype):
         assert captured == plain and capture.video_exact, layers
 
 
-@pytest.mark.parametrize("setup, dtype", [("deep_sink", torch.float32), ("participative_compression", torch.bfloat16),
-                                          ("rolling_forcing", torch.float32)])  # fmt: skip
+@pytest.mark.parametrize(
+    "setup, dtype",
+    [("deep_sink", torch.float32), ("participative_compression", torch.bfloat16), ("rolling_forcing", torch.float32)],
+)
 def test_capture_leaves_the_video_bit_for_bit_under_sinks_and_rolling_forcing(setup, dtype):
     """Also where a policy moves keys, drops tokens, or a Rolling Forcing window call gives one
     record per block (the output is still the whole call's)."""
@@ -249,7 +294,9 @@ def test_tables_of_some_kinds_equal_those_of_all():
     queries = capture.layer_tables(kinds=("queries",))
     assert all(set(queries[layer]) == {"queries"} for layer in (1, 3))
     pd.testing.assert_frame_equal(queries[3]["queries"], full[3]["queries"])
-    pd.testing.assert_frame_equal(capture.to_frame(), pd.concat([full[1]["frames"], full[3]["frames"]], ignore_index=True))
+    pd.testing.assert_frame_equal(
+        capture.to_frame(), pd.concat([full[1]["frames"], full[3]["frames"]], ignore_index=True)
+    )
     with pytest.raises(ValueError, match=r"row kinds \['rows'\] are not among frames, queries, tokens"):
         capture.layer_tables(kinds=("frames", "rows"))
 
@@ -285,8 +332,9 @@ def test_capture_asks_for_the_attention_route_it_was_given(monkeypatch, fused):
     context = torch.randn(1, 7, SMALL.text_dim, generator=torch.Generator().manual_seed(1))
     capture = FrameStatsCapture(model, [1], frame_seq_length=FSL, token_profiles="none", fused_attention=fused)
     with capture:
-        result = generate(model, context, options=GenerationOptions.from_config(SMALL_OPTIONS["global"]), seed=0,
-                          observers=[capture])  # fmt: skip
+        result = generate(
+            model, context, options=GenerationOptions.from_config(SMALL_OPTIONS["global"]), seed=0, observers=[capture]
+        )
     assert bool(asked) == fused and len(asked) == (len(result.calls) if fused else 0)
     assert len(own_calls) == len(result.calls) and set(own_calls) == {model.kernels.key_split}
 
@@ -308,11 +356,18 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
     context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).cuda()
     plain = generate(model, context, options=options, seed=0)
     assert torch.equal(gpu_result.latents, plain.latents)
-    for kind, names in (("frames", ("logit_mean", "prob_mass")), ("tokens", ("token_logit_mean", "token_prob_mean")),
-                        ("queries", ("entropy_tokens",))):  # fmt: skip
+    for kind, names in (
+        ("frames", ("logit_mean", "prob_mass")),
+        ("tokens", ("token_logit_mean", "token_prob_mean")),
+        ("queries", ("entropy_tokens",)),
+    ):
         for name in names:
-            a, b = (token_values(t[4][kind])[int(name == "token_prob_mean")] if kind == "tokens" else t[4][kind][name].to_numpy()
-                    for t in (gpu, cpu))  # fmt: skip
+            a, b = (
+                token_values(t[4][kind])[int(name == "token_prob_mean")]
+                if kind == "tokens"
+                else t[4][kind][name].to_numpy()
+                for t in (gpu, cpu)
+            )
             # Token values are stored at float16 precision relative to their frame: a value
             # near a rounding boundary may land one step (2**-10 of the row's spread) apart.
             atol = 1e-4 + (2**-9 * float(np.nanmax(np.abs(b))) if kind == "tokens" else 0.0)
@@ -321,8 +376,12 @@ def test_cuda_capture_matches_cpu_in_float32(monkeypatch, policy):
 
 def _module_settings(*modules) -> dict[str, object]:
     """Every plain value a module holds at its top level (where a process-wide switch would live)."""
-    return {f"{m.__name__}.{name}": value for m in modules for name, value in vars(m).items()
-            if isinstance(value, (bool, int, float, str)) and not name.startswith("__")}  # fmt: skip
+    return {
+        f"{m.__name__}.{name}": value
+        for m in modules
+        for name, value in vars(m).items()
+        if isinstance(value, (bool, int, float, str)) and not name.startswith("__")
+    }
 
 
 def test_two_generations_with_different_kernels_each_run_their_own(monkeypatch):
@@ -380,7 +439,10 @@ def test_two_extraction_jobs_with_different_kernels_in_one_process(tmp_path, mon
     monkeypatch.setattr(sampler, "generate", spy)
     for name in ("reference", "fast"):
         settings = ("generation.num_frames=3", "generation.denoising_steps=[1000]", f"capture.kernels={name}")
-        assert main(["extract", "--out", f"ext-{name}", "--layers", "0", *(x for s in settings for x in ("--set", s))]) == 0
+        assert (
+            main(["extract", "--out", f"ext-{name}", "--layers", "0", *(x for s in settings for x in ("--set", s))])
+            == 0
+        )
         contents = json.loads((tmp_path / f"ext-{name}" / "manifest.json").read_text())["contents"]
         assert contents["capture_route"] == {"attention": "exact", "kernels": name, "video_exact": True}
     assert [settings.name for settings in seen] == ["reference", "fast"]
@@ -397,8 +459,9 @@ def test_cuda_capture_leaves_the_bf16_video_bit_for_bit(kernels):
     model = build_model("demo", seed=0, device="cuda", dtype=torch.bfloat16)
     model.kernels = KernelSettings.named(kernels)
     context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).cuda()
-    options = GenerationOptions.from_config({"num_frames": 9, "cache_policy": "deep_sink", "local_attn_frames": 4,
-                                             "sink_frames": 1})  # fmt: skip
+    options = GenerationOptions.from_config(
+        {"num_frames": 9, "cache_policy": "deep_sink", "local_attn_frames": 4, "sink_frames": 1}
+    )
     plain = generate(model, context, options=options, seed=0).latents
     for layers in ((2,), tuple(range(model.config.num_layers))):
         capture = FrameStatsCapture(model, layers, frame_seq_length=FSL, token_profiles="all")

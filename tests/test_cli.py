@@ -10,18 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic import synthetic_rows
 from test_legacy import token_level_cache
 
 from sinkscope.cli import main
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, write_table
-from synthetic import synthetic_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _sinkscope(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sinkscope.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "sinkscope.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,65 +54,118 @@ BAD = [
     (["extract", "--out", "config.yaml"], "--out 'config.yaml' is an input of this command"),
     (["import-cache", "old.pt", "--out", "old.pt"], "--out 'old.pt' is an input of this command"),
     (["aggregate", "--input", "missing", "--out", "o"], "--input 'missing' does not exist"),
-    (["aggregate", "--input", "frame_attention.parquet", "--out", "o"],
-     "--input 'frame_attention.parquet' is neither an extraction folder nor a table import-cache wrote"),
+    (
+        ["aggregate", "--input", "frame_attention.parquet", "--out", "o"],
+        "--input 'frame_attention.parquet' is neither an extraction folder nor a table import-cache wrote",
+    ),
     (["aggregate", "--out", "o"], "the following arguments are required: --input"),
     (["import-cache", "missing.pt", "--out", "o.parquet"], "attention cache 'missing.pt' does not exist"),
-    (["import-cache", "old.pt", "--out", "notes.txt"], "--out 'notes.txt' is an existing file this command did not write"),
+    (
+        ["import-cache", "old.pt", "--out", "notes.txt"],
+        "--out 'notes.txt' is an existing file this command did not write",
+    ),
     (["import-cache", "old.pt", "--out", "o.parquet", "--seed", "-3"], "argument --seed: -3 is negative"),
-    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "abc"],
-     "argument --step: 'abc' is not a whole number"),
-    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "-1"],
-     "argument --step: -1 is negative"),
-    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "99"],
-     "--step 99 is past the last denoising step"),
-    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--dpi", "0"],
-     "argument --dpi: 0 is outside 50..1200"),
-    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--dpi", "100000"],
-     "argument --dpi: 100000 is outside 50..1200"),
-    (["figure", "per_head_grid", "--input", "frame_attention.parquet", "--out-prefix", "f", "--layer", "99"],
-     "--layer 99 is not in the input"),
-    (["figure", "figure4_tokens", "--input", "frame_attention.parquet", "--out-prefix", "f"],
-     "figure 'figure4_tokens' draws token_profiles rows; --input holds none"),
-    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--heads", "L99H99"],
-     "--heads L99H99: the input has heads"),
-    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--heads", "X1"],
-     "argument --heads: 'X1' is not a head like L1H1"),
-    (["figure", "figure4", "--input", "missing.parquet", "--out-prefix", "f"], "--input 'missing.parquet' does not exist"),
+    (
+        ["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "abc"],
+        "argument --step: 'abc' is not a whole number",
+    ),
+    (
+        ["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "-1"],
+        "argument --step: -1 is negative",
+    ),
+    (
+        ["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--step", "99"],
+        "--step 99 is past the last denoising step",
+    ),
+    (
+        ["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--dpi", "0"],
+        "argument --dpi: 0 is outside 50..1200",
+    ),
+    (
+        ["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--dpi", "100000"],
+        "argument --dpi: 100000 is outside 50..1200",
+    ),
+    (
+        ["figure", "per_head_grid", "--input", "frame_attention.parquet", "--out-prefix", "f", "--layer", "99"],
+        "--layer 99 is not in the input",
+    ),
+    (
+        ["figure", "figure4_tokens", "--input", "frame_attention.parquet", "--out-prefix", "f"],
+        "figure 'figure4_tokens' draws token_profiles rows; --input holds none",
+    ),
+    (
+        ["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--heads", "L99H99"],
+        "--heads L99H99: the input has heads",
+    ),
+    (
+        ["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "f", "--heads", "X1"],
+        "argument --heads: 'X1' is not a head like L1H1",
+    ),
+    (
+        ["figure", "figure4", "--input", "missing.parquet", "--out-prefix", "f"],
+        "--input 'missing.parquet' does not exist",
+    ),
     (["verify", "missing"], "'missing' does not exist"),
     (["verify", "notes.txt"], "'notes.txt': sinkscope cannot check a file of this kind"),
     (["verify", "own"], "'own' holds nothing sinkscope can check"),
     # Output paths: only the last folder may be missing; a file is no folder.
-    (["extract", "--out", "/nonexistent/dir/x"], "argument --out: '/nonexistent/dir/x': folder '/nonexistent' does not exist"),
+    (
+        ["extract", "--out", "/nonexistent/dir/x"],
+        "argument --out: '/nonexistent/dir/x': folder '/nonexistent' does not exist",
+    ),
     (["import-cache", "old.pt", "--out", "/nonexistent/dir/x.parquet"], "folder '/nonexistent' does not exist"),
-    (["import-cache", "old.pt", "--out", "notes.txt/x.parquet"], "argument --out: 'notes.txt/x.parquet': 'notes.txt' is a file"),
-    (["aggregate", "--input", "own", "--out", "missing/deeper/o"], "argument --out: 'missing/deeper/o': folder 'missing' does not exist"),
-    (["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "/nonexistent/dir/f"],
-     "argument --out-prefix: '/nonexistent/dir/f': folder '/nonexistent' does not exist"),
-    (["compare-labels", "--labels", "notes.txt", "--input", "frame_attention.parquet", "--out", "/nonexistent/dir/c"],
-     "argument --out: '/nonexistent/dir/c': folder '/nonexistent' does not exist"),
-    *[(["train-demo", "--out", "t", *bad], message) for bad, message in [
-        (["--steps", "0"], "argument --steps: 0 is not positive"),
-        (["--steps", "-1"], "argument --steps: -1 is negative"),
-        (["--batch-size", "0"], "argument --batch-size: 0 is not positive"),
-        (["--lr", "-1"], "argument --lr: -1 is not positive"),
-        (["--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
-        (["--device", "foo"], "argument --device: 'foo' is not cpu, cuda or cuda:N"),
-        (["--stage", "ode"], "argument --teacher: --stage ode distils a teacher"),
-        (["--stage", "ode", "--teacher", "missing.pt"], "argument --teacher: 'missing.pt' does not exist"),
-        (["--autocast", "garbage"], "argument --autocast: invalid choice: 'garbage'"),
-        (["--log-every", "0"], "argument --log-every: 0 is not positive"),
-        (["--ema", "2"], "argument --ema: 2 is not between 0 and 1"),
-        (["--sampler-prob", "2"], "argument --sampler-prob: 2 is not between 0 and 1"),
-        (["--warmup", "-5"], "argument --warmup: -5 is negative"),
-        (["--ode-steps", "6"], "argument --ode-steps: 6 is not a multiple of 4"),
-        (["--evaluate-only", "notes.txt"], "argument --evaluate-only: 'notes.txt' is not a .pt checkpoint"),
-        (["--evaluate-only", "text.pt"], "argument --evaluate-only: text.pt is not a torch .pt file"),
-        (["--out", "notes.txt"], "argument --out: 'notes.txt' is an existing file, not a folder"),
-        (["--out", "notes.txt/run"], "argument --out: 'notes.txt/run': 'notes.txt' is a file, not a folder"),
-        (["--out", "/nonexistent/dir/run"], "argument --out: '/nonexistent/dir/run': folder '/nonexistent' does not exist"),
-    ]],
-]  # fmt: skip
+    (
+        ["import-cache", "old.pt", "--out", "notes.txt/x.parquet"],
+        "argument --out: 'notes.txt/x.parquet': 'notes.txt' is a file",
+    ),
+    (
+        ["aggregate", "--input", "own", "--out", "missing/deeper/o"],
+        "argument --out: 'missing/deeper/o': folder 'missing' does not exist",
+    ),
+    (
+        ["figure", "figure4", "--input", "frame_attention.parquet", "--out-prefix", "/nonexistent/dir/f"],
+        "argument --out-prefix: '/nonexistent/dir/f': folder '/nonexistent' does not exist",
+    ),
+    (
+        [
+            "compare-labels",
+            "--labels",
+            "notes.txt",
+            "--input",
+            "frame_attention.parquet",
+            "--out",
+            "/nonexistent/dir/c",
+        ],
+        "argument --out: '/nonexistent/dir/c': folder '/nonexistent' does not exist",
+    ),
+    *[
+        (["train-demo", "--out", "t", *bad], message)
+        for bad, message in [
+            (["--steps", "0"], "argument --steps: 0 is not positive"),
+            (["--steps", "-1"], "argument --steps: -1 is negative"),
+            (["--batch-size", "0"], "argument --batch-size: 0 is not positive"),
+            (["--lr", "-1"], "argument --lr: -1 is not positive"),
+            (["--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
+            (["--device", "foo"], "argument --device: 'foo' is not cpu, cuda or cuda:N"),
+            (["--stage", "ode"], "argument --teacher: --stage ode distils a teacher"),
+            (["--stage", "ode", "--teacher", "missing.pt"], "argument --teacher: 'missing.pt' does not exist"),
+            (["--autocast", "garbage"], "argument --autocast: invalid choice: 'garbage'"),
+            (["--log-every", "0"], "argument --log-every: 0 is not positive"),
+            (["--ema", "2"], "argument --ema: 2 is not between 0 and 1"),
+            (["--sampler-prob", "2"], "argument --sampler-prob: 2 is not between 0 and 1"),
+            (["--warmup", "-5"], "argument --warmup: -5 is negative"),
+            (["--ode-steps", "6"], "argument --ode-steps: 6 is not a multiple of 4"),
+            (["--evaluate-only", "notes.txt"], "argument --evaluate-only: 'notes.txt' is not a .pt checkpoint"),
+            (["--evaluate-only", "text.pt"], "argument --evaluate-only: text.pt is not a torch .pt file"),
+            (["--out", "notes.txt"], "argument --out: 'notes.txt' is an existing file, not a folder"),
+            (["--out", "notes.txt/run"], "argument --out: 'notes.txt/run': 'notes.txt' is a file, not a folder"),
+            (
+                ["--out", "/nonexistent/dir/run"],
+                "argument --out: '/nonexistent/dir/run': folder '/nonexistent' does not exist",
+            ),
+        ]
+    ],
+]
 
 
 def _user_files(folder: Path) -> dict:
@@ -146,7 +200,10 @@ def test_bad_arguments_are_one_line_naming_the_argument(inputs, args, message, m
 ENTRY_POINT_CASES = [
     (["extract", "--out", "x", "--seed", "-1"], "argument --seed: -1 is negative"),
     (["extract", "--out", "x", "--layers", "99"], "config key layers: [99] do not exist"),
-    (["import-cache", "old.pt", "--out", "notes.txt/x.parquet"], "argument --out: 'notes.txt/x.parquet': 'notes.txt' is a file"),
+    (
+        ["import-cache", "old.pt", "--out", "notes.txt/x.parquet"],
+        "argument --out: 'notes.txt/x.parquet': 'notes.txt' is a file",
+    ),
     (["train-demo", "--out", "t", "--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
 ]
 
@@ -198,8 +255,9 @@ def test_aggregate_builds_every_table_from_extraction_folders(inputs, tmp_path):
     from sinkscope.stats.summaries import block_stats
 
     extraction = tmp_path / "ext"
-    done = _sinkscope("extract", "--out", str(extraction), "--layers", "0", "1", "--set", "generation.num_frames=6",
-                      cwd=inputs)  # fmt: skip
+    done = _sinkscope(
+        "extract", "--out", str(extraction), "--layers", "0", "1", "--set", "generation.num_frames=6", cwd=inputs
+    )
     assert done.returncode == 0, done.stderr
     out = tmp_path / "tables"
     result = _sinkscope("aggregate", "--input", str(extraction), "--out", str(out), cwd=inputs)
@@ -217,8 +275,17 @@ def test_aggregate_builds_every_table_from_extraction_folders(inputs, tmp_path):
     assert stats.loc[stats["block"] == 0, "latent_sink_cosine"].isna().all()
     again = _sinkscope("aggregate", "--input", str(extraction), "--out", str(out), cwd=inputs)
     assert again.returncode == 2 and "add --force" in again.stderr
-    drawn = _sinkscope("figure", "sink_mass_over_time", "--input", str(out / "block_stats.parquet"), "--out-prefix",
-                       str(tmp_path / "sink"), cwd=inputs)  # fmt: skip
+    drawn = _sinkscope(
+        "figure",
+        "sink_mass_over_time",
+        "--input",
+        str(out / "block_stats.parquet"),
+        "--out-prefix",
+        str(tmp_path / "sink"),
+        cwd=inputs,
+    )
     assert drawn.returncode == 0, drawn.stderr
     refused = _sinkscope("aggregate", "--input", "notes.txt", "--out", str(tmp_path / "x"), cwd=inputs)
-    assert refused.returncode == 2 and "is neither an extraction folder nor a table import-cache wrote" in refused.stderr
+    assert (
+        refused.returncode == 2 and "is neither an extraction folder nor a table import-cache wrote" in refused.stderr
+    )

@@ -19,33 +19,97 @@ from test_legacy import token_level_cache
 
 from sinkscope.pipeline.codedigest import STAGE_MODULES, code_text, module_closure
 
-_MODEL = {"model", "model.checkpoints", "model.config", "model.formats", "model.layout", "model.loading", "model.lora",
-          "model.torchfile", "model.weightfiles",
-          "model.wan", "attention", "attention.settings", "attention.split", "attention.merge_kernel",
-          "attention.edits"}
+_MODEL = {
+    "model",
+    "model.checkpoints",
+    "model.config",
+    "model.formats",
+    "model.layout",
+    "model.loading",
+    "model.lora",
+    "model.torchfile",
+    "model.weightfiles",
+    "model.wan",
+    "attention",
+    "attention.settings",
+    "attention.split",
+    "attention.merge_kernel",
+    "attention.edits",
+}
 _TABLES = {"tables", "digests"}
 _SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", *_TABLES}
 PINNED = {
     "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},
     "extract_attention": {
-        "io", "naming", "options", "interventions", "tokens", *_TABLES, *_MODEL, "model.cache", "model.policies", "model.policies.base",
-        "model.policies.compression", "model.policies.krea", "model.policies.registry", "model.policies.rolling_forcing", "model.policies.sinks",
-        "model.policies.longlive2", "model.text", "model.vae", "model.edits", "model.quantize",
-        "generation", "generation.capture", "generation.common", "generation.krea", "generation.longlive2",
-        "generation.procedures", "generation.rolling", "generation.sampler", "generation.unipc",
-        "stats", "stats.attention", "stats.kernels", "stats.reduction_kernels", "stats.reference", "stats.rollout", "stats.launch",
-        "manifests", "pipeline.extract", "pipeline.integrity", "pipeline.latents", "pipeline.writing",
+        "io",
+        "naming",
+        "options",
+        "interventions",
+        "tokens",
+        *_TABLES,
+        *_MODEL,
+        "model.cache",
+        "model.policies",
+        "model.policies.base",
+        "model.policies.compression",
+        "model.policies.krea",
+        "model.policies.registry",
+        "model.policies.rolling_forcing",
+        "model.policies.sinks",
+        "model.policies.longlive2",
+        "model.text",
+        "model.vae",
+        "model.edits",
+        "model.quantize",
+        "generation",
+        "generation.capture",
+        "generation.common",
+        "generation.krea",
+        "generation.longlive2",
+        "generation.procedures",
+        "generation.rolling",
+        "generation.sampler",
+        "generation.unipc",
+        "stats",
+        "stats.attention",
+        "stats.kernels",
+        "stats.reduction_kernels",
+        "stats.reference",
+        "stats.rollout",
+        "stats.launch",
+        "manifests",
+        "pipeline.extract",
+        "pipeline.integrity",
+        "pipeline.latents",
+        "pipeline.writing",
     },
-    "import_cache": {"io", *_TABLES, *_MODEL, "legacy", "legacy.importer", "legacy.plan", "legacy.rows", "legacy.frames",
-                     "legacy.tokens", "pipeline.imports"},
+    "import_cache": {
+        "io",
+        *_TABLES,
+        *_MODEL,
+        "legacy",
+        "legacy.importer",
+        "legacy.plan",
+        "legacy.rows",
+        "legacy.frames",
+        "legacy.tokens",
+        "pipeline.imports",
+    },
     "aggregate_source": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
     "combine_tables": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
     "summary_page": {*_SUMMARIES, "figures", "figures.report"},
     "intervention_head_classes": {*_SUMMARIES, "interventions", "pipeline.headclasses"},
-    "variant_effects": {*_SUMMARIES, "interventions", "manifests", "pipeline.aggregate", "pipeline.effects",
-                        "pipeline.integrity", "pipeline.latents"},
+    "variant_effects": {
+        *_SUMMARIES,
+        "interventions",
+        "manifests",
+        "pipeline.aggregate",
+        "pipeline.effects",
+        "pipeline.integrity",
+        "pipeline.latents",
+    },
     "combine_effects": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
-}  # fmt: skip
+}
 
 
 def _closure(modules) -> set[str]:
@@ -60,8 +124,18 @@ def test_each_stage_digest_covers_exactly_its_pinned_modules(stage):
 def test_planning_and_job_plumbing_are_in_no_stage():
     for stage, modules in STAGE_MODULES.items():
         closure = _closure(modules)
-        for planning in ("pipeline.config", "pipeline.study", "pipeline.resources", "pipeline.jobs", "errors", "legacy.importer"):
-            assert planning not in closure or (stage == "import_cache" and planning == "legacy.importer"), (stage, planning)
+        for planning in (
+            "pipeline.config",
+            "pipeline.study",
+            "pipeline.resources",
+            "pipeline.jobs",
+            "errors",
+            "legacy.importer",
+        ):
+            assert planning not in closure or (stage == "import_cache" and planning == "legacy.importer"), (
+                stage,
+                planning,
+            )
 
 
 def test_comments_and_docstrings_do_not_count_but_code_does(tmp_path):
@@ -85,8 +159,11 @@ def test_changed_package_code_reruns_exactly_what_runs_it(tmp_path):
     """A copy of the repository; one edit at a time, undone before the next; a dry run says
     which jobs would rerun."""
     copy = tmp_path / "repo"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "*.egg-info",
-                                                              ".carry"))  # fmt: skip
+    shutil.copytree(
+        REPO,
+        copy,
+        ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "*.egg-info", ".carry"),
+    )
     work = tmp_path / "work"
     work.mkdir()
     torch.save(token_level_cache(layers=(0,), num_frames=6), work / "old_cache.pt")
@@ -97,16 +174,45 @@ def test_changed_package_code_reruns_exactly_what_runs_it(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(copy / "src"))
 
     def planned() -> dict[str, int]:
-        command = [sys.executable, "-m", "snakemake", "--snakefile", str(copy / "Snakefile"), "--directory", str(work),
-                   "--cores", "2", "--resources", "gpu=1", "-n"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(copy / "Snakefile"),
+            "--directory",
+            str(work),
+            "--cores",
+            "2",
+            "--resources",
+            "gpu=1",
+            "-n",
+        ]
         out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=work, check=True).stdout
         if "Job stats:" not in out:
             return {}
         rows = re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:", 1)[1], flags=re.M)
         return {rule: int(count) for rule, count in rows if rule not in ("total", "all")}
 
-    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(copy / "Snakefile"), "--directory", str(work),
-                    "--cores", "2", "--resources", "gpu=1"], env=env, cwd=work, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(copy / "Snakefile"),
+            "--directory",
+            str(work),
+            "--cores",
+            "2",
+            "--resources",
+            "gpu=1",
+        ],
+        env=env,
+        cwd=work,
+        check=True,
+        capture_output=True,
+    )
     assert planned() == {}
 
     def after_edit(relative: str, edit) -> dict[str, int]:

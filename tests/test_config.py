@@ -24,14 +24,31 @@ from sinkscope.schema import load_schema
 def test_defaults_fill_the_demo_study():
     config = normalize_config({})
     assert config["checkpoints"] == {
-        "demo": {"model": "demo", "format": "self_forcing", "weights": "sinkscope:demo_trained.pt", "base": None, "seed": 0,
-                 "ema": True, "allow_pickle": False, "dtype": "auto", "train_step": None, "lora": None}  # fmt: skip
+        "demo": {
+            "model": "demo",
+            "format": "self_forcing",
+            "weights": "sinkscope:demo_trained.pt",
+            "base": None,
+            "seed": 0,
+            "ema": True,
+            "allow_pickle": False,
+            "dtype": "auto",
+            "train_step": None,
+            "lora": None,
+        }
     }
     assert config["layers"] == [0, 1, 2, 3, 4, 5]
     assert config["generation"]["num_frames"] == 21
     assert config["generation"]["denoising_steps"] == [1000, 750, 500, 250]
-    assert config["figures"] == {"heads": ["L1H1", "L5H10"], "step": "last", "metric": "logit_mean", "video_frames": False,
-                                 "frame_base": 0, "highlight_layers": None, "dpi": 200}  # fmt: skip
+    assert config["figures"] == {
+        "heads": ["L1H1", "L5H10"],
+        "step": "last",
+        "metric": "logit_mean",
+        "video_frames": False,
+        "frame_base": 0,
+        "highlight_layers": None,
+        "dpi": 200,
+    }
     assert config["layers_per_job"] == "auto" and config["capture"]["token_profiles"] == "last_block"
 
 
@@ -42,8 +59,12 @@ def test_strings_from_the_command_line_are_coerced():
             "layers": ["0", "1", "2"],
             "seeds": "3",
             "layers_per_job": "2",
-            "generation": {"num_frames": "9", "independent_first_frame": "false", "timestep_shift": "5.0",
-                           "latent_height": "null"},  # fmt: skip
+            "generation": {
+                "num_frames": "9",
+                "independent_first_frame": "false",
+                "timestep_shift": "5.0",
+                "latent_height": "null",
+            },
             "figures": {"step": "2", "video_frames": "true"},
         }
     )
@@ -66,29 +87,61 @@ def test_strings_from_the_command_line_are_coerced():
         ({"layers": [9]}, "config key layers: [9] do not exist in checkpoint 'demo' (model has layers 0..5)"),
         ({"bogus": 1}, "unknown config key 'bogus'"),
         ({"generation": {"num_frame": 9}}, "unknown config key 'num_frame' in generation"),
-        ({"generation": {"num_frames": 20}}, "config key generation.num_frames: 20 must be a multiple of frames_per_block = 3"),
+        (
+            {"generation": {"num_frames": 20}},
+            "config key generation.num_frames: 20 must be a multiple of frames_per_block = 3",
+        ),
         ({"generation": {"num_frames": 21, "independent_first_frame": True}}, "num_frames - 1 = 20 must be a multiple"),
-        ({"generation": {"local_attn_frames": 4, "sink_frames": 2}}, "a window of 4 frames cannot hold sink_frames = 2 plus a block of 3"),
+        (
+            {"generation": {"local_attn_frames": 4, "sink_frames": 2}},
+            "a window of 4 frames cannot hold sink_frames = 2 plus a block of 3",
+        ),
         ({"generation": {"sink_frames": 2}}, "config key generation.sink_frames: 2 needs a window"),
-        ({"generation": {"cache_policy": "window", "budget_frames": 4}}, "generation.budget_frames: 4 has no meaning for cache_policy 'window'"),
-        ({"generation": {"cache_policy": "participative_compression", "budget_frames": 12}},
-         "generation.budget_frames: 12 is below sink_frames + recent_frames = 14"),
-        ({"generation": {"cache_policy": "participative_compression", "recent_frames": 2}}, "recent_frames: 2 must hold the current block"),
-        ({"variants": {"ds": {"cache_policy": "sink", "local_attn_frames": 5}}}, "config key variants.ds.local_attn_frames: a window of 5"),
-        ({"generation": {"num_frames": 65537}}, "config key generation.num_frames: 65537 is greater than the maximum of 65536"),
+        (
+            {"generation": {"cache_policy": "window", "budget_frames": 4}},
+            "generation.budget_frames: 4 has no meaning for cache_policy 'window'",
+        ),
+        (
+            {"generation": {"cache_policy": "participative_compression", "budget_frames": 12}},
+            "generation.budget_frames: 12 is below sink_frames + recent_frames = 14",
+        ),
+        (
+            {"generation": {"cache_policy": "participative_compression", "recent_frames": 2}},
+            "recent_frames: 2 must hold the current block",
+        ),
+        (
+            {"variants": {"ds": {"cache_policy": "sink", "local_attn_frames": 5}}},
+            "config key variants.ds.local_attn_frames: a window of 5",
+        ),
+        (
+            {"generation": {"num_frames": 65537}},
+            "config key generation.num_frames: 65537 is greater than the maximum of 65536",
+        ),
         ({"prompts": {1: "x"}}, "config key prompts: the name 1 is a int; names must be strings"),
         ({"prompts": {"p" * 250: "x"}}, "is longer than 64 characters"),
         ({"figures": {"heads": ["L1H13"]}}, "figures.heads: 'L1H13' does not exist in checkpoint 'demo'"),
-        ({"figures": {"heads": ["layer1"]}}, "config key figures.heads[0]: 'layer1' is not a head like 'L1H1': heads are 1-based"),
+        (
+            {"figures": {"heads": ["layer1"]}},
+            "config key figures.heads[0]: 'layer1' is not a head like 'L1H1': heads are 1-based",
+        ),
         ({"figures": {"metric": "softmax"}}, "config key figures.metric: 'softmax' is not one of"),
         ({"figures": {"step": 7}}, "config key figures.step: 7 is past the last denoising step 3"),
         ({"figures": {"step": "first"}}, "config key figures.step: 'first' is not 'last' or 'cache' or an integer"),
         ({"device": "tpu"}, "config key device: 'tpu' does not match"),
         ({"prompts": {"bad/id": "x"}}, "name 'bad/id' is not allowed"),
-        ({"checkpoints": {"real": {"weights": "missing.pt"}}}, "config key checkpoints.real: weights 'missing.pt' do not exist"),
-        ({"checkpoints": {"real": {"format": "self_forcing"}}}, "config key checkpoints.real: format 'self_forcing' needs 'weights'"),
+        (
+            {"checkpoints": {"real": {"weights": "missing.pt"}}},
+            "config key checkpoints.real: weights 'missing.pt' do not exist",
+        ),
+        (
+            {"checkpoints": {"real": {"format": "self_forcing"}}},
+            "config key checkpoints.real: format 'self_forcing' needs 'weights'",
+        ),
         ({"checkpoints": {"d": {"model": "gigantic", "format": "demo"}}}, "unknown model config 'gigantic'"),
-        ({"legacy_caches": {"old": {"path": "nope.pt"}}}, "config key legacy_caches.old.path: file 'nope.pt' does not exist"),
+        (
+            {"legacy_caches": {"old": {"path": "nope.pt"}}},
+            "config key legacy_caches.old.path: file 'nope.pt' does not exist",
+        ),
     ],
 )
 def test_bad_configs_name_the_key_and_value(raw, message, tmp_path):
@@ -171,15 +224,23 @@ def test_atomic_outputs_get_the_usual_file_mode(tmp_path):
 
 @pytest.mark.workflow
 def test_names_with_regex_characters_are_matched_literally(workflow):
-    workflow.write_config({"prompts": {"eagle+sky": "an eagle", "eagle.v2": "an eagle again"}, "layers": [0],
-                           "checkpoints": {"demo+1": {"model": "demo", "format": "demo"}}, "generation": {"num_frames": 3}})  # fmt: skip
+    workflow.write_config(
+        {
+            "prompts": {"eagle+sky": "an eagle", "eagle.v2": "an eagle again"},
+            "layers": [0],
+            "checkpoints": {"demo+1": {"model": "demo", "format": "demo"}},
+            "generation": {"num_frames": 3},
+        }
+    )
     jobs = workflow.planned_jobs()
     assert jobs["extract_attention"] == 2 and jobs["encode_prompt"] == 2
 
 
 def test_a_text_file_named_pt_is_refused_at_config_time(tmp_path):
     (tmp_path / "model.pt").write_text("not weights\n")
-    with pytest.raises(ConfigError, match=r"checkpoints.real: .*model.pt is not a torch .pt file \(it starts with 'not "):
+    with pytest.raises(
+        ConfigError, match=r"checkpoints.real: .*model.pt is not a torch .pt file \(it starts with 'not "
+    ):
         normalize_config({"checkpoints": {"real": {"weights": "model.pt", "model": "demo"}}}, base_dir=tmp_path)
 
 
@@ -220,16 +281,27 @@ def test_machine_checks_refuse_a_missing_gpu_and_an_oversized_job(monkeypatch):
 
 def test_dotted_overrides_set_one_nested_key(tmp_path):
     (tmp_path / "config.yaml").write_text("generation:\n  num_frames: 24\n")
-    config = load_config(tmp_path / "config.yaml", {"generation.local_attn_frames": 9, "generation.cache_policy": "window"})
+    config = load_config(
+        tmp_path / "config.yaml", {"generation.local_attn_frames": 9, "generation.cache_policy": "window"}
+    )
     assert config["generation"]["num_frames"] == 24 and config["generation"]["local_attn_frames"] == 9
 
 
 def test_overrides_are_read_as_snakemake_config_reads_them():
     from snakemake.cli import parse_config
 
-    pairs = ["layers=[0,1]", "seeds=", "compile=True", "timestep_shift=1e308", "name=null", "dpi=7",
-             "generation={num_frames: 9, denoising_steps: [1000, 500]}", "prompts=[unclosed", "figures={heads: [L1H1]}",
-             "generation={procedure: rolling_forcing}"]  # fmt: skip
+    pairs = [
+        "layers=[0,1]",
+        "seeds=",
+        "compile=True",
+        "timestep_shift=1e308",
+        "name=null",
+        "dpi=7",
+        "generation={num_frames: 9, denoising_steps: [1000, 500]}",
+        "prompts=[unclosed",
+        "figures={heads: [L1H1]}",
+        "generation={procedure: rolling_forcing}",
+    ]
     assert parse_config_overrides(pairs) == parse_config(pairs)
     for refused in (["generation.num_frames=9"], ["x=1"], ["1a=2"]):
         with pytest.raises(ValueError):
@@ -274,8 +346,11 @@ def test_figures_that_compare_are_planned_only_with_two_of_what_they_compare():
     from sinkscope.figures.registry import CHECKPOINT_FIGURES, FIGURES, STUDY_FIGURES
 
     def planned(raw) -> set[str]:
-        return {Path(p).stem for p in Study(normalize_config(raw)).figure_targets()
-                if Path(p).stem in (*CHECKPOINT_FIGURES, *STUDY_FIGURES)}  # fmt: skip
+        return {
+            Path(p).stem
+            for p in Study(normalize_config(raw)).figure_targets()
+            if Path(p).stem in (*CHECKPOINT_FIGURES, *STUDY_FIGURES)
+        }
 
     assert FIGURES["policy_comparison"].compares == "variants"
     assert FIGURES["attention_across_checkpoints"].compares == "checkpoints"
@@ -284,7 +359,12 @@ def test_figures_that_compare_are_planned_only_with_two_of_what_they_compare():
     assert planned(one) == {"sink_mass_over_time", "sink_collapse"}
     two_variants = {"variants": {**one["variants"], "global": {"cache_policy": "global"}}}
     assert planned(two_variants) == {"sink_mass_over_time", "sink_collapse", "policy_comparison"}
-    two = {"checkpoints": {"demo": {"model": "demo", "format": "demo"}, "other": {"model": "demo", "format": "demo", "seed": 1}}}
+    two = {
+        "checkpoints": {
+            "demo": {"model": "demo", "format": "demo"},
+            "other": {"model": "demo", "format": "demo", "seed": 1},
+        }
+    }
     study = Study(normalize_config(two))
     assert {Path(p).stem for p in study.figure_targets()} >= {"attention_across_checkpoints", "sink_mass_over_time"}
     assert "policy_comparison" not in {Path(p).stem for p in study.figure_targets()}

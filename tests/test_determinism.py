@@ -17,9 +17,14 @@ def test_two_clean_runs_write_the_same_bytes(tmp_path):
         workflow.write_config({"layers": [0, 1], "layers_per_job": 2, "generation": {"num_frames": 3}})
         workflow.run("--until", "extract_attention")
         results = workflow.directory / "results"
-        files = {path.relative_to(results): path.read_bytes() for path in results.rglob("*")
-                 if path.is_file() and not path.name.startswith(".") and "logs" not in path.parts
-                 and "benchmarks" not in path.parts}  # fmt: skip
+        files = {
+            path.relative_to(results): path.read_bytes()
+            for path in results.rglob("*")
+            if path.is_file()
+            and not path.name.startswith(".")
+            and "logs" not in path.parts
+            and "benchmarks" not in path.parts
+        }
         runs.append(files)
     first, second = runs
     assert any(path.name == "manifest.json" for path in first) and any(path.suffix == ".safetensors" for path in first)

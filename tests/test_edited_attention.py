@@ -57,7 +57,9 @@ def make_call(seed, batch, heads, num_q, key_lengths, dim, dtype=torch.float64, 
     lk = sum(key_lengths)
     q = torch.randn(batch, num_q, heads, dim, generator=g) * sharp
     k = torch.randn(batch, lk, heads, dim, generator=g)
-    k += torch.randn(batch, len(key_lengths), heads, dim, generator=g).repeat_interleave(torch.tensor(key_lengths), dim=1)
+    k += torch.randn(batch, len(key_lengths), heads, dim, generator=g).repeat_interleave(
+        torch.tensor(key_lengths), dim=1
+    )
     v = torch.randn(batch, lk, heads, dim, generator=g)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
@@ -187,8 +189,15 @@ def test_bad_biases_are_named(bias, message):
     with pytest.raises(ValueError, match=message):
         edited_attention(q, k, v, torch.tensor(bias), [3, 3])
     with pytest.raises(ValueError, match=message):
-        attention_statistics(q[0].transpose(0, 1), k[0].transpose(0, 1), frame_seq_length=4, query_frames=[2],
-                             key_frames=[0, 1], key_lengths=[3, 3], frame_bias=torch.tensor(bias))  # fmt: skip
+        attention_statistics(
+            q[0].transpose(0, 1),
+            k[0].transpose(0, 1),
+            frame_seq_length=4,
+            query_frames=[2],
+            key_frames=[0, 1],
+            key_lengths=[3, 3],
+            frame_bias=torch.tensor(bias),
+        )
 
 
 # -- statistics of the edited softmax ---------------------------------------------------------
@@ -221,22 +230,33 @@ def assert_masked_frames_get_nothing(stats, bias):
     for name in ("prob_mass", "argmax_share"):
         values = getattr(stats, name).cpu().permute(0, 2, 1)[masked]  # every query frame of masked (h, kf)
         assert torch.equal(values, torch.zeros_like(values)), name
-    torch.testing.assert_close(stats.prob_mass.double().sum(-1).cpu(), torch.ones(stats.prob_mass.shape[:2], dtype=torch.float64),
-                               rtol=0, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        stats.prob_mass.double().sum(-1).cpu(),
+        torch.ones(stats.prob_mass.shape[:2], dtype=torch.float64),
+        rtol=0,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("case", STAT_CASES)
 def test_statistics_of_the_edited_softmax_match_float64_brute_force(case):
     fsl, num_q, lengths, bias, q, k, _ = stat_inputs(case)
-    layout = dict(frame_seq_length=fsl, query_frames=list(range(4, 4 + num_q)), key_frames=list(range(len(lengths))),
-                  key_lengths=lengths, token_profiles=True)  # fmt: skip
+    layout = dict(
+        frame_seq_length=fsl,
+        query_frames=list(range(4, 4 + num_q)),
+        key_frames=list(range(len(lengths))),
+        key_lengths=lengths,
+        token_profiles=True,
+    )
     stats = attention_statistics(q, k, backend="torch", frame_bias=bias, **layout)
     ref, _ = brute_statistics(q, k, fsl, num_q, lengths, bias)
     assert_statistics(stats, ref)
     assert_masked_frames_get_nothing(stats, bias)
     # The raw scores' statistics do not see the edit.
     plain = attention_statistics(q, k, backend="torch", **layout)
-    assert torch.equal(stats.logit_mean, plain.logit_mean) and torch.equal(stats.token_logit_mean, plain.token_logit_mean)
+    assert torch.equal(stats.logit_mean, plain.logit_mean) and torch.equal(
+        stats.token_logit_mean, plain.token_logit_mean
+    )
     zero = attention_statistics(q, k, backend="torch", frame_bias=torch.zeros_like(bias), **layout)
     assert all(torch.equal(getattr(zero, name), getattr(plain, name)) for name in FIELDS)
 
@@ -245,7 +265,9 @@ def test_the_captured_edited_call_is_edited_attention_then_its_statistics():
     """attention_with_statistics with a frame_bias: the output of edited_attention, the
     statistics of the edited softmax (fused or not: an edited call takes the exact route)."""
     fsl, num_q, lengths, bias, q, k, v = stat_inputs("mixed", torch.float32)
-    layout = dict(frame_seq_length=fsl, query_frames=[7, 8], key_frames=[0, 1, 2, 6, 7], key_lengths=lengths, token_profiles=True)
+    layout = dict(
+        frame_seq_length=fsl, query_frames=[7, 8], key_frames=[0, 1, 2, 6, 7], key_lengths=lengths, token_profiles=True
+    )
     expected, _ = edited_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), bias, lengths)
     for fused in (False, True):
         out, stats = attention_with_statistics(q, k, v, fused=fused, frame_bias=bias, **layout)
@@ -269,7 +291,8 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
             "given_lse": vars(statistics_given_lse(case["q"], case["k"], case["lse"], *args[2:], token_profiles=True,
                                                    frame_bias=case["bias"])),
             "partials": vars(statistics_triton(*args, token_profiles=True, frame_bias=case["bias"])),
-            "unbiased": vars(statistics_given_lse(case["q"], case["k"], case["plain_lse"], *args[2:], token_profiles=True)),
+            "unbiased": vars(statistics_given_lse(case["q"], case["k"], case["plain_lse"], *args[2:],
+                                                  token_profiles=True)),
         }
         # The GPU's loop bounds (each segment's own length: masked frames skipped past the
         # first query block), where this interpreter can run them.
@@ -294,8 +317,17 @@ def interpreted(tmp_path_factory):
         fsl, num_q, lengths, bias, q, k, _ = stat_inputs(case, torch.float32)
         _, lse = brute_statistics(q, k, fsl, num_q, lengths, bias)
         plain_lse = torch.logsumexp(q.double() @ k.double().transpose(1, 2) / 4.0, dim=-1).float()
-        cases[case] = dict(q=q, k=k, fsl=fsl, num_q=num_q, key_lengths=lengths, scale=0.25, bias=bias, lse=lse.float(),
-                           plain_lse=plain_lse)  # fmt: skip
+        cases[case] = dict(
+            q=q,
+            k=k,
+            fsl=fsl,
+            num_q=num_q,
+            key_lengths=lengths,
+            scale=0.25,
+            bias=bias,
+            lse=lse.float(),
+            plain_lse=plain_lse,
+        )
     results = run_in_interpreter(_INTERPRETER_SCRIPT, cases, folder)
     return {case: (cases[case], results[case]) for case in cases}
 
@@ -306,13 +338,21 @@ def test_triton_statistics_of_the_edited_softmax_in_the_interpreter(interpreted,
     combine of frame_softmax_partials_kernel's partials with a bias; without a bias the
     given-lse pass is unchanged."""
     inputs, out = interpreted[case]
-    ref, _ = brute_statistics(inputs["q"], inputs["k"], inputs["fsl"], inputs["num_q"], inputs["key_lengths"], inputs["bias"])
+    ref, _ = brute_statistics(
+        inputs["q"], inputs["k"], inputs["fsl"], inputs["num_q"], inputs["key_lengths"], inputs["bias"]
+    )
     for route in ("given_lse", "partials"):
         stats = CallStatistics(**out[route])
         assert_statistics(stats, ref)
         assert_masked_frames_get_nothing(stats, inputs["bias"])
-    plain, _ = brute_statistics(inputs["q"], inputs["k"], inputs["fsl"], inputs["num_q"], inputs["key_lengths"],
-                                torch.zeros_like(inputs["bias"]))  # fmt: skip
+    plain, _ = brute_statistics(
+        inputs["q"],
+        inputs["k"],
+        inputs["fsl"],
+        inputs["num_q"],
+        inputs["key_lengths"],
+        torch.zeros_like(inputs["bias"]),
+    )
     assert_statistics(CallStatistics(**out["unbiased"]), plain)
     dynamic = out["dynamic_bound"]
     if isinstance(dynamic, str):
@@ -367,7 +407,9 @@ def test_cuda_edited_attention_in_bf16(lengths, split, make_bias):
     ref_out, ref_lse = brute_attention(q, k, v, bias, lengths)
     plain, plain_lse = cached_attention(q, k, v, split=split)
     # The rounding of a bf16 call: no worse than SDPA's own output against float64.
-    sdpa_error = (plain.double().cpu() - brute_attention(q, k, v, torch.zeros_like(bias), lengths)[0]).abs().max().item()
+    sdpa_error = (
+        (plain.double().cpu() - brute_attention(q, k, v, torch.zeros_like(bias), lengths)[0]).abs().max().item()
+    )
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and lse.is_cuda
     assert (out.double().cpu() - ref_out).abs().max().item() <= 2 * sdpa_error + 2**-9
     torch.testing.assert_close(lse.double().cpu(), ref_lse, rtol=0, atol=2e-3)
@@ -391,8 +433,13 @@ def test_cuda_statistics_of_the_edited_softmax_match_the_cpu_reference(token_pro
     heads, fsl, num_q, lengths = 6, 1560, 2, [1560, 1560, 611, 1560, 1560]
     q, k, v = (x[0].transpose(0, 1).cuda() for x in make_call(2, 1, heads, num_q * fsl, lengths, 128, torch.bfloat16))
     bias = wan_bias(heads, len(lengths)).cuda()
-    layout = dict(frame_seq_length=fsl, query_frames=[5, 6], key_frames=[0, 1, 2, 3, 4], key_lengths=lengths,
-                  token_profiles=token_profiles)  # fmt: skip
+    layout = dict(
+        frame_seq_length=fsl,
+        query_frames=[5, 6],
+        key_frames=[0, 1, 2, 3, 4],
+        key_lengths=lengths,
+        token_profiles=token_profiles,
+    )
     cpu = attention_statistics(q.cpu(), k.cpu(), backend="torch", frame_bias=bias.cpu(), **layout)
     out, given_lse = attention_with_statistics(q, k, v, frame_bias=bias, fused=True, **layout)
     partials = attention_statistics(q, k, frame_bias=bias, **layout)
@@ -405,6 +452,8 @@ def test_cuda_statistics_of_the_edited_softmax_match_the_cpu_reference(token_pro
                 assert got is None
                 continue
             assert got.is_cuda and torch.isfinite(got).all(), name
-            atol = 3 / fsl + 1e-6 if name == "argmax_share" else (5e-5 if "logit" in name or name == "entropy" else 2e-6)
+            atol = (
+                3 / fsl + 1e-6 if name == "argmax_share" else (5e-5 if "logit" in name or name == "entropy" else 2e-6)
+            )
             torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=atol, msg=name)
         assert_masked_frames_get_nothing(stats, bias)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic import synthetic_rows
 
 from sinkscope.errors import DamagedFileError, SinkscopeError
 from sinkscope.manifests import write_manifest
@@ -17,7 +18,6 @@ from sinkscope.naming import layer_file
 from sinkscope.pipeline.effects import call_values, edited_heads, effects_job, frame_effects, head_effects
 from sinkscope.pipeline.latents import LATENTS_FILE, latents_sha256, read_latents, write_latents
 from sinkscope.tables import ALL_PROMPTS, ALL_SEEDS, SCHEMAS, read_metadata, read_table, write_table
-from synthetic import synthetic_rows
 
 NUM_LAYERS, NUM_HEADS = 6, 4
 
@@ -31,8 +31,17 @@ def queries_of(frames: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
     return rows.assign(entropy_tokens=rng.random(len(rows)) + 2.0, num_keys=rows["num_key_frames"] * 24)
 
 
-def write_run(root: Path, variant: str, prompt: str, seed: int, latents: np.ndarray, frames: pd.DataFrame,
-              layers=(3,), block_sizes=(3, 3, 3), queries: pd.DataFrame | None = None) -> Path:  # fmt: skip
+def write_run(
+    root: Path,
+    variant: str,
+    prompt: str,
+    seed: int,
+    latents: np.ndarray,
+    frames: pd.DataFrame,
+    layers=(3,),
+    block_sizes=(3, 3, 3),
+    queries: pd.DataFrame | None = None,
+) -> Path:
     """One extraction folder as the extraction job writes it: per layer frame and query
     files (with the run's metadata), the latents, and the manifest listing them."""
     source = "ck" if variant == "default" else f"ck@{variant}"
@@ -40,15 +49,25 @@ def write_run(root: Path, variant: str, prompt: str, seed: int, latents: np.ndar
     folder.mkdir(parents=True)
     frames = frames.assign(checkpoint="ck", variant=variant, prompt_id=prompt, seed=seed)
     queries = queries_of(frames, np.random.default_rng(seed)) if queries is None else queries
-    meta = {"checkpoint": "ck", "variant": variant, "prompt_id": prompt, "seed": seed, "block_sizes": list(block_sizes),
-            "latents_sha256": latents_sha256(latents), "model_config": {"num_layers": NUM_LAYERS, "num_heads": NUM_HEADS},
-            "dtype": "float32", "device_kind": "cpu"}  # fmt: skip
+    meta = {
+        "checkpoint": "ck",
+        "variant": variant,
+        "prompt_id": prompt,
+        "seed": seed,
+        "block_sizes": list(block_sizes),
+        "latents_sha256": latents_sha256(latents),
+        "model_config": {"num_layers": NUM_LAYERS, "num_heads": NUM_HEADS},
+        "dtype": "float32",
+        "device_kind": "cpu",
+    }
     written, counts = [], {}
     for layer in layers:
         for kind, rows in (("frames", frames), ("queries", queries)):
             path = Path(layer_file(folder, layer, kind))
             part = rows[rows["layer"] == layer]
-            write_table(part, path, SCHEMAS["frame_attention" if kind == "frames" else "query_stats"], {**meta, "layer": layer})
+            write_table(
+                part, path, SCHEMAS["frame_attention" if kind == "frames" else "query_stats"], {**meta, "layer": layer}
+            )
             written.append(path.name)
             counts[path.name] = len(part)
     written.append(write_latents(folder, latents))
@@ -62,7 +81,9 @@ def latents_of(seed: int, frames: int = 9) -> np.ndarray:
 
 def run_job(root: Path, folders, interventions=None, extra=()) -> dict[str, pd.DataFrame]:
     outputs = {name: root / f"{name}.parquet" for name in ("variant_effects", "variant_head_effects")}
-    effects_job([*map(str, folders), *map(str, extra)], outputs, {"checkpoint": "ck", "interventions": interventions or {}})
+    effects_job(
+        [*map(str, folders), *map(str, extra)], outputs, {"checkpoint": "ck", "interventions": interventions or {}}
+    )
     return {name: read_table(path) for name, path in outputs.items()}
 
 
@@ -140,8 +161,10 @@ def test_a_longer_or_shorter_video_is_paired_over_the_frames_both_have(tmp_path)
     # Through the job: a 12-frame default (4 blocks) and a 9-frame variant; the block is the variant's.
     rows12 = synthetic_rows(blocks=(3, 3, 3, 3))
     rows9 = synthetic_rows(seed=1, blocks=(3, 3, 3))
-    folders = [write_run(tmp_path / "x", "default", "p", 0, ref, rows12, block_sizes=(3, 3, 3, 3)),
-               write_run(tmp_path / "x", "short", "p", 0, short, rows9)]  # fmt: skip
+    folders = [
+        write_run(tmp_path / "x", "default", "p", 0, ref, rows12, block_sizes=(3, 3, 3, 3)),
+        write_run(tmp_path / "x", "short", "p", 0, short, rows9),
+    ]
     tables = run_job(tmp_path, folders)
     per_run = tables["variant_effects"][tables["variant_effects"]["seed"] == 0]
     assert list(per_run["latent_frame"]) == list(range(9)) and list(per_run["block"]) == [0] * 3 + [1] * 3 + [2] * 3
@@ -156,11 +179,21 @@ def test_seed_spread_is_the_std_between_runs_as_in_the_other_tables(tmp_path):
     for seed in (0, 1, 2):
         ref = latents_of(10 + seed)
         folders.append(write_run(tmp_path / "x", "default", "p", seed, ref, synthetic_rows(seed=seed)))
-        folders.append(write_run(tmp_path / "x", "edit", "p", seed, ref + (seed + 1) * 0.1 * latents_of(20 + seed),
-                                 synthetic_rows(seed=seed + 5)))  # fmt: skip
+        folders.append(
+            write_run(
+                tmp_path / "x",
+                "edit",
+                "p",
+                seed,
+                ref + (seed + 1) * 0.1 * latents_of(20 + seed),
+                synthetic_rows(seed=seed + 5),
+            )
+        )
     tables = run_job(tmp_path, folders)
-    for name, keys, stat in (("variant_effects", ["latent_frame"], "latent_rel_distance"),
-                             ("variant_head_effects", ["layer", "head"], "frame0_mass_change")):  # fmt: skip
+    for name, keys, stat in (
+        ("variant_effects", ["latent_frame"], "latent_rel_distance"),
+        ("variant_head_effects", ["layer", "head"], "frame0_mass_change"),
+    ):
         table = tables[name]
         runs = table[table["prompt_id"] != ALL_PROMPTS]
         averaged = table[table["prompt_id"] == ALL_PROMPTS].set_index(keys)
@@ -168,8 +201,9 @@ def test_seed_spread_is_the_std_between_runs_as_in_the_other_tables(tmp_path):
         assert runs[stat + "_run_std"].isna().all()
         grouped = runs.groupby(keys)[stat]
         np.testing.assert_allclose(averaged[stat], grouped.mean().reindex(averaged.index), rtol=1e-12)
-        np.testing.assert_allclose(averaged[stat + "_run_std"].dropna(), grouped.std(ddof=1).reindex(averaged.index).dropna(),
-                                   rtol=1e-12)  # fmt: skip
+        np.testing.assert_allclose(
+            averaged[stat + "_run_std"].dropna(), grouped.std(ddof=1).reindex(averaged.index).dropna(), rtol=1e-12
+        )
     frame0 = tables["variant_effects"].query("prompt_id == '*' and latent_frame == 0")
     assert np.isnan(frame0["flicker"]).all()  # no previous frame
 
@@ -207,22 +241,34 @@ def test_head_effects_match_calls_by_block_pass_step_and_query_frame():
 
 def test_edited_flags_the_heads_of_mask_keys_and_logit_bias_edits(tmp_path):
     where = "variants.x.interventions"
-    assert edited_heads([{"edit": "mask_keys", "heads": ["L1H1", "L5H3"], "key_frames": [0]}], where, 6, 4) == {(0, 0), (4, 2)}
+    assert edited_heads([{"edit": "mask_keys", "heads": ["L1H1", "L5H3"], "key_frames": [0]}], where, 6, 4) == {
+        (0, 0),
+        (4, 2),
+    }
     assert edited_heads([{"edit": "logit_bias", "heads": "L2", "key_frames": "sink", "bias": 1.0}], where, 6, 4) == {
-        (1, h) for h in range(4)}  # fmt: skip
-    assert len(edited_heads([{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": 0.0}], where, 6, 4)) == 24
+        (1, h) for h in range(4)
+    }
+    assert (
+        len(edited_heads([{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": 0.0}], where, 6, 4)) == 24
+    )
     assert edited_heads([{"edit": "quantize_cache", "format": "int8", "tensors": "both"}], where, 6, 4) == frozenset()
     classes = {(0, 1): "sink", (3, 2): "sink", (3, 3): "local"}
     assert edited_heads([{"edit": "mask_keys", "heads": "class:sink", "key_frames": [0]}], where, 6, 4, classes) == {
-        (0, 1), (3, 2)}  # fmt: skip
+        (0, 1),
+        (3, 2),
+    }
     # Through the job: the flag on the rows of the captured layer (3), run-averaged rows too.
-    folders = [write_run(tmp_path / "x", "default", "p", 0, latents_of(0), synthetic_rows(seed=0)),
-               write_run(tmp_path / "x", "masked", "p", 0, latents_of(1), synthetic_rows(seed=1)),
-               write_run(tmp_path / "x", "by_class", "p", 0, latents_of(2), synthetic_rows(seed=2)),
-               write_run(tmp_path / "x", "int8", "p", 0, latents_of(3), synthetic_rows(seed=3))]  # fmt: skip
-    interventions = {"masked": [{"edit": "mask_keys", "heads": ["L4H2", "L1H1"], "key_frames": [0]}],
-                     "by_class": [{"edit": "logit_bias", "heads": "class:sink", "key_frames": [0], "bias": -2.0}],
-                     "int8": [{"edit": "quantize_cache", "format": "int8", "tensors": "both"}]}  # fmt: skip
+    folders = [
+        write_run(tmp_path / "x", "default", "p", 0, latents_of(0), synthetic_rows(seed=0)),
+        write_run(tmp_path / "x", "masked", "p", 0, latents_of(1), synthetic_rows(seed=1)),
+        write_run(tmp_path / "x", "by_class", "p", 0, latents_of(2), synthetic_rows(seed=2)),
+        write_run(tmp_path / "x", "int8", "p", 0, latents_of(3), synthetic_rows(seed=3)),
+    ]
+    interventions = {
+        "masked": [{"edit": "mask_keys", "heads": ["L4H2", "L1H1"], "key_frames": [0]}],
+        "by_class": [{"edit": "logit_bias", "heads": "class:sink", "key_frames": [0], "bias": -2.0}],
+        "int8": [{"edit": "quantize_cache", "format": "int8", "tensors": "both"}],
+    }
     classes_file = tmp_path / "head_classes.json"
     from sinkscope.interventions import write_head_classes
 
@@ -239,9 +285,11 @@ def test_identity_and_block_0_are_exactly_zero_and_files_carry_provenance(tmp_pa
     ref, rows = latents_of(5), synthetic_rows(seed=0)
     moved = ref.copy()
     moved[:, 3:] += 0.1  # an edit changes the frames after block 0 only
-    folders = [write_run(tmp_path / "x", "default", "p", 0, ref, rows),
-               write_run(tmp_path / "x", "identity", "p", 0, ref.copy(), rows),
-               write_run(tmp_path / "x", "edit", "p", 0, moved, rows)]  # fmt: skip
+    folders = [
+        write_run(tmp_path / "x", "default", "p", 0, ref, rows),
+        write_run(tmp_path / "x", "identity", "p", 0, ref.copy(), rows),
+        write_run(tmp_path / "x", "edit", "p", 0, moved, rows),
+    ]
     tables = run_job(tmp_path, folders)
     effects = tables["variant_effects"]
     identity = effects[effects["variant"] == "identity"]
@@ -256,8 +304,10 @@ def test_identity_and_block_0_are_exactly_zero_and_files_carry_provenance(tmp_pa
 
 
 def test_a_variant_without_its_default_run_or_latents_is_refused(tmp_path):
-    folders = [write_run(tmp_path / "x", "default", "p", 0, latents_of(0), synthetic_rows()),
-               write_run(tmp_path / "x", "edit", "p", 1, latents_of(1), synthetic_rows())]  # fmt: skip
+    folders = [
+        write_run(tmp_path / "x", "default", "p", 0, latents_of(0), synthetic_rows()),
+        write_run(tmp_path / "x", "edit", "p", 1, latents_of(1), synthetic_rows()),
+    ]
     with pytest.raises(SinkscopeError, match="no 'default' run of prompt 'p', seed 1"):
         run_job(tmp_path, folders)
     (folders[0] / LATENTS_FILE).unlink()
@@ -269,8 +319,10 @@ def test_a_variant_without_its_default_run_or_latents_is_refused(tmp_path):
 
 
 def test_damaged_latents_fail_the_job_naming_the_folder_and_keep_the_tables(tmp_path):
-    folders = [write_run(tmp_path / "x", "default", "p", 0, latents_of(0), synthetic_rows()),
-               write_run(tmp_path / "x", "edit", "p", 0, latents_of(1), synthetic_rows(seed=1))]  # fmt: skip
+    folders = [
+        write_run(tmp_path / "x", "default", "p", 0, latents_of(0), synthetic_rows()),
+        write_run(tmp_path / "x", "edit", "p", 0, latents_of(1), synthetic_rows(seed=1)),
+    ]
     run_job(tmp_path, folders)
     before = {name: (tmp_path / f"{name}.parquet").read_bytes() for name in ("variant_effects", "variant_head_effects")}
     path = folders[1] / LATENTS_FILE
@@ -293,19 +345,34 @@ def test_effects_are_planned_only_with_a_default_variant_and_another():
     edits = Study(normalize_config({"layers": [0, 4], "seeds": [0, 1], "variants": EDITED_VARIANTS}))
     targets = edits.all_targets()
     for table in ("variant_effects", "variant_head_effects"):
-        assert f"results/tables/{table}.parquet" in targets and f"results/tables/checkpoints/demo/{table}.parquet" in targets
+        assert (
+            f"results/tables/{table}.parquet" in targets
+            and f"results/tables/checkpoints/demo/{table}.parquet" in targets
+        )
     assert {"results/figures/demo/variant_drift.svg", "results/figures/demo/attention_shift.png"} <= set(targets)
     assert edits.summary_figures()["demo"]["variant_drift"] == "results/figures/demo/variant_drift.svg"
-    assert edits.figure_inputs("attention_shift", "demo") == ["results/tables/checkpoints/demo/variant_head_effects.parquet"]
+    assert edits.figure_inputs("attention_shift", "demo") == [
+        "results/tables/checkpoints/demo/variant_head_effects.parquet"
+    ]
     inputs = edits.effects_inputs("demo")
     assert len(inputs) == 4 * 2 * len(edits.layer_groups) and inputs[0].startswith("results/extract/demo/drift/seed0/")
     params = edits.effects_params("demo")
     assert params["checkpoint"] == "demo" and set(params["interventions"]) == {"identity", "no_sink", "kv_int8"}
     assert params["interventions"]["no_sink"][0]["edit"] == "mask_keys"
     # Variants without a default (policies compared with each other): nothing to pair with.
-    policies = Study(normalize_config({"variants": {"window": {"cache_policy": "window", "local_attn_frames": 6},
-                                                    "global": {"cache_policy": "global"}}}))  # fmt: skip
-    assert policies.effect_variants == [] and not any("effects" in t or "variant_drift" in t for t in policies.all_targets())
+    policies = Study(
+        normalize_config(
+            {
+                "variants": {
+                    "window": {"cache_policy": "window", "local_attn_frames": 6},
+                    "global": {"cache_policy": "global"},
+                }
+            }
+        )
+    )
+    assert policies.effect_variants == [] and not any(
+        "effects" in t or "variant_drift" in t for t in policies.all_targets()
+    )
     assert Study(normalize_config({})).effect_variants == []
 
 
@@ -322,8 +389,15 @@ EDITED_VARIANTS = {
 @pytest.mark.slow
 @pytest.mark.workflow
 def test_demo_study_with_three_edits_gives_effects_tables_and_figures(workflow):
-    workflow.write_config({"layers": [0, 4], "seeds": [0, 1], "generation": {"num_frames": 9},
-                           "capture": {"token_profiles": "none"}, "variants": EDITED_VARIANTS})  # fmt: skip
+    workflow.write_config(
+        {
+            "layers": [0, 4],
+            "seeds": [0, 1],
+            "generation": {"num_frames": 9},
+            "capture": {"token_profiles": "none"},
+            "variants": EDITED_VARIANTS,
+        }
+    )
     workflow.run()
     effects = pd.read_parquet(workflow.path("results/tables/variant_effects.parquet"))
     heads = pd.read_parquet(workflow.path("results/tables/variant_head_effects.parquet"))
@@ -339,8 +413,9 @@ def test_demo_study_with_three_edits_gives_effects_tables_and_figures(workflow):
     no_sink = heads[(heads["variant"] == "no_sink") & (heads["seed"] >= 0)].set_index(["seed", "layer", "head"])
     for seed in (0, 1):
         assert no_sink.loc[(seed, 0, 0), "frame0_mass"] == 0 and no_sink.loc[(seed, 4, 9), "frame0_mass"] == 0
-    assert set(map(tuple, no_sink[no_sink["edited"]].reset_index()[["layer", "head"]].drop_duplicates().to_numpy())) == {
-        (0, 0), (4, 9)}  # fmt: skip
+    assert set(
+        map(tuple, no_sink[no_sink["edited"]].reset_index()[["layer", "head"]].drop_duplicates().to_numpy())
+    ) == {(0, 0), (4, 9)}
     averaged = effects[effects["prompt_id"] == ALL_PROMPTS]
     assert (averaged["runs"] == 2).all() and averaged["latent_rel_distance_run_std"].notna().any()
     for kind in ("variant_drift", "attention_shift"):
@@ -354,10 +429,18 @@ def test_demo_study_with_three_edits_gives_effects_tables_and_figures(workflow):
     latents = read_latents(workflow.path("results/extract/demo@kv_int8/drift/seed0/layers0"), meta["latents_sha256"])
     assert latents.shape[1] == 9
     # Editing one variant reruns its extraction, the effects and what draws them, not the others.
-    workflow.write_config({"layers": [0, 4], "seeds": [0, 1], "generation": {"num_frames": 9},
-                           "capture": {"token_profiles": "none"},
-                           "variants": {**EDITED_VARIANTS, "kv_int8": {"interventions": [
-                               {"edit": "quantize_cache", "format": "int4", "tensors": "both"}]}}})  # fmt: skip
+    workflow.write_config(
+        {
+            "layers": [0, 4],
+            "seeds": [0, 1],
+            "generation": {"num_frames": 9},
+            "capture": {"token_profiles": "none"},
+            "variants": {
+                **EDITED_VARIANTS,
+                "kv_int8": {"interventions": [{"edit": "quantize_cache", "format": "int4", "tensors": "both"}]},
+            },
+        }
+    )
     jobs = workflow.planned_jobs()
     assert jobs.get("variant_effects") == 1 and jobs.get("combine_effects") == 1
     assert jobs.get("extract_attention") == 2 * 2  # kv_int8's: seeds x layer groups (one layer a job on the CPU)

@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, Workflow
-from safetensors.torch import save_file
 from fakes import TINY, tiny_state, write_self_forcing_pt, write_umt5, write_wan_folder
+from safetensors.torch import save_file
 
 from sinkscope.cli import main as cli_main
 from sinkscope.model import MODEL_CONFIGS
@@ -37,8 +37,11 @@ def weights_files(name: str) -> dict[str, str]:
     """Checkpoint -> the weights file to download that the example names (a seeded demo
     model has none; weights shipped with the package, ``sinkscope:<file>``, need none)."""
     checkpoints = read_config_file(example_file(name))["checkpoints"]
-    return {checkpoint: entry["weights"] for checkpoint, entry in checkpoints.items()
-            if entry.get("weights") and not entry["weights"].startswith("sinkscope:")}  # fmt: skip
+    return {
+        checkpoint: entry["weights"]
+        for checkpoint, entry in checkpoints.items()
+        if entry.get("weights") and not entry["weights"].startswith("sinkscope:")
+    }
 
 
 # Examples that run on the shipped demo (configs/interventions.yaml): nothing to download.
@@ -69,8 +72,10 @@ def write_stand_ins(root: Path, names: list[str]) -> None:
             lora = lora.get("path") if isinstance(lora, dict) else lora
             if lora and not (root / lora).exists():
                 module = "base_model.model.blocks.0.self_attn.q"
-                adapter = {f"{module}.lora_A.weight": torch.zeros(4, TINY.dim),
-                           f"{module}.lora_B.weight": torch.zeros(TINY.dim, 4)}  # fmt: skip
+                adapter = {
+                    f"{module}.lora_A.weight": torch.zeros(4, TINY.dim),
+                    f"{module}.lora_B.weight": torch.zeros(TINY.dim, 4),
+                }
                 (root / lora).parent.mkdir(parents=True, exist_ok=True)
                 torch.save({"generator_lora": adapter}, root / lora)
 
@@ -120,7 +125,9 @@ def test_check_with_stand_ins_accepts_it(name, stand_ins, monkeypatch, capsys):
 @pytest.mark.workflow
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_snakemake_plans_the_example_alone_and_refuses_what_check_refuses(name, stand_ins, tmp_path, monkeypatch, capsys):
+def test_snakemake_plans_the_example_alone_and_refuses_what_check_refuses(
+    name, stand_ins, tmp_path, monkeypatch, capsys
+):
     configfile = str(example_file(name))
     # Without its files: the same one-line messages as sinkscope check. The working
     # directory's config.yaml is not read at all (it is not even YAML here).
@@ -133,8 +140,11 @@ def test_snakemake_plans_the_example_alone_and_refuses_what_check_refuses(name, 
     # With them: both accept, and the plan holds the example's checkpoints only (no demo
     # from config.yaml merged in).
     planned = Workflow(stand_ins).run("--dry-run", "--configfile", configfile, "--config", *TINY_FIT)
-    extracted = {line.split("results/extract/", 1)[1].split("/", 1)[0].split("@", 1)[0]  # a variant's source: <ckpt>@<variant>
-                 for line in planned.stdout.splitlines() if "results/extract/" in line}  # fmt: skip
+    extracted = {
+        line.split("results/extract/", 1)[1].split("/", 1)[0].split("@", 1)[0]  # a variant's source: <ckpt>@<variant>
+        for line in planned.stdout.splitlines()
+        if "results/extract/" in line
+    }
     assert extracted == set(read_config_file(example_file(name))["checkpoints"])
     assert check(name, stand_ins, monkeypatch, capsys, *TINY_FIT) == (0, "")
 
@@ -153,4 +163,7 @@ def test_without_a_configfile_a_yaml_mistake_in_config_yaml_is_named_with_its_li
     (tmp_path / "config.yaml").write_text(BROKEN_YAML)
     refused = Workflow(tmp_path).run("--dry-run", check=False)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    assert "sinkscope: config file 'config.yaml' is not valid YAML" in refused.stderr and "line 2, column 7" in refused.stderr
+    assert (
+        "sinkscope: config file 'config.yaml' is not valid YAML" in refused.stderr
+        and "line 2, column 7" in refused.stderr
+    )

@@ -63,12 +63,14 @@ def write_stand_ins(root, name: str) -> None:
     """Tiny files in the real formats, at the paths the example names."""
     release = write_wan_folder(root / "wan_models" / "Wan2.1-T2V-1.3B", tiny_state(seed=9))
     write_umt5(release, "wan")
-    for seed, (checkpoint, path) in enumerate(CONFIGS[name].items()):
+    for seed, (_checkpoint, path) in enumerate(CONFIGS[name].items()):
         write_self_forcing_pt(root / path, tiny_state(seed=20 + seed), ema_state=tiny_state(seed=40 + seed))
     if "longlive" in CONFIGS[name]:
         module = "blocks.0.self_attn.q"
-        lora = {f"base_model.model.{module}.lora_A.weight": torch.zeros(4, TINY.dim),
-                f"base_model.model.{module}.lora_B.weight": torch.zeros(TINY.dim, 4)}  # fmt: skip
+        lora = {
+            f"base_model.model.{module}.lora_A.weight": torch.zeros(4, TINY.dim),
+            f"base_model.model.{module}.lora_B.weight": torch.zeros(TINY.dim, 4),
+        }
         torch.save({"generator_lora": lora}, root / "longlive_models" / "models" / "lora.pt")
 
 
@@ -80,7 +82,11 @@ def test_with_its_files_each_checkpoint_runs_its_own_inference_settings(name, tm
     for checkpoint in study.checkpoints:
         options = study.options[checkpoint]
         block, steps, first, policy, window, sink, ema = SETTINGS[checkpoint]
-        assert (options.frames_per_block, options.denoising_steps, options.first_block_denoising_steps) == (block, steps, first)
+        assert (options.frames_per_block, options.denoising_steps, options.first_block_denoising_steps) == (
+            block,
+            steps,
+            first,
+        )
         assert (options.cache_policy, options.local_attn_frames, options.sink_frames) == (policy, window, sink)
         assert (options.num_frames, options.timestep_shift, options.warp_denoising_step) == (21, 5.0, True)
         assert (options.context_noise, options.independent_first_frame) == (0.0, False)

@@ -143,8 +143,20 @@ def test_parsing_the_workflow_imports_no_torch(workflow):
     (blocker / "__init__.py").write_text("raise ImportError('torch was imported while parsing')\n")
     workflow.write_config(BASE)
     env = dict(os.environ, PYTHONPATH=str(blocker.parent))
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workflow.directory),
-               "--cores", "1", "--resources", "gpu=1", "-n"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workflow.directory),
+        "--cores",
+        "1",
+        "--resources",
+        "gpu=1",
+        "-n",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=workflow.directory)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "extract_attention" in result.stdout

@@ -8,13 +8,14 @@ from __future__ import annotations
 import html
 import re
 import xml.etree.ElementTree as ET
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from matplotlib import colors as mcolors
+from synthetic import synthetic_effects
 
 from sinkscope import figures
 from sinkscope.errors import DamagedFileError
@@ -29,7 +30,6 @@ from sinkscope.naming import head_label, parse_head_label
 from sinkscope.stats import summaries
 from sinkscope.tables import ALL_PROMPTS, SCHEMAS, write_table
 from sinkscope.tokens import token_lists
-from synthetic import synthetic_effects
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = (1000, 750, 500, 250)
@@ -66,8 +66,7 @@ def synthetic_frames(
     calls = [("denoise", i, float(t)) for i, t in enumerate(steps)] + [("cache", len(steps), 0.0)]
     for block in range(frames // per_block):
         own = list(range(block * per_block, (block + 1) * per_block))
-        visible = [k for k in range(own[-1] + 1)
-                   if window is None or k > own[-1] - window or k < sinks]  # fmt: skip
+        visible = [k for k in range(own[-1] + 1) if window is None or k > own[-1] - window or k < sinks]
         for pass_, step, t in calls:
             for q in own:
                 structure += [(block, pass_, step, t, q, k) for k in visible]
@@ -82,17 +81,32 @@ def synthetic_frames(
         step = np.tile(base["step"].to_numpy(), m)
         kind = np.repeat(kinds, n)
         scale = np.repeat(1.0 + 0.05 * lh[:, 0], n)
-        logit = np.select(
-            [kind == 0, kind == 1, kind == 2],
-            [1.0 + 4.5 * (k == 0) + 1.5 * (k < sinks), 3.0 - 0.35 * (q - k), 2.0 * np.cos(2 * np.pi * k / 6)],
-            0.3 * np.sin(k),
-        ) * scale + 0.15 * step / len(steps) + rng.normal(0, 0.08, n * m) + 0.05 * run_index
-        rows = pd.DataFrame({
-            "checkpoint": checkpoint, "variant": variant, "prompt_id": prompt, "seed": seed,
-            "layer": np.repeat(lh[:, 0], n), "head": np.repeat(lh[:, 1], n),
-            **{c: np.tile(base[c].to_numpy(), m) for c in ["block", "pass", "step", "timestep", "query_frame", "key_frame"]},
-            "logit_mean": logit,
-        })  # fmt: skip
+        logit = (
+            np.select(
+                [kind == 0, kind == 1, kind == 2],
+                [1.0 + 4.5 * (k == 0) + 1.5 * (k < sinks), 3.0 - 0.35 * (q - k), 2.0 * np.cos(2 * np.pi * k / 6)],
+                0.3 * np.sin(k),
+            )
+            * scale
+            + 0.15 * step / len(steps)
+            + rng.normal(0, 0.08, n * m)
+            + 0.05 * run_index
+        )
+        rows = pd.DataFrame(
+            {
+                "checkpoint": checkpoint,
+                "variant": variant,
+                "prompt_id": prompt,
+                "seed": seed,
+                "layer": np.repeat(lh[:, 0], n),
+                "head": np.repeat(lh[:, 1], n),
+                **{
+                    c: np.tile(base[c].to_numpy(), m)
+                    for c in ["block", "pass", "step", "timestep", "query_frame", "key_frame"]
+                },
+                "logit_mean": logit,
+            }
+        )
         call = ["layer", "head", "block", "pass", "step", "query_frame"]
         peak = rows.groupby(call, sort=False)["logit_mean"].transform("max")
         weight = np.exp(rows["logit_mean"] - peak)
@@ -105,17 +119,34 @@ def synthetic_frames(
         rows["prompt_segment"] = (rows["block"] >= switch_block).astype("int16") if switched else np.int16(0)
         parts.append(rows)
     frame = pd.concat(parts, ignore_index=True)
-    return frame.astype({"logit_mean": "float32", "prob_mass": "float32", "argmax_share": "float32", "layer": "int16",
-                         "head": "int16", "block": "int16", "step": "int16", "timestep": "float32",
-                         "query_frame": "int16", "key_frame": "int16", "key_tokens": "int32", "key_position_shift": "int32",
-                         "prompt_segment": "int16"})  # fmt: skip
+    return frame.astype(
+        {
+            "logit_mean": "float32",
+            "prob_mass": "float32",
+            "argmax_share": "float32",
+            "layer": "int16",
+            "head": "int16",
+            "block": "int16",
+            "step": "int16",
+            "timestep": "float32",
+            "query_frame": "int16",
+            "key_frame": "int16",
+            "key_tokens": "int32",
+            "key_position_shift": "int32",
+            "prompt_segment": "int16",
+        }
+    )
 
 
 def synthetic_queries(frame: pd.DataFrame, tokens: int) -> pd.DataFrame:
     keys = [c for c in SCHEMAS["query_stats"].names if c in frame.columns]
     p = frame["prob_mass"].clip(lower=1e-12)
-    rows = frame.assign(plogp=-p * np.log(p)).groupby(keys, observed=True).agg(
-        entropy=("plogp", "sum"), num_key_frames=("key_frame", "size")).reset_index()  # fmt: skip
+    rows = (
+        frame.assign(plogp=-p * np.log(p))
+        .groupby(keys, observed=True)
+        .agg(entropy=("plogp", "sum"), num_key_frames=("key_frame", "size"))
+        .reset_index()
+    )
     rows["num_keys"] = rows["num_key_frames"] * tokens
     rows["entropy_tokens"] = rows["entropy"] + 0.8 * np.log(tokens)
     return rows.drop(columns="entropy")
@@ -130,8 +161,20 @@ def synthetic_tokens(frame: pd.DataFrame, heads: list[tuple[int, int]], grid: tu
     last = frame[frame["block"] == frame["block"].max()]
     wanted = pd.MultiIndex.from_tuples(heads, names=["layer", "head"])
     last = last[pd.MultiIndex.from_frame(last[["layer", "head"]].astype(int)).isin(wanted)]
-    keys = ["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step", "timestep",
-            "prompt_segment", "key_frame"]  # fmt: skip
+    keys = [
+        "checkpoint",
+        "variant",
+        "prompt_id",
+        "seed",
+        "layer",
+        "head",
+        "block",
+        "pass",
+        "step",
+        "timestep",
+        "prompt_segment",
+        "key_frame",
+    ]
     per_frame = last.groupby(keys, observed=True)[["logit_mean", "prob_mass"]].mean().reset_index()
     out = []
     for record in per_frame.to_dict("records"):
@@ -141,8 +184,16 @@ def synthetic_tokens(frame: pd.DataFrame, heads: list[tuple[int, int]], grid: tu
         pattern = 2.0 * blob + 0.2 * np.sin(xx / 3.0)
         logits = record["logit_mean"] + pattern - pattern.mean()
         weight = np.exp(pattern)
-        out.append(pd.DataFrame({**{c: record[c] for c in keys}, "token": np.arange(n),
-                                 "token_logit_mean": logits, "token_prob_mean": record["prob_mass"] * weight / weight.sum()}))  # fmt: skip
+        out.append(
+            pd.DataFrame(
+                {
+                    **{c: record[c] for c in keys},
+                    "token": np.arange(n),
+                    "token_logit_mean": logits,
+                    "token_prob_mean": record["prob_mass"] * weight / weight.sum(),
+                }
+            )
+        )
     table = pd.concat(out, ignore_index=True)
     return table.astype({"token": "int32", "token_logit_mean": "float32", "token_prob_mean": "float32"})
 
@@ -155,8 +206,17 @@ def synthetic_contact_frames(frames: int = 6, shape: tuple[int, int] = (16, 24))
     for shift, variant in enumerate(("default", "sink")):
         for frame in range(frames):
             image = np.stack([(xx * 10 + frame * 20) % 256, (yy * 12) % 256, np.full(shape, 60 + 80 * shift)], axis=-1)
-            rows.append({"checkpoint": "demo", "variant": variant, "prompt_id": "eagle", "seed": 0, "frame": frame,
-                         "image": image.astype(np.uint8), "unit": "latent"})  # fmt: skip
+            rows.append(
+                {
+                    "checkpoint": "demo",
+                    "variant": variant,
+                    "prompt_id": "eagle",
+                    "seed": 0,
+                    "frame": frame,
+                    "image": image.astype(np.uint8),
+                    "unit": "latent",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -168,7 +228,7 @@ SIZES = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def study(size: str, window: int | None = None, sinks: int = 0) -> dict[str, pd.DataFrame]:
     """Every table a figure reads, for one source at ``size`` (and a sliding-window variant
     of the same checkpoint for the checkpoint figures)."""
@@ -177,11 +237,17 @@ def study(size: str, window: int | None = None, sinks: int = 0) -> dict[str, pd.
     frame = synthetic_frames(layers, heads, steps=steps, runs=runs, window=window, sinks=sinks, tokens=tokens)
     token_heads = [(0, 0), (min(4, layers - 1), min(9, heads - 1))]
     # The checkpoint figures' variants: the same runs, the first prompt switching at block 4.
-    both = pd.concat([
-        synthetic_frames(layers, heads, steps=steps, runs=runs, window=window, sinks=sinks, tokens=tokens, switch_block=4),
-        synthetic_frames(layers, heads, steps=steps, runs=runs, window=12, sinks=3, variant="sink", tokens=tokens,
-                         switch_block=4),
-    ], ignore_index=True)  # fmt: skip
+    both = pd.concat(
+        [
+            synthetic_frames(
+                layers, heads, steps=steps, runs=runs, window=window, sinks=sinks, tokens=tokens, switch_block=4
+            ),
+            synthetic_frames(
+                layers, heads, steps=steps, runs=runs, window=12, sinks=3, variant="sink", tokens=tokens, switch_block=4
+            ),
+        ],
+        ignore_index=True,
+    )
     queries = synthetic_queries(frame, tokens)
     last = frame["block"] == frame["block"].max()  # all head_diagnostics reads (and 4x faster)
     diagnostics = summaries.head_diagnostics(frame[last], queries[queries["block"] == frame["block"].max()])
@@ -196,12 +262,18 @@ def study(size: str, window: int | None = None, sinks: int = 0) -> dict[str, pd.
         **synthetic_effects(layers, heads, runs=runs, checkpoint="demo"),
         "grid": grid,
         "frames": synthetic_contact_frames(),
-        "diagnostics_all": pd.concat([
-            diagnostics,
-            diagnostics.assign(checkpoint="step2000", frame0_mass=diagnostics["frame0_mass"] * 1.5,
-                               entropy_frames=diagnostics["entropy_frames"] * 0.8),
-            diagnostics.assign(checkpoint="step500", frame0_mass=diagnostics["frame0_mass"] * 0.5),
-        ], ignore_index=True),  # fmt: skip
+        "diagnostics_all": pd.concat(
+            [
+                diagnostics,
+                diagnostics.assign(
+                    checkpoint="step2000",
+                    frame0_mass=diagnostics["frame0_mass"] * 1.5,
+                    entropy_frames=diagnostics["entropy_frames"] * 0.8,
+                ),
+                diagnostics.assign(checkpoint="step500", frame0_mass=diagnostics["frame0_mass"] * 0.5),
+            ],
+            ignore_index=True,
+        ),
     }
 
 
@@ -215,8 +287,11 @@ def _drawn_ticks(axis):
     """The tick labels matplotlib draws: those inside the view interval."""
     lo, hi = sorted(axis.get_view_interval())
     tolerance = (hi - lo) * 1e-6
-    return [tick.label1 for tick in axis.get_major_ticks()[: len(axis.get_majorticklocs())]
-            if lo - tolerance <= tick.get_loc() <= hi + tolerance and tick.label1.get_visible()]  # fmt: skip
+    return [
+        tick.label1
+        for tick in axis.get_major_ticks()[: len(axis.get_majorticklocs())]
+        if lo - tolerance <= tick.get_loc() <= hi + tolerance and tick.label1.get_visible()
+    ]
 
 
 def _texts(fig):
@@ -298,11 +373,19 @@ def unlabelled_axes(fig) -> list[str]:
         spec = ax.get_subplotspec()
         if not ax.has_data():  # a message panel ("was not extracted")
             continue
-        column = [o for o in panels if spec is not None and o.get_subplotspec() is not None
-                  and o.get_subplotspec().colspan == spec.colspan] or [ax]  # fmt: skip
-        row = [o for o in panels if spec is not None and o.get_subplotspec() is not None
-               and o.get_subplotspec().get_gridspec() is spec.get_gridspec()
-               and o.get_subplotspec().rowspan == spec.rowspan] or [ax]  # fmt: skip
+        column = [
+            o
+            for o in panels
+            if spec is not None and o.get_subplotspec() is not None and o.get_subplotspec().colspan == spec.colspan
+        ] or [ax]
+        row = [
+            o
+            for o in panels
+            if spec is not None
+            and o.get_subplotspec() is not None
+            and o.get_subplotspec().get_gridspec() is spec.get_gridspec()
+            and o.get_subplotspec().rowspan == spec.rowspan
+        ] or [ax]
         if not any(o.get_xlabel() for o in column):
             problems.append(f"the x axis of {ax.get_title()!r} has no label")
         if not any(o.get_ylabel() for o in row):
@@ -313,8 +396,17 @@ def unlabelled_axes(fig) -> list[str]:
 # -- rendering every kind at every size ------------------------------------------------------------
 
 # Kinds that mark the query block's own frames (a span or a box with an 'own-block' id).
-MARKS_OWN = {"figure4", "figure4_tokens", "figure4_steps", "layer_comparison", "attention_over_time", "per_head_grid",
-             "heads_heatmap", "query_key_maps", "policy_comparison"}  # fmt: skip
+MARKS_OWN = {
+    "figure4",
+    "figure4_tokens",
+    "figure4_steps",
+    "layer_comparison",
+    "attention_over_time",
+    "per_head_grid",
+    "heads_heatmap",
+    "query_key_maps",
+    "policy_comparison",
+}
 
 
 # Redrawn from scratch and compared byte for byte: one of each way of drawing (bars and
@@ -325,9 +417,13 @@ RERUN = {"figure4", "figure4_tokens", "attention_over_time"}
 def tables_for(kind: str, data: dict) -> dict[str, pd.DataFrame]:
     """What the workflow hands the kind: its tables and the ones it uses (head classes)."""
     if FIGURES[kind].scope == "checkpoint":
-        return {"frame_attention": data["variants"], "block_stats": data["block_stats"],
-                "head_diagnostics": data["variants_diagnostics"], "variant_effects": data["variant_effects"],
-                "variant_head_effects": data["variant_head_effects"]}  # fmt: skip
+        return {
+            "frame_attention": data["variants"],
+            "block_stats": data["block_stats"],
+            "head_diagnostics": data["variants_diagnostics"],
+            "variant_effects": data["variant_effects"],
+            "variant_head_effects": data["variant_head_effects"],
+        }
     if FIGURES[kind].scope == "study":
         return {"head_diagnostics": data["diagnostics_all"]}
     if FIGURES[kind].scope == "run":  # the contact sheet: images, not tables
@@ -342,11 +438,19 @@ def tables_for(kind: str, data: dict) -> dict[str, pd.DataFrame]:
 def render(kind: str, size: str = "demo", options: dict | None = None, data: dict | None = None, **kwargs):
     data = data or study(size)
     layer = 0 if FIGURES[kind].scope == "layer" else None
-    return figures.draw(kind, tables_for(kind, data), source="demo", layer=layer, options={"dpi": 40, **(options or {})},
-                        grid=data["grid"], train_steps={"demo": 1000, "step2000": 2000, "step500": 500}, **kwargs)  # fmt: skip
+    return figures.draw(
+        kind,
+        tables_for(kind, data),
+        source="demo",
+        layer=layer,
+        options={"dpi": 40, **(options or {})},
+        grid=data["grid"],
+        train_steps={"demo": 1000, "step2000": 2000, "step500": 500},
+        **kwargs,
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def demo_figure(kind: str):
     """The demo's figure of ``kind`` with default options, drawn once for the tests that
     only look at it."""
@@ -369,7 +473,9 @@ def page_text(svg: str, gid: str) -> str:
 
 
 # The demo size runs in the fast subset; the real model sizes (seconds a figure) are slow.
-@pytest.mark.parametrize("size", [size if size == "demo" else pytest.param(size, marks=pytest.mark.slow) for size in SIZES])
+@pytest.mark.parametrize(
+    "size", [size if size == "demo" else pytest.param(size, marks=pytest.mark.slow) for size in SIZES]
+)
 @pytest.mark.parametrize("kind", list(figures.KINDS))
 def test_every_kind_renders_legibly_at_every_size(kind, size, tmp_path):
     """Drawn (Agg) and checked at every size; written as SVG and PNG, and redrawn for
@@ -397,7 +503,7 @@ def test_every_kind_renders_legibly_at_every_size(kind, size, tmp_path):
 # -- what the figures say ----------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def demo_head_stats() -> pd.DataFrame:
     return summaries.head_stats(study("demo")["frame_attention"])
 
@@ -407,8 +513,12 @@ def head_stats_rows(metric: str) -> pd.DataFrame:
     page shows)."""
     stats = demo_head_stats()
     pass_, step = summaries.resolve_step(stats, "last")
-    return stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == metric) & (stats["pass"] == pass_)
-                 & (stats["step"] == step)].set_index(["layer", "head"])  # fmt: skip
+    return stats[
+        (stats["prompt_id"] == ALL_PROMPTS)
+        & (stats["metric"] == metric)
+        & (stats["pass"] == pass_)
+        & (stats["step"] == step)
+    ].set_index(["layer", "head"])
 
 
 def classes_of(diagnostics: pd.DataFrame, pass_: str = "denoise", step: int = 3) -> dict[tuple[int, int], str]:
@@ -416,8 +526,10 @@ def classes_of(diagnostics: pd.DataFrame, pass_: str = "denoise", step: int = 3)
     return {(int(a), int(b)): k for a, b, k in zip(chosen["layer"], chosen["head"], chosen["head_class"])}
 
 
-HEAD_TITLE = re.compile(r"(L\d+H\d+) \(layer \d+, head \d+\) · (\w+) head\n"
-                        r"frame-0 excess ([+-]\d+\.\d{3})(?: ± (\d+\.\d{3}))? · first − middle ([+-]\d+\.\d+)")
+HEAD_TITLE = re.compile(
+    r"(L\d+H\d+) \(layer \d+, head \d+\) · (\w+) head\n"
+    r"frame-0 excess ([+-]\d+\.\d{3})(?: ± (\d+\.\d{3}))? · first − middle ([+-]\d+\.\d+)"
+)
 
 
 @pytest.mark.parametrize("metric", ["logit_mean", "prob_mass"])
@@ -430,7 +542,9 @@ def test_head_titles_print_the_tables_numbers(kind, metric, tmp_path):
     heads = ["L1H1", "L5H10"] if kind == "figure4_tokens" else ["L1H1", "L5H10", "L2H3"]
     fig = render(kind, options={"metric": metric, "heads": heads})
     svg, _ = saved(fig, tmp_path, kind)
-    texts = [" ".join(t.strip() for t in e.itertext()) for e in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    texts = [
+        " ".join(t.strip() for t in e.itertext()) for e in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")
+    ]
     mass, shown = head_stats_rows("prob_mass"), head_stats_rows(metric)
     classes = classes_of(data["head_diagnostics"])
     digits = 3 if metric == "prob_mass" else 2
@@ -463,23 +577,40 @@ def test_small_panel_titles_print_the_tables_numbers():
     # Every call of figure4_steps: the head_stats rows of that call.
     stats = demo_head_stats()
     for title in (ax.get_title() for ax in demo_figure("figure4_steps").axes):
-        label, call, klass, excess = re.fullmatch(r"(L\d+H\d+) · (.+) · (\w+) head\nframe-0 excess ([+-]\d\.\d{3})"
-                                                  r" · max@\d+", title).groups()  # fmt: skip
+        label, call, klass, excess = re.fullmatch(
+            r"(L\d+H\d+) · (.+) · (\w+) head\nframe-0 excess ([+-]\d\.\d{3})"
+            r" · max@\d+",
+            title,
+        ).groups()
         layer, head = parse_head_label(label)
         pass_, step = ("cache", 4) if call.startswith("cache") else ("denoise", int(call.split()[1]))
-        row = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == "prob_mass") & (stats["pass"] == pass_)
-                    & (stats["step"] == step) & (stats["layer"] == layer) & (stats["head"] == head)]  # fmt: skip
+        row = stats[
+            (stats["prompt_id"] == ALL_PROMPTS)
+            & (stats["metric"] == "prob_mass")
+            & (stats["pass"] == pass_)
+            & (stats["step"] == step)
+            & (stats["layer"] == layer)
+            & (stats["head"] == head)
+        ]
         assert excess == f"{row['frame0_excess'].item():+.3f}"
         assert klass == classes_of(data["head_diagnostics"], pass_, step)[(layer, head)]
     # policy_comparison: each variant's own rows and classes.
     variants = data["variants"]
     for title in (ax.get_title() for ax in demo_figure("policy_comparison").axes if ax.get_title()):
-        variant, label, klass, excess = re.fullmatch(r"variant '(\w+)' · (L\d+H\d+) · (\w+) head\nframe-0 excess "
-                                                     r"([+-]\d\.\d{3}) · max@\d+", title).groups()  # fmt: skip
+        variant, label, klass, excess = re.fullmatch(
+            r"variant '(\w+)' · (L\d+H\d+) · (\w+) head\nframe-0 excess "
+            r"([+-]\d\.\d{3}) · max@\d+",
+            title,
+        ).groups()
         layer, head = parse_head_label(label)
         rows = summaries.head_stats(variants[(variants["variant"] == variant) & (variants["layer"] == layer)])
-        row = rows[(rows["prompt_id"] == ALL_PROMPTS) & (rows["metric"] == "prob_mass") & (rows["pass"] == "denoise")
-                   & (rows["step"] == 3) & (rows["head"] == head)]  # fmt: skip
+        row = rows[
+            (rows["prompt_id"] == ALL_PROMPTS)
+            & (rows["metric"] == "prob_mass")
+            & (rows["pass"] == "denoise")
+            & (rows["step"] == 3)
+            & (rows["head"] == head)
+        ]
         assert excess == f"{row['frame0_excess'].item():+.3f}"
         diagnostics = data["variants_diagnostics"]
         assert klass == classes_of(diagnostics[diagnostics["variant"] == variant])[(layer, head)]
@@ -488,10 +619,20 @@ def test_small_panel_titles_print_the_tables_numbers():
 HEAD_NAMED = re.compile(r"\b(L\d+H\d+|H\d+)\b")
 
 
-@pytest.mark.parametrize("kind", ["figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "per_head_grid",
-                                  "policy_comparison", "sink_score_overview"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "figure4",
+        "figure4_tokens",
+        "figure4_steps",
+        "key_frame_maps",
+        "per_head_grid",
+        "policy_comparison",
+        "sink_score_overview",
+    ],
+)
 def test_no_title_calls_a_head_a_sink_unless_its_class_is_sink(kind):
-    """"sink" in a head's title only for a head whose head_class is sink; and the demo's
+    """ "sink" in a head's title only for a head whose head_class is sink; and the demo's
     heads include sink-class ones, which are called so."""
     data = study("demo")
     fig = demo_figure(kind)
@@ -502,8 +643,8 @@ def test_no_title_calls_a_head_a_sink_unless_its_class_is_sink(kind):
         if not names:
             continue
         name = names[0]
-        layer = 0 if kind == "per_head_grid" and not name.startswith("L") else int(name[1:name.index("H")]) - 1
-        head = int(name[name.index("H") + 1:]) - 1
+        layer = 0 if kind == "per_head_grid" and not name.startswith("L") else int(name[1 : name.index("H")]) - 1
+        head = int(name[name.index("H") + 1 :]) - 1
         variant = "default"
         if kind == "policy_comparison":  # "variant 'sink' · L1H1 · ...": the variant's name is no claim about the head
             variant = title.split("'")[1]
@@ -518,8 +659,9 @@ def test_no_title_calls_a_head_a_sink_unless_its_class_is_sink(kind):
     assert said or kind == "sink_score_overview"
     if kind == "sink_score_overview":  # the sink-class heads are outlined, and only they
         outlined = {a.get_gid() for a in fig.axes[0].patches if (a.get_gid() or "").startswith("sink-head-")}
-        expected = {f"sink-head-{head_label(a, b)}" for (a, b), k in classes_of(data["head_diagnostics"]).items()
-                    if k == "sink"}  # fmt: skip
+        expected = {
+            f"sink-head-{head_label(a, b)}" for (a, b), k in classes_of(data["head_diagnostics"]).items() if k == "sink"
+        }
         assert outlined == expected and expected
 
 
@@ -534,8 +676,12 @@ def test_uniform_baselines_are_one_over_the_visible_frames(tmp_path):
     assert np.allclose(y[np.isfinite(y)], 1 / 21)
     dropped = frame.copy()
     dropped.loc[dropped["key_frame"] == 5, "key_tokens"] = 12
-    fig = figures.draw("figure4", {"frame_attention": dropped}, source="demo",
-                       options={"metric": "prob_mass", "heads": ["L1H1"], "dpi": 40})  # fmt: skip
+    fig = figures.draw(
+        "figure4",
+        {"frame_attention": dropped},
+        source="demo",
+        options={"metric": "prob_mass", "heads": ["L1H1"], "dpi": 40},
+    )
     (line,) = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "uniform-L1H1"]
     x, y = (np.asarray(v, dtype=float)[::3] for v in line.get_data())  # each step: its left end, right end, a break
     steps = {round(a + 0.45): b for a, b in zip(x, y)}
@@ -556,8 +702,9 @@ def test_sink_mass_over_time_shows_mass_uniform_and_excess_without_block_0():
     sink = np.asarray(lines["uniform-sink-L1"].get_ydata(), dtype=float)
     assert np.isnan(sink[0]) and np.allclose(sink[1:], [3 / n for n in (6, 9, 12, 15, 15, 15)])
     stats = data["block_stats"]
-    rows = stats[(stats["variant"] == "default") & (stats["layer"] == 0) & (stats["pass"] == "denoise")
-                 & (stats["step"] == 3)]  # fmt: skip
+    rows = stats[
+        (stats["variant"] == "default") & (stats["layer"] == 0) & (stats["pass"] == "denoise") & (stats["step"] == 3)
+    ]
     per_run = rows.groupby(["block", "prompt_id", "seed"])[["sink_mass", "sink_excess"]].mean()
     for name in ("sink_mass", "sink_excess"):
         y = np.asarray(lines[f"{name.replace('_', '-')}-default-L1"].get_ydata(), dtype=float)
@@ -573,8 +720,13 @@ def test_spread_between_runs_is_drawn_and_stated():
     fig = render("figure4", options={"metric": "prob_mass", "heads": ["L5H10"]})
     bars = [c for ax in fig.axes for c in ax.collections if c.get_gid() == "spread-L5H10"]
     assert bars
-    last = frame[(frame["block"] == 6) & (frame["pass"] == "denoise") & (frame["step"] == 3) & (frame["layer"] == 4)
-                 & (frame["head"] == 9)]  # fmt: skip
+    last = frame[
+        (frame["block"] == 6)
+        & (frame["pass"] == "denoise")
+        & (frame["step"] == 3)
+        & (frame["layer"] == 4)
+        & (frame["head"] == 9)
+    ]
     runs = last.groupby(["prompt_id", "seed", "key_frame"])["prob_mass"].mean().unstack("key_frame")
     std = runs.std(ddof=1).to_numpy()
     segments = bars[0].get_segments()
@@ -589,8 +741,12 @@ def test_spread_between_runs_is_drawn_and_stated():
 def test_first_middle_last_error_bars_are_the_layer_stats_run_std():
     frame = study("demo")["frame_attention"]
     stats = summaries.layer_stats(frame)
-    rows = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == "prob_mass") & (stats["pass"] == "denoise")
-                 & (stats["step"] == 3)].set_index("layer")  # fmt: skip
+    rows = stats[
+        (stats["prompt_id"] == ALL_PROMPTS)
+        & (stats["metric"] == "prob_mass")
+        & (stats["pass"] == "denoise")
+        & (stats["step"] == 3)
+    ].set_index("layer")
     fig = demo_figure("first_middle_last")  # softmax mass: the figure's own default
     bars = [c for c in fig.axes[0].collections if c.get_gid() == "spread-series-first"]
     halves = [abs(seg[1][1] - seg[0][1]) / 2 for seg in bars[0].get_segments()]
@@ -606,8 +762,9 @@ def test_sink_score_overview_prints_head_stats_and_clips_an_outlier(tmp_path):
     frame = study("demo")["frame_attention"].copy()
     outlier = (frame["layer"] == 1) & (frame["head"] == 4) & (frame["key_frame"] == 0)
     frame.loc[outlier, "logit_mean"] -= 20
-    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="demo",
-                       options={"dpi": 40, "metric": "logit_mean"})  # fmt: skip
+    fig = figures.draw(
+        "sink_score_overview", {"frame_attention": frame}, source="demo", options={"dpi": 40, "metric": "logit_mean"}
+    )
     image = fig.axes[0].images[0]
     scores = image.get_array().compressed()
     assert scores.min() < -15 and image.norm.vmax < 7
@@ -639,8 +796,9 @@ def test_sink_score_overview_states_its_log_scale_on_the_bar_and_in_the_caption(
     frame = study("demo")["frame_attention"].copy()
     far = (frame["layer"] == 1) & frame["head"].isin([2, 5]) & (frame["key_frame"] == 0)
     frame.loc[far, "logit_mean"] -= 200  # two local-looking heads with logits far below the rest
-    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="demo",
-                       options={"dpi": 40, "metric": "logit_mean"})  # fmt: skip
+    fig = figures.draw(
+        "sink_score_overview", {"frame_attention": frame}, source="demo", options={"dpi": 40, "metric": "logit_mean"}
+    )
     norm = fig.axes[0].images[0].norm
     assert isinstance(norm, mcolors.SymLogNorm)
     label = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"][0].get_ylabel()
@@ -656,8 +814,10 @@ def test_logit_levels_do_not_hide_small_layers():
     logarithmic so the other layers' bars stay readable."""
     frame = study("demo")["frame_attention"]
     lifted = frame.assign(logit_mean=frame["logit_mean"] + np.where(frame["layer"] == 1, 150.0, 0.0))
-    maps = [figures.draw("layer_comparison", {"frame_attention": f}, source="demo", options={"dpi": 40})
-            for f in (frame, lifted)]  # fmt: skip
+    maps = [
+        figures.draw("layer_comparison", {"frame_attention": f}, source="demo", options={"dpi": 40})
+        for f in (frame, lifted)
+    ]
     before, after = (m.axes[0].images[0].get_array().filled(np.nan) for m in maps)
     np.testing.assert_allclose(after, before, atol=1e-4)
     view = figure4_view(frame, "last", "logit_mean")
@@ -675,15 +835,19 @@ def test_logit_levels_do_not_hide_small_layers():
     heads = [ax for ax in grid.axes if ax.lines]
     assert len({ax.get_ylim() for ax in heads}) == len(heads) and "Each head on its own y scale" in caption(grid)
     assert "{" not in caption(grid)
-    mass_grid = figures.draw("per_head_grid", {"frame_attention": frame}, source="demo", layer=1,
-                             options={"metric": "prob_mass"})  # fmt: skip
+    mass_grid = figures.draw(
+        "per_head_grid", {"frame_attention": frame}, source="demo", layer=1, options={"metric": "prob_mass"}
+    )
     assert len({ax.get_ylim() for ax in mass_grid.axes if ax.lines}) == 1 and "One y scale" in caption(mass_grid)
 
-    bars = figures.draw("first_middle_last", {"frame_attention": lifted}, source="demo",
-                        options={"dpi": 40, "metric": "logit_mean"})  # fmt: skip
+    bars = figures.draw(
+        "first_middle_last", {"frame_attention": lifted}, source="demo", options={"dpi": 40, "metric": "logit_mean"}
+    )
     assert bars.axes[0].get_yscale() == "symlog"
     assert "y axis is logarithmic beyond" in next(t.get_text() for t in bars.texts if t.get_gid() == "page-caption")
-    plain = figures.draw("first_middle_last", {"frame_attention": frame}, source="demo", options={"metric": "prob_mass"})
+    plain = figures.draw(
+        "first_middle_last", {"frame_attention": frame}, source="demo", options={"metric": "prob_mass"}
+    )
     assert plain.axes[0].get_yscale() == "linear"
 
 
@@ -701,11 +865,19 @@ def test_timesteps_print_as_whole_numbers():
 @pytest.mark.parametrize("metric", ["prob_mass", "logit_mean"])
 def test_layer_figures_print_the_layer_stats_numbers(metric):
     frame = study("demo")["frame_attention"]
-    fig = demo_figure("first_middle_last") if metric == "prob_mass" else render("first_middle_last", options={"metric": metric})
+    fig = (
+        demo_figure("first_middle_last")
+        if metric == "prob_mass"
+        else render("first_middle_last", options={"metric": metric})
+    )
     stats = summaries.layer_stats(frame)
     pass_, step = summaries.resolve_step(stats, "last")
-    rows = stats[(stats["prompt_id"] == ALL_PROMPTS) & (stats["metric"] == metric) & (stats["pass"] == pass_)
-                 & (stats["step"] == step)].set_index("layer")  # fmt: skip
+    rows = stats[
+        (stats["prompt_id"] == ALL_PROMPTS)
+        & (stats["metric"] == metric)
+        & (stats["pass"] == pass_)
+        & (stats["step"] == step)
+    ].set_index("layer")
     bars = [p for p in fig.axes[0].patches]
     heights = np.array([b.get_height() for b in bars]).reshape(4, -1)  # first, middle, last, own x layers
     for i, name in enumerate(["first", "middle", "last", "own"]):
@@ -734,14 +906,22 @@ def test_gaps_stay_gaps_in_the_files(kind, prefix, tmp_path):
     assert 'id="gap-' in svg  # the evicted frames are shaded grey
 
 
-@pytest.mark.parametrize("kind, gid", [("per_head_grid", "curve-L1H1"), ("policy_comparison", "curve-L1H1-sink"),
-                                       ("figure4_steps", "curve-L1H1-denoise3")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, gid",
+    [
+        ("per_head_grid", "curve-L1H1"),
+        ("policy_comparison", "curve-L1H1-sink"),
+        ("figure4_steps", "curve-L1H1-denoise3"),
+    ],
+)
 def test_gaps_stay_gaps_in_every_curve(kind, gid):
     fig = render(kind, data=study("demo") if kind == "policy_comparison" else gappy())
     lines = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == gid]
     assert len(lines) == 1
     x, y = lines[0].get_data()
-    assert np.isnan(np.asarray(y, dtype=float)[3:9]).all() and np.isfinite(np.asarray(y, dtype=float)[[0, 2, 9, 20]]).all()
+    assert (
+        np.isnan(np.asarray(y, dtype=float)[3:9]).all() and np.isfinite(np.asarray(y, dtype=float)[[0, 2, 9, 20]]).all()
+    )
     assert list(x) == list(range(21))
 
 
@@ -813,8 +993,9 @@ def test_figure4_steps_shows_every_call_and_turns_for_many_heads():
 def test_missing_heads_and_layers_say_so():
     data = study("demo")
     frame = data["frame_attention"]
-    fig = figures.draw("figure4", {"frame_attention": frame[frame["layer"] != 4]}, source="demo",
-                       options={"heads": ["L1H1", "L5H10"]})  # fmt: skip
+    fig = figures.draw(
+        "figure4", {"frame_attention": frame[frame["layer"] != 4]}, source="demo", options={"heads": ["L1H1", "L5H10"]}
+    )
     assert any("was not extracted" in t.get_text() for ax in fig.axes for t in ax.texts)
     with pytest.raises(ValueError, match="needs the token_profiles table"):
         figures.draw("figure4_tokens", {"frame_attention": frame}, source="demo", options={})
@@ -858,14 +1039,28 @@ def test_each_kind_module_imports_only_the_shared_code():
     from sinkscope.pipeline.codedigest import _imports
 
     shared = {f"sinkscope.figures.{name}" for name in ("style", "text", "views", "layout", "colours", "marks")}
-    allowed = {"sinkscope.figures", *shared, "sinkscope.stats.summaries", "sinkscope.tables", "sinkscope.naming",
-               "sinkscope.stats.labels", "sinkscope.interventions"}  # fmt: skip
+    allowed = {
+        "sinkscope.figures",
+        *shared,
+        "sinkscope.stats.summaries",
+        "sinkscope.tables",
+        "sinkscope.naming",
+        "sinkscope.stats.labels",
+        "sinkscope.interventions",
+    }
     for kind, module in figures.KINDS.items():
         assert _imports(module) <= allowed, (kind, _imports(module) - allowed)
     for module in shared:
-        assert _imports(module) <= {"sinkscope.io", "sinkscope.naming", "sinkscope.schema", "sinkscope.stats.summaries",
-                                    *shared}, module  # fmt: skip
-    digests = {kind: __import__("sinkscope.pipeline.study", fromlist=["Study"]).Study.code(kind) for kind in figures.KINDS}
+        assert _imports(module) <= {
+            "sinkscope.io",
+            "sinkscope.naming",
+            "sinkscope.schema",
+            "sinkscope.stats.summaries",
+            *shared,
+        }, module
+    digests = {
+        kind: __import__("sinkscope.pipeline.study", fromlist=["Study"]).Study.code(kind) for kind in figures.KINDS
+    }
     assert len(set(digests.values())) == len(digests)
 
 
@@ -915,8 +1110,9 @@ def test_figure_job_reads_tables_token_folders_and_layer_files(written):
     ]
     for kind, inputs, layer in jobs:
         out = root / "figures" / kind
-        figures.figure_job(kind=kind, inputs=inputs, svg=f"{out}.svg", png=f"{out}.png", options=options, source="demo",
-                           layer=layer)  # fmt: skip
+        figures.figure_job(
+            kind=kind, inputs=inputs, svg=f"{out}.svg", png=f"{out}.png", options=options, source="demo", layer=layer
+        )
         assert "<text" in Path(f"{out}.svg").read_text() and Path(f"{out}.png").read_bytes()[:8] == PNG_MAGIC
     tokens = Path(root / "figures" / "figure4_tokens.svg").read_text()
     assert "4 x 6 patch grid" in tokens  # the frame grid came from the tables' metadata
@@ -953,11 +1149,21 @@ def test_token_profiles_are_read_with_a_filter(written):
 
 def test_study_figure_orders_checkpoints_by_training_step(tmp_path):
     data = study("demo")
-    fig = figures.draw("attention_across_checkpoints", {"head_diagnostics": data["diagnostics_all"]}, source=None,
-                       options={}, train_steps={"demo": 1000, "step2000": 2000, "step500": 500})  # fmt: skip
+    fig = figures.draw(
+        "attention_across_checkpoints",
+        {"head_diagnostics": data["diagnostics_all"]},
+        source=None,
+        options={},
+        train_steps={"demo": 1000, "step2000": 2000, "step500": 500},
+    )
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["500", "1000", "2000"]
-    fig = figures.draw("attention_across_checkpoints", {"head_diagnostics": data["diagnostics_all"]}, source=None,
-                       options={}, train_steps={"step500": None, "demo": 1000, "step2000": None})  # fmt: skip
+    fig = figures.draw(
+        "attention_across_checkpoints",
+        {"head_diagnostics": data["diagnostics_all"]},
+        source=None,
+        options={},
+        train_steps={"step500": None, "demo": 1000, "step2000": None},
+    )
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["step500", "demo", "step2000"]
 
 
@@ -967,10 +1173,17 @@ def test_study_figure_counts_each_checkpoints_sink_heads_from_its_table():
     pairs = sorted(set(zip(data["layer"], data["head"], strict=True)))
     wanted = {"step500": 0, "demo": 2, "step2000": 5}
     for checkpoint, n in wanted.items():
-        chosen = data["checkpoint"].eq(checkpoint) & pd.Series(list(zip(data["layer"], data["head"], strict=True))).isin(pairs[:n])
+        chosen = data["checkpoint"].eq(checkpoint) & pd.Series(
+            list(zip(data["layer"], data["head"], strict=True))
+        ).isin(pairs[:n])
         data.loc[chosen, "head_class"] = "sink"
-    fig = figures.draw("attention_across_checkpoints", {"head_diagnostics": data}, source=None, options={},
-                       train_steps={"demo": 1000, "step2000": 2000, "step500": 500})  # fmt: skip
+    fig = figures.draw(
+        "attention_across_checkpoints",
+        {"head_diagnostics": data},
+        source=None,
+        options={},
+        train_steps={"demo": 1000, "step2000": 2000, "step500": 500},
+    )
     panel = fig.axes[2]
     assert panel.get_title().endswith("sink heads")
     assert [t.get_text() for t in panel.texts] == [f"{n}/{len(pairs)}" for n in (0, 2, 5)]  # in step order
@@ -984,7 +1197,7 @@ def test_study_figure_counts_each_checkpoints_sink_heads_from_its_table():
 # -- the summary page ------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def summary_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     data = study("demo")
     frame = data["frame_attention"]
@@ -1004,8 +1217,9 @@ def test_summary_page_lists_sink_class_heads_apart_from_the_highest_frame0_exces
 
     layers, heads, diagnostics = summary_tables()
     page = summary_html(layers, heads, diagnostics, SUMMARY_OPTIONS)
-    sinks = diagnostics[(diagnostics["head_class"] == "sink") & (diagnostics["pass"] == "denoise")
-                        & (diagnostics["step"] == 3)]  # fmt: skip
+    sinks = diagnostics[
+        (diagnostics["head_class"] == "sink") & (diagnostics["pass"] == "denoise") & (diagnostics["step"] == 3)
+    ]
     section = page.split("<h3>Sink-class heads</h3>")[1].split("<h3>")[0]
     listed = re.findall(r"<tr><td>(L\d+H\d+)</td>", section)
     assert sorted(listed) == sorted(head_label(a, b) for a, b in zip(sinks["layer"], sinks["head"])) and listed
@@ -1035,24 +1249,41 @@ def test_summary_page_prints_every_number_to_three_significant_digits():
     layers, heads, diagnostics = summary_tables()
     page = summary_html(layers, heads, diagnostics, SUMMARY_OPTIONS)
     assert [number(x) for x in (0.0476190, 15.9312, -15.93, 0.09996, 1234.5, 3, 0.0)] == [
-        "0.0476", "15.9", "-15.9", "0.100", "1234", "3", "0"]  # fmt: skip
+        "0.0476",
+        "15.9",
+        "-15.9",
+        "0.100",
+        "1234",
+        "3",
+        "0",
+    ]
     numbers = [n for cell in cells(page) for n in re.findall(r"-?\d+(?:\.\d+)?", cell)]
     assert numbers
     for text in numbers:
         digits = text.lstrip("-").replace(".", "").lstrip("0")
         assert len(digits) <= 3 or "." not in text, text  # integers (frames) as they are
     # The same numbers as the tables: L1's first − middle of logits, ± its std between runs.
-    row = layers[(layers["prompt_id"] == ALL_PROMPTS) & (layers["metric"] == "logit_mean") & (layers["pass"] == "denoise")
-                 & (layers["step"] == 3) & (layers["layer"] == 0)].iloc[0]  # fmt: skip
+    row = layers[
+        (layers["prompt_id"] == ALL_PROMPTS)
+        & (layers["metric"] == "logit_mean")
+        & (layers["pass"] == "denoise")
+        & (layers["step"] == 3)
+        & (layers["layer"] == 0)
+    ].iloc[0]
     assert f"{number(row['sink_score'])} ± {number(row['sink_score_run_std'])}" in cells(page)
 
 
-@pytest.mark.parametrize("entry, words", [
-    (TRAINED["demo"], "shipped demo model (trained here, not Self-Forcing)"),
-    ({"format": "demo", "weights": None, "model": "demo"}, "untrained"),
-    ({"format": "self_forcing", "weights": "/models/self_forcing_dmd.pt", "model": "wan2.1-t2v-1.3b"},
-     "your checkpoint <code>/models/self_forcing_dmd.pt</code> (format <code>self_forcing</code>"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        (TRAINED["demo"], "shipped demo model (trained here, not Self-Forcing)"),
+        ({"format": "demo", "weights": None, "model": "demo"}, "untrained"),
+        (
+            {"format": "self_forcing", "weights": "/models/self_forcing_dmd.pt", "model": "wan2.1-t2v-1.3b"},
+            "your checkpoint <code>/models/self_forcing_dmd.pt</code> (format <code>self_forcing</code>",
+        ),
+    ],
+)
 def test_summary_page_says_which_model_at_the_top(entry, words):
     from sinkscope.figures.report import summary_html
 
@@ -1077,8 +1308,13 @@ def test_summary_job_embeds_the_key_figures_with_relative_links(tmp_path):
     here = os.getcwd()
     os.chdir(tmp_path)
     try:
-        summary_job(paths["layer_stats"], paths["head_stats"], paths["head_diagnostics"], "results/report/summary.html",
-                    {**SUMMARY_OPTIONS, "figures": shown})  # fmt: skip
+        summary_job(
+            paths["layer_stats"],
+            paths["head_stats"],
+            paths["head_diagnostics"],
+            "results/report/summary.html",
+            {**SUMMARY_OPTIONS, "figures": shown},
+        )
     finally:
         os.chdir(here)
     page = output.read_text()
@@ -1101,13 +1337,20 @@ def test_summary_page_shows_a_checkpoints_figures_over_its_variants():
 
     layers, heads, diagnostics = summary_tables()
     rename = lambda t: t.assign(variant="global")  # noqa: E731 - no source is named like the checkpoint
-    shown = {"demo@global": {"figure4": "../figures/demo@global/figure4.svg"},
-             "demo": {"sink_mass_over_time": "../figures/demo/sink_mass_over_time.svg",
-                      "policy_comparison": "../figures/demo/policy_comparison.svg"}}  # fmt: skip
+    shown = {
+        "demo@global": {"figure4": "../figures/demo@global/figure4.svg"},
+        "demo": {
+            "sink_mass_over_time": "../figures/demo/sink_mass_over_time.svg",
+            "policy_comparison": "../figures/demo/policy_comparison.svg",
+        },
+    }
     page = summary_html(rename(layers), rename(heads), rename(diagnostics), SUMMARY_OPTIONS, shown)
     assert "<h2>demo: every variant</h2>" in page
-    for link in ("../figures/demo@global/figure4.svg", "../figures/demo/sink_mass_over_time.svg",
-                 "../figures/demo/policy_comparison.svg"):
+    for link in (
+        "../figures/demo@global/figure4.svg",
+        "../figures/demo/sink_mass_over_time.svg",
+        "../figures/demo/policy_comparison.svg",
+    ):
         assert f"<img src='{link}'" in page
 
 
@@ -1133,16 +1376,48 @@ def disagreeing_heads(runs: tuple[int, ...] = (0, 1), heads: int = 12, frames: i
                     mass = np.eye(frames)[0]
                 cells.append((seed, layer, head, logit, mass))
     queries = range(frames - 3, frames)
-    rows = pd.DataFrame([
-        dict(seed=seed, layer=layer, head=head, query_frame=q, key_frame=k, logit_mean=logit[k], prob_mass=mass[k],
-             argmax_share=float(k == int(np.argmax(mass))))
-        for seed, layer, head, logit, mass in cells for q in queries for k in range(frames)
-    ])  # fmt: skip
-    rows = rows.assign(checkpoint="ck", variant="default", prompt_id="p", block=frames // 3 - 1, step=0,
-                       timestep=500.0, key_tokens=24, key_position_shift=0, **{"pass": "denoise"})  # fmt: skip
-    return rows.astype({"seed": "int64", "layer": "int16", "head": "int16", "block": "int16", "step": "int16",
-                        "query_frame": "int16", "key_frame": "int16", "logit_mean": "float32", "prob_mass": "float32",
-                        "timestep": "float32"})  # fmt: skip
+    rows = pd.DataFrame(
+        [
+            dict(
+                seed=seed,
+                layer=layer,
+                head=head,
+                query_frame=q,
+                key_frame=k,
+                logit_mean=logit[k],
+                prob_mass=mass[k],
+                argmax_share=float(k == int(np.argmax(mass))),
+            )
+            for seed, layer, head, logit, mass in cells
+            for q in queries
+            for k in range(frames)
+        ]
+    )
+    rows = rows.assign(
+        checkpoint="ck",
+        variant="default",
+        prompt_id="p",
+        block=frames // 3 - 1,
+        step=0,
+        timestep=500.0,
+        key_tokens=24,
+        key_position_shift=0,
+        **{"pass": "denoise"},
+    )
+    return rows.astype(
+        {
+            "seed": "int64",
+            "layer": "int16",
+            "head": "int16",
+            "block": "int16",
+            "step": "int16",
+            "query_frame": "int16",
+            "key_frame": "int16",
+            "logit_mean": "float32",
+            "prob_mass": "float32",
+            "timestep": "float32",
+        }
+    )
 
 
 def _caption(fig) -> str:
@@ -1153,7 +1428,7 @@ def _colourbar_label(fig) -> str:
     return " ".join(next(ax for ax in fig.axes if ax.get_label() == "<colorbar>").get_ylabel().split())
 
 
-@lru_cache(maxsize=None)
+@cache
 def disagreeing_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     frame = disagreeing_heads()
     run_averaged = lambda t: t[t["prompt_id"] == ALL_PROMPTS]  # noqa: E731
@@ -1168,8 +1443,12 @@ def test_sink_score_overview_says_what_its_colours_hold(metric):
     (+2.2, all its mass on frame 0) is not."""
     frame, heads, _ = disagreeing_tables()
     shown = metric or "prob_mass"
-    fig = figures.draw("sink_score_overview", {"frame_attention": frame}, source="ck",
-                       options={"dpi": 40, **({"metric": metric} if metric else {})})  # fmt: skip
+    fig = figures.draw(
+        "sink_score_overview",
+        {"frame_attention": frame},
+        source="ck",
+        options={"dpi": 40, **({"metric": metric} if metric else {})},
+    )
     rows = heads[heads["metric"] == shown].set_index(["layer", "head"])
     mass = heads[heads["metric"] == "prob_mass"].set_index(["layer", "head"])
     cells = fig.axes[0].images[0].get_array().filled(np.nan)  # layers 3, 4 x heads 0..11
@@ -1177,7 +1456,8 @@ def test_sink_score_overview_says_what_its_colours_hold(metric):
     np.testing.assert_allclose(cells[1], rows.loc[4, "sink_score"].to_numpy(), atol=1e-6)
     words = {"prob_mass": "softmax mass (prob_mass)", "logit_mean": "mean logit (logit_mean)"}[shown]
     assert words in _colourbar_label(fig) and f"in {words} (head_stats sink_score of the rows with metric {shown}" in (
-        _caption(fig))
+        _caption(fig)
+    )
     crossed = {line.get_gid() for line in fig.axes[0].get_lines() if (line.get_gid() or "").startswith("disagree-")}
     l5h7, l4h11 = mass.loc[(4, 6)], mass.loc[(3, 10)]
     logits = heads[heads["metric"] == "logit_mean"].set_index(["layer", "head"])["sink_score"]
@@ -1189,8 +1469,10 @@ def test_sink_score_overview_says_what_its_colours_hold(metric):
         assert "Red: the first cache frame's mean pre-softmax logit (logit_mean)" in _caption(fig)
         assert "disagree-L5H7" in crossed and "disagree-L4H11" not in crossed
         assert crossed == {f"disagree-{head_label(4, h)}" for h in range(12)}
-        said = (f"L5H7 {rows.loc[(4, 6), 'sink_score']:+.2f} while frame 0 gets {l5h7['frame0_mass']:.3f} of the "
-                f"softmax mass (uniform {l5h7['frame0_uniform']:.3f})")
+        said = (
+            f"L5H7 {rows.loc[(4, 6), 'sink_score']:+.2f} while frame 0 gets {l5h7['frame0_mass']:.3f} of the "
+            f"softmax mass (uniform {l5h7['frame0_uniform']:.3f})"
+        )
         assert said == "L5H7 +7.63 while frame 0 gets 0.005 of the softmax mass (uniform 0.048)"
         assert said in _caption(fig) and "L4H11" not in _caption(fig)
 
@@ -1202,16 +1484,25 @@ def test_first_middle_last_says_what_its_bars_hold(metric):
     and listed with the layer_stats mass numbers."""
     frame, _, layers = disagreeing_tables()
     shown = metric or "prob_mass"
-    fig = figures.draw("first_middle_last", {"frame_attention": frame}, source="ck",
-                       options={"dpi": 40, **({"metric": metric} if metric else {})})  # fmt: skip
+    fig = figures.draw(
+        "first_middle_last",
+        {"frame_attention": frame},
+        source="ck",
+        options={"dpi": 40, **({"metric": metric} if metric else {})},
+    )
     rows = layers[layers["metric"] == shown].set_index("layer")
     mass = layers[layers["metric"] == "prob_mass"].set_index("layer")
     heights = np.array([p.get_height() for p in fig.axes[0].patches]).reshape(4, -1)  # first, middle, last, own
     np.testing.assert_allclose(heights[0], rows["first"].to_numpy(), atol=1e-6)
     np.testing.assert_allclose(heights[1], rows["middle"].to_numpy(), atol=1e-6)
     label = fig.axes[0].get_ylabel()
-    assert label == {"prob_mass": "head-averaged softmax mass (prob_mass)",
-                     "logit_mean": "head-averaged mean logit (pre-softmax q·k/√d, logit_mean)"}[shown]
+    assert (
+        label
+        == {
+            "prob_mass": "head-averaged softmax mass (prob_mass)",
+            "logit_mean": "head-averaged mean logit (pre-softmax q·k/√d, logit_mean)",
+        }[shown]
+    )
     assert f"the layer_stats rows with metric {shown} and prompt_id '*'" in _caption(fig)
     crossed = [line for line in fig.axes[0].get_lines() if line.get_gid() == "disagree"]
     if shown == "prob_mass":
@@ -1220,8 +1511,10 @@ def test_first_middle_last_says_what_its_bars_hold(metric):
     else:
         (cross,) = crossed
         assert list(cross.get_xdata()) == [1]  # L5, not L4
-        said = (f"L5 first − middle {rows.loc[4, 'sink_score']:+.2f} while frame 0 gets {mass.loc[4, 'frame0_mass']:.3f} "
-                f"of the softmax mass (uniform {mass.loc[4, 'frame0_uniform']:.3f})")
+        said = (
+            f"L5 first − middle {rows.loc[4, 'sink_score']:+.2f} while frame 0 gets {mass.loc[4, 'frame0_mass']:.3f} "
+            f"of the softmax mass (uniform {mass.loc[4, 'frame0_uniform']:.3f})"
+        )
         assert said in _caption(fig) and "L4 first" not in _caption(fig)
 
 
@@ -1258,10 +1551,39 @@ def test_figure_command_names_its_source_and_refuses_highlight_layers_it_cannot_
     subtitle = page_text((tmp_path / "overview.svg").read_text(), "page-subtitle")
     assert subtitle.startswith("ck · ") and "the input" not in subtitle and "softmax mass (prob_mass)" in subtitle
     capsys.readouterr()
-    assert main(["figure", "layer_comparison", "--input", str(table), "--out-prefix", str(out),
-                 "--highlight-layers", "4", "99"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "figure",
+                "layer_comparison",
+                "--input",
+                str(table),
+                "--out-prefix",
+                str(out),
+                "--highlight-layers",
+                "4",
+                "99",
+            ]
+        )
+        == 2
+    )
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == "sinkscope figure: error: --highlight-layers 99 is not in the input (it has layers [3, 4])"
-    assert main(["figure", "figure4", "--input", str(table), "--out-prefix", str(out), "--heads", "L4H1",
-                 "--highlight-layers", "4"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "figure",
+                "figure4",
+                "--input",
+                str(table),
+                "--out-prefix",
+                str(out),
+                "--heads",
+                "L4H1",
+                "--highlight-layers",
+                "4",
+            ]
+        )
+        == 2
+    )
     assert "does not draw --highlight-layers" in capsys.readouterr().err

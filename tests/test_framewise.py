@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from synthetic import synthetic_effects
 from test_figures import (
     layout_problems,
     synthetic_contact_frames,
@@ -15,8 +16,6 @@ from test_figures import (
     synthetic_queries,
     synthetic_tokens,
 )
-
-from synthetic import synthetic_effects
 
 from sinkscope import figures
 from sinkscope.figures.registry import FIGURES
@@ -27,8 +26,12 @@ from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.integrity import check_layer_rows
 from sinkscope.stats import summaries
 
-FEW_STEP = {"num_frames": 21, "frames_per_block": 1, "denoising_steps": [1000, 500],
-            "first_block_denoising_steps": [1000, 750, 500, 250]}  # fmt: skip
+FEW_STEP = {
+    "num_frames": 21,
+    "frames_per_block": 1,
+    "denoising_steps": [1000, 500],
+    "first_block_denoising_steps": [1000, 750, 500, 250],
+}
 
 
 def test_frame_blocks_with_few_steps_are_captured_and_summarized():
@@ -36,8 +39,13 @@ def test_frame_blocks_with_few_steps_are_captured_and_summarized():
     model = build_model("demo", seed=0)
     capture = FrameStatsCapture(model, [0], frame_seq_length=24)
     with capture:
-        result = generate(model, torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)), options=options,
-                          seed=0, observers=[capture])  # fmt: skip
+        result = generate(
+            model,
+            torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)),
+            options=options,
+            seed=0,
+            observers=[capture],
+        )
     tables = capture.layer_tables()[0]
     frames = tables["frames"].assign(checkpoint="cf", variant="default", prompt_id="p", seed=0)
     assert len(result.calls) == options.num_calls == 5 + 20 * 3
@@ -53,10 +61,15 @@ def test_frame_blocks_with_few_steps_are_captured_and_summarized():
     assert last.groupby("block")["step"].agg(set).to_dict() == {0: {3}, **{b: {1} for b in range(1, 21)}}
     assert set(summaries.block_calls(frames, "cache")["block"]) == set(range(21))
     blocks = summaries.block_stats(frames)
-    assert len(blocks) == 12 * options.num_calls and np.allclose(blocks[["sink_mass", "self_mass", "other_mass"]].sum(axis=1), 1)
+    assert len(blocks) == 12 * options.num_calls and np.allclose(
+        blocks[["sink_mass", "self_mass", "other_mass"]].sum(axis=1), 1
+    )
     assert len(summaries.head_stats(frames)) and len(summaries.layer_stats(frames))
-    assert len(summaries.head_diagnostics(frames, tables["queries"].assign(checkpoint="cf", variant="default",
-                                                                          prompt_id="p", seed=0)))  # fmt: skip
+    assert len(
+        summaries.head_diagnostics(
+            frames, tables["queries"].assign(checkpoint="cf", variant="default", prompt_id="p", seed=0)
+        )
+    )
 
 
 def few_step_frames(**kw) -> pd.DataFrame:
@@ -73,16 +86,22 @@ def few_step_frames(**kw) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def data() -> dict:
     frame = few_step_frames()
-    variants = pd.concat([few_step_frames(switch_block=12), few_step_frames(window=8, sinks=1, variant="sink",
-                                                                               switch_block=12)], ignore_index=True)  # fmt: skip
+    variants = pd.concat(
+        [few_step_frames(switch_block=12), few_step_frames(window=8, sinks=1, variant="sink", switch_block=12)],
+        ignore_index=True,
+    )
     queries = synthetic_queries(frame, 24)
     last = frame["block"] == frame["block"].max()
     diagnostics = summaries.head_diagnostics(frame[last], queries[queries["block"] == frame["block"].max()])
     return {
-        "frame_attention": frame, "token_profiles": synthetic_tokens(frame, [(0, 0), (4, 9)], (4, 6)),
-        "head_diagnostics": diagnostics, "block_stats": summaries.block_stats(variants, {"default": 0, "sink": 1}),
-        "variants": variants, "grid": (4, 6), "diagnostics_all": diagnostics,
-    }  # fmt: skip
+        "frame_attention": frame,
+        "token_profiles": synthetic_tokens(frame, [(0, 0), (4, 9)], (4, 6)),
+        "head_diagnostics": diagnostics,
+        "block_stats": summaries.block_stats(variants, {"default": 0, "sink": 1}),
+        "variants": variants,
+        "grid": (4, 6),
+        "diagnostics_all": diagnostics,
+    }
 
 
 @pytest.mark.slow
@@ -90,8 +109,11 @@ def data() -> dict:
 def test_every_figure_draws_one_frame_blocks_with_few_steps(kind, data):
     scope = FIGURES[kind].scope
     if scope == "checkpoint":  # the variants' tables, and their effects against the untouched run
-        tables = {"frame_attention": data["variants"], "block_stats": data["block_stats"],
-                  **synthetic_effects(6, 12, frames=21, per_block=1)}  # fmt: skip
+        tables = {
+            "frame_attention": data["variants"],
+            "block_stats": data["block_stats"],
+            **synthetic_effects(6, 12, frames=21, per_block=1),
+        }
     elif scope == "study":
         tables = {"head_diagnostics": data["diagnostics_all"]}
     elif scope == "run":  # the contact sheet: images, not tables
@@ -101,8 +123,15 @@ def test_every_figure_draws_one_frame_blocks_with_few_steps(kind, data):
     if FIGURES[kind].needs_reference_labels:  # the config's label file: codes cycling over the heads
         heads = tables["head_diagnostics"][["layer", "head"]].drop_duplicates()
         tables["reference_labels"] = heads.assign(reference=[(-1, 1, 2)[(a + b) % 3] for a, b in heads.to_numpy()])
-    fig = figures.draw(kind, tables, source="cf", layer=0 if scope == "layer" else None, options={"dpi": 40},
-                       grid=data["grid"], train_steps={"demo": 1})  # fmt: skip
+    fig = figures.draw(
+        kind,
+        tables,
+        source="cf",
+        layer=0 if scope == "layer" else None,
+        options={"dpi": 40},
+        grid=data["grid"],
+        train_steps={"demo": 1},
+    )
     assert layout_problems(fig) == []
 
 

@@ -25,7 +25,9 @@ from sinkscope.tables import (
 
 def test_column_digests_do_not_depend_on_chunking_or_storage(tmp_path):
     rows = synthetic_rows()
-    table = pa.Table.from_pandas(rows[FRAME_ATTENTION_SCHEMA.names], schema=FRAME_ATTENTION_SCHEMA, preserve_index=False)
+    table = pa.Table.from_pandas(
+        rows[FRAME_ATTENTION_SCHEMA.names], schema=FRAME_ATTENTION_SCHEMA, preserve_index=False
+    )
     chunked = pa.concat_tables([table.slice(0, 100), table.slice(100)])
     assert column_digests(table) == column_digests(chunked)
     path = tmp_path / "t.parquet"
@@ -33,8 +35,14 @@ def test_column_digests_do_not_depend_on_chunking_or_storage(tmp_path):
     assert read_metadata(path)["content_sha256"] == column_digests(table)
     changed = rows.copy()
     changed.loc[5, "prob_mass"] += 1e-6
-    assert column_digests(pa.Table.from_pandas(changed[FRAME_ATTENTION_SCHEMA.names], schema=FRAME_ATTENTION_SCHEMA,
-                                               preserve_index=False))["prob_mass"] != column_digests(table)["prob_mass"]  # fmt: skip
+    assert (
+        column_digests(
+            pa.Table.from_pandas(
+                changed[FRAME_ATTENTION_SCHEMA.names], schema=FRAME_ATTENTION_SCHEMA, preserve_index=False
+            )
+        )["prob_mass"]
+        != column_digests(table)["prob_mass"]
+    )
 
 
 def test_row_groups_per_block_let_a_reader_filter(tmp_path):
@@ -62,7 +70,9 @@ def test_a_file_without_its_digests_is_damaged_not_trusted(tmp_path):
     path = tmp_path / "t.parquet"
     write_table(synthetic_rows(), path, FRAME_ATTENTION_SCHEMA, {"package_version": "x"})
     table = read_arrow(path)
-    stripped = table.replace_schema_metadata({k: v for k, v in table.schema.metadata.items() if b"content_sha256" not in k})
+    stripped = table.replace_schema_metadata(
+        {k: v for k, v in table.schema.metadata.items() if b"content_sha256" not in k}
+    )
     import pyarrow.parquet as pq
 
     pq.write_table(stripped, path)
@@ -122,11 +132,30 @@ def test_cli_figure_refuses_mixed_checkpoints_and_draws_one(tmp_path, capsys):
     from sinkscope.cli import main as cli
 
     path = tmp_path / "mixed.parquet"
-    write_table(pd.concat([synthetic_rows(checkpoint="a"), synthetic_rows(1, checkpoint="b")]), path, FRAME_ATTENTION_SCHEMA)
+    write_table(
+        pd.concat([synthetic_rows(checkpoint="a"), synthetic_rows(1, checkpoint="b")]), path, FRAME_ATTENTION_SCHEMA
+    )
     assert cli(["figure", "figure4", "--input", str(path), "--out-prefix", str(tmp_path / "f"), "--heads", "L4H1"]) == 2
     assert "several checkpoints (a, b)" in capsys.readouterr().err
-    assert cli(["figure", "figure4", "--input", str(path), "--checkpoint", "b", "--out-prefix", str(tmp_path / "f"),
-                "--heads", "L4H1", "--dpi", "60"]) == 0  # fmt: skip
+    assert (
+        cli(
+            [
+                "figure",
+                "figure4",
+                "--input",
+                str(path),
+                "--checkpoint",
+                "b",
+                "--out-prefix",
+                str(tmp_path / "f"),
+                "--heads",
+                "L4H1",
+                "--dpi",
+                "60",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "f.svg").exists() and (tmp_path / "f.png").exists()
 
 
@@ -135,7 +164,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr("sinkscope.pipeline.resources.cuda_device_count", lambda: 0)
     (tmp_path / "config.yaml").write_text("layers: [0]\n")
-    code = cli(["extract", "--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "x"), "--set", "device=cuda"])
+    code = cli(
+        ["extract", "--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "x"), "--set", "device=cuda"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "config key device: 'cuda'" in err
     code = cli(["check", str(tmp_path / "config.yaml"), "generation={num_frames: 20}"])
@@ -184,7 +215,9 @@ def test_the_executor_is_read_from_the_command_line_and_the_profiles(tmp_path):
     assert requested_executor(["snakemake", "--profile", str(slurm)], workflow_dir, env) == "slurm"
     assert requested_executor(["snakemake"], workflow_dir, {"SNAKEMAKE_PROFILE": str(slurm)}) == "slurm"
     # The command line wins over a profile.
-    assert requested_executor(["snakemake", "--profile", str(slurm), "--executor", "local"], workflow_dir, env) == "local"
+    assert (
+        requested_executor(["snakemake", "--profile", str(slurm), "--executor", "local"], workflow_dir, env) == "local"
+    )
     # The workflow's default profile names an executor: that one.
     (workflow_dir / "profiles" / "default" / "config.yaml").write_text("executor: slurm\n")
     assert requested_executor(["snakemake"], workflow_dir, env) == "slurm"
@@ -197,7 +230,9 @@ def test_mixed_precisions_are_refused_naming_the_files():
     fp32 = {"file": "results/extract/demo/a/seed0/layers0/layer0.parquet", "device_kind": "cpu", "dtype": "float32"}
     bf16 = {"file": "results/extract/demo/a/seed1/layers0/layer0.parquet", "device_kind": "cuda", "dtype": "bfloat16"}
     _check_precision([fp32, dict(fp32, file="other.parquet"), {"file": "imported.parquet"}], "source 'demo'")
-    with pytest.raises(SinkscopeError, match=r"source .demo. mixes precisions \(float32 on cpu: .*seed0.*; bfloat16 on cuda: .*seed1"):
+    with pytest.raises(
+        SinkscopeError, match=r"source .demo. mixes precisions \(float32 on cpu: .*seed0.*; bfloat16 on cuda: .*seed1"
+    ):
         _check_precision([fp32, bf16], "source 'demo'")
 
 
@@ -245,7 +280,9 @@ def test_verify_checks_csv_tables_and_prompt_embeddings_and_counts_logs(tmp_path
     write_table(synthetic_rows(seed=1), incomplete / "layer0.parquet", FRAME_ATTENTION_SCHEMA)
     assert cli_main(["verify", str(results)]) == 1
     captured = capsys.readouterr()
-    assert captured.out.strip() == f"{incomplete}: incomplete: it has no manifest (the job that wrote it did not finish)"
+    assert (
+        captured.out.strip() == f"{incomplete}: incomplete: it has no manifest (the job that wrote it did not finish)"
+    )
     assert "checked 3 results (1 folders, 2 files); 1 other files not checked (.log): 1 problems" in captured.err
 
     write_manifest(incomplete, ["layer0.parquet"], {"layers": [0]})
@@ -260,7 +297,9 @@ def test_verify_checks_csv_tables_and_prompt_embeddings_and_counts_logs(tmp_path
     csv.write_text(csv.read_text()[:-6])  # cut short in the last row
     assert cli_main(["verify", str(results)]) == 1
     printed = capsys.readouterr().out
-    assert f"{embedding}: is damaged (its bytes do not match the digest" in printed and f"{csv}: is cut short" in printed
+    assert (
+        f"{embedding}: is damaged (its bytes do not match the digest" in printed and f"{csv}: is cut short" in printed
+    )
     embedding.write_bytes(whole[: len(whole) - 8])
     csv.write_text("layer,H1,H2\n0,sink\n")
     assert cli_main(["verify", str(results)]) == 1

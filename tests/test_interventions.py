@@ -22,8 +22,9 @@ from sinkscope.model.wan import apply_rope
 from sinkscope.options import GenerationOptions
 
 # The demo's kind, smaller: head_dim 16 (nvfp4's blocks), 3 layers of 4 heads, 6 tokens a frame.
-SMALL = WanConfig(dim=64, ffn_dim=64, num_heads=4, num_layers=3, text_dim=16, text_len=8, freq_dim=16, latent_height=4,
-                  latent_width=6)  # fmt: skip
+SMALL = WanConfig(
+    dim=64, ffn_dim=64, num_heads=4, num_layers=3, text_dim=16, text_len=8, freq_dim=16, latent_height=4, latent_width=6
+)
 FSL = SMALL.frame_seq_length()
 GRID = (2, 3)  # the patch grid
 LAYERS, HEADS = SMALL.num_layers, SMALL.num_heads
@@ -55,8 +56,9 @@ class Recorder:
 
 def options(interventions=(), frames=6, **generation):
     """Two denoising steps a block: 3 calls (2 steps and the cache pass)."""
-    return GenerationOptions.from_config({"num_frames": frames, "denoising_steps": [1000, 500],
-                                          "interventions": list(interventions), **generation})  # fmt: skip
+    return GenerationOptions.from_config(
+        {"num_frames": frames, "denoising_steps": [1000, 500], "interventions": list(interventions), **generation}
+    )
 
 
 def run(interventions=(), *, frames=6, layers=(0, 2), record=False, **generation):
@@ -69,7 +71,9 @@ def run(interventions=(), *, frames=6, layers=(0, 2), record=False, **generation
             attn = model.blocks[layers[0]].self_attn
             recorder = attn.observer = Recorder(attn.observer)
             observers.append(recorder)
-        result = generate(model, context(), options=options(interventions, frames, **generation), seed=0, observers=observers)
+        result = generate(
+            model, context(), options=options(interventions, frames, **generation), seed=0, observers=observers
+        )
     rows = {layer: tables["frames"] for layer, tables in capture.layer_tables(kinds=("frames",)).items()}
     return result.latents, rows, recorder
 
@@ -127,15 +131,21 @@ def test_a_logit_bias_is_a_biased_softmax_and_a_zero_bias_or_no_edit_is_the_unto
         assert torch.equal(latents, base_latents)
         for layer in rows:
             pd.testing.assert_frame_equal(rows[layer], base_rows[layer])
-    latents, rows, recorder = run([{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": -2.0}], record=True)
+    latents, rows, recorder = run(
+        [{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": -2.0}], record=True
+    )
     assert torch.equal(latents[:, :, :3], base_latents[:, :, :3]) and not torch.equal(latents, base_latents)
     for info, q, k, layout, bias in recorder.calls:
         if info.block > 0:
             assert torch.equal(bias[:, np.asarray(layout.key_frames) == 0], torch.full((HEADS, 1), -2.0))
         expected = biased_prob_mass(q, k, layout.key_lengths, bias, len(layout.query_frames))
         order = np.argsort(layout.key_frames, kind="stable")
-        assert np.allclose(rows_of(rows[0], info)["prob_mass"].to_numpy(), expected[:, :, order].flatten().numpy(),
-                           atol=1e-7, rtol=1e-5)  # fmt: skip
+        assert np.allclose(
+            rows_of(rows[0], info)["prob_mass"].to_numpy(),
+            expected[:, :, order].flatten().numpy(),
+            atol=1e-7,
+            rtol=1e-5,
+        )
 
 
 def test_key_frames_sink_are_the_sink_policys_sink_frames():
@@ -152,10 +162,12 @@ def _edits(spec, *, layers=LAYERS, heads=HEADS, **kw):
 
 
 def test_frame_bias_adds_up_leaves_the_query_block_alone_and_is_built_once_per_layout():
-    spec = [{"edit": "logit_bias", "heads": ["L1H1", "L1H2"], "key_frames": "cached", "bias": -1.5},
-            {"edit": "logit_bias", "heads": ["L1H1"], "key_frames": [3], "bias": 0.5},
-            {"edit": "mask_keys", "heads": ["L1H2"], "key_frames": [0]},
-            {"edit": "mask_keys", "heads": ["L2H3"], "key_frames": "sink"}]  # fmt: skip
+    spec = [
+        {"edit": "logit_bias", "heads": ["L1H1", "L1H2"], "key_frames": "cached", "bias": -1.5},
+        {"edit": "logit_bias", "heads": ["L1H1"], "key_frames": [3], "bias": 0.5},
+        {"edit": "mask_keys", "heads": ["L1H2"], "key_frames": [0]},
+        {"edit": "mask_keys", "heads": ["L2H3"], "key_frames": "sink"},
+    ]
     edits = _edits(spec, sink_frames=(0, 1))
     layout = AttentionLayout.whole_frames((6, 7, 8), (0, 1, 3, 4, 6, 7, 8), FSL)
     bias = edits.frame_bias(0, layout)
@@ -220,7 +232,10 @@ def test_quantize_cache_stores_each_finished_block_as_its_roundtrip_once(format,
             assert torch.equal(cache.k[:, :, lo:hi], k) and torch.equal(cache.v[:, :, lo:hi], v), (format, lo)
         if start:
             lo, hi = (start - 3) * FSL, start * FSL
-            pairs = [quantize_cache(cache.k[layer, :, lo:hi], cache.v[layer, :, lo:hi], format, tensors) for layer in range(LAYERS)]
+            pairs = [
+                quantize_cache(cache.k[layer, :, lo:hi], cache.v[layer, :, lo:hi], format, tensors)
+                for layer in range(LAYERS)
+            ]
             expected[(lo, hi)] = tuple(torch.stack(t) for t in zip(*pairs))
 
     fill_blocks(policy, [3, 3, 3, 3], per_block=check_then_snapshot)
@@ -231,8 +246,11 @@ def test_quantize_cache_stores_each_finished_block_as_its_roundtrip_once(format,
 
 def test_quantize_cache_edits_frames_that_compression_keeps_in_part_token_by_token():
     compression = dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3, largest_block=3)
-    policy = demo_policy([{"edit": "quantize_cache", "format": "int8", "tensors": "k"}],
-                         policy="participative_compression", **compression)  # fmt: skip
+    policy = demo_policy(
+        [{"edit": "quantize_cache", "format": "int8", "tensors": "k"}],
+        policy="participative_compression",
+        **compression,
+    )
     raw = fill_blocks(policy, [3, 3, 3, 3, 3])
     segments = policy.cache.segments_of(0)
     assert any(not s.whole for s in segments) and max(s.frame for s in segments) == 14
@@ -275,7 +293,9 @@ def test_replace_frames_from_a_frame_stores_its_keys_re_roped_and_noise_is_seede
     (k0, v0), (k1, v1), (k2, _) = noisy(0), noisy(0), noisy(1)
     assert torch.equal(k0, k1) and torch.equal(v0, v1) and not torch.equal(k0[:, :, :FSL], k2[:, :, :FSL])
     # Only the sink (frame 0 under global) is replaced; its noise has the frame's scale per channel.
-    assert torch.equal(k0[:, :, FSL:], plain.cache.k[:, :, FSL : 6 * FSL]) and not torch.equal(k0, plain.cache.k[:, :, : 6 * FSL])
+    assert torch.equal(k0[:, :, FSL:], plain.cache.k[:, :, FSL : 6 * FSL]) and not torch.equal(
+        k0, plain.cache.k[:, :, : 6 * FSL]
+    )
     ratio = k0[:, :, :FSL].std(dim=2) / plain.cache.k[:, :, :FSL].std(dim=2)
     assert 0.4 < float(ratio.median()) < 1.6
 
@@ -283,8 +303,10 @@ def test_replace_frames_from_a_frame_stores_its_keys_re_roped_and_noise_is_seede
 def test_edited_generations_keep_block_0_and_move_later_frames():
     base_latents, _, _ = untouched()
     model = demo()
-    for spec in ([{"edit": "quantize_cache", "format": "int8", "tensors": "both"}],
-                 [{"edit": "replace_frames", "key_frames": "cached", "source": "noise"}]):  # fmt: skip
+    for spec in (
+        [{"edit": "quantize_cache", "format": "int8", "tensors": "both"}],
+        [{"edit": "replace_frames", "key_frames": "cached", "source": "noise"}],
+    ):
         latents = generate(model, context(), options=options(spec), seed=0).latents
         assert torch.equal(latents[:, :, :3], base_latents[:, :, :3])
         assert not torch.equal(latents[:, :, 3:], base_latents[:, :, 3:])
@@ -310,7 +332,9 @@ def test_cuda_bf16_edits_keep_block_0_mask_exactly_and_a_zero_bias_is_the_identi
         latents, rows = captured(spec)
         assert torch.equal(latents[:, :, :3], base[:, :, :3]) and not torch.equal(latents, base)
         table = rows[0]["frames"]
-        pd.testing.assert_frame_equal(table[table["block"] == 0], base_rows[0]["frames"][base_rows[0]["frames"]["block"] == 0])
+        pd.testing.assert_frame_equal(
+            table[table["block"] == 0], base_rows[0]["frames"][base_rows[0]["frames"]["block"] == 0]
+        )
         if spec is NO_SINK:
             masked = table[(table["block"] > 0) & (table["key_frame"] == 0)]
             assert (masked.loc[masked["head"] == 0, "prob_mass"] == 0).all()

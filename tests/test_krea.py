@@ -38,16 +38,34 @@ from sinkscope.options import GenerationOptions, OptionsError
 from sinkscope.pipeline.resources import AUTO_MEMORY_SHARE, auto_layers_per_job, estimate_job_memory, parameter_count
 
 # The 14B's architecture (Wan2.1 T2V; 40 layers of 40 heads of 128 there), shrunk.
-KREA_TINY = WanConfig(dim=64, ffn_dim=96, num_heads=4, num_layers=2, in_dim=4, out_dim=4, text_dim=16, text_len=8,
-                      freq_dim=16, latent_height=4, latent_width=6)  # fmt: skip
+KREA_TINY = WanConfig(
+    dim=64,
+    ffn_dim=96,
+    num_heads=4,
+    num_layers=2,
+    in_dim=4,
+    out_dim=4,
+    text_dim=16,
+    text_len=8,
+    freq_dim=16,
+    latent_height=4,
+    latent_width=6,
+)
 FSL = KREA_TINY.frame_seq_length()  # 6 tokens a frame
 BLOCK = 3
 STEPS = krea_denoising_steps(4)
 
 
 def options(num_frames: int = 12, **extra) -> GenerationOptions:
-    return GenerationOptions.from_config({"procedure": "krea_recompute", "num_frames": num_frames,
-                                          "denoising_steps": STEPS, "recompute_context": "latent", **extra})  # fmt: skip
+    return GenerationOptions.from_config(
+        {
+            "procedure": "krea_recompute",
+            "num_frames": num_frames,
+            "denoising_steps": STEPS,
+            "recompute_context": "latent",
+            **extra,
+        }
+    )
 
 
 def tiny_model() -> torch.nn.Module:
@@ -110,7 +128,9 @@ def plain_krea(model, context, opts: GenerationOptions, seed: int, vae=None):
     channels, height, width = model.config.in_dim, model.config.latent_height, model.config.latent_width
     renoise = num_blocks * BLOCK * (len(timesteps) - 1)
     # One generator: every frame's initial noise, then the re-noising draws in order.
-    noise = torch.randn((opts.num_frames + renoise, channels, height, width), generator=torch.Generator().manual_seed(seed))
+    noise = torch.randn(
+        (opts.num_frames + renoise, channels, height, width), generator=torch.Generator().manual_seed(seed)
+    )
     initial, fresh = noise[: opts.num_frames], list(noise[opts.num_frames :].split(BLOCK))
     seen = []  # per forward: {layer: (q, k)}
     outputs = []
@@ -123,7 +143,9 @@ def plain_krea(model, context, opts: GenerationOptions, seed: int, vae=None):
         else:
             video = vae.decode_pixels(torch.cat(outputs, dim=2)) if vae is not None else None
             # E: the oldest of the last 1 + (3 - 1) 4 = 9 decoded frames, encoded alone.
-            oldest = vae.encode(video[:, :, -9:-8]) if vae is not None else torch.cat(outputs, dim=2)[:, :, n - 3 : n - 2]
+            oldest = (
+                vae.encode(video[:, :, -9:-8]) if vae is not None else torch.cat(outputs, dim=2)[:, :, n - 3 : n - 2]
+            )
             context_latents = torch.cat([oldest, torch.cat(outputs, dim=2)[:, :, n - 2 : n]], dim=2)
         x = initial[n : n + BLOCK].permute(1, 0, 2, 3)[None].double()
         for step, t in enumerate(timesteps):
@@ -275,8 +297,12 @@ def test_cache_edits_reach_the_recomputed_context_once_a_block(monkeypatch):
     monkeypatch.setattr(GenerationEdits, "edit_cache", spy)
     model, context = tiny_model(), text()
     plain = generate(model, context, options=options(12), seed=1)
-    quantized = generate(model, context, options=options(12, interventions=[{"edit": "quantize_cache", "format": "int4",
-                                                                              "tensors": "both"}]), seed=1)  # fmt: skip
+    quantized = generate(
+        model,
+        context,
+        options=options(12, interventions=[{"edit": "quantize_cache", "format": "int4", "tensors": "both"}]),
+        seed=1,
+    )
     assert edited == [(0, 1, 2), (3, 4, 5), (6, 7, 8)]
     torch.testing.assert_close(quantized.latents[:, :, :BLOCK], plain.latents[:, :, :BLOCK], rtol=0, atol=0)
     assert not torch.allclose(quantized.latents[:, :, BLOCK:], plain.latents[:, :, BLOCK:])
@@ -284,7 +310,9 @@ def test_cache_edits_reach_the_recomputed_context_once_a_block(monkeypatch):
 
 def test_reencode_needs_the_vae():
     model, context = tiny_model(), text()
-    with pytest.raises(OptionsError, match="generation.recompute_context: 'reencode' needs the Wan VAE \\(none was passed as vae\\)"):
+    with pytest.raises(
+        OptionsError, match="generation.recompute_context: 'reencode' needs the Wan VAE \\(none was passed as vae\\)"
+    ):
         generate(model, context, options=options(recompute_context="reencode"), seed=0)
     # Two blocks never re-encode (block 1's context is z0, z1, z2): no VAE needed.
     assert generate(model, context, options=options(6, recompute_context="reencode"), seed=0).latents.shape[2] == 6
@@ -337,8 +365,9 @@ def test_recompute_calls_are_captured_with_pass_recompute():
     scale = KREA_TINY.head_dim**-0.5
     table = rows.set_index(["block", "pass", "step", "head", "query_frame", "key_frame"])["prob_mass"].sort_index()
     for info, q, k, layout in keep[1]:
-        ref = brute_force_statistics(q[0].transpose(0, 1), k[0].transpose(0, 1), FSL, len(layout.query_frames),
-                                     list(layout.key_lengths), scale)["prob_mass"]  # fmt: skip
+        ref = brute_force_statistics(
+            q[0].transpose(0, 1), k[0].transpose(0, 1), FSL, len(layout.query_frames), list(layout.key_lengths), scale
+        )["prob_mass"]
         got = table.loc[(info.block, info.pass_, info.step)].unstack("key_frame").loc[:, list(layout.key_frames)]
         assert np.allclose(got.to_numpy().reshape(ref.shape), ref.numpy(), atol=1e-5)
 
@@ -354,7 +383,9 @@ def test_options_of_the_procedure():
     assert "recompute_context" not in GenerationOptions.from_config({"num_frames": 21}).to_dict()
     with pytest.raises(OptionsError, match=r"generation.local_attn_frames: 9 must be 2 x frames_per_block = 6"):
         options(local_attn_frames=9)
-    with pytest.raises(OptionsError, match=r"generation.recompute_context: has no meaning under procedure 'self_forcing'"):
+    with pytest.raises(
+        OptionsError, match=r"generation.recompute_context: has no meaning under procedure 'self_forcing'"
+    ):
         GenerationOptions.from_config({"recompute_context": "latent"})
     with pytest.raises(OptionsError, match=r"generation.independent_first_frame"):
         options(13, independent_first_frame=True)
@@ -365,8 +396,9 @@ def test_options_of_the_procedure():
 def test_schema_accepts_the_procedure():
     from sinkscope.pipeline.config import normalize_config
 
-    config = normalize_config({"generation": {"procedure": "krea_recompute", "num_frames": 9,
-                                              "recompute_context": "latent"}})  # fmt: skip
+    config = normalize_config(
+        {"generation": {"procedure": "krea_recompute", "num_frames": 9, "recompute_context": "latent"}}
+    )
     assert config["generation"]["procedure"] == "krea_recompute"
     with pytest.raises(ConfigError, match="recompute_context"):
         normalize_config({"generation": {"procedure": "krea_recompute", "recompute_context": "pixels"}})
@@ -384,10 +416,14 @@ def write_krea_safetensors(path: Path, state: dict[str, torch.Tensor]) -> Path:
 
 def test_krea_safetensors_loads_as_wan_format(tmp_path):
     model = build_model(KREA_TINY, seed=7)
-    weights = write_krea_safetensors(tmp_path / "krea-realtime-video" / "krea-realtime-video-14b.safetensors", model.state_dict())
+    weights = write_krea_safetensors(
+        tmp_path / "krea-realtime-video" / "krea-realtime-video-14b.safetensors", model.state_dict()
+    )
     base = tmp_path / "wan_models" / "Wan2.1-T2V-14B"
     base.mkdir(parents=True)
-    (base / "config.json").write_text(__import__("json").dumps({**wan_config_json(KREA_TINY), "text_dim": KREA_TINY.text_dim}))
+    (base / "config.json").write_text(
+        __import__("json").dumps({**wan_config_json(KREA_TINY), "text_dim": KREA_TINY.text_dim})
+    )
     resolved = resolve_checkpoint(CheckpointSpec("krea", weights=str(weights), base=str(base)), tmp_path)
     assert resolved.format == "wan" and resolved.model_config.num_layers == KREA_TINY.num_layers
     loaded = load_transformer(weights, base=base)
@@ -437,7 +473,9 @@ def test_reencode_through_the_wan_vae(tmp_path):
     model = build_model(config, seed=5, dtype=torch.float64)
     base = tmp_path / "Wan2.1-T2V-14B"
     base.mkdir()
-    (base / "config.json").write_text(__import__("json").dumps({**wan_config_json(config), "text_dim": config.text_dim}))
+    (base / "config.json").write_text(
+        __import__("json").dumps({**wan_config_json(config), "text_dim": config.text_dim})
+    )
     torch.save(original_layout(tiny_module("wan2.1"), "wan2.1"), base / "Wan2.1_VAE.pth")
     weights = write_krea_safetensors(tmp_path / "krea.safetensors", model.state_dict())
     resolved = resolve_checkpoint(CheckpointSpec("krea", weights=str(weights), base=str(base)), tmp_path)
@@ -466,19 +504,30 @@ def test_check_refuses_reencode_without_a_vae(tmp_path):
     weights = write_krea_safetensors(tmp_path / "krea.safetensors", build_model(KREA_TINY, seed=7).state_dict())
     base = tmp_path / "base"
     base.mkdir()
-    (base / "config.json").write_text(__import__("json").dumps({**wan_config_json(KREA_TINY), "text_dim": KREA_TINY.text_dim}))
-    config = {"checkpoints": {"krea": {"weights": str(weights), "base": str(base)}}, "layers": [0],
-              "figures": {"heads": ["L1H1"]},
-              "generation": {"procedure": "krea_recompute", "num_frames": 9, "denoising_steps": STEPS}}  # fmt: skip
-    with pytest.raises(ConfigError, match=r"config key generation.recompute_context: 'reencode' needs checkpoint 'krea'"):
+    (base / "config.json").write_text(
+        __import__("json").dumps({**wan_config_json(KREA_TINY), "text_dim": KREA_TINY.text_dim})
+    )
+    config = {
+        "checkpoints": {"krea": {"weights": str(weights), "base": str(base)}},
+        "layers": [0],
+        "figures": {"heads": ["L1H1"]},
+        "generation": {"procedure": "krea_recompute", "num_frames": 9, "denoising_steps": STEPS},
+    }
+    with pytest.raises(
+        ConfigError, match=r"config key generation.recompute_context: 'reencode' needs checkpoint 'krea'"
+    ):
         checked_config(config, tmp_path)
     # The job's own loader says the same, naming where it looked.
     from sinkscope.generation.krea import load_reencode_vae
 
     resolved = resolve_checkpoint(CheckpointSpec("krea", weights=str(weights), base=str(base)), tmp_path)
-    with pytest.raises(OptionsError, match=rf"'reencode' needs checkpoint 'krea''s Wan VAE \(looked at {re.escape(str(base))}"):
+    with pytest.raises(
+        OptionsError, match=rf"'reencode' needs checkpoint 'krea''s Wan VAE \(looked at {re.escape(str(base))}"
+    ):
         load_reencode_vae(resolved, options(9, recompute_context="reencode"), torch.device("cpu"))
-    checked_config({**config, "generation": {**config["generation"], "num_frames": 6}}, tmp_path)  # two blocks: no re-encode
+    checked_config(
+        {**config, "generation": {**config["generation"], "num_frames": 6}}, tmp_path
+    )  # two blocks: no re-encode
     (base / "Wan2.1_VAE.pth").touch()
     checked_config(config, tmp_path)  # found (its weights are read by the job)
 
@@ -492,13 +541,19 @@ def test_the_reencoding_extraction_reruns_when_the_vae_bytes_change(tmp_path):
     weights = write_krea_safetensors(tmp_path / "krea.safetensors", build_model(KREA_TINY, seed=7).state_dict())
     base = tmp_path / "base"
     base.mkdir()
-    (base / "config.json").write_text(__import__("json").dumps({**wan_config_json(KREA_TINY), "text_dim": KREA_TINY.text_dim}))
+    (base / "config.json").write_text(
+        __import__("json").dumps({**wan_config_json(KREA_TINY), "text_dim": KREA_TINY.text_dim})
+    )
     vae = base / "Wan2.1_VAE.pth"
     vae.write_bytes(b"first")
     generation = {"procedure": "krea_recompute", "num_frames": 9, "denoising_steps": STEPS}
-    config = {"checkpoints": {"krea": {"weights": str(weights), "base": str(base)}}, "layers": [0],
-              "figures": {"heads": ["L1H1"]}, "generation": generation,
-              "variants": {"default": {}, "latent": {"recompute_context": "latent"}}}  # fmt: skip
+    config = {
+        "checkpoints": {"krea": {"weights": str(weights), "base": str(base)}},
+        "layers": [0],
+        "figures": {"heads": ["L1H1"]},
+        "generation": generation,
+        "variants": {"default": {}, "latent": {"recompute_context": "latent"}},
+    }
 
     def digests():
         normalized, resolved = checked_config(config, tmp_path)

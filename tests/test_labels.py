@@ -26,6 +26,7 @@ SHIPPED = REPO / "configs" / "head_labels" / "pyramid_forcing_best_labels.csv"
 
 # -- the rule on synthetic frame_attention rows ------------------------------------------------------
 
+
 def _frame(profiles: dict[int, list[float]]) -> pd.DataFrame:
     """The last block (query frames 12..14 of a 15-frame video, blocks of 3) of one call,
     one head per profile: logit_mean of key frame k = profiles[head][k] for every query frame."""
@@ -33,10 +34,26 @@ def _frame(profiles: dict[int, list[float]]) -> pd.DataFrame:
     for head, profile in profiles.items():
         for qf in (12, 13, 14):
             for kf in range(qf + 1):
-                rows.append(dict(checkpoint="c", variant="default", prompt_id="p", seed=0, layer=0, head=head,
-                                 block=4, query_frame=qf, key_frame=kf, **{"pass": "denoise"}, step=0,
-                                 timestep=1000.0, logit_mean=profile[kf], prob_mass=1.0 / (qf + 1),
-                                 argmax_share=1.0 / (qf + 1), key_tokens=4))  # fmt: skip
+                rows.append(
+                    dict(
+                        checkpoint="c",
+                        variant="default",
+                        prompt_id="p",
+                        seed=0,
+                        layer=0,
+                        head=head,
+                        block=4,
+                        query_frame=qf,
+                        key_frame=kf,
+                        **{"pass": "denoise"},
+                        step=0,
+                        timestep=1000.0,
+                        logit_mean=profile[kf],
+                        prob_mass=1.0 / (qf + 1),
+                        argmax_share=1.0 / (qf + 1),
+                        key_tokens=4,
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -78,19 +95,23 @@ def test_pyramid_label_thresholds_come_from_the_config():
 
 # -- label files -------------------------------------------------------------------------------------
 
+
 def test_the_shipped_file_reads_as_30_by_12():
     labels = read_label_file(SHIPPED, 30, 12)
     assert labels[0][:4] == [-1, 1, 1, 1] and labels[29][-1] == -1
     assert sum(row.count(2) for row in labels) == 32
 
 
-@pytest.mark.parametrize("text, message", [
-    ("1,1\n1,7\n", "line 2, column 2: '7' is not one of -1, 1, 2"),
-    ("1,1\n1,x\n", "line 2, column 2: 'x' is not one of"),
-    ("1,1\n1,1,1\n", "line 2 has 3 columns, the first row 2"),
-    ("1,1\n1,1\n", "2 rows x 2 columns, expected 3 x 2 (layers x heads)"),
-    ("# only a comment\n", "no rows"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("1,1\n1,7\n", "line 2, column 2: '7' is not one of -1, 1, 2"),
+        ("1,1\n1,x\n", "line 2, column 2: 'x' is not one of"),
+        ("1,1\n1,1,1\n", "line 2 has 3 columns, the first row 2"),
+        ("1,1\n1,1\n", "2 rows x 2 columns, expected 3 x 2 (layers x heads)"),
+        ("# only a comment\n", "no rows"),
+    ],
+)
 def test_a_bad_label_file_is_one_line_naming_the_file_and_cell(tmp_path, text, message):
     file = tmp_path / "labels.csv"
     file.write_text(text)
@@ -101,10 +122,24 @@ def test_a_bad_label_file_is_one_line_naming_the_file_and_cell(tmp_path, text, m
 
 # -- agreement ----------------------------------------------------------------------------------------
 
+
 def _diagnostics(classes: list[list[str]], codes: list[list[int]]) -> pd.DataFrame:
-    rows = [dict(checkpoint="c", variant="default", layer=layer, head=head, step=0, timestep=250.0, runs=1,
-                 head_class=classes[layer][head], pyramid_label=codes[layer][head], **{"pass": "denoise"})
-            for layer in range(len(classes)) for head in range(len(classes[0]))]  # fmt: skip
+    rows = [
+        dict(
+            checkpoint="c",
+            variant="default",
+            layer=layer,
+            head=head,
+            step=0,
+            timestep=250.0,
+            runs=1,
+            head_class=classes[layer][head],
+            pyramid_label=codes[layer][head],
+            **{"pass": "denoise"},
+        )
+        for layer in range(len(classes))
+        for head in range(len(classes[0]))
+    ]
     frame = pd.DataFrame(rows)
     frame["borderline"] = frame["head_class"].str.endswith("?")
     for name in HEAD_DIAGNOSTICS_SCHEMA.names:
@@ -120,7 +155,8 @@ FILE = [[1, 2, 2], [-1, 1, 2]]
 
 def test_agreement_counts_by_hand():
     result = agreement(_diagnostics(CLASSES, STUDY), FILE)
-    # file 1: (0,0) sink/1, (1,1) sink/1; file 2: (0,1) local/2, (0,2) periodic/-1, (1,2) local/2; file -1: (1,0) diffuse/1
+    # file 1: (0,0) sink/1, (1,1) sink/1; file 2: (0,1) local/2, (0,2) periodic/-1, (1,2) local/2;
+    # file -1: (1,0) diffuse/1
     assert result.by_class.loc["anchor (1)", "sink"] == 2 and result.by_class.loc["anchor (1)"].sum() == 2
     assert result.by_class.loc["veil (2)", "local"] == 2 and result.by_class.loc["veil (2)", "periodic"] == 1
     assert result.by_class.loc["wave (-1)", "diffuse"] == 1
@@ -156,10 +192,12 @@ def test_the_figure_draws():
 
 # -- the command line ---------------------------------------------------------------------------------
 
+
 def _sinkscope(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg", "HOME": str(cwd)}
-    return subprocess.run([sys.executable, "-m", "sinkscope.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "sinkscope.cli", *args], capture_output=True, text=True, cwd=cwd, env=env
+    )
 
 
 def test_compare_labels_end_to_end(tmp_path):
@@ -167,8 +205,9 @@ def test_compare_labels_end_to_end(tmp_path):
     write_table(_diagnostics(CLASSES, STUDY), table, HEAD_DIAGNOSTICS_SCHEMA)
     labels = tmp_path / "labels.csv"
     labels.write_text("\n".join(",".join(map(str, row)) for row in FILE) + "\n")
-    done = _sinkscope("compare-labels", "--labels", str(labels), "--input", str(table), "--out", str(tmp_path / "agree"),
-                      cwd=tmp_path)  # fmt: skip
+    done = _sinkscope(
+        "compare-labels", "--labels", str(labels), "--input", str(table), "--out", str(tmp_path / "agree"), cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "agreement with pyramid_label: 4 of 6 heads (66.7%)" in done.stdout
     assert (tmp_path / "agree.svg").is_file() and (tmp_path / "agree.png").is_file()
@@ -195,6 +234,7 @@ def test_the_config_names_a_bad_label_file_in_one_line(tmp_path):
 
 # -- borderline head classes in the figure, the titles and the summary page ------------------------------
 
+
 @lru_cache(maxsize=1)
 def _planted_tables() -> dict[str, pd.DataFrame]:
     """test_summaries' three seeds: L4H1 a sink in every run, L4H2 sink?, L4H3 local?."""
@@ -202,8 +242,12 @@ def _planted_tables() -> dict[str, pd.DataFrame]:
 
     rows = _three_seeds_with_planted_ratios()
     last = rows[rows["block"] == rows["block"].max()]
-    return {"frame_attention": rows, "head_diagnostics": summaries.head_diagnostics(last),
-            "head_stats": summaries.head_stats(last), "layer_stats": summaries.layer_stats(last)}  # fmt: skip
+    return {
+        "frame_attention": rows,
+        "head_diagnostics": summaries.head_diagnostics(last),
+        "head_stats": summaries.head_stats(last),
+        "layer_stats": summaries.layer_stats(last),
+    }
 
 
 def test_borderline_heads_are_drawn_titled_and_counted_apart():
@@ -221,8 +265,12 @@ def test_borderline_heads_are_drawn_titled_and_counted_apart():
     assert "mean ± 1 std between runs" in words and "sink_ratio" in words
     title = figures.draw("figure4", tables, source="ck", options={"dpi": 40, "heads": ["L4H2"]}).axes[0].get_title()
     assert "sink? head" in title and "sink head" not in title
-    page = summary_html(tables["layer_stats"], tables["head_stats"], diagnostics,
-                        {"step": "last", "metric": "prob_mass", "diagnostics": {"sink_ratio": 5.0}})  # fmt: skip
+    page = summary_html(
+        tables["layer_stats"],
+        tables["head_stats"],
+        diagnostics,
+        {"step": "last", "metric": "prob_mass", "diagnostics": {"sink_ratio": 5.0}},
+    )
     counts = page.split("<h3>Head classes</h3>")[1].split("</p>")[0]
     assert "sink: 1, sink? (borderline): 1, local: 0, local? (borderline): 1" in counts and "on 3 runs" in counts
     section = page.split("<h3>Sink-class heads</h3>")[1].split("<h3>")[0]
@@ -236,8 +284,9 @@ def test_with_one_run_the_figure_says_there_is_no_interval():
     tables = _planted_tables()
     one = tables["frame_attention"]
     one = one[(one["seed"] == 0) & (one["block"] == one["block"].max())]
-    fig = figures.draw("head_classes", {"head_diagnostics": summaries.head_diagnostics(one)}, source="ck",
-                       options={"dpi": 40})  # fmt: skip
+    fig = figures.draw(
+        "head_classes", {"head_diagnostics": summaries.head_diagnostics(one)}, source="ck", options={"dpi": 40}
+    )
     words = " ".join(" ".join(t.get_text() for t in fig.texts).split())
     assert "With one run: no interval, so no borderline label" in words
     assert not any("borderline" in t.get_text() for legend in fig.legends for t in legend.get_texts())

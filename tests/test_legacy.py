@@ -99,12 +99,26 @@ def cells(frame: pd.DataFrame, layer: int, metric: str) -> dict[tuple[int, int, 
 def token_level_cache(layers=(0, 4), num_frames: int = 9) -> dict:
     """run_extraction_figure4.py: the last block's 3 query frames against every frame."""
     entries = [
-        {"layer_idx": layer, "attn_logits": random_logits(3, num_frames, seed=layer), "is_logits": True, "num_frames": num_frames,
-         "frame_seq_length": FSL, "num_heads": HEADS, "num_query_frames": 3, "num_key_frames": num_frames}
+        {
+            "layer_idx": layer,
+            "attn_logits": random_logits(3, num_frames, seed=layer),
+            "is_logits": True,
+            "num_frames": num_frames,
+            "frame_seq_length": FSL,
+            "num_heads": HEADS,
+            "num_query_frames": 3,
+            "num_key_frames": num_frames,
+        }
         for layer in layers
-    ]  # fmt: skip
-    return {"attention_weights": entries, "prompt": "A majestic eagle", "num_frames": num_frames, "frame_seq_length": FSL,
-            "query_frames": list(range(num_frames - 3, num_frames)), "key_frames": list(range(num_frames))}  # fmt: skip
+    ]
+    return {
+        "attention_weights": entries,
+        "prompt": "A majestic eagle",
+        "num_frames": num_frames,
+        "frame_seq_length": FSL,
+        "query_frames": list(range(num_frames - 3, num_frames)),
+        "key_frames": list(range(num_frames)),
+    }
 
 
 def frame_matrix_cache(block_sizes=(1, 3, 3), layer: int = 4) -> tuple[dict, dict[int, np.ndarray]]:
@@ -126,9 +140,18 @@ def frame_matrix_cache(block_sizes=(1, 3, 3), layer: int = 4) -> tuple[dict, dic
                     full[h, q_start + qf_local, kf] = attn_logits[h, q_tokens, k_tokens].mean()
         q_start += size
     last = list(range(frames - block_sizes[-1], frames))
-    data = {"layer_index": layer, "full_frame_attention": full, "last_block_frame_attention": full[:, last].mean(dim=1),
-            "is_logits": True, "prompt": "A majestic eagle", "num_frames": frames, "frame_seq_length": FSL, "num_heads": HEADS,
-            "block_sizes": list(block_sizes), "last_block_query_frames": last}  # fmt: skip
+    data = {
+        "layer_index": layer,
+        "full_frame_attention": full,
+        "last_block_frame_attention": full[:, last].mean(dim=1),
+        "is_logits": True,
+        "prompt": "A majestic eagle",
+        "num_frames": frames,
+        "frame_seq_length": FSL,
+        "num_heads": HEADS,
+        "block_sizes": list(block_sizes),
+        "last_block_query_frames": last,
+    }
     return data, tokens
 
 
@@ -225,8 +248,13 @@ def test_probabilities_with_last_block_start_frame(tmp_path):
     """The Figure 4 script's attn_weights variant: softmax output, placed by last_block_start_frame."""
     logits = random_logits(3, 7, seed=7, dtype=torch.float32)
     probabilities = torch.softmax(logits, dim=-1)
-    data = {"attention_weights": [{"layer_idx": 1, "attn_weights": probabilities, "last_block_start_frame": 4,
-                                   "frame_seq_length": FSL}], "block_sizes": [1, 3, 3], "prompt": "p"}  # fmt: skip
+    data = {
+        "attention_weights": [
+            {"layer_idx": 1, "attn_weights": probabilities, "last_block_start_frame": 4, "frame_seq_length": FSL}
+        ],
+        "block_sizes": [1, 3, 3],
+        "prompt": "p",
+    }
     path = tmp_path / "cache.pt"
     torch.save(data, path)
     frame, meta = import_cache(path, checkpoint="old", prompt_id="eagle", seed=3)
@@ -254,18 +282,37 @@ def inference_cache(layer: int = 3) -> tuple[dict, dict[int, list[np.ndarray]]]:
     for block in range(3):
         for call in range(2):
             logits = random_logits(3, 3 * (block + 1), seed=10 * block + call, dtype=torch.float32)
-            entries.append({"layer_idx": layer, "attn_weights": logits, "q_shape": torch.Size([1, 3 * FSL, HEADS, 8]),
-                            "k_shape": torch.Size([1, logits.shape[-1], HEADS, 8])})  # fmt: skip
+            entries.append(
+                {
+                    "layer_idx": layer,
+                    "attn_weights": logits,
+                    "q_shape": torch.Size([1, 3 * FSL, HEADS, 8]),
+                    "k_shape": torch.Size([1, logits.shape[-1], HEADS, 8]),
+                }
+            )
             calls.setdefault(block, []).append(logits[0].double().numpy())
         # Cross-attention to 512 text tokens, captured by the same hook.
-        entries.append({"layer_idx": layer, "attn_weights": torch.randn(1, HEADS, 3 * FSL, 512), "q_shape": torch.Size([1, 18, 12, 8]),
-                        "k_shape": torch.Size([1, 512, 12, 8])})  # fmt: skip
+        entries.append(
+            {
+                "layer_idx": layer,
+                "attn_weights": torch.randn(1, HEADS, 3 * FSL, 512),
+                "q_shape": torch.Size([1, 18, 12, 8]),
+                "k_shape": torch.Size([1, 512, 12, 8]),
+            }
+        )
     # A partial sliding window: 4 frames and 2 tokens of keys.
     entries.append({"layer_idx": layer, "attn_weights": torch.randn(1, HEADS, 3 * FSL, 4 * FSL + 2)})
     # A layer whose only capture is cross-attention: nothing of it can be placed.
     entries.append({"layer_idx": 7, "attn_weights": torch.randn(1, HEADS, 3 * FSL, 512)})
-    data = {"attention_weights": entries, "prompt": "A majestic eagle", "num_frames": 9, "frame_seq_length": FSL,
-            "num_frame_per_block": 3, "layer_indices": [layer, 7], "config": {"denoising_step_list": [1000, 750]}}  # fmt: skip
+    data = {
+        "attention_weights": entries,
+        "prompt": "A majestic eagle",
+        "num_frames": 9,
+        "frame_seq_length": FSL,
+        "num_frame_per_block": 3,
+        "layer_indices": [layer, 7],
+        "config": {"denoising_step_list": [1000, 750]},
+    }
     return data, calls
 
 
@@ -291,8 +338,11 @@ def test_inference_capture_places_what_it_can_and_lists_the_rest(tmp_path, caplo
                     key = (h, 3 * block + qi, kf)
                     assert got_logit[key] == pytest.approx(logit[qi, kf], rel=1e-5, abs=1e-6)
                     assert got_mass[key] == pytest.approx(mass[qi, kf], rel=1e-5, abs=1e-7)
-    assert meta["averaged_calls"] == [{"layer": 3, "block": 0, "entries": [0, 1]}, {"layer": 3, "block": 1, "entries": [3, 4]},
-                                      {"layer": 3, "block": 2, "entries": [6, 7]}]  # fmt: skip
+    assert meta["averaged_calls"] == [
+        {"layer": 3, "block": 0, "entries": [0, 1]},
+        {"layer": 3, "block": 1, "entries": [3, 4]},
+        {"layer": 3, "block": 2, "entries": [6, 7]},
+    ]
     # What could not be placed is in the metadata and in a warning, entry by entry.
     skipped = {s["entry"]: s for s in meta["skipped"]}
     assert sorted(skipped) == [2, 5, 8, 9, 10]
@@ -305,8 +355,14 @@ def test_inference_capture_places_what_it_can_and_lists_the_rest(tmp_path, caplo
 
 def test_inference_capture_of_a_rolled_cache_keeps_only_the_blocks_it_can_place(tmp_path):
     # A 6-frame sliding window over 4 blocks: key lengths 3, 6, 6, 6 frames.
-    entries = [{"layer_idx": 0, "attn_weights": random_logits(3, min(3 * (b + 1), 6), seed=b, dtype=torch.float32),
-                "q_shape": (1, 18, 12, 8)} for b in range(4)]  # fmt: skip
+    entries = [
+        {
+            "layer_idx": 0,
+            "attn_weights": random_logits(3, min(3 * (b + 1), 6), seed=b, dtype=torch.float32),
+            "q_shape": (1, 18, 12, 8),
+        }
+        for b in range(4)
+    ]
     path = tmp_path / "rolled.pt"
     torch.save({"attention_weights": entries, "frame_seq_length": FSL}, path)
     frame, meta = import_cache(path, checkpoint="old")
@@ -348,11 +404,21 @@ def test_frame_matrix_of_probabilities_and_hidden_nan(tmp_path):
     logits = random_logits(4, 4, seed=1, dtype=torch.float32)[0]  # 4 frames, one block each
     frames = torch.arange(4 * FSL) // FSL
     probabilities = torch.softmax(logits.masked_fill(frames[None, :] > frames[:, None], -math.inf), dim=-1)
-    full = torch.stack([torch.tensor(notebook_frame_matrix(probabilities[h].numpy(), FSL)) for h in range(HEADS)]).float()
+    full = torch.stack(
+        [torch.tensor(notebook_frame_matrix(probabilities[h].numpy(), FSL)) for h in range(HEADS)]
+    ).float()
     full[:, 0, 3] = math.nan  # hidden: frame 0 cannot see frame 3
     path = tmp_path / "probs.pt"
-    torch.save({"layer_index": 2, "full_frame_attention": full, "is_logits": False, "block_sizes": [1, 1, 1, 1],
-                "frame_seq_length": FSL}, path)  # fmt: skip
+    torch.save(
+        {
+            "layer_index": 2,
+            "full_frame_attention": full,
+            "is_logits": False,
+            "block_sizes": [1, 1, 1, 1],
+            "frame_seq_length": FSL,
+        },
+        path,
+    )
     frame, meta = import_cache(path, checkpoint="old")
     assert len(frame) == HEADS * (1 + 2 + 3 + 4) and frame["logit_mean"].isna().all()
     np.testing.assert_allclose(frame.groupby(["head", "query_frame"])["prob_mass"].sum(), 1.0, atol=1e-5)
@@ -367,7 +433,10 @@ def test_objects_beyond_tensors_need_allow_pickle(tmp_path):
     data["args"] = argparse.Namespace(config_path="configs/self_forcing_dmd.yaml", seed=0)
     path = tmp_path / "pickled.pt"
     torch.save(data, path)
-    for call in (lambda: peek_layers(path), lambda: import_to_parquet(path, tmp_path / "out.parquet", checkpoint="old")):
+    for call in (
+        lambda: peek_layers(path),
+        lambda: import_to_parquet(path, tmp_path / "out.parquet", checkpoint="old"),
+    ):
         with pytest.raises(ValueError) as error:
             call()
         message = str(error.value)
@@ -452,7 +521,20 @@ def test_cli_import_cache(token_cache, tmp_path, capsys):
     path, _ = token_cache
     out = tmp_path / "imported.parquet"
     assert (
-        cli_main(["import-cache", str(path), "--out", str(out), "--checkpoint", "sf_old", "--prompt-id", "eagle", "--seed", "5"])
+        cli_main(
+            [
+                "import-cache",
+                str(path),
+                "--out",
+                str(out),
+                "--checkpoint",
+                "sf_old",
+                "--prompt-id",
+                "eagle",
+                "--seed",
+                "5",
+            ]
+        )
         == 0
     )
     assert pq.read_schema(out).remove_metadata() == FRAME_ATTENTION_SCHEMA
@@ -460,7 +542,9 @@ def test_cli_import_cache(token_cache, tmp_path, capsys):
     assert set(table["checkpoint"]) == {"sf_old"} and set(table["prompt_id"]) == {"eagle"} and set(table["seed"]) == {5}
     meta = read_metadata(out)
     assert (
-        meta["legacy_layout"] == "token_level" and meta["prompt"] == "A majestic eagle" and len(meta["legacy_file_sha256"]) == 64
+        meta["legacy_layout"] == "token_level"
+        and meta["prompt"] == "A majestic eagle"
+        and len(meta["legacy_file_sha256"]) == 64
     )
 
     bad = tmp_path / "bad.pt"
@@ -481,9 +565,17 @@ def test_figures_render_from_an_imported_cache_alone(token_cache, matrix_cache, 
     path = token_cache[0] if layout == "token_level" else matrix_cache[0]
     frame, meta = import_cache(path, checkpoint="old")
     options = {"step": "last", "metric": "logit_mean", "heads": ["L1H1", "L5H10"], "video_frames": False, "dpi": 80}
-    frame_only = ("figure4", "figure4_steps", "layer_comparison", "first_middle_last", "sink_score_overview",
-                  "attention_over_time")  # the source figures drawn from frame_attention alone
-    kinds = [(kind, None) for kind in frame_only] + [(kind, layer) for kind in LAYER_FIGURES for layer in meta["layers"][-1:]]
+    frame_only = (
+        "figure4",
+        "figure4_steps",
+        "layer_comparison",
+        "first_middle_last",
+        "sink_score_overview",
+        "attention_over_time",
+    )  # the source figures drawn from frame_attention alone
+    kinds = [(kind, None) for kind in frame_only] + [
+        (kind, layer) for kind in LAYER_FIGURES for layer in meta["layers"][-1:]
+    ]
     for kind, layer in kinds:
         fig = draw(kind, frame, source="old", layer=layer, options=options)
         svg, png = tmp_path / f"{layout}_{kind}.svg", tmp_path / f"{layout}_{kind}.png"
@@ -497,13 +589,15 @@ def test_figures_render_from_an_imported_cache_alone(token_cache, matrix_cache, 
 def test_workflow_imports_a_legacy_cache(workflow):
     data = token_level_cache(layers=(0,), num_frames=6)
     torch.save(data, workflow.path("old_cache.pt"))
-    workflow.write_config({
-        "prompts": {"eagle": "A majestic eagle soaring through a cloudy sky"},
-        "seeds": [0],
-        "layers": [0],
-        "generation": {"num_frames": 6},
-        "legacy_caches": {"sf_old": {"path": "old_cache.pt", "prompt_id": "eagle", "seed": 0}},
-    })  # fmt: skip
+    workflow.write_config(
+        {
+            "prompts": {"eagle": "A majestic eagle soaring through a cloudy sky"},
+            "seeds": [0],
+            "layers": [0],
+            "generation": {"num_frames": 6},
+            "legacy_caches": {"sf_old": {"path": "old_cache.pt", "prompt_id": "eagle", "seed": 0}},
+        }
+    )
     workflow.run()
     table = pd.read_parquet(workflow.path("results/tables/frame_attention.parquet"))
     imported = table[table["checkpoint"] == "sf_old"]
@@ -511,7 +605,10 @@ def test_workflow_imports_a_legacy_cache(workflow):
     assert set(table["checkpoint"]) == {"demo", "sf_old"}
     assert "<text" in workflow.path("results/figures/sf_old/figure4.svg").read_text()
     assert workflow.path("results/figures/sf_old/layer0/query_key_maps.png").exists()
-    assert read_metadata(workflow.path("results/imported/sf_old/frame_attention.parquet"))["legacy_layout"] == "token_level"
+    assert (
+        read_metadata(workflow.path("results/imported/sf_old/frame_attention.parquet"))["legacy_layout"]
+        == "token_level"
+    )
 
 
 def test_a_broadcast_tensor_that_claims_more_than_the_file_holds_is_refused(tmp_path):
@@ -519,8 +616,18 @@ def test_a_broadcast_tensor_that_claims_more_than_the_file_holds_is_refused(tmp_
     12 x 4680 x 4.6e6 values must fail at once, naming the field, not stream for minutes."""
     claimed = torch.zeros(1).expand(HEADS, 4680, 4_600_000)
     path = tmp_path / "broadcast.pt"
-    torch.save({"layer_index": 2, "full_frame_attention": claimed, "is_logits": True, "block_sizes": [1, 1],
-                "frame_seq_length": FSL}, path)  # fmt: skip
+    torch.save(
+        {
+            "layer_index": 2,
+            "full_frame_attention": claimed,
+            "is_logits": True,
+            "block_sizes": [1, 1],
+            "frame_seq_length": FSL,
+        },
+        path,
+    )
     assert path.stat().st_size < 10_000
-    with pytest.raises(LegacyCacheError, match=r"broadcast.pt: field full_frame_attention: claims .* a broadcast \(stride-0\) view"):
+    with pytest.raises(
+        LegacyCacheError, match=r"broadcast.pt: field full_frame_attention: claims .* a broadcast \(stride-0\) view"
+    ):
         import_cache(path, checkpoint="old")

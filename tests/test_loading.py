@@ -30,7 +30,9 @@ def outputs(model, **shape):
 
 
 def spec(name="real", **entry):
-    fields = dict(model=None, format="auto", weights=None, base=None, seed=0, ema=True, allow_pickle=False, dtype="float32")
+    fields = dict(
+        model=None, format="auto", weights=None, base=None, seed=0, ema=True, allow_pickle=False, dtype="float32"
+    )
     fields.update(entry)
     return CheckpointSpec(name=name, **fields)
 
@@ -86,7 +88,9 @@ def test_self_forcing_config_from_the_base_folder(tmp_path, state, reference):
 
 
 def test_pickled_objects_need_allow_pickle(tmp_path, state, reference):
-    path = write_self_forcing_pt(tmp_path / "sf.pt", state, ema_state=state, extra={"args": argparse.Namespace(lr=2e-6)})
+    path = write_self_forcing_pt(
+        tmp_path / "sf.pt", state, ema_state=state, extra={"args": argparse.Namespace(lr=2e-6)}
+    )
     with pytest.raises(WeightsError, match="refused by default.*allow_pickle: true"):
         load_transformer(path, model=TINY)
     model = load_transformer(path, model=TINY, allow_pickle=True)
@@ -128,6 +132,7 @@ def test_weights_digest_is_cached_and_content_based(tmp_path, state):
     folder = write_wan_folder(tmp_path / "w", state)
     entry = spec(weights=str(folder))
     cache = tmp_path / "cache.json"
+
     def weights_digest(entry, cache):
         return resolve_checkpoint(entry).digest(cache=cache)
 
@@ -184,8 +189,9 @@ def test_parity_with_diffusers_holds_for_the_real_head_geometry():
     pytest.importorskip("diffusers")
     from sinkscope.model import WanConfig
 
-    config = WanConfig(dim=256, ffn_dim=64, num_heads=2, num_layers=1, in_dim=4, out_dim=4, text_dim=16, text_len=8,
-                       freq_dim=32)  # fmt: skip
+    config = WanConfig(
+        dim=256, ffn_dim=64, num_heads=2, num_layers=1, in_dim=4, out_dim=4, text_dim=16, text_len=8, freq_dim=32
+    )
     theirs = diffusers_model(config, seed=7)
     ours = build_model(config, seed=None)
     from sinkscope.model.loading import check_state_dict, diffusers_to_wan_key
@@ -197,7 +203,9 @@ def test_parity_with_diffusers_holds_for_the_real_head_geometry():
     latents = torch.randn(1, 4, 5, 6, 8, generator=g)
     context = torch.randn(1, 8, 16, generator=g)
     with torch.no_grad():
-        expected = theirs(hidden_states=latents, timestep=torch.tensor([500.0]), encoder_hidden_states=context, return_dict=False)[0]
+        expected = theirs(
+            hidden_states=latents, timestep=torch.tensor([500.0]), encoder_hidden_states=context, return_dict=False
+        )[0]
         got = ours(latents, torch.tensor([500.0]), context)
     assert ((got - expected).norm() / expected.norm()) < 1e-4
 
@@ -209,7 +217,9 @@ def test_pipeline_on_real_formats_reruns_only_the_replaced_checkpoint(workflow, 
 
     release = write_wan_folder(workflow.path("wan_models/Wan2.1-T2V-1.3B"), tiny_state(seed=11))
     write_umt5(release, "wan")
-    sf = write_self_forcing_pt(workflow.path("checkpoints/self_forcing_dmd.pt"), tiny_state(seed=12), ema_state=tiny_state(seed=13))
+    sf = write_self_forcing_pt(
+        workflow.path("checkpoints/self_forcing_dmd.pt"), tiny_state(seed=12), ema_state=tiny_state(seed=13)
+    )
     config = {
         "checkpoints": {
             "wan": {"weights": "wan_models/Wan2.1-T2V-1.3B"},
@@ -277,7 +287,9 @@ def test_the_schemas_format_enum_is_the_registry():
             described = entry["properties"]["format"]
             assert sorted(described["enum"]) == sorted(["auto", *WEIGHT_FORMATS]), schema
             # The description says what each is, in the words of its summary.
-            assert all(f"{name} ({fmt.summary}" in described["description"] for name, fmt in WEIGHT_FORMATS.items()), schema
+            assert all(f"{name} ({fmt.summary}" in described["description"] for name, fmt in WEIGHT_FORMATS.items()), (
+                schema
+            )
 
 
 def test_a_format_registered_once_is_checked_and_loaded(tmp_path, monkeypatch, state, reference):
@@ -334,8 +346,13 @@ def test_legacy_torch_files_are_read_by_the_check_and_damage_is_refused_there(tm
     a pickle header over zeros or a cut-off file is refused by the config check, one line."""
     good = write_self_forcing_pt(tmp_path / "legacy.pt", tiny_state(seed=2), ema_state=state, legacy=True)
     assert not good.read_bytes().startswith(b"PK")
-    model = load_checkpoint(resolve_checkpoint(spec(weights="legacy.pt", model=None, base=str(
-        write_wan_folder(tmp_path / "release", state))), base_dir=tmp_path), device=torch.device("cpu"))  # fmt: skip
+    model = load_checkpoint(
+        resolve_checkpoint(
+            spec(weights="legacy.pt", model=None, base=str(write_wan_folder(tmp_path / "release", state))),
+            base_dir=tmp_path,
+        ),
+        device=torch.device("cpu"),
+    )
     torch.testing.assert_close(outputs(model), reference, rtol=0, atol=0)
     raw = good.read_bytes()
     damaged = {"zeros.pt": b"\x80\x02" + bytes(4096), "cut.pt": raw[: len(raw) - 100], "half.pt": raw[: len(raw) // 2]}

@@ -37,8 +37,19 @@ from sinkscope.model.wan import RotaryTables, apply_rope
 from sinkscope.options import GenerationOptions, OptionsError, unipc_timesteps
 
 # The 5B's kind, tiny: 48 latent channels in and out, head_dim 32 (NVFP4 blocks of 16), 4 x 6 latents.
-TINY5B = WanConfig(dim=64, ffn_dim=96, num_heads=2, num_layers=2, in_dim=48, out_dim=48, text_dim=16, text_len=8,
-                   freq_dim=16, latent_height=4, latent_width=6)  # fmt: skip
+TINY5B = WanConfig(
+    dim=64,
+    ffn_dim=96,
+    num_heads=2,
+    num_layers=2,
+    in_dim=48,
+    out_dim=48,
+    text_dim=16,
+    text_len=8,
+    freq_dim=16,
+    latent_height=4,
+    latent_width=6,
+)
 FSL = TINY5B.frame_seq_length()  # 6 tokens a frame: a 2 x 3 patch grid
 GRID_W = TINY5B.latent_width // 2
 STEPS = [999, 937, 833, 624]
@@ -64,7 +75,13 @@ def contexts(count: int, seed: int = 1) -> list[torch.Tensor]:
 
 def test_the_5b_config_and_its_block():
     config = MODEL_CONFIGS["wan2.2-ti2v-5b"]
-    assert (config.num_layers, config.dim, config.num_heads, config.head_dim, config.ffn_dim) == (30, 3072, 24, 128, 14336)
+    assert (config.num_layers, config.dim, config.num_heads, config.head_dim, config.ffn_dim) == (
+        30,
+        3072,
+        24,
+        128,
+        14336,
+    )
     assert (config.in_dim, config.out_dim, config.patch_size) == (48, 48, (1, 2, 2))
     assert (config.latent_height, config.latent_width, config.frame_seq_length()) == (44, 80, 880)  # 704 x 1280
     # Their split (L causal_model.py:96, 1074-1081): 44/42/42 real dims of head_dim 128.
@@ -75,8 +92,19 @@ def test_the_5b_config_and_its_block():
 
 
 def test_a_ti2v_config_json_gives_the_named_grid(tmp_path):
-    data = {"_class_name": "WanModel", "dim": 3072, "eps": 1e-6, "ffn_dim": 14336, "freq_dim": 256, "in_dim": 48,
-            "model_type": "ti2v", "num_heads": 24, "num_layers": 30, "out_dim": 48, "text_len": 512}  # fmt: skip
+    data = {
+        "_class_name": "WanModel",
+        "dim": 3072,
+        "eps": 1e-6,
+        "ffn_dim": 14336,
+        "freq_dim": 256,
+        "in_dim": 48,
+        "model_type": "ti2v",
+        "num_heads": 24,
+        "num_layers": 30,
+        "out_dim": 48,
+        "text_len": 512,
+    }
     (tmp_path / "config.json").write_text(json.dumps(data))
     assert config_in_folder(tmp_path) == MODEL_CONFIGS["wan2.2-ti2v-5b"]
 
@@ -97,7 +125,10 @@ def test_the_procedure_brings_its_policy_and_refuses_what_it_has_no_reference_fo
     assert "kv_quant" not in options.to_dict() and "use_relative_rope" not in options.to_dict()
     assert ll2_options(num_frames=16, frames_per_block=8, kv_quant=True).to_dict()["kv_quant"] is True
     refused = [
-        (dict(denoising_steps=[1000, 750, 500, 250]), "generation.denoising_steps: [1000, 750, 500, 250] are not the UniPC"),
+        (
+            dict(denoising_steps=[1000, 750, 500, 250]),
+            "generation.denoising_steps: [1000, 750, 500, 250] are not the UniPC",
+        ),
         (dict(independent_first_frame=True, num_frames=17), "generation.independent_first_frame"),
         (dict(cache_policy="sink"), "generation.cache_policy: 'sink' cannot run under procedure 'longlive2'"),
     ]
@@ -123,7 +154,7 @@ def test_scene_cuts_follow_their_per_chunk_prompt_rule():
 # -- the brute force of the fact sheet's cache -----------------------------------------------
 
 
-def expected_trace(chunks, frames, window, sink, cuts, *, relative=False, calls=len(SHORT) + 1):
+def expected_trace(chunks, frames, window, sink, cuts, *, relative=False, calls=len(SHORT) + 1):  # noqa: B008 (an int, fixed by SHORT)
     """Per model call: (query frames, query position of the first, [(key frame, position)]).
 
     LongLive's buffer, slot by slot: a chunk's first call rolls when the buffer would
@@ -190,10 +221,16 @@ class Brute:
             (f, p - f - (query_position - query_frames[0])) for f, p in keys
         ]
         tokens = np.arange(FSL)
-        expected_q = rope_reference(raw_q, np.repeat(np.arange(len(query_frames)) + query_position, FSL),
-                                    np.tile(tokens // GRID_W, len(query_frames)), np.tile(tokens % GRID_W, len(query_frames)))  # fmt: skip
-        expected_k = torch.cat([rope_reference(self.raw_k[layer][f], np.full(FSL, p), tokens // GRID_W, tokens % GRID_W)
-                                for f, p in keys], dim=1)  # fmt: skip
+        expected_q = rope_reference(
+            raw_q,
+            np.repeat(np.arange(len(query_frames)) + query_position, FSL),
+            np.tile(tokens // GRID_W, len(query_frames)),
+            np.tile(tokens % GRID_W, len(query_frames)),
+        )
+        expected_k = torch.cat(
+            [rope_reference(self.raw_k[layer][f], np.full(FSL, p), tokens // GRID_W, tokens % GRID_W) for f, p in keys],
+            dim=1,
+        )
         expected_v = torch.cat([self.raw_v[layer][f] for f, _ in keys], dim=1)
         torch.testing.assert_close(q, expected_q, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(k, expected_k, rtol=1e-10, atol=1e-10)
@@ -206,19 +243,42 @@ class Brute:
 
 SHOTS = {
     # chunks of 2, window 8, sink 2: a cut floats down to the global sink, stays, is replaced.
-    "chunks2": (2, 8, 2, [(0, "a fox"), (10, SCENE_CUT_PREFIX + "a boat"), (12, "a boat"),
-                          (16, SCENE_CUT_PREFIX + "a city"), (18, "a city")], 10),  # fmt: skip
+    "chunks2": (
+        2,
+        8,
+        2,
+        [
+            (0, "a fox"),
+            (10, SCENE_CUT_PREFIX + "a boat"),
+            (12, "a boat"),
+            (16, SCENE_CUT_PREFIX + "a city"),
+            (18, "a city"),
+        ],
+        10,
+    ),
     # chunks of 4 longer than the sink: only the chunk's first 2 frames are pinned.
-    "chunks4": (4, 12, 2, [(0, "a fox"), (8, SCENE_CUT_PREFIX + "a boat"), (12, "a boat"),
-                           (16, SCENE_CUT_PREFIX + "a city")], 6),  # fmt: skip
+    "chunks4": (
+        4,
+        12,
+        2,
+        [(0, "a fox"), (8, SCENE_CUT_PREFIX + "a boat"), (12, "a boat"), (16, SCENE_CUT_PREFIX + "a city")],
+        6,
+    ),
 }
 
 
 def run_longlive2(case, *, relative=False, answer=False, kv_quant=False, seed=0):
     frames, window, sink, segments, chunks = SHOTS[case]
     model = tiny5b()
-    options = ll2_options(num_frames=frames * chunks, frames_per_block=frames, local_attn_frames=window, sink_frames=sink,
-                          use_relative_rope=relative, kv_quant=kv_quant, denoising_steps=SHORT)  # fmt: skip
+    options = ll2_options(
+        num_frames=frames * chunks,
+        frames_per_block=frames,
+        local_attn_frames=window,
+        sink_frames=sink,
+        use_relative_rope=relative,
+        kv_quant=kv_quant,
+        denoising_steps=SHORT,
+    )
     ctx = contexts(len(segments))
     schedule = [(start, c, text) for (start, text), c in zip(segments, ctx)]
     cuts = scene_cuts(options.block_starts(), [s for s, _ in segments], [t for _, t in segments])
@@ -261,8 +321,9 @@ def test_chunks_run_a_new_unipc_sampler_on_one_noise_draw():
     frames, chunks, seed = 2, 3, 7
     model = tiny5b()
     calls = []
-    model.register_forward_hook(lambda m, args, kwargs, out: calls.append((args[0].clone(), args[1].clone(), out)),
-                                with_kwargs=True)  # fmt: skip
+    model.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append((args[0].clone(), args[1].clone(), out)), with_kwargs=True
+    )
     options = ll2_options(num_frames=frames * chunks, frames_per_block=frames, local_attn_frames=8, sink_frames=2)
     result = generate(model, contexts(1)[0], options=options, seed=seed)
     noise = torch.randn((frames * chunks, 48, 4, 6), generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
@@ -287,8 +348,14 @@ def test_kv_quant_caches_the_quantize_cache_roundtrip_and_centres_the_current_ke
     the current chunk's keys mean-centred over head_dim, not quantized (their k_smooth)."""
     frames, window, sink, chunks = 2, 8, 2, 6
     model = tiny5b()
-    options = ll2_options(num_frames=frames * chunks, frames_per_block=frames, local_attn_frames=window, sink_frames=sink,
-                          use_relative_rope=relative, kv_quant=True)  # fmt: skip
+    options = ll2_options(
+        num_frames=frames * chunks,
+        frames_per_block=frames,
+        local_attn_frames=window,
+        sink_frames=sink,
+        use_relative_rope=relative,
+        kv_quant=True,
+    )
     stored, seen = {}, []
     for layer, block in enumerate(model.blocks):
         attn, project = block.self_attn, block.self_attn.project
@@ -299,7 +366,9 @@ def test_kv_quant_caches_the_quantize_cache_roundtrip_and_centres_the_current_ke
             return q, k, v
 
         attn.project = recording
-        attn.observer = lambda q, k, v, layout, layer=layer: seen.append((layer, k.clone(), v.clone(), layout, stored[layer]))
+        attn.observer = lambda q, k, v, layout, layer=layer: seen.append(
+            (layer, k.clone(), v.clone(), layout, stored[layer])
+        )
     generate(model, contexts(1)[0], options=options, seed=0)
     rope = model.rope
     clean = {}  # (layer, chunk) -> the clean pass's stored k (roped unless relative) and v
@@ -338,10 +407,20 @@ def test_the_policy_refuses_what_their_cache_cannot_hold():
 def write_base(folder, config=TINY5B):
     """A Wan2.2-TI2V-5B-like folder's config.json (model_type ti2v), sized as ``config``."""
     folder.mkdir(parents=True, exist_ok=True)
-    data = {"_class_name": "WanModel", "model_type": "ti2v", "dim": config.dim, "ffn_dim": config.ffn_dim,
-            "freq_dim": config.freq_dim, "in_dim": config.in_dim, "num_heads": config.num_heads,
-            "num_layers": config.num_layers, "out_dim": config.out_dim, "text_len": config.text_len,
-            "text_dim": config.text_dim, "eps": config.eps}  # fmt: skip
+    data = {
+        "_class_name": "WanModel",
+        "model_type": "ti2v",
+        "dim": config.dim,
+        "ffn_dim": config.ffn_dim,
+        "freq_dim": config.freq_dim,
+        "in_dim": config.in_dim,
+        "num_heads": config.num_heads,
+        "num_layers": config.num_layers,
+        "out_dim": config.out_dim,
+        "text_len": config.text_len,
+        "text_dim": config.text_dim,
+        "eps": config.eps,
+    }
     (folder / "config.json").write_text(json.dumps(data))
     return folder
 
@@ -350,7 +429,9 @@ def tiny_state(seed):
     return {k: v.clone() for k, v in build_model(TINY5B, seed=seed).state_dict().items()}
 
 
-@pytest.mark.parametrize("layout, ema", [("generator", False), ("generator_ema", True), ("model", False), ("model", True)])
+@pytest.mark.parametrize(
+    "layout, ema", [("generator", False), ("generator_ema", True), ("model", False), ("model", True)]
+)
 def test_model_bf16_pt_layouts_load(tmp_path, layout, ema):
     """{generator: {model.<keys>}}, {generator_ema: {model._fsdp_wrapped_module.<keys>}} (their
     EMA names) or {model: {model.<keys>}} (L utils/nvfp4_checkpoint.py:38-52)."""
@@ -361,7 +442,9 @@ def test_model_bf16_pt_layouts_load(tmp_path, layout, ema):
     spec = CheckpointSpec(name="ll2", format="self_forcing", weights="model_bf16.pt", base="base", ema=ema)
     write_base(tmp_path / "base")
     resolved = resolve_checkpoint(spec, tmp_path)
-    assert dataclasses.replace(resolved.model_config, latent_height=4, latent_width=6) == TINY5B  # the grid is the run's
+    assert (
+        dataclasses.replace(resolved.model_config, latent_height=4, latent_width=6) == TINY5B
+    )  # the grid is the run's
     model = load_checkpoint(resolved, device=torch.device("cpu"))
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key].to(torch.bfloat16).float()), key
@@ -408,7 +491,9 @@ def test_edits_run_under_longlive2():
     context = contexts(1)[0].float()
     base = {"num_frames": 8, "frames_per_block": 2, "local_attn_frames": 6, "sink_frames": 2, "denoising_steps": SHORT}
     plain = generate(model, context, options=ll2_options(**base), seed=0).latents
-    for edit in ({"edit": "mask_keys", "heads": "all", "key_frames": [0]},
-                 {"edit": "quantize_cache", "format": KV_QUANT_FORMAT, "tensors": "both"}):  # fmt: skip
+    for edit in (
+        {"edit": "mask_keys", "heads": "all", "key_frames": [0]},
+        {"edit": "quantize_cache", "format": KV_QUANT_FORMAT, "tensors": "both"},
+    ):
         edited = generate(model, context, options=ll2_options(**base, interventions=[edit]), seed=0).latents
         assert torch.isfinite(edited).all() and not torch.equal(edited, plain), edit["edit"]

@@ -24,8 +24,11 @@ from sinkscope.model.lora import linear_shapes
 
 # Every Linear inside the attention blocks, by full name, as LongLive's configure_lora_for_model
 # picks them: self_attn.{q,k,v,o}, cross_attn.{q,k,v,o}, ffn.0 and ffn.2.
-BLOCK_LINEARS = [f"blocks.{i}.{name}" for i in range(TINY.num_layers)
-                 for name in [*(f"{a}.{p}" for a in ("self_attn", "cross_attn") for p in "qkvo"), "ffn.0", "ffn.2"]]  # fmt: skip
+BLOCK_LINEARS = [
+    f"blocks.{i}.{name}"
+    for i in range(TINY.num_layers)
+    for name in [*(f"{a}.{p}" for a in ("self_attn", "cross_attn") for p in "qkvo"), "ffn.0", "ffn.2"]
+]
 
 
 def sample_inputs(dtype=torch.float32, seed=0):
@@ -131,7 +134,9 @@ def test_merged_adapter_matches_peft(tmp_path, base_state, release, generator, l
     # In float64 the merge and PEFT's forward agree to float64 rounding.
     exact = load_transformer(generator, model=TINY, ema=False, dtype=torch.float64, lora=resolved.lora)
     assert exact.dtype == torch.float64
-    torch.testing.assert_close(forward(exact, torch.float64), forward(wrapped.double(), torch.float64), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        forward(exact, torch.float64), forward(wrapped.double(), torch.float64), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_merged_weights_are_w_plus_scale_b_a_cast_once(tmp_path, base_state, release, generator):
@@ -165,13 +170,20 @@ def test_merged_weights_are_w_plus_scale_b_a_cast_once(tmp_path, base_state, rel
 def test_peft_folder_scales_follow_its_config(tmp_path, base_state, release, generator, options):
     wrapped = peft_model(base_state, seed=5, **options)
     folder = save_adapter(wrapped, tmp_path / "adapter", "peft")
-    resolved = resolve_checkpoint(spec(weights=str(generator), base=str(release), ema=False, lora=str(folder)), tmp_path)
-    peft_scaling = {name.removeprefix("base_model.model."): module.scaling["default"]
-                    for name, module in wrapped.named_modules() if hasattr(module, "scaling")}  # fmt: skip
+    resolved = resolve_checkpoint(
+        spec(weights=str(generator), base=str(release), ema=False, lora=str(folder)), tmp_path
+    )
+    peft_scaling = {
+        name.removeprefix("base_model.model."): module.scaling["default"]
+        for name, module in wrapped.named_modules()
+        if hasattr(module, "scaling")
+    }
     assert resolved.lora.scales() == pytest.approx(peft_scaling, rel=1e-12)
     assert len(set(peft_scaling.values())) > 1 or options == {"use_rslora": True}
     exact = load_transformer(generator, model=TINY, ema=False, dtype=torch.float64, lora=resolved.lora)
-    torch.testing.assert_close(forward(exact, torch.float64), forward(wrapped.double(), torch.float64), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        forward(exact, torch.float64), forward(wrapped.double(), torch.float64), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_diffusers_names_and_wrapper_prefixes_map_onto_the_model(tmp_path, release, generator):
@@ -184,8 +196,9 @@ def test_diffusers_names_and_wrapper_prefixes_map_onto_the_model(tmp_path, relea
         "transformer.blocks.1.ffn.net.0.proj.lora_B.weight": torch.randn(TINY.ffn_dim, 2, generator=g),
     }
     save_file(state, str(tmp_path / "diffusers_lora.safetensors"))
-    resolved = resolve_checkpoint(spec(weights=str(generator), base=str(release), ema=False, lora="diffusers_lora.safetensors"),
-                                  tmp_path)  # fmt: skip
+    resolved = resolve_checkpoint(
+        spec(weights=str(generator), base=str(release), ema=False, lora="diffusers_lora.safetensors"), tmp_path
+    )
     assert [m.module for m in resolved.lora.modules] == ["blocks.0.self_attn.q", "blocks.1.ffn.0"]
 
 
@@ -201,8 +214,10 @@ def test_the_torch_free_linear_list_is_the_models():
 
 def _lora_tensors(module: str, rank: int = 2, shape_a=None, shape_b=None) -> dict[str, torch.Tensor]:
     out_features, in_features = linear_shapes(TINY).get(module, (TINY.dim, TINY.dim))
-    return {f"base_model.model.{module}.lora_A.weight": torch.zeros(shape_a or (rank, in_features)),
-            f"base_model.model.{module}.lora_B.weight": torch.zeros(shape_b or (out_features, rank))}  # fmt: skip
+    return {
+        f"base_model.model.{module}.lora_A.weight": torch.zeros(shape_a or (rank, in_features)),
+        f"base_model.model.{module}.lora_B.weight": torch.zeros(shape_b or (out_features, rank)),
+    }
 
 
 def _key(module: str, part: str = "A") -> str:
@@ -216,12 +231,15 @@ BAD_ADAPTERS = {
     "wrong_shape_a": (_lora_tensors("blocks.1.ffn.2", shape_a=(2, TINY.dim)), "lora.pt", _key("blocks.1.ffn.2")),
     "wrong_shape_b": (_lora_tensors("blocks.1.ffn.0", shape_b=(TINY.dim, 2)), "lora.pt", _key("blocks.1.ffn.0", "B")),
     "unpaired": ({_key("blocks.0.cross_attn.k"): torch.zeros(2, TINY.dim)}, "lora.pt", _key("blocks.0.cross_attn.k")),
-    "rank_differs": (_lora_tensors("blocks.0.self_attn.v", rank=3), {"path": "lora.pt", "rank": 256},
-                     _key("blocks.0.self_attn.v")),
+    "rank_differs": (
+        _lora_tensors("blocks.0.self_attn.v", rank=3),
+        {"path": "lora.pt", "rank": 256},
+        _key("blocks.0.self_attn.v"),
+    ),
     "not_lora": (tiny_state(seed=2), "lora.pt", "patch_embedding.weight"),  # a generator state dict
     "text_file": ("not a checkpoint", "lora.pt", "lora.pt"),
     "missing": (None, "gone.pt", "gone.pt"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_ADAPTERS))
@@ -249,9 +267,13 @@ def test_a_legacy_format_adapter_is_checked_and_merged_as_a_zip_one(tmp_path, re
         merged.append(load_checkpoint(resolved, device=torch.device("cpu")).state_dict())
     assert (tmp_path / "legacy.pt").read_bytes()[:1] == b"\x80"
     assert all(torch.equal(merged[0][k], merged[1][k]) for k in merged[0])
-    assert not torch.equal(merged[0]["blocks.0.self_attn.q.weight"], load_checkpoint(
-        resolve_checkpoint(spec(weights=str(generator), base=str(release), ema=False), tmp_path),
-        device=torch.device("cpu")).state_dict()["blocks.0.self_attn.q.weight"])  # fmt: skip
+    assert not torch.equal(
+        merged[0]["blocks.0.self_attn.q.weight"],
+        load_checkpoint(
+            resolve_checkpoint(spec(weights=str(generator), base=str(release), ema=False), tmp_path),
+            device=torch.device("cpu"),
+        ).state_dict()["blocks.0.self_attn.q.weight"],
+    )
 
 
 def test_the_base_generator_given_as_adapter_is_refused(tmp_path, release, generator):
@@ -304,7 +326,9 @@ def test_an_entry_keeps_one_form_and_its_params_without_lora():
     assert spec(lora="x.pt").to_dict()["lora"] == {"path": "x.pt", "rank": None, "alpha": None}
     # A job's params carry the entry; entries without an adapter keep the params they had.
     assert "lora" not in spec().to_dict()
-    assert CheckpointSpec(**spec(lora={"path": "x.pt", "alpha": 4}).to_dict()) == spec(lora={"path": "x.pt", "alpha": 4})
+    assert CheckpointSpec(**spec(lora={"path": "x.pt", "alpha": 4}).to_dict()) == spec(
+        lora={"path": "x.pt", "alpha": 4}
+    )
 
 
 # -- (d) the config check imports no torch ---------------------------------------------------------------------
@@ -316,26 +340,38 @@ def test_config_check_of_adapters_imports_no_torch(tmp_path, base_state, release
     save_adapter(wrapped, tmp_path / "adapter", "peft")
     torch.save({"generator_lora": _lora_tensors("blocks.9.ffn.0")}, tmp_path / "bad.pt")
     checkpoints = {
-        "longlive": {"weights": str(generator), "base": str(release), "ema": False,
-                     "lora": {"path": "longlive_models/lora.pt", "alpha": 8}},
+        "longlive": {
+            "weights": str(generator),
+            "base": str(release),
+            "ema": False,
+            "lora": {"path": "longlive_models/lora.pt", "alpha": 8},
+        },
         "peft": {"weights": str(generator), "base": str(release), "ema": False, "lora": "adapter"},
-    }  # fmt: skip
+    }
     code = f"""
 import sys
 from pathlib import Path
 from sinkscope.errors import ConfigError, WeightsError
 from sinkscope.pipeline.config import checked_config
 base = Path({str(tmp_path)!r})
-config, resolved = checked_config({{"checkpoints": {checkpoints!r}, "layers": [0, 1], "figures": {{"heads": ["L1H1"]}}}}, base)
+config, resolved = checked_config(
+    {{"checkpoints": {checkpoints!r}, "layers": [0, 1], "figures": {{"heads": ["L1H1"]}}}}, base
+)
 print(sorted(resolved), resolved["longlive"].lora.summary(), resolved["peft"].lora.summary())
-bad = {{"checkpoints": {{"bad": {{**{checkpoints["longlive"]!r}, "lora": "bad.pt"}}}}, "layers": [0], "figures": {{"heads": ["L1H1"]}}}}
+bad = {{
+    "checkpoints": {{"bad": {{**{checkpoints["longlive"]!r}, "lora": "bad.pt"}}}},
+    "layers": [0],
+    "figures": {{"heads": ["L1H1"]}},
+}}
 try:
     checked_config(bad, base)
 except ConfigError as exc:
     print(exc)
 assert "torch" not in sys.modules, "torch was imported"
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=False
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[0] == "['longlive', 'peft'] 20 Linear layers, rank 4, scale 2 20 Linear layers, rank 4, scale 2", lines

@@ -24,9 +24,14 @@ def run_cached(model, x, timesteps, context, block_sizes, *, window=-1, sinks=0)
     fsl = TINY.frame_seq_length(x.shape[3], x.shape[4]) // 1
     policy = "global" if window == -1 else ("sink" if sinks else "window")
     cache = new_policy(
-        model, policy, frame_seq_length=fsl, num_frames=x.shape[2], local_attn_frames=window, sink_frames=sinks,
+        model,
+        policy,
+        frame_seq_length=fsl,
+        num_frames=x.shape[2],
+        local_attn_frames=window,
+        sink_frames=sinks,
         batch_size=x.shape[0],
-    )  # fmt: skip
+    )
     outs, start = [], 0
     for size in block_sizes:
         block = x[:, :, start : start + size]
@@ -109,7 +114,9 @@ def test_feed_forward_off_cuda_is_the_modules_own():
 
 
 def test_cache_rejects_out_of_order_blocks_and_overflow():
-    cache = GlobalPolicy(KVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=2, capacity_frames=4))
+    cache = GlobalPolicy(
+        KVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=2, capacity_frames=4)
+    )
     cache.begin_call(0, 2)
     with pytest.raises(ValueError, match="next block must start at frame 2"):
         cache.begin_call(3, 2)
@@ -167,8 +174,12 @@ def test_rope_positions_past_the_models_table_follow_the_same_formula():
     not refused, and agree with a table large enough to hold them."""
     small, large = RotaryTables(head_dim=12, max_positions=8), RotaryTables(head_dim=12, max_positions=4096)
     for start in (6, 1500, 4000):
-        torch.testing.assert_close(small.phases(start, 3, 2, 2, torch.device("cpu"), torch.float64),
-                                   large.phases(start, 3, 2, 2, torch.device("cpu"), torch.float64), rtol=0, atol=0)  # fmt: skip
+        torch.testing.assert_close(
+            small.phases(start, 3, 2, 2, torch.device("cpu"), torch.float64),
+            large.phases(start, 3, 2, 2, torch.device("cpu"), torch.float64),
+            rtol=0,
+            atol=0,
+        )
     with pytest.raises(ValueError, match="negative"):
         small.phases(-1, 2, 2, 2, torch.device("cpu"), torch.float64)
 
@@ -183,8 +194,9 @@ def test_a_rollout_runs_past_the_models_rope_table():
     config = dataclasses.replace(get_model_config("demo"), rope_max_positions=6, num_layers=1)
     model = WanModel(config)
     init_random_weights(model, 0)
-    options = GenerationOptions.from_config({"num_frames": 12, "cache_policy": "sink", "local_attn_frames": 6,
-                                             "sink_frames": 3, "denoising_steps": [1000]})  # fmt: skip
+    options = GenerationOptions.from_config(
+        {"num_frames": 12, "cache_policy": "sink", "local_attn_frames": 6, "sink_frames": 3, "denoising_steps": [1000]}
+    )
     result = generate(model, torch.randn(1, 7, config.text_dim), options=options, seed=0)
     assert result.latents.shape[2] == 12 and torch.isfinite(result.latents).all()
 

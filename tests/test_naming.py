@@ -43,4 +43,6 @@ def test_paper_labels_are_one_based(layer, head):
 
 
 def test_stable_hash_ignores_key_order():
-    assert stable_hash({"a": 1, "b": [1, 2]}) == stable_hash({"b": [1, 2], "a": 1}) != stable_hash({"a": 2, "b": [1, 2]})
+    assert (
+        stable_hash({"a": 1, "b": [1, 2]}) == stable_hash({"b": [1, 2], "a": 1}) != stable_hash({"a": 2, "b": [1, 2]})
+    )

@@ -37,7 +37,9 @@ def test_every_kind_has_a_plot_function():
         parameters = inspect.signature(function).parameters
         assert function.__name__ == f"plot_{kind}" and function.__doc__[1:].startswith(spec.shows[1:20])
         assert set(spec.options) | set(spec.extra_options) | {"dpi", "frame_base", "source", "ax"} <= set(parameters)
-        assert ("layer" in parameters) == (spec.scope == "layer") and ("grid" in parameters) == spec.needs_token_profiles
+        assert ("layer" in parameters) == (spec.scope == "layer") and (
+            "grid" in parameters
+        ) == spec.needs_token_profiles
         assert all(f"``{name}``" in function.__doc__ for name in parameters)
     with pytest.raises(TypeError, match="metric"):
         plot.plot_head_classes(study("demo")["head_diagnostics"], metric="prob_mass")
@@ -48,14 +50,18 @@ def test_a_new_entry_gets_its_function_from_the_entry_alone(monkeypatch):
     option become its arguments, with nothing written for it in sinkscope.plot."""
     from sinkscope.figures.registry import LAYER, FigureKind
 
-    kind = FigureKind("new_kind", LAYER, ("frame_attention", "new_table"), ("step", "heads", "new_option"), "a new kind")
+    kind = FigureKind(
+        "new_kind", LAYER, ("frame_attention", "new_table"), ("step", "heads", "new_option"), "a new kind"
+    )
     calls = []
     monkeypatch.setattr(plot, "plot", lambda name, tables, **given: calls.append((name, tables, given)))
     function = plot._plot_function(kind)
     assert list(inspect.signature(function).parameters)[:4] == ["table", "new_table", "layer", "heads"]
     assert "``new_option``" in function.__doc__ and function.__doc__.startswith("A new kind.")
     function("rows", "more rows", "L2", new_option=3)
-    assert calls == [("new_kind", {"frame_attention": "rows", "new_table": "more rows"}, {"layer": "L2", "new_option": 3})]
+    assert calls == [
+        ("new_kind", {"frame_attention": "rows", "new_table": "more rows"}, {"layer": "L2", "new_option": 3})
+    ]
 
 
 # Drawn for real here (every kind is drawn by tests/test_figures.py); the others are
@@ -78,7 +84,7 @@ def test_one_liners_on_pandas_tables(kind, monkeypatch):
 
     monkeypatch.setattr(figures, "draw", spy)
     assert isinstance(one_liner(kind, tables), Figure)
-    (drawn, given, kwargs), = calls
+    ((drawn, given, kwargs),) = calls
     labels = {"reference_labels"} if FIGURES[kind].needs_reference_labels else set()
     assert drawn == kind and set(given) == set(FIGURES[kind].tables) | labels
     assert all(isinstance(t, pd.DataFrame) and len(t) for t in given.values())
@@ -177,7 +183,8 @@ def test_head_diagnostics_given_to_the_api_name_the_classes():
     like the others; a head the table calls local is titled so."""
     data = study("demo")
     diagnostics = data["head_diagnostics"].assign(head_class="local")
-    fig = plot.plot("figure4", {"frame_attention": data["frame_attention"], "head_diagnostics": diagnostics},
-                    heads=["L1H1"])  # fmt: skip
+    fig = plot.plot(
+        "figure4", {"frame_attention": data["frame_attention"], "head_diagnostics": diagnostics}, heads=["L1H1"]
+    )
     assert "L1H1 (layer 0, head 0) · local head" in fig.axes[0].get_title()
     assert "sink" not in fig.axes[0].get_title()

@@ -36,7 +36,10 @@ def rope_reference(x: torch.Tensor, t: np.ndarray, rows: np.ndarray, cols: np.nd
     d = x.shape[-1]
     dims = (d - 4 * (d // 6), 2 * (d // 6), 2 * (d // 6))
     angles = np.concatenate(
-        [np.outer(pos.astype(np.float64), 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim)) for pos, dim in zip((t, rows, cols), dims)],
+        [
+            np.outer(pos.astype(np.float64), 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim))
+            for pos, dim in zip((t, rows, cols), dims)
+        ],
         axis=1,
     )  # [L, D/2]
     cos = torch.from_numpy(np.cos(angles))[None, :, None, :]
@@ -113,14 +116,18 @@ class Probe:
 def rollout(policy_name, blocks, *, steps=2, seed=0, reference=None, **kw):
     """Self-Forcing's block procedure on the tiny float64 model: steps + 1 calls a block, random inputs."""
     model = tiny_model()
-    policy = new_policy(model, policy_name, frame_seq_length=FSL, num_frames=sum(blocks), largest_block=max(blocks), **kw)
+    policy = new_policy(
+        model, policy_name, frame_seq_length=FSL, num_frames=sum(blocks), largest_block=max(blocks), **kw
+    )
     probe = Probe(model, reference)
     g = torch.Generator().manual_seed(seed)
     context = torch.randn(1, 5, TINY.text_dim, generator=g, dtype=torch.float64)
     start = 0
     for size in blocks:
         for call in range(steps + 1):
-            x = torch.randn(1, TINY.in_dim, size, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64)
+            x = torch.randn(
+                1, TINY.in_dim, size, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64
+            )
             t = torch.full((1, size), 1000.0 * (1 - call / (steps + 1)), dtype=torch.float64)
             model(x, t, context, kv_cache=policy, start_frame=start)
         start += size
@@ -193,12 +200,16 @@ def test_deep_sink_trace_leaves_a_one_block_gap():
     _, probe = rollout("deep_sink", [1] * 9, steps=0, local_attn_frames=5, sink_frames=2)
     positions = [[f + s for f, s in zip(c[0][0].key_frames, c[0][0].key_position_shift)] for c in probe.calls]
     assert positions == [
-        [0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4],
+        [0],
+        [0, 1],
+        [0, 1, 2],
+        [0, 1, 2, 3],
+        [0, 1, 2, 3, 4],
         [0, 1, 3, 4, 5],  # cs 5: first roll, delta 0 (sink base = cs - W = 0)
         [1, 2, 4, 5, 6],  # cs 6: delta +1: sink at 1..2, frame 3 (one block) missing before the tail
         [2, 3, 5, 6, 7],
         [3, 4, 6, 7, 8],
-    ]  # fmt: skip
+    ]
     # Blocks of 2, W=5: the first roll comes at cs 4 < W, so the sink sits at cs - 4, a 1-frame gap.
     _, probe = rollout("deep_sink", [2] * 5, steps=0, local_attn_frames=5, sink_frames=2)
     layouts = [c[0][0] for c in probe.calls]
@@ -241,7 +252,9 @@ class CompressionReference:
         self.cap_changed_selection = 0
 
     def step(self, layer, q, k, layout, probe):
-        st = self.state.setdefault(layer, dict(win_q=None, ids=[], keys=None, counts={}, base=None, shift={}, block=None))
+        st = self.state.setdefault(
+            layer, dict(win_q=None, ids=[], keys=None, counts={}, base=None, shift={}, block=None)
+        )
         st["win_q"] = (q if st["win_q"] is None else torch.cat([st["win_q"], q], dim=1))[:, -self.R * FSL :]
         query = layout.query_frames
         new_ids = [(f, j) for f in query for j in range(FSL)]
@@ -301,9 +314,12 @@ PC_CASES = [
 @pytest.mark.parametrize("blocks, kw, max_reuse", PC_CASES)
 def test_participative_compression_keeps_the_brute_force_top_c(blocks, kw, max_reuse):
     reference = CompressionReference(
-        window=kw["local_attn_frames"], sink=kw["sink_frames"], budget=kw["budget_frames"], recent=kw["recent_frames"],
+        window=kw["local_attn_frames"],
+        sink=kw["sink_frames"],
+        budget=kw["budget_frames"],
+        recent=kw["recent_frames"],
         max_reuse=max_reuse,
-    )  # fmt: skip
+    )
     policy, probe = rollout("participative_compression", blocks, reference=reference, max_reuse=max_reuse, **kw)
     assert reference.compressions >= 2 * TINY.num_layers
     # Tokens were dropped from the middle frames, and the layers chose differently.
@@ -340,9 +356,14 @@ def test_participative_compression_reads_its_choice_back_lazily():
 def test_participative_compression_defaults_trace():
     """Defaults (W 21, S 10, N 16, R 4, blocks of 3): compression and sink moves every other block."""
     _, probe = rollout(
-        "participative_compression", [3] * 14, steps=0, local_attn_frames=21, sink_frames=10, budget_frames=16,
+        "participative_compression",
+        [3] * 14,
+        steps=0,
+        local_attn_frames=21,
+        sink_frames=10,
+        budget_frames=16,
         recent_frames=4,
-    )  # fmt: skip
+    )
     sink_positions = {}
     sizes = []
     for layers in probe.calls:
@@ -375,7 +396,9 @@ def test_generate_runs_every_policy_with_a_cache_independent_of_the_video_length
     context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
     results = {}
     for frames in (12, 24):
-        options = GenerationOptions.from_config(dict(cache_policy=policy, num_frames=frames, denoising_steps=[1000], **SMALL[policy]))
+        options = GenerationOptions.from_config(
+            dict(cache_policy=policy, num_frames=frames, denoising_steps=[1000], **SMALL[policy])
+        )
         results[frames] = generate(model, context, options=options, seed=0)
         latents = results[frames].latents
         assert latents.device.type == "cpu" and latents.shape[2] == frames
@@ -392,14 +415,19 @@ def test_generate_runs_every_policy_with_a_cache_independent_of_the_video_length
 def test_generate_with_policy_defaults_past_the_first_eviction():
     model = build_model("demo", seed=0)
     context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1))
-    for policy in ("deep_sink", "participative_compression", "rerope_sink", "rolling_sink", "relative_rope", "ema_sink"):
+    for policy in (
+        "deep_sink",
+        "participative_compression",
+        "rerope_sink",
+        "rolling_sink",
+        "relative_rope",
+        "ema_sink",
+    ):
         options = GenerationOptions.from_config(dict(cache_policy=policy, num_frames=30, denoising_steps=[1000]))
         assert torch.isfinite(generate(model, context, options=options, seed=0).latents).all()
 
 
-@pytest.mark.parametrize(
-    "shape", [(16, 8, 12), (16, 3, 5), (5, 3, 3), (3, 1, 1)]
-)
+@pytest.mark.parametrize("shape", [(16, 8, 12), (16, 3, 5), (5, 3, 3), (3, 1, 1)])
 def test_noise_stream_equals_one_up_front_draw(shape):
     frames, steps, blocks = 21, 4, [3] * 7
     renoise = frames * (steps - 1)
@@ -414,7 +442,9 @@ def test_noise_stream_equals_one_up_front_draw(shape):
 
 
 def _filled_cache(frames=6, fsl=3, layers=2):
-    cache = KVCache(num_layers=layers, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=fsl, capacity_frames=frames)
+    cache = KVCache(
+        num_layers=layers, batch_size=1, num_heads=1, head_dim=6, frame_seq_length=fsl, capacity_frames=frames
+    )
     cache.append(whole_frames(range(frames), fsl))
     values = torch.arange(frames * fsl, dtype=torch.float32).view(1, -1, 1, 1).expand(1, -1, 1, 6)
     for layer in range(layers):
@@ -448,7 +478,15 @@ def test_keep_compacts_tokens_in_order_with_their_metadata():
 def test_rotate_moves_keys_to_another_position_in_place():
     tables = tiny_model().rope
     x = torch.randn(1, 2 * FSL, HEADS, HEAD_DIM, dtype=torch.float64)
-    cache = KVCache(num_layers=1, batch_size=1, num_heads=HEADS, head_dim=HEAD_DIM, frame_seq_length=FSL, capacity_frames=2, dtype=torch.float64)
+    cache = KVCache(
+        num_layers=1,
+        batch_size=1,
+        num_heads=HEADS,
+        head_dim=HEAD_DIM,
+        frame_seq_length=FSL,
+        capacity_frames=2,
+        dtype=torch.float64,
+    )
     cache.append(whole_frames([0, 1], FSL, positions=[4, 5]))
     tokens = np.tile(np.arange(FSL), 2)
     cache.write_tail(0, rope_reference(x, np.repeat([4, 5], FSL), tokens // GRID_W, tokens % GRID_W), x)
@@ -480,8 +518,14 @@ def test_segment_shift_and_whole():
         (dict(cache_policy="sink", local_attn_frames=5, sink_frames=3), "generation.local_attn_frames"),
         (dict(cache_policy="participative_compression", recent_frames=2), "generation.recent_frames"),
         (dict(cache_policy="participative_compression", budget_frames=12), "generation.budget_frames"),
-        (dict(cache_policy="participative_compression", budget_frames=22, local_attn_frames=21), "generation.budget_frames"),
-        (dict(cache_policy="participative_compression", local_attn_frames=12), "generation.local_attn_frames|budget_frames"),
+        (
+            dict(cache_policy="participative_compression", budget_frames=22, local_attn_frames=21),
+            "generation.budget_frames",
+        ),
+        (
+            dict(cache_policy="participative_compression", local_attn_frames=12),
+            "generation.local_attn_frames|budget_frames",
+        ),
     ],
 )
 def test_bad_combinations_name_the_key(config, key):
@@ -493,9 +537,15 @@ def test_compression_needs_batch_size_one():
     model = tiny_model()
     with pytest.raises(ValueError, match="batch size 1"):
         new_policy(
-            model, "participative_compression", frame_seq_length=FSL, local_attn_frames=6, sink_frames=1, budget_frames=4,
-            recent_frames=2, batch_size=2,
-        )  # fmt: skip
+            model,
+            "participative_compression",
+            frame_seq_length=FSL,
+            local_attn_frames=6,
+            sink_frames=1,
+            budget_frames=4,
+            recent_frames=2,
+            batch_size=2,
+        )
     assert ParticipativeCompressionPolicy.name == "participative_compression"
 
 
@@ -533,8 +583,12 @@ def test_a_new_policy_is_its_spec_row_and_its_registered_class(monkeypatch):
     from sinkscope.model.policies import POLICY_CLASSES, WindowPolicy, policy_from_options, register_policy
     from sinkscope.options import CACHE_POLICY_TABLE, PolicySpec
 
-    spec = PolicySpec("toy_window", {"local_attn_frames": 4, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
-                      ("local_attn_frames",), "a test's FIFO window")  # fmt: skip
+    spec = PolicySpec(
+        "toy_window",
+        {"local_attn_frames": 4, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
+        ("local_attn_frames",),
+        "a test's FIFO window",
+    )
     monkeypatch.setitem(CACHE_POLICY_TABLE, spec.name, spec)
     try:
 
@@ -557,12 +611,16 @@ def test_the_schema_enums_and_the_config_comment_list_the_registered_names():
 
     generation = resolve_ref(load_schema()["properties"]["generation"])["properties"]
     assert generation["cache_policy"]["enum"] == [*CACHE_POLICY_TABLE, None]
-    assert generation["procedure"]["enum"] == list(PROCEDURE_TABLE) and sorted(PROCEDURE_FUNCTIONS) == sorted(PROCEDURE_TABLE)
+    assert generation["procedure"]["enum"] == list(PROCEDURE_TABLE) and sorted(PROCEDURE_FUNCTIONS) == sorted(
+        PROCEDURE_TABLE
+    )
     for key, names in (("cache_policy", CACHE_POLICY_TABLE), ("procedure", PROCEDURE_TABLE)):
         described = generation[key]["description"]
         assert [name for name in names if name not in described] == [], key
     # config.yaml: "cache_policy: <one>    # or <the others>, comma-separated"
-    line = next(line for line in (REPO / "config.yaml").read_text().splitlines() if line.strip().startswith("cache_policy:"))
+    line = next(
+        line for line in (REPO / "config.yaml").read_text().splitlines() if line.strip().startswith("cache_policy:")
+    )
     value, comment = line.split(":", 1)[1].split("#", 1)
     listed = [value.strip(), *(name.strip() for name in comment.strip().removeprefix("or ").split(","))]
     assert sorted(listed) == sorted(CACHE_POLICY_TABLE)

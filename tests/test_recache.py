@@ -98,10 +98,23 @@ CASES = {
     # queries only (evicted); 6-9 are rewritten.
     "sink": ({"cache_policy": "sink", "local_attn_frames": 6, "sink_frames": 2}, 14, 2, 10, [6, 7, 8, 9], 4),
     # A range from frame 0 (the cache not yet full) rewrites the sink too, as LongLive.
-    "sink_from_0": ({"cache_policy": "sink", "local_attn_frames": 6, "sink_frames": 2}, 10, 2, 6, [0, 1, 2, 3, 4, 5], 0),
-    "sink_frame_blocks": ({"cache_policy": "sink", "local_attn_frames": 5, "sink_frames": 2, "frames_per_block": 1},
-                          9, 1, 7, [4, 5, 6], 2),
-}  # fmt: skip
+    "sink_from_0": (
+        {"cache_policy": "sink", "local_attn_frames": 6, "sink_frames": 2},
+        10,
+        2,
+        6,
+        [0, 1, 2, 3, 4, 5],
+        0,
+    ),
+    "sink_frame_blocks": (
+        {"cache_policy": "sink", "local_attn_frames": 5, "sink_frames": 2, "frames_per_block": 1},
+        9,
+        1,
+        7,
+        [4, 5, 6],
+        2,
+    ),
+}
 
 
 @pytest.mark.slow
@@ -115,7 +128,9 @@ def test_re_cache_rewrites_exactly_the_kept_frames_with_a_fresh_forward(case, mo
     watch = CacheWatch(monkeypatch, (switch_block, "recache", 0), (switch_block, "denoise", 0))
     result = generate(model, [(0, a), (switch, b)], options=options, seed=0, observers=[watch])
     recache = [c for c in result.calls if c.pass_ == "recache"]
-    assert [(c.block, c.start_frame, c.num_frames, c.segment) for c in recache] == [(switch_block, first, switch - first, 1)]
+    assert [(c.block, c.start_frame, c.num_frames, c.segment) for c in recache] == [
+        (switch_block, first, switch - first, 1)
+    ]
     before, after = watch.snapshots[(switch_block, "recache", 0)], watch.snapshots[(switch_block, "denoise", 0)]
     held = before["frames"]
     assert after["frames"] == held  # no block bookkeeping: the same frames, in the same slots
@@ -164,8 +179,9 @@ def test_rows_carry_the_segment_and_the_re_cache_pass():
     model = build_model("demo", seed=0)
     g = torch.Generator().manual_seed(1)
     schedule = [(0, torch.randn(1, 7, 64, generator=g)), (6, torch.randn(1, 5, 64, generator=g))]
-    options = GenerationOptions.from_config({"num_frames": 12, "cache_policy": "sink", "local_attn_frames": 9,
-                                             "sink_frames": 3})  # fmt: skip
+    options = GenerationOptions.from_config(
+        {"num_frames": 12, "cache_policy": "sink", "local_attn_frames": 9, "sink_frames": 3}
+    )
     capture = FrameStatsCapture(model, [0], frame_seq_length=24, token_profiles="all")
     with capture:
         result = generate(model, schedule, options=options, seed=0, observers=[capture])
@@ -207,7 +223,11 @@ def test_a_single_prompt_keeps_segment_0_and_its_calls():
 @pytest.mark.parametrize(
     "keys, starts, message",
     [
-        ({"cache_policy": "deep_sink", "local_attn_frames": 9, "sink_frames": 3}, [0, 6], "re_cache: true needs cache_policy"),
+        (
+            {"cache_policy": "deep_sink", "local_attn_frames": 9, "sink_frames": 3},
+            [0, 6],
+            "re_cache: true needs cache_policy",
+        ),
         ({}, [0, 4], "prompt switch at frame 4"),
         ({}, [3, 6], "starts at frame 0"),
         ({}, [0, 12], "prompt switch at frame 12"),
@@ -222,8 +242,9 @@ def test_schedules_generate_refuses(keys, starts, message):
 
 
 def test_re_cache_off_switches_under_any_policy():
-    options = GenerationOptions.from_config({"num_frames": 12, "cache_policy": "deep_sink", "local_attn_frames": 9,
-                                             "sink_frames": 3, "re_cache": False})  # fmt: skip
+    options = GenerationOptions.from_config(
+        {"num_frames": 12, "cache_policy": "deep_sink", "local_attn_frames": 9, "sink_frames": 3, "re_cache": False}
+    )
     model = build_model("demo", seed=0)
     context = torch.randn(1, 7, 64)
     result = generate(model, [(0, context), (6, 2 * context)], options=options, seed=0)
@@ -233,13 +254,24 @@ def test_re_cache_off_switches_under_any_policy():
 @pytest.mark.slow
 def test_few_step_blocks_with_a_first_block_of_their_own():
     """Causal Forcing++ frame-wise 2-step: blocks of one frame, 4 steps for block 0, then 2."""
-    options = GenerationOptions.from_config({"num_frames": 5, "frames_per_block": 1, "denoising_steps": [1000, 500],
-                                             "first_block_denoising_steps": [1000, 750, 500, 250]})  # fmt: skip
+    options = GenerationOptions.from_config(
+        {
+            "num_frames": 5,
+            "frames_per_block": 1,
+            "denoising_steps": [1000, 500],
+            "first_block_denoising_steps": [1000, 750, 500, 250],
+        }
+    )
     model = build_model("demo", seed=0)
     result = generate(model, torch.randn(1, 7, 64), options=options, seed=0)
     calls = [(c.block, c.pass_, c.step, round(c.timestep, 2)) for c in result.calls]
-    assert calls[:5] == [(0, "denoise", 0, 1000.0), (0, "denoise", 1, 937.5), (0, "denoise", 2, 833.33),
-                         (0, "denoise", 3, 625.0), (0, "cache", 4, 0.0)]  # fmt: skip
+    assert calls[:5] == [
+        (0, "denoise", 0, 1000.0),
+        (0, "denoise", 1, 937.5),
+        (0, "denoise", 2, 833.33),
+        (0, "denoise", 3, 625.0),
+        (0, "cache", 4, 0.0),
+    ]
     assert calls[5:8] == [(1, "denoise", 0, 1000.0), (1, "denoise", 1, 833.33), (1, "cache", 2, 0.0)]
     assert len(calls) == options.num_calls == 5 + 4 * 3
     # The noise: one stream, block 0's three re-noising draws before block 1's one.
@@ -248,7 +280,9 @@ def test_few_step_blocks_with_a_first_block_of_their_own():
     [stream.renoise(1) for _ in range(7)]
     with pytest.raises(ValueError, match="only 7 re-noising frames"):
         stream.renoise(1)
-    same = GenerationOptions.from_config({"num_frames": 5, "frames_per_block": 1, "first_block_denoising_steps": [1000, 750, 500, 250]})
+    same = GenerationOptions.from_config(
+        {"num_frames": 5, "frames_per_block": 1, "first_block_denoising_steps": [1000, 750, 500, 250]}
+    )
     assert same.first_block_denoising_steps is None and same == GenerationOptions(num_frames=5, frames_per_block=1)
 
 
@@ -258,21 +292,38 @@ def test_a_schedule_through_the_workflow(workflow):
     the segment column everywhere, and the prompt-switch figure."""
     import pandas as pd
 
-    workflow.write_config({
-        "prompts": {"story": [{"text": "a ball moving in a circle", "start_frame": 0},
-                              {"text": "a ball bouncing up and down", "start_frame": 3}]},
-        "layers": [0], "generation": {"num_frames": 6}, "capture": {"token_profiles": "none"},
-        "variants": {"recache": {}, "switch": {"re_cache": False}},
-    })  # fmt: skip
+    workflow.write_config(
+        {
+            "prompts": {
+                "story": [
+                    {"text": "a ball moving in a circle", "start_frame": 0},
+                    {"text": "a ball bouncing up and down", "start_frame": 3},
+                ]
+            },
+            "layers": [0],
+            "generation": {"num_frames": 6},
+            "capture": {"token_profiles": "none"},
+            "variants": {"recache": {}, "switch": {"re_cache": False}},
+        }
+    )
     workflow.run()
-    assert sorted(p.name for p in workflow.path("results/prompts").rglob("*.safetensors")) == ["segment0.safetensors",
-                                                                                                "segment1.safetensors"]
+    assert sorted(p.name for p in workflow.path("results/prompts").rglob("*.safetensors")) == [
+        "segment0.safetensors",
+        "segment1.safetensors",
+    ]
     frame = pd.read_parquet(workflow.path("results/tables/frame_attention.parquet"))
     calls = frame.groupby(["variant", "block", "pass"], observed=True)["prompt_segment"].agg(set)
-    assert calls.to_dict() == {("recache", 0, "denoise"): {0}, ("recache", 0, "cache"): {0}, ("recache", 1, "recache"): {1},
-                               ("recache", 1, "denoise"): {1}, ("recache", 1, "cache"): {1},
-                               ("switch", 0, "denoise"): {0}, ("switch", 0, "cache"): {0},
-                               ("switch", 1, "denoise"): {1}, ("switch", 1, "cache"): {1}}  # fmt: skip
+    assert calls.to_dict() == {
+        ("recache", 0, "denoise"): {0},
+        ("recache", 0, "cache"): {0},
+        ("recache", 1, "recache"): {1},
+        ("recache", 1, "denoise"): {1},
+        ("recache", 1, "cache"): {1},
+        ("switch", 0, "denoise"): {0},
+        ("switch", 0, "cache"): {0},
+        ("switch", 1, "denoise"): {1},
+        ("switch", 1, "cache"): {1},
+    }
     blocks = pd.read_parquet(workflow.path("results/tables/block_stats.parquet"))
     assert set(blocks.loc[blocks["block"] == 1, "prompt_segment"]) == {1}
     assert workflow.path("results/figures/demo/prompt_switch.svg").read_text().count('id="switch-story-1"') == 2

@@ -56,8 +56,12 @@ def test_a_whole_result_stays_and_its_leftover_backup_goes(tmp_path):
     ],
 )
 def test_a_result_cut_short_by_a_failed_restore_gets_the_previous_one_back(tmp_path, relative, truncate):
-    whole = {".png": _png(), ".svg": b"<svg>" + b"x" * 100 + b"</svg>\n", ".csv": b"layer,head\n0,1\n1,2\n",
-             ".html": b"<html>" + b"y" * 50 + b"</html>\n"}[Path(relative).suffix]  # fmt: skip
+    whole = {
+        ".png": _png(),
+        ".svg": b"<svg>" + b"x" * 100 + b"</svg>\n",
+        ".csv": b"layer,head\n0,1\n1,2\n",
+        ".html": b"<html>" + b"y" * 50 + b"</html>\n",
+    }[Path(relative).suffix]
     result = _write(tmp_path / relative, truncate(whole))
     _write(_backup(tmp_path, relative), whole)
     actions = recover_interrupted_run(tmp_path)
@@ -87,8 +91,10 @@ def test_a_damaged_parquet_or_folder_is_replaced_by_its_whole_backup(tmp_path):
 
 
 def test_temporaries_of_an_interrupted_job_are_removed(tmp_path):
-    stray = [_write(tmp_path / "results/tables/.frame_attention.parquet.k2j3.tmp", b"partial"),
-             tmp_path / "results/extract/demo/drift/seed0/.layers0.tmp-4242"]  # fmt: skip
+    stray = [
+        _write(tmp_path / "results/tables/.frame_attention.parquet.k2j3.tmp", b"partial"),
+        tmp_path / "results/extract/demo/drift/seed0/.layers0.tmp-4242",
+    ]
     stray[1].mkdir(parents=True)
     keep = _write(tmp_path / "results/tables/frame_attention.parquet", b"data")
     recover_interrupted_run(tmp_path)
@@ -159,10 +165,29 @@ def test_nothing_is_touched_while_another_snakemake_works_here(tmp_path):
 
 
 def _snakemake(workdir: Path, *args: str, **kwargs) -> subprocess.Popen:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
-               "--cores", "1", "--resources", "gpu=1", *args]  # fmt: skip
-    return subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **kwargs)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(SNAKEFILE),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "1",
+        "--resources",
+        "gpu=1",
+        *args,
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
 
 
 def _run(workdir: Path, *args: str) -> str:
@@ -185,9 +210,24 @@ def _interrupt(workdir: Path, moment: str, signal_number: int) -> None:
     written = (folder / "manifest.json").stat().st_mtime_ns
     log = workdir / "interrupted.log"
     with open(log, "w") as handle:
-        command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
-                   "--cores", "1", "--resources", "gpu=1", "--forcerun", "extract_attention"]  # fmt: skip
-        process = subprocess.Popen(command, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        command = [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(SNAKEFILE),
+            "--directory",
+            str(workdir),
+            "--cores",
+            "1",
+            "--resources",
+            "gpu=1",
+            "--forcerun",
+            "extract_attention",
+        ]
+        process = subprocess.Popen(
+            command, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
     deadline = time.monotonic() + 300
 
     def reached() -> bool:
@@ -220,8 +260,12 @@ def test_a_run_leaves_a_lock_from_another_host_in_place_and_says_unlock(tmp_path
     workdir.mkdir()
     (workdir / "config.yaml").write_text(TINY)
     lock = _write(workdir / ".snakemake/locks/0.output.lock", b"results/tables/frame_attention.parquet\n")
-    record = {"host": "login2.cluster", "pid": os.getpid(), "started": "2026-01-01T00:00:00Z",
-              "locks": {"0.output.lock": [0, 0, 0]}}  # fmt: skip
+    record = {
+        "host": "login2.cluster",
+        "pid": os.getpid(),
+        "started": "2026-01-01T00:00:00Z",
+        "locks": {"0.output.lock": [0, 0, 0]},
+    }
     _write(workdir / ".snakemake" / RUN_MARKER, json.dumps(record).encode())
     process = _snakemake(workdir)
     out, _ = process.communicate(timeout=900)
@@ -238,8 +282,12 @@ def test_an_interrupted_run_never_blocks_the_next_plain_run(tmp_path):
     (workdir / "config.yaml").write_text(TINY)
     _run(workdir)
     reference = _values(workdir)
-    for moment, signal_number in (("before", signal.SIGKILL), ("during", signal.SIGKILL), ("after", signal.SIGKILL),
-                                  ("during", signal.SIGINT)):  # fmt: skip
+    for moment, signal_number in (
+        ("before", signal.SIGKILL),
+        ("during", signal.SIGKILL),
+        ("after", signal.SIGKILL),
+        ("during", signal.SIGINT),
+    ):
         _interrupt(workdir, moment, signal_number)
         out = _run(workdir)  # the next plain run
         assert "FileExistsError" not in out and "Traceback" not in out, (moment, out[-3000:])
@@ -301,14 +349,24 @@ def test_damage_to_any_result_is_seen_moved_aside_and_rebuilt_by_the_next_run(tm
     rounds = [
         # flipped bytes in a table; a figure cut short; a file lost from a dataset folder;
         # one digit of a manifest's sha256 changed
-        (lambda: (flip(table), png.write_bytes(png.read_bytes()[:300]),
-                  next(p for p in dataset.rglob("*.parquet")).unlink(),
-                  manifest.write_text(manifest.read_text().replace('"sha256": "', '"sha256": "0', 1))),
-         [str(table), str(png), str(dataset), f"{manifest}: is damaged: it does not match its own digest"]),
+        (
+            lambda: (
+                flip(table),
+                png.write_bytes(png.read_bytes()[:300]),
+                next(p for p in dataset.rglob("*.parquet")).unlink(),
+                manifest.write_text(manifest.read_text().replace('"sha256": "', '"sha256": "0', 1)),
+            ),
+            [str(table), str(png), str(dataset), f"{manifest}: is damaged: it does not match its own digest"],
+        ),
         # a stray file in a dataset folder; a layer file damaged with its mtime put back
-        (lambda: ((dataset / "stray.parquet").write_bytes(b"x"), flip(extraction / "layer0.parquet", keep_mtime=True)),
-         [f"{dataset}: holds files its job did not write", str(extraction / "layer0.parquet")]),
-    ]  # fmt: skip
+        (
+            lambda: (
+                (dataset / "stray.parquet").write_bytes(b"x"),
+                flip(extraction / "layer0.parquet", keep_mtime=True),
+            ),
+            [f"{dataset}: holds files its job did not write", str(extraction / "layer0.parquet")],
+        ),
+    ]
     for damage, named in rounds:
         damage()
         process = _snakemake(workdir)
@@ -319,6 +377,7 @@ def test_damage_to_any_result_is_seen_moved_aside_and_rebuilt_by_the_next_run(tm
             assert name in out, (name, out[-3000:])
         _run(workdir)  # the next run rebuilds exactly what was moved aside
         assert _values(workdir).equals(reference)
-        verify = subprocess.run([sys.executable, "-m", "sinkscope.cli", "verify", str(results)], capture_output=True,
-                                text=True)  # fmt: skip
+        verify = subprocess.run(
+            [sys.executable, "-m", "sinkscope.cli", "verify", str(results)], capture_output=True, text=True
+        )
         assert verify.returncode == 0 and "moved aside as damaged, not checked" in verify.stderr, verify.stdout

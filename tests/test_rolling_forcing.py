@@ -66,7 +66,9 @@ def test_schedule_matches_the_documented_trace():
     assert schedule.windows[14].num_frames == 12
     assert schedule.model_calls() == 2 * 18 and schedule.table_calls() == 14 * 5 + 14 + 5 - 1
     # One full-window draw per block not at its last level.
-    assert schedule.renoise_frames() == sum(w.num_frames * sum(lv < 4 for _, lv in t) for w, t in zip(schedule.windows, trace))
+    assert schedule.renoise_frames() == sum(
+        w.num_frames * sum(lv < 4 for _, lv in t) for w, t in zip(schedule.windows, trace)
+    )
     levels = FlowMatchSchedule(5.0).denoising_timesteps([1000, 800, 600, 400, 200], True)
     assert np.allclose(levels, [1000, 952.38, 882.35, 769.23, 555.56], atol=0.01)
 
@@ -87,8 +89,13 @@ def rollout(num_blocks=14, steps=5, span=21, block=3, seed=0):
     """The real procedure on the tiny float64 model, every call recorded by the Probe (which
     asserts that the keys each softmax saw are the recorded raw keys roped at frame + shift)."""
     model = tiny_model()
-    options = rf_options(num_frames=num_blocks * block, frames_per_block=block, sink_frames=block, local_attn_frames=span,
-                         denoising_steps=list(range(1000, 1000 - 200 * steps, -200)))  # fmt: skip
+    options = rf_options(
+        num_frames=num_blocks * block,
+        frames_per_block=block,
+        sink_frames=block,
+        local_attn_frames=span,
+        denoising_steps=list(range(1000, 1000 - 200 * steps, -200)),
+    )
     probe = Probe(model)
     policies = []
     original = RollingForcingPolicy.__init__
@@ -164,7 +171,9 @@ def test_every_call_sees_the_documented_keys_at_the_documented_positions():
     assert positions(update[10]) == f(0, 20)
     assert positions(update[11]) == f(3, 23)  # 21 frames, no anchor
     assert positions(update[12]) == f(6, 26)  # cache full: the oldest block after the anchor went
-    assert positions(window[14]) == f(0, 2, at=21) + f(24, 29) + f(30, 41)  # the working cache grows as the window shrinks
+    assert positions(window[14]) == f(0, 2, at=21) + f(24, 29) + f(
+        30, 41
+    )  # the working cache grows as the window shrinks
     assert max(len(layout.key_frames) for layout in calls) <= 21
     assert len(result.calls) == 88 and result.latents.shape[2] == 42
 
@@ -207,7 +216,9 @@ def test_every_captured_call_equals_a_float64_brute_force():
         for part in info.table_calls:
             lo = (part.start_frame - info.start_frame) * DEMO_FSL
             rows_q = q[:, lo : lo + part.num_frames * DEMO_FSL]
-            ref = brute_force_statistics(rows_q, k, DEMO_FSL, part.num_frames, list(layout.key_lengths), q.shape[-1] ** -0.5)
+            ref = brute_force_statistics(
+                rows_q, k, DEMO_FSL, part.num_frames, list(layout.key_lengths), q.shape[-1] ** -0.5
+            )
 
             def call(t, part=part):
                 return t[(t["block"] == part.block) & (t["pass"] == part.pass_) & (t["step"] == part.step)]
@@ -216,7 +227,9 @@ def test_every_captured_call_equals_a_float64_brute_force():
             assert sorted(set(got["query_frame"])) == list(range(part.start_frame, part.start_frame + part.num_frames))
             order = np.argsort(layout.key_frames, kind="stable")
             for name, atol in (("logit_mean", 1e-6), ("prob_mass", 1e-7), ("argmax_share", 1e-9)):
-                assert np.allclose(got[name].to_numpy(), ref[name][:, :, order].flatten().numpy(), atol=atol, rtol=1e-5), (part, name)
+                assert np.allclose(
+                    got[name].to_numpy(), ref[name][:, :, order].flatten().numpy(), atol=atol, rtol=1e-5
+                ), (part, name)
             shifts = dict(zip(layout.key_frames, layout.key_position_shift))
             assert (got["key_position_shift"].to_numpy() == got["key_frame"].map(shifts).to_numpy()).all()
             assert (got["timestep"].to_numpy() == np.float32(part.timestep)).all()
@@ -224,7 +237,9 @@ def test_every_captured_call_equals_a_float64_brute_force():
             assert np.allclose(mine["entropy_tokens"].to_numpy(), ref["entropy"].flatten().numpy(), atol=1e-6)
             # Token values are stored at float16 precision relative to their frame (docs/statistics.md).
             lists = token_values(call(tokens))[1].reshape(q.shape[0], len(layout.key_frames), DEMO_FSL)
-            assert np.allclose(lists.reshape(q.shape[0], -1), ref["token_prob_mean"].numpy(), rtol=2**-10, atol=1e-9), part
+            assert np.allclose(lists.reshape(q.shape[0], -1), ref["token_prob_mean"].numpy(), rtol=2**-10, atol=1e-9), (
+                part
+            )
             checked += 1
     assert checked == options.num_calls
     # Table calls: a window's blocks at their levels; updates at 1 + the level they re-encode.
@@ -278,7 +293,10 @@ def test_memory_stays_flat_over_a_long_rollout():
     assert max(seen) == 12 and seen[-1] == 12
     for result, frames in ((results[18], 18), (results[60], 60)):
         assert result.latents.shape[2] == frames and torch.isfinite(result.latents).all()
-        assert len(result.calls) == rf_options(num_frames=frames, denoising_steps=[1000, 500], local_attn_frames=9).num_calls
+        assert (
+            len(result.calls)
+            == rf_options(num_frames=frames, denoising_steps=[1000, 500], local_attn_frames=9).num_calls
+        )
         assert [c.is_last_block for c in result.calls] == [c.block == frames // 3 - 1 for c in result.calls]
 
 
@@ -305,10 +323,13 @@ def test_the_same_seed_gives_the_same_video_and_noise_is_drawn_as_planned():
         (dict(**RF, first_block_denoising_steps=[1000, 750, 500, 250, 100]), "generation.first_block_denoising_steps"),
         (dict(**RF, sink_frames=2), "generation.sink_frames: 2 must equal frames_per_block = 3"),
         (dict(**RF, num_frames=9), "generation.num_frames: 9 frames are 3 blocks, fewer than the 4 denoising steps"),
-        (dict(**RF, local_attn_frames=12), "generation.local_attn_frames: 12 must be a multiple of frames_per_block = 3 and at least 15"),
+        (
+            dict(**RF, local_attn_frames=12),
+            "generation.local_attn_frames: 12 must be a multiple of frames_per_block = 3 and at least 15",
+        ),
         (dict(**RF, local_attn_frames=16), "generation.local_attn_frames: 16 must be a multiple"),
     ],
-)  # fmt: skip
+)
 def test_refusals_are_one_line_naming_the_key(config, key):
     with pytest.raises(OptionsError) as error:
         GenerationOptions.from_config({"num_frames": 21, **config})
@@ -321,7 +342,9 @@ def test_config_refuses_prompt_switches_and_names_the_variant():
         with pytest.raises(ConfigError) as error:
             normalize_config({"prompts": {"story": schedule}, "generation": {"num_frames": 21, **generation}})
         lines = str(error.value).removeprefix("invalid config:").strip().splitlines()
-        assert len(lines) == 1 and lines[0].strip().startswith("config key generation.procedure: 'rolling_forcing' generates")
+        assert len(lines) == 1 and lines[0].strip().startswith(
+            "config key generation.procedure: 'rolling_forcing' generates"
+        )
     with pytest.raises(ConfigError, match="config key variants.rf.procedure: 'rolling_forcing' generates"):
         normalize_config({"prompts": {"story": schedule}, "generation": {"num_frames": 21}, "variants": {"rf": RF}})
     with pytest.raises(ConfigError, match="config key generation.cache_policy: 'global' cannot run under"):
@@ -329,11 +352,18 @@ def test_config_refuses_prompt_switches_and_names_the_variant():
 
 
 def test_a_variant_naming_the_procedure_brings_its_cache():
-    config = normalize_config({"generation": {"num_frames": 21, "cache_policy": "sink"}, "variants": {"rf": RF, "base": {}}})
+    config = normalize_config(
+        {"generation": {"num_frames": 21, "cache_policy": "sink"}, "variants": {"rf": RF, "base": {}}}
+    )
     from sinkscope.pipeline.config import generation_options
 
     rf = generation_options(config, "rf", "demo")
-    assert (rf.procedure, rf.cache_policy, rf.local_attn_frames, rf.sink_frames) == ("rolling_forcing", "rolling_forcing", 21, 3)
+    assert (rf.procedure, rf.cache_policy, rf.local_attn_frames, rf.sink_frames) == (
+        "rolling_forcing",
+        "rolling_forcing",
+        21,
+        3,
+    )
     assert generation_options(config, "base", "demo").cache_policy == "sink"
 
 
@@ -344,16 +374,24 @@ def test_the_example_config_runs_rolling_forcing_once_its_files_exist(tmp_path):
     from sinkscope.pipeline.study import load_study
 
     example = read_config_file(REPO / "configs" / "rolling-forcing.yaml")
-    with pytest.raises(ConfigError, match="config key checkpoints.rolling_forcing: weights 'checkpoints/rolling_forcing_dmd.pt'"):
+    with pytest.raises(
+        ConfigError, match="config key checkpoints.rolling_forcing: weights 'checkpoints/rolling_forcing_dmd.pt'"
+    ):
         load_study(example, base_dir=tmp_path, check_this_machine=False)
     release = write_wan_folder(tmp_path / "wan_models" / "Wan2.1-T2V-1.3B", tiny_state(seed=9))
     write_umt5(release, "wan")
-    write_self_forcing_pt(tmp_path / "checkpoints" / "rolling_forcing_dmd.pt", tiny_state(seed=20), ema_state=tiny_state(seed=40))
+    write_self_forcing_pt(
+        tmp_path / "checkpoints" / "rolling_forcing_dmd.pt", tiny_state(seed=20), ema_state=tiny_state(seed=40)
+    )
     fit = {"layers": [0, 1], "figures.heads": ["L1H1", "L2H4"]}
     study = load_study(apply_overrides(example, fit), base_dir=tmp_path, check_this_machine=False)
     options = study.options["rolling_forcing"]
     assert (options.procedure, options.cache_policy, options.local_attn_frames, options.sink_frames) == (
-        "rolling_forcing", "rolling_forcing", 21, 3)  # fmt: skip
+        "rolling_forcing",
+        "rolling_forcing",
+        21,
+        3,
+    )
     assert options.denoising_steps == (1000, 800, 600, 400, 200) and options.num_frames == 126
     assert options.num_calls == 42 * 5 + 42 + 4
     assert study.extract_params("rolling_forcing", "0")["generation"]["procedure"] == "rolling_forcing"
@@ -367,18 +405,35 @@ def test_extract_and_aggregate_from_the_command_line(tmp_path):
     (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())
 
     def sinkscope(*args):
-        return subprocess.run([sys.executable, "-m", "sinkscope.cli", *args], capture_output=True, text=True, cwd=tmp_path,
-                              timeout=300)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "sinkscope.cli", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300
+        )
 
-    done = sinkscope("extract", "--out", "ext", "--layers", "0", "--set", "generation.procedure=rolling_forcing",
-                     "--set", "generation.cache_policy=rolling_forcing", "--set", "generation.num_frames=15")  # fmt: skip
+    done = sinkscope(
+        "extract",
+        "--out",
+        "ext",
+        "--layers",
+        "0",
+        "--set",
+        "generation.procedure=rolling_forcing",
+        "--set",
+        "generation.cache_policy=rolling_forcing",
+        "--set",
+        "generation.num_frames=15",
+    )
     assert done.returncode == 0, done.stderr
     # A window call interleaves its blocks' records; each block is still one row group, in order.
-    for name, expected in (("layer0.parquet", range(5)), ("layer0.queries.parquet", range(5)),
-                           ("layer0.tokens.parquet", [4])):  # token profiles: the last block's calls  # fmt: skip
+    for name, expected in (
+        ("layer0.parquet", range(5)),
+        ("layer0.queries.parquet", range(5)),
+        ("layer0.tokens.parquet", [4]),
+    ):  # token profiles: the last block's calls
         groups = pq.ParquetFile(tmp_path / "ext" / name)
-        blocks = [groups.read_row_group(i, columns=["block"]).column("block").unique().to_pylist()
-                  for i in range(groups.num_row_groups)]  # fmt: skip
+        blocks = [
+            groups.read_row_group(i, columns=["block"]).column("block").unique().to_pylist()
+            for i in range(groups.num_row_groups)
+        ]
         assert blocks == [[b] for b in expected], (name, blocks)
     result = sinkscope("aggregate", "--input", "ext", "--out", "tables")
     assert result.returncode == 0, result.stderr
@@ -403,7 +458,10 @@ def test_every_procedure_spec_has_exactly_one_registered_function_and_back():
 
     assert sorted(PROCEDURE_FUNCTIONS) == sorted(PROCEDURE_TABLE)
     assert len(set(PROCEDURE_FUNCTIONS.values())) == len(PROCEDURE_FUNCTIONS)
-    assert PROCEDURE_FUNCTIONS["self_forcing"] is generate_blocks and PROCEDURE_FUNCTIONS["rolling_forcing"] is generate_rolling
+    assert (
+        PROCEDURE_FUNCTIONS["self_forcing"] is generate_blocks
+        and PROCEDURE_FUNCTIONS["rolling_forcing"] is generate_rolling
+    )
 
 
 def test_generate_runs_the_function_registered_under_the_options_procedure(monkeypatch):
@@ -411,7 +469,9 @@ def test_generate_runs_the_function_registered_under_the_options_procedure(monke
 
     heard = []
     for name in ("self_forcing", "rolling_forcing"):
-        monkeypatch.setitem(PROCEDURE_FUNCTIONS, name, lambda model, context, **kw: heard.append(kw["options"].procedure) or kw["seed"])
+        monkeypatch.setitem(
+            PROCEDURE_FUNCTIONS, name, lambda model, context, **kw: heard.append(kw["options"].procedure) or kw["seed"]
+        )
     for procedure, seed in (("self_forcing", 1), ("rolling_forcing", 2)):
         options = GenerationOptions.from_config({"procedure": procedure, "num_frames": 12})
         assert generate(None, torch.zeros(1, 2, 4), options=options, seed=seed) == seed

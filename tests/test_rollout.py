@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic import synthetic_rows
 
 from sinkscope.stats.rollout import block_similarity, rope_period_ends, rope_periods
 from sinkscope.stats.summaries import block_stats
-from synthetic import synthetic_rows
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -60,14 +60,26 @@ def test_rope_periods_are_wans_temporal_channel_turns():
 def test_block_stats_carry_the_videos_similarities():
     frame = synthetic_rows(blocks=(3, 3, 3))
     runs = frame[["checkpoint", "variant", "prompt_id", "seed"]].drop_duplicates()
-    rollout = pd.concat([pd.DataFrame({"block": [0, 1, 2], "latent_sink_cosine": [None, 0.5, 0.25],
-                                       "latent_previous_cosine": [None, 0.9, 0.8], "rope_periods": ["", "", "c3@18.7"]})
-                         .assign(**run) for run in runs.to_dict("records")])  # fmt: skip
+    rollout = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "block": [0, 1, 2],
+                    "latent_sink_cosine": [None, 0.5, 0.25],
+                    "latent_previous_cosine": [None, 0.9, 0.8],
+                    "rope_periods": ["", "", "c3@18.7"],
+                }
+            ).assign(**run)
+            for run in runs.to_dict("records")
+        ]
+    )
     stats = block_stats(frame, 0, rollout)
     assert set(stats.loc[stats["block"] == 2, "latent_sink_cosine"]) == {0.25}
     assert stats.loc[stats["block"] == 0, "latent_previous_cosine"].isna().all()
     assert set(stats.loc[stats["block"] == 2, "rope_periods"]) == {"c3@18.7"}
     plain = block_stats(frame, 0)
     assert plain["latent_sink_cosine"].isna().all()
-    pd.testing.assert_frame_equal(plain.drop(columns=["latent_sink_cosine", "latent_previous_cosine", "rope_periods"]),
-                                  stats.drop(columns=["latent_sink_cosine", "latent_previous_cosine", "rope_periods"]))  # fmt: skip
+    pd.testing.assert_frame_equal(
+        plain.drop(columns=["latent_sink_cosine", "latent_previous_cosine", "rope_periods"]),
+        stats.drop(columns=["latent_sink_cosine", "latent_previous_cosine", "rope_periods"]),
+    )

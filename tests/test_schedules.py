@@ -17,14 +17,17 @@ def schedule(*starts, texts=None):
 
 
 def test_a_schedule_is_planned_as_one_embedding_per_segment():
-    config = normalize_config({"prompts": {"circle": "a ball moving in a circle", "story": schedule(0, 9, 15)},
-                               "layers": [0]})  # fmt: skip
+    config = normalize_config(
+        {"prompts": {"circle": "a ball moving in a circle", "story": schedule(0, 9, 15)}, "layers": [0]}
+    )
     study = Study(config)
     assert study.switches == {"story": [9, 15]}
     assert study.segment_starts("story") == [0, 9, 15] and study.segment_starts("circle") == [0]
     key = study.text_encoder("demo").key
     assert study.embeddings("demo", "circle") == [f"results/prompts/{key}/circle.safetensors"]
-    assert study.embeddings("demo", "story") == [f"results/prompts/{key}/story/segment{i}.safetensors" for i in range(3)]
+    assert study.embeddings("demo", "story") == [
+        f"results/prompts/{key}/story/segment{i}.safetensors" for i in range(3)
+    ]
     assert study.segment_text("story", 2) == "a ball, part 2"
     targets = study.all_targets()
     assert f"results/prompts/{key}/story/segment1.safetensors" in targets
@@ -43,19 +46,39 @@ def test_a_schedule_of_one_segment_is_its_text():
     "prompt, extra, message",
     [
         (schedule(3, 9), {}, "config key prompts.story[0].start_frame: 3 is not 0: the first segment starts the video"),
-        (schedule(0, 9, 9), {}, "config key prompts.story[2].start_frame: 9 does not come after the previous segment's start 9"),
+        (
+            schedule(0, 9, 9),
+            {},
+            "config key prompts.story[2].start_frame: 9 does not come after the previous segment's start 9",
+        ),
         (schedule(0, 21), {}, "config key prompts.story[1].start_frame: 21 is past the video's last frame 20"),
-        (schedule(0, 4), {}, "config key prompts.story[1].start_frame: 4 is not where a block starts (blocks start at frames 0, 3, 6"),
-        (schedule(0, 12), {"variants": {"first": {"independent_first_frame": True, "num_frames": 22}}},
-         "config key prompts.story[1].start_frame: 12 is not where a block starts (blocks start at frames 0, 1, 4, 7, 10, 13, ...) (variant 'first')"),
+        (
+            schedule(0, 4),
+            {},
+            "config key prompts.story[1].start_frame: 4 is not where a block starts (blocks start at frames 0, 3, 6",
+        ),
+        (
+            schedule(0, 12),
+            {"variants": {"first": {"independent_first_frame": True, "num_frames": 22}}},
+            "config key prompts.story[1].start_frame: 12 is not where a block starts (blocks start at frames 0, 1, "
+            "4, 7, 10, 13, ...) (variant 'first')",
+        ),
         (schedule(0, 9, texts=["a ball", "  "]), {}, "config key prompts.story[1].text: the prompt is empty"),
         ([{"text": "a ball", "start": 0}], {}, "unknown config key 'start' in prompts.story[0]"),
         ([{"text": "a ball"}], {}, "'start_frame' is a required property"),
         ([], {}, "config key prompts.story: [] should be non-empty"),
-        (schedule(0, 9), {"generation": {"cache_policy": "deep_sink", "num_frames": 30}},
-         "config key generation.re_cache: true needs cache_policy 'global', 'window', 'sink' (the KV re-cache of LongLive), "
-         "not 'deep_sink'; set re_cache: false to only switch the prompt (prompt 'story' switches at frame 9)"),
-        (schedule(0, 9), {"variants": {"ds": {"cache_policy": "ema_sink"}}}, "config key variants.ds.re_cache: true needs"),
+        (
+            schedule(0, 9),
+            {"generation": {"cache_policy": "deep_sink", "num_frames": 30}},
+            "config key generation.re_cache: true needs cache_policy 'global', 'window', 'sink' (the KV re-cache of "
+            "LongLive), not 'deep_sink'; set re_cache: false to only switch the prompt (prompt 'story' switches at "
+            "frame 9)",
+        ),
+        (
+            schedule(0, 9),
+            {"variants": {"ds": {"cache_policy": "ema_sink"}}},
+            "config key variants.ds.re_cache: true needs",
+        ),
     ],
 )
 def test_bad_schedules_name_the_key(prompt, extra, message):
@@ -65,8 +88,12 @@ def test_bad_schedules_name_the_key(prompt, extra, message):
 
 
 def test_re_cache_off_switches_under_any_policy_and_single_prompts_never_ask():
-    normalize_config({"prompts": {"story": schedule(0, 9)}, "generation": {"cache_policy": "deep_sink", "re_cache": False,
-                                                                             "num_frames": 30}})  # fmt: skip
+    normalize_config(
+        {
+            "prompts": {"story": schedule(0, 9)},
+            "generation": {"cache_policy": "deep_sink", "re_cache": False, "num_frames": 30},
+        }
+    )
     normalize_config({"generation": {"cache_policy": "deep_sink", "num_frames": 30}})  # re_cache true, no switch
 
 
@@ -86,13 +113,21 @@ def test_recache_calls_count_in_the_memory_estimate():
 def test_checkpoints_bring_their_own_generation():
     """A frame-wise few-step checkpoint beside a chunk-wise one: each runs its own
     inference settings; variants apply on top of both."""
-    framewise = {"frames_per_block": 1, "denoising_steps": [1000, 500], "first_block_denoising_steps": [1000, 750, 500, 250]}
-    config = normalize_config({
-        "checkpoints": {"chunk": {"model": "demo", "format": "demo"},
-                        "frame": {"model": "demo", "format": "demo", "generation": framewise}},
-        "variants": {"short": {"num_frames": 9}, "window": {"cache_policy": "window", "local_attn_frames": 6}},
-        "layers": [0],
-    })  # fmt: skip
+    framewise = {
+        "frames_per_block": 1,
+        "denoising_steps": [1000, 500],
+        "first_block_denoising_steps": [1000, 750, 500, 250],
+    }
+    config = normalize_config(
+        {
+            "checkpoints": {
+                "chunk": {"model": "demo", "format": "demo"},
+                "frame": {"model": "demo", "format": "demo", "generation": framewise},
+            },
+            "variants": {"short": {"num_frames": 9}, "window": {"cache_policy": "window", "local_attn_frames": 6}},
+            "layers": [0],
+        }
+    )
     study = Study(config)
     options = {source: study.options[source] for source in study.runs}
     assert options["chunk@short"].frames_per_block == 3 and options["chunk@short"].num_frames == 9
@@ -106,9 +141,18 @@ def test_checkpoints_bring_their_own_generation():
 @pytest.mark.parametrize(
     "generation, message",
     [
-        ({"num_frames": 20}, "config key checkpoints.demo.generation.num_frames: 20 must be a multiple of frames_per_block = 3"),
-        ({"denoising_steps": [500, 1000]}, "config key checkpoints.demo.generation.denoising_steps: [500, 1000] must decrease"),
-        ({"first_block_denoising_steps": [250, 500]}, "checkpoints.demo.generation.first_block_denoising_steps: [250, 500] must decrease"),
+        (
+            {"num_frames": 20},
+            "config key checkpoints.demo.generation.num_frames: 20 must be a multiple of frames_per_block = 3",
+        ),
+        (
+            {"denoising_steps": [500, 1000]},
+            "config key checkpoints.demo.generation.denoising_steps: [500, 1000] must decrease",
+        ),
+        (
+            {"first_block_denoising_steps": [250, 500]},
+            "checkpoints.demo.generation.first_block_denoising_steps: [250, 500] must decrease",
+        ),
         ({"frames": 3}, "unknown config key 'frames' in checkpoints.demo.generation"),
     ],
 )
@@ -119,10 +163,16 @@ def test_bad_checkpoint_generation_names_the_key(generation, message):
 
 
 def test_a_schedule_is_checked_against_each_checkpoints_blocks():
-    config = {"checkpoints": {"chunk": {"model": "demo", "format": "demo"},
-                              "frame": {"model": "demo", "format": "demo", "generation": {"frames_per_block": 1}}},
-              "prompts": {"story": schedule(0, 7)}}  # fmt: skip
+    config = {
+        "checkpoints": {
+            "chunk": {"model": "demo", "format": "demo"},
+            "frame": {"model": "demo", "format": "demo", "generation": {"frames_per_block": 1}},
+        },
+        "prompts": {"story": schedule(0, 7)},
+    }
     with pytest.raises(ConfigError) as error:
         normalize_config(config)
-    assert str(error.value) == ("invalid config: config key prompts.story[1].start_frame: 7 is not where a block starts "
-                                "(blocks start at frames 0, 3, 6, 9, 12, 15, ...) (checkpoint 'chunk')")  # fmt: skip
+    assert str(error.value) == (
+        "invalid config: config key prompts.story[1].start_frame: 7 is not where a block starts "
+        "(blocks start at frames 0, 3, 6, 9, 12, 15, ...) (checkpoint 'chunk')"
+    )

@@ -73,7 +73,9 @@ class Recorder:
         ], f"layer {layer}, block at {layout.query_frames[0]}"
         assert set(layout.key_lengths) == {FSL} and layout.key_token_index is None
         # The softmax saw exactly those queries, keys and values.
-        expected_q = torch.cat([roped(raw_q[:, i * FSL : (i + 1) * FSL], p) for i, p in enumerate(query_positions)], dim=1)
+        expected_q = torch.cat(
+            [roped(raw_q[:, i * FSL : (i + 1) * FSL], p) for i, p in enumerate(query_positions)], dim=1
+        )
         expected_k = torch.cat([roped(key, position) for _, position, key, _ in keys], dim=1)
         expected_v = torch.cat([value for _, _, _, value in keys], dim=1)
         _, seen_v = self.policy.cache.keys(layer)
@@ -85,14 +87,18 @@ class Recorder:
 def rollout(policy_name, blocks, reference, *, steps=1, seed=0, **kw):
     """Self-Forcing's block procedure on the tiny float64 model (steps + 1 calls a block)."""
     model = tiny_model()
-    policy = new_policy(model, policy_name, frame_seq_length=FSL, num_frames=sum(blocks), largest_block=max(blocks), **kw)
+    policy = new_policy(
+        model, policy_name, frame_seq_length=FSL, num_frames=sum(blocks), largest_block=max(blocks), **kw
+    )
     recorder = Recorder(model, policy, reference)
     g = torch.Generator().manual_seed(seed)
     context = torch.randn(1, 5, TINY.text_dim, generator=g, dtype=torch.float64)
     start = 0
     for size in blocks:
         for call in range(steps + 1):
-            x = torch.randn(1, TINY.in_dim, size, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64)
+            x = torch.randn(
+                1, TINY.in_dim, size, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64
+            )
             t = torch.full((1, size), 1000.0 * (1 - call / (steps + 1)), dtype=torch.float64)
             model(x, t, context, kv_cache=policy, start_frame=start)
         start += size
@@ -164,9 +170,15 @@ def test_rolling_sink_follows_the_reference_over_a_long_rollout():
     assert len(recorder.calls) == 60
     # The sweep the reference printed: 15..17 reversed at cs 21, down to 0..2, then forward.
     assert reference.inserted[:8] == [
-        (21, (17, 16, 15)), (24, (14, 13, 12)), (27, (11, 10, 9)), (30, (8, 7, 6)), (33, (5, 4, 3)), (36, (2, 1, 0)),
-        (39, (0, 1, 2)), (42, (3, 4, 5)),
-    ]  # fmt: skip
+        (21, (17, 16, 15)),
+        (24, (14, 13, 12)),
+        (27, (11, 10, 9)),
+        (30, (8, 7, 6)),
+        (33, (5, 4, 3)),
+        (36, (2, 1, 0)),
+        (39, (0, 1, 2)),
+        (42, (3, 4, 5)),
+    ]
     assert [frames for _, frames in reference.inserted[11:14]] == [(15, 16, 17), (17, 16, 15), (14, 13, 12)]
     # The last block (cs 87) sees 15 re-inserted frames, then the previous block and itself.
     last = recorder.calls[-1][0]
@@ -192,7 +204,9 @@ def test_rolling_sink_ping_pong_formula_equals_the_reference_sweep():
         assert [policy.frame_at(cs_rs + i) for i in range(3)] == frames
 
 
-@pytest.mark.parametrize("blocks, window, segment", [([1] * 40, 7, 2), ([2] * 25, 8, 2), ([1, 3, 3, 3, 3, 3, 3, 3, 3, 3], 9, 3)])
+@pytest.mark.parametrize(
+    "blocks, window, segment", [([1] * 40, 7, 2), ([2] * 25, 8, 2), ([1, 3, 3, 3, 3, 3, 3, 3, 3, 3], 9, 3)]
+)
 def test_rolling_sink_generalizes_to_other_blocks_by_position(blocks, window, segment):
     """Blocks other than the segment (the reference would fail): position p gets frame_at(p)."""
 
@@ -255,7 +269,9 @@ class RelativeRopeReference:
         rolled = False  # the rolling branch: the first call of a block that overflows the buffer
         if query_frames != st["block"]:
             if self.flush and st["blocks"] and st["blocks"] % self.flush == 0:
-                assert self.S == 1 and len(st["slots"]) == self.W, "their flush assumes a full buffer and one sink frame"
+                assert self.S == 1 and len(st["slots"]) == self.W, (
+                    "their flush assumes a full buffer and one sink frame"
+                )
                 st["slots"] = st["slots"][:1] + st["slots"][-2:]
             st["block"] = query_frames
             st["blocks"] += 1
@@ -286,7 +302,9 @@ class RelativeRopeReference:
 )
 def test_relative_rope_follows_the_reference_over_a_long_rollout(blocks, window, sink, flush):
     reference = RelativeRopeReference(window, sink, flush)
-    policy, recorder = rollout("relative_rope", blocks, reference, local_attn_frames=window, sink_frames=sink, flush_every_blocks=flush)
+    policy, recorder = rollout(
+        "relative_rope", blocks, reference, local_attn_frames=window, sink_frames=sink, flush_every_blocks=flush
+    )
     assert recorder.max_error < 1e-12
     # Their query start is the block's slots except after a flush (until the cache is full
     # again) and in the later calls of a block that starts below W after an eviction.
@@ -371,7 +389,9 @@ class EmaSinkReference:
 )
 def test_ema_sink_follows_the_reference_over_a_long_rollout(blocks, window, sink, decay):
     reference = EmaSinkReference(window, sink, decay)
-    policy, recorder = rollout("ema_sink", blocks, reference, local_attn_frames=window, sink_frames=sink, ema_decay=decay)
+    policy, recorder = rollout(
+        "ema_sink", blocks, reference, local_attn_frames=window, sink_frames=sink, ema_decay=decay
+    )
     assert recorder.max_error < 1e-12
     assert (policy.blends, policy.replacements) == (reference.blends, reference.replacements)
     assert policy.blends + policy.replacements > 0
@@ -394,7 +414,9 @@ def test_ema_sink_defaults_trace():
 
 def test_ema_sink_in_bfloat16_blends_as_their_code_does():
     """a = 0.999 in the cache dtype: in bf16, a * x rounds back to x, so most sink entries stay."""
-    cache = KVCache(num_layers=1, batch_size=1, num_heads=2, head_dim=8, frame_seq_length=4, capacity_frames=4, dtype=torch.bfloat16)
+    cache = KVCache(
+        num_layers=1, batch_size=1, num_heads=2, head_dim=8, frame_seq_length=4, capacity_frames=4, dtype=torch.bfloat16
+    )
     policy = EmaSinkPolicy(cache, window_frames=4, sink_frames=1, rope=RotaryTables(head_dim=8))
     g = torch.Generator().manual_seed(0)
     for start in range(5):
@@ -444,7 +466,9 @@ def test_memory_is_bounded_and_estimated(policy):
     small = dict(rolling_sink=dict(local_attn_frames=12, sink_frames=3)).get(policy, {})
     sizes = {}
     for frames in (30, 90):
-        options = GenerationOptions.from_config(dict(cache_policy=policy, num_frames=frames, denoising_steps=[1000], **small))
+        options = GenerationOptions.from_config(
+            dict(cache_policy=policy, num_frames=frames, denoising_steps=[1000], **small)
+        )
         result = generate(model, context, options=options, seed=0)
         assert torch.isfinite(result.latents).all()
         sizes[frames] = result.kv_cache_bytes
@@ -479,7 +503,14 @@ def test_capture_rows_of_the_new_policies():
             assert (repeated == 2).any() and (repeated <= 2).all()
             assert (rows.groupby([*keys, "key_frame", "key_position_shift"], observed=True).size() == 1).all()
             twice = rows[(rows["block"] == 5) & (rows["head"] == 0) & (rows["query_frame"] == 15) & (rows["step"] == 0)]
-            assert sorted(zip(twice["key_frame"], twice["key_position_shift"]))[:6] == [(6, 0), (6, 5), (7, 0), (7, 3), (8, 0), (8, 1)]
+            assert sorted(zip(twice["key_frame"], twice["key_position_shift"]))[:6] == [
+                (6, 0),
+                (6, 5),
+                (7, 0),
+                (7, 3),
+                (8, 0),
+                (8, 1),
+            ]
         else:
             cs = int(last["query_frame"].min())
             window, sink = options.local_attn_frames, options.sink_frames
@@ -518,7 +549,9 @@ def test_compiled_blocks_take_the_keys_before_rope_on_every_call():
         outs = []
         for block in range(4):
             for t in (1000.0, 0.0):
-                x = torch.randn(1, TINY.in_dim, 3, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64)
+                x = torch.randn(
+                    1, TINY.in_dim, 3, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64
+                )
                 outs.append(model(x, t, context, kv_cache=policy, start_frame=3 * block))
         return torch.cat(outs, dim=2)
 

@@ -26,9 +26,28 @@ from conftest import REPO, SNAKEFILE, Workflow
 CLUSTER_SH = Path(__file__).resolve().parent / "slurm" / "cluster.sh"
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 PACKAGES = "slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
-BINARIES = ("munged", "mungekey", "munge", "unmunge", "slurmctld", "slurmd", "slurmdbd", "sbatch", "srun",
-            "squeue", "sinfo", "sacct", "sacctmgr", "scancel", "mariadbd", "mariadb-install-db", "mariadb",
-            "mariadb-admin", "timeout", "setsid")  # fmt: skip
+BINARIES = (
+    "munged",
+    "mungekey",
+    "munge",
+    "unmunge",
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "sbatch",
+    "srun",
+    "squeue",
+    "sinfo",
+    "sacct",
+    "sacctmgr",
+    "scancel",
+    "mariadbd",
+    "mariadb-install-db",
+    "mariadb",
+    "mariadb-admin",
+    "timeout",
+    "setsid",
+)
 PLUGIN = "snakemake-executor-plugin-slurm"
 PLUGIN_MIN = (2, 7, 1)
 
@@ -158,12 +177,19 @@ class Cluster:
         ctld, slurmd, dbd, db = _free_ports(4)
         ports = {"CTLD_PORT": str(ctld), "SLURMD_PORT": str(slurmd), "DBD_PORT": str(dbd), "DB_PORT": str(db)}
         # Nothing of an outer Slurm job or a user profile leaks in; no GPU is preset.
-        base = {k: v for k, v in os.environ.items()
-                if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SNAKEMAKE_")) and k != "CUDA_VISIBLE_DEVICES"}  # fmt: skip
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SNAKEMAKE_")) and k != "CUDA_VISIBLE_DEVICES"
+        }
         self.script_env = {**base, **ports}
         # Clients and snakemake: this cluster's config, and the srun wrapper first on PATH.
-        self.env = {**base, "SLURM_CONF": str(root / "etc" / "slurm.conf"),
-                    "PATH": f"{root / 'bin'}{os.pathsep}{base.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        self.env = {
+            **base,
+            "SLURM_CONF": str(root / "etc" / "slurm.conf"),
+            "PATH": f"{root / 'bin'}{os.pathsep}{base.get('PATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+        }
         self.pids: dict[str, int] = {}
 
     def _script(self, action: str, limit: int) -> subprocess.CompletedProcess:
@@ -180,7 +206,9 @@ class Cluster:
             if path.read_text().strip():
                 self.pids[path.stem] = int(path.read_text())
         if result.returncode != 0:
-            raise RuntimeError(f"cluster.sh start failed ({result.returncode}):\n{result.stdout}\n{result.stderr}\n{self.logs()}")
+            raise RuntimeError(
+                f"cluster.sh start failed ({result.returncode}):\n{result.stdout}\n{result.stderr}\n{self.logs()}"
+            )
 
     def stop(self) -> subprocess.CompletedProcess:
         return self._script("stop", 90)
@@ -199,8 +227,13 @@ class Cluster:
         return alive
 
     def run(self, *command: str, timeout: int = 30) -> str:
-        result = subprocess.run(["timeout", "-s", "KILL", str(timeout), *command], env=self.env,
-                                capture_output=True, text=True, timeout=timeout + 10)  # fmt: skip
+        result = subprocess.run(
+            ["timeout", "-s", "KILL", str(timeout), *command],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout + 10,
+        )
         if result.returncode != 0:
             raise AssertionError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr}")
         return result.stdout
@@ -231,8 +264,17 @@ def slurm_cluster():
 
 def sacct_jobs(cluster: Cluster) -> list[dict[str, str]]:
     fields = ("JobIDRaw", "State", "AllocTRES", "Comment", "Partition", "Account")
-    text = cluster.run("sacct", "--allusers", "--allocations", "--noheader", "--parsable2",
-                       "--starttime", "2000-01-01T00:00:00", "--format", ",".join(fields))  # fmt: skip
+    text = cluster.run(
+        "sacct",
+        "--allusers",
+        "--allocations",
+        "--noheader",
+        "--parsable2",
+        "--starttime",
+        "2000-01-01T00:00:00",
+        "--format",
+        ",".join(fields),
+    )
     return [dict(zip(fields, line.split("|"))) for line in text.splitlines() if line.strip()]
 
 
@@ -250,15 +292,28 @@ def test_demo_pipeline_runs_through_slurm(slurm_cluster, tmp_path):
     profile = fill_in_profile(tmp_path / "profile", TEST_PARTITION, TEST_ACCOUNT, max_mem_mb=1500, max_cpus=1)
 
     command = [
-        "timeout", "-s", "KILL", str(SNAKEMAKE_TIMEOUT),  # snakemake ignores SIGTERM once it lost a job
-        sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workflow.directory),
-        "--workflow-profile", str(profile),
-        "--resources", "gpu=1",                            # this cluster has one GPU
-        "--slurm-init-seconds-before-status-checks", "2",  # default 40 s
+        "timeout",
+        "-s",
+        "KILL",
+        str(SNAKEMAKE_TIMEOUT),  # snakemake ignores SIGTERM once it lost a job
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(SNAKEFILE),
+        "--directory",
+        str(workflow.directory),
+        "--workflow-profile",
+        str(profile),
+        "--resources",
+        "gpu=1",  # this cluster has one GPU
+        "--slurm-init-seconds-before-status-checks",
+        "2",  # default 40 s
         "--slurm-keep-successful-logs",
-    ]  # fmt: skip
-    result = subprocess.run(command, env=cluster.env, cwd=workflow.directory, capture_output=True, text=True,
-                            timeout=SNAKEMAKE_TIMEOUT + 30)  # fmt: skip
+    ]
+    result = subprocess.run(
+        command, env=cluster.env, cwd=workflow.directory, capture_output=True, text=True, timeout=SNAKEMAKE_TIMEOUT + 30
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"snakemake failed ({result.returncode}):\n{output[-8000:]}\n{cluster.logs()}"
     assert "Using workflow specific profile" in output

@@ -75,7 +75,9 @@ def test_a_split_that_does_not_divide_the_keys_is_refused():
         split_key_attention(q, k, v, 2)
 
 
-@pytest.mark.parametrize("plan", [KeySplit(16, 2, 0.0), KeySplit(32, 3, 0.0), KeySplit(36, 6, 0.0), KeySplit(0, 4, 0.0)])
+@pytest.mark.parametrize(
+    "plan", [KeySplit(16, 2, 0.0), KeySplit(32, 3, 0.0), KeySplit(36, 6, 0.0), KeySplit(0, 4, 0.0)]
+)
 def test_a_head_in_one_call_and_a_split_tail_match_the_brute_force(plan):
     q, k, v = inputs()
     out, lse = planned_attention(q, k, v, plan)
@@ -106,7 +108,8 @@ def test_the_cpu_and_float32_never_split():
     q, k, v = inputs(batch=1, num_q=4680, num_k=32760, heads=1, dim=8)
     assert key_split(q, k).plain
     torch.testing.assert_close(
-        balanced_attention(q, k, v), F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+        balanced_attention(q, k, v),
+        F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2),
     )
 
 
@@ -156,7 +159,10 @@ _MERGE_SCRIPT = textwrap.dedent(
         ref, ref_total = merge_parts(out, lse, batch, parts)
         results.append([(merged - ref).abs().max().item(), (total - ref_total).abs().max().item(), list(merged.shape)])
         # Parts of a second tensor (an edited call's biased frames): as if stacked with the first's.
-        extra = (torch.randn(batch * 2, num_q, heads, dim, generator=g).transpose(1, 2), torch.randn(batch * 2, heads, num_q, generator=g))
+        extra = (
+            torch.randn(batch * 2, num_q, heads, dim, generator=g).transpose(1, 2),
+            torch.randn(batch * 2, heads, num_q, generator=g),
+        )
         merged, total = merge_parts_cuda(out, lse, batch, parts, extra=extra)
         stacked = [torch.cat((a.reshape(batch, -1, *a.shape[1:]), b.reshape(batch, -1, *b.shape[1:])), 1).flatten(0, 1)
                    for a, b in ((out, extra[0]), (lse, extra[1]))]
@@ -172,9 +178,10 @@ def test_the_merge_kernel_in_tritons_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-c", _MERGE_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    for out_diff, lse_diff, shape in json.loads(run.stdout.strip().splitlines()[-1]):
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    for out_diff, lse_diff, _shape in results:
         assert out_diff < 1e-5 and lse_diff < 1e-5
-    assert shape == [1, 70, 2, 24]
+    assert results[-1][2] == [1, 70, 2, 24]  # the last case's merged shape
 
 
 @pytest.mark.gpu

@@ -75,7 +75,14 @@ def random_layout(seed):
     num_k = rng.randint(1, 8)
     lengths = [rng.choice([fsl, fsl, 1, rng.randint(1, fsl)]) for _ in range(num_k)]
     key_frames = rng.sample(range(40), num_k)
-    return dict(heads=rng.randint(2, 3), fsl=fsl, dim=rng.choice([8, 16, 128]), num_q=rng.randint(1, 4), key_lengths=lengths, key_frames=key_frames)
+    return dict(
+        heads=rng.randint(2, 3),
+        fsl=fsl,
+        dim=rng.choice([8, 16, 128]),
+        num_q=rng.randint(1, 4),
+        key_lengths=lengths,
+        key_frames=key_frames,
+    )
 
 
 HAND_LAYOUTS = [
@@ -130,10 +137,16 @@ def assert_identities(stats, key_lengths, *, atol=1e-6):
     for f, (start, length) in enumerate(zip(starts, key_lengths)):
         tokens = slice(start, start + length)
         torch.testing.assert_close(
-            stats.token_prob_mean[:, tokens].double().sum(-1).cpu(), stats.prob_mass[:, :, f].double().mean(-1).cpu(), rtol=1e-5, atol=atol
+            stats.token_prob_mean[:, tokens].double().sum(-1).cpu(),
+            stats.prob_mass[:, :, f].double().mean(-1).cpu(),
+            rtol=1e-5,
+            atol=atol,
         )
         torch.testing.assert_close(
-            stats.token_logit_mean[:, tokens].double().mean(-1).cpu(), stats.logit_mean[:, :, f].double().mean(-1).cpu(), rtol=1e-5, atol=1e-5
+            stats.token_logit_mean[:, tokens].double().mean(-1).cpu(),
+            stats.logit_mean[:, :, f].double().mean(-1).cpu(),
+            rtol=1e-5,
+            atol=1e-5,
         )
 
 
@@ -144,9 +157,15 @@ def assert_identities(stats, key_lengths, *, atol=1e-6):
 def test_reference_statistics_match_float64_brute_force(index):
     lay, q, k = layout_inputs(index)
     stats = attention_statistics(
-        q, k, frame_seq_length=lay["fsl"], query_frames=list(range(lay["num_q"])), key_frames=lay["key_frames"],
-        key_lengths=lay["key_lengths"], token_profiles=True, backend="torch",
-    )  # fmt: skip
+        q,
+        k,
+        frame_seq_length=lay["fsl"],
+        query_frames=list(range(lay["num_q"])),
+        key_frames=lay["key_frames"],
+        key_lengths=lay["key_lengths"],
+        token_profiles=True,
+        backend="torch",
+    )
     assert isinstance(stats, CallStatistics)
     ref = brute_force_statistics(q, k, lay["fsl"], lay["num_q"], lay["key_lengths"], lay["dim"] ** -0.5)
     assert_matches(stats, ref)
@@ -168,7 +187,14 @@ def test_custom_scale_and_bf16_inputs_with_partial_frames():
     lengths = [3, 10, 1]
     q, k = make_inputs(11, 2, 10, 16, 1, lengths, dtype=torch.bfloat16)
     stats = attention_statistics(
-        q, k, frame_seq_length=10, query_frames=[2], key_frames=[2, 0, 1], key_lengths=lengths, token_profiles=True, scale=0.3
+        q,
+        k,
+        frame_seq_length=10,
+        query_frames=[2],
+        key_frames=[2, 0, 1],
+        key_lengths=lengths,
+        token_profiles=True,
+        scale=0.3,
     )
     assert_matches(stats, brute_force_statistics(q, k, 10, 1, lengths, 0.3))
 
@@ -196,13 +222,22 @@ def test_peaked_rows_reach_zero_entropy_and_full_argmax():
     q = torch.ones(1, 4, 8)
     k = torch.zeros(1, 6, 8)
     k[0, 4] = 100.0
-    stats = attention_statistics(q, k, frame_seq_length=4, query_frames=[1], key_frames=[0, 1], key_lengths=[3, 3], backend="torch")
+    stats = attention_statistics(
+        q, k, frame_seq_length=4, query_frames=[1], key_frames=[0, 1], key_lengths=[3, 3], backend="torch"
+    )
     assert stats.entropy.abs().max().item() < 1e-6
     torch.testing.assert_close(stats.argmax_share, torch.tensor([[[0.0, 1.0]]]))
     torch.testing.assert_close(stats.prob_mass, torch.tensor([[[0.0, 1.0]]]))
     # Uniform rows: entropy ln Lk, and ties go to the first key token's frame.
-    uniform = attention_statistics(torch.zeros(1, 4, 8), torch.zeros(1, 6, 8), frame_seq_length=4, query_frames=[1],
-                                   key_frames=[0, 1], key_lengths=[2, 4], backend="torch")  # fmt: skip
+    uniform = attention_statistics(
+        torch.zeros(1, 4, 8),
+        torch.zeros(1, 6, 8),
+        frame_seq_length=4,
+        query_frames=[1],
+        key_frames=[0, 1],
+        key_lengths=[2, 4],
+        backend="torch",
+    )
     torch.testing.assert_close(uniform.entropy, torch.full((1, 1), math.log(6)))
     torch.testing.assert_close(uniform.prob_mass, torch.tensor([[[2 / 6, 4 / 6]]]))
     torch.testing.assert_close(uniform.argmax_share, torch.tensor([[[1.0, 0.0]]]))
@@ -253,9 +288,12 @@ def test_bad_layouts_are_named(q_shape, k_shape, qf, kf, message):
 
 @pytest.mark.parametrize(
     "backend, other, message",
-    [("cuda-magic", None, "unknown statistics backend"), ("auto", torch.float64, "differ in dtype or device"),
-     ("triton", None, "triton backend needs CUDA tensors")],
-)  # fmt: skip
+    [
+        ("cuda-magic", None, "unknown statistics backend"),
+        ("auto", torch.float64, "differ in dtype or device"),
+        ("triton", None, "triton backend needs CUDA tensors"),
+    ],
+)
 def test_bad_backends_and_inputs_are_named(backend, other, message):
     q = torch.randn(1, 4, 8)
     k = q if other is None else q.to(other)
@@ -285,7 +323,9 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
                                                 statistics_given_lse, statistics_triton, tma_kernel_fits)
     cases, results = torch.load(sys.argv[1]), {}
     segments = cases.pop("segment_sums")
-    results["segment_sums"] = {chunk: segment_sums(segments["x"], segments["lengths"], chunk=chunk) for chunk in (None, 1, 40, 1000)}
+    results["segment_sums"] = {
+        chunk: segment_sums(segments["x"], segments["lengths"], chunk=chunk) for chunk in (None, 1, 40, 1000)
+    }
     for index, case in cases.items():
         q, k, fsl, num_q, lengths, scale = (case[key] for key in ("q", "k", "fsl", "num_q", "key_lengths", "scale"))
         args = (q, k, fsl, num_q, lengths, scale)
@@ -294,22 +334,24 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
             out, stats = attention_statistics_tma(q, k, case["v"], fsl, num_q, lengths, scale, token_profiles=True)
             results[index] = {"output": out, "stats": vars(stats)}
             continue
-        stats = statistics_triton(*args, token_profiles=True, config=case["config"], profile_config=case["profile_config"])
+        stats = statistics_triton(*args, token_profiles=True, config=case["config"],
+                                  profile_config=case["profile_config"])
         results[index] = {"stats": vars(stats)}
         out, fused = attention_statistics_triton(q, k, case["v"], fsl, num_q, lengths, scale, token_profiles=True,
                                                  config=case["config"], profile_config=case["profile_config"])
         results[index]["fused"] = vars(fused)
         results[index]["output"] = out
         lse = torch.logsumexp(q.double() @ k.double().transpose(1, 2) * scale, dim=-1).float()
-        results[index]["given_lse"] = vars(statistics_given_lse(q, k, lse, fsl, num_q, lengths, scale, token_profiles=True,
-                                                                config=case["config"], profile_config=case["profile_config"]))
+        results[index]["given_lse"] = vars(statistics_given_lse(q, k, lse, fsl, num_q, lengths, scale,
+                                                                token_profiles=True, config=case["config"],
+                                                                profile_config=case["profile_config"]))
         if index == case["frame_only_case"]:
             results[index]["frame_only"] = vars(statistics_triton(*args))
         if index == case["frame_only_case"]:
             # The GPU's loop bound (each segment's own length), where this interpreter can run it.
             try:
-                results["dynamic_bound"] = vars(statistics_triton(*args, config={"LOOP_END": 0}, profile_config={"LOOP_END": 0},
-                                                                  token_profiles=True))
+                results["dynamic_bound"] = vars(statistics_triton(*args, config={"LOOP_END": 0},
+                                                                  profile_config={"LOOP_END": 0}, token_profiles=True))
             except Exception as error:
                 results["dynamic_bound"] = repr(error)
     torch.save(results, sys.argv[2])
@@ -342,16 +384,33 @@ def interpreted(tmp_path_factory):
         lay, q, k = layout_inputs(index)
         config, profile_config = INTERPRETER_CONFIGS.get(index, (None, None))
         v = torch.randn(k.shape, generator=torch.Generator().manual_seed(index))
-        cases[index] = dict(q=q, k=k, v=v, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"], scale=lay["dim"] ** -0.5,
-                            config=config, profile_config=profile_config,
-                            frame_only_case=FRAME_ONLY_CASE)  # fmt: skip
+        cases[index] = dict(
+            q=q,
+            k=k,
+            v=v,
+            fsl=lay["fsl"],
+            num_q=lay["num_q"],
+            key_lengths=lay["key_lengths"],
+            scale=lay["dim"] ** -0.5,
+            config=config,
+            profile_config=profile_config,
+            frame_only_case=FRAME_ONLY_CASE,
+        )
     for index, lay in TMA_INTERPRETER_LAYOUTS.items():
         q, k = make_inputs(index, lay["heads"], lay["fsl"], lay["dim"], lay["num_q"], lay["key_lengths"], torch.float16)
         v = torch.randn(k.shape, generator=torch.Generator().manual_seed(index)).half()
         # [Lq, H, D] storage read as [H, L, D] views, as the capture passes them (TMA takes the strides).
         q, k, v = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v))
-        cases[index] = dict(q=q, k=k, v=v, fsl=lay["fsl"], num_q=lay["num_q"], key_lengths=lay["key_lengths"],
-                            scale=lay["dim"] ** -0.5, tma=True)  # fmt: skip
+        cases[index] = dict(
+            q=q,
+            k=k,
+            v=v,
+            fsl=lay["fsl"],
+            num_q=lay["num_q"],
+            key_lengths=lay["key_lengths"],
+            scale=lay["dim"] ** -0.5,
+            tma=True,
+        )
     # segment_sums_kernel alone: segments of 1 to 150 tokens, a strided fp16 view, in parts of several sizes.
     x = torch.randn(70, 3, 24, generator=torch.Generator().manual_seed(7)).half()
     x = torch.cat([x, x.flip(0), x[:60]]).transpose(0, 1)  # [3, 200, 24], strides (24, 72, 1)
@@ -496,7 +555,9 @@ def test_the_captured_call_outputs_the_models_own_attention_then_the_statistics(
     lengths = [8, 5, 8]
     q, k = make_inputs(3, 2, 8, 16, 2, lengths, dtype)
     v = torch.randn(k.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
-    layout = dict(frame_seq_length=8, query_frames=[4, 5], key_frames=[0, 4, 5], key_lengths=lengths, token_profiles=True)
+    layout = dict(
+        frame_seq_length=8, query_frames=[4, 5], key_frames=[0, 4, 5], key_lengths=lengths, token_profiles=True
+    )
     for fused in (False, True):  # fused is a Triton kernel's: the CPU takes the model's call
         out, stats = attention_with_statistics(q, k, v, fused=fused, **layout)
         model_out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)))
@@ -514,8 +575,13 @@ def test_the_captured_call_outputs_the_models_own_attention_then_the_statistics(
 def test_cuda_statistics_match_cpu_reference(index, dtype):
     lay = CUDA_LAYOUTS[index]
     q, k = make_inputs(index, lay["heads"], lay["fsl"], lay["dim"], lay["num_q"], lay["key_lengths"], dtype)
-    kwargs = dict(frame_seq_length=lay["fsl"], query_frames=list(range(10, 10 + lay["num_q"])), key_frames=lay["key_frames"],
-                  key_lengths=lay["key_lengths"], token_profiles=True)  # fmt: skip
+    kwargs = dict(
+        frame_seq_length=lay["fsl"],
+        query_frames=list(range(10, 10 + lay["num_q"])),
+        key_frames=lay["key_frames"],
+        key_lengths=lay["key_lengths"],
+        token_profiles=True,
+    )
     cpu = attention_statistics(q, k, backend="torch", **kwargs)
     got = attention_statistics(q.cuda(), k.cuda(), **kwargs)
     for name in FIELDS:
@@ -540,7 +606,13 @@ def test_cuda_token_profiles_allocate_no_score_matrix():
     lengths = [1560] * 6 + [700]
     q, k = make_inputs(0, heads, fsl, dim, num_q, lengths, torch.bfloat16)
     q, k = q.cuda(), k.cuda()
-    kwargs = dict(frame_seq_length=fsl, query_frames=[6, 7, 8], key_frames=list(range(7)), key_lengths=lengths, token_profiles=True)
+    kwargs = dict(
+        frame_seq_length=fsl,
+        query_frames=[6, 7, 8],
+        key_frames=list(range(7)),
+        key_lengths=lengths,
+        token_profiles=True,
+    )
     attention_statistics(q, k, **kwargs)  # compile both kernels first
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -577,8 +649,13 @@ def test_cuda_attention_with_statistics_matches_sdpa_and_the_reference(index, ro
     q, k = make_inputs(index, lay["heads"], lay["fsl"], lay["dim"], lay["num_q"], lay["key_lengths"], torch.bfloat16)
     v = torch.randn(k.shape, generator=torch.Generator().manual_seed(index)).to(torch.bfloat16)
     q, k, v = q.cuda(), k.cuda(), v.cuda()
-    kwargs = dict(frame_seq_length=lay["fsl"], query_frames=list(range(lay["num_q"])), key_frames=lay["key_frames"],
-                  key_lengths=lay["key_lengths"], token_profiles=True)  # fmt: skip
+    kwargs = dict(
+        frame_seq_length=lay["fsl"],
+        query_frames=list(range(lay["num_q"])),
+        key_frames=lay["key_frames"],
+        key_lengths=lay["key_lengths"],
+        token_profiles=True,
+    )
     scale = lay["dim"] ** -0.5
     args = (q, k, v, lay["fsl"], lay["num_q"], lay["key_lengths"], scale)
     if route == "default":
@@ -601,6 +678,10 @@ def test_cuda_attention_with_statistics_matches_sdpa_and_the_reference(index, ro
     cpu = attention_statistics(q.cpu(), k.cpu(), backend="torch", **kwargs)
     for name in FIELDS:
         got, ref = getattr(stats, name).cpu(), getattr(cpu, name)
-        atol = 3 / lay["fsl"] + 1e-6 if name == "argmax_share" else (5e-5 if "logit" in name or name == "entropy" else 2e-6)
+        atol = (
+            3 / lay["fsl"] + 1e-6
+            if name == "argmax_share"
+            else (5e-5 if "logit" in name or name == "entropy" else 2e-6)
+        )
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=atol, msg=name)
     assert_identities(stats, lay["key_lengths"], atol=2e-6)

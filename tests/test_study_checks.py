@@ -29,7 +29,10 @@ BAD_CONFIG_FILES = {
     "nan_context_noise": ("generation:\n  context_noise: .nan\n", "generation.context_noise: nan"),
     "nan_memory": ("max_job_memory_gib: .nan\n", "max_job_memory_gib: nan"),
     "context_noise_past_schedule": ("generation:\n  context_noise: 5000\n", "generation.context_noise: 5000"),
-    "increasing_steps": ("generation:\n  denoising_steps: [250, 1000]\n", "generation.denoising_steps: [250, 1000] must decrease"),
+    "increasing_steps": (
+        "generation:\n  denoising_steps: [250, 1000]\n",
+        "generation.denoising_steps: [250, 1000] must decrease",
+    ),
     "whitespace_prompt": ("prompts:\n  blank: '   '\n", "prompts.blank: the prompt is empty"),
     "seed_past_int64": ("seeds: [9223372036854775808]\n", "seeds[0]"),
     "highlight_layer_missing": ("figures:\n  highlight_layers: [99]\n", "figures.highlight_layers: [99] do not exist"),
@@ -37,14 +40,20 @@ BAD_CONFIG_FILES = {
     "periodic_prompt_id": ("prompts:\n  take_00000000000000000000: a ball\n", "prompts.take_00000000000000000000"),
     "triton_on_cpu": ("device: cpu\ncapture:\n  backend: triton\n", "capture.backend: 'triton'"),
     "head_zero": ("figures:\n  heads: [L0H1]\n", "'L0H1' is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0"),
-    "shift_overflows_schedule": ("generation:\n  timestep_shift: 1.0e+308\n",
-                                 "generation.timestep_shift: 1e+308 makes the denoising schedule non-finite"),
-    "highlight_layer_not_captured": ("layers: [0, 1]\nfigures:\n  highlight_layers: [1, 4]\n",
-                                     "figures.highlight_layers: [4] are not captured (layers: [0, 1])"),
+    "shift_overflows_schedule": (
+        "generation:\n  timestep_shift: 1.0e+308\n",
+        "generation.timestep_shift: 1e+308 makes the denoising schedule non-finite",
+    ),
+    "highlight_layer_not_captured": (
+        "layers: [0, 1]\nfigures:\n  highlight_layers: [1, 4]\n",
+        "figures.highlight_layers: [4] are not captured (layers: [0, 1])",
+    ),
     "misspelled_key": ("generation:\n  num_frame: 9\n", "'num_frame' in generation (did you mean 'num_frames'?)"),
     # The message names the policy the procedure needs, which configs/rolling-forcing.yaml sets.
-    "rolling_forcing_under_global": ("generation:\n  procedure: rolling_forcing\n  cache_policy: global\n",
-                                     "or set it to 'rolling_forcing'"),
+    "rolling_forcing_under_global": (
+        "generation:\n  procedure: rolling_forcing\n  cache_policy: global\n",
+        "or set it to 'rolling_forcing'",
+    ),
 }
 
 
@@ -103,8 +112,12 @@ def test_layers_per_job_auto_fills_max_job_memory_gib_on_cuda():
     config, resolved = checked_config({"layers": [0, 1, 2, 3, 4, 5]})
     demo = resolved["demo"]
     dtype = default_dtype("cuda", demo.spec.dtype)
-    estimates = [estimate_job_memory(demo.model_config, generation_options(config, "default", "demo"), dtype,
-                                     captured_layers=n).total for n in range(1, 7)]  # fmt: skip
+    estimates = [
+        estimate_job_memory(
+            demo.model_config, generation_options(config, "default", "demo"), dtype, captured_layers=n
+        ).total
+        for n in range(1, 7)
+    ]
     assert estimates == sorted(estimates) and estimates[0] < estimates[-1]
     # Room for three layers in 90%, not for four.
     limit = (estimates[2] + estimates[3]) / 2 / 0.9
@@ -115,12 +128,15 @@ def test_layers_per_job_auto_fills_max_job_memory_gib_on_cuda():
     assert study_layers_per_job({**limited, "layers_per_job": 5}, resolved, "cuda") == 5
     # A job too large for the limit is refused, naming the layers_per_job that fits (a long
     # video, where each layer's statistics weigh: about 216 MiB a layer at 480 frames).
-    config, resolved = checked_config({"layers": [0, 1, 2, 3, 4, 5], "generation": {"num_frames": 480},
-                                       "layers_per_job": 6})  # fmt: skip
+    config, resolved = checked_config(
+        {"layers": [0, 1, 2, 3, 4, 5], "generation": {"num_frames": 480}, "layers_per_job": 6}
+    )
     options = generation_options(config, "default", "demo")
     need = [estimate_job_memory(demo.model_config, options, dtype, captured_layers=n).total for n in (2, 3)]
     tight = {**config, "max_job_memory_gib": (need[0] + need[1]) / 2 / 0.9 / GIB}
-    with pytest.raises(ConfigError, match=r"with 6 layers captured, more than max_job_memory_gib = .*set layers_per_job: 2"):
+    with pytest.raises(
+        ConfigError, match=r"with 6 layers captured, more than max_job_memory_gib = .*set layers_per_job: 2"
+    ):
         check_machine(tight, resolved, local=False)
 
 
@@ -133,8 +149,14 @@ def test_load_study_resolves_checkpoints_once_and_plans_the_groups():
 @pytest.mark.workflow
 def test_snakemake_refuses_what_sinkscope_check_refuses(workflow, tmp_path, capsys):
     """The same bad files through both entry points: the same key named, nothing run."""
-    for case in ("duplicate_prompt", "nan_shift", "increasing_steps", "periodic_prompt_id", "first_k_past_video",
-                 "triton_on_cpu"):  # fmt: skip
+    for case in (
+        "duplicate_prompt",
+        "nan_shift",
+        "increasing_steps",
+        "periodic_prompt_id",
+        "first_k_past_video",
+        "triton_on_cpu",
+    ):
         text, message = BAD_CONFIG_FILES[case]
         status, _ = _check(tmp_path, text)
         assert status == 2 and message in capsys.readouterr().err
@@ -144,8 +166,6 @@ def test_snakemake_refuses_what_sinkscope_check_refuses(workflow, tmp_path, caps
         assert message in result.stderr, (case, result.stderr[-2000:])
         assert "Traceback" not in result.stderr, (case, result.stderr[-2000:])
         assert not (workflow.directory / "results").exists()
-
-
 
 
 # -- weight files are opened far enough at config time ---------------------------------------
@@ -200,8 +220,10 @@ def _bad_weights(tmp_path, kind: str):
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["truncated", "bit_flipped", "pickled", "generator_less", "wrong_keys", "wrong_model",
-                                  "safetensors_wrong_tensors"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind",
+    ["truncated", "bit_flipped", "pickled", "generator_less", "wrong_keys", "wrong_model", "safetensors_wrong_tensors"],
+)
 def test_damaged_or_wrong_weights_are_refused_at_config_time(tmp_path, kind):
     path, fmt, message = _bad_weights(tmp_path, kind)
     raw = {"checkpoints": {"mine": {"model": "demo", "format": fmt, "weights": str(path)}}}
@@ -212,10 +234,14 @@ def test_damaged_or_wrong_weights_are_refused_at_config_time(tmp_path, kind):
 
 def test_whole_weights_pass_and_pickles_pass_when_allowed(tmp_path):
     path, fmt, _ = _bad_weights(tmp_path, "pickled")
-    study = load_study({"checkpoints": {"mine": {"model": "demo", "format": fmt, "weights": str(path), "allow_pickle": True}}},
-                       base_dir=tmp_path)  # fmt: skip
+    study = load_study(
+        {"checkpoints": {"mine": {"model": "demo", "format": fmt, "weights": str(path), "allow_pickle": True}}},
+        base_dir=tmp_path,
+    )
     assert study.checkpoints["mine"].format == "self_forcing"
-    assert load_study({"checkpoints": {"mine": {"model": "demo", "weights": str(tmp_path / "good.pt")}}}, base_dir=tmp_path)
+    assert load_study(
+        {"checkpoints": {"mine": {"model": "demo", "weights": str(tmp_path / "good.pt")}}}, base_dir=tmp_path
+    )
 
 
 def test_parameter_shapes_match_the_model():
@@ -225,8 +251,11 @@ def test_parameter_shapes_match_the_model():
     from sinkscope.model.config import WanConfig, get_model_config, parameter_shapes
     from sinkscope.model.wan import WanModel
 
-    for config in (get_model_config("demo"), TINY, WanConfig(dim=64, ffn_dim=96, num_heads=4, num_layers=2, text_dim=32,
-                                                                qk_norm=False, cross_attn_norm=False)):  # fmt: skip
+    for config in (
+        get_model_config("demo"),
+        TINY,
+        WanConfig(dim=64, ffn_dim=96, num_heads=4, num_layers=2, text_dim=32, qk_norm=False, cross_attn_norm=False),
+    ):
         with torch.device("meta"):
             model = WanModel(config)
         assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == parameter_shapes(config)
@@ -266,8 +295,14 @@ def test_a_variant_inherits_the_base_generation_through_the_snakefile(workflow):
     come from generation:): a 3-frame base gives 3-frame variants."""
     import pyarrow.parquet as pq
 
-    workflow.write_config({"layers": [0], "generation": {"num_frames": 3}, "capture": {"token_profiles": "none"},
-                           "variants": {"win": {"cache_policy": "window", "local_attn_frames": 3}}})  # fmt: skip
+    workflow.write_config(
+        {
+            "layers": [0],
+            "generation": {"num_frames": 3},
+            "capture": {"token_profiles": "none"},
+            "variants": {"win": {"cache_policy": "window", "local_attn_frames": 3}},
+        }
+    )
     workflow.run("--until", "extract_attention")
     files = sorted(workflow.directory.glob("results/extract/demo@win/*/seed0/layers0/layer0.parquet"))
     assert files and pq.read_table(files[0], columns=["key_frame"]).column("key_frame").to_pylist()

@@ -64,18 +64,36 @@ def test_head_stats_per_run_and_of_the_run_averaged_curve():
     heads = head_stats(rows)
     # 4 runs + the average, x 2 heads x 3 calls of the last block x 2 metrics.
     assert len(heads) == 5 * 2 * 3 * 2
-    one = heads[(heads["prompt_id"] == "b") & (heads["seed"] == 3) & (heads["head"] == 1) & (heads["pass"] == "denoise")
-                & (heads["step"] == 1) & (heads["metric"] == "logit_mean")]  # fmt: skip
-    last = rows[(rows["prompt_id"] == "b") & (rows["seed"] == 3) & (rows["block"] == 2) & (rows["head"] == 1)
-                & (rows["pass"] == "denoise") & (rows["step"] == 1)]  # fmt: skip
+    one = heads[
+        (heads["prompt_id"] == "b")
+        & (heads["seed"] == 3)
+        & (heads["head"] == 1)
+        & (heads["pass"] == "denoise")
+        & (heads["step"] == 1)
+        & (heads["metric"] == "logit_mean")
+    ]
+    last = rows[
+        (rows["prompt_id"] == "b")
+        & (rows["seed"] == 3)
+        & (rows["block"] == 2)
+        & (rows["head"] == 1)
+        & (rows["pass"] == "denoise")
+        & (rows["step"] == 1)
+    ]
     curve = last.groupby("key_frame")["logit_mean"].mean()
     assert one["first"].item() == pytest.approx(curve[0])
     assert one["middle"].item() == pytest.approx(curve[1:5].mean())  # cache frames 1..4
     assert one["last"].item() == pytest.approx(curve[5])
     assert one["own"].item() == pytest.approx(curve[6:].mean())
     assert one["query_frames"].item() == "6,7,8" and one["runs"].item() == 1
-    averaged = heads[(heads["prompt_id"] == "*") & (heads["seed"] == -1) & (heads["head"] == 1) & (heads["pass"] == "denoise")
-                     & (heads["step"] == 1) & (heads["metric"] == "prob_mass")]  # fmt: skip
+    averaged = heads[
+        (heads["prompt_id"] == "*")
+        & (heads["seed"] == -1)
+        & (heads["head"] == 1)
+        & (heads["pass"] == "denoise")
+        & (heads["step"] == 1)
+        & (heads["metric"] == "prob_mass")
+    ]
     all_runs = rows[(rows["block"] == 2) & (rows["head"] == 1) & (rows["pass"] == "denoise") & (rows["step"] == 1)]
     mean_curve = all_runs.groupby("key_frame")["prob_mass"].mean()
     # The average is taken of the curve, then the statistic: not a mean of per-run ratios.
@@ -112,7 +130,9 @@ def test_block_stats_split_the_mass_into_sink_self_and_other():
     rows = synthetic_rows(blocks=(3, 3, 3, 3, 3), window=7, sink=2)
     stats = block_stats(rows, sink_frames=2)
     assert np.allclose(stats["sink_mass"] + stats["self_mass"] + stats["other_mass"], 1)
-    one = stats[(stats["block"] == 4) & (stats["head"] == 0) & (stats["pass"] == "denoise") & (stats["step"] == 0)].iloc[0]
+    one = stats[
+        (stats["block"] == 4) & (stats["head"] == 0) & (stats["pass"] == "denoise") & (stats["step"] == 0)
+    ].iloc[0]
     call = rows[(rows["block"] == 4) & (rows["head"] == 0) & (rows["pass"] == "denoise") & (rows["step"] == 0)]
     curve = call.groupby("key_frame")["prob_mass"].mean()
     assert one["sink_mass"] == pytest.approx(curve[[0, 1]].sum())
@@ -186,9 +206,13 @@ def test_head_classes_are_decided_on_the_ratio_to_uniform_over_the_runs_together
     call = diagnostics[diagnostics["pass"] == "denoise"].set_index("head")
     # Brute force: each run's mass on frame 0 (recent frames) over its uniform share, 1/21 (4/21) here.
     last = rows[(rows["block"] == 6) & (rows["pass"] == "denoise")]
-    per_run = last.assign(frame0=last["prob_mass"].where(last["key_frame"] == 0, 0.0) * 21,
-                          recent=last["prob_mass"].where(last["key_frame"] >= 17, 0.0) * 21 / 4)
-    per_run = per_run.groupby(["head", "seed", "query_frame"])[["frame0", "recent"]].sum().groupby(["head", "seed"]).mean()
+    per_run = last.assign(
+        frame0=last["prob_mass"].where(last["key_frame"] == 0, 0.0) * 21,
+        recent=last["prob_mass"].where(last["key_frame"] >= 17, 0.0) * 21 / 4,
+    )
+    per_run = (
+        per_run.groupby(["head", "seed", "query_frame"])[["frame0", "recent"]].sum().groupby(["head", "seed"]).mean()
+    )
     for head in range(3):
         ratios = per_run.loc[head]
         assert call.loc[head, "frame0_ratio"] == pytest.approx(ratios["frame0"].mean())
@@ -203,7 +227,9 @@ def test_head_classes_are_decided_on_the_ratio_to_uniform_over_the_runs_together
     # Head 0's runs, 7..9x: a threshold inside them makes it borderline, one above them not a sink.
     head0 = call.loc[0].to_dict()
     for ratio, expected in ((8.5, "sink?"), (9.5, "diffuse")):
-        label = classify_head({**head0, "period_power": 0.0}, {"sink_ratio": ratio, "local_ratio": 2.5, "periodic_power": 0.5}, 21)
+        label = classify_head(
+            {**head0, "period_power": 0.0}, {"sink_ratio": ratio, "local_ratio": 2.5, "periodic_power": 0.5}, 21
+        )
         assert label == expected
     # One run: no interval, so no borderline label; seed 0 of head 1 is 4x uniform: not a sink.
     alone = head_diagnostics(rows[rows["seed"] == 0], thresholds={"sink_ratio": 5.0, "local_ratio": 2.5})
@@ -220,14 +246,19 @@ def test_head_diagnostics_on_constructed_heads():
         chosen = last & (rows["head"] == head)
         rows.loc[chosen, "prob_mass"] = 0.3 / 18
         rows.loc[chosen & rows["key_frame"].isin(frames), "prob_mass"] = 0.7 / len(frames) + 0.3 / 18
-        rows.loc[chosen, "prob_mass"] /= rows[chosen].groupby(["pass", "step", "query_frame"])["prob_mass"].transform("sum")
+        rows.loc[chosen, "prob_mass"] /= (
+            rows[chosen].groupby(["pass", "step", "query_frame"])["prob_mass"].transform("sum")
+        )
     diagnostics = head_diagnostics(rows)
     call = diagnostics[(diagnostics["pass"] == "denoise")].set_index("head")
     assert call.loc[0, "head_class"] == "sink" and call.loc[0, "frame0_mass"] > 0.6
     assert call.loc[1, "head_class"] == "local" and call.loc[1, "recent_mass"] > 0.6
     assert 0 <= call.loc[2, "entropy_frames"] <= 1 and call.loc[2, "entropy_frames"] > call.loc[0, "entropy_frames"]
-    assert call.loc[0, "sign_rate"] == pytest.approx((rows[last & (rows["head"] == 0) & (rows["pass"] == "denoise")]
-                                                       .groupby("key_frame")["logit_mean"].mean() > 0).mean())  # fmt: skip
+    assert call.loc[0, "sign_rate"] == pytest.approx(
+        (
+            rows[last & (rows["head"] == 0) & (rows["pass"] == "denoise")].groupby("key_frame")["logit_mean"].mean() > 0
+        ).mean()
+    )
     grid = head_class_grid(diagnostics)
     assert list(grid.index) == ["L4"] and list(grid.columns) == ["H1", "H2", "H3"] and grid.loc["L4", "H1"] == "sink"
     assert math.isnan(call.loc[0, "entropy_tokens"])  # no query_stats given
@@ -235,8 +266,25 @@ def test_head_diagnostics_on_constructed_heads():
 
 def test_entropy_tokens_are_normalized_by_the_number_of_keys():
     rows = synthetic_rows(blocks=(3, 3))
-    queries = rows[["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step", "timestep",
-                    "query_frame"]].drop_duplicates().assign(entropy_tokens=np.log(24.0), num_keys=24 * 6, num_key_frames=6)  # fmt: skip
+    queries = (
+        rows[
+            [
+                "checkpoint",
+                "variant",
+                "prompt_id",
+                "seed",
+                "layer",
+                "head",
+                "block",
+                "pass",
+                "step",
+                "timestep",
+                "query_frame",
+            ]
+        ]
+        .drop_duplicates()
+        .assign(entropy_tokens=np.log(24.0), num_keys=24 * 6, num_key_frames=6)
+    )
     diagnostics = head_diagnostics(rows, queries)
     assert diagnostics["entropy_tokens"].to_numpy() == pytest.approx(np.log(24) / np.log(144))
     assert isinstance(diagnostics, pd.DataFrame)
@@ -251,16 +299,22 @@ def test_uniform_baseline_counts_the_key_tokens_by_hand():
     tokens = np.array([12, 24, 24, 24, 24, 24])  # frame 0 lost half its tokens
     uniform = tokens / tokens.sum()
     dropped = curve_stats(values, frames, query_frames=[4, 5], metric="prob_mass", uniform=uniform)
-    assert dropped["frame0_uniform"] == pytest.approx(12 / 132) and dropped["frame0_excess"] == pytest.approx(0.4 - 12 / 132)
+    assert dropped["frame0_uniform"] == pytest.approx(12 / 132) and dropped["frame0_excess"] == pytest.approx(
+        0.4 - 12 / 132
+    )
     assert math.isnan(curve_stats(values, frames, [4, 5], "logit_mean")["frame0_excess"])  # mass only
     assert math.isnan(curve_stats(np.array([np.nan, 0.6, 0.4]), np.arange(3), [2], "prob_mass")["frame0_uniform"])
     rows = synthetic_rows(blocks=(3, 3))
     rows.loc[(rows["key_frame"] == 1) & (rows["block"] == 1), "key_tokens"] = 6
     shares = rows.assign(uniform=uniform_mass(rows))
-    block1 = shares[(shares["block"] == 1) & (shares["head"] == 0) & (shares["pass"] == "cache") & (shares["query_frame"] == 4)]
+    block1 = shares[
+        (shares["block"] == 1) & (shares["head"] == 0) & (shares["pass"] == "cache") & (shares["query_frame"] == 4)
+    ]
     expected = {0: 24 / 126, 1: 6 / 126, **{k: 24 / 126 for k in range(2, 6)}}
     assert block1.set_index("key_frame")["uniform"].to_dict() == pytest.approx(expected)
-    block0 = shares[(shares["block"] == 0) & (shares["head"] == 0) & (shares["pass"] == "cache") & (shares["query_frame"] == 1)]
+    block0 = shares[
+        (shares["block"] == 0) & (shares["head"] == 0) & (shares["pass"] == "cache") & (shares["query_frame"] == 1)
+    ]
     assert np.allclose(block0["uniform"], 1 / 3)
     assert np.allclose(uniform_mass(rows.drop(columns="key_tokens"))[rows["block"] == 1], 1 / 6)
     assert np.allclose(uniform_mass(rows.assign(key_tokens=0))[rows["block"] == 1], 1 / 6)  # no counts: 1 / frames
@@ -270,7 +324,9 @@ def test_head_and_layer_stats_carry_the_uniform_baseline_and_the_spread_between_
     rows = synthetic_rows(prompts=("a", "b"), seeds=(0, 3))
     rows.loc[(rows["key_frame"] == 0) & (rows["block"] == 2), "key_tokens"] = 12
     heads = head_stats(rows)
-    mass = heads[(heads["metric"] == "prob_mass") & (heads["head"] == 1) & (heads["pass"] == "denoise") & (heads["step"] == 1)]
+    mass = heads[
+        (heads["metric"] == "prob_mass") & (heads["head"] == 1) & (heads["pass"] == "denoise") & (heads["step"] == 1)
+    ]
     averaged = mass[mass["prompt_id"] == "*"].iloc[0]
     per_run = mass[mass["prompt_id"] != "*"]
     assert averaged["frame0_uniform"] == pytest.approx(12 / (12 + 8 * 24))  # 9 frames, frame 0 at half its tokens
@@ -283,7 +339,8 @@ def test_head_and_layer_stats_carry_the_uniform_baseline_and_the_spread_between_
     layers = layer_stats(rows)
     one = layers[(layers["metric"] == "prob_mass") & (layers["pass"] == "cache")]
     assert one.loc[one["prompt_id"] == "*", "diagonal_mean_run_std"].item() == pytest.approx(
-        one.loc[one["prompt_id"] != "*", "diagonal_mean"].std(ddof=1))
+        one.loc[one["prompt_id"] != "*", "diagonal_mean"].std(ddof=1)
+    )
     assert one.loc[one["prompt_id"] == "*", "frame0_uniform"].item() == pytest.approx(12 / 204)
     single = head_stats(synthetic_rows())
     assert single.loc[single["prompt_id"] == "*", "first_run_std"].isna().all()  # one run: no spread
@@ -292,7 +349,9 @@ def test_head_and_layer_stats_carry_the_uniform_baseline_and_the_spread_between_
 def test_block_stats_uniform_sink_share_and_excess_by_hand():
     rows = synthetic_rows(blocks=(3, 3, 3, 3, 3), window=7, sink=2)
     stats = block_stats(rows, sink_frames=2)
-    one = stats[(stats["block"] == 4) & (stats["head"] == 0) & (stats["pass"] == "denoise") & (stats["step"] == 0)].iloc[0]
+    one = stats[
+        (stats["block"] == 4) & (stats["head"] == 0) & (stats["pass"] == "denoise") & (stats["step"] == 0)
+    ].iloc[0]
     assert one["sink_uniform"] == pytest.approx(2 / 7)  # 2 sink frames of the 7 it sees
     assert one["sink_excess"] == pytest.approx(one["sink_mass"] - 2 / 7)
     first = stats[stats["block"] == 0]

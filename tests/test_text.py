@@ -26,15 +26,26 @@ PROMPTS = {"eagle": "A majestic  eagle soaring through a cloudy sky", "city": "n
 
 def direct_encoding(model, text, max_tokens=512):
     """What transformers computes for the cleaned prompt, trimmed to its true length."""
-    batch = tiny_tokenizer()(clean_prompt(text), padding="max_length", max_length=max_tokens, truncation=True, return_tensors="pt")
+    batch = tiny_tokenizer()(
+        clean_prompt(text), padding="max_length", max_length=max_tokens, truncation=True, return_tensors="pt"
+    )
     with torch.no_grad():
         hidden = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     return hidden[0, : int(batch.attention_mask.sum())]
 
 
 def checkpoint(base):
-    return CheckpointSpec(name="sf", model=None, format="self_forcing", weights="sf.pt", base=str(base), seed=0, ema=True,
-                          allow_pickle=False, dtype="float32")  # fmt: skip
+    return CheckpointSpec(
+        name="sf",
+        model=None,
+        format="self_forcing",
+        weights="sf.pt",
+        base=str(base),
+        seed=0,
+        ema=True,
+        allow_pickle=False,
+        dtype="float32",
+    )
 
 
 @pytest.mark.parametrize("layout", ["wan", "diffusers"])

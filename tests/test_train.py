@@ -77,8 +77,12 @@ def test_the_first_latent_frame_is_an_image_latent():
     # Data version 2: frame 0 is one instant with channel statistics of its own,
     # FIRST_FRAME_GAIN * x + FIRST_FRAME_OFFSET; later frames average 4 instants.
     image = synthetic.synthetic_batch(4, 6, classes="drift").latents.double() * synthetic.DATA_SCALE
-    video = synthetic.synthetic_batch(4, 6, classes="drift", first_frame="video").latents.double() * synthetic.DATA_SCALE
-    single = synthetic.synthetic_batch(4, 6, classes="drift", first_frame="video", temporal_compression=1).latents.double()
+    video = (
+        synthetic.synthetic_batch(4, 6, classes="drift", first_frame="video").latents.double() * synthetic.DATA_SCALE
+    )
+    single = synthetic.synthetic_batch(
+        4, 6, classes="drift", first_frame="video", temporal_compression=1
+    ).latents.double()
     single = single * synthetic.DATA_SCALE
     gain = torch.tensor(synthetic.FIRST_FRAME_GAIN, dtype=torch.float64)[None, :, None, None]
     offset = torch.tensor(synthetic.FIRST_FRAME_OFFSET, dtype=torch.float64)[None, :, None, None]
@@ -89,6 +93,7 @@ def test_the_first_latent_frame_is_an_image_latent():
     # peak than one instant's.
     blurred = synthetic.synthetic_batch(5, 6, classes="circle", first_frame="video").latents
     sharp = synthetic.synthetic_batch(5, 6, classes="circle", first_frame="video", temporal_compression=1).latents
+
     def peak(x):
         return (x - x.mean((3, 4), keepdim=True)).pow(2).sum(1).amax((2, 3))[:, 1:].mean(1)
 
@@ -108,25 +113,38 @@ def test_a_camera_pan_moves_the_background_window():
         assert torch.equal(got[0, :, t], plane[0, :, 3 + t : 11 + t, 3 - t : 15 - t])
     half = 0.5 * (plane[1, :, 3:11, 3:15] + plane[1, :, 3:11, 4:16])  # half a pixel right at t = 1
     torch.testing.assert_close(got[1, :, 1], half)
-    assert torch.equal(synthetic.synthetic_batch(3, 2, fine_texture=0.5, pan=0.0).latents,
-                       synthetic.synthetic_batch(3, 2, fine_texture=0.5).latents)  # fmt: skip
+    assert torch.equal(
+        synthetic.synthetic_batch(3, 2, fine_texture=0.5, pan=0.0).latents,
+        synthetic.synthetic_batch(3, 2, fine_texture=0.5).latents,
+    )
     panned = synthetic.synthetic_batch(3, 2, fine_texture=0.5, pan=0.3, classes="pulse").latents
     static = synthetic.synthetic_batch(3, 2, fine_texture=0.5, classes="pulse").latents
+
     def change(video):  # mean squared change between consecutive later frames
         return float((video[:, :, 2:] - video[:, :, 1:-1]).pow(2).mean())
 
-    assert panned.shape == static.shape and change(panned) > 1.5 * change(static)  # a pulse's ball stays; the background moves
+    assert panned.shape == static.shape and change(panned) > 1.5 * change(
+        static
+    )  # a pulse's ball stays; the background moves
 
 
 def test_a_shaking_camera_blurs_the_later_frames_and_keeps_the_image_latent_sharp():
     """shake: every instant after the first displaced at random; a later latent frame averages 4 of them."""
+
     def detail(video):  # per-frame energy of the 4-neighbour Laplacian (the fine, per-pixel detail)
-        lap = 4 * video[..., 1:-1, 1:-1] - video[..., :-2, 1:-1] - video[..., 2:, 1:-1] - video[..., 1:-1, :-2] - video[..., 1:-1, 2:]
+        lap = (
+            4 * video[..., 1:-1, 1:-1]
+            - video[..., :-2, 1:-1]
+            - video[..., 2:, 1:-1]
+            - video[..., 1:-1, :-2]
+            - video[..., 1:-1, 2:]
+        )
         return lap.pow(2).mean((0, 1, 3, 4))
 
     common = dict(fine_texture=0.5, classes="pulse", first_frame="video")
-    assert torch.equal(synthetic.synthetic_batch(3, 2, **common, shake=0.0).latents,
-                       synthetic.synthetic_batch(3, 2, **common).latents)  # fmt: skip
+    assert torch.equal(
+        synthetic.synthetic_batch(3, 2, **common, shake=0.0).latents, synthetic.synthetic_batch(3, 2, **common).latents
+    )
     still = detail(synthetic.synthetic_batch(4, 16, **common).latents)
     shaken = detail(synthetic.synthetic_batch(4, 16, **common, shake=0.5).latents)
     assert float(still[1:].mean() / still[0]) > 0.95  # a still camera: every frame as detailed as the first
@@ -140,7 +158,11 @@ def test_a_shaking_camera_blurs_the_later_frames_and_keeps_the_image_latent_shar
 
 def test_version_1_data_is_what_version_1_checkpoints_read():
     options = synthetic.options_of(None)
-    assert options == synthetic.options_of({"version": 1}) == {"first_frame": "video", "temporal_compression": 1, "scale": 0.764}
+    assert (
+        options
+        == synthetic.options_of({"version": 1})
+        == {"first_frame": "video", "temporal_compression": 1, "scale": 0.764}
+    )
     assert synthetic.options_of(synthetic.describe())["first_frame"] == "image"
     latents = synthetic.synthetic_batch(1, 64, **options).latents
     assert 0.9 < float(latents.std()) < 1.1
@@ -262,8 +284,16 @@ def test_bidirectional_pretraining_then_teacher_forcing_from_it(tmp_path):
 
 
 def test_checkpoints_load_and_match_the_ema_model(tmp_path):
-    result = train_demo(tmp_path / "demo", steps=2, batch_size=1, save_every=1, dtype="float32",
-                        keep_generator=True, progress=False, log_every=1)  # fmt: skip
+    result = train_demo(
+        tmp_path / "demo",
+        steps=2,
+        batch_size=1,
+        save_every=1,
+        dtype="float32",
+        keep_generator=True,
+        progress=False,
+        log_every=1,
+    )
     assert [p.name for p in result.checkpoints] == ["step_000001.pt", "step_000002.pt"]
     data = torch.load(result.final_checkpoint, weights_only=True)
     assert set(data) == {"generator_ema", "generator", "step", "sinkscope"}
@@ -375,16 +405,33 @@ def test_condition_dropout_trains_and_is_recorded(tmp_path):
 @pytest.mark.slow
 def test_guided_ode_distillation_stage(tmp_path):
     teacher = _train(tmp_path, "teacher", steps=1, dtype="float32", cond_dropout=0.2)
-    student = _train(tmp_path, "student", steps=1, stage="ode", teacher=teacher.final_checkpoint,
-                     pool_size=2, ode_steps=4, ode_chunk=2, guidance=2.5)  # fmt: skip
+    student = _train(
+        tmp_path,
+        "student",
+        steps=1,
+        stage="ode",
+        teacher=teacher.final_checkpoint,
+        pool_size=2,
+        ode_steps=4,
+        ode_chunk=2,
+        guidance=2.5,
+    )
     assert student.metadata["training"]["guidance"] == 2.5 and student.final_loss == student.final_loss
 
 
 @pytest.mark.slow
 def test_ode_distillation_stage(tmp_path):
     teacher = _train(tmp_path, "teacher", steps=1, dtype="float32", data_extra={"fine_texture": 0.5})
-    student = _train(tmp_path, "student", steps=2, stage="ode", teacher=teacher.final_checkpoint,
-                     pool_size=3, ode_steps=4, ode_chunk=2)  # fmt: skip
+    student = _train(
+        tmp_path,
+        "student",
+        steps=2,
+        stage="ode",
+        teacher=teacher.final_checkpoint,
+        pool_size=3,
+        ode_steps=4,
+        ode_chunk=2,
+    )
     meta = student.metadata["training"]
     assert meta["stage"] == "ode" and meta["pool_size"] == 3 and meta["init"].startswith("teacher")
     # The student learns the teacher's videos: it records the teacher's data, which evaluate_demo compares with.
@@ -408,8 +455,13 @@ def test_motion_classifier_separates_the_classes():
 
 @pytest.mark.slow
 def test_evaluate_demo_runs():
-    result = evaluate_demo(model=build_model("demo", seed=0), seeds_per_class=1, reference_per_class=20,
-                           baseline_seed=None, attention=False)  # fmt: skip
+    result = evaluate_demo(
+        model=build_model("demo", seed=0),
+        seeds_per_class=1,
+        reference_per_class=20,
+        baseline_seed=None,
+        attention=False,
+    )
     assert result["trained"]["videos"] == 5 and 0 <= result["trained"]["classifier_accuracy"] <= 1
     assert result["data"]["classifier_accuracy"] >= 0.9
     assert len(result["trained"]["frame_std"]) == 21
@@ -420,8 +472,30 @@ def test_the_cli_command_trains_with_the_full_option_set(tmp_path, capsys):
     from sinkscope.cli import main as cli_main
 
     out = tmp_path / "cli"
-    assert cli_main(["train-demo", "--out", str(out), "--steps", "2", "--batch-size", "1", "--dtype", "float32",
-                     "--schedule", "constant", "--log-every", "1", "--fine-texture", "0.5", "--cond-dropout", "0.1"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "train-demo",
+                "--out",
+                str(out),
+                "--steps",
+                "2",
+                "--batch-size",
+                "1",
+                "--dtype",
+                "float32",
+                "--schedule",
+                "constant",
+                "--log-every",
+                "1",
+                "--fine-texture",
+                "0.5",
+                "--cond-dropout",
+                "0.1",
+            ]
+        )
+        == 0
+    )
     assert "trained 2 steps" in capsys.readouterr().out
     data = torch.load(out / "final.pt", weights_only=True)
     assert data["step"] == 2 and next(iter(data["generator_ema"].values())).dtype == torch.float32
@@ -444,11 +518,19 @@ def test_attention_summary_of_random_weights_is_near_uniform():
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("mode", "forcing", "mode 'forcing'"), ("stage", "rl", "stage 'rl'"), ("schedule", "linear", "schedule 'linear'"),
-     ("steps", 0, "steps and batch_size"), ("stage", "ode", "needs a teacher"), ("first_frame", "photo", "first_frame 'photo'"),
-     ("temporal_compression", 0, "temporal_compression"), ("grain", -0.1, "grain"), ("cond_dropout", 1.0, "cond_dropout 1.0"),
-     ("guidance", 0.0, "guidance 0.0")],
-)  # fmt: skip
+    [
+        ("mode", "forcing", "mode 'forcing'"),
+        ("stage", "rl", "stage 'rl'"),
+        ("schedule", "linear", "schedule 'linear'"),
+        ("steps", 0, "steps and batch_size"),
+        ("stage", "ode", "needs a teacher"),
+        ("first_frame", "photo", "first_frame 'photo'"),
+        ("temporal_compression", 0, "temporal_compression"),
+        ("grain", -0.1, "grain"),
+        ("cond_dropout", 1.0, "cond_dropout 1.0"),
+        ("guidance", 0.0, "guidance 0.0"),
+    ],
+)
 def test_train_config_refuses_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**{field: value})

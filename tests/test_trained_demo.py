@@ -78,7 +78,9 @@ def test_the_sink_head_has_a_large_key_and_a_small_value():
 
     def keep(q, k, v, layout):
         if k.shape[1] == 21 * 24:
-            seen.append((k[0, :, head].norm(dim=-1).view(21, 24).mean(1), v[0, :, head].norm(dim=-1).view(21, 24).mean(1)))
+            seen.append(
+                (k[0, :, head].norm(dim=-1).view(21, 24).mean(1), v[0, :, head].norm(dim=-1).view(21, 24).mean(1))
+            )
 
     model = load_transformer("sinkscope:demo_trained.pt", format="self_forcing", model="demo")
     model.set_observer(layer, keep)
@@ -106,7 +108,9 @@ def test_the_periodic_demo_looks_six_frames_back_not_at_frame_0():
 def test_the_shipped_weights_record_their_data_and_lineage():
     from importlib.resources import files
 
-    meta = torch.load(files("sinkscope") / "weights" / "demo_trained.pt", map_location="cpu", weights_only=True)["sinkscope"]
+    meta = torch.load(files("sinkscope") / "weights" / "demo_trained.pt", map_location="cpu", weights_only=True)[
+        "sinkscope"
+    ]
     assert meta["data"]["version"] == 2 and meta["data"]["fine_texture"] == 0.5
     assert meta["training"]["stage"] == "ode" and meta["training"]["guidance"] == 3.0
     assert meta["training"]["teacher_training"]["cond_dropout"] == 0.1

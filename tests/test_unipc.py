@@ -35,7 +35,9 @@ def linear_velocity(dim: int, seed: int):
     return model
 
 
-def reference_unipc(model, x: torch.Tensor, timesteps: list[int], sigmas: list[float], order: int = 2) -> list[torch.Tensor]:
+def reference_unipc(
+    model, x: torch.Tensor, timesteps: list[int], sigmas: list[float], order: int = 2
+) -> list[torch.Tensor]:
     """UniPC-p with B(h) = e^h - 1, data prediction, in float64, from the paper's equations.
 
     Written with e^{-h} = sigma_t alpha_s / (alpha_t sigma_s) so that sigma_t = 0 needs no
@@ -97,7 +99,9 @@ def test_the_schedule_matches_the_values_longlive2s_own_scheduler_gives():
     # docs/longlive2.md, "The sampler": what set_timesteps(4, shift=5.0) of their file gives.
     timesteps, sigmas = flow_unipc_schedule(4, 5.0)
     assert timesteps.tolist() == [999, 937, 833, 624]
-    assert torch.allclose(sigmas, torch.tensor([0.99979985, 0.93726546, 0.83305538, 0.62468737, 0.0]), rtol=0, atol=5e-8)
+    assert torch.allclose(
+        sigmas, torch.tensor([0.99979985, 0.93726546, 0.83305538, 0.62468737, 0.0]), rtol=0, atol=5e-8
+    )
 
 
 @pytest.mark.parametrize("num_steps, order", [(4, 2), (2, 2), (6, 2), (4, 1)])
@@ -119,13 +123,22 @@ def test_sampling_matches_a_float64_unipc_from_the_paper(num_steps, order):
 def _diffusers_flow_unipc(num_steps: int, shift: float):
     diffusers = pytest.importorskip("diffusers")
     scheduler_class = diffusers.UniPCMultistepScheduler
-    if "use_flow_sigmas" not in inspect.signature(scheduler_class.__init__).parameters or \
-            "sigmas" not in inspect.signature(scheduler_class.set_timesteps).parameters:  # fmt: skip
+    if (
+        "use_flow_sigmas" not in inspect.signature(scheduler_class.__init__).parameters
+        or "sigmas" not in inspect.signature(scheduler_class.set_timesteps).parameters
+    ):
         pytest.skip(f"diffusers {diffusers.__version__}'s UniPCMultistepScheduler has no flow sigmas")
     scheduler = scheduler_class(
-        num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction", use_flow_sigmas=True,
-        flow_shift=shift, predict_x0=True, solver_type="bh2", lower_order_final=True, final_sigmas_type="zero",
-    )  # fmt: skip
+        num_train_timesteps=1000,
+        solver_order=2,
+        prediction_type="flow_prediction",
+        use_flow_sigmas=True,
+        flow_shift=shift,
+        predict_x0=True,
+        solver_type="bh2",
+        lower_order_final=True,
+        final_sigmas_type="zero",
+    )
     # diffusers' own flow sigmas start from linspace(1, 1/T); Wan's start from the training
     # table's float32(1 - 1/T) down to 0: hand it those, unshifted (it applies flow_shift).
     sigma_max = float(np.float32(1 - 1 / 1000))

@@ -17,6 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_wan")
 av = pytest.importorskip("av")
 
+from safetensors.torch import save_file  # noqa: E402
+
 from sinkscope.errors import ConfigError, WeightsError  # noqa: E402
 from sinkscope.model.checkpoints import CheckpointSpec, ResolvedCheckpoint, find_vae, vae_candidates  # noqa: E402
 from sinkscope.model.config import get_model_config  # noqa: E402
@@ -29,7 +31,6 @@ from sinkscope.model.vae import (  # noqa: E402
     original_state_dict,
 )
 from sinkscope.pipeline.latents import write_latents  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,13 +38,29 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tiny VAEs of the two releases' layouts (Wan2.1: 4 levels, 2 residual blocks; Wan2.2:
 # residual levels, 2x2 pixel patches, a wider decoder, z_dim 48).
 TINY = {
-    "wan2.1": {"base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
-               "temperal_downsample": [False, True, True]},
-    "wan2.2": {"base_dim": 8, "decoder_base_dim": 16, "z_dim": 48, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
-               "temperal_downsample": [False, True, True], "is_residual": True, "in_channels": 12, "out_channels": 12,
-               "patch_size": 2, "scale_factor_spatial": 16, "latents_mean": list(WAN22_LATENTS_MEAN),
-               "latents_std": list(WAN22_LATENTS_STD)},
-}  # fmt: skip
+    "wan2.1": {
+        "base_dim": 8,
+        "z_dim": 16,
+        "dim_mult": [1, 2, 4, 4],
+        "num_res_blocks": 2,
+        "temperal_downsample": [False, True, True],
+    },
+    "wan2.2": {
+        "base_dim": 8,
+        "decoder_base_dim": 16,
+        "z_dim": 48,
+        "dim_mult": [1, 2, 4, 4],
+        "num_res_blocks": 2,
+        "temperal_downsample": [False, True, True],
+        "is_residual": True,
+        "in_channels": 12,
+        "out_channels": 12,
+        "patch_size": 2,
+        "scale_factor_spatial": 16,
+        "latents_mean": list(WAN22_LATENTS_MEAN),
+        "latents_std": list(WAN22_LATENTS_STD),
+    },
+}
 
 
 def tiny_module(kind: str):
@@ -61,8 +78,13 @@ def tiny_module(kind: str):
 
 # -- Wan's original key names, from its module tree (wan/modules/vae.py and vae2_2.py) ----------
 
-_RESIDUAL = {"norm1": "residual.0", "conv1": "residual.2", "norm2": "residual.3", "conv2": "residual.6",
-             "conv_shortcut": "shortcut"}  # fmt: skip
+_RESIDUAL = {
+    "norm1": "residual.0",
+    "conv1": "residual.2",
+    "norm2": "residual.3",
+    "conv2": "residual.6",
+    "conv_shortcut": "shortcut",
+}
 
 
 def _residual(rest: str) -> str:
@@ -110,8 +132,10 @@ def wan_key(key: str, residual: bool, blocks: int) -> str:
 
 def original_layout(module, kind: str) -> dict:
     config = TINY[kind]
-    return {wan_key(k, config.get("is_residual", False), config["num_res_blocks"]): v.clone()
-            for k, v in module.state_dict().items()}  # fmt: skip
+    return {
+        wan_key(k, config.get("is_residual", False), config["num_res_blocks"]): v.clone()
+        for k, v in module.state_dict().items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -135,13 +159,23 @@ def test_original_keys_are_wans_module_tree():
     """The test's names are Wan's (spot checks against wan/modules/vae.py's tree and the
     key diffusers' single-file loader detects the Wan VAE by)."""
     keys = set(original_layout(tiny_module("wan2.1"), "wan2.1"))
-    assert {"decoder.middle.0.residual.0.gamma", "encoder.downsamples.2.resample.1.weight",
-            "encoder.downsamples.5.time_conv.weight", "decoder.upsamples.3.time_conv.weight",
-            "decoder.upsamples.4.shortcut.weight", "decoder.upsamples.14.residual.6.bias", "conv1.weight",
-            "decoder.head.2.weight"} <= keys  # fmt: skip
+    assert {
+        "decoder.middle.0.residual.0.gamma",
+        "encoder.downsamples.2.resample.1.weight",
+        "encoder.downsamples.5.time_conv.weight",
+        "decoder.upsamples.3.time_conv.weight",
+        "decoder.upsamples.4.shortcut.weight",
+        "decoder.upsamples.14.residual.6.bias",
+        "conv1.weight",
+        "decoder.head.2.weight",
+    } <= keys
     keys22 = set(original_layout(tiny_module("wan2.2"), "wan2.2"))
-    assert {"encoder.downsamples.0.downsamples.2.resample.1.weight", "encoder.downsamples.1.downsamples.2.time_conv.weight",
-            "decoder.upsamples.0.upsamples.3.time_conv.weight", "decoder.upsamples.3.upsamples.2.residual.0.gamma"} <= keys22  # fmt: skip
+    assert {
+        "encoder.downsamples.0.downsamples.2.resample.1.weight",
+        "encoder.downsamples.1.downsamples.2.time_conv.weight",
+        "decoder.upsamples.0.upsamples.3.time_conv.weight",
+        "decoder.upsamples.3.upsamples.2.residual.0.gamma",
+    } <= keys22
 
 
 @pytest.mark.parametrize("kind", ["wan2.1", "wan2.2"])
@@ -154,9 +188,22 @@ def test_both_layouts_load_to_the_same_module(written, kind):
         state = vae.module.state_dict()
         assert state.keys() == source.keys()
         assert all(torch.equal(state[k], source[k]) for k in source)
-    keys = ("base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks", "temperal_downsample", "is_residual",
-            "in_channels", "out_channels", "patch_size", "scale_factor_spatial", "scale_factor_temporal", "latents_mean",
-            "latents_std")  # fmt: skip
+    keys = (
+        "base_dim",
+        "decoder_base_dim",
+        "z_dim",
+        "dim_mult",
+        "num_res_blocks",
+        "temperal_downsample",
+        "is_residual",
+        "in_channels",
+        "out_channels",
+        "patch_size",
+        "scale_factor_spatial",
+        "scale_factor_temporal",
+        "latents_mean",
+        "latents_std",
+    )
     folder_config, pth_config = dict(from_folder.module.config), dict(from_pth.module.config)
     folder_config["decoder_base_dim"] = folder_config["decoder_base_dim"] or folder_config["base_dim"]
     assert {k: folder_config[k] for k in keys} == {k: pth_config[k] for k in keys}
@@ -271,7 +318,9 @@ def test_decode_video_job_writes_the_runs_mp4(written, tmp_path):
 
 def _svg_texts(path: Path) -> list[str]:
     root = ET.fromstring(path.read_text())
-    return [" ".join(t.strip() for t in e.itertext() if t.strip()) for e in root.iter("{http://www.w3.org/2000/svg}text")]
+    return [
+        " ".join(t.strip() for t in e.itertext() if t.strip()) for e in root.iter("{http://www.w3.org/2000/svg}text")
+    ]
 
 
 def test_contact_sheet_from_latents(tmp_path):
@@ -293,8 +342,17 @@ def test_contact_sheet_from_latents(tmp_path):
     table = frames_table(folders, checkpoint="demo", prompt_id="eagle", seed=0, unit="latent")
     assert sorted(table["frame"].unique()) == [0, 1, 2, 3, 4] and set(table["unit"]) == {"latent"}
     svg, png = tmp_path / "sheet.svg", tmp_path / "sheet.png"
-    contact_sheet_job(inputs=list(folders.values()), variants=list(folders), checkpoint="demo", prompt_id="eagle", seed=0,
-                      unit="latent", svg=svg, png=png, options={"dpi": 40})  # fmt: skip
+    contact_sheet_job(
+        inputs=list(folders.values()),
+        variants=list(folders),
+        checkpoint="demo",
+        prompt_id="eagle",
+        seed=0,
+        unit="latent",
+        svg=svg,
+        png=png,
+        options={"dpi": 40},
+    )
     texts = _svg_texts(svg)
     assert png.read_bytes()[:8] == PNG_MAGIC and "latent frame" in texts
     labels = [t for t in texts if t in ("default", "no_sink")]
@@ -313,8 +371,17 @@ def test_contact_sheet_from_videos(tmp_path):
         paths.append(tmp_path / f"{variant}.mp4")
         write_mp4(frames, paths[-1], fps=16)
     svg, png = tmp_path / "sheet.svg", tmp_path / "sheet.png"
-    contact_sheet_job(inputs=paths, variants=["default", "kv_int8"], checkpoint="wan", prompt_id="city", seed=1,
-                      unit="video", svg=svg, png=png, options={"dpi": 40})  # fmt: skip
+    contact_sheet_job(
+        inputs=paths,
+        variants=["default", "kv_int8"],
+        checkpoint="wan",
+        prompt_id="city",
+        seed=1,
+        unit="video",
+        svg=svg,
+        png=png,
+        options={"dpi": 40},
+    )
     texts = _svg_texts(svg)
     assert "video frame" in texts and {"0", "4", "8", "12"} <= set(texts) and "1" not in texts
     assert any(re.search(r"Contact sheet: city, seed 1", t) for t in texts)
@@ -324,7 +391,9 @@ def test_contact_sheet_from_videos(tmp_path):
 
 
 def _checkpoint(tmp_path: Path, model: str = "wan2.1-t2v-1.3b", weights: Path | None = None) -> ResolvedCheckpoint:
-    return ResolvedCheckpoint(CheckpointSpec("wan", model=model), "wan", weights or tmp_path, None, get_model_config(model))
+    return ResolvedCheckpoint(
+        CheckpointSpec("wan", model=model), "wan", weights or tmp_path, None, get_model_config(model)
+    )
 
 
 def test_find_vae_in_a_release_folder(tmp_path):
@@ -363,15 +432,21 @@ def test_plan_of_videos_and_contact_sheets(monkeypatch, tmp_path):
     study = load_study({**config, "outputs": {"contact_sheet": True}}, ROOT, check_this_machine=False)
     targets = videoplan.video_targets(study)
     prompt, seed = next(iter(study.prompts)), study.seeds[0]
-    assert f"results/figures/demo/contact_sheet/{prompt}/seed{seed}.svg" in targets and not any(".mp4" in t for t in targets)
-    assert videoplan.sheet_inputs(study, "demo", prompt, seed)[0].startswith(f"results/extract/demo/{prompt}/seed{seed}/")
+    assert f"results/figures/demo/contact_sheet/{prompt}/seed{seed}.svg" in targets and not any(
+        ".mp4" in t for t in targets
+    )
+    assert videoplan.sheet_inputs(study, "demo", prompt, seed)[0].startswith(
+        f"results/extract/demo/{prompt}/seed{seed}/"
+    )
     assert videoplan.sheet_params(study)["variants"] == ["default", "no_sink"]
     (tmp_path / "Wan2.1_VAE.pth").write_bytes(b"vae")
     monkeypatch.setattr(videoplan, "find_vae", lambda checkpoint: tmp_path / "Wan2.1_VAE.pth")
     study.config["outputs"]["video"] = True
     assert f"results/videos/demo@no_sink/{prompt}/seed{seed}.mp4" in videoplan.video_targets(study)
-    assert videoplan.sheet_inputs(study, "demo", prompt, seed) == [f"results/videos/demo/{prompt}/seed{seed}.mp4",
-                                                                    f"results/videos/demo@no_sink/{prompt}/seed{seed}.mp4"]  # fmt: skip
+    assert videoplan.sheet_inputs(study, "demo", prompt, seed) == [
+        f"results/videos/demo/{prompt}/seed{seed}.mp4",
+        f"results/videos/demo@no_sink/{prompt}/seed{seed}.mp4",
+    ]
     params = videoplan.video_params(study, "demo@no_sink")
     assert params["fps"] == 16 and params["vae"] == str(tmp_path / "Wan2.1_VAE.pth") and len(params["vae_sha256"]) == 64
 
@@ -380,9 +455,14 @@ def test_importing_sinkscope_needs_neither_diffusers_nor_av():
     import subprocess
     import sys
 
-    code = ("import sys, sinkscope, sinkscope.model.vae, sinkscope.pipeline.video, sinkscope.pipeline.videoplan; "
-            "print(any(m in sys.modules for m in ('diffusers', 'av', 'torch')))")  # fmt: skip
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    code = (
+        "import sys, sinkscope, sinkscope.model.vae, sinkscope.pipeline.video, sinkscope.pipeline.videoplan; "
+        "print(any(m in sys.modules for m in ('diffusers', 'av', 'torch')))"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_decoded_video_is_what_the_module_gives(written):
@@ -402,16 +482,25 @@ def test_workflow_decodes_videos_and_draws_their_contact_sheet(workflow):
     release.mkdir()
     torch.save(original_layout(tiny_module("wan2.1"), "wan2.1"), release / "Wan2.1_VAE.pth")
     checkpoint = {"model": "demo", "format": "self_forcing", "weights": "sinkscope:demo_trained.pt", "base": "release"}
-    config = {"checkpoints": {"demo": checkpoint}, "layers": [0], "seeds": [0], "generation": {"num_frames": 9},
-              "outputs": {"video": True},
-              "variants": {"default": {}, "window": {"cache_policy": "window", "local_attn_frames": 6}}}  # fmt: skip
+    config = {
+        "checkpoints": {"demo": checkpoint},
+        "layers": [0],
+        "seeds": [0],
+        "generation": {"num_frames": 9},
+        "outputs": {"video": True},
+        "variants": {"default": {}, "window": {"cache_policy": "window", "local_attn_frames": 6}},
+    }
     workflow.write_config(config)
     workflow.run()
     from sinkscope.pipeline.video import mp4_info
 
     for source in ("demo", "demo@window"):  # the demo's 8x12 latents: 64x96 pixels; 9 latent frames: 33
-        assert mp4_info(workflow.path(f"results/videos/{source}/drift/seed0.mp4")) == {"frames": 33, "width": 96,
-                                                                                        "height": 64, "fps": 16.0}  # fmt: skip
+        assert mp4_info(workflow.path(f"results/videos/{source}/drift/seed0.mp4")) == {
+            "frames": 33,
+            "width": 96,
+            "height": 64,
+            "fps": 16.0,
+        }
     sheet = workflow.path("results/figures/demo/contact_sheet/drift/seed0.svg")
     texts = _svg_texts(sheet)
     assert [t for t in texts if t in ("default", "window")] == ["default", "window"] and "video frame" in texts

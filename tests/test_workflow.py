@@ -54,8 +54,18 @@ def test_full_run_then_only_what_changed(workflow):
     assert set(tokens["block"]) == {2} and len(tokens) == 2 * 5 * 12 * 9
     assert len(token_rows(tokens)) == 2 * 5 * 12 * 9 * 24
     meta = read_metadata(workflow.path("results/extract/demo/drift/seed0/layers4/layer4.parquet"))
-    for key in ("package_version", "code_digest", "config_hash", "checkpoint_digest", "torch_version", "device_name",
-                "device_kind", "dtype", "model_config", "frame_grid"):  # fmt: skip
+    for key in (
+        "package_version",
+        "code_digest",
+        "config_hash",
+        "checkpoint_digest",
+        "torch_version",
+        "device_name",
+        "device_kind",
+        "dtype",
+        "model_config",
+        "frame_grid",
+    ):
         assert meta[key] is not None, key
     assert (meta["device_kind"], meta["dtype"], meta["frame_grid"]) == ("cpu", "float32", [4, 6])
     assert workflow.path("results/extract/demo/drift/seed0/layers4/manifest.json").is_file()
@@ -111,23 +121,36 @@ def test_full_run_then_only_what_changed(workflow):
     assert without_all(workflow.planned_jobs()) == {"source_figure": len(heads_kinds), "summary_page": 1}
 
     # Equivalent configs rerun nothing: 5 for 5.0, a policy's defaults spelled out.
-    workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass", "heads": ["L1H2"]},
-                           "generation": {"num_frames": 9, "timestep_shift": 5, "cache_policy": "global"}})  # fmt: skip
+    workflow.write_config(
+        {
+            **BASE,
+            "layers": [0, 4, 5],
+            "figures": {"metric": "prob_mass", "heads": ["L1H2"]},
+            "generation": {"num_frames": 9, "timestep_shift": 5, "cache_policy": "global"},
+        }
+    )
     workflow.run("--allowed-rules", "source_figure", "summary_page")
     assert without_all(workflow.planned_jobs()) == {}
 
 
 def test_variants_are_sources_and_rerun_alone(workflow):
-    config = {"layers": [1], "generation": {"num_frames": 15},
-              "variants": {"window": {"cache_policy": "window", "local_attn_frames": 6},
-                           "deep": {"cache_policy": "deep_sink", "local_attn_frames": 7, "sink_frames": 2}}}  # fmt: skip
+    config = {
+        "layers": [1],
+        "generation": {"num_frames": 15},
+        "variants": {
+            "window": {"cache_policy": "window", "local_attn_frames": 6},
+            "deep": {"cache_policy": "deep_sink", "local_attn_frames": 7, "sink_frames": 2},
+        },
+    }
     workflow.write_config(config)
     workflow.run()
     blocks = pd.read_parquet(workflow.path("results/tables/block_stats.parquet"))
     assert set(blocks["variant"]) == {"window", "deep"}
     frame = pd.read_parquet(workflow.path("results/tables/frame_attention.parquet"))
     deep = frame[frame["variant"] == "deep"]
-    assert (deep["key_position_shift"] != 0).any() and (frame[frame["variant"] == "window"]["key_position_shift"] == 0).all()
+    assert (deep["key_position_shift"] != 0).any() and (
+        frame[frame["variant"] == "window"]["key_position_shift"] == 0
+    ).all()
     assert workflow.path("results/figures/demo@deep/figure4.svg").is_file()
     assert workflow.path("results/figures/demo/policy_comparison.svg").is_file()
     # Editing one variant reruns its jobs only.
@@ -141,11 +164,19 @@ def test_figure_table_and_summary_show_the_same_numbers(workflow):
     workflow.write_config({"layers": [0], "generation": {"num_frames": 9}, "seeds": [0, 1]})
     workflow.run()
     heads = pd.read_parquet(workflow.path("results/tables/head_stats.parquet"))
-    chosen = heads[(heads["prompt_id"] == "*") & (heads["pass"] == "denoise") & (heads["step"] == 3)
-                   & (heads["metric"] == "logit_mean")].set_index("head")  # fmt: skip
+    chosen = heads[
+        (heads["prompt_id"] == "*")
+        & (heads["pass"] == "denoise")
+        & (heads["step"] == 3)
+        & (heads["metric"] == "logit_mean")
+    ].set_index("head")
     assert (chosen["runs"] == 2).all() and chosen["sink_score_run_std"].notna().all()
-    mass = heads[(heads["prompt_id"] == "*") & (heads["pass"] == "denoise") & (heads["step"] == 3)
-                 & (heads["metric"] == "prob_mass")].set_index("head")  # fmt: skip
+    mass = heads[
+        (heads["prompt_id"] == "*")
+        & (heads["pass"] == "denoise")
+        & (heads["step"] == 3)
+        & (heads["metric"] == "prob_mass")
+    ].set_index("head")
     classes = pd.read_parquet(workflow.path("results/tables/head_diagnostics.parquet"))
     classes = classes[(classes["pass"] == "denoise") & (classes["step"] == 3)].set_index("head")["head_class"]
     grid = workflow.path("results/figures/demo/layer0/per_head_grid.svg").read_text()
@@ -153,8 +184,12 @@ def test_figure_table_and_summary_show_the_same_numbers(workflow):
         assert f"H{head + 1} · {classes[head]}<" in grid and f"excess {row['frame0_excess']:+.3f}<" in grid
     assert "mean of n = 2 runs" in grid
     layers = pd.read_parquet(workflow.path("results/tables/layer_stats.parquet"))
-    row = layers[(layers["prompt_id"] == "*") & (layers["pass"] == "denoise") & (layers["step"] == 3)
-                 & (layers["metric"] == "logit_mean")].iloc[0]  # fmt: skip
+    row = layers[
+        (layers["prompt_id"] == "*")
+        & (layers["pass"] == "denoise")
+        & (layers["step"] == 3)
+        & (layers["metric"] == "logit_mean")
+    ].iloc[0]
     summary = workflow.path("results/report/summary.html").read_text()
     assert f"<td>{number(row['sink_score'])} ± {number(row['sink_score_run_std'])}</td>" in summary
 
@@ -164,11 +199,19 @@ def test_attention_across_training_checkpoints(workflow):
     from sinkscope.demo.train import train_demo
 
     train_demo(workflow.path("train"), steps=4, batch_size=2, save_every=2, seed=0, progress=False)
-    steps = {"untrained": ({"model": "demo", "format": "demo"}, 0),
-             "step2": ({"model": "demo", "format": "self_forcing", "weights": "train/checkpoints/step_000002.pt"}, 2),
-             "final": ({"model": "demo", "format": "self_forcing", "weights": "train/final.pt"}, 4)}  # fmt: skip
-    workflow.write_config({"checkpoints": {name: {**entry, "train_step": step} for name, (entry, step) in steps.items()},
-                           "layers": [0], "generation": {"num_frames": 6}, "capture": {"token_profiles": "none"}})  # fmt: skip
+    steps = {
+        "untrained": ({"model": "demo", "format": "demo"}, 0),
+        "step2": ({"model": "demo", "format": "self_forcing", "weights": "train/checkpoints/step_000002.pt"}, 2),
+        "final": ({"model": "demo", "format": "self_forcing", "weights": "train/final.pt"}, 4),
+    }
+    workflow.write_config(
+        {
+            "checkpoints": {name: {**entry, "train_step": step} for name, (entry, step) in steps.items()},
+            "layers": [0],
+            "generation": {"num_frames": 6},
+            "capture": {"token_profiles": "none"},
+        }
+    )
     workflow.run()
     svg = workflow.path("results/figures/attention_across_checkpoints.svg").read_text()
     assert "<text" in svg and "training step" in svg.lower()

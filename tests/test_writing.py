@@ -86,8 +86,12 @@ def test_token_values_round_trip_with_exact_identities_and_float16_error(seed):
     for name in ("token_logit_centered", "token_prob_ratio"):  # float16 precision: 11 significant bits
         values = stored[name]
         assert np.array_equal(values, round_significant(values, 11), equal_nan=True), name
-    logit, prob = decode_token_values(stored["frame_logit_mean"], stored["frame_prob_mass"],
-                                      stored["token_logit_centered"], stored["token_prob_ratio"])  # fmt: skip
+    logit, prob = decode_token_values(
+        stored["frame_logit_mean"],
+        stored["frame_prob_mass"],
+        stored["token_logit_centered"],
+        stored["token_prob_ratio"],
+    )
     assert logit.dtype == prob.dtype == np.float32
     present = ~np.isnan(prob64)
     assert (~np.isnan(prob) == present).all() and (~np.isnan(logit) == present).all()
@@ -118,8 +122,9 @@ def test_extreme_frames_encode_and_decode():
     prob = np.array([[1.0, 0.0, np.nan, 0.0], [0.0, 0.0, 0.0, 0.0]], np.float32)  # all mass on one token; none at all
     stored = encode_token_values(logit, prob)
     assert stored["token_prob_ratio"][0, 0] == 3 and np.isnan(stored["token_prob_ratio"][0, 2])
-    decoded_logit, decoded_prob = decode_token_values(*(stored[name] for name in ("frame_logit_mean", "frame_prob_mass",
-                                                                                 "token_logit_centered", "token_prob_ratio")))  # fmt: skip
+    decoded_logit, decoded_prob = decode_token_values(
+        *(stored[name] for name in ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio"))
+    )
     assert np.allclose(decoded_logit[0], logit[0], equal_nan=True) and (decoded_prob[1] == 0).all()
     assert decoded_prob[0, 0] == 1 and np.nansum(decoded_prob[0]) == 1
     with pytest.raises(ValueError, match="no present token"):
@@ -161,11 +166,25 @@ def _run_columns(n: int) -> dict:
 def _token_frame(seed: int = 0, old: bool = False) -> pd.DataFrame:
     logit, prob = _profiles(seed)
     n = len(logit)
-    rows = pd.DataFrame({**_run_columns(n), "layer": 4, "head": np.repeat(np.arange(3), 4), "block": 2, "pass": "cache",
-                         "step": 4, "timestep": 0.0, "prompt_segment": 0, "key_frame": np.tile(np.arange(4), 3),
-                         "key_tokens": (~np.isnan(prob)).sum(1), "key_position_shift": 0})  # fmt: skip
+    rows = pd.DataFrame(
+        {
+            **_run_columns(n),
+            "layer": 4,
+            "head": np.repeat(np.arange(3), 4),
+            "block": 2,
+            "pass": "cache",
+            "step": 4,
+            "timestep": 0.0,
+            "prompt_segment": 0,
+            "key_frame": np.tile(np.arange(4), 3),
+            "key_tokens": (~np.isnan(prob)).sum(1),
+            "key_position_shift": 0,
+        }
+    )
     if old:
-        return rows.assign(token_logit_mean=list(logit.astype(np.float32)), token_prob_mean=list(prob.astype(np.float32)))
+        return rows.assign(
+            token_logit_mean=list(logit.astype(np.float32)), token_prob_mean=list(prob.astype(np.float32))
+        )
     stored = encode_token_values(logit.astype(np.float32), prob.astype(np.float32))
     return rows.assign(**{name: list(v) if v.ndim == 2 else v for name, v in stored.items()})
 
@@ -176,8 +195,15 @@ def write_old_token_file(path: Path, rows: pd.DataFrame) -> None:
     from sinkscope.tables import _encode_metadata, to_arrow
 
     table = to_arrow(rows, TOKEN_PROFILES_SCHEMA_V1)
-    meta = _encode_metadata({"package_version": "0.old", "layer": 4, "frame_seq_length": 16,
-                             "content_sha256": column_digests_v1(table), "columns": {}})  # fmt: skip
+    meta = _encode_metadata(
+        {
+            "package_version": "0.old",
+            "layer": 4,
+            "frame_seq_length": 16,
+            "content_sha256": column_digests_v1(table),
+            "columns": {},
+        }
+    )
     meta[(META_PREFIX + "metadata_sha256").encode()] = _metadata_digest(meta)
     pq.write_table(table.replace_schema_metadata(meta), path, compression="zstd", write_page_checksum=True)
 
@@ -209,14 +235,19 @@ def test_new_token_files_read_verified_and_decode_like_the_old(tmp_path):
     assert read_metadata(new)["content_digest_version"] == 2
     a, b = token_rows(read_table(new)), token_rows(read_table(old))
     assert list(a.columns) == list(b.columns)
-    pd.testing.assert_frame_equal(a.drop(columns=["token_logit_mean", "token_prob_mean"]),
-                                  b.drop(columns=["token_logit_mean", "token_prob_mean"]))  # fmt: skip
+    pd.testing.assert_frame_equal(
+        a.drop(columns=["token_logit_mean", "token_prob_mean"]), b.drop(columns=["token_logit_mean", "token_prob_mean"])
+    )
     assert np.allclose(a["token_prob_mean"], b["token_prob_mean"], rtol=2**-10, atol=1e-9)
+
     # The float16 lists take about half the float32 ones' bytes.
     def list_bytes(path):
         group = pq.ParquetFile(path).metadata.row_group(0)
-        return sum(group.column(i).total_compressed_size for i in range(group.num_columns)
-                   if group.column(i).path_in_schema.endswith(".list.element"))  # fmt: skip
+        return sum(
+            group.column(i).total_compressed_size
+            for i in range(group.num_columns)
+            if group.column(i).path_in_schema.endswith(".list.element")
+        )
 
     assert list_bytes(new) < 0.7 * list_bytes(old)
 
@@ -228,15 +259,36 @@ def test_a_token_dataset_of_old_and_new_files_reads_for_figures(tmp_path):
     (folder / "a").mkdir(parents=True)
     (folder / "b").mkdir()
     write_old_token_file(folder / "a" / "layer4.tokens.parquet", _token_frame(seed=1, old=True).assign(prompt_id="a"))
-    write_table(_token_frame(seed=1).assign(prompt_id="b"), folder / "b" / "layer4.tokens.parquet", TOKEN_PROFILES_SCHEMA)
-    write_manifest(folder, ["a/layer4.tokens.parquet", "b/layer4.tokens.parquet"], {"table": "token_profiles"},
-                   name=DATASET_MANIFEST)  # fmt: skip
-    frame = pd.DataFrame({"layer": [4], "head": [1], "block": [2], "pass": ["cache"], "step": [4], "prompt_id": ["a"],
-                          "seed": [0], "timestep": [0.0], "query_frame": [3], "key_frame": [3], "logit_mean": [0.0],
-                          "prob_mass": [1.0]})  # fmt: skip
+    write_table(
+        _token_frame(seed=1).assign(prompt_id="b"), folder / "b" / "layer4.tokens.parquet", TOKEN_PROFILES_SCHEMA
+    )
+    write_manifest(
+        folder,
+        ["a/layer4.tokens.parquet", "b/layer4.tokens.parquet"],
+        {"table": "token_profiles"},
+        name=DATASET_MANIFEST,
+    )
+    frame = pd.DataFrame(
+        {
+            "layer": [4],
+            "head": [1],
+            "block": [2],
+            "pass": ["cache"],
+            "step": [4],
+            "prompt_id": ["a"],
+            "seed": [0],
+            "timestep": [0.0],
+            "query_frame": [3],
+            "key_frame": [3],
+            "logit_mean": [0.0],
+            "prob_mass": [1.0],
+        }
+    )
     rows = read_token_profiles(folder, frame, {"heads": ["L5H2"], "step": "cache"})
     assert set(rows["prompt_id"]) == {"a", "b"} and set(rows["head"]) == {1} and "token" in rows.columns
-    a, b = (rows[rows["prompt_id"] == p].sort_values(["key_frame", "token"])["token_prob_mean"].to_numpy() for p in "ab")
+    a, b = (
+        rows[rows["prompt_id"] == p].sort_values(["key_frame", "token"])["token_prob_mean"].to_numpy() for p in "ab"
+    )
     assert np.allclose(a, b, rtol=2**-10, atol=1e-9)
 
 
@@ -298,7 +350,9 @@ def test_the_queue_keeps_the_order_of_each_key(workers):
     done: dict[int, list[int]] = {}
     background = BackgroundQueue(workers, maxsize=2)
     for i in range(60):
-        background.submit(i % 4, lambda key, i: (time.sleep(0.0005 * (i % 3)), done.setdefault(key, []).append(i)), i % 4, i)
+        background.submit(
+            i % 4, lambda key, i: (time.sleep(0.0005 * (i % 3)), done.setdefault(key, []).append(i)), i % 4, i
+        )
     background.close()
     assert done == {key: list(range(key, 60, 4)) for key in range(4)}
     assert background.busy_seconds > 0
@@ -349,8 +403,9 @@ def test_a_task_error_reaches_the_producer(workers):
 def _generate(writer=None, device="cpu", token_profiles="all", layers=(0, 2)):
     model = build_model("demo", seed=0, device=device)
     context = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(1)).to(device)
-    capture = FrameStatsCapture(model, layers, frame_seq_length=FSL, token_profiles=token_profiles,
-                                handoff=writer.submit if writer else None)  # fmt: skip
+    capture = FrameStatsCapture(
+        model, layers, frame_seq_length=FSL, token_profiles=token_profiles, handoff=writer.submit if writer else None
+    )
     with capture:
         result = generate(model, context, options=GenerationOptions(num_frames=9), seed=0, observers=[capture])
     return capture, result
@@ -358,8 +413,13 @@ def _generate(writer=None, device="cpu", token_profiles="all", layers=(0, 2)):
 
 def _write(folder: Path, workers: int, device: str = "cpu", **kw) -> tuple[list[str], dict[str, int]]:
     folder.mkdir(parents=True)
-    writer = ExtractionWriter(folder, (0, 2), frame_seq_length=FSL, run_columns={"checkpoint": "demo", "variant": "default",
-                              "prompt_id": "p", "seed": 0}, workers=workers)  # fmt: skip
+    writer = ExtractionWriter(
+        folder,
+        (0, 2),
+        frame_seq_length=FSL,
+        run_columns={"checkpoint": "demo", "variant": "default", "prompt_id": "p", "seed": 0},
+        workers=workers,
+    )
     _generate(writer, device=device, **kw)
     return writer.finish({"package_version": "x"})
 
@@ -376,16 +436,26 @@ def _compare_with_layer_tables(folder: Path, device: str = "cpu", exact: bool = 
                 a, b = got[name], expected[name]
                 if a.dtype == object and len(a) and isinstance(a.iloc[0], np.ndarray):
                     a, b = np.stack(a.to_numpy()).astype(np.float32), np.stack(b.to_numpy()).astype(np.float32)
-                    assert np.allclose(a, b, equal_nan=True, rtol=0 if exact else 1e-2, atol=0 if exact else 1e-2), (layer, kind, name)
+                    assert np.allclose(a, b, equal_nan=True, rtol=0 if exact else 1e-2, atol=0 if exact else 1e-2), (
+                        layer,
+                        kind,
+                        name,
+                    )
                 elif a.dtype.kind == "f":
-                    assert np.allclose(a, b, equal_nan=True, rtol=0 if exact else 1e-4, atol=0 if exact else 1e-5), (layer, kind, name)
+                    assert np.allclose(a, b, equal_nan=True, rtol=0 if exact else 1e-4, atol=0 if exact else 1e-5), (
+                        layer,
+                        kind,
+                        name,
+                    )
                 else:
                     assert (a.astype(str).to_numpy() == b.astype(str).to_numpy()).all(), (layer, kind, name)
 
 
 def test_the_extraction_writer_writes_what_the_capture_collects(tmp_path):
     written, counts = _write(tmp_path / "inline", workers=0)
-    assert sorted(written) == sorted(f"layer{layer}{suffix}.parquet" for layer in (0, 2) for suffix in ("", ".queries", ".tokens"))
+    assert sorted(written) == sorted(
+        f"layer{layer}{suffix}.parquet" for layer in (0, 2) for suffix in ("", ".queries", ".tokens")
+    )
     # One row group per block: 3 blocks, token profiles of every call.
     assert pq.ParquetFile(tmp_path / "inline" / "layer0.parquet").num_row_groups == 3
     assert pq.ParquetFile(tmp_path / "inline" / "layer0.tokens.parquet").num_row_groups == 3
@@ -409,8 +479,13 @@ def test_a_writer_error_reaches_the_job_and_leaves_no_file(tmp_path, monkeypatch
     for workers in (0, 2):
         folder = tmp_path / f"w{workers}"
         folder.mkdir()
-        writer = ExtractionWriter(folder, (0, 2), frame_seq_length=FSL, run_columns={"checkpoint": "demo",
-                                  "variant": "default", "prompt_id": "p", "seed": 0}, workers=workers)  # fmt: skip
+        writer = ExtractionWriter(
+            folder,
+            (0, 2),
+            frame_seq_length=FSL,
+            run_columns={"checkpoint": "demo", "variant": "default", "prompt_id": "p", "seed": 0},
+            workers=workers,
+        )
         with pytest.raises(OSError, match="no space left on device"):
             try:
                 _generate(writer)
@@ -424,8 +499,12 @@ def test_a_writer_error_reaches_the_job_and_leaves_no_file(tmp_path, monkeypatch
 def test_a_failed_check_closes_no_file(tmp_path):
     folder = tmp_path / "f"
     folder.mkdir()
-    writer = ExtractionWriter(folder, (0, 2), frame_seq_length=FSL, run_columns={"checkpoint": "demo", "variant": "default",
-                              "prompt_id": "p", "seed": 0})  # fmt: skip
+    writer = ExtractionWriter(
+        folder,
+        (0, 2),
+        frame_seq_length=FSL,
+        run_columns={"checkpoint": "demo", "variant": "default", "prompt_id": "p", "seed": 0},
+    )
     _generate(writer)
 
     def check(layer, frames):
@@ -491,8 +570,13 @@ def test_a_failure_writing_the_last_block_leaves_no_file(tmp_path, monkeypatch):
         rows_before.clear()
         folder = tmp_path / f"w{workers}"
         folder.mkdir()
-        writer = ExtractionWriter(folder, (0, 2), frame_seq_length=FSL, run_columns={"checkpoint": "demo",
-                                  "variant": "default", "prompt_id": "p", "seed": 0}, workers=workers)  # fmt: skip
+        writer = ExtractionWriter(
+            folder,
+            (0, 2),
+            frame_seq_length=FSL,
+            run_columns={"checkpoint": "demo", "variant": "default", "prompt_id": "p", "seed": 0},
+            workers=workers,
+        )
         _generate(writer)
         with pytest.raises(OSError, match="disk full while writing the last block"):
             writer.finish({})
@@ -515,7 +599,9 @@ def test_an_extraction_job_that_fails_while_writing_keeps_the_previous_result(tm
     assert check_directory(folder) == [] and "layer1.tokens.parquet" in before["files"]
     tokens = read_table(folder / "layer1.tokens.parquet")
     assert "token_prob_ratio" in tokens.columns and len(token_rows(tokens)) == int(tokens["key_tokens"].sum())
-    assert read_metadata(folder / "layer1.tokens.parquet")["latents_sha256"]  # provenance known only after the generation
+    assert read_metadata(folder / "layer1.tokens.parquet")[
+        "latents_sha256"
+    ]  # provenance known only after the generation
 
     def failing(*args, **kw):
         raise OSError("the writer failed (test)")

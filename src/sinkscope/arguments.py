@@ -89,7 +89,8 @@ def output_path(text: str) -> str:
         above = folder.parent
         if not above.exists():
             raise argparse.ArgumentTypeError(
-                f"{text!r}: folder {str(above)!r} does not exist (only the last folder of an output path is created)")
+                f"{text!r}: folder {str(above)!r} does not exist (only the last folder of an output path is created)"
+            )
         folder = above
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: {str(folder)!r} is a file, not a folder")
@@ -111,7 +112,9 @@ def torch_checkpoint(text: str) -> str:
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{text!r} does not exist")
     if not path.is_file() or path.suffix != ".pt":
-        raise argparse.ArgumentTypeError(f"{text!r} is not a .pt checkpoint (train-demo writes final.pt and checkpoints/*.pt)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a .pt checkpoint (train-demo writes final.pt and checkpoints/*.pt)"
+        )
     return text
 
 

@@ -89,8 +89,11 @@ def _check_results(study) -> int:
     checked, lines = check_study_results(planned)
     for line in lines:
         print(line)
-    print(f"# {checked} of {len(planned)} extraction folders finished and checked: "
-          f"{len(lines) or 'no'} calls contradict their cache policy's layout", file=sys.stderr)  # fmt: skip
+    print(
+        f"# {checked} of {len(planned)} extraction folders finished and checked: "
+        f"{len(lines) or 'no'} calls contradict their cache policy's layout",
+        file=sys.stderr,
+    )
     return 1 if lines else 0
 
 
@@ -99,9 +102,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     from sinkscope.pipeline.resources import parameter_count
 
     for name, config in MODEL_CONFIGS.items():
-        print(f"{name}: {config.num_layers} layers x {config.num_heads} heads, dim {config.dim}, "
-              f"{parameter_count(config) / 1e6:.1f}M parameters, {config.frame_seq_length()} tokens a frame "
-              f"({config.latent_height}x{config.latent_width} latents)")  # fmt: skip
+        print(
+            f"{name}: {config.num_layers} layers x {config.num_heads} heads, dim {config.dim}, "
+            f"{parameter_count(config) / 1e6:.1f}M parameters, {config.frame_seq_length()} tokens a frame "
+            f"({config.latent_height}x{config.latent_width} latents)"
+        )
     return 0
 
 
@@ -111,8 +116,13 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from sinkscope.pipeline.jobs import log_to, pick_device
 
     log_to(None)
-    _check_output(Path(args.out), inputs=[Path(args.config)], force=args.force, ours=_is_extraction_folder,
-                  what="an extraction folder")  # fmt: skip
+    _check_output(
+        Path(args.out),
+        inputs=[Path(args.config)],
+        force=args.force,
+        ours=_is_extraction_folder,
+        what="an extraction folder",
+    )
     # The chosen layers and seed go through the study's own check (layers within the model,
     # seeds within int64), before any weights are loaded.
     if args.layers:
@@ -177,10 +187,16 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _check_output(out, inputs=inputs, force=args.force, ours=_is_aggregated_folder, what="tables it aggregated")
     out.mkdir(parents=True, exist_ok=True)
-    outputs = {table: str(out / table) if table == "token_profiles" else str(out / f"{table}.parquet") for table in SOURCE_TABLES}
+    outputs = {
+        table: str(out / table) if table == "token_profiles" else str(out / f"{table}.parquet")
+        for table in SOURCE_TABLES
+    }
     outputs["head_classes"] = str(out / "head_classes.csv")
-    params = {"name": args.name or _source_name(inputs), "sink_frames": _sink_frames(inputs),
-              "diagnostics": schema_defaults("diagnostics")}  # fmt: skip
+    params = {
+        "name": args.name or _source_name(inputs),
+        "sink_frames": _sink_frames(inputs),
+        "diagnostics": schema_defaults("diagnostics"),
+    }
     aggregate_job(inputs, outputs, params)
     print(f"wrote {len(outputs)} tables of {params['name']} to {args.out}")
     return 0
@@ -197,7 +213,11 @@ def _source_name(inputs: list[Path]) -> str:
     if first.is_dir():  # the frame table of its first layer
         first = Path(layer_file(first, read_manifest(first)["contents"]["layers"][0]))
     meta = read_metadata(first)
-    checkpoint = (meta.get("checkpoint") or {}).get("name") if isinstance(meta.get("checkpoint"), dict) else meta.get("checkpoint")
+    checkpoint = (
+        (meta.get("checkpoint") or {}).get("name")
+        if isinstance(meta.get("checkpoint"), dict)
+        else meta.get("checkpoint")
+    )
     return Study.source_name(str(checkpoint or "cli"), str(meta.get("variant") or DEFAULT_VARIANT))
 
 
@@ -288,8 +308,10 @@ def cmd_figure(args: argparse.Namespace) -> int:
     if kind.scope == LAYER and args.layer is None:
         raise ConfigError(f"figure {args.kind!r} needs --layer")
     if kind.scope == RUN:  # the contact sheet: drawn from videos or latents, not tables
-        raise ConfigError(f"figure {args.kind!r} is drawn from videos or latents, not tables: set outputs.contact_sheet "
-                          "(docs/video.md) or call sinkscope.plot.plot_contact_sheet")  # fmt: skip
+        raise ConfigError(
+            f"figure {args.kind!r} is drawn from videos or latents, not tables: set outputs.contact_sheet "
+            "(docs/video.md) or call sinkscope.plot.plot_contact_sheet"
+        )
     tables = _figure_tables(args.input)
     frame = tables.get("frame_attention")
     if frame is not None:  # the tables aggregation derives from frame rows
@@ -299,9 +321,10 @@ def cmd_figure(args: argparse.Namespace) -> int:
             tables.setdefault("head_diagnostics", head_diagnostics(frame, tables.get("query_stats")))
     for name in kind.tables:
         if name not in tables:
-            hint = {"token_profiles": "the token_profiles.parquet folder, or extraction folders captured with "
-                                      "capture.token_profiles"}.get(name, "results/tables/frame_attention.parquet "
-                                                                          "or extraction folders")  # fmt: skip
+            hint = {
+                "token_profiles": "the token_profiles.parquet folder, or extraction folders captured with "
+                "capture.token_profiles"
+            }.get(name, "results/tables/frame_attention.parquet or extraction folders")
             raise ConfigError(f"figure {args.kind!r} draws {name} rows; --input holds none (give {hint})")
     several = {"variant": kind.scope == CHECKPOINT, "checkpoint": kind.scope == STUDY}
     for name, table in list(tables.items()):
@@ -314,7 +337,9 @@ def cmd_figure(args: argparse.Namespace) -> int:
                     raise ConfigError(f"--{column} {wanted!r} is not in the input (it has {', '.join(present)})")
                 table = table[table[column].astype(str) == wanted]
             elif len(present) > 1 and not several[column]:
-                raise ConfigError(f"the input holds several {column}s ({', '.join(present)}); choose one with --{column}")
+                raise ConfigError(
+                    f"the input holds several {column}s ({', '.join(present)}); choose one with --{column}"
+                )
         tables[name] = table
     frame = tables.get("frame_attention")
     if frame is not None and "frame_attention" in kind.tables:
@@ -328,10 +353,14 @@ def cmd_figure(args: argparse.Namespace) -> int:
         chosen = [(label, *parse_head_label(label)) for label in args.heads]
         for label, _, head in chosen:
             if head not in heads and kind.draws_heads:  # the default --heads do not bind the other kinds
-                raise ConfigError(f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)")
+                raise ConfigError(
+                    f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)"
+                )
         if kind.draws_heads and not any(layer in layers for _, layer, _ in chosen):
             shown = ", ".join(head_label(layer, 0) for layer in layers[:4])
-            raise ConfigError(f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)")
+            raise ConfigError(
+                f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)"
+            )
         absent = [layer for layer in args.highlight_layers or [] if layer not in layers]
         if absent:
             raise ConfigError(f"--highlight-layers {absent[0]} is not in the input (it has layers {layers})")
@@ -341,9 +370,13 @@ def cmd_figure(args: argparse.Namespace) -> int:
     given = {name: getattr(args, name, None) for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS)}
     if "generation" in kind.extra_options:  # the run's generation options, as its extraction files record them
         given["generation"] = _input_generation(args.input)
-    figure = plot.plot(args.kind, {name: tables[name] for name in kind.inputs if name in tables}, layer=args.layer,
-                       source=args.source or args.checkpoint,  # else the table's checkpoint[@variant]
-                       **{name: value for name, value in given.items() if value is not None})  # fmt: skip
+    figure = plot.plot(
+        args.kind,
+        {name: tables[name] for name in kind.inputs if name in tables},
+        layer=args.layer,
+        source=args.source or args.checkpoint,  # else the table's checkpoint[@variant]
+        **{name: value for name, value in given.items() if value is not None},
+    )
     plot.save(figure, args.out_prefix, dpi=args.dpi)
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
@@ -371,8 +404,15 @@ def _figure_tables(inputs: list[str]) -> dict:
     from sinkscope.manifests import DATASET_MANIFEST, MANIFEST, read_manifest
     from sinkscope.tables import read_table
 
-    known = ("frame_attention", "head_diagnostics", "block_stats", "token_profiles", "query_stats", "variant_effects",
-             "variant_head_effects")
+    known = (
+        "frame_attention",
+        "head_diagnostics",
+        "block_stats",
+        "token_profiles",
+        "query_stats",
+        "variant_effects",
+        "variant_head_effects",
+    )
     parts: dict[str, list] = {}
     for entry in map(Path, inputs):
         if not entry.exists():
@@ -382,7 +422,7 @@ def _figure_tables(inputs: list[str]) -> dict:
             kinds = {"": "frame_attention", ".queries": "query_stats", ".tokens": "token_profiles"}
             for name in sorted(files):
                 stem = name.removesuffix(".parquet")
-                kind = kinds.get(stem[stem.find("."):] if "." in stem else "")
+                kind = kinds.get(stem[stem.find(".") :] if "." in stem else "")
                 if kind:
                     parts.setdefault(kind, []).append(read_table(entry / name))
         elif entry.is_dir() and (entry / DATASET_MANIFEST).is_file():  # the token_profiles dataset folder
@@ -393,7 +433,9 @@ def _figure_tables(inputs: list[str]) -> dict:
             parts.setdefault(name if name in known else "frame_attention", []).append(read_table(entry))
         else:
             raise ConfigError(f"--input {str(entry)!r} is neither a table nor a folder sinkscope wrote")
-    return {name: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] for name, frames in parts.items()}
+    return {
+        name: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] for name, frames in parts.items()
+    }
 
 
 def cmd_compare_labels(args: argparse.Namespace) -> int:
@@ -446,8 +488,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if others:
         kinds = sorted({path.suffix or path.name for path in others})
         aside += f"; {len(others)} other files not checked ({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''})"
-    print(f"checked {len(results)} results ({folders} folders, {len(results) - folders} files){aside}: "
-          f"{'all whole' if not problems else f'{len(problems)} problems'}", file=sys.stderr)  # fmt: skip
+    print(
+        f"checked {len(results)} results ({folders} folders, {len(results) - folders} files){aside}: "
+        f"{'all whole' if not problems else f'{len(problems)} problems'}",
+        file=sys.stderr,
+    )
     return 1 if problems else 0
 
 
@@ -499,20 +544,36 @@ def _is_result_folder(name: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     from sinkscope.figures.registry import FIGURES
 
-    parser = OneLineArgumentParser(prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(
+        prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"sinkscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    check = sub.add_parser("check", help="validate a config (as the Snakefile does) and print it with defaults filled in")
-    check.add_argument("config", nargs="?", default="config.yaml",
-                       help="the study: config.yaml, or the file snakemake gets with --configfile (which replaces config.yaml)")
-    check.add_argument("overrides", nargs="*",
-                       help="key=value as snakemake --config takes them: YAML values, nested keys as "
-                            "'generation={num_frames: 9}' (no dotted keys)")
-    check.add_argument("--cluster", action="store_true", help="jobs run elsewhere: skip checks of this machine's devices")
-    check.add_argument("--results", action="store_true",
-                       help="instead of printing the config, check the finished extraction folders: list (one line "
-                            "each) the calls whose cache contents contradict the layout their cache policy declares")
+    check = sub.add_parser(
+        "check", help="validate a config (as the Snakefile does) and print it with defaults filled in"
+    )
+    check.add_argument(
+        "config",
+        nargs="?",
+        default="config.yaml",
+        help="the study: config.yaml, or the file snakemake gets with --configfile (which replaces config.yaml)",
+    )
+    check.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value as snakemake --config takes them: YAML values, nested keys as "
+        "'generation={num_frames: 9}' (no dotted keys)",
+    )
+    check.add_argument(
+        "--cluster", action="store_true", help="jobs run elsewhere: skip checks of this machine's devices"
+    )
+    check.add_argument(
+        "--results",
+        action="store_true",
+        help="instead of printing the config, check the finished extraction folders: list (one line "
+        "each) the calls whose cache contents contradict the layout their cache policy declares",
+    )
     check.set_defaults(func=cmd_check)
 
     models = sub.add_parser("models", help="list the named model configs")
@@ -525,11 +586,23 @@ def build_parser() -> argparse.ArgumentParser:
     extract.add_argument("--prompt", help="prompt id (default: the first)")
     extract.add_argument("--seed", type=natural, help="noise seed (default: the config's first)")
     extract.add_argument("--layers", type=natural, nargs="+", help="0-based layers (default: the config's)")
-    extract.add_argument("--out", required=True, type=output_path,
-                         help=f"folder for the layer<N>*.parquet files and manifest.json; {OUTPUT_RULE}")
-    extract.add_argument("--force", action="store_true", help="replace an extraction folder an earlier extract wrote at --out")
-    extract.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                         help="config override (YAML value; dotted keys, e.g. generation.local_attn_frames=9), repeatable")
+    extract.add_argument(
+        "--out",
+        required=True,
+        type=output_path,
+        help=f"folder for the layer<N>*.parquet files and manifest.json; {OUTPUT_RULE}",
+    )
+    extract.add_argument(
+        "--force", action="store_true", help="replace an extraction folder an earlier extract wrote at --out"
+    )
+    extract.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override (YAML value; dotted keys, e.g. generation.local_attn_frames=9), repeatable",
+    )
     extract.set_defaults(func=cmd_extract)
 
     imp = sub.add_parser("import-cache", help="convert an older extraction script's .pt cache to frame_attention rows")
@@ -538,66 +611,122 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--checkpoint", default="legacy", help="name for the checkpoint column (default: legacy)")
     imp.add_argument("--prompt-id", default=None, help="prompt id for the rows (default: legacy)")
     imp.add_argument("--seed", type=natural, default=0, help="seed for the rows (older caches did not record one)")
-    imp.add_argument("--allow-pickle", action="store_true", help="allow unpickling objects beyond tensors (trusted files only)")
+    imp.add_argument(
+        "--allow-pickle", action="store_true", help="allow unpickling objects beyond tensors (trusted files only)"
+    )
     imp.add_argument("--force", action="store_true", help="replace a table an earlier import-cache wrote at --out")
     imp.set_defaults(func=cmd_import_cache)
 
-    agg = sub.add_parser("aggregate", help="build every table of a source (block_stats, head_diagnostics...) from "
-                                          "its extraction folders, as the workflow does")  # fmt: skip
-    agg.add_argument("--input", nargs="+", required=True,
-                     help="extraction folders (sinkscope extract --out, or results/extract/...) or imported tables")
-    agg.add_argument("--out", required=True, type=output_path,
-                     help=f"folder for <table>.parquet, head_classes.csv and token_profiles/; {OUTPUT_RULE}")
+    agg = sub.add_parser(
+        "aggregate",
+        help="build every table of a source (block_stats, head_diagnostics...) from "
+        "its extraction folders, as the workflow does",
+    )
+    agg.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="extraction folders (sinkscope extract --out, or results/extract/...) or imported tables",
+    )
+    agg.add_argument(
+        "--out",
+        required=True,
+        type=output_path,
+        help=f"folder for <table>.parquet, head_classes.csv and token_profiles/; {OUTPUT_RULE}",
+    )
     agg.add_argument("--name", help="the source name in the tables (default: checkpoint[@variant] of the inputs)")
     agg.add_argument("--force", action="store_true", help="replace tables an earlier aggregate wrote at --out")
     agg.set_defaults(func=cmd_aggregate)
 
     fig = sub.add_parser("figure", help="draw one figure from sinkscope tables")
-    fig.add_argument("kind", choices=list(FIGURES), metavar="KIND",
-                     help="; ".join(f"{name}: {kind.shows}" for name, kind in FIGURES.items()))
-    fig.add_argument("--input", nargs="+", required=True, help="tables (.parquet) or extraction folders the figure reads")
-    fig.add_argument("--out-prefix", required=True, type=output_path, help=f"writes PREFIX.svg and PREFIX.png; {OUTPUT_RULE}")
+    fig.add_argument(
+        "kind",
+        choices=list(FIGURES),
+        metavar="KIND",
+        help="; ".join(f"{name}: {kind.shows}" for name, kind in FIGURES.items()),
+    )
+    fig.add_argument(
+        "--input", nargs="+", required=True, help="tables (.parquet) or extraction folders the figure reads"
+    )
+    fig.add_argument(
+        "--out-prefix", required=True, type=output_path, help=f"writes PREFIX.svg and PREFIX.png; {OUTPUT_RULE}"
+    )
     fig.add_argument("--checkpoint", help="the checkpoint to draw, when the input holds several")
     fig.add_argument("--variant", help="the variant to draw, when the input holds several")
     defaults = schema_defaults("figures")
-    fig.add_argument("--highlight-layers", type=natural, nargs="+", help="0-based layers drawn as curves in layer_comparison")
+    fig.add_argument(
+        "--highlight-layers", type=natural, nargs="+", help="0-based layers drawn as curves in layer_comparison"
+    )
     fig.add_argument("--source", help="name shown in titles (default: the input's checkpoint[@variant])")
     fig.add_argument("--layer", type=natural, help="0-based layer (the layer figures)")
-    fig.add_argument("--step", type=_step, default=defaults["step"],
-                     help="the call drawn: last (the last denoising step), cache (the cache pass) or a step index")
-    fig.add_argument("--metric", choices=["logit_mean", "prob_mass"],
-                     help=f"logit_mean (pre-softmax, the paper's y axis) or prob_mass (softmax mass per frame); "
-                          f"default {defaults['metric']} "
-                          f"({', '.join(n for n, k in FIGURES.items() if 'metric' in k.extra_options)}: prob_mass)")
-    fig.add_argument("--heads", type=parse_head, nargs="+", default=defaults["heads"],
-                     help="heads in the paper's notation (L1H1 = layer 0, head 0)")
-    fig.add_argument("--video-frames", action="store_true", help="label video frames (stride 4) in the query x key maps")
-    fig.add_argument("--frame-base", type=int, choices=[0, 1], default=defaults["frame_base"],
-                     help="first frame number in labels (1 matches the paper)")
+    fig.add_argument(
+        "--step",
+        type=_step,
+        default=defaults["step"],
+        help="the call drawn: last (the last denoising step), cache (the cache pass) or a step index",
+    )
+    fig.add_argument(
+        "--metric",
+        choices=["logit_mean", "prob_mass"],
+        help=f"logit_mean (pre-softmax, the paper's y axis) or prob_mass (softmax mass per frame); "
+        f"default {defaults['metric']} "
+        f"({', '.join(n for n, k in FIGURES.items() if 'metric' in k.extra_options)}: prob_mass)",
+    )
+    fig.add_argument(
+        "--heads",
+        type=parse_head,
+        nargs="+",
+        default=defaults["heads"],
+        help="heads in the paper's notation (L1H1 = layer 0, head 0)",
+    )
+    fig.add_argument(
+        "--video-frames", action="store_true", help="label video frames (stride 4) in the query x key maps"
+    )
+    fig.add_argument(
+        "--frame-base",
+        type=int,
+        choices=[0, 1],
+        default=defaults["frame_base"],
+        help="first frame number in labels (1 matches the paper)",
+    )
     fig.add_argument("--dpi", type=_dpi, default=defaults["dpi"], help="PNG resolution (50 to 1200)")
     fig.set_defaults(func=cmd_figure)
 
-    compare = sub.add_parser("compare-labels", help="a published per-head label file (e.g. Pyramid Forcing's) against "
-                                                    "the study's head_class and pyramid_label: confusion counts, agreement")  # fmt: skip
+    compare = sub.add_parser(
+        "compare-labels",
+        help="a published per-head label file (e.g. Pyramid Forcing's) against "
+        "the study's head_class and pyramid_label: confusion counts, agreement",
+    )
     compare.add_argument("--labels", required=True, help="CSV, one row per layer, one column per head, cells -1/1/2")
     compare.add_argument("--input", required=True, help="head_diagnostics.parquet (results/tables/ or a source's)")
     compare.add_argument("--checkpoint", help="the checkpoint compared, when the table holds several")
     compare.add_argument("--variant", help="the variant compared, when the table holds several")
     compare.add_argument("--step", type=_step, default="last", help="the call compared: last, cache or a step index")
-    compare.add_argument("--out", metavar="PREFIX", type=output_path,
-                         help=f"also draw the confusion figure to PREFIX.svg and PREFIX.png; {OUTPUT_RULE}")
+    compare.add_argument(
+        "--out",
+        metavar="PREFIX",
+        type=output_path,
+        help=f"also draw the confusion figure to PREFIX.svg and PREFIX.png; {OUTPUT_RULE}",
+    )
     compare.set_defaults(func=cmd_compare_labels)
 
-    verifies = ("check every result in full (manifests, checksums, content digests, figures, CSV tables, prompt "
-                "embeddings); results moved aside as damaged and files that are not results (logs) are counted, not "
-                "checked; a file or folder with nothing it can check is refused")  # fmt: skip
+    verifies = (
+        "check every result in full (manifests, checksums, content digests, figures, CSV tables, prompt "
+        "embeddings); results moved aside as damaged and files that are not results (logs) are counted, not "
+        "checked; a file or folder with nothing it can check is refused"
+    )
     verify = sub.add_parser("verify", help=verifies, description=verifies[0].upper() + verifies[1:] + ".")
-    verify.add_argument("results", nargs="?", default="results", help="the results folder, or one result (file or folder)")
+    verify.add_argument(
+        "results", nargs="?", default="results", help="the results folder, or one result (file or folder)"
+    )
     verify.set_defaults(func=cmd_verify)
 
     # Only listed here: main() hands its arguments to sinkscope.demo.train (which imports torch).
-    sub.add_parser("train-demo", add_help=False,
-                   help="train the demo model on synthetic videos (options: sinkscope train-demo --help; docs/trained-demo.md)")  # fmt: skip
+    sub.add_parser(
+        "train-demo",
+        add_help=False,
+        help="train the demo model on synthetic videos (options: sinkscope train-demo --help; docs/trained-demo.md)",
+    )
     return parser
 
 

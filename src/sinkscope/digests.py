@@ -48,8 +48,12 @@ class _ColumnDigest:
 
     def _values(self, array: pa.Array) -> None:
         type_ = array.type
-        if pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_binary(type_) \
-                or pa.types.is_large_binary(type_):  # fmt: skip
+        if (
+            pa.types.is_string(type_)
+            or pa.types.is_large_string(type_)
+            or pa.types.is_binary(type_)
+            or pa.types.is_large_binary(type_)
+        ):
             array = array.cast(pa.large_binary())
             offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
             self.lengths.update(np.diff(offsets).tobytes())
@@ -73,7 +77,9 @@ class _ColumnDigest:
             array = array.fill_null(0)
         if not pa.types.is_boolean(array.type) and array.type.bit_width % 8 == 0 and len(array):
             width = array.type.bit_width // 8  # the values buffer itself, no copy
-            self.values.update(memoryview(array.buffers()[1])[array.offset * width : (array.offset + len(array)) * width])
+            self.values.update(
+                memoryview(array.buffers()[1])[array.offset * width : (array.offset + len(array)) * width]
+            )
         elif len(array):
             self.values.update(np.ascontiguousarray(array.to_numpy(zero_copy_only=False)).tobytes())
 

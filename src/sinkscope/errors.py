@@ -17,7 +17,7 @@ class ConfigError(SinkscopeError):
     """A config that cannot run; the message names the key and the value."""
 
     @classmethod
-    def invalid(cls, problems: list[str]) -> "ConfigError":
+    def invalid(cls, problems: list[str]) -> ConfigError:
         """Every problem found, each naming its key: one line for one problem, a list for several."""
         if len(problems) == 1:
             return cls(f"invalid config: {problems[0]}")
@@ -35,4 +35,3 @@ class DamagedFileError(SinkscopeError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{path}: {problem}")
-

@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from sinkscope.errors import ConfigError, DamagedFileError, SinkscopeError
 from sinkscope.io import atomic_path
@@ -80,7 +80,9 @@ class HeadSelection:
         """Whether the heads come from the untouched run's classes (``class`` or ``random``)."""
         return self.kind in ("class", "random")
 
-    def resolve(self, num_layers: int, num_heads: int, head_classes: Mapping[Head, str] | None = None) -> frozenset[Head]:
+    def resolve(
+        self, num_layers: int, num_heads: int, head_classes: Mapping[Head, str] | None = None
+    ) -> frozenset[Head]:
         """The (layer, head) pairs selected in a model of ``num_layers`` x ``num_heads``;
         a ``class`` selection needs the untouched run's ``head_classes``."""
         if self.kind == "all":
@@ -93,7 +95,9 @@ class HeadSelection:
             return frozenset(key for key, label in head_classes.items() if label == self.head_class)
         outside = self.problems(num_layers, num_heads)
         if outside:
-            raise SinkscopeError(f"heads {', '.join(outside)} are not in a model of {num_layers} layers x {num_heads} heads")
+            raise SinkscopeError(
+                f"heads {', '.join(outside)} are not in a model of {num_layers} layers x {num_heads} heads"
+            )
         selected = {(layer, head) for layer in self.layers for head in range(num_heads)}
         return frozenset(selected | set(self.heads))
 
@@ -175,8 +179,12 @@ class LogitBias:
         object.__setattr__(self, "bias", float(self.bias) + 0.0)  # -0.0 and 0.0: one param
 
     def to_config(self) -> dict[str, Any]:
-        return {"edit": self.edit, "heads": self.heads.to_config(), "key_frames": self.key_frames.to_config(),
-                "bias": self.bias}  # fmt: skip
+        return {
+            "edit": self.edit,
+            "heads": self.heads.to_config(),
+            "key_frames": self.key_frames.to_config(),
+            "bias": self.bias,
+        }
 
 
 @dataclass(frozen=True)
@@ -205,7 +213,7 @@ class ReplaceFrames:
         return {"edit": self.edit, "key_frames": self.key_frames.to_config(), "source": self.source}
 
 
-Edit = Union[MaskKeys, LogitBias, QuantizeCache, ReplaceFrames]
+Edit = MaskKeys | LogitBias | QuantizeCache | ReplaceFrames
 ATTENTION_EDITS = (MaskKeys, LogitBias)
 CACHE_EDITS = (QuantizeCache, ReplaceFrames)
 EDITS: dict[str, type] = {cls.edit: cls for cls in (*ATTENTION_EDITS, *CACHE_EDITS)}
@@ -216,7 +224,9 @@ EDIT_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "quantize_cache": (("format",), ("tensors",)),
     "replace_frames": (("key_frames", "source"), ()),
 }
-ALL_KEYS = tuple(sorted({"edit", *(key for required, optional in EDIT_KEYS.values() for key in (*required, *optional))}))
+ALL_KEYS = tuple(
+    sorted({"edit", *(key for required, optional in EDIT_KEYS.values() for key in (*required, *optional))})
+)
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -242,18 +252,24 @@ def parse_heads(value: Any, where: str) -> HeadSelection:
     if isinstance(value, str) and value.strip() == "all":
         return HeadSelection("all")
     if isinstance(value, str) and value.startswith(CLASS_PREFIX):
-        name = value[len(CLASS_PREFIX):].strip()
+        name = value[len(CLASS_PREFIX) :].strip()
         if name not in HEAD_CLASS_LABELS:
-            raise _problem(where, f"{value!r}: {name!r} is not a head class{_did_you_mean(name, HEAD_CLASS_LABELS)} "
-                                  f"(classes: {', '.join(HEAD_CLASS_LABELS)})")  # fmt: skip
+            raise _problem(
+                where,
+                f"{value!r}: {name!r} is not a head class{_did_you_mean(name, HEAD_CLASS_LABELS)} "
+                f"(classes: {', '.join(HEAD_CLASS_LABELS)})",
+            )
         return HeadSelection("class", head_class=name)
     if isinstance(value, str) and value.startswith(RANDOM_PREFIX):
-        name, _, draw = value[len(RANDOM_PREFIX):].strip().partition(":")
+        name, _, draw = value[len(RANDOM_PREFIX) :].strip().partition(":")
         number = _as_int(draw or "0")
         if name not in HEAD_CLASS_LABELS or number is None or number < 0:
             guess = "" if name in HEAD_CLASS_LABELS else _did_you_mean(name, HEAD_CLASS_LABELS)
-            raise _problem(where, f"{value!r} is not random:<head class> or random:<head class>:<draw number>{guess} "
-                                  f"(classes: {', '.join(HEAD_CLASS_LABELS)})")  # fmt: skip
+            raise _problem(
+                where,
+                f"{value!r} is not random:<head class> or random:<head class>:<draw number>{guess} "
+                f"(classes: {', '.join(HEAD_CLASS_LABELS)})",
+            )
         return HeadSelection("random", head_class=name, draw=number)
     items = [value] if isinstance(value, str) else value
     if isinstance(items, (list, tuple)) and not items:
@@ -261,8 +277,10 @@ def parse_heads(value: Any, where: str) -> HeadSelection:
         # config schema refuses an empty list, so only a resolved selection reads so.
         return HeadSelection("list")
     if not isinstance(items, (list, tuple)):
-        raise _problem(where, f"{value!r} is not 'all', 'class:<head class>', a head like 'L1H1', a layer like 'L5', "
-                              "or a list of them")  # fmt: skip
+        raise _problem(
+            where,
+            f"{value!r} is not 'all', 'class:<head class>', a head like 'L1H1', a layer like 'L5', or a list of them",
+        )
     heads, layers = set(), set()
     for item in items:
         text = item.strip() if isinstance(item, str) else item
@@ -274,8 +292,11 @@ def parse_heads(value: Any, where: str) -> HeadSelection:
             layers.add(int(layer.group(1)) - 1)
         else:
             hint = " or 'all'" if text in ("All", "ALL", "*") else ""
-            raise _problem(where, f"{item!r} is not a head like 'L1H1' or a layer like 'L5'{hint}: labels are 1-based "
-                                  "(L1H1 = layer 0, head 0)")  # fmt: skip
+            raise _problem(
+                where,
+                f"{item!r} is not a head like 'L1H1' or a layer like 'L5'{hint}: labels are 1-based "
+                "(L1H1 = layer 0, head 0)",
+            )
     heads = {key for key in heads if key[0] not in layers}  # a listed layer holds them already
     if not heads:
         return HeadSelection("layer", layers=tuple(sorted(layers)))
@@ -293,8 +314,10 @@ def parse_frames(value: Any, where: str) -> FrameSelection:
     if not items or any(frame is None or frame < 0 for frame in frames):
         bad = next((item for item, frame in zip(items, frames) if frame is None or frame < 0), value)
         guess = _did_you_mean(bad, ("sink", "cached")) if isinstance(bad, str) else ""
-        raise _problem(where, f"{bad!r} is not a latent frame (0, 1, ...){guess}; key_frames is 'sink', 'cached' or a "
-                              "list of frames")  # fmt: skip
+        raise _problem(
+            where,
+            f"{bad!r} is not a latent frame (0, 1, ...){guess}; key_frames is 'sink', 'cached' or a list of frames",
+        )
     return FrameSelection("list", tuple(sorted(set(frames))))
 
 
@@ -303,7 +326,9 @@ def _parse_edit(item: Any, where: str) -> Edit:
         return item
     if not isinstance(item, Mapping):
         guess = _did_you_mean(item, EDITS) if isinstance(item, str) else ""
-        raise _problem(where, f"{item!r} is not an edit like {{edit: mask_keys, heads: [L1H1], key_frames: [0]}}{guess}")
+        raise _problem(
+            where, f"{item!r} is not an edit like {{edit: mask_keys, heads: [L1H1], key_frames: [0]}}{guess}"
+        )
     name = item.get("edit")
     if name is None:
         raise _problem(where, f"an edit needs 'edit' ({', '.join(EDITS)})")
@@ -316,8 +341,10 @@ def _parse_edit(item: Any, where: str) -> Edit:
             continue
         if key in ALL_KEYS:
             owners = [edit for edit, (req, opt) in EDIT_KEYS.items() if key in (*req, *opt)]
-            raise _problem(f"{where}.{key}", f"{name} takes no {key} (it takes {', '.join(takes)}; {key} belongs to "
-                                             f"{' and '.join(owners)})")  # fmt: skip
+            raise _problem(
+                f"{where}.{key}",
+                f"{name} takes no {key} (it takes {', '.join(takes)}; {key} belongs to {' and '.join(owners)})",
+            )
         raise _problem(where, f"unknown key {key!r} for {name}{_did_you_mean(key, takes)}; it takes {', '.join(takes)}")
     missing = [key for key in required if item.get(key) is None]
     if missing:
@@ -339,8 +366,10 @@ def _parse_edit(item: Any, where: str) -> Edit:
     if name == "quantize_cache":
         fmt, tensors = item["format"], item.get("tensors") or "both"
         if fmt not in CACHE_FORMAT_NAMES:
-            raise _problem(f"{where}.format", f"{fmt!r} is not one of {', '.join(CACHE_FORMAT_NAMES)}"
-                                              f"{_did_you_mean(fmt, CACHE_FORMAT_NAMES)}")  # fmt: skip
+            raise _problem(
+                f"{where}.format",
+                f"{fmt!r} is not one of {', '.join(CACHE_FORMAT_NAMES)}{_did_you_mean(fmt, CACHE_FORMAT_NAMES)}",
+            )
         if tensors not in CACHE_TENSORS:
             raise _problem(f"{where}.tensors", f"{tensors!r} is not one of {', '.join(CACHE_TENSORS)}")
         return QuantizeCache(fmt, tensors)
@@ -352,7 +381,9 @@ def _parse_edit(item: Any, where: str) -> Edit:
     elif number is not None and number >= 0:
         source = number
     else:
-        raise _problem(f"{where}.source", f"{source!r} is not 'noise' or a latent frame{_did_you_mean(source, ['noise'])}")
+        raise _problem(
+            f"{where}.source", f"{source!r} is not 'noise' or a latent frame{_did_you_mean(source, ['noise'])}"
+        )
     return ReplaceFrames(frames, source)
 
 
@@ -364,11 +395,15 @@ def parse_interventions(value: Any, where: str) -> tuple[Edit, ...]:
         return ()
     items = [value] if isinstance(value, (Mapping, *EDITS.values())) else value
     if isinstance(items, str) or not isinstance(items, (list, tuple)):
-        raise _problem(where, f"{value!r} is not a list of edits like {{edit: mask_keys, heads: [L1H1], key_frames: [0]}}")
+        raise _problem(
+            where, f"{value!r} is not a list of edits like {{edit: mask_keys, heads: [L1H1], key_frames: [0]}}"
+        )
     edits = tuple(_parse_edit(item, f"{where}[{index}]") for index, item in enumerate(items))
     quantized = [index for index, edit in enumerate(edits) if isinstance(edit, QuantizeCache)]
     if len(quantized) > 1:
-        raise _problem(f"{where}[{quantized[1]}]", "a second quantize_cache edit: the cache has one format (give one edit)")
+        raise _problem(
+            f"{where}[{quantized[1]}]", "a second quantize_cache edit: the cache has one format (give one edit)"
+        )
     return edits
 
 
@@ -394,8 +429,9 @@ def with_head_classes(edits: Sequence[Edit], head_classes: Mapping[Head, str]) -
     return tuple(resolved)
 
 
-def edited_heads(edits: Sequence[Edit], num_layers: int, num_heads: int,
-                 head_classes: Mapping[Head, str] | None = None) -> frozenset[Head]:  # fmt: skip
+def edited_heads(
+    edits: Sequence[Edit], num_layers: int, num_heads: int, head_classes: Mapping[Head, str] | None = None
+) -> frozenset[Head]:
     """The heads whose attention the edits change (``mask_keys`` and ``logit_bias``; a
     cache edit changes what every head reads)."""
     heads: set[Head] = set()
@@ -432,7 +468,11 @@ def read_head_classes(path: str | Path) -> dict[Head, str]:
         raise SinkscopeError(f"{path}: no head classes (the untouched default run's classes are made first)") from None
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise DamagedFileError(path, f"is not a head-class file ({error.__class__.__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != HEAD_CLASSES_FORMAT or not isinstance(data.get("classes"), dict):
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != HEAD_CLASSES_FORMAT
+        or not isinstance(data.get("classes"), dict)
+    ):
         raise DamagedFileError(path, f"is not a head-class file (format {HEAD_CLASSES_FORMAT})")
     classes = {}
     for label, head_class in data["classes"].items():

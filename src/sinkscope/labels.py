@@ -39,8 +39,11 @@ def read_label_file(path: str | Path, layers: int | None = None, heads: int | No
         raise SinkscopeError(f"label file {path}: cannot be read ({error.__class__.__name__})") from None
     rows: list[list[int]] = []
     width = None
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1)
-             if line.strip() and not line.lstrip().startswith("#")]  # fmt: skip
+    lines = [
+        (number, line)
+        for number, line in enumerate(text.splitlines(), 1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     for number, cells in zip((n for n, _ in lines), csv.reader(line for _, line in lines)):
         codes = []
         for column, cell in enumerate(cells, 1):
@@ -50,8 +53,9 @@ def read_label_file(path: str | Path, layers: int | None = None, heads: int | No
                 code = None
             if code not in PYRAMID_LABELS:
                 known = ", ".join(str(c) for c in PYRAMID_LABELS)
-                raise SinkscopeError(f"label file {path}: line {number}, column {column}: {cell.strip()!r} is not "
-                                     f"one of {known}")  # fmt: skip
+                raise SinkscopeError(
+                    f"label file {path}: line {number}, column {column}: {cell.strip()!r} is not one of {known}"
+                )
             codes.append(code)
         if width is not None and len(codes) != width:
             raise SinkscopeError(f"label file {path}: line {number} has {len(codes)} columns, the first row {width}")

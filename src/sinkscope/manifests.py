@@ -44,7 +44,9 @@ STAT_SIDECAR = ".mtimes.json"
 HASH_ALWAYS_BYTES = 8 * 2**20
 
 
-def write_manifest(directory: str | Path, files: Iterable[str], contents: Mapping[str, Any], name: str = MANIFEST) -> None:
+def write_manifest(
+    directory: str | Path, files: Iterable[str], contents: Mapping[str, Any], name: str = MANIFEST
+) -> None:
     """Record ``files`` (paths relative to ``directory``) and what they hold; written last.
 
     The manifest carries a digest of itself, so that a damaged manifest is named as the
@@ -81,7 +83,9 @@ def read_manifest(directory: str | Path, name: str = MANIFEST) -> dict[str, Any]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
         raise DamagedFileError(path, "is damaged (not the JSON manifest sinkscope writes)") from None
     if "manifest_sha256" in manifest and manifest["manifest_sha256"] != _manifest_digest(manifest):
-        raise DamagedFileError(path, "is damaged: it does not match its own digest (the manifest, not the files it lists)")
+        raise DamagedFileError(
+            path, "is damaged: it does not match its own digest (the manifest, not the files it lists)"
+        )
     return manifest
 
 
@@ -113,7 +117,9 @@ def check_directory(directory: str | Path, *, full: bool = False, name: str = MA
             problems.append(f"{path}: damaged (size {stat.st_size} bytes, written as {record['size']})")
         # An older manifest kept the mtime in the record; without either, hash.
         elif (
-            full or stat.st_size <= HASH_ALWAYS_BYTES or stat.st_mtime_ns != mtimes.get(listed_name, record.get("mtime_ns"))
+            full
+            or stat.st_size <= HASH_ALWAYS_BYTES
+            or stat.st_mtime_ns != mtimes.get(listed_name, record.get("mtime_ns"))
         ) and file_sha256(path) != record["sha256"]:
             problems.append(f"{path}: damaged (its content changed after it was written)")
     listed = set(manifest["files"]) | {name, _sidecar(name)}

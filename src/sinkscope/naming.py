@@ -22,7 +22,9 @@ def parse_head_label(label: str) -> tuple[int, int]:
     """'L5H10' (paper notation, 1-based) -> (layer 4, head 9), 0-based."""
     match = HEAD_LABEL.match(label)
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise ConfigError(f"config key figures.heads: {label!r} is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0, head 0)")
+        raise ConfigError(
+            f"config key figures.heads: {label!r} is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0, head 0)"
+        )
     return int(match.group(1)) - 1, int(match.group(2)) - 1
 
 

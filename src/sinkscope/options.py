@@ -3,9 +3,10 @@
 Kept free of torch so that the Snakefile can validate a config, and turn it into rule
 params, without importing it. Prompt schedules (``prompts:`` entries that switch at block
 starts) are read and checked in ``sinkscope.prompt_schedules``; ``re_cache`` and the table's
-``PolicySpec.recaches`` say whether a switch recomputes the cache (LongLive's KV re-cache). ``GenerationOptions.from_config`` resolves a KV-cache
-policy's defaults, so that equivalent configs (``local_attn_frames: 21`` or
-``cache_policy: window``) give the same canonical options and rerun nothing.
+``PolicySpec.recaches`` say whether a switch recomputes the cache (LongLive's KV re-cache).
+``GenerationOptions.from_config`` resolves a KV-cache policy's defaults, so that equivalent
+configs (``local_attn_frames: 21`` or ``cache_policy: window``) give the same canonical
+options and rerun nothing.
 
 KV-cache policies (``cache_policy``) and generation procedures (``procedure``) are one
 entry each: ``CACHE_POLICY_TABLE`` holds a ``PolicySpec`` per policy (what it follows,
@@ -83,17 +84,25 @@ class PolicySpec:
     # The generation procedure whose calls the policy expects.
     procedure: str = SELF_FORCING_PROCEDURE
 
-    def capacity_frames(self, *, num_frames: int, local_attn_frames: int, largest_block: int, sink_frames: int = 0) -> int:
+    def capacity_frames(
+        self, *, num_frames: int, local_attn_frames: int, largest_block: int, sink_frames: int = 0
+    ) -> int:
         """Frames' worth of key slots its cache allocates."""
         if local_attn_frames == -1:
             return num_frames
-        extra = (largest_block if self.holds_block_beyond_window else 0) + (sink_frames if self.holds_anchor_beyond_window else 0)
+        extra = (largest_block if self.holds_block_beyond_window else 0) + (
+            sink_frames if self.holds_anchor_beyond_window else 0
+        )
         return local_attn_frames + extra
 
     def kv_frames(self, *, num_frames: int, local_attn_frames: int, sink_frames: int, largest_block: int) -> int:
         """Frames' worth of keys and values it keeps in all: the cache plus its copies."""
-        capacity = self.capacity_frames(num_frames=num_frames, local_attn_frames=local_attn_frames, largest_block=largest_block,
-                                        sink_frames=sink_frames)  # fmt: skip
+        capacity = self.capacity_frames(
+            num_frames=num_frames,
+            local_attn_frames=local_attn_frames,
+            largest_block=largest_block,
+            sink_frames=sink_frames,
+        )
         return capacity + (max(0, local_attn_frames - sink_frames) if self.keeps_first_window else 0)
 
 
@@ -107,39 +116,96 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
     spec.name: spec
     for spec in (
         PolicySpec(GLOBAL, _defaults(), (), "Self-Forcing: every frame stays", recaches=True),
-        PolicySpec(WINDOW, _defaults(21), ("local_attn_frames",), "Self-Forcing local_attn_size: FIFO eviction",
-                   recaches=True),  # fmt: skip
-        PolicySpec(SINK, _defaults(12, 3), _WINDOW_AND_SINK, "Self-Forcing sink_size / LongLive frame sink", needs_sink=True,
-                   recaches=True),  # fmt: skip
-        PolicySpec(DEEP_SINK, _defaults(21, 10), _WINDOW_AND_SINK, "Deep Forcing, Deep Sink (code: causal_model_DS.py)",
-                   needs_sink=True),  # fmt: skip
-        PolicySpec(PARTICIPATIVE, _defaults(21, 10, 16, 4), POLICY_KEYS, "Deep Forcing, Deep Sink + Participative Compression",
-                   holds_block_beyond_window=True),  # fmt: skip
-        PolicySpec(REROPE_SINK, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Forcing's anchor (un-roped, re-roped)",
-                   needs_sink=True, rebuilds_keys=True),  # fmt: skip
+        PolicySpec(
+            WINDOW, _defaults(21), ("local_attn_frames",), "Self-Forcing local_attn_size: FIFO eviction", recaches=True
+        ),
+        PolicySpec(
+            SINK,
+            _defaults(12, 3),
+            _WINDOW_AND_SINK,
+            "Self-Forcing sink_size / LongLive frame sink",
+            needs_sink=True,
+            recaches=True,
+        ),
+        PolicySpec(
+            DEEP_SINK,
+            _defaults(21, 10),
+            _WINDOW_AND_SINK,
+            "Deep Forcing, Deep Sink (code: causal_model_DS.py)",
+            needs_sink=True,
+        ),
+        PolicySpec(
+            PARTICIPATIVE,
+            _defaults(21, 10, 16, 4),
+            POLICY_KEYS,
+            "Deep Forcing, Deep Sink + Participative Compression",
+            holds_block_beyond_window=True,
+        ),
+        PolicySpec(
+            REROPE_SINK,
+            _defaults(21, 3),
+            _WINDOW_AND_SINK,
+            "Rolling Forcing's anchor (un-roped, re-roped)",
+            needs_sink=True,
+            rebuilds_keys=True,
+        ),
         # sink_frames: the re-inserted segment (Rolling Sink has no fixed sink: its
         # reference runs a plain 21-frame FIFO window with sink_size 0).
-        PolicySpec(ROLLING_SINK, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Sink: first-window segments re-inserted",
-                   needs_sink=True, keeps_first_window=True, rebuilds_keys=True),  # fmt: skip
-        PolicySpec(RELATIVE_ROPE, _defaults(6, 1), _WINDOW_AND_SINK, "Infinity-RoPE: block-relativistic RoPE", needs_sink=True),
-        PolicySpec(EMA_SINK, _defaults(9, 3), _WINDOW_AND_SINK, "Reward Forcing: evicted frames blended into the sink",
-                   needs_sink=True),  # fmt: skip
+        PolicySpec(
+            ROLLING_SINK,
+            _defaults(21, 3),
+            _WINDOW_AND_SINK,
+            "Rolling Sink: first-window segments re-inserted",
+            needs_sink=True,
+            keeps_first_window=True,
+            rebuilds_keys=True,
+        ),
+        PolicySpec(
+            RELATIVE_ROPE, _defaults(6, 1), _WINDOW_AND_SINK, "Infinity-RoPE: block-relativistic RoPE", needs_sink=True
+        ),
+        PolicySpec(
+            EMA_SINK,
+            _defaults(9, 3),
+            _WINDOW_AND_SINK,
+            "Reward Forcing: evicted frames blended into the sink",
+            needs_sink=True,
+        ),
         # local_attn_frames: the span a call attends (their max_attention_size, 21 frames);
         # sink_frames: the anchor (block 0). The cache holds both: 24 frames (RF pipeline).
-        PolicySpec(ROLLING_FORCING, _defaults(21, 3), _WINDOW_AND_SINK, "Rolling Forcing: anchor + working cache + window",
-                   needs_sink=True, holds_anchor_beyond_window=True, procedure=ROLLING_FORCING_PROCEDURE),  # fmt: skip
+        PolicySpec(
+            ROLLING_FORCING,
+            _defaults(21, 3),
+            _WINDOW_AND_SINK,
+            "Rolling Forcing: anchor + working cache + window",
+            needs_sink=True,
+            holds_anchor_beyond_window=True,
+            procedure=ROLLING_FORCING_PROCEDURE,
+        ),
         # local_attn_frames: the context (one block, Krea's kv_cache_num_frames 3) plus the block.
-        PolicySpec(KREA_RECOMPUTE, _defaults(6), ("local_attn_frames",), "Krea Realtime: cleared and recomputed from the "
-                   "context frames every block, positions restarting at 0", procedure=KREA_RECOMPUTE),  # fmt: skip
+        PolicySpec(
+            KREA_RECOMPUTE,
+            _defaults(6),
+            ("local_attn_frames",),
+            "Krea Realtime: cleared and recomputed from the context frames every block, positions restarting at 0",
+            procedure=KREA_RECOMPUTE,
+        ),
         # local_attn_frames: the cache and the span a call attends (their local_attn_size 32);
         # sink_frames: the global sink, and the scene-cut sink's length (their sink_size 8).
-        PolicySpec(LONGLIVE2, _defaults(32, 8), _WINDOW_AND_SINK, "LongLive 2.0: window with a global sink and a scene-cut "
-                   "sink pinned at prompt-marked cuts", needs_sink=True, procedure=LONGLIVE2),  # fmt: skip
+        PolicySpec(
+            LONGLIVE2,
+            _defaults(32, 8),
+            _WINDOW_AND_SINK,
+            "LongLive 2.0: window with a global sink and a scene-cut sink pinned at prompt-marked cuts",
+            needs_sink=True,
+            procedure=LONGLIVE2,
+        ),
     )
 }
 CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
 # The policies of Self-Forcing's block procedure (every one but Rolling Forcing's).
-BLOCK_CACHE_POLICIES = tuple(name for name, spec in CACHE_POLICY_TABLE.items() if spec.procedure == SELF_FORCING_PROCEDURE)
+BLOCK_CACHE_POLICIES = tuple(
+    name for name, spec in CACHE_POLICY_TABLE.items() if spec.procedure == SELF_FORCING_PROCEDURE
+)
 RECACHE_POLICIES = tuple(name for name, spec in CACHE_POLICY_TABLE.items() if spec.recaches)
 POLICY_DEFAULTS: dict[str, Mapping[str, int]] = {name: spec.defaults for name, spec in CACHE_POLICY_TABLE.items()}
 
@@ -229,14 +295,14 @@ class RollingForcingProcedure(ProcedureSpec):
         blocks = len(options.block_sizes())
         if blocks < steps:
             raise OptionsError(
-                f"config key generation.num_frames: {options.num_frames} frames are {blocks} blocks, fewer than the {steps} "
-                f"denoising steps (the rolling window holds {steps} blocks)"
+                f"config key generation.num_frames: {options.num_frames} frames are {blocks} blocks, fewer than the "
+                f"{steps} denoising steps (the rolling window holds {steps} blocks)"
             )
         span, need = options.local_attn_frames, (steps + 1) * block
         if span < need or span % block:
             raise OptionsError(
-                f"config key generation.local_attn_frames: {span} must be a multiple of frames_per_block = {block} and at "
-                f"least {need} (the anchor plus a window of {steps} blocks)"
+                f"config key generation.local_attn_frames: {span} must be a multiple of frames_per_block = {block} "
+                f"and at least {need} (the anchor plus a window of {steps} blocks)"
             )
 
     def num_calls(self, options: GenerationOptions) -> int:
@@ -294,17 +360,20 @@ class LongLive2Procedure(ProcedureSpec):
 
     def check(self, options: GenerationOptions) -> None:
         if options.independent_first_frame:
-            raise OptionsError(f"config key generation.independent_first_frame: procedure {self.name!r} has chunks of "
-                               "one size")  # fmt: skip
+            raise OptionsError(
+                f"config key generation.independent_first_frame: procedure {self.name!r} has chunks of one size"
+            )
         if options.first_block_denoising_steps is not None:
-            raise OptionsError(f"config key generation.first_block_denoising_steps: procedure {self.name!r} builds the "
-                               "same sampler for every chunk")  # fmt: skip
+            raise OptionsError(
+                f"config key generation.first_block_denoising_steps: procedure {self.name!r} builds the "
+                "same sampler for every chunk"
+            )
         expected = unipc_timesteps(len(options.denoising_steps), options.timestep_shift, options.num_train_timesteps)
         if options.denoising_steps != expected:
             raise OptionsError(
-                f"config key generation.denoising_steps: {list(options.denoising_steps)} are not the UniPC timesteps of "
-                f"{len(options.denoising_steps)} steps at timestep_shift {options.timestep_shift:g} under procedure "
-                f"{self.name!r}: {list(expected)}"
+                f"config key generation.denoising_steps: {list(options.denoising_steps)} are not the UniPC timesteps "
+                f"of {len(options.denoising_steps)} steps at timestep_shift {options.timestep_shift:g} under "
+                f"procedure {self.name!r}: {list(expected)}"
             )
 
 
@@ -312,13 +381,27 @@ class LongLive2Procedure(ProcedureSpec):
 PROCEDURE_TABLE: dict[str, ProcedureSpec] = {
     spec.name: spec
     for spec in (
-        ProcedureSpec(SELF_FORCING_PROCEDURE, "Self-Forcing: block by block, a call per denoising step, then the cache pass"),
-        RollingForcingProcedure(ROLLING_FORCING_PROCEDURE, "Rolling Forcing: a rolling window of blocks denoised jointly",
-                                cache_policy=ROLLING_FORCING, one_prompt=True, supports_interventions=False),  # fmt: skip
-        KreaRecomputeProcedure(KREA_RECOMPUTE, "Krea Realtime: per block the cache rebuilt from the context frames at "
-                               "t = 0, then a call per step", cache_policy=KREA_RECOMPUTE, one_prompt=True),  # fmt: skip
-        LongLive2Procedure(LONGLIVE2, "LongLive 2.0: chunk by chunk, UniPC steps, then the clean cache pass at t = 0",
-                           cache_policy=LONGLIVE2),  # fmt: skip
+        ProcedureSpec(
+            SELF_FORCING_PROCEDURE, "Self-Forcing: block by block, a call per denoising step, then the cache pass"
+        ),
+        RollingForcingProcedure(
+            ROLLING_FORCING_PROCEDURE,
+            "Rolling Forcing: a rolling window of blocks denoised jointly",
+            cache_policy=ROLLING_FORCING,
+            one_prompt=True,
+            supports_interventions=False,
+        ),
+        KreaRecomputeProcedure(
+            KREA_RECOMPUTE,
+            "Krea Realtime: per block the cache rebuilt from the context frames at t = 0, then a call per step",
+            cache_policy=KREA_RECOMPUTE,
+            one_prompt=True,
+        ),
+        LongLive2Procedure(
+            LONGLIVE2,
+            "LongLive 2.0: chunk by chunk, UniPC steps, then the clean cache pass at t = 0",
+            cache_policy=LONGLIVE2,
+        ),
     )
 }
 PROCEDURES = tuple(PROCEDURE_TABLE)
@@ -334,8 +417,10 @@ def procedure_spec(name: str) -> ProcedureSpec:
 def missing_reencode_vae(where: str, whose: str, looked: str) -> str:
     """The one line for a run whose procedure re-encodes frames (``ProcedureSpec.needs_vae``)
     where there is no Wan VAE: at the check, in the job, and for a direct call without one."""
-    return (f"config key {where}: 'reencode' needs {whose} Wan VAE ({looked}); set recompute_context: latent to keep "
-            "the latent instead")  # fmt: skip
+    return (
+        f"config key {where}: 'reencode' needs {whose} Wan VAE ({looked}); set recompute_context: latent to keep "
+        "the latent instead"
+    )
 
 
 @dataclass(frozen=True)
@@ -409,7 +494,9 @@ class GenerationOptions:
         self._check_policy()
         self._check_procedure()
         try:
-            object.__setattr__(self, "interventions", parse_interventions(self.interventions, "generation.interventions"))
+            object.__setattr__(
+                self, "interventions", parse_interventions(self.interventions, "generation.interventions")
+            )
         except ConfigError as exc:
             raise OptionsError(str(exc)) from None
         self._check_interventions()
@@ -432,7 +519,11 @@ class GenerationOptions:
         if values.get("cache_policy") is None and procedure is not None and procedure.cache_policy is not None:
             values["cache_policy"] = procedure.cache_policy  # the procedure's own cache
         inferred = values.get("cache_policy") is None
-        policy = infer_policy(values.get("local_attn_frames"), values.get("sink_frames")) if inferred else values["cache_policy"]
+        policy = (
+            infer_policy(values.get("local_attn_frames"), values.get("sink_frames"))
+            if inferred
+            else values["cache_policy"]
+        )
         spec = policy_spec(policy)
         for key in POLICY_KEYS:
             if inferred and key == "sink_frames":
@@ -499,17 +590,21 @@ class GenerationOptions:
     def cache_capacity_frames(self) -> int:
         """Frames' worth of key slots the policy's cache allocates (``PolicySpec.capacity_frames``)."""
         return policy_spec(self.cache_policy).capacity_frames(
-            num_frames=self.num_frames, local_attn_frames=self.local_attn_frames, largest_block=max(self.block_sizes()),
+            num_frames=self.num_frames,
+            local_attn_frames=self.local_attn_frames,
+            largest_block=max(self.block_sizes()),
             sink_frames=self.sink_frames,
-        )  # fmt: skip
+        )
 
     @property
     def kv_cache_frames(self) -> int:
         """Frames' worth of keys and values the policy keeps on the device (``PolicySpec.kv_frames``)."""
         return policy_spec(self.cache_policy).kv_frames(
-            num_frames=self.num_frames, local_attn_frames=self.local_attn_frames, sink_frames=self.sink_frames,
+            num_frames=self.num_frames,
+            local_attn_frames=self.local_attn_frames,
+            sink_frames=self.sink_frames,
             largest_block=max(self.block_sizes()),
-        )  # fmt: skip
+        )
 
     def block_steps(self, block: int) -> tuple[int, ...]:
         """The denoising steps of block ``block`` (the first block's may differ)."""
@@ -568,7 +663,8 @@ class GenerationOptions:
         if switch_frames and self.re_cache and not policy_spec(self.cache_policy).recaches:
             raise OptionsError(
                 f"config key generation.re_cache: true needs cache_policy {', '.join(map(repr, RECACHE_POLICIES))} "
-                f"(the KV re-cache of LongLive), not {self.cache_policy!r}; set re_cache: false to only switch the prompt"
+                f"(the KV re-cache of LongLive), not {self.cache_policy!r}; set re_cache: false to only switch the "
+                "prompt"
             )
 
     def block_starts(self) -> list[int]:
@@ -595,11 +691,18 @@ class GenerationOptions:
                 raise OptionsError("config key generation.local_attn_frames: cache_policy 'global' keeps every frame")
             return
         if window < 1:
-            raise OptionsError(f"config key generation.local_attn_frames: {window} must be positive for cache_policy {policy!r}")
+            raise OptionsError(
+                f"config key generation.local_attn_frames: {window} must be positive for cache_policy {policy!r}"
+            )
         if policy == WINDOW and sink:
-            raise OptionsError(f"config key generation.sink_frames: {sink} needs cache_policy 'sink' (or another sink policy), not 'window'")
+            raise OptionsError(
+                f"config key generation.sink_frames: {sink} needs cache_policy 'sink' (or another sink policy), not "
+                "'window'"
+            )
         if spec.needs_sink and sink < 1:
-            raise OptionsError(f"config key generation.sink_frames: {sink} must be at least 1 for cache_policy {policy!r}")
+            raise OptionsError(
+                f"config key generation.sink_frames: {sink} must be at least 1 for cache_policy {policy!r}"
+            )
         if window < sink + largest:
             raise OptionsError(
                 f"config key generation.local_attn_frames: a window of {window} frames cannot hold "
@@ -613,7 +716,8 @@ class GenerationOptions:
                 )
             if budget < sink + recent:
                 raise OptionsError(
-                    f"config key generation.budget_frames: {budget} is below sink_frames + recent_frames = {sink + recent}"
+                    f"config key generation.budget_frames: {budget} is below sink_frames + recent_frames = "
+                    f"{sink + recent}"
                 )
             if budget > window:
                 raise OptionsError(
@@ -627,23 +731,29 @@ class GenerationOptions:
         if procedure.name != spec.procedure:
             if procedure.cache_policy is not None:
                 raise OptionsError(
-                    f"config key generation.cache_policy: {policy!r} cannot run under procedure {procedure.name!r}, whose "
-                    f"cache is {procedure.cache_policy!r} (leave cache_policy out, or set it to {procedure.cache_policy!r})"
+                    f"config key generation.cache_policy: {policy!r} cannot run under procedure {procedure.name!r}, "
+                    f"whose cache is {procedure.cache_policy!r} (leave cache_policy out, or set it to "
+                    f"{procedure.cache_policy!r})"
                 )
             raise OptionsError(
-                f"config key generation.procedure: {procedure.name!r} cannot run cache_policy {policy!r}, which expects the "
-                f"calls of procedure {spec.procedure!r}"
+                f"config key generation.procedure: {procedure.name!r} cannot run cache_policy {policy!r}, which "
+                f"expects the calls of procedure {spec.procedure!r}"
             )
         if self.recompute_context not in RECOMPUTE_CONTEXTS:
-            raise OptionsError(f"config key generation.recompute_context: {self.recompute_context!r} is not one of "
-                               f"{', '.join(RECOMPUTE_CONTEXTS)}")  # fmt: skip
+            raise OptionsError(
+                f"config key generation.recompute_context: {self.recompute_context!r} is not one of "
+                f"{', '.join(RECOMPUTE_CONTEXTS)}"
+            )
         for key in ("use_relative_rope", "kv_quant"):
             if getattr(self, key) and policy != LONGLIVE2:
-                raise OptionsError(f"config key generation.{key}: has no meaning for cache_policy {policy!r} (it is "
-                                   f"{LONGLIVE2!r}'s)")  # fmt: skip
+                raise OptionsError(
+                    f"config key generation.{key}: has no meaning for cache_policy {policy!r} (it is {LONGLIVE2!r}'s)"
+                )
         if self.recompute_context != RECOMPUTE_CONTEXTS[0] and procedure.name != KREA_RECOMPUTE:
-            raise OptionsError(f"config key generation.recompute_context: has no meaning under procedure {procedure.name!r} "
-                               f"(it is {KREA_RECOMPUTE!r}'s)")  # fmt: skip
+            raise OptionsError(
+                f"config key generation.recompute_context: has no meaning under procedure {procedure.name!r} "
+                f"(it is {KREA_RECOMPUTE!r}'s)"
+            )
         procedure.check(self)
 
     def _check_interventions(self) -> None:
@@ -653,28 +763,39 @@ class GenerationOptions:
         if not self.interventions:
             return
         if not procedure_spec(self.procedure).supports_interventions:
-            raise OptionsError(f"config key generation.interventions: procedure {self.procedure!r} cannot apply edits "
-                               "(use procedure self_forcing)")  # fmt: skip
+            raise OptionsError(
+                f"config key generation.interventions: procedure {self.procedure!r} cannot apply edits "
+                "(use procedure self_forcing)"
+            )
         last_start = self.block_starts()[-1]
         for index, edit in enumerate(self.interventions):
             where = f"config key generation.interventions[{index}]"
             if isinstance(edit, CACHE_EDITS) and policy_spec(self.cache_policy).rebuilds_keys:
-                raise OptionsError(f"{where}: cache_policy {self.cache_policy!r} re-ropes keys from its own un-roped copy, "
-                                   f"which {edit.edit} does not reach")  # fmt: skip
+                raise OptionsError(
+                    f"{where}: cache_policy {self.cache_policy!r} re-ropes keys from its own un-roped copy, "
+                    f"which {edit.edit} does not reach"
+                )
             frames = getattr(edit, "key_frames", FrameSelection("cached"))
             if frames.kind == "list":
                 past = [frame for frame in frames.frames if frame >= self.num_frames]
                 if past:
-                    raise OptionsError(f"{where}.key_frames: frame {past[0]} is past the video's last frame "
-                                       f"{self.num_frames - 1}")  # fmt: skip
+                    raise OptionsError(
+                        f"{where}.key_frames: frame {past[0]} is past the video's last frame {self.num_frames - 1}"
+                    )
                 never = [frame for frame in frames.frames if frame >= last_start]
                 if never:
-                    raise OptionsError(f"{where}.key_frames: frame {never[0]} is in the last block (frames {last_start}-"
-                                       f"{self.num_frames - 1}), which no later block sees: edits touch cached frames only")
+                    raise OptionsError(
+                        f"{where}.key_frames: frame {never[0]} is in the last block (frames {last_start}-"
+                        f"{self.num_frames - 1}), which no later block sees: edits touch cached frames only"
+                    )
             if isinstance(edit, ReplaceFrames) and edit.source != "noise":
                 if frames.kind != "list":
-                    raise OptionsError(f"{where}.source: frame {edit.source} must be earlier than every frame it replaces, "
-                                       f"and key_frames {frames.kind!r} holds frame 0; list the frames")  # fmt: skip
+                    raise OptionsError(
+                        f"{where}.source: frame {edit.source} must be earlier than every frame it replaces, "
+                        f"and key_frames {frames.kind!r} holds frame 0; list the frames"
+                    )
                 if edit.source >= min(frames.frames):
-                    raise OptionsError(f"{where}.source: frame {edit.source} must be earlier than every frame it replaces "
-                                       f"(key_frames {list(frames.frames)})")  # fmt: skip
+                    raise OptionsError(
+                        f"{where}.source: frame {edit.source} must be earlier than every frame it replaces "
+                        f"(key_frames {list(frames.frames)})"
+                    )

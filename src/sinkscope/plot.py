@@ -2,13 +2,13 @@
 
 There is one ``plot_<kind>`` function a figure kind, made at import from the kind's entry
 in ``sinkscope.figures.registry.FIGURES`` (its tables, layer, heads and options become
-its arguments; ``help(plot.plot_figure4)`` lists them). Each takes a pandas DataFrame (read with pandas, DuckDB, or anything
-else), draws with the same code as the pipeline (``sinkscope.figures``), in the package
-style, with the config's figure defaults (``figures:`` of the config schema) for what you
-leave out, and returns the matplotlib Figure. Single-panel figures draw into ``ax`` when
-you give one. A table that holds several checkpoints (or variants) needs
-``checkpoint=`` (``variant=``) to pick one. ``save(fig, prefix)`` writes PREFIX.svg (text
-kept as text) and PREFIX.png.
+its arguments; ``help(plot.plot_figure4)`` lists them). Each takes a pandas DataFrame (read
+with pandas, DuckDB, or anything else), draws with the same code as the pipeline
+(``sinkscope.figures``), in the package style, with the config's figure defaults
+(``figures:`` of the config schema) for what you leave out, and returns the matplotlib
+Figure. Single-panel figures draw into ``ax`` when you give one. A table that holds several
+checkpoints (or variants) needs ``checkpoint=`` (``variant=``) to pick one.
+``save(fig, prefix)`` writes PREFIX.svg (text kept as text) and PREFIX.png.
 
 Example::
 
@@ -91,9 +91,14 @@ def _layer(layer: int | str) -> int:
 
 
 def _pick(
-    table: pd.DataFrame, *, checkpoint: str | None, variant: str | None, what: str, variants: bool = False,
+    table: pd.DataFrame,
+    *,
+    checkpoint: str | None,
+    variant: str | None,
+    what: str,
+    variants: bool = False,
     checkpoints: bool = False,
-) -> pd.DataFrame:  # fmt: skip
+) -> pd.DataFrame:
     """The rows of one checkpoint (and variant), or a clear error naming what is there."""
     if not isinstance(table, pd.DataFrame):
         raise TypeError(f"{what}: expected a pandas DataFrame, got {type(table).__name__}")
@@ -107,7 +112,9 @@ def _pick(
             raise ValueError(f"{what}: no rows of checkpoint {checkpoint!r}")
     names = [str(x) for x in pd.unique(table["checkpoint"])]
     if len(names) > 1 and not checkpoints:
-        raise ValueError(f"{what}: the table holds checkpoints {', '.join(sorted(names))}; pick one with checkpoint=...")
+        raise ValueError(
+            f"{what}: the table holds checkpoints {', '.join(sorted(names))}; pick one with checkpoint=..."
+        )
     if variant is not None:
         table = table[table["variant"] == variant]
         if table.empty:
@@ -173,8 +180,14 @@ def plot(
     picked = {}
     # The tables it reads when given (head_diagnostics: the heads' classes) are picked alike.
     for name in [*spec.tables, *(name for name in spec.uses if name in tables)]:
-        rows = _pick(tables[name], checkpoint=checkpoint, variant=variant, what=what if name == spec.tables[-1] else
-                     f"{what} ({name})", variants=spec.scope in (CHECKPOINT, RUN), checkpoints=spec.scope == STUDY)  # fmt: skip
+        rows = _pick(
+            tables[name],
+            checkpoint=checkpoint,
+            variant=variant,
+            what=what if name == spec.tables[-1] else f"{what} ({name})",
+            variants=spec.scope in (CHECKPOINT, RUN),
+            checkpoints=spec.scope == STUDY,
+        )
         if variants and spec.scope in (CHECKPOINT, RUN):
             rows = rows[rows["variant"].isin(list(variants))]
         if checkpoints and spec.scope == STUDY:
@@ -203,26 +216,46 @@ def plot(
         picked[spec.tables[-1]] = rows
     if options.get("highlight_layers"):
         options["highlight_layers"] = [_layer(x) for x in options["highlight_layers"]]
-    return figures.draw(kind, picked, source=source, layer=index, options=_options(spec, **options), grid=grid,
-                        train_steps=train_steps, ax=ax)  # fmt: skip
+    return figures.draw(
+        kind,
+        picked,
+        source=source,
+        layer=index,
+        options=_options(spec, **options),
+        grid=grid,
+        train_steps=train_steps,
+        ax=ax,
+    )
 
 
 # -- one plot_<kind> function a kind, derived from its registry entry ----------------------------
 
 # The argument that takes each table, where it is not the table's own name.
-_TABLE_ARGUMENTS = {"frame_attention": "table", "token_profiles": "tokens", "head_diagnostics": "diagnostics",
-                    "reference_labels": "labels"}  # fmt: skip
+_TABLE_ARGUMENTS = {
+    "frame_attention": "table",
+    "token_profiles": "tokens",
+    "head_diagnostics": "diagnostics",
+    "reference_labels": "labels",
+}
 _ARGUMENTS: dict[str, tuple[Any, str]] = {  # argument: (annotation, what it is)
     "table": ("pd.DataFrame", "frame_attention rows"),
-    "tokens": ("pd.DataFrame", "token_profiles rows (the dataset folder read with a filter: only what the figure needs)"),
+    "tokens": (
+        "pd.DataFrame",
+        "token_profiles rows (the dataset folder read with a filter: only what the figure needs)",
+    ),
     "diagnostics": ("pd.DataFrame", "head_diagnostics rows"),
     "block_stats": ("pd.DataFrame", "block_stats rows"),
     "variant_effects": ("pd.DataFrame", "variant_effects rows (per run, and the run-averaged rows it draws)"),
     "variant_head_effects": ("pd.DataFrame", "variant_head_effects rows (per run, and the run-averaged rows it draws)"),
-    "frames": ("pd.DataFrame", "one image a row: checkpoint, variant, prompt_id, seed, frame, image (uint8 [H, W, 3]), "
-                               "unit ('video' or 'latent'); sinkscope.pipeline.video.frames_table reads them"),
-    "labels": ("Any", "a published label file: its path, a layers x heads grid of -1/1/2, or rows of layer, head, "
-                      "reference"),
+    "frames": (
+        "pd.DataFrame",
+        "one image a row: checkpoint, variant, prompt_id, seed, frame, image (uint8 [H, W, 3]), "
+        "unit ('video' or 'latent'); sinkscope.pipeline.video.frames_table reads them",
+    ),
+    "labels": (
+        "Any",
+        "a published label file: its path, a layers x heads grid of -1/1/2, or rows of layer, head, reference",
+    ),
     "layer": ("int | str", "the layer, 0-based (4) or labelled like the paper ('L5')"),
     "heads": ("Sequence[str] | str | None", "the heads, labelled like the paper ('L1H1' = layer 0, head 0), or one"),
     "head": ("str | None", "one head; the same as heads=[head]"),
@@ -239,10 +272,13 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # argument: (annotation, what it is)
     "checkpoints": ("Sequence[str] | None", "the checkpoints in order (default: the table's order)"),
     "train_steps": ("Mapping[str, int | None] | None", "checkpoint -> training step, the x axis"),
     "source": ("str | None", "the name in the subtitle (default: the checkpoint, @variant)"),
-    "generation": ("Mapping[str, Any] | None", "the run's generation options (an extraction file's metadata "
-                                               "'generation'): its sink frames and interventions are marked"),
+    "generation": (
+        "Mapping[str, Any] | None",
+        "the run's generation options (an extraction file's metadata "
+        "'generation'): its sink frames and interventions are marked",
+    ),
     "ax": ("Any", "a matplotlib Axes to draw a one-panel figure into"),
-}  # fmt: skip
+}
 
 
 def _argument(name: str) -> tuple[str, str]:
@@ -266,8 +302,11 @@ def _signature(kind: FigureKind) -> inspect.Signature:
     named = ["head"] if kind.draws_heads else []
     named += ["grid"] if kind.needs_token_profiles else []
     named += [name for name in (*kind.options, *kind.extra_options, *COMMON_OPTIONS) if name not in positional]
-    named += {CHECKPOINT: ["checkpoint", "variants"], RUN: ["checkpoint", "variants"],
-              STUDY: ["train_steps", "checkpoints", "variant"]}.get(kind.scope, ["checkpoint", "variant"])
+    named += {
+        CHECKPOINT: ["checkpoint", "variants"],
+        RUN: ["checkpoint", "variants"],
+        STUDY: ["train_steps", "checkpoints", "variant"],
+    }.get(kind.scope, ["checkpoint", "variant"])
     named += ["source", "ax"]
     required = set(positional) - {"heads"}
 

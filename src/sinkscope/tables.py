@@ -50,8 +50,13 @@ ALL_PROMPTS, ALL_SEEDS = "*", -1
 
 RUN_KEYS = ["checkpoint", "variant", "prompt_id", "seed"]
 _RUN_FIELDS = [("checkpoint", pa.string()), ("variant", pa.string()), ("prompt_id", pa.string()), ("seed", pa.int64())]
-_CALL_FIELDS = [("block", pa.int16()), ("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()),
-                ("prompt_segment", pa.int16())]  # fmt: skip
+_CALL_FIELDS = [
+    ("block", pa.int16()),
+    ("pass", pa.string()),
+    ("step", pa.int16()),
+    ("timestep", pa.float32()),
+    ("prompt_segment", pa.int16()),
+]
 
 FRAME_ATTENTION_SCHEMA = pa.schema(
     _RUN_FIELDS
@@ -71,32 +76,52 @@ QUERY_STATS_SCHEMA = pa.schema(
     _RUN_FIELDS
     + [("layer", pa.int16()), ("head", pa.int16())]
     + _CALL_FIELDS
-    + [("query_frame", pa.int16()), ("entropy_tokens", pa.float32()), ("num_keys", pa.int32()), ("num_key_frames", pa.int16())]
+    + [
+        ("query_frame", pa.int16()),
+        ("entropy_tokens", pa.float32()),
+        ("num_keys", pa.int32()),
+        ("num_key_frames", pa.int16()),
+    ]
 )
 TOKEN_PROFILES_SCHEMA = pa.schema(
     _RUN_FIELDS
     + [("layer", pa.int16()), ("head", pa.int16())]
     + _CALL_FIELDS
-    + [("key_frame", pa.int16()), ("key_tokens", pa.int32()), ("key_position_shift", pa.int32()),
-       ("frame_logit_mean", pa.float32()), ("frame_prob_mass", pa.float32()),
-       # float16 precision (11 significant bits) held in float32: byte-stream-split
-       # compresses the zero low bytes away, and every Parquet reader (DuckDB too, which
-       # cannot read split float16) reads them.
-       ("token_logit_centered", pa.list_(pa.float32())),
-       ("token_prob_ratio", pa.list_(pa.float32()))]
-)  # fmt: skip
+    + [
+        ("key_frame", pa.int16()),
+        ("key_tokens", pa.int32()),
+        ("key_position_shift", pa.int32()),
+        ("frame_logit_mean", pa.float32()),
+        ("frame_prob_mass", pa.float32()),
+        # float16 precision (11 significant bits) held in float32: byte-stream-split
+        # compresses the zero low bytes away, and every Parquet reader (DuckDB too, which
+        # cannot read split float16) reads them.
+        ("token_logit_centered", pa.list_(pa.float32())),
+        ("token_prob_ratio", pa.list_(pa.float32())),
+    ]
+)
 # token_profiles as sinkscope wrote it before the compact layout (full float32 token values):
 # still read (``token_values`` tells the two apart by their columns).
 TOKEN_PROFILES_SCHEMA_V1 = pa.schema(
     _RUN_FIELDS
     + [("layer", pa.int16()), ("head", pa.int16())]
     + _CALL_FIELDS
-    + [("key_frame", pa.int16()), ("key_tokens", pa.int32()), ("key_position_shift", pa.int32()),
-       ("token_logit_mean", pa.list_(pa.float32())),
-       ("token_prob_mean", pa.list_(pa.float32()))]
-)  # fmt: skip
+    + [
+        ("key_frame", pa.int16()),
+        ("key_tokens", pa.int32()),
+        ("key_position_shift", pa.int32()),
+        ("token_logit_mean", pa.list_(pa.float32())),
+        ("token_prob_mean", pa.list_(pa.float32())),
+    ]
+)
 # The stored token columns of each layout: (logit, prob) lists.
-_SUMMARY_CALL = [("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()), ("metric", pa.string()), ("runs", pa.int16())]
+_SUMMARY_CALL = [
+    ("pass", pa.string()),
+    ("step", pa.int16()),
+    ("timestep", pa.float32()),
+    ("metric", pa.string()),
+    ("runs", pa.int16()),
+]
 _CURVE_FIELDS = [
     ("query_frames", pa.string()),
     ("num_key_frames", pa.int16()),
@@ -119,11 +144,31 @@ _CURVE_FIELDS = [
 ]
 # The statistics whose between-run standard deviation the run-averaged rows carry, as
 # <stat>_run_std (null in per-run rows and with one run).
-HEAD_RUN_STD = ("first", "middle", "last", "own", "sink_score", "first_middle_ratio", "spread_pct", "frame0_mass",
-                "frame0_excess", "first_k_mass", "cache_share", "own_share")
+HEAD_RUN_STD = (
+    "first",
+    "middle",
+    "last",
+    "own",
+    "sink_score",
+    "first_middle_ratio",
+    "spread_pct",
+    "frame0_mass",
+    "frame0_excess",
+    "first_k_mass",
+    "cache_share",
+    "own_share",
+)
 LAYER_RUN_STD = (*HEAD_RUN_STD, "diagonal_mean", "first_column_mean")
-DIAGNOSTICS_RUN_STD = ("entropy_frames", "entropy_tokens", "frame0_mass", "frame0_excess", "frame0_argmax_share",
-                       "recent_mass", "frame0_ratio", "recent_ratio")
+DIAGNOSTICS_RUN_STD = (
+    "entropy_frames",
+    "entropy_tokens",
+    "frame0_mass",
+    "frame0_excess",
+    "frame0_argmax_share",
+    "recent_mass",
+    "frame0_ratio",
+    "recent_ratio",
+)
 RUN_STD_SUFFIX = "_run_std"
 
 
@@ -132,13 +177,20 @@ def run_std_fields(names: Sequence[str]) -> list[tuple[str, pa.DataType]]:
 
 
 HEAD_STATS_SCHEMA = pa.schema(
-    _RUN_FIELDS + [("layer", pa.int16()), ("head", pa.int16())] + _SUMMARY_CALL + _CURVE_FIELDS
+    _RUN_FIELDS
+    + [("layer", pa.int16()), ("head", pa.int16())]
+    + _SUMMARY_CALL
+    + _CURVE_FIELDS
     + run_std_fields(HEAD_RUN_STD)
-)  # fmt: skip
+)
 LAYER_STATS_SCHEMA = pa.schema(
-    _RUN_FIELDS + [("layer", pa.int16())] + _SUMMARY_CALL + _CURVE_FIELDS
-    + [("diagonal_mean", pa.float64()), ("first_column_mean", pa.float64())] + run_std_fields(LAYER_RUN_STD)
-)  # fmt: skip
+    _RUN_FIELDS
+    + [("layer", pa.int16())]
+    + _SUMMARY_CALL
+    + _CURVE_FIELDS
+    + [("diagonal_mean", pa.float64()), ("first_column_mean", pa.float64())]
+    + run_std_fields(LAYER_RUN_STD)
+)
 BLOCK_STATS_SCHEMA = pa.schema(
     _RUN_FIELDS
     + [("layer", pa.int16()), ("head", pa.int16())]
@@ -161,8 +213,16 @@ BLOCK_STATS_SCHEMA = pa.schema(
     ]
 )
 HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
-    [("checkpoint", pa.string()), ("variant", pa.string()), ("layer", pa.int16()), ("head", pa.int16()),
-     ("pass", pa.string()), ("step", pa.int16()), ("timestep", pa.float32()), ("runs", pa.int16())]
+    [
+        ("checkpoint", pa.string()),
+        ("variant", pa.string()),
+        ("layer", pa.int16()),
+        ("head", pa.int16()),
+        ("pass", pa.string()),
+        ("step", pa.int16()),
+        ("timestep", pa.float32()),
+        ("runs", pa.int16()),
+    ]
     + [
         ("entropy_frames", pa.float64()),
         ("entropy_tokens", pa.float64()),
@@ -182,23 +242,37 @@ HEAD_DIAGNOSTICS_SCHEMA = pa.schema(
         ("pyramid_label", pa.int8()),
     ]
     + run_std_fields(DIAGNOSTICS_RUN_STD)
-)  # fmt: skip
+)
 
 # The paired effects of a variant against the untouched (default) run of the same
 # checkpoint, prompt and seed (sinkscope.pipeline.effects).
-EFFECTS_RUN_STD = ("latent_rel_distance", "latent_cosine", "flicker", "first_frame_similarity",
-                   "first_frame_similarity_default")  # fmt: skip
-HEAD_EFFECTS_RUN_STD = ("frame0_mass", "frame0_mass_default", "frame0_mass_change", "entropy_tokens",
-                        "entropy_tokens_default", "entropy_tokens_change")  # fmt: skip
+EFFECTS_RUN_STD = (
+    "latent_rel_distance",
+    "latent_cosine",
+    "flicker",
+    "first_frame_similarity",
+    "first_frame_similarity_default",
+)
+HEAD_EFFECTS_RUN_STD = (
+    "frame0_mass",
+    "frame0_mass_default",
+    "frame0_mass_change",
+    "entropy_tokens",
+    "entropy_tokens_default",
+    "entropy_tokens_change",
+)
 VARIANT_EFFECTS_SCHEMA = pa.schema(
-    _RUN_FIELDS + [("latent_frame", pa.int16()), ("block", pa.int16()), ("runs", pa.int16())]
-    + [(name, pa.float64()) for name in EFFECTS_RUN_STD] + run_std_fields(EFFECTS_RUN_STD)
-)  # fmt: skip
+    _RUN_FIELDS
+    + [("latent_frame", pa.int16()), ("block", pa.int16()), ("runs", pa.int16())]
+    + [(name, pa.float64()) for name in EFFECTS_RUN_STD]
+    + run_std_fields(EFFECTS_RUN_STD)
+)
 VARIANT_HEAD_EFFECTS_SCHEMA = pa.schema(
-    _RUN_FIELDS + [("layer", pa.int16()), ("head", pa.int16()), ("runs", pa.int16()), ("calls", pa.int32()),
-                   ("edited", pa.bool_())]
-    + [(name, pa.float64()) for name in HEAD_EFFECTS_RUN_STD] + run_std_fields(HEAD_EFFECTS_RUN_STD)
-)  # fmt: skip
+    _RUN_FIELDS
+    + [("layer", pa.int16()), ("head", pa.int16()), ("runs", pa.int16()), ("calls", pa.int32()), ("edited", pa.bool_())]
+    + [(name, pa.float64()) for name in HEAD_EFFECTS_RUN_STD]
+    + run_std_fields(HEAD_EFFECTS_RUN_STD)
+)
 
 SCHEMAS = {
     "frame_attention": FRAME_ATTENTION_SCHEMA,
@@ -222,30 +296,40 @@ COLUMN_DOCS: dict[str, str] = {
     "head": "0-based head (paper notation H = head + 1)",
     "block": "generation block index",
     "pass": "'denoise' (a denoising step), 'cache' (the pass that writes the finished block's keys) or 'recache' (at a "
-            "prompt switch, the kept frames recomputed under the new prompt before the block) or 'recompute' (Krea's "
-            "call that rebuilds the cleared cache from the context frames before the block)",
+    "prompt switch, the kept frames recomputed under the new prompt before the block) or 'recompute' (Krea's "
+    "call that rebuilds the cleared cache from the context frames before the block)",
     "step": "denoising step index; the cache pass has step = the block's number of steps; the re-cache pass 0; -1 for "
-            "imported calls; the recompute pass 0",
+    "imported calls; the recompute pass 0",
     "timestep": "the model timestep of the call",
     "prompt_segment": "index of the prompt segment whose text the call is conditioned on (0 for a single prompt; the "
-                      "re-cache pass carries the new segment)",
+    "re-cache pass carries the new segment)",
     "query_frame": "absolute latent frame of the query tokens",
     "key_frame": "absolute latent frame the key tokens were generated at (whatever the cache did with them)",
     "logit_mean": "mean over token pairs of q.k/sqrt(d), pre-softmax (the Deep Forcing Figure 4 y axis)",
-    "prob_mass": "mean over the query frame's tokens of the softmax mass on the key frame's tokens present; sums to 1 over key frames",
+    "prob_mass": "mean over the query frame's tokens of the softmax mass on the key frame's tokens present; sums to 1 "
+    "over key frames",
     "argmax_share": "share of the query frame's tokens whose highest-scoring key token lies in this key frame",
     "key_tokens": "tokens of the key frame present in the call (frame_seq_length unless a policy dropped tokens)",
-    "key_position_shift": "(RoPE temporal position the keys were attended at minus the queries') minus (key frame minus query frame): how far the cache moved the keys relative to the queries; 0 when they kept their phase",
+    "key_position_shift": "(RoPE temporal position the keys were attended at minus the queries') minus (key frame "
+    "minus query frame): how far the cache moved the keys relative to the queries; 0 when they kept their phase",
     "entropy_tokens": "mean over the query frame's tokens of the entropy (nats) of its softmax over every key token",
     "num_keys": "key tokens the call saw",
     "num_key_frames": "key frames present (in the call, or in the summarized curve)",
     "token": "index of the key token within its frame (row-major over the latent patch grid)",
-    "token_logit_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's query tokens of q.k_token/sqrt(d); its mean over the frame's present tokens is the query-averaged logit_mean",
-    "token_prob_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's query tokens of the token's softmax probability; its sum over the frame is the query-averaged prob_mass",
-    "frame_logit_mean": "mean of token_logit_mean over the frame's present tokens (the query-averaged logit_mean), exact in float32; decoded token logits average to it",
-    "frame_prob_mass": "sum of token_prob_mean over the frame's present tokens (the query-averaged prob_mass), exact in float32; decoded token probabilities sum to it",
-    "token_logit_centered": "per key token of the frame (list index = token index, NaN where absent): token_logit_mean - frame_logit_mean, rounded to a power-of-two step of 2**-11 to 2**-10 of the row's largest |value| (float16 precision; decode: sinkscope.tokens.decode_token_values)",
-    "token_prob_ratio": "per key token of the frame (list index = token index, NaN where absent): token_prob_mean / (frame_prob_mass / key_tokens), 1 = the frame's mean token, rounded to 11 significant bits (float16 precision; decode: sinkscope.tokens.decode_token_values)",
+    "token_logit_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's "
+    "query tokens of q.k_token/sqrt(d); its mean over the frame's present tokens is the query-averaged logit_mean",
+    "token_prob_mean": "per key token of the frame (list index = token index, NaN where absent): mean over the call's "
+    "query tokens of the token's softmax probability; its sum over the frame is the query-averaged prob_mass",
+    "frame_logit_mean": "mean of token_logit_mean over the frame's present tokens (the query-averaged logit_mean), "
+    "exact in float32; decoded token logits average to it",
+    "frame_prob_mass": "sum of token_prob_mean over the frame's present tokens (the query-averaged prob_mass), exact "
+    "in float32; decoded token probabilities sum to it",
+    "token_logit_centered": "per key token of the frame (list index = token index, NaN where absent): "
+    "token_logit_mean - frame_logit_mean, rounded to a power-of-two step of 2**-11 to 2**-10 of the row's largest "
+    "|value| (float16 precision; decode: sinkscope.tokens.decode_token_values)",
+    "token_prob_ratio": "per key token of the frame (list index = token index, NaN where absent): token_prob_mean / "
+    "(frame_prob_mass / key_tokens), 1 = the frame's mean token, rounded to 11 significant bits (float16 precision; "
+    "decode: sinkscope.tokens.decode_token_values)",
     "metric": "which statistic the row summarizes: logit_mean or prob_mass",
     "runs": "prompt x seed runs averaged into the curve (1 for per-run rows)",
     "query_frames": "the query frames averaged (the last block's frames)",
@@ -261,9 +345,9 @@ COLUMN_DOCS: dict[str, str] = {
     "spread_pct": "(max - min) / mean of the cache frames, in %; prob_mass only",
     "frame0_mass": "softmax mass on frame 0 (null when frame 0 is not visible); prob_mass only",
     "frame0_uniform": "the mass frame 0 would get from uniform attention over every key token seen: its key_tokens / "
-                      "the tokens of every visible key frame (1 / visible key frames without dropped tokens); prob_mass only",
+    "the tokens of every visible key frame (1 / visible key frames without dropped tokens); prob_mass only",
     "frame0_excess": "frame-0 excess over uniform: frame0_mass - frame0_uniform (0 = no preference for frame 0); "
-                     "prob_mass only",
+    "prob_mass only",
     "first_k_mass": "softmax mass on the first k visible cache frames (diagnostics.first_k); prob_mass only",
     "cache_share": "softmax mass on the cache frames (everything before the block); prob_mass only",
     "own_share": "softmax mass on the block's own frames (1 - cache_share); prob_mass only",
@@ -272,55 +356,60 @@ COLUMN_DOCS: dict[str, str] = {
     "sink_frames": "the policy's sink frames (frame 0 when the policy has none)",
     "sink_mass": "softmax mass on the sink frames, queries of the block averaged",
     "sink_uniform": "the sink frames' share of the key tokens the block sees (the sink mass of uniform attention); "
-                    "null when no sink frame is in the cache (block 0, or evicted)",
+    "null when no sink frame is in the cache (block 0, or evicted)",
     "sink_excess": "sink_mass - sink_uniform; null when no sink frame is in the cache",
     "self_mass": "softmax mass on the block's own frames",
     "other_mass": "softmax mass on every other frame present; sink_mass + self_mass + other_mass = 1",
-    "argmax_age": "frames between the block's first frame and argmax_frame (0 for its own frames and, in a Rolling Forcing window, later ones)",
+    "argmax_age": "frames between the block's first frame and argmax_frame (0 for its own frames and, in a Rolling "
+    "Forcing window, later ones)",
     "entropy": "entropy (nats) of the block's key-frame mass distribution over the frames present",
     "entropy_frames": "entropy of each query frame's key-frame distribution / ln(key frames), averaged",
-    "latent_sink_cosine": "the generated video: mean cosine similarity between the block's latent frames and the sink frames (frame 0 without a sink); null for the block holding them and for imported caches",
-    "latent_previous_cosine": "the generated video: mean cosine similarity between the block's latent frames and the previous block's; null for block 0",
-    "rope_periods": "temporal RoPE channel pairs (period >= 16 frames) whose turn ends inside the block's frames, as c<pair>@<frame position>",
+    "latent_sink_cosine": "the generated video: mean cosine similarity between the block's latent frames and the sink "
+    "frames (frame 0 without a sink); null for the block holding them and for imported caches",
+    "latent_previous_cosine": "the generated video: mean cosine similarity between the block's latent frames and the "
+    "previous block's; null for block 0",
+    "rope_periods": "temporal RoPE channel pairs (period >= 16 frames) whose turn ends inside the block's frames, as "
+    "c<pair>@<frame position>",
     "frame0_argmax_share": "share of the block's query tokens whose highest-scoring key is in frame 0",
     "recent_mass": "softmax mass on the block's own frames and the frame before them",
     "frame0_ratio": "frame0_mass / frame0_uniform, each run's own, averaged over runs (1 = uniform); the sink "
-                    "class's statistic; null when frame 0 is not visible",
+    "class's statistic; null when frame 0 is not visible",
     "recent_uniform": "the mass uniform attention over the key tokens would give the recent_mass frames",
     "recent_ratio": "recent_mass / recent_uniform, each run's own, averaged over runs (1 = uniform); the local "
-                    "class's statistic",
+    "class's statistic",
     "sign_rate": "share of key frames with a positive logit_mean",
     "period": "dominant period (frames) of the key-frame logit_mean profile, by FFT",
     "period_power": "share of the profile's spectral power (DC excluded) at that period",
     "head_class": "sink, local, periodic or diffuse; sink? / local?: borderline, the statistic's interval between "
-                  "runs (frame0_ratio or recent_ratio ± its _run_std) holds the threshold; one run: no interval, no '?' "
-                  "(thresholds: config diagnostics:, docs/statistics.md)",
+    "runs (frame0_ratio or recent_ratio ± its _run_std) holds the threshold; one run: no interval, no '?' "
+    "(thresholds: config diagnostics:, docs/statistics.md)",
     "borderline": "head_class ends in '?': the runs do not settle the class (false with one run: no interval)",
     "pyramid_label": "Pyramid Forcing's head type from the logit_mean profile: -1 wave (oscillating: mixed signs, "
-                     "periodic), 1 anchor (stable, compact: positive on most key frames), 2 veil (stable-sparse: "
-                     "negative on most), the mean logit's sign deciding 1/2 otherwise; 0 no profile "
-                     "(thresholds: config diagnostics: pyramid_*, docs/statistics.md)",
+    "periodic), 1 anchor (stable, compact: positive on most key frames), 2 veil (stable-sparse: "
+    "negative on most), the mean logit's sign deciding 1/2 otherwise; 0 no profile "
+    "(thresholds: config diagnostics: pyramid_*, docs/statistics.md)",
     "latent_frame": "variant_effects: absolute latent frame, among the frames both the variant's and the default's "
-                    "video have",
+    "video have",
     "latent_rel_distance": "variant_effects: ||x - x_default|| / ||x_default|| over the latent frame (L2 over channels "
-                           "and positions; 0 = the untouched frame); the default run of the same checkpoint, prompt "
-                           "and seed",
+    "and positions; 0 = the untouched frame); the default run of the same checkpoint, prompt "
+    "and seed",
     "latent_cosine": "variant_effects: cosine between the latent frame and the untouched run's (1 = same direction)",
     "flicker": "variant_effects: ||x_f - x_(f-1)|| / the same in the untouched video (1 = as much change from the "
-               "previous frame as untouched); NaN at frame 0, which has no previous frame",
+    "previous frame as untouched); NaN at frame 0, which has no previous frame",
     "first_frame_similarity": "variant_effects: cosine between the latent frame and frame 0 of its own video (the "
-                              "drift proxy)",
+    "drift proxy)",
     "first_frame_similarity_default": "variant_effects: the same in the untouched (default) video, for comparison",
     "calls": "variant_head_effects: (call, query frame) pairs after block 0 that both runs make, matched by block, "
-             "pass, step and query frame (per run; the first run's in run-averaged rows)",
+    "pass, step and query frame (per run; the first run's in run-averaged rows)",
     "edited": "variant_head_effects: the head is named by a mask_keys or logit_bias edit of the variant",
-    "frame0_mass_default": "variant_head_effects: the default run's mean softmax mass on frame 0 over the matched calls",
-    "frame0_mass_change": "variant_head_effects: mean over the matched calls after block 0 of the variant's frame-0 "
-                          "mass minus the default's (0 where frame 0 is not a key frame of the call)",
+    "frame0_mass_default": "variant_head_effects: the default run's mean softmax mass on frame 0 over the "
+    "matched calls",
+    "frame0_mass_change": "variant_head_effects: mean over the matched calls after block 0 of the variant's "
+    "frame-0 mass minus the default's (0 where frame 0 is not a key frame of the call)",
     "entropy_tokens_default": "variant_head_effects: the default run's mean token-level entropy (query_stats "
-                       "entropy_tokens, nats) over the matched calls",
-    "entropy_tokens_change": "variant_head_effects: mean over the matched calls after block 0 of the variant's token-level "
-                      "entropy minus the default's (nats)",
+    "entropy_tokens, nats) over the matched calls",
+    "entropy_tokens_change": "variant_head_effects: mean over the matched calls after block 0 of the variant's "
+    "token-level entropy minus the default's (nats)",
 }
 for _name in {*LAYER_RUN_STD, *DIAGNOSTICS_RUN_STD, *EFFECTS_RUN_STD, *HEAD_EFFECTS_RUN_STD}:
     COLUMN_DOCS[_name + RUN_STD_SUFFIX] = (
@@ -351,15 +440,21 @@ def _metadata_digest(metadata: Mapping[bytes, bytes]) -> bytes:
     digest = hashlib.sha256()
     for key in sorted(metadata):
         if key not in (_METADATA_DIGEST, b"ARROW:schema"):
-            digest.update(len(key).to_bytes(8, "little") + key + len(metadata[key]).to_bytes(8, "little") + metadata[key])
+            digest.update(
+                len(key).to_bytes(8, "little") + key + len(metadata[key]).to_bytes(8, "little") + metadata[key]
+            )
     return digest.hexdigest().encode()
 
 
 _METADATA_DIGEST = (META_PREFIX + "metadata_sha256").encode()
 
 
-def _file_metadata(schema: pa.Schema, metadata: Mapping[str, Any] | None, digests: Mapping[str, str],
-                   existing: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:  # fmt: skip
+def _file_metadata(
+    schema: pa.Schema,
+    metadata: Mapping[str, Any] | None,
+    digests: Mapping[str, str],
+    existing: Mapping[bytes, bytes] | None = None,
+) -> dict[bytes, bytes]:
     """A file's footer metadata: provenance, content digests, column docs, its own digest."""
     info = {
         **dict(metadata or {}),
@@ -417,15 +512,18 @@ def _writer_options(schema: pa.Schema) -> dict[str, Any]:
     # Dictionaries for keys (they repeat), byte-stream-split for floats (random-looking
     # values that dictionaries do not shrink): half the time of the defaults, smaller files.
     floats = [field.name for field in schema if pa.types.is_floating(field.type)]
-    float_lists = [field.name for field in schema
-                   if pa.types.is_list(field.type) and pa.types.is_floating(field.type.value_type)]  # fmt: skip
+    float_lists = [
+        field.name for field in schema if pa.types.is_list(field.type) and pa.types.is_floating(field.type.value_type)
+    ]
     return dict(
         compression="zstd",
         write_page_checksum=True,
         use_dictionary=[name for name in schema.names if name not in floats + float_lists],
-        column_encoding={**{name: "BYTE_STREAM_SPLIT" for name in floats},
-                         **{f"{name}.list.element": "BYTE_STREAM_SPLIT" for name in float_lists}},
-    )  # fmt: skip
+        column_encoding={
+            **{name: "BYTE_STREAM_SPLIT" for name in floats},
+            **{f"{name}.list.element": "BYTE_STREAM_SPLIT" for name in float_lists},
+        },
+    )
 
 
 def write_table(
@@ -442,7 +540,9 @@ def write_table(
     a reader can filter a long run (e.g. by block) without loading it whole.
     """
     table = frame if isinstance(frame, pa.Table) else to_arrow(frame, schema, path)
-    table = table.replace_schema_metadata(_file_metadata(schema, metadata, column_digests(table), table.schema.metadata))
+    table = table.replace_schema_metadata(
+        _file_metadata(schema, metadata, column_digests(table), table.schema.metadata)
+    )
     with atomic_path(path) as tmp:
         options = _writer_options(table.schema)
         if row_groups_by is None or table.num_rows == 0:
@@ -475,8 +575,9 @@ class TableWriter:
         os.close(fd)
         self._tmp = Path(name)
         self._digests = ContentDigests(schema)
-        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(self._tmp, schema, store_schema=False,
-                                                                 **_writer_options(schema))  # fmt: skip
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+            self._tmp, schema, store_schema=False, **_writer_options(schema)
+        )
 
     def write(self, rows: pa.Table | pd.DataFrame | Mapping[str, Any]) -> None:
         """Append ``rows`` as one row group (nothing for zero rows)."""
@@ -541,8 +642,9 @@ def read_arrow(path: str | Path, columns: Sequence[str] | None = None, filters=N
     """One Parquet file as an Arrow table, checksums verified; content digests too when
     the whole table is read (a filter reads a part, so only the checksums apply)."""
     try:
-        table = pq.read_table(path, columns=list(columns) if columns else None, filters=filters,
-                              page_checksum_verification=True)  # fmt: skip
+        table = pq.read_table(
+            path, columns=list(columns) if columns else None, filters=filters, page_checksum_verification=True
+        )
         footer = pq.ParquetFile(path).metadata.metadata or {}
     except FileNotFoundError:
         raise
@@ -588,8 +690,9 @@ def _check_statistics(path: str | Path, table: pa.Table, columns: Sequence[str] 
     metadata = pq.ParquetFile(path).metadata
     # Leaves by their top-level column: a list column's leaf is named "element".
     names = [metadata.schema.column(i).path.split(".")[0] for i in range(metadata.num_columns)]
-    wanted = [(i, name) for i, name in enumerate(names)
-              if (columns is None or name in columns) and name in table.column_names]  # fmt: skip
+    wanted = [
+        (i, name) for i, name in enumerate(names) if (columns is None or name in columns) and name in table.column_names
+    ]
     offset = 0
     for group in range(metadata.num_row_groups):
         chunk_meta = metadata.row_group(group)
@@ -619,7 +722,9 @@ def _check_statistics(path: str | Path, table: pa.Table, columns: Sequence[str] 
                 raise DamagedFileError(path, f"is damaged: column {name} (row group {group}) has lost its statistics")
             stored = (_statistic(stats.min, values.type), _statistic(stats.max, values.type))
             if stored != (low, high):
-                raise DamagedFileError(path, f"is damaged: the statistics of column {name} (row group {group}) do not match its values")
+                raise DamagedFileError(
+                    path, f"is damaged: the statistics of column {name} (row group {group}) do not match its values"
+                )
         offset += rows
 
 
@@ -651,8 +756,12 @@ def with_default_columns(frame: pd.DataFrame, frame_seq_length: int | None = Non
     frame = frame.copy()
     if "variant" not in frame:
         frame.insert(1, "variant", DEFAULT_VARIANT)
-    defaults = {"argmax_share": float("nan"), "key_position_shift": 0, "key_tokens": frame_seq_length or 0,
-                "prompt_segment": 0}  # fmt: skip
+    defaults = {
+        "argmax_share": float("nan"),
+        "key_position_shift": 0,
+        "key_tokens": frame_seq_length or 0,
+        "prompt_segment": 0,
+    }
     for name, value in defaults.items():
         if name not in frame:
             frame[name] = value

@@ -22,8 +22,19 @@ if TYPE_CHECKING:
 TOKEN_ENCODED = ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio")
 TOKEN_DECODED = ("token_logit_mean", "token_prob_mean")
 # The long form of token_profiles that figures and users read (``token_rows``).
-TOKEN_ROW_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "prompt_segment", "key_frame", "token", "token_logit_mean",
-                     "token_prob_mean")
+TOKEN_ROW_COLUMNS = (
+    "layer",
+    "head",
+    "block",
+    "pass",
+    "step",
+    "timestep",
+    "prompt_segment",
+    "key_frame",
+    "token",
+    "token_logit_mean",
+    "token_prob_mean",
+)
 
 
 # Significant bits kept of each token value: float16's precision (half an ulp = 2**-11 relative).
@@ -62,14 +73,18 @@ def encode_token_values(logit: np.ndarray, prob: np.ndarray) -> dict[str, np.nda
 
     logit, prob = np.asarray(logit), np.asarray(prob)
     if logit.shape != prob.shape or logit.ndim != 2:
-        raise ValueError(f"token logits {logit.shape} and probabilities {prob.shape} must be equal [rows, tokens] arrays")
+        raise ValueError(
+            f"token logits {logit.shape} and probabilities {prob.shape} must be equal [rows, tokens] arrays"
+        )
     if np.isnan(prob).all(axis=1).any():
         raise ValueError("a token profile row has no present token")
-    encoded = encode_token_tensors(torch.from_numpy(np.asarray(logit, np.float64)), torch.from_numpy(np.asarray(prob, np.float64)))
+    encoded = encode_token_tensors(
+        torch.from_numpy(np.asarray(logit, np.float64)), torch.from_numpy(np.asarray(prob, np.float64))
+    )
     return {name: values.numpy() for name, values in encoded.items()}
 
 
-def encode_token_tensors(logit: "torch.Tensor", prob: "torch.Tensor") -> dict[str, "torch.Tensor"]:
+def encode_token_tensors(logit: torch.Tensor, prob: torch.Tensor) -> dict[str, torch.Tensor]:
     """``encode_token_values`` on torch tensors, on their device and without a host
     synchronization (so the capture encodes a call's profiles where it computed them and
     hands the host only the stored form). Sums in float64; results float32. Every row
@@ -102,7 +117,7 @@ def encode_token_tensors(logit: "torch.Tensor", prob: "torch.Tensor") -> dict[st
     }
 
 
-def _round_significant_tensor(values: "torch.Tensor", bits: int = TOKEN_BITS) -> "torch.Tensor":
+def _round_significant_tensor(values: torch.Tensor, bits: int = TOKEN_BITS) -> torch.Tensor:
     """``round_significant`` on a float32 tensor: the same bit arithmetic, in int64 (torch
     has no uint32 arithmetic on every device)."""
     import torch
@@ -146,13 +161,21 @@ def token_values(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     their stored form, whichever layout wrote them: the compact one (decoded) or the
     float32 lists of older files (as they are)."""
     if all(name in table.columns for name in TOKEN_ENCODED):
-        return decode_token_values(table["frame_logit_mean"].to_numpy(), table["frame_prob_mass"].to_numpy(),
-                                   _stacked(table["token_logit_centered"]), _stacked(table["token_prob_ratio"]))  # fmt: skip
+        return decode_token_values(
+            table["frame_logit_mean"].to_numpy(),
+            table["frame_prob_mass"].to_numpy(),
+            _stacked(table["token_logit_centered"]),
+            _stacked(table["token_prob_ratio"]),
+        )
     if all(name in table.columns for name in TOKEN_DECODED):
-        return (_stacked(table["token_logit_mean"]).astype(np.float32, copy=False),
-                _stacked(table["token_prob_mean"]).astype(np.float32, copy=False))  # fmt: skip
-    raise ValueError(f"token_profiles rows lack their token columns ({', '.join(TOKEN_ENCODED)}); "
-                     f"columns: {', '.join(map(str, table.columns))}")  # fmt: skip
+        return (
+            _stacked(table["token_logit_mean"]).astype(np.float32, copy=False),
+            _stacked(table["token_prob_mean"]).astype(np.float32, copy=False),
+        )
+    raise ValueError(
+        f"token_profiles rows lack their token columns ({', '.join(TOKEN_ENCODED)}); "
+        f"columns: {', '.join(map(str, table.columns))}"
+    )
 
 
 def decode_token_profiles(table: pd.DataFrame) -> pd.DataFrame:

@@ -123,8 +123,12 @@ def remember_rows(frame_bias: torch.Tensor, rows: Sequence[Sequence[float]]) -> 
         if len(_HOST_ROWS) >= _HOST_ROWS_LIMIT:
             _HOST_ROWS.clear()
         key = id(frame_bias)
-        _HOST_ROWS[key] = (weakref.ref(frame_bias, lambda _, key=key: _HOST_ROWS.pop(key, None)), version, rows,
-                           edit_plan(rows))  # fmt: skip
+        _HOST_ROWS[key] = (
+            weakref.ref(frame_bias, lambda _, key=key: _HOST_ROWS.pop(key, None)),
+            version,
+            rows,
+            edit_plan(rows),
+        )
     return rows
 
 
@@ -159,7 +163,9 @@ def log_sum_exp(q: torch.Tensor, k: torch.Tensor, budget: int = LSE_SCORE_BUDGET
     return out
 
 
-def attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_and_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``cached_attention`` with its log-sum-exp always given: the kernel's where it returns
     one (CUDA, fp16 / bf16), else ``log_sum_exp``."""
     out, lse = cached_attention(q, k, v, split=split)
@@ -244,11 +250,20 @@ def check_bias_shape(frame_bias: torch.Tensor, heads: int, num_k: int) -> None:
 def token_bias(frame_bias: torch.Tensor, key_lengths: Sequence[int]) -> torch.Tensor:
     """[H, Lk] float32 on frame_bias's device: each key token's bias (its frame's)."""
     lengths = tuple(int(n) for n in key_lengths)
-    return frame_bias.to(torch.float32).repeat_interleave(_lengths_on(lengths, frame_bias.device), dim=1,
-                                                          output_size=sum(lengths))
+    return frame_bias.to(torch.float32).repeat_interleave(
+        _lengths_on(lengths, frame_bias.device), dim=1, output_size=sum(lengths)
+    )
 
 
 __all__ = [
-    "EditPlan", "KeySegment", "attention_and_lse", "bias_plan", "bias_rows", "edit_plan", "edited_attention", "log_sum_exp",
-    "remember_rows", "token_bias",
-]  # fmt: skip
+    "EditPlan",
+    "KeySegment",
+    "attention_and_lse",
+    "bias_plan",
+    "bias_rows",
+    "edit_plan",
+    "edited_attention",
+    "log_sum_exp",
+    "remember_rows",
+    "token_bias",
+]

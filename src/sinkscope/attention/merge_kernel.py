@@ -16,13 +16,29 @@ import triton.language as tl
 
 @triton.jit
 def merge_parts_kernel(
-    out_ptr, lse_ptr, extra_ptr, extra_lse_ptr, merged_ptr, merged_lse_ptr,
-    stride_on, stride_oh, stride_ol,
-    stride_en, stride_eh, stride_el,
-    stride_mb, stride_ml, stride_mh,
-    num_q, heads,
-    PARTS: tl.constexpr, EXTRA_PARTS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_L: tl.constexpr,
-):  # fmt: skip
+    out_ptr,
+    lse_ptr,
+    extra_ptr,
+    extra_lse_ptr,
+    merged_ptr,
+    merged_lse_ptr,
+    stride_on,
+    stride_oh,
+    stride_ol,
+    stride_en,
+    stride_eh,
+    stride_el,
+    stride_mb,
+    stride_ml,
+    stride_mh,
+    num_q,
+    heads,
+    PARTS: tl.constexpr,
+    EXTRA_PARTS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
     pid_l = tl.program_id(0)
     head = tl.program_id(1)
     batch = tl.program_id(2)
@@ -43,7 +59,9 @@ def merge_parts_kernel(
         entry = batch * PARTS + part
         weight = tl.exp(tl.load(lse_ptr + (entry * heads + head) * num_q + offs_l, mask=rows, other=0.0) - top)
         rows_out = tl.load(
-            out_ptr + entry * stride_on + head * stride_oh + offs_l[:, None] * stride_ol + offs_d[None, :], mask=tile, other=0.0
+            out_ptr + entry * stride_on + head * stride_oh + offs_l[:, None] * stride_ol + offs_d[None, :],
+            mask=tile,
+            other=0.0,
         )
         total += weight
         acc += weight[:, None] * rows_out.to(tl.float32)
@@ -51,9 +69,10 @@ def merge_parts_kernel(
         entry = batch * EXTRA_PARTS + part
         weight = tl.exp(tl.load(extra_lse_ptr + (entry * heads + head) * num_q + offs_l, mask=rows, other=0.0) - top)
         rows_out = tl.load(
-            extra_ptr + entry * stride_en + head * stride_eh + offs_l[:, None] * stride_el + offs_d[None, :], mask=tile,
+            extra_ptr + entry * stride_en + head * stride_eh + offs_l[:, None] * stride_el + offs_d[None, :],
+            mask=tile,
             other=0.0,
-        )  # fmt: skip
+        )
         total += weight
         acc += weight[:, None] * rows_out.to(tl.float32)
     merged = acc / total[:, None]
@@ -66,7 +85,11 @@ def merge_parts_kernel(
 
 
 def merge_parts_cuda(
-    out: torch.Tensor, lse: torch.Tensor, batch: int, parts: int, merged: torch.Tensor | None = None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    batch: int,
+    parts: int,
+    merged: torch.Tensor | None = None,
     extra: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``sinkscope.attention.split.merge_parts`` in one launch."""
@@ -90,11 +113,28 @@ def merge_parts_cuda(
     block_l = 32 if dim > 64 else 64
     grid = (triton.cdiv(num_q, block_l), heads, batch)
     merge_parts_kernel[grid](
-        out, lse, extra_out, extra_lse, merged, merged_lse,
-        out.stride(0), out.stride(1), out.stride(2),
-        extra_out.stride(0), extra_out.stride(1), extra_out.stride(2),
-        merged.stride(0), merged.stride(1), merged.stride(2),
-        num_q, heads,
-        PARTS=parts, EXTRA_PARTS=extra_parts, HEAD_DIM=dim, D_PAD=max(16, triton.next_power_of_2(dim)), BLOCK_L=block_l, num_warps=4,
-    )  # fmt: skip
+        out,
+        lse,
+        extra_out,
+        extra_lse,
+        merged,
+        merged_lse,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        extra_out.stride(0),
+        extra_out.stride(1),
+        extra_out.stride(2),
+        merged.stride(0),
+        merged.stride(1),
+        merged.stride(2),
+        num_q,
+        heads,
+        PARTS=parts,
+        EXTRA_PARTS=extra_parts,
+        HEAD_DIM=dim,
+        D_PAD=max(16, triton.next_power_of_2(dim)),
+        BLOCK_L=block_l,
+        num_warps=4,
+    )
     return merged, merged_lse

@@ -23,7 +23,7 @@ class KernelSettings:
     fused_gelu: bool = True
 
     @classmethod
-    def named(cls, name: str) -> "KernelSettings":
+    def named(cls, name: str) -> KernelSettings:
         """``fast`` (both on) or ``reference`` (both off: Self-Forcing's own kernels)."""
         if name not in KERNEL_CHOICES:
             raise ValueError(f"capture.kernels {name!r} is not one of {', '.join(KERNEL_CHOICES)}")

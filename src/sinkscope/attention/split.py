@@ -68,8 +68,9 @@ def _copy_waves(rows: int, heads: int, dim: int, num_keys: int) -> float:
     return rows * heads * dim * 2 / (num_keys * WAVE_BYTES_PER_KEY)
 
 
-def plan_key_split(batch: int, heads: int, num_queries: int, num_keys: int, processors: int, dim: int = 128,
-                   *, head_first: bool = True) -> KeySplit:
+def plan_key_split(
+    batch: int, heads: int, num_queries: int, num_keys: int, processors: int, dim: int = 128, *, head_first: bool = True
+) -> KeySplit:
     """The plan with the fewest waves (``KeySplit``), the merge's traffic counted: each split
     row is written S times as queries and as outputs, and read once more by the merge; a
     head's rows are copied into the output; and its extra launches. A split must save
@@ -79,7 +80,12 @@ def plan_key_split(batch: int, heads: int, num_queries: int, num_keys: int, proc
     tiles = -(-num_queries // QUERY_TILE)
     plain = KeySplit(0, 1, float(wave_cost(per_tile * tiles, processors)))
     options = [
-        KeySplit(0, s, wave_cost(s * per_tile * tiles, processors) / s + _copy_waves(3 * s * batch * num_queries, heads, dim, num_keys))
+        KeySplit(
+            0,
+            s,
+            wave_cost(s * per_tile * tiles, processors) / s
+            + _copy_waves(3 * s * batch * num_queries, heads, dim, num_keys),
+        )
         for s in _part_counts(num_keys)
     ]
     head_tiles = (per_tile * tiles // processors) * processors // per_tile
@@ -87,16 +93,23 @@ def plan_key_split(batch: int, heads: int, num_queries: int, num_keys: int, proc
         head = head_tiles * QUERY_TILE
         head_waves = wave_cost(per_tile * head_tiles, processors) + _copy_waves(2 * batch * head, heads, dim, num_keys)
         options += [
-            KeySplit(head, s, head_waves + wave_cost(s * per_tile * (tiles - head_tiles), processors) / s
-                     + _copy_waves(3 * s * batch * (num_queries - head), heads, dim, num_keys))
+            KeySplit(
+                head,
+                s,
+                head_waves
+                + wave_cost(s * per_tile * (tiles - head_tiles), processors) / s
+                + _copy_waves(3 * s * batch * (num_queries - head), heads, dim, num_keys),
+            )
             for s in _part_counts(num_keys)
-        ]  # fmt: skip
+        ]
     best = min(options, key=lambda plan: (plan.waves, plan.parts), default=plain)
     launches = SPLIT_LAUNCH_SECONDS / (num_keys * WAVE_SECONDS_PER_KEY)
     return best if best.waves + launches < plain.waves * (1 - MIN_GAIN) else plain
 
 
-def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, natural log-sum-exp [N, H, Lq] fp32) of q, k, v [N, H, L, D].
 
     cuDNN's attention on CUDA (fp16 / bf16), flash attention where cuDNN is missing, and
@@ -122,8 +135,14 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
 
 
 def split_key_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: int, scale: float | None = None,
-    out: torch.Tensor | None = None, *, part_bias: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    parts: int,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    part_bias: torch.Tensor | None = None,
     extra: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, Lq, H, D] over k, v [B, Lk, H, D] (the model's layout), the keys in
@@ -170,7 +189,11 @@ def planned_attention(
 
 
 def merge_parts(
-    out: torch.Tensor, lse: torch.Tensor, batch: int, parts: int, merged: torch.Tensor | None = None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    batch: int,
+    parts: int,
+    merged: torch.Tensor | None = None,
     extra: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge ``parts`` partial attentions, out [B * parts, H, Lq, D] and lse [B * parts, H, Lq]
@@ -250,7 +273,16 @@ def multiprocessors(device: torch.device) -> int:
 
 
 __all__ = [
-    "KeySplit", "attention_with_lse", "balanced_attention", "cached_attention", "gives_lse", "key_split", "merge_parts",
+    "KeySplit",
+    "attention_with_lse",
+    "balanced_attention",
+    "cached_attention",
+    "gives_lse",
+    "key_split",
+    "merge_parts",
     "multiprocessors",
-    "plan_key_split", "planned_attention", "split_key_attention", "wave_cost",
-]  # fmt: skip
+    "plan_key_split",
+    "planned_attention",
+    "split_key_attention",
+    "wave_cost",
+]

@@ -85,8 +85,25 @@ FIRST_FRAME_STYLES = ("image", "video")
 # 0 is FIRST_FRAME_GAIN * x + FIRST_FRAME_OFFSET per channel. Fixed numbers, drawn once
 # and written out (``first_frame_statistics(81)``, rounded to 2 decimals): gain
 # exp(0.25 z1), offset z2, z1 and z2 standard normal 16-vectors.
-FIRST_FRAME_GAIN = (0.56, 0.67, 1.03, 0.96, 0.61, 0.83, 0.74, 1.3, 1.6, 1.17, 1.21, 1.09, 0.88, 1.1, 1.66, 0.96)  # fmt: skip
-FIRST_FRAME_OFFSET = (-0.85, -0.46, 3.19, 3.06, 0.24, -0.37, -0.89, 1.47, -2.1, -1.16, -1.73, 0.86, -0.57, -0.64, -0.12, 0.5)  # fmt: skip
+FIRST_FRAME_GAIN = (0.56, 0.67, 1.03, 0.96, 0.61, 0.83, 0.74, 1.3, 1.6, 1.17, 1.21, 1.09, 0.88, 1.1, 1.66, 0.96)
+FIRST_FRAME_OFFSET = (
+    -0.85,
+    -0.46,
+    3.19,
+    3.06,
+    0.24,
+    -0.37,
+    -0.89,
+    1.47,
+    -2.1,
+    -1.16,
+    -1.73,
+    0.86,
+    -0.57,
+    -0.64,
+    -0.12,
+    0.5,
+)
 
 # Raw amplitudes, before the division by DATA_SCALE.
 BALL_AMPLITUDE = 2.0  # per channel, times a standard normal appearance vector
@@ -94,10 +111,11 @@ BACKGROUND_AMPLITUDE = 0.5  # the constant 16-d offset
 TEXTURE_AMPLITUDE = 0.35  # the smooth static texture
 # The raw data's standard deviation over the whole data set (all classes equally
 # likely, the first frame an image latent), measured once over 4096 videos
-# (``synthetic_batch(12345, 4096, scale=1.0).latents.double().std()``); dividing by it gives unit variance. Every frame but the first
-# then has a standard deviation of 0.92, the image latent 2.0 (its offset). Version 1
-# (``first_frame="video"``, ``temporal_compression=1``) measured 0.764
-# (``VERSION1_SCALE``; ``options_of`` passes it for version 1 checkpoints).
+# (``synthetic_batch(12345, 4096, scale=1.0).latents.double().std()``); dividing by it
+# gives unit variance. Every frame but the first then has a standard deviation of 0.92,
+# the image latent 2.0 (its offset). Version 1 (``first_frame="video"``,
+# ``temporal_compression=1``) measured 0.764 (``VERSION1_SCALE``; ``options_of`` passes
+# it for version 1 checkpoints).
 DATA_SCALE = 0.827
 VERSION1_SCALE = 0.764
 
@@ -119,7 +137,9 @@ def class_index(name: str) -> int:
         raise KeyError(f"unknown class {name!r}; known: {', '.join(CLASSES)}") from None
 
 
-def describe(first_frame: str = "image", temporal_compression: int = TEMPORAL_COMPRESSION, grain: float = 0.0, **extra: float) -> dict:
+def describe(
+    first_frame: str = "image", temporal_compression: int = TEMPORAL_COMPRESSION, grain: float = 0.0, **extra: float
+) -> dict:
     """The data set's definition, JSON-ready (stored in training checkpoints)."""
     return {
         "name": "sinkscope.demo.data",
@@ -148,7 +168,11 @@ def options_of(description: dict | None) -> dict:
         "first_frame": description.get("first_frame", "image"),
         "temporal_compression": int(description.get("temporal_compression", TEMPORAL_COMPRESSION)),
         "grain": float(description.get("grain") or 0.0),
-        **{k: float(description[k]) for k in ("fine_texture", "image_offset", "image_gain", "pan", "shake") if description.get(k) is not None},
+        **{
+            k: float(description[k])
+            for k in ("fine_texture", "image_offset", "image_gain", "pan", "shake")
+            if description.get(k) is not None
+        },
     }
 
 
@@ -303,10 +327,14 @@ def synthetic_batch(
         # [B, (y, x), T] the camera's displacement from its first pose at each video instant.
         camera = torch.zeros(batch_size, 2, len(times))
         if shake > 0:
-            camera[:, :, 1:] = (shake * torch.randn(batch_size, 2, len(times) - 1, generator=generator)).clamp(-3 * shake, 3 * shake)
+            camera[:, :, 1:] = (shake * torch.randn(batch_size, 2, len(times) - 1, generator=generator)).clamp(
+                -3 * shake, 3 * shake
+            )
         shaking = camera  # the balls move with the shake, not with a pan
         if pan > 0:
-            velocity = pan * torch.stack([torch.sin(pan_angle), torch.cos(pan_angle)], dim=1)  # [B, (y, x)] px / latent frame
+            velocity = pan * torch.stack(
+                [torch.sin(pan_angle), torch.cos(pan_angle)], dim=1
+            )  # [B, (y, x)] px / latent frame
             camera = camera + velocity[:, :, None] * times
 
     if classes is None:
@@ -340,6 +368,7 @@ def synthetic_batch(
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.pin_memory().to(device, non_blocking=True)
     else:
+
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device)
 

@@ -72,7 +72,9 @@ def video_features(latents: torch.Tensor) -> dict[str, torch.Tensor]:
     com_y = (weight.sum(3) * hh).sum(2) / total
     com_x = (weight.sum(2) * ww).sum(2) / total
     spread = (
-        (weight * ((hh[:, None] - com_y[..., None, None]) ** 2 + (ww[None, :] - com_x[..., None, None]) ** 2)).sum((2, 3))
+        (weight * ((hh[:, None] - com_y[..., None, None]) ** 2 + (ww[None, :] - com_x[..., None, None]) ** 2)).sum(
+            (2, 3)
+        )
         / total
     ).sqrt()
     appearance = (dev * weight[:, None]).sum((3, 4)) / total[:, None]  # [N, C, F]
@@ -190,7 +192,9 @@ def _video_metrics(latents: torch.Tensor, labels: torch.Tensor, reference: dict,
     }
 
 
-def _reference(videos_per_class: int, seed: int, options: dict) -> tuple[dict, MotionClassifier, torch.Tensor, torch.Tensor]:
+def _reference(
+    videos_per_class: int, seed: int, options: dict
+) -> tuple[dict, MotionClassifier, torch.Tensor, torch.Tensor]:
     classes = len(synthetic.CLASSES)
     labels = torch.arange(classes).repeat_interleave(videos_per_class)
     data = synthetic.synthetic_batch(seed, len(labels), classes=labels, **options).latents
@@ -206,7 +210,11 @@ def _reference(videos_per_class: int, seed: int, options: dict) -> tuple[dict, M
 
 
 def sample_videos(
-    model: WanModel, *, seeds: Sequence[int], classes: Sequence[str] = synthetic.CLASSES, options: GenerationOptions | None = None
+    model: WanModel,
+    *,
+    seeds: Sequence[int],
+    classes: Sequence[str] = synthetic.CLASSES,
+    options: GenerationOptions | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Videos from the real KV-cache sampler for every class prompt and seed: latents, labels."""
     options = options or GenerationOptions()
@@ -246,9 +254,13 @@ def attention_summary(model: WanModel, *, seed: int = 0, classes: Sequence[str] 
         per_layer = []
         for layer in layers:
             (record,) = [
-                r for r in capture.records
-                if r.layer == layer and r.call.block == last_block and r.call.pass_ == "denoise" and r.call.step == last_step
-            ]  # fmt: skip
+                r
+                for r in capture.records
+                if r.layer == layer
+                and r.call.block == last_block
+                and r.call.pass_ == "denoise"
+                and r.call.step == last_step
+            ]
             per_layer.append(record.stats.prob_mass.float().cpu())  # [H, Q, K], key frames in order (global cache)
         masses.append(torch.stack(per_layer))  # [L, H, Q, K]
     per_prompt = torch.stack(masses).double()  # [C, L, H, Q, K]
@@ -268,15 +280,17 @@ def attention_summary(model: WanModel, *, seed: int = 0, classes: Sequence[str] 
         "layers": [],
     }
     for layer in layers:
-        summary["layers"].append({
-            "layer": layer,
-            "frame0": float(mass[layer, :, :, 0].mean()),
-            "frame0_max_head": float(mass[layer, :, :, 0].mean(1).max()),
-            "own_block": float(own[layer].mean()),
-            "lag6": float(lag6[layer].mean()),
-            "heads_peak_on_frame0": float((top_outside[layer] == 0).float().mean()),
-            "entropy_frames": float(entropy[layer]),
-        })  # fmt: skip
+        summary["layers"].append(
+            {
+                "layer": layer,
+                "frame0": float(mass[layer, :, :, 0].mean()),
+                "frame0_max_head": float(mass[layer, :, :, 0].mean(1).max()),
+                "own_block": float(own[layer].mean()),
+                "lag6": float(lag6[layer].mean()),
+                "heads_peak_on_frame0": float((top_outside[layer] == 0).float().mean()),
+                "entropy_frames": float(entropy[layer]),
+            }
+        )
     summary["frame_profile"] = [round(float(v), 4) for v in mass.mean((0, 1, 2))]
     return summary
 
@@ -326,7 +340,9 @@ def evaluate_demo(
         if checkpoint_path is not None:
             from sinkscope.model.weightfiles import resolve_path
 
-            saved = torch.load(resolve_path(str(checkpoint_path)), map_location="cpu", weights_only=True).get("sinkscope", {})
+            saved = torch.load(resolve_path(str(checkpoint_path)), map_location="cpu", weights_only=True).get(
+                "sinkscope", {}
+            )
             data = synthetic.options_of(saved.get("data"))
     reference, classifier, _, _ = _reference(reference_per_class, _EVAL_SEED, data)
     classes = len(synthetic.CLASSES)
@@ -350,8 +366,9 @@ def evaluate_demo(
         shape = (options.num_frames, config.in_dim, config.latent_height, config.latent_width)
         # generate()'s initial noise: the first num_frames frames of the seed's draw.
         noise = torch.stack([seeded_noise(seed, shape) for seed in seeds] * classes).permute(0, 2, 1, 3, 4)
-        ode = ode_generate(model, contexts, noise, steps=ode_steps, guidance=ode_guidance,
-                           null_context=empty_context(config)).latents.cpu()  # fmt: skip
+        ode = ode_generate(
+            model, contexts, noise, steps=ode_steps, guidance=ode_guidance, null_context=empty_context(config)
+        ).latents.cpu()
         result["trained_ode"] = _video_metrics(ode, labels, reference, classifier)
         result["ode_steps"] = ode_steps
         result["ode_guidance"] = ode_guidance
@@ -371,7 +388,7 @@ def format_evaluation(result: dict) -> str:
     """The evaluation as a Markdown table (data / trained / random)."""
     columns = [k for k in ("data", "trained", "trained_ode", "random") if k in result]
     rows = [
-        ("motion classifier accuracy (chance %.2f)" % result["chance"], "classifier_accuracy", "{:.2f}"),
+        (f"motion classifier accuracy (chance {result['chance']:.2f})", "classifier_accuracy", "{:.2f}"),
         ("std of all values", "std", "{:.3f}"),
         ("frame std, first block", "frame_std_first_block", "{:.3f}"),
         ("frame std, last block", "frame_std_last_block", "{:.3f}"),
@@ -388,7 +405,9 @@ def format_evaluation(result: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(fmt.format(result[c][key]) for c in columns) + " |")
     for name in synthetic.CLASSES:
         lines.append(
-            f"| accuracy, {name} | " + " | ".join(f"{result[c]['per_class'][name]['accuracy']:.2f}" for c in columns) + " |"
+            f"| accuracy, {name} | "
+            + " | ".join(f"{result[c]['per_class'][name]['accuracy']:.2f}" for c in columns)
+            + " |"
         )
     return "\n".join(lines)
 
@@ -402,8 +421,12 @@ def format_attention(result: dict) -> str:
         f"Last block (query frames {first['query_frames'][0]}-{first['query_frames'][-1]}), last denoising step; "
         f"uniform: {first['uniform_per_frame']:.3f} per frame, {first['uniform_own_block']:.3f} own block.",
         "",
-        "| layer | " + " | ".join(f"{c}: frame 0 | {c}: own block | {c}: lag 6 | {c}: heads peaking at frame 0 | {c}: entropy / uniform"
-                                   for c in columns) + " |",  # fmt: skip
+        "| layer | "
+        + " | ".join(
+            f"{c}: frame 0 | {c}: own block | {c}: lag 6 | {c}: heads peaking at frame 0 | {c}: entropy / uniform"
+            for c in columns
+        )
+        + " |",
         "| --- |" + " ---: |" * (5 * len(columns)),
     ]
     for layer in range(len(first["layers"])):
@@ -411,7 +434,12 @@ def format_attention(result: dict) -> str:
         for c in columns:
             entry = result[c]["attention"]["layers"][layer]
             entropy = entry.get("entropy_frames")  # absent in evaluations made before it existed
-            cells += [f"{entry['frame0']:.3f}", f"{entry['own_block']:.3f}", f"{entry['lag6']:.3f}", f"{entry['heads_peak_on_frame0']:.2f}",
-                      "n/a" if entropy is None else f"{entropy:.3f}"]  # fmt: skip
+            cells += [
+                f"{entry['frame0']:.3f}",
+                f"{entry['own_block']:.3f}",
+                f"{entry['lag6']:.3f}",
+                f"{entry['heads_peak_on_frame0']:.2f}",
+                "n/a" if entropy is None else f"{entropy:.3f}",
+            ]
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -93,7 +93,9 @@ class _TwinRope:
 
     def phases(self, start_frame, frames, height, width, device, dtype):
         if start_frame != 0 or frames != 2 * self.frames:
-            raise ValueError(f"teacher forcing expects 2 x {self.frames} frames from frame 0, got {frames} from {start_frame}")
+            raise ValueError(
+                f"teacher forcing expects 2 x {self.frames} frames from frame 0, got {frames} from {start_frame}"
+            )
         key = (height, width, device, dtype)
         if key not in self._cache:
             half = self.base.phases(0, self.frames, height, width, device, dtype)

@@ -60,8 +60,13 @@ def ode_generate(
         context = torch.cat([context, null_context.to(device, context.dtype).expand_as(context)])
     from sinkscope.model.policies import new_policy
 
-    cache = new_policy(model, "global", frame_seq_length=model.config.frame_seq_length(height, width),
-                       num_frames=frames_total, batch_size=context.shape[0])  # fmt: skip
+    cache = new_policy(
+        model,
+        "global",
+        frame_seq_length=model.config.frame_seq_length(height, width),
+        num_frames=frames_total,
+        batch_size=context.shape[0],
+    )
 
     def both(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x]) if guided else x
@@ -84,20 +89,33 @@ def ode_generate(
             x = x + (sigmas[i + 1] - sigmas[i]) * v
         out[:, :, start : start + frames] = x
         with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=enabled):
-            model(both(x), torch.zeros(context.shape[0], frames, device=device), context, kv_cache=cache, start_frame=start)
+            model(
+                both(x),
+                torch.zeros(context.shape[0], frames, device=device),
+                context,
+                kv_cache=cache,
+                start_frame=start,
+            )
         start += frames
     return OdeResult(out, states)
 
 
 def build_ode_pool(
-    teacher: WanModel, *, size: int, seed: int, steps: int = 32, chunk: int = 256,
-    autocast: torch.dtype | None = None, store_dtype: torch.dtype = torch.bfloat16, guidance: float = 1.0,
+    teacher: WanModel,
+    *,
+    size: int,
+    seed: int,
+    steps: int = 32,
+    chunk: int = 256,
+    autocast: torch.dtype | None = None,
+    store_dtype: torch.dtype = torch.bfloat16,
+    guidance: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``size`` teacher ODE trajectories: (x0 [N, C, F, H, W], states [N, 4, C, F, H, W], labels [N]).
 
     Classes and initial noise come from a CPU generator seeded by ``seed``; ``guidance``
     as in ``ode_generate`` (against the empty prompt).
-    """  # fmt: skip
+    """
     config = teacher.config
     contexts = class_contexts(config).to(teacher.device)
     null = empty_context(config)
@@ -108,8 +126,15 @@ def build_ode_pool(
         n = min(chunk, size - begin)
         label = torch.randint(len(synthetic.CLASSES), (n,), generator=generator)
         noise = torch.randn((n, *shape), generator=generator)
-        result = ode_generate(teacher, contexts[label.to(teacher.device)], noise.to(teacher.device), steps=steps, autocast=autocast,
-                              guidance=guidance, null_context=null)  # fmt: skip
+        result = ode_generate(
+            teacher,
+            contexts[label.to(teacher.device)],
+            noise.to(teacher.device),
+            steps=steps,
+            autocast=autocast,
+            guidance=guidance,
+            null_context=null,
+        )
         x0s.append(result.latents.to(store_dtype))
         states.append(result.states.to(store_dtype))
         labels.append(label.to(teacher.device))

@@ -229,7 +229,9 @@ class TrainConfig:
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError("steps and batch_size must be positive")
         if self.first_frame not in synthetic.FIRST_FRAME_STYLES:
-            raise ValueError(f"first_frame {self.first_frame!r} is not one of {', '.join(synthetic.FIRST_FRAME_STYLES)}")
+            raise ValueError(
+                f"first_frame {self.first_frame!r} is not one of {', '.join(synthetic.FIRST_FRAME_STYLES)}"
+            )
         if self.temporal_compression < 1:
             raise ValueError("temporal_compression must be at least 1")
         if self.grain < 0:
@@ -243,22 +245,49 @@ class TrainConfig:
 
     def data_options(self) -> dict[str, Any]:
         """The keyword arguments of ``synthetic_batch`` that pick this run's data."""
-        return {"first_frame": self.first_frame, "temporal_compression": int(self.temporal_compression), "grain": float(self.grain),
-                **{k: float(v) for k, v in self.data_extra.items()}}
+        return {
+            "first_frame": self.first_frame,
+            "temporal_compression": int(self.temporal_compression),
+            "grain": float(self.grain),
+            **{k: float(v) for k, v in self.data_extra.items()},
+        }
 
 
 STATE_NAME = "state.pt"
 # What a resumed run must share with the run that wrote its state (the rest, such as the
 # device's speed, compile, max_seconds or stop_at, may change between the parts).
-_RUN_KEYS = ("seed", "steps", "batch_size", "lr", "ema", "warmup", "weight_decay", "grad_clip", "schedule", "final_lr_fraction",
-             "mode", "sampler_prob", "clean_prob", "cond_dropout", "guidance", "stage", "teacher", "pool_size", "ode_steps", "init", "init_from", "autocast")  # fmt: skip
+_RUN_KEYS = (
+    "seed",
+    "steps",
+    "batch_size",
+    "lr",
+    "ema",
+    "warmup",
+    "weight_decay",
+    "grad_clip",
+    "schedule",
+    "final_lr_fraction",
+    "mode",
+    "sampler_prob",
+    "clean_prob",
+    "cond_dropout",
+    "guidance",
+    "stage",
+    "teacher",
+    "pool_size",
+    "ode_steps",
+    "init",
+    "init_from",
+    "autocast",
+)
 
 
 def _run_identity(metadata: dict) -> dict:
     """What a resumed run must share with its state's run, as plain JSON types (as stored)."""
     training = metadata["training"]
-    return json.loads(json.dumps({"model": metadata["config"], "data": metadata["data"],
-                                  **{key: training[key] for key in _RUN_KEYS}}))  # fmt: skip
+    return json.loads(
+        json.dumps({"model": metadata["config"], "data": metadata["data"], **{key: training[key] for key in _RUN_KEYS}})
+    )
 
 
 def _save_state(path: Path, *, net, ema_net, optimizer, scheduler, generator, step: int, metadata: dict) -> Path:
@@ -285,13 +314,19 @@ def _load_state(path: str | Path, metadata: dict, device: torch.device) -> dict:
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise ValueError(f"resume: {path} is not a training state ({str(error).splitlines()[0][:120]})") from None
     if not isinstance(state, dict) or "run" not in state or "optimizer" not in state:
-        raise ValueError(f"resume: {path} is not a training state (state.pt of a run stopped by stop_at or max_seconds)")
+        raise ValueError(
+            f"resume: {path} is not a training state (state.pt of a run stopped by stop_at or max_seconds)"
+        )
     for key, value in _run_identity(metadata).items():
         if state["run"].get(key) != value:
-            raise ValueError(f"resume: {path} was trained with {key} = {state['run'].get(key)!r}, this run has {value!r}")
+            raise ValueError(
+                f"resume: {path} was trained with {key} = {state['run'].get(key)!r}, this run has {value!r}"
+            )
     if state["device_type"] != device.type:
-        raise ValueError(f"resume: {path} was trained on {state['device_type']}; resume it there (its random state is "
-                         f"the {state['device_type']} generator's), not on {device.type}")  # fmt: skip
+        raise ValueError(
+            f"resume: {path} was trained on {state['device_type']}; resume it there (its random state is "
+            f"the {state['device_type']} generator's), not on {device.type}"
+        )
     return state
 
 
@@ -331,9 +366,16 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     out_dir = Path(out_dir)
     (out_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     model_config = get_model_config(config.model)
-    if (model_config.latent_height, model_config.latent_width, model_config.in_dim) != (synthetic.HEIGHT, synthetic.WIDTH, synthetic.CHANNELS):
-        raise ValueError(f"model {config.model!r} has a {model_config.latent_height}x{model_config.latent_width}x{model_config.in_dim} latent grid; "
-                         f"the synthetic data is {synthetic.HEIGHT}x{synthetic.WIDTH}x{synthetic.CHANNELS}")
+    if (model_config.latent_height, model_config.latent_width, model_config.in_dim) != (
+        synthetic.HEIGHT,
+        synthetic.WIDTH,
+        synthetic.CHANNELS,
+    ):
+        raise ValueError(
+            f"model {config.model!r} has a "
+            f"{model_config.latent_height}x{model_config.latent_width}x{model_config.in_dim} latent grid; the "
+            f"synthetic data is {synthetic.HEIGHT}x{synthetic.WIDTH}x{synthetic.CHANNELS}"
+        )
     if autocast == "auto":
         autocast = "bfloat16" if device.type == "cuda" else None
     amp_dtype = DTYPES[autocast] if autocast else None
@@ -356,8 +398,15 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     if config.stage == "ode":
         net = load_transformer(config.teacher, format="self_forcing", model=model_config, device=device)
         pool_began = time.perf_counter()
-        pool = build_ode_pool(net, size=config.pool_size, seed=config.seed, steps=config.ode_steps, chunk=config.ode_chunk, autocast=amp_dtype,
-                              guidance=config.guidance)  # fmt: skip
+        pool = build_ode_pool(
+            net,
+            size=config.pool_size,
+            seed=config.seed,
+            steps=config.ode_steps,
+            chunk=config.ode_chunk,
+            autocast=amp_dtype,
+            guidance=config.guidance,
+        )
         pool_seconds = time.perf_counter() - pool_began
         init = f"teacher {Path(config.teacher).name}"
         teacher_meta = torch.load(config.teacher, map_location="cpu", weights_only=True).get("sinkscope", {})
@@ -383,8 +432,11 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr, betas=(0.9, 0.99), eps=1e-8, fused=fused,
-    )  # fmt: skip
+        lr=config.lr,
+        betas=(0.9, 0.99),
+        eps=1e-8,
+        fused=fused,
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: _lr_factor(s, config.warmup, config.steps, config.schedule, config.final_lr_fraction)
     )
@@ -403,19 +455,37 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
         "config": model_config.to_dict(),
         "data": data_description,
         "training": {
-            "seed": int(config.seed), "steps": int(config.steps), "batch_size": int(config.batch_size), "lr": float(config.lr),
-            "ema": float(config.ema), "warmup": int(config.warmup), "weight_decay": float(config.weight_decay),
-            "grad_clip": float(config.grad_clip), "schedule": config.schedule, "final_lr_fraction": float(config.final_lr_fraction),
-            "mode": config.mode, "sampler_prob": float(config.sampler_prob), "clean_prob": float(config.clean_prob),
-            "cond_dropout": float(config.cond_dropout), "guidance": float(config.guidance),
-            "stage": config.stage, "teacher": str(config.teacher) if config.teacher else None, "pool_size": int(config.pool_size) if pool else 0,
-            "ode_steps": int(config.ode_steps), "pool_seconds": round(pool_seconds, 2), "teacher_training": teacher_training,
-            "sampler_timesteps": [float(t) for t in sampler_ts.tolist()], "init": init,
+            "seed": int(config.seed),
+            "steps": int(config.steps),
+            "batch_size": int(config.batch_size),
+            "lr": float(config.lr),
+            "ema": float(config.ema),
+            "warmup": int(config.warmup),
+            "weight_decay": float(config.weight_decay),
+            "grad_clip": float(config.grad_clip),
+            "schedule": config.schedule,
+            "final_lr_fraction": float(config.final_lr_fraction),
+            "mode": config.mode,
+            "sampler_prob": float(config.sampler_prob),
+            "clean_prob": float(config.clean_prob),
+            "cond_dropout": float(config.cond_dropout),
+            "guidance": float(config.guidance),
+            "stage": config.stage,
+            "teacher": str(config.teacher) if config.teacher else None,
+            "pool_size": int(config.pool_size) if pool else 0,
+            "ode_steps": int(config.ode_steps),
+            "pool_seconds": round(pool_seconds, 2),
+            "teacher_training": teacher_training,
+            "sampler_timesteps": [float(t) for t in sampler_ts.tolist()],
+            "init": init,
             "init_from": str(config.init_from) if config.init_from else None,
-            "autocast": autocast, "compile": bool(config.compile), "device": str(device),
-            "torch": str(torch.__version__), "max_seconds": config.max_seconds,
+            "autocast": autocast,
+            "compile": bool(config.compile),
+            "device": str(device),
+            "torch": str(torch.__version__),
+            "max_seconds": config.max_seconds,
         },
-    }  # fmt: skip
+    }
 
     step = 0
     if config.resume:
@@ -447,7 +517,9 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     def checkpoint(at: int) -> None:
         meta = {**metadata, "seconds": round(time.perf_counter() - began, 2)}
         path = out_dir / "checkpoints" / f"step_{at:06d}.pt"
-        checkpoints.append(save_checkpoint(path, ema_model=ema_net, model=net, step=at, metadata=meta, dtype=config.checkpoint_dtype))
+        checkpoints.append(
+            save_checkpoint(path, ema_model=ema_net, model=net, step=at, metadata=meta, dtype=config.checkpoint_dtype)
+        )
 
     try:
         while step < stop:
@@ -458,12 +530,19 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
                 x0, labels = batch.latents, batch.labels
                 noise = torch.randn(x0.shape, generator=generator, device=device)
                 t_blocks = sample_block_timesteps(
-                    config.batch_size, blocks, generator=generator, device=device, sampler_prob=config.sampler_prob, sampler_ts=sampler_ts
+                    config.batch_size,
+                    blocks,
+                    generator=generator,
+                    device=device,
+                    sampler_prob=config.sampler_prob,
+                    sampler_ts=sampler_ts,
                 )
                 if config.mode == "bidirectional":  # one noise level for the whole video, as Wan is trained
                     t_blocks = t_blocks[:, :1].expand(-1, blocks)
                 if config.mode == "diffusion_forcing":
-                    clean = torch.rand(config.batch_size, blocks, generator=generator, device=device) < config.clean_prob
+                    clean = (
+                        torch.rand(config.batch_size, blocks, generator=generator, device=device) < config.clean_prob
+                    )
                     t_blocks = torch.where(clean, torch.zeros_like(t_blocks), t_blocks)
                 t_frames = t_blocks.repeat_interleave(block_len, dim=1)  # [B, F]
                 sigma = (t_frames / 1000.0)[:, None, :, None, None]
@@ -492,7 +571,9 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
                 if config.mode == "teacher_forcing":
                     pred = teacher_forcing_forward(net, x0, x_t, t_frames, context, block_sizes, tf_mask)
                 else:
-                    pred = net(x_t, t_frames, context, frame_mask=df_mask if config.mode == "diffusion_forcing" else None)
+                    pred = net(
+                        x_t, t_frames, context, frame_mask=df_mask if config.mode == "diffusion_forcing" else None
+                    )
             err = (pred.float() - target) ** 2
             if weight is not None:
                 loss = (err * weight).mean()
@@ -517,8 +598,15 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
             if step % config.log_every == 0 or step == stop or out_of_time:
                 last_loss = float(loss_sum) / logged_since
                 current_lr = optimizer.param_groups[0]["lr"]
-                writer.writerow([step, f"{last_loss:.6f}", f"{current_lr:.6g}", f"{float(grad_norm):.4f}",
-                                 f"{time.perf_counter() - began:.2f}"])  # fmt: skip
+                writer.writerow(
+                    [
+                        step,
+                        f"{last_loss:.6f}",
+                        f"{current_lr:.6g}",
+                        f"{float(grad_norm):.4f}",
+                        f"{time.perf_counter() - began:.2f}",
+                    ]
+                )
                 log_file.flush()
                 bar.update(step, last_loss, current_lr)
                 loss_sum.zero_()
@@ -535,13 +623,25 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     checkpoint(step)
     state_path = None
     if step < config.steps:  # stopped early: the state to resume from
-        state_path = _save_state(out_dir / STATE_NAME, net=net, ema_net=ema_net, optimizer=optimizer, scheduler=scheduler,
-                                 generator=generator, step=step, metadata=metadata)  # fmt: skip
+        state_path = _save_state(
+            out_dir / STATE_NAME,
+            net=net,
+            ema_net=ema_net,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            generator=generator,
+            step=step,
+            metadata=metadata,
+        )
     final_meta = {**metadata, "seconds": round(seconds, 2)}
     final = save_checkpoint(
-        out_dir / FINAL_NAME, ema_model=ema_net, model=net if config.keep_generator else None,
-        step=step, metadata=final_meta, dtype=config.dtype,
-    )  # fmt: skip
+        out_dir / FINAL_NAME,
+        ema_model=ema_net,
+        model=net if config.keep_generator else None,
+        step=step,
+        metadata=final_meta,
+        dtype=config.dtype,
+    )
     summary = {
         **final_meta,
         "steps_done": step,
@@ -569,61 +669,143 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.dem
         prog=prog,
         description="Train the demo model on sinkscope's synthetic videos (and evaluate it).",
     )
-    parser.add_argument("--out", required=True, type=output_folder,
-                        help=f"output folder (checkpoints/, final.pt, loss.csv, train.json); {OUTPUT_RULE}")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=output_folder,
+        help=f"output folder (checkpoints/, final.pt, loss.csv, train.json); {OUTPUT_RULE}",
+    )
     parser.add_argument("--steps", type=positive, default=defaults.steps, help="optimizer steps")
     parser.add_argument("--batch-size", type=positive, default=defaults.batch_size, help="videos a step")
-    parser.add_argument("--seed", type=natural, default=defaults.seed, help="seed of the data, the weights and the noise")
+    parser.add_argument(
+        "--seed", type=natural, default=defaults.seed, help="seed of the data, the weights and the noise"
+    )
     parser.add_argument("--device", type=torch_device, default=defaults.device, help="cpu, cuda or cuda:N")
     parser.add_argument("--lr", type=positive_number, default=defaults.lr, help="peak learning rate")
     parser.add_argument("--ema", type=fraction, default=defaults.ema, help="EMA decay of the saved weights (0..1)")
     parser.add_argument("--warmup", type=natural, default=defaults.warmup, help="linear warm-up steps")
-    parser.add_argument("--save-every", type=positive, default=defaults.save_every, help="save a checkpoint every N steps")
-    parser.add_argument("--schedule", choices=("cosine", "constant"), default=defaults.schedule, help="learning-rate schedule")
-    parser.add_argument("--weight-decay", type=fraction, default=defaults.weight_decay, help="AdamW weight decay of the matrices")
-    parser.add_argument("--cond-dropout", type=fraction, default=defaults.cond_dropout,
-                        help="share of training videos given the empty prompt (0..1; for guidance)")
+    parser.add_argument(
+        "--save-every", type=positive, default=defaults.save_every, help="save a checkpoint every N steps"
+    )
+    parser.add_argument(
+        "--schedule", choices=("cosine", "constant"), default=defaults.schedule, help="learning-rate schedule"
+    )
+    parser.add_argument(
+        "--weight-decay", type=fraction, default=defaults.weight_decay, help="AdamW weight decay of the matrices"
+    )
+    parser.add_argument(
+        "--cond-dropout",
+        type=fraction,
+        default=defaults.cond_dropout,
+        help="share of training videos given the empty prompt (0..1; for guidance)",
+    )
     parser.add_argument("--mode", choices=MODES, default=defaults.mode, help="how the context frames are noised")
-    parser.add_argument("--stage", choices=("flow", "ode"), default=defaults.stage, help="flow matching, or ODE distillation of --teacher")
+    parser.add_argument(
+        "--stage",
+        choices=("flow", "ode"),
+        default=defaults.stage,
+        help="flow matching, or ODE distillation of --teacher",
+    )
     parser.add_argument("--teacher", help="stage ode: the flow-matching checkpoint to distil")
-    parser.add_argument("--init-from", metavar="CHECKPOINT", help="stage flow: start from this checkpoint's EMA weights")
-    parser.add_argument("--pool-size", type=positive, default=defaults.pool_size, help="stage ode: teacher ODE trajectories")
-    parser.add_argument("--ode-steps", type=positive, default=defaults.ode_steps, help="stage ode: Euler steps a block (a multiple of 4)")
-    parser.add_argument("--ode-chunk", type=positive, default=defaults.ode_chunk, help="stage ode: trajectories generated at once")
-    parser.add_argument("--guidance", type=positive_number, default=defaults.guidance,
-                        help="stage ode: classifier-free guidance of the teacher's trajectories (1 = none)")
-    parser.add_argument("--first-frame", choices=synthetic.FIRST_FRAME_STYLES, default=defaults.first_frame,
-                        help="data: latent frame 0 an image latent (Wan's VAE) or like the others")
-    parser.add_argument("--temporal-compression", type=positive, default=defaults.temporal_compression,
-                        help="data: video frames a later latent frame averages (1 and --first-frame video: data version 1)")
-    parser.add_argument("--data-scale", type=positive_number, default=None,
-                        help=f"data: divide the raw values by this (default {synthetic.DATA_SCALE}; data version 1: {synthetic.VERSION1_SCALE})")
-    parser.add_argument("--grain", type=float, default=defaults.grain, help="data: per-pixel detail of every video frame (raw units)")
-    parser.add_argument("--fine-texture", type=float, default=0.0,
-                        help="data: a static per-pixel background texture (raw units; the default demo: 0.5)")
-    parser.add_argument("--sampler-prob", type=fraction, default=defaults.sampler_prob, help="share of steps at the sampler's timesteps (0..1)")
+    parser.add_argument(
+        "--init-from", metavar="CHECKPOINT", help="stage flow: start from this checkpoint's EMA weights"
+    )
+    parser.add_argument(
+        "--pool-size", type=positive, default=defaults.pool_size, help="stage ode: teacher ODE trajectories"
+    )
+    parser.add_argument(
+        "--ode-steps",
+        type=positive,
+        default=defaults.ode_steps,
+        help="stage ode: Euler steps a block (a multiple of 4)",
+    )
+    parser.add_argument(
+        "--ode-chunk", type=positive, default=defaults.ode_chunk, help="stage ode: trajectories generated at once"
+    )
+    parser.add_argument(
+        "--guidance",
+        type=positive_number,
+        default=defaults.guidance,
+        help="stage ode: classifier-free guidance of the teacher's trajectories (1 = none)",
+    )
+    parser.add_argument(
+        "--first-frame",
+        choices=synthetic.FIRST_FRAME_STYLES,
+        default=defaults.first_frame,
+        help="data: latent frame 0 an image latent (Wan's VAE) or like the others",
+    )
+    parser.add_argument(
+        "--temporal-compression",
+        type=positive,
+        default=defaults.temporal_compression,
+        help="data: video frames a later latent frame averages (1 and --first-frame video: data version 1)",
+    )
+    parser.add_argument(
+        "--data-scale",
+        type=positive_number,
+        default=None,
+        help=(
+            f"data: divide the raw values by this (default {synthetic.DATA_SCALE}; data version 1: "
+            f"{synthetic.VERSION1_SCALE})"
+        ),
+    )
+    parser.add_argument(
+        "--grain", type=float, default=defaults.grain, help="data: per-pixel detail of every video frame (raw units)"
+    )
+    parser.add_argument(
+        "--fine-texture",
+        type=float,
+        default=0.0,
+        help="data: a static per-pixel background texture (raw units; the default demo: 0.5)",
+    )
+    parser.add_argument(
+        "--sampler-prob",
+        type=fraction,
+        default=defaults.sampler_prob,
+        help="share of steps at the sampler's timesteps (0..1)",
+    )
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=defaults.dtype, help="weights dtype of final.pt")
     parser.add_argument("--keep-generator", action="store_true", help="final.pt also holds the non-EMA weights")
     parser.add_argument("--autocast", choices=("auto", "bfloat16", "none"), default="auto", help="mixed precision")
     parser.add_argument("--compile", action="store_true", help="torch.compile the blocks (GPU)")
     parser.add_argument("--log-every", type=positive, default=defaults.log_every, help="log the loss every N steps")
-    parser.add_argument("--max-seconds", type=positive_number, default=defaults.max_seconds, help="stop early after this many seconds")
-    parser.add_argument("--stop-at", type=positive, default=None, help="stop after this step (the schedule stays --steps'); writes state.pt")
+    parser.add_argument(
+        "--max-seconds", type=positive_number, default=defaults.max_seconds, help="stop early after this many seconds"
+    )
+    parser.add_argument(
+        "--stop-at",
+        type=positive,
+        default=None,
+        help="stop after this step (the schedule stays --steps'); writes state.pt",
+    )
     parser.add_argument("--resume", metavar="STATE", help="go on from a state.pt of the same run (same arguments)")
     parser.add_argument("--threads", type=positive, default=None, help="CPU threads")
     parser.add_argument("--evaluate", action="store_true", help="evaluate final.pt after training (eval.json)")
     parser.add_argument("--eval-seeds", type=positive, default=8, help="sampled videos per class prompt")
-    parser.add_argument("--eval-ode-steps", type=positive, default=None, help="also sample by the flow ODE (diagnostic)")
-    parser.add_argument("--eval-ode-guidance", type=positive_number, default=1.0, help="classifier-free guidance of that ODE (1 = none)")
+    parser.add_argument(
+        "--eval-ode-steps", type=positive, default=None, help="also sample by the flow ODE (diagnostic)"
+    )
+    parser.add_argument(
+        "--eval-ode-guidance", type=positive_number, default=1.0, help="classifier-free guidance of that ODE (1 = none)"
+    )
     parser.add_argument("--eval-device", type=torch_device, default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--evaluate-only", metavar="CHECKPOINT", type=torch_checkpoint,
-                        help="only evaluate this .pt checkpoint (a train-demo run's final.pt) into --out/eval.json")
+    parser.add_argument(
+        "--evaluate-only",
+        metavar="CHECKPOINT",
+        type=torch_checkpoint,
+        help="only evaluate this .pt checkpoint (a train-demo run's final.pt) into --out/eval.json",
+    )
     args = parser.parse_args(argv)
     if args.stage == "ode" and not args.teacher and not args.evaluate_only:
         parser.error("argument --teacher: --stage ode distils a teacher; give its checkpoint")
     if args.ode_steps % 4:
         parser.error(f"argument --ode-steps: {args.ode_steps} is not a multiple of 4")
-    for option, path in (("--teacher", args.teacher), ("--init-from", args.init_from), ("--evaluate-only", args.evaluate_only), ("--resume", args.resume)):
+    for option, path in (
+        ("--teacher", args.teacher),
+        ("--init-from", args.init_from),
+        ("--evaluate-only", args.evaluate_only),
+        ("--resume", args.resume),
+    ):
         if path and not Path(path).is_file():
             parser.error(f"argument {option}: {path!r} does not exist")
     if args.device.startswith("cuda") or args.eval_device.startswith("cuda"):
@@ -639,21 +821,48 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.dem
         if args.fine_texture:
             data_extra["fine_texture"] = args.fine_texture
         config = TrainConfig(
-            steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device, lr=args.lr,
-            ema=args.ema, warmup=args.warmup, save_every=args.save_every, schedule=args.schedule, mode=args.mode,
-            sampler_prob=args.sampler_prob, weight_decay=args.weight_decay, cond_dropout=args.cond_dropout, guidance=args.guidance,
-            first_frame=args.first_frame, temporal_compression=args.temporal_compression,
-            grain=args.grain, data_extra=data_extra, dtype=args.dtype, stage=args.stage, teacher=args.teacher,
-            pool_size=args.pool_size, ode_steps=args.ode_steps, ode_chunk=args.ode_chunk, keep_generator=args.keep_generator,
-            autocast=None if args.autocast == "none" else args.autocast, compile=args.compile,
-            log_every=args.log_every, max_seconds=args.max_seconds, num_threads=args.threads, stop_at=args.stop_at,
-            resume=args.resume, init_from=args.init_from,
-        )  # fmt: skip
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            device=args.device,
+            lr=args.lr,
+            ema=args.ema,
+            warmup=args.warmup,
+            save_every=args.save_every,
+            schedule=args.schedule,
+            mode=args.mode,
+            sampler_prob=args.sampler_prob,
+            weight_decay=args.weight_decay,
+            cond_dropout=args.cond_dropout,
+            guidance=args.guidance,
+            first_frame=args.first_frame,
+            temporal_compression=args.temporal_compression,
+            grain=args.grain,
+            data_extra=data_extra,
+            dtype=args.dtype,
+            stage=args.stage,
+            teacher=args.teacher,
+            pool_size=args.pool_size,
+            ode_steps=args.ode_steps,
+            ode_chunk=args.ode_chunk,
+            keep_generator=args.keep_generator,
+            autocast=None if args.autocast == "none" else args.autocast,
+            compile=args.compile,
+            log_every=args.log_every,
+            max_seconds=args.max_seconds,
+            num_threads=args.threads,
+            stop_at=args.stop_at,
+            resume=args.resume,
+            init_from=args.init_from,
+        )
         try:
             result = train_demo(out, config)
         except ValueError as error:
             parser.error(str(error))
-        print(f"trained {result.steps} steps in {result.seconds:.1f} s; final loss {result.final_loss:.4f}; {result.final_checkpoint}")
+        print(
+            f"trained {result.steps} steps in {result.seconds:.1f} s; final loss {result.final_loss:.4f}; "
+            f"{result.final_checkpoint}"
+        )
         if result.metadata.get("state"):
             print(f"stopped at step {result.steps} of {config.steps}: go on with --resume {result.metadata['state']}")
         checkpoint = result.final_checkpoint
@@ -661,7 +870,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sinkscope.dem
             return 0
     try:  # a checkpoint that is not a demo model's is refused while loading, before any sampling
         evaluation = evaluate_demo(
-            checkpoint, seeds_per_class=args.eval_seeds, ode_steps=args.eval_ode_steps, ode_guidance=args.eval_ode_guidance,
+            checkpoint,
+            seeds_per_class=args.eval_seeds,
+            ode_steps=args.eval_ode_steps,
+            ode_guidance=args.eval_ode_guidance,
             device=args.eval_device,
         )
     except SinkscopeError as error:  # the file's own problem (a WeightsError); anything else is a bug

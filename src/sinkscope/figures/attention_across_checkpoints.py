@@ -32,8 +32,9 @@ from sinkscope.naming import layer_label
 METRICS = (("frame0_mass", "softmax mass on frame 0"), ("entropy_frames", "normalized entropy over key frames"))
 
 
-def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], train_steps=None, ax=None,
-         **_: Any):  # fmt: skip
+def draw(
+    tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], train_steps=None, ax=None, **_: Any
+):
     kind = "attention_across_checkpoints"
     if ax is not None:
         raise ValueError(f"{kind} has several panels; it draws its own figure (leave ax out)")
@@ -75,8 +76,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             chosen = rows[rows["variant"] == variant]
             overall = means.loc[variant][metric].groupby("checkpoint", observed=True).mean().reindex(order)
             xs = [x_of[n] for n in overall.index]
-            (line,) = ax_.plot(xs, overall.to_numpy(), "s" if single else "s-", color="black", lw=2.2, ms=4,
-                               zorder=5)  # fmt: skip
+            (line,) = ax_.plot(xs, overall.to_numpy(), "s" if single else "s-", color="black", lw=2.2, ms=4, zorder=5)
             line.set_gid(f"{metric}-{variant}-mean")
             column = f"{metric}_run_std"
             if runs >= 2 and column in chosen:
@@ -84,8 +84,16 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 spread |= error_bars(ax_, xs, overall.to_numpy(), std, gid=f"{metric}-{variant}-mean", color="black")
             if metric == "frame0_mass" and "frame0_uniform" in chosen:
                 uniform = chosen.groupby("checkpoint", observed=True)["frame0_uniform"].mean().reindex(order)
-                (line,) = ax_.plot(xs, uniform.to_numpy(), color=UNIFORM_COLOR, lw=1.1, marker="_" if single else "",
-                                   ls="none" if single else (0, (4, 2)), ms=14, zorder=4)  # fmt: skip
+                (line,) = ax_.plot(
+                    xs,
+                    uniform.to_numpy(),
+                    color=UNIFORM_COLOR,
+                    lw=1.1,
+                    marker="_" if single else "",
+                    ls="none" if single else (0, (4, 2)),
+                    ms=14,
+                    zorder=4,
+                )
                 line.set_gid(f"uniform-{variant}")
             ax_.set_title(f"{variant} · {metric}" if len(variants) > 1 else metric, fontsize=9.5)
             ax_.set_ylabel(what, fontsize=8.5)
@@ -109,32 +117,44 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         legend = [line_handle(colors[layer], layer_label(layer), marker="o", ms=3, **marker_only) for layer in layers]
     else:
         legend = []
-        mappable = matplotlib.cm.ScalarMappable(norm=mcolors.Normalize(layers[0] + 1, layers[-1] + 1),
-                                                   cmap=mcolors.ListedColormap([colors[x] for x in layers]))  # fmt: skip
-        fig.colorbar(mappable, ax=axes.ravel().tolist(), pad=0.02, shrink=0.85, aspect=30).set_label("layer (L1 = first)")
+        mappable = matplotlib.cm.ScalarMappable(
+            norm=mcolors.Normalize(layers[0] + 1, layers[-1] + 1),
+            cmap=mcolors.ListedColormap([colors[x] for x in layers]),
+        )
+        fig.colorbar(mappable, ax=axes.ravel().tolist(), pad=0.02, shrink=0.85, aspect=30).set_label(
+            "layer (L1 = first)"
+        )
     legend.append(line_handle("black", "mean over layers", marker="s", ms=4, lw=2.2, **marker_only))
-    legend.append(line_handle(UNIFORM_COLOR, "uniform share of frame 0 (1 / visible frames)", lw=1.1,
-                              ls=(0, (4, 2))))  # fmt: skip
+    legend.append(line_handle(UNIFORM_COLOR, "uniform share of frame 0 (1 / visible frames)", lw=1.1, ls=(0, (4, 2))))
     legend += [spread_handle("mean over heads of a head's ±1 std between runs")] if spread else []
     pass_, index = step_of(rows, step)
     return finish(
         fig,
         title="Frame-0 mass, entropy and sink heads across checkpoints",
-        subtitle=subtitle("every checkpoint of the study" if source in (None, "study") else source,
-                          call_label(pass_, index) + " of the last block", "head_diagnostics", runs,
-                          "error bars on the mean over layers"),
+        subtitle=subtitle(
+            "every checkpoint of the study" if source in (None, "study") else source,
+            call_label(pass_, index) + " of the last block",
+            "head_diagnostics",
+            runs,
+            "error bars on the mean over layers",
+        ),
         legend=legend,
-        caption=("Per layer, the mean over heads of frame0_mass (softmax mass of the last block's queries on frame 0; "
-                 "dashed: the mass uniform attention over the key tokens would give it) and entropy_frames (entropy "
-                 "over key frames / ln(frames)); runs averaged in head_diagnostics, error bars: the mean over heads of "
-                 "each head's std between runs. Sink heads: heads the head classifier calls sink (frame-0 mass at "
-                 "least diagnostics.sink_ratio x uniform; borderline sink? not counted), stacked by layer, the total above. Checkpoints: "
-                 + ", ".join(f"{n}{f' (step {int(train_steps[n])})' if numeric else ''}" for n in order) + "."),
-    )  # fmt: skip
+        caption=(
+            "Per layer, the mean over heads of frame0_mass (softmax mass of the last block's queries on frame 0; "
+            "dashed: the mass uniform attention over the key tokens would give it) and entropy_frames (entropy over "
+            "key frames / ln(frames)); runs averaged in head_diagnostics, error bars: the mean over heads of each "
+            "head's std between runs. Sink heads: heads the head classifier calls sink (frame-0 mass at least "
+            "diagnostics.sink_ratio x uniform; borderline sink? not counted), stacked by layer, the total above. "
+            "Checkpoints: "
+            + ", ".join(f"{n}{f' (step {int(train_steps[n])})' if numeric else ''}" for n in order)
+            + "."
+        ),
+    )
 
 
-def _sink_heads(ax_, rows: pd.DataFrame, order: list[str], x_of: Mapping[str, float], layers: list[int], colors,
-                numeric: bool) -> None:  # fmt: skip
+def _sink_heads(
+    ax_, rows: pd.DataFrame, order: list[str], x_of: Mapping[str, float], layers: list[int], colors, numeric: bool
+) -> None:
     """Stacked bars: per checkpoint, the heads classed ``sink``, by layer; the total written above."""
     sink = rows[rows["head_class"] == "sink"]
     counts = sink.groupby(["checkpoint", "layer"], observed=True).size()

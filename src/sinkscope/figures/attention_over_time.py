@@ -38,8 +38,9 @@ from sinkscope.figures.views import (
 from sinkscope.stats.summaries import figure4_curves
 
 
-def matrix(frame: pd.DataFrame, layer: int, head: int, step, frames: int
-           ) -> tuple[np.ndarray, list[int], dict, np.ndarray, dict[int, float]]:  # fmt: skip
+def matrix(
+    frame: pd.DataFrame, layer: int, head: int, step, frames: int
+) -> tuple[np.ndarray, list[int], dict, np.ndarray, dict[int, float]]:
     """[blocks, frames] of prob_mass (NaN = not visible), the blocks, the block -> frames
     map, the [blocks, frames] std between runs, and each block's uniform share."""
     rows = frame[(frame["layer"] == layer) & (frame["head"] == head)]
@@ -70,8 +71,15 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     panel_w = min(7.5, max(3.6, 0.22 * frames + 1.2))
     panel_h = min(6.5, max(2.2, 0.22 * blocks + 1.0))
     given = ax is not None
-    fig, axes = panels(ax, len(heads), kind=kind, one="head (head='L1H1')", ncols=min(len(heads), 3 if panel_w < 5 else 2),
-                       panel=(panel_w, panel_h), extra=(0.9, 0))  # fmt: skip
+    fig, axes = panels(
+        ax,
+        len(heads),
+        kind=kind,
+        one="head (head='L1H1')",
+        ncols=min(len(heads), 3 if panel_w < 5 else 2),
+        panel=(panel_w, panel_h),
+        extra=(0.9, 0),
+    )
     matrices = {}
     for label, layer, head in heads:
         if ((frame["layer"] == layer) & (frame["head"] == head)).any():
@@ -104,30 +112,46 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         ax_.set_xlabel("key frame")
         ax_.set_ylabel("block (its frames)")
     if image is not None:
-        colourbar(fig, image, shown_values, "softmax mass (prob_mass),\nsquare-root scale", fontsize=9, ax=axes, pad=0.02,
-                  shrink=0.9 if len(axes) > 1 else 1.0, aspect=25)  # fmt: skip
+        colourbar(
+            fig,
+            image,
+            shown_values,
+            "softmax mass (prob_mass),\nsquare-root scale",
+            fontsize=9,
+            ax=axes,
+            pad=0.02,
+            shrink=0.9 if len(axes) > 1 else 1.0,
+            aspect=25,
+        )
     if given:
         return fig
-    spread = spread_note(np.concatenate([m[3].ravel() for m in matrices.values()]) if matrices else [],
-                         run_count(call_rows))  # fmt: skip
+    spread = spread_note(
+        np.concatenate([m[3].ravel() for m in matrices.values()]) if matrices else [], run_count(call_rows)
+    )
     uniform = next(iter(matrices.values()))[4] if matrices else {}
     baseline = ""
     if uniform:
         first, last = min(uniform), max(uniform)
-        baseline = (f" Uniform attention gives a visible frame on average 1 / visible frames: "
-                    f"{number(uniform[first], 'prob_mass')} in block {first} … {number(uniform[last], 'prob_mass')} "
-                    f"in block {last}.")  # fmt: skip
+        baseline = (
+            f" Uniform attention gives a visible frame on average 1 / visible frames: "
+            f"{number(uniform[first], 'prob_mass')} in block {first} … {number(uniform[last], 'prob_mass')} "
+            f"in block {last}."
+        )
     runs = run_count(call_rows)
     legend = [nan_handle("not in the KV cache (evicted)")] if evicted else []
-    legend += [Patch(facecolor="white", edgecolor="0.6", label="not generated yet"),
-               Patch(facecolor="none", edgecolor="black", ls="--", label="the block's own frames")]
+    legend += [
+        Patch(facecolor="white", edgecolor="0.6", label="not generated yet"),
+        Patch(facecolor="none", edgecolor="black", ls="--", label="the block's own frames"),
+    ]
     return finish(
         fig,
         title="Where each block's queries look, block by block",
         subtitle=subtitle(source, call, "softmax mass (prob_mass)", runs, "spread in the caption"),
         legend=legend,
-        caption=("Each row: the softmax mass (frame_attention prob_mass) of one block's queries on each key frame, "
-                 "averaged over its frames and the runs (the Figure 4 view of that "
-                 "block, sinkscope.stats.summaries.figure4_curves); key frames are absolute frame numbers; "
-                 f"{spread}.{baseline}"),
-    )  # fmt: skip
+        caption=(
+            "Each row: the softmax mass (frame_attention prob_mass) of one block's queries on each key frame, "
+            "averaged over its frames and the runs (the Figure 4 view of that "
+            "block, sinkscope.stats.summaries.figure4_curves); key frames are absolute frame numbers; "
+            f"{spread}.{baseline}"
+        ),
+    )

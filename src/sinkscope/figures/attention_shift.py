@@ -63,7 +63,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         nrows = math.ceil(len(variants) / ncols)
         fig = new_figure(max(6.0, ncols * width + 1.6), nrows * height)
         grid = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
-        for extra in grid[len(variants):]:
+        for extra in grid[len(variants) :]:
             extra.remove()
         axes = grid[: len(variants)]
     image = None
@@ -94,8 +94,16 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         panel.set_ylabel("layer" if spec is None or spec.is_first_col() else "")
     label = "change of frame-0 mass\n(variant − default)"
     if image is not None:
-        bar = colourbar(fig, image, values, label, fontsize=8.5, ax=axes, pad=0.02,
-                        shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))))  # fmt: skip
+        bar = colourbar(
+            fig,
+            image,
+            values,
+            label,
+            fontsize=8.5,
+            ax=axes,
+            pad=0.02,
+            shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))),
+        )
         if isinstance(norm, SymLogNorm):
             # Decades inside the linear range crowd 0: keep 0 and the decades beyond it.
             ticks = [t for t in bar.get_ticks() if t == 0 or abs(t) >= 10 * norm.linthresh]
@@ -103,23 +111,35 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     if given:
         ax.set_title(f"change of frame-0 mass (frame0_mass_change) · {variants[0]} · {source}", fontsize=9)
         return fig
-    spread = spread_note(rows[STAT + RUN_STD_SUFFIX].to_numpy(dtype=float) if STAT + RUN_STD_SUFFIX in rows else [],
-                         runs, "a head's change")  # fmt: skip
-    legend = [Patch(facecolor="none", edgecolor=EDITED_EDGE, lw=1.6,
-                    label="edited head (named by a mask_keys / logit_bias edit; a box round the map: every head)")]  # fmt: skip
+    spread = spread_note(
+        rows[STAT + RUN_STD_SUFFIX].to_numpy(dtype=float) if STAT + RUN_STD_SUFFIX in rows else [],
+        runs,
+        "a head's change",
+    )
+    legend = [
+        Patch(
+            facecolor="none",
+            edgecolor=EDITED_EDGE,
+            lw=1.6,
+            label="edited head (named by a mask_keys / logit_bias edit; a box round the map: every head)",
+        )
+    ]
     finite = values[np.isfinite(values)]
-    extremes = (f" Changes range from {finite.min():+.3g} to {finite.max():+.3g}." if finite.size else "")
+    extremes = f" Changes range from {finite.min():+.3g} to {finite.max():+.3g}." if finite.size else ""
     return finish(
         fig,
         title="Change of frame-0 mass against the untouched run, every captured head",
-        subtitle=subtitle(source, "calls after block 0", "variant_head_effects frame0_mass_change", runs,
-                          "spread in the caption"),  # fmt: skip
+        subtitle=subtitle(
+            source, "calls after block 0", "variant_head_effects frame0_mass_change", runs, "spread in the caption"
+        ),
         legend=legend,
-        caption=("Each cell: frame0_mass_change, the mean over the calls after block 0 that both runs make (matched "
-                 "by block, pass, step and query frame) of the variant's softmax mass on frame 0 minus the untouched "
-                 "(default) run's of the same checkpoint, prompt and seed (0 where frame 0 is not a key frame of the "
-                 "call); mean over runs (the rows with prompt_id '*'). Red: the variant puts more mass on frame 0; "
-                 "blue: less. Outlined: the heads a mask_keys or logit_bias edit of the variant names (a cache edit "
-                 "names none: it changes what every head reads). Only the captured layers are drawn."
-                 f"{extremes} {scale_sentence(norm)} Spread: {spread}."),
-    )  # fmt: skip
+        caption=(
+            "Each cell: frame0_mass_change, the mean over the calls after block 0 that both runs make (matched "
+            "by block, pass, step and query frame) of the variant's softmax mass on frame 0 minus the untouched "
+            "(default) run's of the same checkpoint, prompt and seed (0 where frame 0 is not a key frame of the "
+            "call); mean over runs (the rows with prompt_id '*'). Red: the variant puts more mass on frame 0; "
+            "blue: less. Outlined: the heads a mask_keys or logit_bias edit of the variant names (a cache edit "
+            "names none: it changes what every head reads). Only the captured layers are drawn."
+            f"{extremes} {scale_sentence(norm)} Spread: {spread}."
+        ),
+    )

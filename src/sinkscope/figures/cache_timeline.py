@@ -77,7 +77,8 @@ def cells(rows: pd.DataFrame, frame_seq_length: int, sink: Sequence[int], edits:
     its position, kept share (over the captured layers), kind and whether an edit touches it."""
     layers = rows["layer"].nunique()
     keys = rows[["block", "layer", "key_frame", "key_position_shift", "key_tokens"]].drop_duplicates(
-        ["block", "layer", "key_frame", "key_position_shift"])  # fmt: skip
+        ["block", "layer", "key_frame", "key_position_shift"]
+    )
     grouped = keys.groupby(["block", "key_frame", "key_position_shift"], observed=True)["key_tokens"].sum()
     out = grouped.reset_index(name="tokens")
     out["share"] = out["tokens"] / (layers * frame_seq_length)
@@ -124,8 +125,9 @@ def _label(ax, run, y: float, height: float, cell_w: float) -> None:
     for size in TEXT_SIZES:
         if 0.56 * size * len(text) <= width_pt and size * 1.15 <= height * 72:
             color = "white" if first[2] == "sink" else "0.1"
-            label = ax.text((first[0] + last[0]) / 2, y, text, ha="center", va="center", fontsize=size, color=color,
-                            zorder=5)  # fmt: skip
+            label = ax.text(
+                (first[0] + last[0]) / 2, y, text, ha="center", va="center", fontsize=size, color=color, zorder=5
+            )
             label.set_gid(f"position-{y:g}-{first[0]}")
             return
 
@@ -163,18 +165,27 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             fill, _ = KINDS[record.kind]
             frame_no = int(record.key_frame)
             background = GAP_COLOR if record.kind == "compressed" else fill  # the kept share is drawn over it
-            box = Rectangle((frame_no - 0.45, bottom), 0.9, height, facecolor=background,
-                            edgecolor=OWN_EDGE if record.kind == "own" else "none", lw=0.8, zorder=2)  # fmt: skip
+            box = Rectangle(
+                (frame_no - 0.45, bottom),
+                0.9,
+                height,
+                facecolor=background,
+                edgecolor=OWN_EDGE if record.kind == "own" else "none",
+                lw=0.8,
+                zorder=2,
+            )
             box.set_gid(f"{'own-block' if record.kind == 'own' else record.kind}-{block}-{frame_no}-{i}")
             ax.add_patch(box)
             if record.kind == "compressed":
-                kept = Rectangle((frame_no - 0.45, bottom), 0.9, height * float(record.share), facecolor=fill, lw=0,
-                                 zorder=3)  # fmt: skip
+                kept = Rectangle(
+                    (frame_no - 0.45, bottom), 0.9, height * float(record.share), facecolor=fill, lw=0, zorder=3
+                )
                 kept.set_gid(f"kept-{block}-{frame_no}-{i}")
                 ax.add_patch(kept)
             if record.edited:
-                mark = Rectangle((frame_no - 0.45, bottom), 0.9, height, facecolor="none", edgecolor=EDIT_EDGE,
-                                 lw=edge, zorder=4)  # fmt: skip
+                mark = Rectangle(
+                    (frame_no - 0.45, bottom), 0.9, height, facecolor="none", edgecolor=EDIT_EDGE, lw=edge, zorder=4
+                )
                 mark.set_gid(f"edited-{block}-{frame_no}-{i}")
                 ax.add_patch(mark)
             entries_by_slot.setdefault((int(n), int(i)), []).append((frame_no, int(record.position), record.kind))
@@ -191,30 +202,39 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     for spine in ("top", "right"):
         ax.spines[spine].set_visible(False)
     present = [k for k in KINDS if (data["kind"] == k).any()]
-    handles = [Patch(facecolor=KINDS[k][0], edgecolor=OWN_EDGE if k == "own" else "none", label=KINDS[k][1])
-               for k in present]  # fmt: skip
+    handles = [
+        Patch(facecolor=KINDS[k][0], edgecolor=OWN_EDGE if k == "own" else "none", label=KINDS[k][1]) for k in present
+    ]
     if edits:
         listed = "; ".join(_edit_text(edit) for edit in edits)
         handles.append(Patch(facecolor="none", edgecolor=EDIT_EDGE, lw=1.6, label=f"edited ({listed})"))
     shown = "" if len(blocks) == data["block"].nunique() else f" ({len(blocks)} of {data['block'].nunique()} blocks)"
     policy = generation.get("cache_policy") or "?"
     window = generation.get("local_attn_frames")
-    setting = f"cache_policy {policy}" + (f", W {window}" if window not in (None, -1) else "") + (
-        f", S {len(sink)}" if sink else "")  # fmt: skip
+    setting = (
+        f"cache_policy {policy}"
+        + (f", W {window}" if window not in (None, -1) else "")
+        + (f", S {len(sink)}" if sink else "")
+    )
     what = f"run {prompt} / seed {seed}" + (f" · {setting}" if generation else "")
     return finish(
         fig,
         title=f"What the KV cache of {source} holds, block by block{shown}",
         subtitle=subtitle(source, call, what, 1),
         legend=handles,
-        caption=("Each row: the key frames one call of the block saw (x: the absolute frame the keys were generated "
-                 "at), one cell per frame, a frame held twice (at two RoPE positions) split in two. Numbers: the RoPE "
-                 "position the keys are attended at, relative to the queries at their own frames (key frame + "
-                 "key_position_shift; a run of frames at consecutive positions is labelled once, a–b). Kept in part: "
-                 f"fewer than a frame's {fsl} tokens (the share kept, averaged over the captured layers). "
-                 + ("Sink frames and edits from the source's generation options. " if generation else
-                    "No generation options given: sink frames and edits are not marked. ")
-                 + "The same layout holds in every run of a policy that keeps whole frames; a policy that keeps tokens "
-                 "by their scores differs between runs in which tokens stay. sinkscope check --results compares each "
-                 "call with the layout the policy declares."),
-    )  # fmt: skip
+        caption=(
+            "Each row: the key frames one call of the block saw (x: the absolute frame the keys were generated "
+            "at), one cell per frame, a frame held twice (at two RoPE positions) split in two. Numbers: the RoPE "
+            "position the keys are attended at, relative to the queries at their own frames (key frame + "
+            "key_position_shift; a run of frames at consecutive positions is labelled once, a–b). Kept in part: "
+            f"fewer than a frame's {fsl} tokens (the share kept, averaged over the captured layers). "
+            + (
+                "Sink frames and edits from the source's generation options. "
+                if generation
+                else "No generation options given: sink frames and edits are not marked. "
+            )
+            + "The same layout holds in every run of a policy that keeps whole frames; a policy that keeps tokens "
+            "by their scores differs between runs in which tokens stay. sinkscope check --results compares each "
+            "call with the layout the policy declares."
+        ),
+    )

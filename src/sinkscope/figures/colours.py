@@ -49,7 +49,7 @@ def colour_range(values: np.ndarray | Iterable[float], signed: bool) -> tuple[fl
     finite = values[np.isfinite(values)]
     if not finite.size:
         return (-1.0, 1.0) if signed else (0.0, 1.0)
-    lo, hi = (np.percentile(finite, CLIP_PERCENTILES) if finite.size >= CLIP_FROM else (finite.min(), finite.max()))
+    lo, hi = np.percentile(finite, CLIP_PERCENTILES) if finite.size >= CLIP_FROM else (finite.min(), finite.max())
     if signed:
         vmax = float(max(abs(lo), abs(hi))) or 1.0
         return -vmax, vmax
@@ -88,8 +88,11 @@ def colour_scale(values: np.ndarray | Iterable[float], metric: str) -> tuple[mco
     if metric in ("logit_mean", "sink_score", "signed"):
         vmin, vmax = colour_range(values, True)
         width = linear_width(values, vmax)
-        norm = (mcolors.SymLogNorm(width, linscale=1.0, vmin=vmin, vmax=vmax, base=10) if width
-                else mcolors.Normalize(vmin, vmax))  # fmt: skip
+        norm = (
+            mcolors.SymLogNorm(width, linscale=1.0, vmin=vmin, vmax=vmax, base=10)
+            if width
+            else mcolors.Normalize(vmin, vmax)
+        )
         return matplotlib.colormaps["RdBu_r"].with_extremes(bad=NAN_COLOR), norm
     if metric == "entropy":
         return matplotlib.colormaps["cividis"].with_extremes(bad=NAN_COLOR), mcolors.Normalize(0.0, 1.0)
@@ -117,13 +120,22 @@ def log_note(norm: mcolors.Normalize) -> str:
 def scale_sentence(norm: mcolors.Normalize) -> str:
     """The caption's sentence on the colour scale."""
     if isinstance(norm, mcolors.SymLogNorm):
-        return (f"Colours clip at the 2nd–98th percentile and are logarithmic beyond ±{significant(norm.linthresh, 1)}, "
-                f"the values' median size (they span more than {LOG_SPAN:g}x it).")  # fmt: skip
+        return (
+            f"Colours clip at the 2nd–98th percentile and are logarithmic beyond ±{significant(norm.linthresh, 1)}, "
+            f"the values' median size (they span more than {LOG_SPAN:g}x it)."
+        )
     return "Colours clip at the 2nd–98th percentile."
 
 
-def colourbar(fig: Figure, image, values: np.ndarray | Iterable[float], label: str, *, fontsize: float | None = None,
-              **kwargs: Any):  # fmt: skip
+def colourbar(
+    fig: Figure,
+    image,
+    values: np.ndarray | Iterable[float],
+    label: str,
+    *,
+    fontsize: float | None = None,
+    **kwargs: Any,
+):
     """A colour bar labelled with ``label`` and, when the scale clips or turns
     logarithmic, the clipped range (arrows at the clipped ends) and where."""
     values = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
@@ -141,8 +153,15 @@ def colourbar(fig: Figure, image, values: np.ndarray | Iterable[float], label: s
 
 
 def heat(ax: Axes, matrix: np.ndarray, cmap, norm, *, alpha: np.ndarray | None = None, origin: str = "upper"):
-    image = ax.imshow(np.ma.masked_invalid(np.asarray(matrix, dtype=float)), cmap=cmap, norm=norm, aspect="auto",
-                      interpolation="nearest", origin=origin, alpha=alpha)  # fmt: skip
+    image = ax.imshow(
+        np.ma.masked_invalid(np.asarray(matrix, dtype=float)),
+        cmap=cmap,
+        norm=norm,
+        aspect="auto",
+        interpolation="nearest",
+        origin=origin,
+        alpha=alpha,
+    )
     ax.grid(False)
     return image
 
@@ -158,5 +177,12 @@ def annotate_cells(ax: Axes, matrix: np.ndarray, fmt: str, norm, cmap, fontsize:
         if not np.isfinite(value):
             continue
         r, g, b, _ = cmap(norm(value))
-        ax.text(j, i, format(value, fmt), ha="center", va="center", fontsize=fontsize,
-                color="white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black")  # fmt: skip
+        ax.text(
+            j,
+            i,
+            format(value, fmt),
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            color="white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black",
+        )

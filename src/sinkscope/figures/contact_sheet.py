@@ -71,15 +71,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             shown = numbers[line * per_line : (line + 1) * per_line]
             axis = fig.add_subplot(grid[r * lines + line, 0])
             picture = _mosaic([by_number.get(n) for n in shown], height, width)
-            image = axis.imshow(picture, interpolation="nearest", aspect="equal",
-                                extent=(0, picture.shape[1], picture.shape[0], 0))  # fmt: skip
+            image = axis.imshow(
+                picture, interpolation="nearest", aspect="equal", extent=(0, picture.shape[1], picture.shape[0], 0)
+            )
             image.set_gid(f"frames-{variant}-{line}")
             centres = [i * (width + GAP) + width / 2 for i in range(len(shown))]
             axis.set_xticks(centres, [str(n + base) for n in shown], fontsize=7)
             axis.set_yticks([])
             axis.set_xlim(0, per_line * (width + GAP) - GAP)
-            axis.set_ylabel(variant if line == 0 else f"{variant} (cont.)", fontsize=8, rotation=0, ha="right",
-                            va="center")  # fmt: skip
+            axis.set_ylabel(
+                variant if line == 0 else f"{variant} (cont.)", fontsize=8, rotation=0, ha="right", va="center"
+            )
             axis.grid(False)
             for spine in axis.spines.values():
                 spine.set_visible(False)
@@ -87,13 +89,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     axes[-1].set_xlabel("video frame" if unit == "video" else "latent frame")
     if unit == "video":
         shows = "decoded video (the checkpoint's Wan VAE), every 4th video frame"
-        how = ("Every 4th video frame (0, 4, 8, ...: one per latent frame, the last video frame each latent frame "
-               "decodes to), as the MP4 holds it.")  # fmt: skip
+        how = (
+            "Every 4th video frame (0, 4, 8, ...: one per latent frame, the last video frame each latent frame "
+            "decodes to), as the MP4 holds it."
+        )
     else:
         shows = "latents (no VAE), channels 0-2 as RGB"
-        how = ("No VAE: each image is one latent frame's first three channels as red, green and blue, each channel "
-               "mapped linearly from its 1st-99th percentile over the default run's frames to 0-255 (the same "
-               "mapping in every row; values outside are clipped).")  # fmt: skip
+        how = (
+            "No VAE: each image is one latent frame's first three channels as red, green and blue, each channel "
+            "mapped linearly from its 1st-99th percentile over the default run's frames to 0-255 (the same "
+            "mapping in every row; values outside are clipped)."
+        )
     return finish(
         fig,
         title=f"Contact sheet: {prompt}, seed {seed}",

@@ -32,8 +32,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     pass_, index = step_of(diagnostics, step)
     rows = diagnostics[(diagnostics["pass"] == pass_) & (diagnostics["step"] == index)]
     call = call_label(pass_, index, float(rows["timestep"].iloc[0]))
-    grids = {name: rows.pivot_table(index="layer", columns="head", values=name, aggfunc="first", dropna=False)
-             for name, _ in COLUMNS}  # fmt: skip
+    grids = {
+        name: rows.pivot_table(index="layer", columns="head", values=name, aggfunc="first", dropna=False)
+        for name, _ in COLUMNS
+    }
     layers = sorted(rows["layer"].unique())
     heads = sorted(rows["head"].unique())
     grids = {name: g.reindex(index=layers, columns=heads) for name, g in grids.items()}
@@ -50,8 +52,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         set_label_ticks(ax_, [f"H{h + 1}" for h in heads], length=map_w)
         ax_.set_xlabel("head")
         if np.isnan(values).all():
-            ax_.text(0.5, 0.5, "not captured\n(no query_stats)", transform=ax_.transAxes, ha="center", va="center",
-                     fontsize=9, color="0.2", bbox=dict(facecolor="white", edgecolor="0.6"))  # fmt: skip
+            ax_.text(
+                0.5,
+                0.5,
+                "not captured\n(no query_stats)",
+                transform=ax_.transAxes,
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="0.2",
+                bbox=dict(facecolor="white", edgecolor="0.6"),
+            )
     set_label_ticks(axes[0], [layer_label(layer) for layer in layers], axis="y", length=map_h)
     axes[0].set_ylabel("layer")
     summary = axes[2]
@@ -67,8 +78,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             std = rows.groupby("layer")[column].mean().reindex(layers).to_numpy(dtype=float)
             keep = np.isfinite(means) & np.isfinite(std)
             if keep.any():
-                bars = summary.errorbar(means[keep], y[keep] + shift, xerr=std[keep], fmt="none", ecolor=color,
-                                        elinewidth=0.9, capsize=1.8)  # fmt: skip
+                bars = summary.errorbar(
+                    means[keep], y[keep] + shift, xerr=std[keep], fmt="none", ecolor=color, elinewidth=0.9, capsize=1.8
+                )
                 for child in bars.get_children():
                     child.set_gid(f"spread-{name}")
                 spread = True
@@ -81,17 +93,26 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     set_label_ticks(summary, [layer_label(layer) for layer in layers], axis="y", length=map_h)
     bar = fig.colorbar(image, ax=list(axes[:2]), pad=0.02, shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))))
     bar.set_label("normalized entropy")
-    legend = [line_handle("#2E86AB", "entropy_frames (layer mean)", marker="o", ms=3),
-              line_handle("#C73E1D", "entropy_tokens (layer mean)", marker="s", ms=3)]  # fmt: skip
+    legend = [
+        line_handle("#2E86AB", "entropy_frames (layer mean)", marker="o", ms=3),
+        line_handle("#C73E1D", "entropy_tokens (layer mean)", marker="s", ms=3),
+    ]
     legend += [spread_handle("±1 std between runs (mean over the layer's heads)")] if spread else []
     return finish(
         fig,
         title="Entropy of every head's attention in the last block",
-        subtitle=subtitle(source, call, "normalized entropy (head_diagnostics)", runs,
-                          "error bars: a head's std between runs, layer mean"),
+        subtitle=subtitle(
+            source,
+            call,
+            "normalized entropy (head_diagnostics)",
+            runs,
+            "error bars: a head's std between runs, layer mean",
+        ),
         legend=legend,
-        caption=("entropy_frames: entropy of each query frame's key-frame distribution / ln(key frames); "
-                 "entropy_tokens: entropy over every key token / ln(key tokens); both averaged over the block's "
-                 "queries and runs. 0 = all on one frame / token, 1 = uniform. Error bars: the mean over the layer's "
-                 "heads of each head's std between runs (head_diagnostics *_run_std)."),
-    )  # fmt: skip
+        caption=(
+            "entropy_frames: entropy of each query frame's key-frame distribution / ln(key frames); "
+            "entropy_tokens: entropy over every key token / ln(key tokens); both averaged over the block's "
+            "queries and runs. 0 = all on one frame / token, 1 = uniform. Error bars: the mean over the layer's "
+            "heads of each head's std between runs (head_diagnostics *_run_std)."
+        ),
+    )

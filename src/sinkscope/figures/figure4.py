@@ -49,12 +49,15 @@ from sinkscope.naming import head_label
 def title(view: View, mass: View, layer: int, head: int, klass: str | None) -> str:
     """'L5H10 (layer 4, head 9) · periodic head' over 'frame-0 excess +0.012 ± 0.003 ·
     first − middle +0.29'."""
-    return (f"{head_text(layer, head)} · {class_text(klass)}\n"
-            f"{excess_text(mass, layer, head, spread=True)} · {difference_text(view, layer, head)}")  # fmt: skip
+    return (
+        f"{head_text(layer, head)} · {class_text(klass)}\n"
+        f"{excess_text(mass, layer, head, spread=True)} · {difference_text(view, layer, head)}"
+    )
 
 
-def panel(ax, view: View, mass: View, layer: int, head: int, klass: str | None, *, color: str, base: int,
-          length: float) -> bool:  # fmt: skip
+def panel(
+    ax, view: View, mass: View, layer: int, head: int, klass: str | None, *, color: str, base: int, length: float
+) -> bool:
     """One head's Figure 4 panel; whether its curve has gaps."""
     label = head_label(layer, head)
     if not view.has(layer, head):
@@ -63,8 +66,17 @@ def panel(ax, view: View, mass: View, layer: int, head: int, klass: str | None, 
         return False
     curve = view.curve(layer, head)
     uniform = view.baseline(layer, head) if view.metric == "prob_mass" else None
-    gaps = curve_panel(ax, curve, view.query_frames, color=color, base=base, gid=label, length=length,
-                       std=view.std(layer, head), uniform=uniform)  # fmt: skip
+    gaps = curve_panel(
+        ax,
+        curve,
+        view.query_frames,
+        color=color,
+        base=base,
+        gid=label,
+        length=length,
+        std=view.std(layer, head),
+        uniform=uniform,
+    )
     stats = view.stats(layer, head)
     if stats["argmax_frame"] >= 0:
         annotate_max(ax, stats["argmax_frame"], float(curve.loc[stats["argmax_frame"]]), base)
@@ -87,8 +99,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         if len(heads) != 1:
             raise ValueError("figure4 draws into one axes only for one head (heads=['L1H1'])")
         label, layer, head = heads[0]
-        panel(ax, view, mass, layer, head, classes.get((layer, head)), color=PANEL_COLORS[0], base=base,
-              length=ax.figure.get_size_inches()[0])  # fmt: skip
+        panel(
+            ax,
+            view,
+            mass,
+            layer,
+            head,
+            classes.get((layer, head)),
+            color=PANEL_COLORS[0],
+            base=base,
+            length=ax.figure.get_size_inches()[0],
+        )
         return ax.figure
     ncols = 1 if len(heads) == 1 else 2 if len(heads) <= 4 else 3 if len(heads) <= 9 else 4
     width = {1: 7.5, 2: 6.0, 3: 4.8, 4: 4.2}[ncols]
@@ -96,8 +117,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     gaps = False
     for index, (ax_, (_, layer, head)) in enumerate(zip(axes, heads)):
         color = PANEL_COLORS[index % len(PANEL_COLORS)]
-        gaps |= panel(ax_, view, mass, layer, head, classes.get((layer, head)), color=color, base=base,
-                      length=width - 0.8)  # fmt: skip
+        gaps |= panel(
+            ax_, view, mass, layer, head, classes.get((layer, head)), color=color, base=base, length=width - 0.8
+        )
     legend = [own_handle(view.query_frames, base)] + ([gap_handle()] if gaps else [])
     legend += [uniform_handle()] if metric == "prob_mass" else []
     legend += [spread_handle()] if view.runs >= 2 else []

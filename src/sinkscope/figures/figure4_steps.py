@@ -76,12 +76,23 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 ax_.set_title(f"{label} · {short_call(view)}", fontsize=9, fontweight="bold")
                 continue
             uniform = view.baseline(layer, head) if metric == "prob_mass" else None
-            gaps |= curve_panel(ax_, view.curve(layer, head), view.query_frames, color=color, base=base,
-                                gid=f"{label}-{view.pass_}{view.step}", length=panel[0] - 0.7, markersize=2.0,
-                                std=view.std(layer, head), uniform=uniform)  # fmt: skip
-            ax_.set_title(f"{label} · {short_call(view)} · {class_text(known.get((layer, head)))}\n"
-                          f"{excess_text(mass, layer, head)} · max@{view.stats(layer, head)['argmax_frame'] + base}",
-                          fontsize=9)  # fmt: skip
+            gaps |= curve_panel(
+                ax_,
+                view.curve(layer, head),
+                view.query_frames,
+                color=color,
+                base=base,
+                gid=f"{label}-{view.pass_}{view.step}",
+                length=panel[0] - 0.7,
+                markersize=2.0,
+                std=view.std(layer, head),
+                uniform=uniform,
+            )
+            ax_.set_title(
+                f"{label} · {short_call(view)} · {class_text(known.get((layer, head)))}\n"
+                f"{excess_text(mass, layer, head)} · max@{view.stats(layer, head)['argmax_frame'] + base}",
+                fontsize=9,
+            )
         shown = [a for a, v in zip(cells, views) if v.has(layer, head)]
         if shown:  # one y scale per head: its calls compare
             lo = min(a.get_ylim()[0] for a in shown)
@@ -100,11 +111,18 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     return finish(
         fig,
         title=f"Figure 4 at every call of the last block (query frames {frames_text(first.query_frames, base)})",
-        subtitle=subtitle(source, "every denoising step and the cache pass", METRIC_SHORT[metric], first.runs,
-                          "error bars ±1 std between runs"),
+        subtitle=subtitle(
+            source,
+            "every denoising step and the cache pass",
+            METRIC_SHORT[metric],
+            first.runs,
+            "error bars ±1 std between runs",
+        ),
         legend=legend,
-        caption=(f"{layout}; each head's panels share one y scale. Bars: {METRIC_LABELS[metric]} per key frame, "
-                 "queries averaged over the last block. Titles: the head's class at that call "
-                 f"({classes[0][1]}); frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible "
-                 "frames); max@ = the largest key frame (sinkscope.stats.summaries.curve_stats)."),
-    )  # fmt: skip
+        caption=(
+            f"{layout}; each head's panels share one y scale. Bars: {METRIC_LABELS[metric]} per key frame, "
+            "queries averaged over the last block. Titles: the head's class at that call "
+            f"({classes[0][1]}); frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible "
+            "frames); max@ = the largest key frame (sinkscope.stats.summaries.curve_stats)."
+        ),
+    )

@@ -87,8 +87,19 @@ def token_means(view: View, layer: int, head: int, tokens: pd.Series) -> tuple[p
     return means, std
 
 
-def panel(ax, view: View, values: pd.Series, layer: int, head: int, *, length: int, color: str, base: int,
-          width: float, tokens: pd.Series) -> bool:  # fmt: skip
+def panel(
+    ax,
+    view: View,
+    values: pd.Series,
+    layer: int,
+    head: int,
+    *,
+    length: int,
+    color: str,
+    base: int,
+    width: float,
+    tokens: pd.Series,
+) -> bool:
     frames = view.frames.astype(int)
     present = sorted({int(f) for f in values.index.get_level_values("key_frame")})
     missing = [f for f in frames if f not in present]
@@ -104,11 +115,17 @@ def panel(ax, view: View, values: pd.Series, layer: int, head: int, *, length: i
     if view.has(layer, head):
         means, std = token_means(view, layer, head, tokens)
         shown = means.dropna()
-        ax.hlines(shown.to_numpy(), shown.index.to_numpy(), shown.index.to_numpy() + 1, color="black", lw=1.0,
-                  zorder=3).set_gid(f"frame-means-{head_label(layer, head)}")  # fmt: skip
+        ax.hlines(
+            shown.to_numpy(), shown.index.to_numpy(), shown.index.to_numpy() + 1, color="black", lw=1.0, zorder=3
+        ).set_gid(f"frame-means-{head_label(layer, head)}")
         if std is not None:
-            error_bars(ax, shown.index.to_numpy() + 0.5, shown.to_numpy(), std.reindex(shown.index).to_numpy(),
-                       gid=head_label(layer, head))  # fmt: skip
+            error_bars(
+                ax,
+                shown.index.to_numpy() + 0.5,
+                shown.to_numpy(),
+                std.reindex(shown.index).to_numpy(),
+                gid=head_label(layer, head),
+            )
         if view.metric == "prob_mass":
             # Uniform over every key token seen: the same probability for each of them.
             seen = float(tokens.reindex(shown.index).sum())
@@ -137,8 +154,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     classes, classes_from = head_classes(tables.get("head_diagnostics"), rows, view)
     tokens = chosen_tokens(tokens, view)
     if tokens.empty:
-        raise ValueError(f"figure {kind}: no token profiles of the last block for {view.call} "
-                         "(capture.token_profiles: last_block or all)")  # fmt: skip
+        raise ValueError(
+            f"figure {kind}: no token profiles of the last block for {view.call} "
+            "(capture.token_profiles: last_block or all)"
+        )
     length = frame_length(tokens, grid)
     ncols = 1 if len(heads) == 1 else 2 if len(heads) <= 4 else 3
     width = {1: 10.0, 2: 7.0, 3: 5.2}[ncols]
@@ -152,12 +171,25 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             message_panel(ax_, f"no token profiles of {label}\n(token capture covers the heads of figures.heads)")
             continue
         counts = frame_tokens(tokens, layer, head)
-        gaps |= panel(ax_, view, values, layer, head, length=length, color=PANEL_COLORS[index % len(PANEL_COLORS)],
-                      base=base, width=width - 0.8, tokens=counts)  # fmt: skip
+        gaps |= panel(
+            ax_,
+            view,
+            values,
+            layer,
+            head,
+            length=length,
+            color=PANEL_COLORS[index % len(PANEL_COLORS)],
+            base=base,
+            width=width - 0.8,
+            tokens=counts,
+        )
         if view.has(layer, head):
-            ax_.set_title(f"{head_text(layer, head)} · {class_text(classes.get((layer, head)))}\n"
-                          f"{excess_text(mass, layer, head, spread=True)} · {difference_text(view, layer, head)}",
-                          fontweight="bold", fontsize=10)  # fmt: skip
+            ax_.set_title(
+                f"{head_text(layer, head)} · {class_text(classes.get((layer, head)))}\n"
+                f"{excess_text(mass, layer, head, spread=True)} · {difference_text(view, layer, head)}",
+                fontweight="bold",
+                fontsize=10,
+            )
         ax_.set_xlabel("key frame (token resolution)")
         ax_.set_ylabel(metric_axis_label(metric) if metric != "prob_mass" else "probability per key token")
     if given:
@@ -190,5 +222,3 @@ def frame_tokens(tokens: pd.DataFrame, layer: int, head: int) -> pd.Series:
     rows = tokens[(tokens["layer"] == layer) & (tokens["head"] == head)]
     per_run = rows.groupby(["prompt_id", "seed", "key_frame"], observed=True)["token"].size()
     return per_run.groupby("key_frame", observed=True).mean().astype(float)
-
-

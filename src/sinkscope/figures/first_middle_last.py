@@ -101,8 +101,11 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         ax.hlines(uniform, x - 0.45, x + 0.45, **UNIFORM_STYLE).set_gid("uniform")
         handles.append(uniform_handle())
     if spread:
-        handles.append(spread_handle() if len(layers) <= MOST_BARS else
-                       band_handle(SERIES[0][2], "±1 std between runs (a band in its line's colour)"))  # fmt: skip
+        handles.append(
+            spread_handle()
+            if len(layers) <= MOST_BARS
+            else band_handle(SERIES[0][2], "±1 std between runs (a band in its line's colour)")
+        )
     # Layers whose first − middle points the other way than their first frame's softmax
     # mass against uniform: a cross above the layer.
     marked, crossed = [], []
@@ -110,11 +113,30 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         first = first_frame_mass(mass, layer)
         if disagrees(s["sink_score"], first):
             crossed.append(i)
-            marked.append((layer_label(layer), against_mass(f"{layer_label(layer)} first − middle", s["sink_score"],
-                                                            metric, first.frame, first.mass, first.uniform, base)))
+            marked.append(
+                (
+                    layer_label(layer),
+                    against_mass(
+                        f"{layer_label(layer)} first − middle",
+                        s["sink_score"],
+                        metric,
+                        first.frame,
+                        first.mass,
+                        first.uniform,
+                        base,
+                    ),
+                )
+            )
     if crossed:
-        (cross,) = ax.plot(x[crossed], [1.0] * len(crossed), transform=ax.get_xaxis_transform(), clip_on=False, ms=7,
-                           zorder=6, **DISAGREE_MARK)  # fmt: skip
+        (cross,) = ax.plot(
+            x[crossed],
+            [1.0] * len(crossed),
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+            ms=7,
+            zorder=6,
+            **DISAGREE_MARK,
+        )
         cross.set_gid("disagree")
         handles.append(disagree_handle(f"first − middle disagrees with the mass on the first frame ({len(crossed)})"))
     ax.axhline(0, color="0.3", lw=0.6)
@@ -143,20 +165,37 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         fig,
         title="First, middle, last and own frames of the last block "
         f"(query frames {frames_text(view.query_frames, base)})",
-        subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs,
-                          "±1 std between runs" + (" (error bars)" if len(layers) <= MOST_BARS else " (bands)")),
+        subtitle=subtitle(
+            source,
+            view.call,
+            METRIC_SHORT[metric],
+            view.runs,
+            "±1 std between runs" + (" (error bars)" if len(layers) <= MOST_BARS else " (bands)"),
+        ),
         legend=handles,
-        caption=(f"Values of each layer's head-averaged {METRIC_LABELS[metric]} curve (sinkscope.stats.summaries."
-                 f"curve_stats: the layer_stats rows with metric {metric} and prompt_id '*', columns first, middle, "
-                 f"last, own): first = the oldest cache frame (frame {frames_text(firsts, base)}), last = the newest "
-                 "cache frame before the block, middle = mean of the cache frames between."
-                 + (" The dashed line: what uniform attention over the key tokens gives a frame (1 / visible frames)."
-                    if metric == "prob_mass" else
-                    " Mean logits are pre-softmax: a layer whose first bar stands level with the middle can still put "
-                    "most of its softmax mass on the first frame (the prob_mass rows say where the attention goes).")
-                 + (f" Crossed ({len(marked)} layers): first − middle points the other way than the first frame's "
-                    "softmax mass against uniform (by at least "
-                    f"{DISAGREE_SHARE:.0%} of uniform): {listed(marked)}." if marked else "")
-                 + (f" The y axis is logarithmic beyond ±{significant(log_width, 1)}, the lower quartile of the values' "
-                    f"sizes (the largest is more than {LOG_SPAN:g}x it)." if log_width else "")),
-    )  # fmt: skip
+        caption=(
+            f"Values of each layer's head-averaged {METRIC_LABELS[metric]} curve (sinkscope.stats.summaries."
+            f"curve_stats: the layer_stats rows with metric {metric} and prompt_id '*', columns first, middle, "
+            f"last, own): first = the oldest cache frame (frame {frames_text(firsts, base)}), last = the newest "
+            "cache frame before the block, middle = mean of the cache frames between."
+            + (
+                " The dashed line: what uniform attention over the key tokens gives a frame (1 / visible frames)."
+                if metric == "prob_mass"
+                else " Mean logits are pre-softmax: a layer whose first bar stands level with the middle can still put "
+                "most of its softmax mass on the first frame (the prob_mass rows say where the attention goes)."
+            )
+            + (
+                f" Crossed ({len(marked)} layers): first − middle points the other way than the first frame's "
+                "softmax mass against uniform (by at least "
+                f"{DISAGREE_SHARE:.0%} of uniform): {listed(marked)}."
+                if marked
+                else ""
+            )
+            + (
+                f" The y axis is logarithmic beyond ±{significant(log_width, 1)}, the lower quartile of the values' "
+                f"sizes (the largest is more than {LOG_SPAN:g}x it)."
+                if log_width
+                else ""
+            )
+        ),
+    )

@@ -30,8 +30,13 @@ def label_color(label: str) -> tuple[float, float, float]:
 
 def _handle(label: str, count: int) -> Patch:
     if is_borderline(label):
-        return Patch(facecolor=label_color(label), edgecolor=CLASS_COLORS.get(base_class(label), "#888888"), lw=0.5,
-                     hatch=HATCH, label=f"{label} borderline ({count})")  # fmt: skip
+        return Patch(
+            facecolor=label_color(label),
+            edgecolor=CLASS_COLORS.get(base_class(label), "#888888"),
+            lw=0.5,
+            hatch=HATCH,
+            label=f"{label} borderline ({count})",
+        )
     return Patch(facecolor=label_color(label), edgecolor="0.5", lw=0.5, label=f"{label} ({count})")
 
 
@@ -51,17 +56,32 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     codes = grid.apply(lambda col: col.map({name: i for i, name in enumerate(labels)})).to_numpy(dtype=float)
     cell = cell_size(*codes.shape, largest=0.5, smallest=0.2, budget=10)
     given = ax is not None
-    fig = ax.figure if given else new_figure(max(5.0, codes.shape[1] * cell + 1.2), max(2.5, codes.shape[0] * cell + 0.9))
+    fig = (
+        ax.figure if given else new_figure(max(5.0, codes.shape[1] * cell + 1.2), max(2.5, codes.shape[0] * cell + 0.9))
+    )
     ax = ax if given else fig.add_subplot()
     cmap = mcolors.ListedColormap([label_color(name) for name in labels]).with_extremes(bad="white")
-    image = ax.imshow(np.ma.masked_invalid(codes), cmap=cmap, vmin=-0.5, vmax=len(labels) - 0.5, aspect="auto",
-                      interpolation="nearest")  # fmt: skip
+    image = ax.imshow(
+        np.ma.masked_invalid(codes),
+        cmap=cmap,
+        vmin=-0.5,
+        vmax=len(labels) - 0.5,
+        aspect="auto",
+        interpolation="nearest",
+    )
     image.set_gid("head-classes")
     ax.grid(False)
     for (i, j), code in np.ndenumerate(codes):
         if np.isfinite(code) and is_borderline(labels[int(code)]):
-            hatch = Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch=HATCH, lw=0,
-                              edgecolor=CLASS_COLORS.get(base_class(labels[int(code)]), "#888888"))  # fmt: skip
+            hatch = Rectangle(
+                (j - 0.5, i - 0.5),
+                1,
+                1,
+                fill=False,
+                hatch=HATCH,
+                lw=0,
+                edgecolor=CLASS_COLORS.get(base_class(labels[int(code)]), "#888888"),
+            )
             hatch.set_gid(f"borderline-L{i}-H{j}")
             ax.add_patch(hatch)
     # Letters in the cells too: the classes stay readable without colour ('S?' borderline).
@@ -70,9 +90,16 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             if np.isfinite(code):
                 name = labels[int(code)]
                 letter = name[0].upper() + ("?" if is_borderline(name) else "")
-                ax.text(j, i, letter, ha="center", va="center", fontsize=7,
-                        color="white" if name in ("sink", "local") else "black",
-                        fontweight="bold" if is_borderline(name) else "normal")  # fmt: skip
+                ax.text(
+                    j,
+                    i,
+                    letter,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if name in ("sink", "local") else "black",
+                    fontweight="bold" if is_borderline(name) else "normal",
+                )
     set_label_ticks(ax, list(grid.columns), length=codes.shape[1] * cell)
     set_label_ticks(ax, list(grid.index), axis="y", length=codes.shape[0] * cell)
     ax.set_xlabel("head")
@@ -89,10 +116,12 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         title="Head classes",
         subtitle=subtitle(source, call, "head_class (head_diagnostics)", runs, decided),
         legend=handles,
-        caption=(f"{one_run}sink: frame0_ratio (softmax mass on frame 0 ÷ the mass uniform attention over the key tokens would "
-                 "give it) ≥ sink_ratio; else local: recent_ratio (mass on the block's own frames and the frame before "
-                 "÷ their uniform share) ≥ local_ratio; else periodic: the run-averaged logit profile's dominant period "
-                 "holds ≥ periodic_power of its spectral power; else diffuse. Each ratio is each run's own, averaged; "
-                 "hatched, lighter, '?': borderline, the ratio's mean ± its std between runs holds the threshold "
-                 "(thresholds: config diagnostics, docs/statistics.md). Letters: the class's initial."),
-    )  # fmt: skip
+        caption=(
+            f"{one_run}sink: frame0_ratio (softmax mass on frame 0 ÷ the mass uniform attention over the key tokens "
+            "would give it) ≥ sink_ratio; else local: recent_ratio (mass on the block's own frames and the frame "
+            "before ÷ their uniform share) ≥ local_ratio; else periodic: the run-averaged logit profile's dominant "
+            "period holds ≥ periodic_power of its spectral power; else diffuse. Each ratio is each run's own, "
+            "averaged; hatched, lighter, '?': borderline, the ratio's mean ± its std between runs holds the "
+            "threshold (thresholds: config diagnostics, docs/statistics.md). Letters: the class's initial."
+        ),
+    )

@@ -65,8 +65,12 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     outline_frames(ax, view.query_frames, (len(heads) - 0.5, -0.5), gid="own-block-heatmap")
     ax.set_xlim(frames[0] - 0.5, frames[-1] + 0.5)
     set_frame_ticks(ax, frames, base, length=width - 2)
-    set_label_ticks(ax, [f"H{h + 1} · {classes.get((layer, int(h)), 'class n/a')}" for h in heads], axis="y",
-                    length=row * len(heads))  # fmt: skip
+    set_label_ticks(
+        ax,
+        [f"H{h + 1} · {classes.get((layer, int(h)), 'class n/a')}" for h in heads],
+        axis="y",
+        length=row * len(heads),
+    )
     for tick in ax.get_yticklabels():
         tick.set_fontweight("bold" if tick.get_text().endswith(" · sink") else "normal")
     ax.set_xlabel("key frame")
@@ -82,8 +86,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     missing = [f for f in frames if np.isnan(values[:, list(frames).index(f)]).all()]
     legend = [own_box_handle(view.query_frames, base)] + ([nan_handle()] if missing else [])
     if uniform is not None:
-        legend.append(uniform_handle(f"uniform share on the colour bar: 1 / {len(view.visible)} = "
-                                     f"{number(uniform, 'prob_mass')}"))  # fmt: skip
+        legend.append(
+            uniform_handle(f"uniform share on the colour bar: 1 / {len(view.visible)} = {number(uniform, 'prob_mass')}")
+        )
     stds = [view.std(layer, head) for head in heads]
     spread = spread_note([v for s in stds if s is not None for v in s.to_numpy()], view.runs)
     return finish(
@@ -93,6 +98,6 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "spread in the caption"),
         legend=legend,
         caption=f"Each cell: a head's {METRIC_LABELS[metric]} of a key frame, queries averaged over the last block "
-                f"and the runs (the frame_attention column {metric}); {spread}. Rows: each head with its class "
-                f"({classes_from}; bold: sink). {scale_sentence(norm)}",
-    )  # fmt: skip
+        f"and the runs (the frame_attention column {metric}); {spread}. Rows: each head with its class "
+        f"({classes_from}; bold: sink). {scale_sentence(norm)}",
+    )

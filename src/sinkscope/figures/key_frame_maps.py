@@ -118,32 +118,47 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             spread_text = f" ± {number(std, 'prob_mass')}" if np.isfinite(std) else ""
             own_frame = " (own)" if f in view.query_frames else ""
             who = f"{label} ({class_text(classes.get((layer, head)))})" if i == 0 else label
-            a.set_title(f"{who} · frame {f + base}{own_frame}\n{why}\nmass {number(mass, 'prob_mass')}{spread_text}"
-                        f" · uniform {number(uniform.get(f, np.nan), 'prob_mass')}", fontsize=8)  # fmt: skip
-        for a in cells[len(picks):]:
+            a.set_title(
+                f"{who} · frame {f + base}{own_frame}\n{why}\nmass {number(mass, 'prob_mass')}{spread_text}"
+                f" · uniform {number(uniform.get(f, np.nan), 'prob_mass')}",
+                fontsize=8,
+            )
+        for a in cells[len(picks) :]:
             a.set_visible(False)
         if image is not None:
-            bar_label = ("token mass, x uniform\nwithin the frame" if metric == "prob_mass" else
-                         "token logit q·k/√d\n(token_logit_mean)")  # fmt: skip
+            bar_label = (
+                "token mass, x uniform\nwithin the frame"
+                if metric == "prob_mass"
+                else "token logit q·k/√d\n(token_logit_mean)"
+            )
             bar = colourbar(fig, image, shown, bar_label, fontsize=7.5, ax=list(cells), shrink=0.9, pad=0.01, aspect=12)
             bar.ax.tick_params(labelsize=7)
         cells[0].set_ylabel("patch row", fontsize=8)
     for a in axes[-1]:
         if a.get_visible():
             a.set_xlabel("patch column", fontsize=8)
-    what = ("softmax probability of each key token relative to a uniform spread over its frame (token_prob_mean / "
-            "frame mass x tokens; 1 = uniform)") if metric == "prob_mass" else "pre-softmax q·k/√d of each key token"
+    what = (
+        (
+            "softmax probability of each key token relative to a uniform spread over its frame (token_prob_mean / "
+            "frame mass x tokens; 1 = uniform)"
+        )
+        if metric == "prob_mass"
+        else "pre-softmax q·k/√d of each key token"
+    )
     runs = run_count(rows)
     return finish(
         fig,
         title="Where the last block's attention lands in its key frames",
-        subtitle=subtitle(source, view.call, f"token {METRIC_SHORT[metric]}", runs,
-                          "frame masses ± 1 std between runs in the titles"),
-        caption=(f"Each map: the {what}, queries averaged over the last block (frames "
-                 f"{frames_text(view.query_frames, base)}) and the runs, on the {shape[0]} x {shape[1]} latent patch "
-                 "grid (token = row x width + column). Frames: the first frame the head sees (frame 0 unless evicted) "
-                 "and its most attended other frames by frame-level softmax mass; titles: that mass (± the std between "
-                 "runs) and the uniform share of the frame (1 / visible frames, key tokens counted; "
-                 f"sinkscope.stats.summaries); the head's class ({classes_from}) beside its first frame. One colour "
-                 "scale a row; grey = token not present."),
-    )  # fmt: skip
+        subtitle=subtitle(
+            source, view.call, f"token {METRIC_SHORT[metric]}", runs, "frame masses ± 1 std between runs in the titles"
+        ),
+        caption=(
+            f"Each map: the {what}, queries averaged over the last block (frames "
+            f"{frames_text(view.query_frames, base)}) and the runs, on the {shape[0]} x {shape[1]} latent patch "
+            "grid (token = row x width + column). Frames: the first frame the head sees (frame 0 unless evicted) "
+            "and its most attended other frames by frame-level softmax mass; titles: that mass (± the std between "
+            "runs) and the uniform share of the frame (1 / visible frames, key tokens counted; "
+            f"sinkscope.stats.summaries); the head's class ({classes_from}) beside its first frame. One colour "
+            "scale a row; grey = token not present."
+        ),
+    )

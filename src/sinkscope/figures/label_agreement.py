@@ -26,8 +26,15 @@ def _heat_map(ax, counts: pd.DataFrame, gid: str, xlabel: str) -> None:
     image.set_gid(gid)
     ax.grid(False)
     for (i, j), count in np.ndenumerate(values):
-        ax.text(j, i, str(int(count)), ha="center", va="center", fontsize=8,
-                color="white" if shares[i, j] > 0.6 else "black")  # fmt: skip
+        ax.text(
+            j,
+            i,
+            str(int(count)),
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="white" if shares[i, j] > 0.6 else "black",
+        )
     ax.set_xticks(range(values.shape[1]), list(counts.columns), rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(values.shape[0]), list(counts.index), fontsize=8)
     ax.set_xlabel(xlabel)
@@ -57,10 +64,13 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     return finish(
         fig,
         title=f"Label file against the study: {result.agree} of {result.heads} heads agree ({result.percent:.0f}%)",
-        subtitle=subtitle(source, call, "head_class, pyramid_label (head_diagnostics)", runs,
-                          "classes of the run means"),
-        caption=("Cells: heads with that label in the file (row) and that class in the study (column); shade: share "
-                 "of the row. Codes: -1 wave (oscillating), 1 anchor (stable, compact), 2 veil (stable-sparse); the "
-                 "study's pyramid_label approximates the file's rule from the key-frame logit profile "
-                 f"(docs/statistics.md){missing}."),
-    )  # fmt: skip
+        subtitle=subtitle(
+            source, call, "head_class, pyramid_label (head_diagnostics)", runs, "classes of the run means"
+        ),
+        caption=(
+            "Cells: heads with that label in the file (row) and that class in the study (column); shade: share "
+            "of the row. Codes: -1 wave (oscillating), 1 anchor (stable, compact), 2 veil (stable-sparse); the "
+            "study's pyramid_label approximates the file's rule from the key-frame logit profile "
+            f"(docs/statistics.md){missing}."
+        ),
+    )

@@ -113,14 +113,16 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         std = view.std(layer)
         if std is not None:
             std = std.reindex(frames)
-            band = ax_.fill_between(frames, (mean - std).to_numpy(), (mean + std).to_numpy(), color=CURVE_COLOR,
-                                    alpha=0.25, lw=0, zorder=2)  # fmt: skip
+            band = ax_.fill_between(
+                frames, (mean - std).to_numpy(), (mean + std).to_numpy(), color=CURVE_COLOR, alpha=0.25, lw=0, zorder=2
+            )
             band.set_gid(f"spread-{label}")
         (line,) = ax_.plot(frames, mean.to_numpy(), "o-", color=darker(CURVE_COLOR), lw=1.5, ms=3, zorder=3)
         line.set_gid(f"curve-{label}")
         if metric == "prob_mass":
-            uniform_steps(ax_, frames[mean.notna().to_numpy()], view.layer_baseline(layer).reindex(frames).dropna(),
-                          gid=label)  # fmt: skip
+            uniform_steps(
+                ax_, frames[mean.notna().to_numpy()], view.layer_baseline(layer).reindex(frames).dropna(), gid=label
+            )
         if not centred:  # on logits 0 is no baseline (the level is arbitrary)
             ax_.axhline(0, color="0.3", lw=0.6)
         ax_.set_xlim(frames[0] - 0.5, frames[-1] + 0.5)
@@ -134,19 +136,25 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     legend += [band_handle(CURVE_COLOR)] if view.runs >= 2 else []
     asked = [int(x) for x in options.get("highlight_layers") or []]
     absent = [layer_label(x) for x in asked if x not in layers]
-    picked = ("spread evenly" if not asked else "figures.highlight_layers" if not absent else
-              f"figures.highlight_layers; {', '.join(absent)} not in the table" + ("" if set(asked) & set(layers) else
-                                                                                   ", so spread evenly"))  # fmt: skip
+    picked = (
+        "spread evenly"
+        if not asked
+        else "figures.highlight_layers"
+        if not absent
+        else f"figures.highlight_layers; {', '.join(absent)} not in the table"
+        + ("" if set(asked) & set(layers) else ", so spread evenly")
+    )
     return finish(
         fig,
         title=f"Attention of the last block across layers (query frames {frames_text(view.query_frames, base)})",
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "curves ±1 std between runs"),
         legend=legend,
-        caption=(f"Top: every layer's head-averaged {METRIC_LABELS[metric]} curve"
-                 f"{' minus its mean over the visible frames' if centred else ''} "
-                 f"(dashed box: the block's own frames; grey: not in the KV cache); {heat_spread}. Below: "
-                 f"{len(chosen)} of {len(layers)} layers "
-                 f"({picked}), one panel each on {'its own' if centred else 'one'} y scale, with a ±1 std band between "
-                 "runs of the head-averaged curve. "
-                 + (f"{LOGIT_LEVEL_NOTE} " if centred else "") + scale_sentence(norm)),
-    )  # fmt: skip
+        caption=(
+            f"Top: every layer's head-averaged {METRIC_LABELS[metric]} curve"
+            f"{' minus its mean over the visible frames' if centred else ''} "
+            f"(dashed box: the block's own frames; grey: not in the KV cache); {heat_spread}. Below: "
+            f"{len(chosen)} of {len(layers)} layers "
+            f"({picked}), one panel each on {'its own' if centred else 'one'} y scale, with a ±1 std band between "
+            "runs of the head-averaged curve. " + (f"{LOGIT_LEVEL_NOTE} " if centred else "") + scale_sentence(norm)
+        ),
+    )

@@ -43,6 +43,7 @@ def _text_size(fig: Figure, text: str, size: float, weight: str = "normal") -> t
 def wrap(fig: Figure, text: str, width: float, size: float, weight: str = "normal") -> str:
     """``text`` wrapped so that every line is at most ``width`` inches wide; a subtitle's
     ' · ' parts stay whole where they fit."""
+
     def fits(line: str) -> bool:
         return _text_size(fig, line, size, weight)[0] <= width
 
@@ -107,9 +108,17 @@ def finish(
     if legend:
         ncol = _legend_columns(fig, legend, room)
         ncol = math.ceil(len(legend) / math.ceil(len(legend) / ncol))  # balanced rows
-        artist = fig.legend(handles=list(legend), loc="upper center", ncols=ncol, frameon=False,
-                            bbox_to_anchor=(0.5, 1), bbox_transform=fig.transFigure, borderaxespad=0.1,
-                            handlelength=1.6, columnspacing=1.2)  # fmt: skip
+        artist = fig.legend(
+            handles=list(legend),
+            loc="upper center",
+            ncols=ncol,
+            frameon=False,
+            bbox_to_anchor=(0.5, 1),
+            bbox_transform=fig.transFigure,
+            borderaxespad=0.1,
+            handlelength=1.6,
+            columnspacing=1.2,
+        )
         artist.set_gid("page-legend")
         height = artist.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi
         blocks.append((artist, height + 0.02))
@@ -226,8 +235,9 @@ def panel_columns(count: int, widest: int = 4) -> int:
     return 6 if count <= 36 else 8
 
 
-def panel_grid(count: int, *, ncols: int, panel: tuple[float, float], extra: tuple[float, float] = (0.0, 0.0)
-               ) -> tuple[Figure, list[Axes]]:  # fmt: skip
+def panel_grid(
+    count: int, *, ncols: int, panel: tuple[float, float], extra: tuple[float, float] = (0.0, 0.0)
+) -> tuple[Figure, list[Axes]]:
     """A figure of ``count`` panels in rows of ``ncols``; unused cells removed."""
     nrows = math.ceil(count / ncols)
     fig = new_figure(ncols * panel[0] + extra[0], nrows * panel[1] + extra[1])
@@ -237,8 +247,16 @@ def panel_grid(count: int, *, ncols: int, panel: tuple[float, float], extra: tup
     return fig, axes[:count]
 
 
-def panels(ax: Axes | None, count: int, *, kind: str, one: str, ncols: int, panel: tuple[float, float],
-           extra: tuple[float, float] = (0.0, 0.0)) -> tuple[Figure, list[Axes]]:  # fmt: skip
+def panels(
+    ax: Axes | None,
+    count: int,
+    *,
+    kind: str,
+    one: str,
+    ncols: int,
+    panel: tuple[float, float],
+    extra: tuple[float, float] = (0.0, 0.0),
+) -> tuple[Figure, list[Axes]]:
     """The caller's axes (plot API: ``ax=``, one panel only), else a new grid of ``count``
     panels; ``one`` says how to ask for a single panel, e.g. "head (heads=['L1H1'])"."""
     if ax is not None:
@@ -279,11 +297,12 @@ def outer_labels(axes: Sequence[Axes], xlabel: str | None, ylabel: str | None) -
         if spec is None:
             continue
         below = ax.figure.axes and not any(
-            other is not ax and other.get_subplotspec() is not None
+            other is not ax
+            and other.get_subplotspec() is not None
             and other.get_subplotspec().colspan.start == spec.colspan.start
             and other.get_subplotspec().rowspan.start > spec.rowspan.start
             for other in ax.figure.axes
-        )  # fmt: skip
+        )
         if xlabel and below:
             ax.set_xlabel(xlabel)
         if ylabel and spec.is_first_col():
@@ -293,8 +312,10 @@ def outer_labels(axes: Sequence[Axes], xlabel: str | None, ylabel: str | None) -
 # A query's attention is unchanged when all its logits shift together: a logit curve's
 # level says nothing, and in a trained model the levels of heads or layers differ by
 # hundreds. Panels of logit curves therefore take their own y ranges; masses share one.
-LOGIT_LEVEL_NOTE = ("A query's attention is unchanged when all its logits shift together, so only the differences "
-                    "within a curve matter.")  # fmt: skip
+LOGIT_LEVEL_NOTE = (
+    "A query's attention is unchanged when all its logits shift together, so only the differences "
+    "within a curve matter."
+)
 
 
 def panel_y_scales(axes: Sequence[Axes], metric: str) -> bool:
@@ -334,8 +355,9 @@ def tick_step(count: int, most: int) -> int:
     return math.ceil(count / most)
 
 
-def set_frame_ticks(ax: Axes, frames: Sequence[int], base: int = 0, *, axis: str = "x", offset: float = 0.0,
-                    length: float | None = None) -> None:  # fmt: skip
+def set_frame_ticks(
+    ax: Axes, frames: Sequence[int], base: int = 0, *, axis: str = "x", offset: float = 0.0, length: float | None = None
+) -> None:
     """Ticks at frames (labelled ``frame + base``), thinned to what ``length`` inches hold."""
     frames = [int(f) for f in frames]
     if not frames:

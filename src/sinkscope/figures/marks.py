@@ -28,8 +28,9 @@ DISAGREE_MARK = dict(marker="X", color="black", markeredgecolor="white", markere
 # -- marks ---------------------------------------------------------------------------------------
 
 
-def mark_own(ax: Axes, query_frames: Sequence[int], *, left: float = -0.5, width: float = 1.0,
-             gid: str = "own-block") -> None:  # fmt: skip
+def mark_own(
+    ax: Axes, query_frames: Sequence[int], *, left: float = -0.5, width: float = 1.0, gid: str = "own-block"
+) -> None:
     """A light span behind the query block's own frames (frame f covers f+left .. f+left+width)."""
     if not query_frames:
         return
@@ -37,8 +38,9 @@ def mark_own(ax: Axes, query_frames: Sequence[int], *, left: float = -0.5, width
     span.set_gid(gid)
 
 
-def mark_gaps(ax: Axes, frames: Sequence[int], missing: Iterable[int], *, left: float = -0.5, width: float = 1.0,
-              gid: str = "gap") -> bool:  # fmt: skip
+def mark_gaps(
+    ax: Axes, frames: Sequence[int], missing: Iterable[int], *, left: float = -0.5, width: float = 1.0, gid: str = "gap"
+) -> bool:
     """Light grey spans over runs of key frames not in the KV cache; whether there were any."""
     runs = runs_of(missing)
     if not runs:
@@ -48,19 +50,30 @@ def mark_gaps(ax: Axes, frames: Sequence[int], missing: Iterable[int], *, left: 
     return True
 
 
-def outline_frames(ax: Axes, frames: Sequence[int], rows: tuple[float, float], *, gid: str = "own-block",
-                   color: str = "black") -> None:  # fmt: skip
+def outline_frames(
+    ax: Axes, frames: Sequence[int], rows: tuple[float, float], *, gid: str = "own-block", color: str = "black"
+) -> None:
     """A dashed box around columns ``frames`` of a heat map, rows ``rows`` (data coordinates)."""
     if not frames:
         return
-    box = Rectangle((min(frames) - 0.5, rows[0]), max(frames) - min(frames) + 1, rows[1] - rows[0], fill=False,
-                    edgecolor=color, lw=1.4, ls=(0, (3, 2)), zorder=4, clip_on=False)  # fmt: skip
+    box = Rectangle(
+        (min(frames) - 0.5, rows[0]),
+        max(frames) - min(frames) + 1,
+        rows[1] - rows[0],
+        fill=False,
+        edgecolor=color,
+        lw=1.4,
+        ls=(0, (3, 2)),
+        zorder=4,
+        clip_on=False,
+    )
     box.set_gid(gid)
     ax.add_patch(box)
 
 
-def uniform_steps(ax: Axes, frames: Sequence[int], baseline: Sequence[float], *, gid: str, left: float = -0.5,
-                  width: float = 1.0) -> None:  # fmt: skip
+def uniform_steps(
+    ax: Axes, frames: Sequence[int], baseline: Sequence[float], *, gid: str, left: float = -0.5, width: float = 1.0
+) -> None:
     """The uniform baseline of each visible frame as a dashed step over the frame's slot
     (flat at 1 / visible frames unless tokens were dropped; breaks where a frame is missing)."""
     frames = np.asarray(frames, dtype=float)
@@ -74,8 +87,9 @@ def uniform_steps(ax: Axes, frames: Sequence[int], baseline: Sequence[float], *,
     line.set_gid(f"uniform-{gid}")
 
 
-def error_bars(ax: Axes, x: Sequence[float], y: Sequence[float], std: Sequence[float] | None, *, gid: str,
-               color=SPREAD_COLOR) -> bool:  # fmt: skip
+def error_bars(
+    ax: Axes, x: Sequence[float], y: Sequence[float], std: Sequence[float] | None, *, gid: str, color=SPREAD_COLOR
+) -> bool:
     """±1 std between runs as error bars (nothing without a spread); whether any were drawn."""
     if std is None:
         return False
@@ -83,16 +97,27 @@ def error_bars(ax: Axes, x: Sequence[float], y: Sequence[float], std: Sequence[f
     keep = np.isfinite(y) & np.isfinite(std)
     if not keep.any():
         return False
-    bars_ = ax.errorbar(x[keep], y[keep], yerr=std[keep], fmt="none", ecolor=color, elinewidth=0.9, capsize=1.8,
-                        zorder=3.5)  # fmt: skip
+    bars_ = ax.errorbar(
+        x[keep], y[keep], yerr=std[keep], fmt="none", ecolor=color, elinewidth=0.9, capsize=1.8, zorder=3.5
+    )
     for child in bars_.get_children():
         child.set_gid(f"spread-{gid}")
     return True
 
 
-def curve_panel(ax: Axes, curve: pd.Series, query_frames: Sequence[int], *, color: str, base: int, gid: str,
-                length: float | None = None, markersize: float = 3.0, std: pd.Series | None = None,
-                uniform: pd.Series | None = None) -> bool:  # fmt: skip
+def curve_panel(
+    ax: Axes,
+    curve: pd.Series,
+    query_frames: Sequence[int],
+    *,
+    color: str,
+    base: int,
+    gid: str,
+    length: float | None = None,
+    markersize: float = 3.0,
+    std: pd.Series | None = None,
+    uniform: pd.Series | None = None,
+) -> bool:
     """Figure 4 bars of one head's curve: bars where a frame is visible, a line that breaks
     at missing frames, the own frames shaded, missing frames grey; ``std``: ±1 std between
     runs as error bars; ``uniform``: the uniform baseline, dashed. Whether there were gaps."""
@@ -116,14 +141,29 @@ def curve_panel(ax: Axes, curve: pd.Series, query_frames: Sequence[int], *, colo
     return gaps
 
 
-def bars(ax: Axes, x: Sequence[float], heights: Sequence[float], *, color, width: float = 0.8, alpha: float = 0.75,
-         zorder: float = 2) -> PolyCollection:  # fmt: skip
+def bars(
+    ax: Axes,
+    x: Sequence[float],
+    heights: Sequence[float],
+    *,
+    color,
+    width: float = 0.8,
+    alpha: float = 0.75,
+    zorder: float = 2,
+) -> PolyCollection:
     """Bars from 0, as one collection: one artist to draw (a grid of 40 panels of 21 bars
     draws several times faster than with Axes.bar) and one group in the SVG."""
     x, heights = np.asarray(x, dtype=float), np.asarray(heights, dtype=float)
     half = width / 2
-    verts = np.stack([np.stack([x - half, np.zeros_like(x)], 1), np.stack([x - half, heights], 1),
-                      np.stack([x + half, heights], 1), np.stack([x + half, np.zeros_like(x)], 1)], axis=1)  # fmt: skip
+    verts = np.stack(
+        [
+            np.stack([x - half, np.zeros_like(x)], 1),
+            np.stack([x - half, heights], 1),
+            np.stack([x + half, heights], 1),
+            np.stack([x + half, np.zeros_like(x)], 1),
+        ],
+        axis=1,
+    )
     collection = PolyCollection(verts, facecolors=color, alpha=alpha, linewidths=0, zorder=zorder)
     collection.sticky_edges.y.append(0.0)  # no margin below a bar's base, as Axes.bar
     ax.add_collection(collection, autolim=True)
@@ -136,10 +176,19 @@ def annotate_max(ax: Axes, frame: int, value: float, base: int, fontsize: float 
     lo, hi = ax.get_xlim()
     where = (frame - lo) / (hi - lo)
     ha = "left" if where < 0.1 else "right" if where > 0.9 else "center"
-    ax.annotate(f"max@{frame + base}", xy=(frame, value), xytext=({"left": -4, "right": 4}.get(ha, 0), 3),
-                textcoords="offset points", ha=ha,
-                va="bottom" if value >= 0 else "top", fontsize=fontsize, color="darkgreen", fontweight="bold",
-                zorder=5, annotation_clip=False)  # fmt: skip
+    ax.annotate(
+        f"max@{frame + base}",
+        xy=(frame, value),
+        xytext=({"left": -4, "right": 4}.get(ha, 0), 3),
+        textcoords="offset points",
+        ha=ha,
+        va="bottom" if value >= 0 else "top",
+        fontsize=fontsize,
+        color="darkgreen",
+        fontweight="bold",
+        zorder=5,
+        annotation_clip=False,
+    )
 
 
 def headroom(ax: Axes, fraction: float = 0.14) -> None:

@@ -60,12 +60,24 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     for ax_, head in zip(axes, heads):
         label = head_label(layer, head)
         uniform = view.baseline(layer, head) if metric == "prob_mass" else None
-        gaps |= curve_panel(ax_, view.curve(layer, head), view.query_frames, color=color, base=base, gid=label,
-                            length=panel[0] - 0.6, markersize=1.8, std=view.std(layer, head),
-                            uniform=uniform)  # fmt: skip
+        gaps |= curve_panel(
+            ax_,
+            view.curve(layer, head),
+            view.query_frames,
+            color=color,
+            base=base,
+            gid=label,
+            length=panel[0] - 0.6,
+            markersize=1.8,
+            std=view.std(layer, head),
+            uniform=uniform,
+        )
         klass = classes.get((layer, head))
-        ax_.set_title(f"H{head + 1} · {klass or 'class n/a'}\n{excess_text(mass, layer, head, short=True)}",
-                      fontsize=9, fontweight="bold" if klass == "sink" else "normal")  # fmt: skip
+        ax_.set_title(
+            f"H{head + 1} · {klass or 'class n/a'}\n{excess_text(mass, layer, head, short=True)}",
+            fontsize=9,
+            fontweight="bold" if klass == "sink" else "normal",
+        )
     shared = panel_y_scales(axes, metric)
     outer_labels(axes, "key frame", METRIC_SHORT[metric].split(" (")[0])
     legend = [own_handle(view.query_frames, base)] + ([gap_handle()] if gaps else [])
@@ -77,9 +89,11 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         f"{frames_text(view.query_frames, base)}",
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "error bars ±1 std between runs"),
         legend=legend,
-        caption=(f"Bars: each head's {METRIC_LABELS[metric]} of a key frame, queries averaged over the last block. "
-                 + ("One y scale for every head." if shared else f"Each head on its own y scale. {LOGIT_LEVEL_NOTE}")
-                 + f" Titles: the head's class ({classes_from}; bold: sink) and its "
-                 "frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible frames) "
-                 "(sinkscope.stats.summaries.curve_stats, the head_stats rows with prompt_id '*')."),
-    )  # fmt: skip
+        caption=(
+            f"Bars: each head's {METRIC_LABELS[metric]} of a key frame, queries averaged over the last block. "
+            + ("One y scale for every head." if shared else f"Each head on its own y scale. {LOGIT_LEVEL_NOTE}")
+            + f" Titles: the head's class ({classes_from}; bold: sink) and its "
+            "frame-0 excess = softmax mass on frame 0 − its uniform share (1 / visible frames) "
+            "(sinkscope.stats.summaries.curve_stats, the head_stats rows with prompt_id '*')."
+        ),
+    )

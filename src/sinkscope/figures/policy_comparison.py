@@ -48,7 +48,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         rows = frame[frame["variant"] == v]
         views[v] = figure4_view(rows, option(options, "step"), metric)
         masses[v] = mass_view(rows, views[v])
-        chosen = diagnostics[diagnostics["variant"] == v] if diagnostics is not None and "variant" in diagnostics else None
+        chosen = (
+            diagnostics[diagnostics["variant"] == v] if diagnostics is not None and "variant" in diagnostics else None
+        )
         classes[v] = head_classes(chosen, rows, views[v])
     heads = heads_of(options)
     ncols = len(heads)
@@ -65,14 +67,26 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 message_panel(ax_, f"{label}: layer {layer} was not extracted")
                 continue
             uniform = view.baseline(layer, head) if metric == "prob_mass" else None
-            gaps |= curve_panel(ax_, view.curve(layer, head), view.query_frames, color=color, base=base,
-                                gid=f"{label}-{variant}", length=panel[0] - 0.7, markersize=2.0,
-                                std=view.std(layer, head), uniform=uniform)  # fmt: skip
+            gaps |= curve_panel(
+                ax_,
+                view.curve(layer, head),
+                view.query_frames,
+                color=color,
+                base=base,
+                gid=f"{label}-{variant}",
+                length=panel[0] - 0.7,
+                markersize=2.0,
+                std=view.std(layer, head),
+                uniform=uniform,
+            )
             klass = classes[variant][0].get((layer, head))
             # The variant quoted: a policy named "sink" is no claim about the head.
-            ax_.set_title(f"variant '{variant}' · {label} · {class_text(klass)}\n"
-                          f"{excess_text(masses[variant], layer, head)} · "
-                          f"max@{view.stats(layer, head)['argmax_frame'] + base}", fontsize=9)  # fmt: skip
+            ax_.set_title(
+                f"variant '{variant}' · {label} · {class_text(klass)}\n"
+                f"{excess_text(masses[variant], layer, head)} · "
+                f"max@{view.stats(layer, head)['argmax_frame'] + base}",
+                fontsize=9,
+            )
             column.append(ax_)
         if column:
             lo, hi = min(a.get_ylim()[0] for a in column), max(a.get_ylim()[1] for a in column)
@@ -89,12 +103,17 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     return finish(
         fig,
         title=f"KV-cache policies of {source}: the last block's attention, one row per variant",
-        subtitle=subtitle(source, first.call, METRIC_SHORT[metric], runs[0], spread) if len(runs) == 1 else
-        " · ".join([source, first.call, METRIC_SHORT[metric], f"means of n = {', '.join(map(str, runs))} runs, {spread}"]),
+        subtitle=subtitle(source, first.call, METRIC_SHORT[metric], runs[0], spread)
+        if len(runs) == 1
+        else " · ".join(
+            [source, first.call, METRIC_SHORT[metric], f"means of n = {', '.join(map(str, runs))} runs, {spread}"]
+        ),
         legend=legend,
-        caption=(f"Bars: {METRIC_LABELS[metric]} of each key frame, queries averaged over the last block. "
-                 "Each head's panels share one y scale. Titles: the head's class under that policy "
-                 f"({classes[variants[0]][1]}); frame-0 excess = softmax mass on frame 0 − its uniform share "
-                 "(1 / visible frames, key tokens counted); max@ = the largest key frame "
-                 "(sinkscope.stats.summaries.curve_stats)."),
-    )  # fmt: skip
+        caption=(
+            f"Bars: {METRIC_LABELS[metric]} of each key frame, queries averaged over the last block. "
+            "Each head's panels share one y scale. Titles: the head's class under that policy "
+            f"({classes[variants[0]][1]}); frame-0 excess = softmax mass on frame 0 − its uniform share "
+            "(1 / visible frames, key tokens counted); max@ = the largest key frame "
+            "(sinkscope.stats.summaries.curve_stats)."
+        ),
+    )

@@ -49,14 +49,18 @@ def block_masses(rows: pd.DataFrame, switch_frame: int) -> pd.DataFrame:
     switch_frame - 1 outside the block (queries and seeds averaged)."""
     keys = ["variant", "layer", "head", "block"]
     per_frame = rows.groupby([*keys, "seed", "key_frame"], observed=True).agg(
-        mass=("prob_mass", "mean"), own=("query_frame", "min"))
+        mass=("prob_mass", "mean"), own=("query_frame", "min")
+    )
     per_frame = per_frame.reset_index()
     outside = per_frame["key_frame"] < per_frame["own"]
     sink = per_frame["mass"].where(outside & (per_frame["key_frame"] == 0))
-    before = per_frame["mass"].where(outside & (per_frame["key_frame"] >= 1) & (per_frame["key_frame"] < switch_frame), 0.0)
+    before = per_frame["mass"].where(
+        outside & (per_frame["key_frame"] >= 1) & (per_frame["key_frame"] < switch_frame), 0.0
+    )
     per_frame = per_frame.assign(sink=sink, before=before)
-    per_seed = per_frame.groupby([*keys, "seed"], observed=True).agg(sink=("sink", "sum"), before=("before", "sum"),
-                                                                     seen=("sink", "count"))  # fmt: skip
+    per_seed = per_frame.groupby([*keys, "seed"], observed=True).agg(
+        sink=("sink", "sum"), before=("before", "sum"), seen=("sink", "count")
+    )
     per_seed.loc[per_seed["seen"] == 0, "sink"] = np.nan  # frame 0 is the block's own (block 0)
     return per_seed.groupby(keys, observed=True)[["sink", "before"]].mean()
 
@@ -89,7 +93,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     axes = fig.subplots(len(switches), 2, squeeze=False)
     recached = False
     for row, (prompt, segment, first, switch_frame) in enumerate(switches):
-        rows = calls[(calls["prompt_id"] == prompt) & (calls["block"] >= first - AROUND) & (calls["block"] < first + AROUND)]
+        rows = calls[
+            (calls["prompt_id"] == prompt) & (calls["block"] >= first - AROUND) & (calls["block"] < first + AROUND)
+        ]
         masses = block_masses(rows, switch_frame)
         heads = masses.groupby(["variant", "block"], observed=True)
         mean, std = heads.mean(), heads.std(ddof=0)
@@ -100,13 +106,25 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 if variant not in mean.index.get_level_values("variant"):
                     continue
                 m, s = mean.loc[variant, measure], std.loc[variant, measure].fillna(0)
-                (line,) = ax_.plot(m.index, m.to_numpy(), marker="o", ls=dashes[variant], color=colors[variant], lw=1.5, ms=3)
+                (line,) = ax_.plot(
+                    m.index, m.to_numpy(), marker="o", ls=dashes[variant], color=colors[variant], lw=1.5, ms=3
+                )
                 line.set_gid(f"{measure}-{variant}-{prompt}-{segment}")
-                ax_.fill_between(m.index, (m - s).to_numpy(), (m + s).to_numpy(), color=colors[variant], alpha=0.15, lw=0)
+                ax_.fill_between(
+                    m.index, (m - s).to_numpy(), (m + s).to_numpy(), color=colors[variant], alpha=0.15, lw=0
+                )
                 if measure == "sink" and variant in marks.index:
                     recached = True
-                    ax_.plot([first - 0.5], [float(marks[variant])], "*", color=colors[variant], ms=9, mec="black",
-                             mew=0.5, zorder=4)  # fmt: skip
+                    ax_.plot(
+                        [first - 0.5],
+                        [float(marks[variant])],
+                        "*",
+                        color=colors[variant],
+                        ms=9,
+                        mec="black",
+                        mew=0.5,
+                        zorder=4,
+                    )
             ax_.axvline(first - 0.5, color="0.2", ls="--", lw=1.0, zorder=1).set_gid(f"switch-{prompt}-{segment}")
             ax_.set_xlim(first - AROUND - 0.5, first + AROUND - 0.5)
             ax_.set_ylim(bottom=0)
@@ -117,15 +135,28 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     handles = [line_handle(colors[v], v, marker="o", ms=3, ls=dashes[v]) for v in variants]
     handles.append(line_handle("0.2", "prompt switch", ls="--", lw=1.0))
     if recached:
-        handles.append(Line2D([], [], color="0.5", marker="*", ls="none", ms=9, mec="black", mew=0.5,
-                              label="re-cache pass (frame-0 mass of the recomputed frames)"))  # fmt: skip
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="0.5",
+                marker="*",
+                ls="none",
+                ms=9,
+                mec="black",
+                mew=0.5,
+                label="re-cache pass (frame-0 mass of the recomputed frames)",
+            )
+        )
     return finish(
         fig,
         title="Attention around each prompt switch, block by block",
         subtitle=subtitle(source, call, "softmax mass (prob_mass)", run_count(calls)),
         legend=handles,
-        caption=(f"Left: the mass of each block's queries on frame 0 (the sink; the block's own frames excluded); "
-                 f"right: on frames 1 to the switch frame - 1, generated under the earlier prompt. {AROUND} blocks on "
-                 "each side of a switch; mean over layers, heads and seeds, band ±1 std over heads. Star: the re-cache "
-                 "pass that recomputes the kept frames under the new prompt before the switch block (generation.re_cache)."),
-    )  # fmt: skip
+        caption=(
+            f"Left: the mass of each block's queries on frame 0 (the sink; the block's own frames excluded); "
+            f"right: on frames 1 to the switch frame - 1, generated under the earlier prompt. {AROUND} blocks on "
+            "each side of a switch; mean over layers, heads and seeds, band ±1 std over heads. Star: the re-cache "
+            "pass that recomputes the kept frames under the new prompt before the switch block (generation.re_cache)."
+        ),
+    )

@@ -61,8 +61,17 @@ def matrices(frame: pd.DataFrame, step, metric: str) -> tuple[np.ndarray, list[i
     h = level("head").map({head: i for i, head in enumerate(heads)}).to_numpy()
     out[h, level("query_frame").to_numpy(), level("key_frame").to_numpy()] = cells.to_numpy()
     uniform = {int(b): 1.0 / int(n) for (b, _), n in visible.items()}
-    return out, heads, {"call": call, "runs": run_count(rows), "blocks": block_frames(rows),
-                        "spread": spread.to_numpy(dtype=float), "uniform": uniform}  # fmt: skip
+    return (
+        out,
+        heads,
+        {
+            "call": call,
+            "runs": run_count(rows),
+            "blocks": block_frames(rows),
+            "spread": spread.to_numpy(dtype=float),
+            "uniform": uniform,
+        },
+    )
 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options: Mapping[str, Any], ax=None, **_: Any):
@@ -74,8 +83,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     rows = frame[frame["layer"] == layer]
     values, heads, info = matrices(rows, option(options, "step"), metric)
     # The classes are a statistic of the last block's call (the Figure 4 view's).
-    classes, classes_from = head_classes(tables.get("head_diagnostics"), rows,
-                                         figure4_view(rows, option(options, "step"), metric))  # fmt: skip
+    classes, classes_from = head_classes(
+        tables.get("head_diagnostics"), rows, figure4_view(rows, option(options, "step"), metric)
+    )
     count = values.shape[1]
     axis_name, blocks = "frame", info["blocks"]
     if options.get("video_frames"):
@@ -94,8 +104,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
         for b, fs in blocks.items():
             outline_frames(ax_, fs, (min(fs) - 0.5, max(fs) + 0.5), gid=f"own-block-H{head + 1}-{b}", color="0.15")
         klass = classes.get((layer, head))
-        ax_.set_title(f"H{head + 1} · {klass or 'class n/a'}", fontsize=9,
-                      fontweight="bold" if klass == "sink" else "normal")  # fmt: skip
+        ax_.set_title(
+            f"H{head + 1} · {klass or 'class n/a'}", fontsize=9, fontweight="bold" if klass == "sink" else "normal"
+        )
         set_frame_ticks(ax_, range(count), base, length=size - 0.6)
         set_frame_ticks(ax_, range(count), base, axis="y", length=size - 0.6)
     for patch in [p for a in axes for p in a.patches]:
@@ -107,17 +118,23 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, layer: int, options
     baseline = ""
     if metric == "prob_mass" and uniform:
         first, last = min(uniform), max(uniform)
-        baseline = (f" Uniform attention gives a visible frame on average 1 / visible frames: "
-                    f"{number(uniform[first], 'prob_mass')} in block {first} … {number(uniform[last], 'prob_mass')} "
-                    f"in block {last}.")  # fmt: skip
+        baseline = (
+            f" Uniform attention gives a visible frame on average 1 / visible frames: "
+            f"{number(uniform[first], 'prob_mass')} in block {first} … {number(uniform[last], 'prob_mass')} "
+            f"in block {last}."
+        )
     return finish(
         fig,
         title=f"Layer {layer_label(layer)} (index {layer}): query x key {axis_name} attention of every head",
         subtitle=subtitle(source, info["call"], METRIC_SHORT[metric], info["runs"], "spread in the caption"),
-        legend=[nan_handle("not visible to the query"),
-                Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames")],
-        caption=(f"Each cell: {METRIC_LABELS[metric]} of a query frame on a key frame, query tokens and runs "
-                 f"averaged (the frame_attention column {metric}); {spread_note(info['spread'], info['runs'])}. "
-                 f"Titles: each head's class ({classes_from}, at the last block's call; bold: sink). "
-                 f"{scale_sentence(norm)}{baseline}"),
-    )  # fmt: skip
+        legend=[
+            nan_handle("not visible to the query"),
+            Patch(facecolor="none", edgecolor="0.15", ls="--", label="a block's own frames"),
+        ],
+        caption=(
+            f"Each cell: {METRIC_LABELS[metric]} of a query frame on a key frame, query tokens and runs "
+            f"averaged (the frame_attention column {metric}); {spread_note(info['spread'], info['runs'])}. "
+            f"Titles: each head's class ({classes_from}, at the last block's call; bold: sink). "
+            f"{scale_sentence(norm)}{baseline}"
+        ),
+    )

@@ -74,69 +74,186 @@ _CLASSES = ("head_diagnostics",)
 FIGURES: dict[str, FigureKind] = {
     kind.name: kind
     for kind in (
-        FigureKind("figure4", SOURCE, ("frame_attention",), _HEADS,
-                   "Deep Forcing Figure 4: the last block's attention to each key frame, one panel per head",
-                   uses=_CLASSES),
-        FigureKind("figure4_tokens", SOURCE, ("token_profiles", "frame_attention"), _HEADS,
-                   "Figure 4 at token resolution", uses=_CLASSES),
-        FigureKind("figure4_steps", SOURCE, ("frame_attention",), ("metric", "heads"),
-                   "Figure 4 at every denoising step and the cache pass", uses=_CLASSES),
-        FigureKind("key_frame_maps", SOURCE, ("token_profiles", "frame_attention"), ("step", "heads"),
-                   "token profiles of each head's most attended key frames on the patch grid",
-                   extra_options=("metric",), uses=_CLASSES),
-        FigureKind("layer_comparison", SOURCE, ("frame_attention",), (*_STEP_METRIC, "highlight_layers"),
-                   "layers x key frames, and chosen layers as curves"),
-        FigureKind("first_middle_last", SOURCE, ("frame_attention",), ("step",),
-                   "first, middle, last and own frames of each layer's head-averaged curve, in softmax mass "
-                   "(--metric logit_mean: in logits, layers whose mass disagrees marked)", extra_options=("metric",)),
-        FigureKind("sink_score_overview", SOURCE, ("frame_attention",), ("step",),
-                   "first - middle cache frames of every layer x head in softmax mass, sink-class heads outlined "
-                   "(--metric logit_mean: in logits, heads whose mass disagrees marked)", uses=_CLASSES,
-                   extra_options=("metric",)),
-        FigureKind("head_classes", SOURCE, ("head_diagnostics",), ("step",),
-                   "layers x heads coloured by head class"),
-        FigureKind("label_agreement", SOURCE, ("head_diagnostics",), ("step",),
-                   "a published label file (diagnostics.reference_labels) against head_class and pyramid_label",
-                   needs_reference_labels=True),
-        FigureKind("entropy_overview", SOURCE, ("head_diagnostics",), ("step",),
-                   "attention entropy of every layer x head"),
-        FigureKind("attention_over_time", SOURCE, ("frame_attention",), ("step", "heads"),
-                   "blocks x absolute key frames of the chosen heads"),
-        FigureKind("cache_timeline", SOURCE, ("frame_attention",), ("step",),
-                   "blocks x absolute key frames the KV cache holds, at their RoPE positions, marked sink, window, "
-                   "kept in part, edited", extra_options=("generation",)),
-        FigureKind("per_head_grid", LAYER, ("frame_attention",), _STEP_METRIC,
-                   "one layer: every head's Figure 4 bars (softmax mass on one y scale, logits each on its own)",
-                   uses=_CLASSES),
-        FigureKind("heads_heatmap", LAYER, ("frame_attention",), _STEP_METRIC,
-                   "one layer: heads x key frames of the last block", uses=_CLASSES),
-        FigureKind("query_key_maps", LAYER, ("frame_attention",), (*_STEP_METRIC, "video_frames"),
-                   "one layer: query x key frame maps over the whole generation", uses=_CLASSES),
-        FigureKind("sink_mass_over_time", CHECKPOINT, ("block_stats",), ("step",),
-                   "mass on the sink frames (frame 0 without sinks) block by block, and its excess over uniform, "
-                   "one line per variant"),
-        FigureKind("sink_collapse", CHECKPOINT, ("block_stats",), ("step",),
-                   "sink mass, the latents' similarity to the sink frames and to the previous block, and RoPE turns, "
-                   "on one time axis"),
-        FigureKind("policy_comparison", CHECKPOINT, ("frame_attention",), _HEADS,
-                   "Figure 4 of the last block, one row per variant (KV-cache policy)", uses=_CLASSES,
-                   compares="variants"),
-        FigureKind("prompt_switch", CHECKPOINT, ("frame_attention",), ("step",),
-                   "around each prompt switch: sink mass and mass on pre-switch frames block by block, per variant",
-                   needs_prompt_switches=True),
-        FigureKind("variant_drift", CHECKPOINT, ("variant_effects",), (),
-                   "latent distance of each edited variant to the untouched video over latent frames, bands across "
-                   "runs, block boundaries marked", compares="variants"),
-        FigureKind("attention_shift", CHECKPOINT, ("variant_head_effects",), (),
-                   "layer x head maps of each variant's change of frame-0 mass against the untouched run, edited heads "
-                   "outlined", compares="variants"),
-        FigureKind("contact_sheet", RUN, ("frames",), (),
-                   "every 4th video frame (the latents' channels without a VAE) of one prompt and seed, one row per "
-                   "variant, the untouched default on top"),
-        FigureKind("attention_across_checkpoints", STUDY, ("head_diagnostics",), ("step",),
-                   "frame-0 mass and entropy per layer across checkpoints (training steps)", compares="checkpoints"),
+        FigureKind(
+            "figure4",
+            SOURCE,
+            ("frame_attention",),
+            _HEADS,
+            "Deep Forcing Figure 4: the last block's attention to each key frame, one panel per head",
+            uses=_CLASSES,
+        ),
+        FigureKind(
+            "figure4_tokens",
+            SOURCE,
+            ("token_profiles", "frame_attention"),
+            _HEADS,
+            "Figure 4 at token resolution",
+            uses=_CLASSES,
+        ),
+        FigureKind(
+            "figure4_steps",
+            SOURCE,
+            ("frame_attention",),
+            ("metric", "heads"),
+            "Figure 4 at every denoising step and the cache pass",
+            uses=_CLASSES,
+        ),
+        FigureKind(
+            "key_frame_maps",
+            SOURCE,
+            ("token_profiles", "frame_attention"),
+            ("step", "heads"),
+            "token profiles of each head's most attended key frames on the patch grid",
+            extra_options=("metric",),
+            uses=_CLASSES,
+        ),
+        FigureKind(
+            "layer_comparison",
+            SOURCE,
+            ("frame_attention",),
+            (*_STEP_METRIC, "highlight_layers"),
+            "layers x key frames, and chosen layers as curves",
+        ),
+        FigureKind(
+            "first_middle_last",
+            SOURCE,
+            ("frame_attention",),
+            ("step",),
+            "first, middle, last and own frames of each layer's head-averaged curve, in softmax mass "
+            "(--metric logit_mean: in logits, layers whose mass disagrees marked)",
+            extra_options=("metric",),
+        ),
+        FigureKind(
+            "sink_score_overview",
+            SOURCE,
+            ("frame_attention",),
+            ("step",),
+            "first - middle cache frames of every layer x head in softmax mass, sink-class heads outlined "
+            "(--metric logit_mean: in logits, heads whose mass disagrees marked)",
+            uses=_CLASSES,
+            extra_options=("metric",),
+        ),
+        FigureKind("head_classes", SOURCE, ("head_diagnostics",), ("step",), "layers x heads coloured by head class"),
+        FigureKind(
+            "label_agreement",
+            SOURCE,
+            ("head_diagnostics",),
+            ("step",),
+            "a published label file (diagnostics.reference_labels) against head_class and pyramid_label",
+            needs_reference_labels=True,
+        ),
+        FigureKind(
+            "entropy_overview", SOURCE, ("head_diagnostics",), ("step",), "attention entropy of every layer x head"
+        ),
+        FigureKind(
+            "attention_over_time",
+            SOURCE,
+            ("frame_attention",),
+            ("step", "heads"),
+            "blocks x absolute key frames of the chosen heads",
+        ),
+        FigureKind(
+            "cache_timeline",
+            SOURCE,
+            ("frame_attention",),
+            ("step",),
+            "blocks x absolute key frames the KV cache holds, at their RoPE positions, marked sink, window, "
+            "kept in part, edited",
+            extra_options=("generation",),
+        ),
+        FigureKind(
+            "per_head_grid",
+            LAYER,
+            ("frame_attention",),
+            _STEP_METRIC,
+            "one layer: every head's Figure 4 bars (softmax mass on one y scale, logits each on its own)",
+            uses=_CLASSES,
+        ),
+        FigureKind(
+            "heads_heatmap",
+            LAYER,
+            ("frame_attention",),
+            _STEP_METRIC,
+            "one layer: heads x key frames of the last block",
+            uses=_CLASSES,
+        ),
+        FigureKind(
+            "query_key_maps",
+            LAYER,
+            ("frame_attention",),
+            (*_STEP_METRIC, "video_frames"),
+            "one layer: query x key frame maps over the whole generation",
+            uses=_CLASSES,
+        ),
+        FigureKind(
+            "sink_mass_over_time",
+            CHECKPOINT,
+            ("block_stats",),
+            ("step",),
+            "mass on the sink frames (frame 0 without sinks) block by block, and its excess over uniform, "
+            "one line per variant",
+        ),
+        FigureKind(
+            "sink_collapse",
+            CHECKPOINT,
+            ("block_stats",),
+            ("step",),
+            "sink mass, the latents' similarity to the sink frames and to the previous block, and RoPE turns, "
+            "on one time axis",
+        ),
+        FigureKind(
+            "policy_comparison",
+            CHECKPOINT,
+            ("frame_attention",),
+            _HEADS,
+            "Figure 4 of the last block, one row per variant (KV-cache policy)",
+            uses=_CLASSES,
+            compares="variants",
+        ),
+        FigureKind(
+            "prompt_switch",
+            CHECKPOINT,
+            ("frame_attention",),
+            ("step",),
+            "around each prompt switch: sink mass and mass on pre-switch frames block by block, per variant",
+            needs_prompt_switches=True,
+        ),
+        FigureKind(
+            "variant_drift",
+            CHECKPOINT,
+            ("variant_effects",),
+            (),
+            "latent distance of each edited variant to the untouched video over latent frames, bands across "
+            "runs, block boundaries marked",
+            compares="variants",
+        ),
+        FigureKind(
+            "attention_shift",
+            CHECKPOINT,
+            ("variant_head_effects",),
+            (),
+            "layer x head maps of each variant's change of frame-0 mass against the untouched run, edited heads "
+            "outlined",
+            compares="variants",
+        ),
+        FigureKind(
+            "contact_sheet",
+            RUN,
+            ("frames",),
+            (),
+            "every 4th video frame (the latents' channels without a VAE) of one prompt and seed, one row per "
+            "variant, the untouched default on top",
+        ),
+        FigureKind(
+            "attention_across_checkpoints",
+            STUDY,
+            ("head_diagnostics",),
+            ("step",),
+            "frame-0 mass and entropy per layer across checkpoints (training steps)",
+            compares="checkpoints",
+        ),
     )
-}  # fmt: skip
+}
 
 
 def figure_kind(name: str) -> FigureKind:
@@ -150,7 +267,9 @@ def kinds(scope: str) -> tuple[str, ...]:
     return tuple(name for name, kind in FIGURES.items() if kind.scope == scope)
 
 
-SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY))
+SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (
+    kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY)
+)
 TOKEN_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_token_profiles)
 SWITCH_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_prompt_switches)
 LABEL_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_reference_labels)

@@ -73,8 +73,9 @@ def draw(
         if frame is not None:
             tables = {**tables, "frame_attention": frame[frame["layer"] == layer]}
     with figure_style():
-        return drawer.draw(dict(tables), source=source, layer=layer, options=dict(options), grid=grid,
-                           train_steps=train_steps, ax=ax)  # fmt: skip
+        return drawer.draw(
+            dict(tables), source=source, layer=layer, options=dict(options), grid=grid, train_steps=train_steps, ax=ax
+        )
 
 
 # -- the pipeline job ----------------------------------------------------------------------------
@@ -101,8 +102,22 @@ def _layer_rows(inputs: Sequence[str], layer: int) -> tuple[pd.DataFrame, dict[s
     return pd.concat(parts, ignore_index=True), meta
 
 
-TOKEN_FIGURE_COLUMNS = ["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step", "timestep",
-                        "key_frame", "token", "token_logit_mean", "token_prob_mean"]  # fmt: skip
+TOKEN_FIGURE_COLUMNS = [
+    "checkpoint",
+    "variant",
+    "prompt_id",
+    "seed",
+    "layer",
+    "head",
+    "block",
+    "pass",
+    "step",
+    "timestep",
+    "key_frame",
+    "token",
+    "token_logit_mean",
+    "token_prob_mean",
+]
 
 
 def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mapping[str, Any]) -> pd.DataFrame:
@@ -113,7 +128,9 @@ def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mappin
     heads = [head for head in map(parse_head_label, option(options, "heads")) if head[0] in present]
     if not heads:  # none of the chosen heads' layers was extracted: panels say so
         return pd.DataFrame(columns=TOKEN_FIGURE_COLUMNS)
-    view = figure4_view(frame[frame["layer"].isin({layer for layer, _ in heads})], option(options, "step"), "logit_mean")
+    view = figure4_view(
+        frame[frame["layer"].isin({layer for layer, _ in heads})], option(options, "step"), "logit_mean"
+    )
     last_blocks = sorted({int(b) for b in frame.groupby(["prompt_id", "seed"], observed=True)["block"].max()})
     filters = [
         ("layer", "in", sorted({layer for layer, _ in heads})),
@@ -132,7 +149,9 @@ def read_token_profiles(folder: str | Path, frame: pd.DataFrame, options: Mappin
         try:
             part = pq.read_table(path, filters=filters, page_checksum_verification=True).to_pandas()
         except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-            raise DamagedFileError(path, f"is damaged or not a Parquet file ({str(exc).splitlines()[0][:160]})") from None
+            raise DamagedFileError(
+                path, f"is damaged or not a Parquet file ({str(exc).splitlines()[0][:160]})"
+            ) from None
         part = part[pd.MultiIndex.from_frame(part[["layer", "head"]].astype(int)).isin(wanted)] if len(part) else part
         if not part.empty:
             parts.append(token_rows(part.reset_index(drop=True)))
@@ -203,5 +222,10 @@ def figure_job(
             grid = _frame_grid(by_name.get("frame_attention", []) + by_name["token_profiles"])
     fig = draw(kind, tables, source=source, layer=layer, options=options, grid=grid, train_steps=train_steps)
     save_figure(fig, svg, png, dpi=int(option(options, "dpi")))
-    log.info("figure %s of %s%s in %.2f s", kind, source, f" layer {layer}" if layer is not None else "",
-             time.perf_counter() - began)  # fmt: skip
+    log.info(
+        "figure %s of %s%s in %.2f s",
+        kind,
+        source,
+        f" layer {layer}" if layer is not None else "",
+        time.perf_counter() - began,
+    )

@@ -30,14 +30,28 @@ from sinkscope.tables import ALL_PROMPTS, RUN_STD_SUFFIX, read_table
 DIGITS = 3
 TOP = 10
 _CURVE_COLUMNS = {
-    "logit_mean": {"first": "first", "middle": "middle", "last": "last", "own": "own", "sink_score": "first − middle",
-                   "argmax_frame": "argmax frame", "diagonal_mean": "diagonal mean",
-                   "first_column_mean": "frame-0 column mean"},
-    "prob_mass": {"frame0_mass": "mass on frame 0", "frame0_uniform": "uniform share of frame 0",
-                  "frame0_excess": "frame-0 excess", "first_k_mass": "mass on the first frames",
-                  "cache_share": "cache share", "own_share": "own-block share", "first_middle_ratio": "first / middle",
-                  "sink_score": "first − middle", "argmax_frame": "argmax frame"},
-}  # fmt: skip
+    "logit_mean": {
+        "first": "first",
+        "middle": "middle",
+        "last": "last",
+        "own": "own",
+        "sink_score": "first − middle",
+        "argmax_frame": "argmax frame",
+        "diagonal_mean": "diagonal mean",
+        "first_column_mean": "frame-0 column mean",
+    },
+    "prob_mass": {
+        "frame0_mass": "mass on frame 0",
+        "frame0_uniform": "uniform share of frame 0",
+        "frame0_excess": "frame-0 excess",
+        "first_k_mass": "mass on the first frames",
+        "cache_share": "cache share",
+        "own_share": "own-block share",
+        "first_middle_ratio": "first / middle",
+        "sink_score": "first − middle",
+        "argmax_frame": "argmax frame",
+    },
+}
 _STYLE = (
     "body{font-family:sans-serif;margin:2em;max-width:90em}table{border-collapse:collapse;margin:1em 0}"
     "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
@@ -102,47 +116,62 @@ def _at_step(stats: pd.DataFrame, step: str | int, metric: str | None = None) ->
 def model_text(name: str, entry: Mapping[str, Any] | None, legacy: Mapping[str, Any] | None = None) -> str:
     """What a source's model is, in words, for the top of the page."""
     if legacy is not None:
-        return f"<b>{html.escape(name)}</b>: an imported attention cache, <code>{html.escape(str(legacy.get('path')))}</code>"
+        return (
+            f"<b>{html.escape(name)}</b>: an imported attention cache, "
+            f"<code>{html.escape(str(legacy.get('path')))}</code>"
+        )
     entry = entry or {}
     weights = str(entry.get("weights") or "")
     if entry.get("format") == "demo":
-        return (f"<b>{html.escape(name)}</b>: the <b>untrained</b> demo model (seeded random weights, "
-                "<code>format: demo</code>): close to uniform attention by construction")  # fmt: skip
+        return (
+            f"<b>{html.escape(name)}</b>: the <b>untrained</b> demo model (seeded random weights, "
+            "<code>format: demo</code>): close to uniform attention by construction"
+        )
     if weights.startswith("sinkscope:"):
-        return (f"<b>{html.escape(name)}</b>: the <b>shipped demo model (trained here, not Self-Forcing)</b>, "
-                f"<code>{html.escape(weights)}</code>: the Wan2.1 architecture at demo size trained on the project's "
-                "synthetic videos (docs/trained-demo.md); its attention patterns are its own")  # fmt: skip
+        return (
+            f"<b>{html.escape(name)}</b>: the <b>shipped demo model (trained here, not Self-Forcing)</b>, "
+            f"<code>{html.escape(weights)}</code>: the Wan2.1 architecture at demo size trained on the project's "
+            "synthetic videos (docs/trained-demo.md); its attention patterns are its own"
+        )
     model = f", model <code>{html.escape(str(entry['model']))}</code>" if entry.get("model") else ""
-    return (f"<b>{html.escape(name)}</b>: your checkpoint <code>{html.escape(weights or '?')}</code> "
-            f"(format <code>{html.escape(str(entry.get('format') or 'auto'))}</code>{model})")  # fmt: skip
+    return (
+        f"<b>{html.escape(name)}</b>: your checkpoint <code>{html.escape(weights or '?')}</code> "
+        f"(format <code>{html.escape(str(entry.get('format') or 'auto'))}</code>{model})"
+    )
 
 
 def _uniform_note(mass: pd.DataFrame) -> str:
     if mass.empty or not mass["frame0_mass"].notna().any():
         return ""
     frames = int(mass["num_key_frames"].max())
-    return (f"<p class='note'>Measured here: {number(mass['frame0_mass'].min())}–{number(mass['frame0_mass'].max())} "
-            "of the last block's softmax mass on frame 0 across layers; uniform attention over its key tokens would "
-            f"give frame 0 {number(mass['frame0_uniform'].mean())} (1 / {frames} key frames).</p>")  # fmt: skip
+    return (
+        f"<p class='note'>Measured here: {number(mass['frame0_mass'].min())}–{number(mass['frame0_mass'].max())} "
+        "of the last block's softmax mass on frame 0 across layers; uniform attention over its key tokens would "
+        f"give frame 0 {number(mass['frame0_uniform'].mean())} (1 / {frames} key frames).</p>"
+    )
 
 
 def _figure(figures: Mapping[str, str], kind: str, what: str) -> str:
     link = figures.get(kind)
     if not link:
         return ""
-    return (f"<figure><a href='{html.escape(link)}'><img src='{html.escape(link)}' alt='{html.escape(kind)}' "
-            f"loading='lazy'></a><figcaption>{html.escape(what)} ({html.escape(kind)})</figcaption></figure>")
+    return (
+        f"<figure><a href='{html.escape(link)}'><img src='{html.escape(link)}' alt='{html.escape(kind)}' "
+        f"loading='lazy'></a><figcaption>{html.escape(what)} ({html.escape(kind)})</figcaption></figure>"
+    )
 
 
 def _effects_figures(shown: Mapping[str, str]) -> str:
     """The paired effects of a checkpoint's variants against its untouched run."""
-    return (_figure(shown, "variant_drift", "each variant's latent distance to the untouched video, frame by frame")
-            + _figure(shown, "attention_shift", "each variant's change of frame-0 mass per head, edited heads "
-                                                "outlined"))  # fmt: skip
+    return _figure(
+        shown, "variant_drift", "each variant's latent distance to the untouched video, frame by frame"
+    ) + _figure(shown, "attention_shift", "each variant's change of frame-0 mass per head, edited heads outlined")
 
 
 def _pair(left: str, right: str) -> str:
-    return f"<div class='pair'><div class='tables'>{left}</div><div class='figures'>{right}</div></div>" if right else left
+    return (
+        f"<div class='pair'><div class='tables'>{left}</div><div class='figures'>{right}</div></div>" if right else left
+    )
 
 
 def summary_html(
@@ -186,7 +215,9 @@ def summary_html(
     for source in sources:
         checkpoint, variant = source.split("@", 1)
         name = checkpoint if variant == "default" else source
-        shown = {**figures.get(checkpoint, {}), **figures.get(name, {})} if variant == "default" else figures.get(name, {})
+        shown = (
+            {**figures.get(checkpoint, {}), **figures.get(name, {})} if variant == "default" else figures.get(name, {})
+        )
         placed |= {checkpoint, name} if variant == "default" else {name}
         rows = layer_stats[(layer_stats["checkpoint"] == checkpoint) & (layer_stats["variant"] == variant)]
         parts.append(f"<h2>{html.escape(name)}</h2>")
@@ -199,14 +230,23 @@ def summary_html(
         runs_text = f"mean curve of {runs} run{'s' * (runs != 1)}" + (", ± std between runs" if runs >= 2 else "")
         tables = []
         for label, key in (("Pre-softmax logits (mean q·k/√d)", "logit_mean"), ("Softmax mass", "prob_mass")):
-            records = [{"layer": layer_label(int(r["layer"])), **{title: _cell(r, column, runs)
-                        for column, title in _CURVE_COLUMNS[key].items()}}
-                       for r in chosen[key].sort_values("layer").to_dict("records")]  # fmt: skip
+            records = [
+                {
+                    "layer": layer_label(int(r["layer"])),
+                    **{title: _cell(r, column, runs) for column, title in _CURVE_COLUMNS[key].items()},
+                }
+                for r in chosen[key].sort_values("layer").to_dict("records")
+            ]
             tables.append(f"<h3>{label}, head-averaged, per layer ({runs_text})</h3>" + _table(records))
-        parts.append(_pair("".join(tables), _figure(shown, "first_middle_last", "first, middle, last and own frames "
-                                                                           "of the softmax mass table")))
-        diagnostics = head_diagnostics[(head_diagnostics["checkpoint"] == checkpoint)
-                                       & (head_diagnostics["variant"] == variant)]  # fmt: skip
+        parts.append(
+            _pair(
+                "".join(tables),
+                _figure(shown, "first_middle_last", "first, middle, last and own frames of the softmax mass table"),
+            )
+        )
+        diagnostics = head_diagnostics[
+            (head_diagnostics["checkpoint"] == checkpoint) & (head_diagnostics["variant"] == variant)
+        ]
         calls = _at_step(diagnostics, step) if not diagnostics.empty else diagnostics
         classes = {(int(r.layer), int(r.head)): str(r.head_class) for r in calls.itertuples()}
         ranked = calls.sort_values("frame0_ratio" if "frame0_ratio" in calls else "frame0_mass", ascending=False)
@@ -216,18 +256,31 @@ def summary_html(
         mass = _at_step(heads, step, "prob_mass")
         shown_metric = _at_step(heads, step, metric).set_index(["layer", "head"])
         section = ["<h3>Sink-class heads</h3>"]
-        borderline_text = (f" {len(maybe)} more {'are' if len(maybe) != 1 else 'is'} borderline (sink?: the runs "
-                           "straddle the threshold), listed apart." if len(maybe) else "")  # fmt: skip
+        borderline_text = (
+            f" {len(maybe)} more {'are' if len(maybe) != 1 else 'is'} borderline (sink?: the runs "
+            "straddle the threshold), listed apart."
+            if len(maybe)
+            else ""
+        )
         if len(calls) and sinks.empty:
-            section.append(f"<p>None: no head is classed sink at this call ({threshold}; {len(calls)} heads)."
-                           f"{borderline_text} The heads below draw the most on frame 0 relative to uniform.</p>")
+            section.append(
+                f"<p>None: no head is classed sink at this call ({threshold}; {len(calls)} heads)."
+                f"{borderline_text} The heads below draw the most on frame 0 relative to uniform.</p>"
+            )
         if len(calls) and len(sinks) + len(maybe):
-            records = [{"head": head_label(int(r["layer"]), int(r["head"])), "class": r["head_class"],
-                        "frame-0 mass ÷ uniform": _cell(r, "frame0_ratio", runs),
-                        "mass on frame 0": _cell(r, "frame0_mass", runs),
-                        "uniform share": number(r.get("frame0_uniform")), "frame-0 excess": _cell(r, "frame0_excess", runs),
-                        "recent mass": _cell(r, "recent_mass", runs), "entropy over frames": _cell(r, "entropy_frames", runs)}
-                       for r in pd.concat([sinks, maybe]).to_dict("records")]  # fmt: skip
+            records = [
+                {
+                    "head": head_label(int(r["layer"]), int(r["head"])),
+                    "class": r["head_class"],
+                    "frame-0 mass ÷ uniform": _cell(r, "frame0_ratio", runs),
+                    "mass on frame 0": _cell(r, "frame0_mass", runs),
+                    "uniform share": number(r.get("frame0_uniform")),
+                    "frame-0 excess": _cell(r, "frame0_excess", runs),
+                    "recent mass": _cell(r, "recent_mass", runs),
+                    "entropy over frames": _cell(r, "entropy_frames", runs),
+                }
+                for r in pd.concat([sinks, maybe]).to_dict("records")
+            ]
             if len(sinks):
                 section.append(f"<p>{len(sinks)} of {len(calls)} heads ({threshold}).{borderline_text}</p>")
             section.append(_table(records))
@@ -239,48 +292,82 @@ def summary_html(
             for r in top.to_dict("records"):
                 key = (int(r["layer"]), int(r["head"]))
                 other = shown_metric.loc[key].to_dict() if key in shown_metric.index else {}
-                records.append({"head": head_label(*key), "class": classes.get(key, "–"),
-                                "frame-0 excess": _cell(r, "frame0_excess", runs),
-                                "mass on frame 0": _cell(r, "frame0_mass", runs),
-                                "uniform share": number(r.get("frame0_uniform")),
-                                # sink_score_overview's number (it draws softmax mass), and the chosen metric's
-                                "first − middle (prob_mass)": _cell(r, "sink_score", runs),
-                                **({f"first − middle ({metric})": _cell(other, "sink_score", runs)}
-                                   if metric != "prob_mass" else {})})  # fmt: skip
-            section.append(f"<h3>Highest frame-0 excess over uniform (softmax mass, top {len(records)})</h3>"
-                           + _table(records))  # fmt: skip
-        parts.append(_pair("".join(section), _figure(shown, "figure4", "the chosen heads' attention")
-                           + _figure(shown, "sink_score_overview", "first − middle of every head's softmax mass (the "
-                                                                     "prob_mass column above), sink-class outlined")))
+                records.append(
+                    {
+                        "head": head_label(*key),
+                        "class": classes.get(key, "–"),
+                        "frame-0 excess": _cell(r, "frame0_excess", runs),
+                        "mass on frame 0": _cell(r, "frame0_mass", runs),
+                        "uniform share": number(r.get("frame0_uniform")),
+                        # sink_score_overview's number (it draws softmax mass), and the chosen metric's
+                        "first − middle (prob_mass)": _cell(r, "sink_score", runs),
+                        **(
+                            {f"first − middle ({metric})": _cell(other, "sink_score", runs)}
+                            if metric != "prob_mass"
+                            else {}
+                        ),
+                    }
+                )
+            section.append(
+                f"<h3>Highest frame-0 excess over uniform (softmax mass, top {len(records)})</h3>" + _table(records)
+            )
+        parts.append(
+            _pair(
+                "".join(section),
+                _figure(shown, "figure4", "the chosen heads' attention")
+                + _figure(
+                    shown,
+                    "sink_score_overview",
+                    "first − middle of every head's softmax mass (the prob_mass column above), sink-class outlined",
+                ),
+            )
+        )
         if len(calls):
             counts = calls["head_class"].value_counts()
             shown_labels = [k for k in HEAD_LABELS if not is_borderline(k) or counts.get(k, 0)]
             shown_labels += sorted(set(counts.index) - set(HEAD_LABELS))
             class_runs = int(calls["runs"].max())
-            decided = (f"on {class_runs} runs: a label with ? is borderline, its statistic's mean ± std between runs holds "
-                       "the threshold" if class_runs >= 2 else "on one run: no interval, so no borderline label")  # fmt: skip
-            text = ("<h3>Head classes</h3><p>" + ", ".join(
-                        f"{k}{' (borderline)' if is_borderline(k) else ''}: {int(counts.get(k, 0))}" for k in shown_labels)
-                    + f"; decided {decided} (thresholds: config <code>diagnostics:</code>, docs/statistics.md)</p>")  # fmt: skip
+            decided = (
+                f"on {class_runs} runs: a label with ? is borderline, its statistic's mean ± std between runs holds "
+                "the threshold"
+                if class_runs >= 2
+                else "on one run: no interval, so no borderline label"
+            )
+            text = (
+                "<h3>Head classes</h3><p>"
+                + ", ".join(
+                    f"{k}{' (borderline)' if is_borderline(k) else ''}: {int(counts.get(k, 0))}" for k in shown_labels
+                )
+                + f"; decided {decided} (thresholds: config <code>diagnostics:</code>, docs/statistics.md)</p>"
+            )
             parts.append(_pair(text, _figure(shown, "head_classes", "head classes")))
-        over_time = _figure(shown, "sink_mass_over_time", "mass on frame 0 / the sink frames block by block, and its "
-                                                          "excess over uniform")  # fmt: skip
+        over_time = _figure(
+            shown,
+            "sink_mass_over_time",
+            "mass on frame 0 / the sink frames block by block, and its excess over uniform",
+        )
         if over_time:
             parts.append("<h3>Block by block</h3>" + over_time)
         edits = _effects_figures(shown)
         if edits:
             parts.append("<h3>Variants against the untouched video</h3>" + edits)
-        cache = _figure(shown, "cache_timeline", "the key frames the KV cache holds block by block, at their RoPE "
-                                                 "positions")  # fmt: skip
+        cache = _figure(
+            shown, "cache_timeline", "the key frames the KV cache holds block by block, at their RoPE positions"
+        )
         if cache:
             parts.append("<h3>The KV cache</h3>" + cache)
     # A checkpoint's figures over its variants, when no source is named like it.
     for name in sorted(set(figures) - placed):
         shown = figures[name]
-        body = (_figure(shown, "sink_mass_over_time", "mass on frame 0 / the sink frames block by block, and its excess "
-                                                     "over uniform, every variant")
-                + _figure(shown, "policy_comparison", "the chosen heads under every variant")
-                + _effects_figures(shown))  # fmt: skip
+        body = (
+            _figure(
+                shown,
+                "sink_mass_over_time",
+                "mass on frame 0 / the sink frames block by block, and its excess over uniform, every variant",
+            )
+            + _figure(shown, "policy_comparison", "the chosen heads under every variant")
+            + _effects_figures(shown)
+        )
         if body:
             parts.append(f"<h2>{html.escape(name)}: every variant</h2>" + body)
     parts.append("</body></html>")
@@ -298,9 +385,12 @@ def summary_job(
     ``options['figures']`` (paths relative to the working directory) linked relative to
     the page."""
     page = Path(output).parent
-    figures = {name: {kind: Path(os.path.relpath(figure, page)).as_posix() for kind, figure in kinds.items()}
-               for name, kinds in (options.get("figures") or {}).items()}  # fmt: skip
-    html_text = summary_html(read_table(layer_stats_path), read_table(head_stats_path), read_table(head_diagnostics_path),
-                             options, figures)  # fmt: skip
+    figures = {
+        name: {kind: Path(os.path.relpath(figure, page)).as_posix() for kind, figure in kinds.items()}
+        for name, kinds in (options.get("figures") or {}).items()
+    }
+    html_text = summary_html(
+        read_table(layer_stats_path), read_table(head_stats_path), read_table(head_diagnostics_path), options, figures
+    )
     with atomic_path(output) as tmp:
         tmp.write_text(html_text)

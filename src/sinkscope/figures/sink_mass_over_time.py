@@ -121,12 +121,15 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     sinks = rows.groupby("variant", observed=True)["sink_frames"].first()
     what = "frame 0" if set(sinks.astype(str)) <= {"0"} else "the sink frames (frame 0 without a sink policy)"
     handles = [line_handle(colors[v], f"{v} (frames {sinks.get(v, '0')})", marker="o", ms=3) for v in variants]
-    handles.append(line_handle("0.3", "uniform over the key tokens seen (mass panels, per variant)", lw=1.1,
-                               ls=(0, (4, 2))))  # fmt: skip
+    handles.append(
+        line_handle("0.3", "uniform over the key tokens seen (mass panels, per variant)", lw=1.1, ls=(0, (4, 2)))
+    )
     # The band's swatch in the colour the bands are drawn in (grey is the blocks without a value).
     band = "±1 std between runs" + (" (a band in the variant's colour)" if len(variants) > 1 else "")
     handles += [band_handle(colors[variants[0]], band)] if runs >= 2 and variants else []
-    handles += [Patch(facecolor=GAP_COLOR, label=f"none of {what.split(' (')[0]} in the cache: no value")] if empty else []
+    handles += (
+        [Patch(facecolor=GAP_COLOR, label=f"none of {what.split(' (')[0]} in the cache: no value")] if empty else []
+    )
     if given:
         ax.set_xlabel("block")
         ax.set_ylabel("mass")
@@ -138,11 +141,13 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         title=f"Softmax mass on {what.split(' (')[0]}, block by block: as mass and as excess over uniform{picked}",
         subtitle=subtitle(source, call, "block_stats sink_mass", runs, "bands ±1 std between runs"),
         legend=handles,
-        caption=(f"Upper panels: the softmax mass of each block's queries on {what} outside the block (block_stats "
-                 "sink_mass), solid, and the mass uniform attention over the key tokens would give them (sink_uniform, "
-                 "dashed: it falls as frames accumulate, so a falling mass alone is no fading preference). Lower "
-                 "panels: the excess, mass − uniform (sink_excess; 0 = no preference). Mean over heads and runs"
-                 + ("; bands: ±1 std between runs of the head means" if runs >= 2 else f" ({runs} run: no spread)")
-                 + ". Shaded blocks have none of those frames in their cache (block 0 has no cache): no value, no "
-                 "point."),
-    )  # fmt: skip
+        caption=(
+            f"Upper panels: the softmax mass of each block's queries on {what} outside the block (block_stats "
+            "sink_mass), solid, and the mass uniform attention over the key tokens would give them (sink_uniform, "
+            "dashed: it falls as frames accumulate, so a falling mass alone is no fading preference). Lower "
+            "panels: the excess, mass − uniform (sink_excess; 0 = no preference). Mean over heads and runs"
+            + ("; bands: ±1 std between runs of the head means" if runs >= 2 else f" ({runs} run: no spread)")
+            + ". Shaded blocks have none of those frames in their cache (block 0 has no cache): no value, no "
+            "point."
+        ),
+    )

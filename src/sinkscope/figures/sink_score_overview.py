@@ -77,20 +77,35 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     cmap, norm = colour_scale(values, "signed")
     image = heat(ax, values, cmap, norm)
     if cell >= 0.45 and values.size <= 400:
-        annotate_cells(ax, values, ".2f" if metric != "prob_mass" else ".3f", norm, cmap,
-                       fontsize=6.5 if metric == "prob_mass" else 7)  # fmt: skip
-    sinks = [(i, j) for i, layer in enumerate(layers) for j, head in enumerate(heads)
-             if classes.get((int(layer), int(head))) == "sink"]  # fmt: skip
+        annotate_cells(
+            ax,
+            values,
+            ".2f" if metric != "prob_mass" else ".3f",
+            norm,
+            cmap,
+            fontsize=6.5 if metric == "prob_mass" else 7,
+        )
+    sinks = [
+        (i, j)
+        for i, layer in enumerate(layers)
+        for j, head in enumerate(heads)
+        if classes.get((int(layer), int(head))) == "sink"
+    ]
     for i, j in sinks:
         box = Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=SINK_EDGE, lw=1.6, zorder=4)
         box.set_gid(f"sink-head-{head_label(int(layers[i]), int(heads[j]))}")
         ax.add_patch(box)
     # Borderline heads (sink?: the runs straddle the threshold) dashed, apart from the sinks.
-    maybe = [(i, j) for i, layer in enumerate(layers) for j, head in enumerate(heads)
-             if classes.get((int(layer), int(head))) == "sink" + BORDERLINE]  # fmt: skip
+    maybe = [
+        (i, j)
+        for i, layer in enumerate(layers)
+        for j, head in enumerate(heads)
+        if classes.get((int(layer), int(head))) == "sink" + BORDERLINE
+    ]
     for i, j in maybe:
-        box = Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, fill=False, edgecolor=SINK_EDGE, lw=1.2, ls=(0, (2, 1.5)),
-                        zorder=4)  # fmt: skip
+        box = Rectangle(
+            (j - 0.45, i - 0.45), 0.9, 0.9, fill=False, edgecolor=SINK_EDGE, lw=1.2, ls=(0, (2, 1.5)), zorder=4
+        )
         box.set_gid(f"borderline-sink-head-{head_label(int(layers[i]), int(heads[j]))}")
         ax.add_patch(box)
     marked = []
@@ -113,41 +128,69 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     words = "softmax mass (prob_mass)" if metric == "prob_mass" else "mean logit (logit_mean)"
-    colourbar(fig, image, values, f"first − middle of the\n{words}", fontsize=8.5, ax=ax, pad=0.02,
-              shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))))  # fmt: skip
+    colourbar(
+        fig,
+        image,
+        values,
+        f"first − middle of the\n{words}",
+        fontsize=8.5,
+        ax=ax,
+        pad=0.02,
+        shrink=min(1.0, max(0.5, 8 / max(len(layers), 1))),
+    )
     if given:
         ax.set_title(f"first − middle of the {words} · {source} · {view.call}", fontsize=9)
         return fig
-    spread = spread_note((view.run_std(int(a), int(b), "sink_score") for a, b in view.curves.index), view.runs,
-                         "a head's first − middle")  # fmt: skip
-    legend = [Patch(facecolor="none", edgecolor=SINK_EDGE, lw=1.6,
-                    label=f"sink-class head ({len(sinks)} of {values.size})")]  # fmt: skip
+    spread = spread_note(
+        (view.run_std(int(a), int(b), "sink_score") for a, b in view.curves.index), view.runs, "a head's first − middle"
+    )
+    legend = [
+        Patch(facecolor="none", edgecolor=SINK_EDGE, lw=1.6, label=f"sink-class head ({len(sinks)} of {values.size})")
+    ]
     if maybe:
-        legend.append(Patch(facecolor="none", edgecolor=SINK_EDGE, lw=1.2, ls=(0, (2, 1.5)),
-                            label=f"borderline: sink? ({len(maybe)})"))  # fmt: skip
+        legend.append(
+            Patch(
+                facecolor="none",
+                edgecolor=SINK_EDGE,
+                lw=1.2,
+                ls=(0, (2, 1.5)),
+                label=f"borderline: sink? ({len(maybe)})",
+            )
+        )
     if marked:
         legend.append(disagree_handle(f"colour disagrees with the mass on the first frame ({len(marked)})"))
     if metric == "prob_mass":
-        colour = ("Red: the first cache frame gets more softmax mass (prob_mass) than the mean of the middle cache "
-                  "frames; blue: less; 0 = the same share (as uniform attention gives).")
+        colour = (
+            "Red: the first cache frame gets more softmax mass (prob_mass) than the mean of the middle cache "
+            "frames; blue: less; 0 = the same share (as uniform attention gives)."
+        )
     else:
-        colour = ("Red: the first cache frame's mean pre-softmax logit (logit_mean) is above the mean of the middle "
-                  "cache frames'; blue: below. This is a statement about logits, not about attention: the softmax mass "
-                  "of a frame depends on its logits against every visible frame (own block included), and the table's "
-                  "prob_mass rows say where the attention goes.")
-    crosses = (f" Crossed ({len(marked)} heads): the colour points the other way than the first frame's softmax mass "
-               "against uniform attention (red although that frame gets less than uniform, blue although it gets more, "
-               f"by at least {DISAGREE_SHARE:.0%} of uniform): {listed(marked)}.") if marked else (
-               " No head's colour points the other way than the first frame's softmax mass against uniform.")
+        colour = (
+            "Red: the first cache frame's mean pre-softmax logit (logit_mean) is above the mean of the middle "
+            "cache frames'; blue: below. This is a statement about logits, not about attention: the softmax mass "
+            "of a frame depends on its logits against every visible frame (own block included), and the table's "
+            "prob_mass rows say where the attention goes."
+        )
+    crosses = (
+        (
+            f" Crossed ({len(marked)} heads): the colour points the other way than the first frame's softmax mass "
+            "against uniform attention (red although that frame gets less than uniform, blue although it gets more, "
+            f"by at least {DISAGREE_SHARE:.0%} of uniform): {listed(marked)}."
+        )
+        if marked
+        else (" No head's colour points the other way than the first frame's softmax mass against uniform.")
+    )
     return finish(
         fig,
         title=f"First cache frame − middle cache frames of the {words.split(' (')[0]}, every head",
         subtitle=subtitle(source, view.call, METRIC_SHORT[metric], view.runs, "spread in the caption"),
         legend=legend,
-        caption=("First − middle = the first cache frame − the mean of the cache frames between the first and the last, "
-                 f"on each head's curve of the last block in {words} (head_stats sink_score of the rows with metric "
-                 f"{metric} and prompt_id '*'; sinkscope.stats.summaries.curve_stats). {colour}{crosses} Outlined: the "
-                 f"heads whose class is sink ({classes_from}); dashed: borderline sink? (the runs straddle the "
-                 "threshold); no other head is called a sink. Cells print true values. "
-                 f"{scale_sentence(norm)} Spread: {spread}."),
-    )  # fmt: skip
+        caption=(
+            "First − middle = the first cache frame − the mean of the cache frames between the first and the last, "
+            f"on each head's curve of the last block in {words} (head_stats sink_score of the rows with metric "
+            f"{metric} and prompt_id '*'; sinkscope.stats.summaries.curve_stats). {colour}{crosses} Outlined: the "
+            f"heads whose class is sink ({classes_from}); dashed: borderline sink? (the runs straddle the "
+            "threshold); no other head is called a sink. Cells print true values. "
+            f"{scale_sentence(norm)} Spread: {spread}."
+        ),
+    )

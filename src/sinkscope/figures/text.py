@@ -86,8 +86,10 @@ def spread_note(stds: Iterable[float], runs: int, what: str = "a cell") -> str:
     values = np.asarray([v for v in stds if v is not None and np.isfinite(v)], dtype=float)
     if runs < 2 or not values.size:
         return f"n = {runs} run{'s' if runs != 1 else ''}: no spread between runs"
-    return (f"between-run std of {what}: median {significant(float(np.median(values)))}, "
-            f"max {significant(float(values.max()))} (n = {runs} runs)")  # fmt: skip
+    return (
+        f"between-run std of {what}: median {significant(float(np.median(values)))}, "
+        f"max {significant(float(values.max()))} (n = {runs} runs)"
+    )
 
 
 def significant(value: float, digits: int = 3) -> str:
@@ -96,7 +98,7 @@ def significant(value: float, digits: int = 3) -> str:
         return "n/a"
     if value == 0:
         return "0"
-    if abs(value) >= 10 ** digits:
+    if abs(value) >= 10**digits:
         return f"{value:.0f}"
     value = float(f"{value:.{digits}g}")  # 0.09996 -> 0.1, then printed as 0.100
     decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(value)))))
@@ -118,8 +120,10 @@ def number(value: float, metric: str, signed: bool = False) -> str:
 def against_mass(name: str, value: float, metric: str, frame: int, mass: float, uniform: float, base: int = 0) -> str:
     """'L5H7 +7.63 while frame 0 gets 0.005 of the softmax mass (uniform 0.048)': a first −
     middle beside its first frame's mass, for the captions that mark where they disagree."""
-    return (f"{name} {number(value, metric, signed=True)} while frame {frame + base} gets {number(mass, 'prob_mass')} "
-            f"of the softmax mass (uniform {number(uniform, 'prob_mass')})")
+    return (
+        f"{name} {number(value, metric, signed=True)} while frame {frame + base} gets {number(mass, 'prob_mass')} "
+        f"of the softmax mass (uniform {number(uniform, 'prob_mass')})"
+    )
 
 
 def listed(items: list[tuple[str, str]], detailed: int = 4, most: int = 30) -> str:

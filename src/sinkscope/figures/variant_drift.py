@@ -62,7 +62,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         if block0:
             panel.axvspan(min(block0) - 0.5, max(block0) + 0.5, color=GAP_COLOR, lw=0, zorder=0.3).set_gid("block-0")
         for i, f in enumerate(shared):
-            panel.axvline(f - 0.5, color=BOUNDARY_COLOR, lw=0.8, ls=(0, (2, 2)), zorder=0.5).set_gid(f"block-boundary-{i}")
+            panel.axvline(f - 0.5, color=BOUNDARY_COLOR, lw=0.8, ls=(0, (2, 2)), zorder=0.5).set_gid(
+                f"block-boundary-{i}"
+            )
     own_boundaries = {}
     for variant in variants:
         part = by_variant[variant]
@@ -72,7 +74,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         own_boundaries[variant] = own
         for panel in panels:
             for i, f in enumerate(own):
-                panel.axvline(f - 0.5, color=color, lw=0.8, ls=(0, (2, 2)), zorder=0.5).set_gid(f"block-boundary-{variant}-{i}")
+                panel.axvline(f - 0.5, color=color, lw=0.8, ls=(0, (2, 2)), zorder=0.5).set_gid(
+                    f"block-boundary-{variant}-{i}"
+                )
         for panel, name in ((top, DISTANCE), (bottom, SIMILARITY)):
             if panel is None:
                 continue
@@ -82,8 +86,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             # Bands for the distance; below, the untouched video's band only (the variants'
             # curves lie close to it, and their bands would hide each other).
             if panel is top and runs >= 2 and spread is not None and spread.notna().any():
-                band = panel.fill_between(x, (part[name] - spread).to_numpy(), (part[name] + spread).to_numpy(),
-                                          color=color, alpha=0.18, lw=0)  # fmt: skip
+                band = panel.fill_between(
+                    x, (part[name] - spread).to_numpy(), (part[name] + spread).to_numpy(), color=color, alpha=0.18, lw=0
+                )
                 band.set_gid(f"spread-{name.replace('_', '-')}-{variant}")
     if bottom is not None and first is not None:
         # The untouched video's own drift proxy: one curve (it is the same for every variant's pairing).
@@ -93,8 +98,14 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         line.set_gid("first-frame-similarity-default")
         spread = first.get("first_frame_similarity_default" + RUN_STD_SUFFIX)
         if runs >= 2 and spread is not None and spread.notna().any():
-            band = bottom.fill_between(x, (reference - spread).to_numpy(), (reference + spread).to_numpy(),
-                                       color=DEFAULT_COLOR, alpha=0.12, lw=0)  # fmt: skip
+            band = bottom.fill_between(
+                x,
+                (reference - spread).to_numpy(),
+                (reference + spread).to_numpy(),
+                color=DEFAULT_COLOR,
+                alpha=0.12,
+                lw=0,
+            )
             band.set_gid("spread-first-frame-similarity-default")
     top.axhline(0, color=DEFAULT_COLOR, lw=0.8, zorder=0.6)
     top.set_ylim(bottom=min(0.0, top.get_ylim()[0]))
@@ -116,33 +127,54 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     bottom.set_title("drift proxy: each frame's cosine to frame 0 of its own video", fontsize=9.5)
     handles = [line_handle(colors[v], v, marker="o", ms=3) for v in variants]
     handles.append(line_handle(DEFAULT_COLOR, "default (untouched), lower panel", lw=1.2, ls=(0, (4, 2))))
-    handles += [band_handle(colors[variants[0]], "±1 std between runs (upper: each variant's; lower: the default's)")
-                ] if runs >= 2 and variants else []  # fmt: skip
+    handles += (
+        [band_handle(colors[variants[0]], "±1 std between runs (upper: each variant's; lower: the default's)")]
+        if runs >= 2 and variants
+        else []
+    )
     handles.append(line_handle(BOUNDARY_COLOR, "block boundary", lw=0.8, ls=(0, (2, 2))))
     handles += [Patch(facecolor=GAP_COLOR, label="block 0: no cache, no edit")] if block0 else []
     differing = [v for v, own in own_boundaries.items() if own]
-    shared_frames = ("the frames both videos have" if rows.groupby("variant", observed=True)["latent_frame"].max().nunique() <= 1
-                     else "the frames each variant's video shares with the untouched one")  # fmt: skip
+    shared_frames = (
+        "the frames both videos have"
+        if rows.groupby("variant", observed=True)["latent_frame"].max().nunique() <= 1
+        else "the frames each variant's video shares with the untouched one"
+    )
     worst = rows.loc[rows[DISTANCE].idxmax()] if rows[DISTANCE].notna().any() else None
-    largest = (f" Largest mean distance: {float(worst[DISTANCE]):.3g} ({worst['variant']}, frame "
-               f"{int(worst['latent_frame']) + base}).") if worst is not None else ""  # fmt: skip
+    largest = (
+        (
+            f" Largest mean distance: {float(worst[DISTANCE]):.3g} ({worst['variant']}, frame "
+            f"{int(worst['latent_frame']) + base})."
+        )
+        if worst is not None
+        else ""
+    )
     return finish(
         fig,
         title="Edited variants against the untouched video: latent distance and drift, frame by frame",
-        subtitle=subtitle(source, "final latents", "variant_effects latent_rel_distance", runs,
-                          "bands ±1 std between runs"),  # fmt: skip
+        subtitle=subtitle(
+            source, "final latents", "variant_effects latent_rel_distance", runs, "bands ±1 std between runs"
+        ),
         legend=handles,
-        caption=("Upper panel: for each latent frame, the L2 distance between the variant's final latents and the "
-                 "untouched (default) run's of the same checkpoint, prompt and seed, over the untouched frame's norm "
-                 f"(variant_effects latent_rel_distance; 0 = the same frame), over {shared_frames}. Lower panel: each "
-                 "frame's cosine to frame 0 of its own video (first_frame_similarity), dashed for the untouched video "
-                 "(first_frame_similarity_default): a variant below it drifts further from its first frame. Mean over "
-                 "runs (the rows with prompt_id '*')"
-                 + ("; bands: ±1 std between runs (lower panel: of the untouched video's curve)" if runs >= 2
-                    else f" ({runs} run: no spread)")
-                 + ". Dotted lines: block boundaries"
-                 + (f" (in a variant's colour where only its blocks change there: {', '.join(differing)})" if differing
-                    else "")
-                 + ". Edits touch cached frames only, so block 0 (shaded) is the untouched video's." + largest),
-    )  # fmt: skip
-
+        caption=(
+            "Upper panel: for each latent frame, the L2 distance between the variant's final latents and the "
+            "untouched (default) run's of the same checkpoint, prompt and seed, over the untouched frame's norm "
+            f"(variant_effects latent_rel_distance; 0 = the same frame), over {shared_frames}. Lower panel: each "
+            "frame's cosine to frame 0 of its own video (first_frame_similarity), dashed for the untouched video "
+            "(first_frame_similarity_default): a variant below it drifts further from its first frame. Mean over "
+            "runs (the rows with prompt_id '*')"
+            + (
+                "; bands: ±1 std between runs (lower panel: of the untouched video's curve)"
+                if runs >= 2
+                else f" ({runs} run: no spread)"
+            )
+            + ". Dotted lines: block boundaries"
+            + (
+                f" (in a variant's colour where only its blocks change there: {', '.join(differing)})"
+                if differing
+                else ""
+            )
+            + ". Edits touch cached frames only, so block 0 (shaded) is the untouched video's."
+            + largest
+        ),
+    )

@@ -12,6 +12,7 @@ import pandas as pd
 
 from sinkscope.figures.text import call_label, number
 from sinkscope.stats.summaries import (
+    ALL_PROMPTS,
     block_calls,
     curve_stats,
     figure4_curves,
@@ -20,7 +21,6 @@ from sinkscope.stats.summaries import (
     resolve_step,
     runs_in,
 )
-from sinkscope.stats.summaries import ALL_PROMPTS
 
 VAE_TEMPORAL_STRIDE = 4
 
@@ -52,8 +52,10 @@ def one_source(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
     found = sources_in(frame)
     if len(found) > 1:
         names = ", ".join(f"{c}@{v}" if v != "default" else c for c, v in sorted(found))
-        raise ValueError(f"figure {kind} draws one checkpoint and variant; the table holds {names} "
-                         "(pick one: checkpoint=..., variant=...)")  # fmt: skip
+        raise ValueError(
+            f"figure {kind} draws one checkpoint and variant; the table holds {names} "
+            "(pick one: checkpoint=..., variant=...)"
+        )
     return frame
 
 
@@ -61,17 +63,25 @@ def one_checkpoint(table: pd.DataFrame, kind: str) -> None:
     """Refuse a table of several checkpoints for a figure that draws one (its variants)."""
     checkpoints = sorted(str(x) for x in pd.unique(table["checkpoint"]))
     if len(checkpoints) > 1:
-        raise ValueError(f"figure {kind} draws one checkpoint; the table holds {', '.join(checkpoints)} (checkpoint=...)")
+        raise ValueError(
+            f"figure {kind} draws one checkpoint; the table holds {', '.join(checkpoints)} (checkpoint=...)"
+        )
 
 
 def run_averaged(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
-    """A variant table's (``sinkscope.pipeline.effects``) run-averaged rows (prompt_id '*'), or a table of one run a variant as its own average."""
+    """A variant table's (``sinkscope.pipeline.effects``) run-averaged rows (prompt_id '*'), or a table of
+    one run a variant as its own average."""
     averaged = rows[rows["prompt_id"] == ALL_PROMPTS]
     if len(averaged):
         return averaged
-    if rows.groupby("variant", observed=True)[["prompt_id", "seed"]].apply(lambda g: len(g.drop_duplicates())).max() > 1:
-        raise ValueError(f"figure {kind} draws the run-averaged rows (prompt_id '*') that sinkscope.pipeline.effects "
-                         "writes beside the per-run rows; the table has none")  # fmt: skip
+    if (
+        rows.groupby("variant", observed=True)[["prompt_id", "seed"]].apply(lambda g: len(g.drop_duplicates())).max()
+        > 1
+    ):
+        raise ValueError(
+            f"figure {kind} draws the run-averaged rows (prompt_id '*') that sinkscope.pipeline.effects "
+            "writes beside the per-run rows; the table has none"
+        )
     return rows.assign(runs=1)
 
 
@@ -129,7 +139,9 @@ def every_block_call(rows: pd.DataFrame, pass_: str, step: int) -> str:
     """'denoising step 3 (t=250) of every block', 'cache pass (t=0) of every block'."""
     chosen = rows[(rows["pass"] == pass_) & (rows["step"] == step)]
     timestep = float(chosen["timestep"].iloc[0]) if len(chosen) and "timestep" in chosen else None
-    return f"{call_label(pass_, step, timestep)} of every block" if step >= 0 or pass_ == "cache" else "the imported calls"
+    return (
+        f"{call_label(pass_, step, timestep)} of every block" if step >= 0 or pass_ == "cache" else "the imported calls"
+    )
 
 
 def evenly(items: Sequence[Any], count: int) -> list[Any]:
@@ -190,8 +202,9 @@ class View:
         key = (layer, head)
         if key not in self.stats_cache:
             values = self.curve(layer, head).to_numpy()
-            self.stats_cache[key] = curve_stats(values, self.frames, self.query_frames, self.metric,
-                                                uniform=self.baseline(layer, head).to_numpy())  # fmt: skip
+            self.stats_cache[key] = curve_stats(
+                values, self.frames, self.query_frames, self.metric, uniform=self.baseline(layer, head).to_numpy()
+            )
         return self.stats_cache[key]
 
     def _runs_of(self, layer: int, head: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -217,8 +230,10 @@ class View:
         layer_stats ``<name>_run_std``. NaN with one run."""
         key = ("run_std", layer, head, name)
         if key not in self.stats_cache:
-            values = [curve_stats(curve, self.frames, self.query_frames, self.metric, uniform=base)[name]
-                      for curve, base in self._runs_of(layer, head)]  # fmt: skip
+            values = [
+                curve_stats(curve, self.frames, self.query_frames, self.metric, uniform=base)[name]
+                for curve, base in self._runs_of(layer, head)
+            ]
             finite = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
             self.stats_cache[key] = float(finite.std(ddof=1)) if finite.size >= 2 else float("nan")
         return self.stats_cache[key]
@@ -242,8 +257,13 @@ class View:
         return (mean.notna() / max(int(mean.notna().sum()), 1)).where(mean.notna())
 
     def layer_stats(self, layer: int) -> dict[str, Any]:
-        return curve_stats(self.layer_mean(layer).to_numpy(), self.frames, self.query_frames, self.metric,
-                           uniform=self.layer_baseline(layer).to_numpy())  # fmt: skip
+        return curve_stats(
+            self.layer_mean(layer).to_numpy(),
+            self.frames,
+            self.query_frames,
+            self.metric,
+            uniform=self.layer_baseline(layer).to_numpy(),
+        )
 
     @property
     def layers(self) -> list[int]:
@@ -280,8 +300,16 @@ def figure4_view(frame: pd.DataFrame, step: str | int, metric: str) -> View:
     curves = curves.reindex(columns=columns)
     curves.columns.name = "key_frame"
     extra = {name: info[name].reindex(columns=columns) for name in ("uniform", "run_curves", "run_uniform")}
-    return View(curves, list(info["query_frames"]), info["pass"], int(info["step"]), info["timestep"], info["runs"], metric,
-                **extra)  # fmt: skip
+    return View(
+        curves,
+        list(info["query_frames"]),
+        info["pass"],
+        int(info["step"]),
+        info["timestep"],
+        info["runs"],
+        metric,
+        **extra,
+    )
 
 
 def mass_view(frame: pd.DataFrame, view: View) -> View:
@@ -313,7 +341,9 @@ def latent_of_video_frame(video_frame: np.ndarray) -> np.ndarray:
 # -- head classes and what a head's title says ----------------------------------------------------
 
 
-def head_classes(diagnostics: pd.DataFrame | None, frame: pd.DataFrame, view: View) -> tuple[dict[tuple[int, int], str], str]:
+def head_classes(
+    diagnostics: pd.DataFrame | None, frame: pd.DataFrame, view: View
+) -> tuple[dict[tuple[int, int], str], str]:
     """Each head's ``head_class`` at the view's call, and where it comes from: the
     head_diagnostics table, or (without one) ``summaries.head_diagnostics`` of the frame
     rows at the schema's default thresholds."""

@@ -37,13 +37,13 @@ import torch
 
 from sinkscope.attention.edits import edited_attention
 from sinkscope.attention.split import cached_attention
+from sinkscope.generation.common import PASS_RECOMPUTE
 from sinkscope.generation.sampler import (
     PASS_CACHE,
     PASS_DENOISE,
     PASS_RECACHE,
     CallInfo,
 )
-from sinkscope.generation.common import PASS_RECOMPUTE
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.stats.attention import (
@@ -84,7 +84,10 @@ def record_tensors(record: CallRecord, frame_seq_length: int, *, tokens: bool = 
     if tokens and stats.token_prob_mean is not None:
         if min(record.layout.key_lengths) < 1:
             raise ValueError(f"layer {record.layer}: a key frame without tokens in {record.layout}")
-        dense = (_dense_tokens(values, record.layout, frame_seq_length) for values in (stats.token_logit_mean, stats.token_prob_mean))
+        dense = (
+            _dense_tokens(values, record.layout, frame_seq_length)
+            for values in (stats.token_logit_mean, stats.token_prob_mean)
+        )
         tensors.update(encode_token_tensors(*dense))
     return tensors
 
@@ -153,7 +156,7 @@ class FrameStatsCapture:
         is the uncaptured one): False once a call took the fused route."""
         return self.fused_calls == 0
 
-    def __enter__(self) -> "FrameStatsCapture":
+    def __enter__(self) -> FrameStatsCapture:
         for layer in self.layers:
             self.model.set_observer(layer, self._observer(layer))
         return self
@@ -170,7 +173,11 @@ class FrameStatsCapture:
 
     def _observer(self, layer: int):
         def observe(
-            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, frame_bias: torch.Tensor | None = None
+            q: torch.Tensor,
+            k: torch.Tensor,
+            v: torch.Tensor,
+            layout: AttentionLayout,
+            frame_bias: torch.Tensor | None = None,
         ) -> torch.Tensor:
             call = self._call
             if call is None:
@@ -179,7 +186,9 @@ class FrameStatsCapture:
                 raise ValueError(f"capture expects batch size 1, got {q.shape[0]}")
             queries, keys, values = (x[0].transpose(0, 1) for x in (q, k, v))
             kernels = self.model.kernels
-            fused = self.fused_attention and fused_route_applies(queries, keys, values, layout.key_lengths, self.backend)
+            fused = self.fused_attention and fused_route_applies(
+                queries, keys, values, layout.key_lengths, self.backend
+            )
             out, lse = None, None
             edited = {}
             if frame_bias is not None:
@@ -202,20 +211,28 @@ class FrameStatsCapture:
                 rows = slice(first * self.frame_seq_length, (first + part.num_frames) * self.frame_seq_length)
                 part_layout = layout
                 if part is not call:
-                    part_layout = dataclasses.replace(layout, query_frames=tuple(range(part.start_frame,
-                                                                                       part.start_frame + part.num_frames)))
+                    part_layout = dataclasses.replace(
+                        layout, query_frames=tuple(range(part.start_frame, part.start_frame + part.num_frames))
+                    )
                 statistics_args = dict(
-                    frame_seq_length=self.frame_seq_length, query_frames=part_layout.query_frames,
-                    key_frames=layout.key_frames, key_lengths=layout.key_lengths, token_profiles=self._wants_tokens(part),
-                    backend=self.backend, key_position_shift=layout.key_position_shift, **edited,
-                )  # fmt: skip
+                    frame_seq_length=self.frame_seq_length,
+                    query_frames=part_layout.query_frames,
+                    key_frames=layout.key_frames,
+                    key_lengths=layout.key_lengths,
+                    token_profiles=self._wants_tokens(part),
+                    backend=self.backend,
+                    key_position_shift=layout.key_position_shift,
+                    **edited,
+                )
                 if fused:
-                    part_out, stats = attention_with_statistics(queries[:, rows], keys, values, fused=True,
-                                                                key_split=kernels.key_split, **statistics_args)  # fmt: skip
+                    part_out, stats = attention_with_statistics(
+                        queries[:, rows], keys, values, fused=True, key_split=kernels.key_split, **statistics_args
+                    )
                     outs.append(part_out)
                 else:
-                    stats = attention_statistics(queries[:, rows], keys, lse=None if lse is None else lse[0, :, rows],
-                                                 **statistics_args)  # fmt: skip
+                    stats = attention_statistics(
+                        queries[:, rows], keys, lse=None if lse is None else lse[0, :, rows], **statistics_args
+                    )
                 record = CallRecord(layer, part, part_layout, stats)
                 if self.handoff is not None:
                     self.handoff(record)
@@ -265,7 +282,8 @@ class FrameStatsCapture:
                     parts[kind].append(rows)
         return {
             layer: {
-                kind: _concat(rows, KIND_COLUMNS[kind]) if rows or kind != "tokens" else None for kind, rows in parts.items()
+                kind: _concat(rows, KIND_COLUMNS[kind]) if rows or kind != "tokens" else None
+                for kind, rows in parts.items()
             }
             for layer, parts in by_layer.items()
         }
@@ -278,11 +296,27 @@ class FrameStatsCapture:
 
 
 _CALL_COLUMNS = ("layer", "head", "block", "pass", "step", "timestep", "prompt_segment")
-FRAME_COLUMNS = (*_CALL_COLUMNS, "query_frame", "key_frame", "logit_mean", "prob_mass", "argmax_share", "key_tokens",
-                 "key_position_shift")  # fmt: skip
+FRAME_COLUMNS = (
+    *_CALL_COLUMNS,
+    "query_frame",
+    "key_frame",
+    "logit_mean",
+    "prob_mass",
+    "argmax_share",
+    "key_tokens",
+    "key_position_shift",
+)
 QUERY_COLUMNS = (*_CALL_COLUMNS, "query_frame", "entropy_tokens", "num_keys", "num_key_frames")
-TOKEN_COLUMNS = (*_CALL_COLUMNS, "key_frame", "key_tokens", "key_position_shift", "frame_logit_mean", "frame_prob_mass",
-                 "token_logit_centered", "token_prob_ratio")  # fmt: skip
+TOKEN_COLUMNS = (
+    *_CALL_COLUMNS,
+    "key_frame",
+    "key_tokens",
+    "key_position_shift",
+    "frame_logit_mean",
+    "frame_prob_mass",
+    "token_logit_centered",
+    "token_prob_ratio",
+)
 KIND_COLUMNS = {"frames": FRAME_COLUMNS, "queries": QUERY_COLUMNS, "tokens": TOKEN_COLUMNS}
 
 
@@ -350,37 +384,43 @@ def _read_only(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 @lru_cache(maxsize=1024)
 def _frame_index_columns(layout: AttentionLayout, heads: int, nq: int, nk: int) -> dict[str, np.ndarray]:
     h, q, k = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), np.arange(nk), indexing="ij"))
-    return _read_only({
-        "head": h.astype(np.int16),
-        "query_frame": np.asarray(layout.query_frames, np.int16)[q],
-        "key_frame": np.asarray(layout.key_frames, np.int16)[k],
-        "key_tokens": np.asarray(layout.key_lengths, np.int32)[k],
-        # Relative to the queries' own shift: what RoPE lets attention see.
-        "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[k],
-    })  # fmt: skip
+    return _read_only(
+        {
+            "head": h.astype(np.int16),
+            "query_frame": np.asarray(layout.query_frames, np.int16)[q],
+            "key_frame": np.asarray(layout.key_frames, np.int16)[k],
+            "key_tokens": np.asarray(layout.key_lengths, np.int32)[k],
+            # Relative to the queries' own shift: what RoPE lets attention see.
+            "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[k],
+        }
+    )
 
 
 @lru_cache(maxsize=1024)
 def _query_index_columns(layout: AttentionLayout, heads: int, nq: int) -> dict[str, np.ndarray]:
     h, q = (g.ravel() for g in np.meshgrid(np.arange(heads), np.arange(nq), indexing="ij"))
-    return _read_only({
-        "head": h.astype(np.int16),
-        "query_frame": np.asarray(layout.query_frames, np.int16)[q],
-        "num_keys": np.full(h.size, layout.num_keys, np.int32),
-        "num_key_frames": np.full(h.size, len(layout.key_frames), np.int16),
-    })  # fmt: skip
+    return _read_only(
+        {
+            "head": h.astype(np.int16),
+            "query_frame": np.asarray(layout.query_frames, np.int16)[q],
+            "num_keys": np.full(h.size, layout.num_keys, np.int32),
+            "num_key_frames": np.full(h.size, len(layout.key_frames), np.int16),
+        }
+    )
 
 
 @lru_cache(maxsize=1024)
 def _token_index_columns(layout: AttentionLayout, heads: int) -> dict[str, np.ndarray]:
     num_frames = len(layout.key_lengths)
     f = np.tile(np.arange(num_frames), heads)
-    return _read_only({
-        "head": np.repeat(np.arange(heads), num_frames).astype(np.int16),
-        "key_frame": np.asarray(layout.key_frames, np.int16)[f],
-        "key_tokens": np.asarray(layout.key_lengths, np.int32)[f],
-        "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[f],
-    })  # fmt: skip
+    return _read_only(
+        {
+            "head": np.repeat(np.arange(heads), num_frames).astype(np.int16),
+            "key_frame": np.asarray(layout.key_frames, np.int16)[f],
+            "key_tokens": np.asarray(layout.key_lengths, np.int32)[f],
+            "key_position_shift": np.asarray(layout.relative_position_shift, np.int32)[f],
+        }
+    )
 
 
 def _token_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -389,7 +429,10 @@ def _token_rows(record: CallRecord, arrays: dict[str, np.ndarray]) -> dict[str, 
     return {
         **_call_columns(record, index["head"].size),
         **index,
-        **{name: arrays[name] for name in ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio")},
+        **{
+            name: arrays[name]
+            for name in ("frame_logit_mean", "frame_prob_mass", "token_logit_centered", "token_prob_ratio")
+        },
     }
 
 

@@ -189,8 +189,13 @@ class GenerationClock:
         synchronize(self.device)
         seconds = time.perf_counter() - self.began
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-        return GenerationResult(latents=torch.cat(list(outputs), dim=2), calls=log.calls, seconds=seconds,
-                                peak_memory_bytes=peak, kv_cache_bytes=kv_cache_bytes)  # fmt: skip
+        return GenerationResult(
+            latents=torch.cat(list(outputs), dim=2),
+            calls=log.calls,
+            seconds=seconds,
+            peak_memory_bytes=peak,
+            kv_cache_bytes=kv_cache_bytes,
+        )
 
 
 def prompt_schedule(
@@ -205,6 +210,8 @@ def prompt_schedule(
         raise OptionsError(f"a prompt schedule starts at frame 0, not {starts[:1]}")
     for previous, start in zip(starts, starts[1:]):
         if not previous < start < options.num_frames or start not in blocks:
-            raise OptionsError(f"prompt switch at frame {start}: switches lie at block starts {blocks[1:]} in increasing order")
+            raise OptionsError(
+                f"prompt switch at frame {start}: switches lie at block starts {blocks[1:]} in increasing order"
+            )
     options.check_prompt_switches(starts[1:])
     return schedule

@@ -73,7 +73,9 @@ class LatentCodec(Protocol):
     def encode(self, frames: torch.Tensor) -> torch.Tensor: ...
 
 
-def load_reencode_vae(checkpoint: ResolvedCheckpoint, options: GenerationOptions, device: torch.device) -> WanVAE | None:
+def load_reencode_vae(
+    checkpoint: ResolvedCheckpoint, options: GenerationOptions, device: torch.device
+) -> WanVAE | None:
     """The Wan VAE of ``checkpoint`` (float32 on ``device``) when its procedure re-encodes
     frames (``ProcedureSpec.needs_vae``), else None; a missing VAE is one line naming where
     it was looked for."""
@@ -82,8 +84,11 @@ def load_reencode_vae(checkpoint: ResolvedCheckpoint, options: GenerationOptions
     path = find_vae(checkpoint)
     if path is None:
         looked = ", ".join(str(p) for p in vae_candidates(checkpoint)) or "no release folder (set base)"
-        raise OptionsError(missing_reencode_vae("generation.recompute_context", f"checkpoint {checkpoint.name!r}'s",
-                                                f"looked at {looked}"))  # fmt: skip
+        raise OptionsError(
+            missing_reencode_vae(
+                "generation.recompute_context", f"checkpoint {checkpoint.name!r}'s", f"looked at {looked}"
+            )
+        )
     return load_vae(path, device=str(device), dtype="float32")
 
 
@@ -154,7 +159,9 @@ def generate_krea(
     height, width, frame_seq_length = latent_grid(model, options)
     blocks = options.block_sizes()
     flow = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
-    block_timesteps = [flow.denoising_timesteps(options.block_steps(b), options.warp_denoising_step) for b in range(len(blocks))]
+    block_timesteps = [
+        flow.denoising_timesteps(options.block_steps(b), options.warp_denoising_step) for b in range(len(blocks))
+    ]
     context_frames = options.local_attn_frames - options.frames_per_block
     reencode = options.recompute_context == "reencode"
     if vae is None and procedure_spec(options.procedure).needs_vae(options):
@@ -164,7 +171,9 @@ def generate_krea(
     noise = NoiseStream(seed, options.num_frames, (model.config.in_dim, height, width), renoise)
     policy = policy_from_options(model, options, frame_seq_length=frame_seq_length, seed=seed)
     if not isinstance(policy, KreaRecomputePolicy):
-        raise OptionsError(f"config key generation.cache_policy: {options.cache_policy!r} is not Krea's recomputed cache")
+        raise OptionsError(
+            f"config key generation.cache_policy: {options.cache_policy!r} is not Krea's recomputed cache"
+        )
     text = schedule[0][1].to(device, dtype)
     context_t = float(options.context_noise)  # 0: Krea's recompute pass runs at t = 0
     log = CallLog(observers)
@@ -187,8 +196,14 @@ def generate_krea(
             # 2.-3. The cache cleared and rebuilt: the recompute pass at t = 0, roped from frame 0.
             log.announce(CallInfo(block, PASS_RECOMPUTE, 0, context_t, first, count, last))
             policy.begin_recompute(range(first, start))
-            model(kept, torch.full((1, count), context_t, device=device), text, kv_cache=policy, start_frame=first,
-                  cache_only=True)  # fmt: skip
+            model(
+                kept,
+                torch.full((1, count), context_t, device=device),
+                text,
+                kv_cache=policy,
+                start_frame=first,
+                cache_only=True,
+            )
         # 4. The denoising passes, the block after the context in RoPE position.
         x = latents_to_device(noise.initial[start : start + frames], device, dtype)
         x0 = x

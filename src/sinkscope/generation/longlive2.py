@@ -117,13 +117,20 @@ def generate_longlive2(
         x = latents_to_device(noise.initial[start : start + frames], device, dtype)
         for step, t in enumerate(sampler.timesteps.tolist()):
             log.announce(CallInfo(chunk, PASS_DENOISE, step, float(t), start, frames, last, segment))
-            velocity = model(x, torch.full((1, frames), float(t), device=device), contexts[segment], kv_cache=cache,
-                             start_frame=start)  # fmt: skip
+            velocity = model(
+                x,
+                torch.full((1, frames), float(t), device=device),
+                contexts[segment],
+                kv_cache=cache,
+                start_frame=start,
+            )
             x = sampler.step(velocity, x)
         outputs.append(latents_to_host(x))
         # The clean pass: the chunk's keys and values at t = 0 overwrite its slots.
         log.announce(CallInfo(chunk, PASS_CACHE, len(sampler.timesteps), clean, start, frames, last, segment))
-        model(x, torch.full((1, frames), clean, device=device), None, kv_cache=cache, start_frame=start, cache_only=True)
+        model(
+            x, torch.full((1, frames), clean, device=device), None, kv_cache=cache, start_frame=start, cache_only=True
+        )
         if cuts[chunk]:
             cache.pin_block()
     return clock.result(outputs, log, cache.nbytes)

@@ -150,7 +150,9 @@ def generate_rolling(
     noise = NoiseStream(seed, options.num_frames, (model.config.in_dim, height, width), schedule.renoise_frames())
     policy = policy_from_options(model, options, frame_seq_length=frame_seq_length)
     if not isinstance(policy, RollingForcingPolicy):
-        raise OptionsError(f"config key generation.cache_policy: {options.cache_policy!r} is not Rolling Forcing's cache")
+        raise OptionsError(
+            f"config key generation.cache_policy: {options.cache_policy!r} is not Rolling Forcing's cache"
+        )
     text = text.to(device, dtype)
     log = CallLog(observers)
     noisy: dict[int, torch.Tensor] = {}  # block -> its input at its next level (device)
@@ -161,16 +163,35 @@ def generate_rolling(
         inputs = []
         for part in window.blocks:
             if part.level == 0:
-                inputs.append(latents_to_device(noise.initial[part.start_frame : part.start_frame + part.num_frames], device, dtype))
+                inputs.append(
+                    latents_to_device(
+                        noise.initial[part.start_frame : part.start_frame + part.num_frames], device, dtype
+                    )
+                )
             else:
                 inputs.append(noisy.pop(part.block))
         x = torch.cat(inputs, dim=2)
         timesteps = torch.tensor([[levels[p.level] for p in window.blocks for _ in range(p.num_frames)]], device=device)
-        parts = tuple(CallInfo(p.block, PASS_DENOISE, p.level, levels[p.level], p.start_frame, p.num_frames,
-                               p.block == last_block) for p in window.blocks)  # fmt: skip
+        parts = tuple(
+            CallInfo(
+                p.block, PASS_DENOISE, p.level, levels[p.level], p.start_frame, p.num_frames, p.block == last_block
+            )
+            for p in window.blocks
+        )
         first = window.blocks[0]
-        log.announce(CallInfo(first.block, PASS_DENOISE, first.level, levels[first.level], window.start_frame,
-                              window.num_frames, any(p.is_last_block for p in parts), 0, parts))  # fmt: skip
+        log.announce(
+            CallInfo(
+                first.block,
+                PASS_DENOISE,
+                first.level,
+                levels[first.level],
+                window.start_frame,
+                window.num_frames,
+                any(p.is_last_block for p in parts),
+                0,
+                parts,
+            )
+        )
         # One joint forward over the window, every frame at its block's timestep.
         policy.begin_window(window.start_frame, window.num_frames)
         velocity = model(x, timesteps, text, kv_cache=policy, start_frame=window.start_frame)
@@ -188,9 +209,24 @@ def generate_rolling(
                 outputs[part.block] = latents_to_host(x0)
             offset += part.num_frames
         # The cache update: the window's first block, clean, at the context timestep.
-        log.announce(CallInfo(first.block, PASS_CACHE, first.level + 1, context_noise, first.start_frame, first.num_frames,
-                              first.block == last_block))  # fmt: skip
+        log.announce(
+            CallInfo(
+                first.block,
+                PASS_CACHE,
+                first.level + 1,
+                context_noise,
+                first.start_frame,
+                first.num_frames,
+                first.block == last_block,
+            )
+        )
         policy.begin_cache_update(first.start_frame, first.num_frames)
-        model(predictions[0], torch.full((1, first.num_frames), context_noise, device=device), None, kv_cache=policy,
-              start_frame=first.start_frame, cache_only=True)  # fmt: skip
+        model(
+            predictions[0],
+            torch.full((1, first.num_frames), context_noise, device=device),
+            None,
+            kv_cache=policy,
+            start_frame=first.start_frame,
+            cache_only=True,
+        )
     return clock.result([outputs[b] for b in range(schedule.num_blocks)], log, policy.nbytes)

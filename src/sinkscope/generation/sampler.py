@@ -63,7 +63,9 @@ from sinkscope.model.policies import policy_from_options
 from sinkscope.options import SELF_FORCING_PROCEDURE, GenerationOptions
 
 
-def block_causal_frame_mask(block_sizes: Sequence[int], local_attn_frames: int = -1, sink_frames: int = 0) -> torch.Tensor:
+def block_causal_frame_mask(
+    block_sizes: Sequence[int], local_attn_frames: int = -1, sink_frames: int = 0
+) -> torch.Tensor:
     """[F, F] bool, query frame x key frame: what KV-cache generation lets each frame see.
 
     A frame sees every frame up to the end of its block; with a window of L frames
@@ -147,7 +149,9 @@ def generate_blocks(
     blocks = options.block_sizes()
     schedule = prompt_schedule(context, options)
     flow = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
-    block_timesteps = [flow.denoising_timesteps(options.block_steps(b), options.warp_denoising_step) for b in range(len(blocks))]
+    block_timesteps = [
+        flow.denoising_timesteps(options.block_steps(b), options.warp_denoising_step) for b in range(len(blocks))
+    ]
 
     # One seeded generator: the initial noise, then per block the re-noising draws of
     # steps 1..n-1, in the order the reference draws them; each block's slice goes to
@@ -177,18 +181,29 @@ def generate_blocks(
             if options.recaches:
                 count = options.recache_frames(start)
                 synchronize(device)  # the finished blocks' host copies are complete
-                kept = latents_to_device(torch.cat(outputs, dim=2)[0, :, start - count : start].transpose(0, 1), device, dtype)
-                announce(CallInfo(block, PASS_RECACHE, 0, float(options.context_noise), start - count, count, last, segment))
+                kept = latents_to_device(
+                    torch.cat(outputs, dim=2)[0, :, start - count : start].transpose(0, 1), device, dtype
+                )
+                announce(
+                    CallInfo(block, PASS_RECACHE, 0, float(options.context_noise), start - count, count, last, segment)
+                )
                 cache.begin_recache(start - count, count)
-                model(kept, torch.full((1, count), float(options.context_noise), device=device), contexts[segment],
-                      kv_cache=cache, start_frame=start - count, cache_only=True)  # fmt: skip
+                model(
+                    kept,
+                    torch.full((1, count), float(options.context_noise), device=device),
+                    contexts[segment],
+                    kv_cache=cache,
+                    start_frame=start - count,
+                    cache_only=True,
+                )
         x = latents_to_device(noise.initial[start : start + frames], device, dtype)
         x0 = x
         # Step 3.1: the spatial denoising loop.
         for step, t in enumerate(timesteps):
             announce(CallInfo(block, PASS_DENOISE, step, t, start, frames, last, segment))
-            velocity = model(x, torch.full((1, frames), t, device=device), contexts[segment], kv_cache=cache,
-                             start_frame=start)  # fmt: skip
+            velocity = model(
+                x, torch.full((1, frames), t, device=device), contexts[segment], kv_cache=cache, start_frame=start
+            )
             x0 = flow.to_x0(velocity, x, t)
             if step + 1 < num_steps:
                 fresh = latents_to_device(noise.renoise(frames), device, dtype)

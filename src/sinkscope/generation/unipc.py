@@ -70,7 +70,9 @@ LONGLIVE2_STEPS = 4
 LONGLIVE2_SHIFT = 5.0
 
 
-def flow_unipc_schedule(num_steps: int, shift: float, num_train_timesteps: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+def flow_unipc_schedule(
+    num_steps: int, shift: float, num_train_timesteps: int = 1000
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(timesteps int64 [N], sigmas float32 [N+1]) of the schedule above; sigmas[N] = 0."""
     if num_steps < 1:
         raise ValueError(f"num_steps must be at least 1, not {num_steps}")
@@ -102,8 +104,13 @@ class UniPCFlowSampler:
     order): build a new one for each chunk, as LongLive does.
     """
 
-    def __init__(self, num_steps: int = LONGLIVE2_STEPS, shift: float = LONGLIVE2_SHIFT, order: int = 2,
-                 num_train_timesteps: int = 1000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_steps: int = LONGLIVE2_STEPS,
+        shift: float = LONGLIVE2_SHIFT,
+        order: int = 2,
+        num_train_timesteps: int = 1000,
+    ) -> None:
         if order not in (1, 2):
             raise ValueError(f"UniPC order must be 1 or 2, not {order}")
         self.num_steps = int(num_steps)

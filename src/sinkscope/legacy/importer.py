@@ -71,8 +71,10 @@ def peek_layers(path: str | Path, allow_pickle: bool = False) -> list[int]:
     if zipfile.is_zipfile(path):
         archive = read_archive(path, verify=True)
         if archive.unsafe_globals and not allow_pickle:
-            raise LegacyCacheError(f"{path}: holds pickled objects beyond tensors ({', '.join(archive.unsafe_globals[:3])}); "
-                                   f"{PICKLE_OPTION} only for a file you trust")  # fmt: skip
+            raise LegacyCacheError(
+                f"{path}: holds pickled objects beyond tensors ({', '.join(archive.unsafe_globals[:3])}); "
+                f"{PICKLE_OPTION} only for a file you trust"
+            )
     path, data = _load(path, allow_pickle)
     return _plan(data, path).layers
 
@@ -114,19 +116,31 @@ def import_cache(
         for (layer, block), group in calls.explode("blocks").groupby(["layer", "blocks"]):
             if group["entry"].nunique() > 1:
                 averaged.append(
-                    {"layer": int(layer), "block": int(block), "entries": sorted(int(e) for e in group["entry"].unique())}
+                    {
+                        "layer": int(layer),
+                        "block": int(block),
+                        "entries": sorted(int(e) for e in group["entry"].unique()),
+                    }
                 )
         frame = frame.groupby(_KEY_COLUMNS, sort=False, as_index=False)[["logit_mean", "prob_mass"]].mean()
-        message = (f"{len(averaged)} blocks had several calls (the file does not say which denoising step or cache pass each is): "
-                   "their rows are the mean over those calls")  # fmt: skip
+        message = (
+            f"{len(averaged)} blocks had several calls (the file does not say which denoising step or cache pass each "
+            "is): their rows are the mean over those calls"
+        )
         plan.notes.append(message)
         log.warning("%s: %s", path, message)
     frame = frame.sort_values(_KEY_COLUMNS, ignore_index=True)
     frame = _with_constant_columns(frame, checkpoint, prompt_id, int(seed), plan.frame_seq_length)
 
     for skipped in plan.skipped:
-        log.warning("%s: skipped attention_weights[%d] (layer %d, shape %s): %s", path, skipped["entry"], skipped["layer"],
-                    skipped["shape"], skipped["reason"])  # fmt: skip
+        log.warning(
+            "%s: skipped attention_weights[%d] (layer %d, shape %s): %s",
+            path,
+            skipped["entry"],
+            skipped["layer"],
+            skipped["shape"],
+            skipped["reason"],
+        )
     for line in not_imported:
         log.warning("%s: %s", path, line)
     for note in plan.notes:
@@ -158,8 +172,15 @@ def import_cache(
         **(provenance or {}),
         "torch_version": torch.__version__,
     }
-    log.info("%s: %s layout, layers %s: %d rows (%d entries imported, %d skipped)", path, plan.layout, plan.layers, len(frame),
-             len(described), len(plan.skipped))  # fmt: skip
+    log.info(
+        "%s: %s layout, layers %s: %d rows (%d entries imported, %d skipped)",
+        path,
+        plan.layout,
+        plan.layers,
+        len(frame),
+        len(described),
+        len(plan.skipped),
+    )
     return frame, metadata
 
 
@@ -174,8 +195,9 @@ def import_to_parquet(
     provenance: Mapping[str, Any] | None = None,
 ) -> None:
     """``import_cache`` + ``write_table`` (atomic): a failing import leaves no file at ``output``."""
-    frame, metadata = import_cache(path, checkpoint=checkpoint, prompt_id=prompt_id, seed=seed, allow_pickle=allow_pickle,
-                                   provenance=provenance)  # fmt: skip
+    frame, metadata = import_cache(
+        path, checkpoint=checkpoint, prompt_id=prompt_id, seed=seed, allow_pickle=allow_pickle, provenance=provenance
+    )
     write_table(frame, output, FRAME_ATTENTION_SCHEMA, metadata)
 
 

@@ -36,10 +36,24 @@ DEFAULT_FRAMES_PER_BLOCK = 3
 
 
 _TOP_LEVEL_FIELDS = {
-    "attention_weights", "full_frame_attention", "prompt", "num_frames", "frame_seq_length", "query_frames",
-    "key_frames", "num_frame_per_block", "block_sizes", "independent_first_frame", "is_logits", "layer_index",
-    "layer_idx", "num_heads", "last_block_query_frames", "last_block_frame_attention", "layer_indices",
-}  # fmt: skip
+    "attention_weights",
+    "full_frame_attention",
+    "prompt",
+    "num_frames",
+    "frame_seq_length",
+    "query_frames",
+    "key_frames",
+    "num_frame_per_block",
+    "block_sizes",
+    "independent_first_frame",
+    "is_logits",
+    "layer_index",
+    "layer_idx",
+    "num_heads",
+    "last_block_query_frames",
+    "last_block_frame_attention",
+    "layer_indices",
+}
 
 
 class LegacyCacheError(SinkscopeError):
@@ -58,10 +72,11 @@ def _check_backed(tensor: torch.Tensor, path: Path, where: str) -> None:
     stored = tensor.untyped_storage().nbytes() - tensor.storage_offset() * tensor.element_size()
     if claimed > max(stored, MAX_UNBACKED_BYTES):
         raise _fail(
-            path, where,
-            f"claims {tensor.numel():,} values of shape {list(tensor.shape)} (strides {list(tensor.stride())}) "
-            f"but the file holds {max(stored, 0):,} bytes for them: a broadcast (stride-0) view, not an attention cache",
-        )  # fmt: skip
+            path,
+            where,
+            f"claims {tensor.numel():,} values of shape {list(tensor.shape)} (strides {list(tensor.stride())}) but "
+            f"the file holds {max(stored, 0):,} bytes for them: a broadcast (stride-0) view, not an attention cache",
+        )
 
 
 def _fail(path: Path, where: str, message: str) -> LegacyCacheError:
@@ -178,7 +193,9 @@ def _blocks(entry: Mapping[str, Any], data: Mapping[str, Any], path: Path, prefi
     alone, _ = _lookup(entry, data, "independent_first_frame")
     first_alone = bool(_as_flag(alone, path, "independent_first_frame"))
     if per_block is None:
-        return _Blocks(None, DEFAULT_FRAMES_PER_BLOCK, first_alone, f"default ({DEFAULT_FRAMES_PER_BLOCK} frames a block)")
+        return _Blocks(
+            None, DEFAULT_FRAMES_PER_BLOCK, first_alone, f"default ({DEFAULT_FRAMES_PER_BLOCK} frames a block)"
+        )
     name = f"{prefix}num_frame_per_block" if where == "entry" else "num_frame_per_block"
     return _Blocks(None, _as_int(per_block, path, name, minimum=1), first_alone, "num_frame_per_block")
 
@@ -270,7 +287,10 @@ def _token_tensor(entry: Mapping[str, Any], path: Path, prefix: str) -> tuple[to
 def _frame_seq_length(entry: Mapping[str, Any], data: Mapping[str, Any], path: Path, prefix: str, plan: _Plan) -> int:
     value, where = _lookup(entry, data, "frame_seq_length")
     if value is None:
-        note = f"frame_seq_length is not in the file: assumed {DEFAULT_FRAME_SEQ_LENGTH} (Wan2.1 at 480x832), as the notebooks do"
+        note = (
+            f"frame_seq_length is not in the file: assumed {DEFAULT_FRAME_SEQ_LENGTH} (Wan2.1 at 480x832), as the "
+            "notebooks do"
+        )
         if note not in plan.notes:
             plan.notes.append(note)
         return DEFAULT_FRAME_SEQ_LENGTH
@@ -295,7 +315,9 @@ def _plan_token_level(data: Mapping[str, Any], path: Path) -> _Plan:
         lq, lk = tensor.shape[2], tensor.shape[3]
         for name, length in (("key", lk), ("query", lq)):
             if length % fsl:
-                raise _fail(path, f"{prefix}{key}", f"{name} length {length} is not a multiple of frame_seq_length {fsl}")
+                raise _fail(
+                    path, f"{prefix}{key}", f"{name} length {length} is not a multiple of frame_seq_length {fsl}"
+                )
         nq, nk = lq // fsl, lk // fsl
         for name, count in (("num_key_frames", nk), ("num_query_frames", nq)):
             if name in entry and _as_int(entry[name], path, prefix + name) != count:
@@ -305,7 +327,9 @@ def _plan_token_level(data: Mapping[str, Any], path: Path) -> _Plan:
             name = f"{prefix}key_frames" if where == "entry" else "key_frames"
             key_frames = _as_int_list(frames, path, name)
             if len(key_frames) != nk:
-                raise _fail(path, name, f"names {len(key_frames)} frames, but {prefix}{key} has {nk} key frames of {fsl} tokens")
+                raise _fail(
+                    path, name, f"names {len(key_frames)} frames, but {prefix}{key} has {nk} key frames of {fsl} tokens"
+                )
         else:
             key_frames = list(range(nk))
         frames, where = _lookup(entry, data, "query_frames")
@@ -314,7 +338,9 @@ def _plan_token_level(data: Mapping[str, Any], path: Path) -> _Plan:
             query_frames = _as_int_list(frames, path, name)
             if len(query_frames) != nq:
                 raise _fail(
-                    path, name, f"names {len(query_frames)} frames, but {prefix}{key} has {nq} query frames of {fsl} tokens"
+                    path,
+                    name,
+                    f"names {len(query_frames)} frames, but {prefix}{key} has {nq} query frames of {fsl} tokens",
                 )
         elif "last_block_start_frame" in entry:
             start = _as_int(entry["last_block_start_frame"], path, f"{prefix}last_block_start_frame")
@@ -322,10 +348,12 @@ def _plan_token_level(data: Mapping[str, Any], path: Path) -> _Plan:
         else:
             query_frames = key_frames[-nq:] if nq <= nk else []
             if not query_frames:
-                raise _fail(path, f"{prefix}{key}", f"{nq} query frames but only {nk} key frames, and no query_frames field")
+                raise _fail(
+                    path, f"{prefix}{key}", f"{nq} query frames but only {nk} key frames, and no query_frames field"
+                )
             plan.notes.append(
-                f"{prefix[:-1]}: no query_frames or last_block_start_frame: the queries are taken as the last {nq} key frames "
-                f"{query_frames} (the block's own frames end the key sequence in a block-causal call)"
+                f"{prefix[:-1]}: no query_frames or last_block_start_frame: the queries are taken as the last {nq} "
+                f"key frames {query_frames} (the block's own frames end the key sequence in a block-causal call)"
             )
         if len(set(key_frames)) != len(key_frames):
             raise _fail(path, "key_frames", f"repeats a frame: {key_frames}")
@@ -333,11 +361,26 @@ def _plan_token_level(data: Mapping[str, Any], path: Path) -> _Plan:
         plan.blocks = plan.blocks or blocks
         block_of = [blocks.of(f) for f in query_frames]
         if None in block_of:
-            raise _fail(path, "block_sizes", f"query frames {query_frames} lie past the blocks {list(blocks.sizes or [])}")
+            raise _fail(
+                path, "block_sizes", f"query frames {query_frames} lie past the blocks {list(blocks.sizes or [])}"
+            )
         flag, where = _lookup(entry, data, "is_logits")
         is_logits = _as_flag(flag, path, f"{prefix}is_logits" if where == "entry" else "is_logits")
-        plan.entries.append(_Entry(i, f"{prefix}{key}", layer, tensor, fsl, query_frames, key_frames, block_of, is_logits, key,
-                                   sorted(map(str, entry))))  # fmt: skip
+        plan.entries.append(
+            _Entry(
+                i,
+                f"{prefix}{key}",
+                layer,
+                tensor,
+                fsl,
+                query_frames,
+                key_frames,
+                block_of,
+                is_logits,
+                key,
+                sorted(map(str, entry)),
+            )
+        )
         plan.frame_seq_length = plan.frame_seq_length or fsl
     return plan
 
@@ -357,8 +400,10 @@ def _plan_inference(data: Mapping[str, Any], path: Path) -> _Plan:
         lq, lk = tensor.shape[2], tensor.shape[3]
         reason = None
         if lk % fsl:
-            reason = (f"key length {lk} is not a whole number of frames of {fsl} tokens (a partial sliding window, "
-                      "or cross-attention to the text): its key frames are unknown")  # fmt: skip
+            reason = (
+                f"key length {lk} is not a whole number of frames of {fsl} tokens (a partial sliding window, "
+                "or cross-attention to the text): its key frames are unknown"
+            )
         elif lq % fsl:
             reason = f"query length {lq} is not a whole number of frames of {fsl} tokens"
         elif lq > lk:
@@ -370,16 +415,31 @@ def _plan_inference(data: Mapping[str, Any], path: Path) -> _Plan:
             first = nk - nq
             block = blocks.of(first)
             if block is None or blocks.span(block) != (first, nk):
-                reason = (f"its queries, if they were the last {nq} of key frames 0-{nk - 1}, would not be one generation "
-                          f"block ({blocks.describe()}): the KV cache may have rolled or been trimmed")  # fmt: skip
+                reason = (
+                    f"its queries, if they were the last {nq} of key frames 0-{nk - 1}, would not be one generation "
+                    f"block ({blocks.describe()}): the KV cache may have rolled or been trimmed"
+                )
         if reason is not None:
             plan.skipped.append({"entry": i, "layer": layer, "shape": list(tensor.shape), "reason": reason})
             continue
         query_frames = list(range(nk - nq, nk))
         flag, where = _lookup(entry, data, "is_logits")
         is_logits = _as_flag(flag, path, f"{prefix}is_logits" if where == "entry" else "is_logits")
-        placed.append(_Entry(i, f"{prefix}{key}", layer, tensor, fsl, query_frames, list(range(nk)), [block] * nq, is_logits,
-                             key, sorted(map(str, entry))))  # fmt: skip
+        placed.append(
+            _Entry(
+                i,
+                f"{prefix}{key}",
+                layer,
+                tensor,
+                fsl,
+                query_frames,
+                list(range(nk)),
+                [block] * nq,
+                is_logits,
+                key,
+                sorted(map(str, entry)),
+            )
+        )
         plan.frame_seq_length = plan.frame_seq_length or fsl
     # A rolling (sliding-window) cache stops growing: the calls of several blocks then share
     # the largest key length, and only the first block that filled the window sits at frames
@@ -396,11 +456,18 @@ def _plan_inference(data: Mapping[str, Any], path: Path) -> _Plan:
         if counts[widest] > per_block:
             late = [e for e in calls if len(e.key_frames) == widest][per_block:]
             for e in late:
-                plan.skipped.append({
-                    "entry": e.index, "layer": layer, "shape": list(e.tensor.shape),
-                    "reason": (f"the key length stops growing at {widest} frames ({counts[widest]} calls where the earlier blocks "
-                               f"had {per_block}): the KV cache rolled, so the key frames of the later blocks' calls are unknown"),
-                })  # fmt: skip
+                plan.skipped.append(
+                    {
+                        "entry": e.index,
+                        "layer": layer,
+                        "shape": list(e.tensor.shape),
+                        "reason": (
+                            f"the key length stops growing at {widest} frames ({counts[widest]} calls where the "
+                            f"earlier blocks had {per_block}): the KV cache rolled, so the key frames of the later "
+                            "blocks' calls are unknown"
+                        ),
+                    }
+                )
             placed = [e for e in placed if not any(e is x for x in late)]
     plan.entries = placed
     plan.skipped.sort(key=lambda s: s["entry"])
@@ -425,7 +492,9 @@ def _plan(data: Any, path: Path) -> _Plan:
         if tensor.ndim != 3 or tensor.shape[1] != tensor.shape[2] or min(tensor.shape) < 1:
             raise _fail(path, "full_frame_attention", f"expected [heads, frames, frames], got shape {shape}")
         flag = _as_flag(data.get("is_logits"), path, "is_logits")
-        plan.entries.append(_Entry(-1, "full_frame_attention", layer, tensor, 0, [], [], [], flag, "full_frame_attention", []))
+        plan.entries.append(
+            _Entry(-1, "full_frame_attention", layer, tensor, 0, [], [], [], flag, "full_frame_attention", [])
+        )
         return plan
     plan = _plan_token_level(data, path) if layout == "token_level" else _plan_inference(data, path)
     if not plan.entries:
@@ -449,7 +518,11 @@ def check_values(data: Mapping[str, Any], plan: _Plan, path: Path) -> None:
             for start in range(0, values.shape[1], rows):
                 if not bool(torch.isfinite(values[head, start : start + rows]).all()):
                     stop = min(values.shape[1], start + rows)
-                    raise _fail(path, entry.field, f"holds NaN or infinite values (head {head}, query tokens {start}..{stop - 1})")
+                    raise _fail(
+                        path,
+                        entry.field,
+                        f"holds NaN or infinite values (head {head}, query tokens {start}..{stop - 1})",
+                    )
 
 
 def check_cache(path: str | Path, allow_pickle: bool = False) -> None:
@@ -468,7 +541,9 @@ def frame_matrix_layout(data: Mapping[str, Any], entry: _Entry, path: Path):
     blocks = _blocks({}, data, path, "")
     if blocks.sizes is not None and sum(blocks.sizes) != frames:
         raise _fail(
-            path, "block_sizes", f"{list(blocks.sizes)} sum to {sum(blocks.sizes)} frames, but full_frame_attention has {frames}"
+            path,
+            "block_sizes",
+            f"{list(blocks.sizes)} sum to {sum(blocks.sizes)} frames, but full_frame_attention has {frames}",
         )
     block_of = np.array([blocks.of(f) for f in range(frames)])
     # Block-causal: a query frame sees every frame up to the end of its block.
@@ -477,7 +552,9 @@ def frame_matrix_layout(data: Mapping[str, Any], entry: _Entry, path: Path):
     values = matrix[:, visible]  # [H, cells]
     if not np.isfinite(values).all():
         bad = int((~np.isfinite(values)).sum())
-        raise _fail(path, "full_frame_attention", f"holds {bad} NaN or infinite values in the cells the queries can see")
+        raise _fail(
+            path, "full_frame_attention", f"holds {bad} NaN or infinite values in the cells the queries can see"
+        )
     return matrix, blocks, block_of, visible
 
 
@@ -494,6 +571,7 @@ def _load(path: str | Path, allow_pickle: bool) -> tuple[Path, Any]:
         if not magic.startswith(b"\x80"):
             raise LegacyCacheError(f"{path}: unknown layout: not a file written by torch.save")
     return path, torch_load(path, allow_pickle=allow_pickle, option=PICKLE_OPTION)
+
 
 # |row sum - 1| below this counts as a softmax row (bf16 storage rounds each value).
 ROW_SUM_TOLERANCE = 0.02

@@ -24,18 +24,22 @@ def _rows(
     h, q, k = np.meshgrid(np.arange(heads), np.arange(nq), np.arange(nk), indexing="ij")
     mask = np.ones((heads, nq, nk), dtype=bool) if keep is None else np.broadcast_to(keep, (heads, nq, nk))
     qf, kf, bl = np.asarray(query_frames), np.asarray(key_frames), np.asarray(blocks)
-    return pd.DataFrame({
-        "layer": np.full(int(mask.sum()), layer, dtype=np.int16),
-        "head": h[mask].astype(np.int16),
-        "block": bl[q[mask]].astype(np.int16),
-        "query_frame": qf[q[mask]].astype(np.int16),
-        "key_frame": kf[k[mask]].astype(np.int16),
-        "logit_mean": logit_mean[mask].astype(np.float32),
-        "prob_mass": prob_mass[mask].astype(np.float32),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "layer": np.full(int(mask.sum()), layer, dtype=np.int16),
+            "head": h[mask].astype(np.int16),
+            "block": bl[q[mask]].astype(np.int16),
+            "query_frame": qf[q[mask]].astype(np.int16),
+            "key_frame": kf[k[mask]].astype(np.int16),
+            "logit_mean": logit_mean[mask].astype(np.float32),
+            "prob_mass": prob_mass[mask].astype(np.float32),
+        }
+    )
 
 
-def _with_constant_columns(frame: pd.DataFrame, checkpoint: str, prompt_id: str, seed: int, frame_seq_length: int) -> pd.DataFrame:
+def _with_constant_columns(
+    frame: pd.DataFrame, checkpoint: str, prompt_id: str, seed: int, frame_seq_length: int
+) -> pd.DataFrame:
     n = len(frame)
     columns = {
         "checkpoint": pd.Series([checkpoint] * n, dtype=object),

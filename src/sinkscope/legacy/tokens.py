@@ -23,8 +23,6 @@ from sinkscope.legacy.rows import _rows
 CHUNK_ELEMENTS = 1 << 24
 
 
-
-
 # Hand reduced pages of a memory-mapped cache back to the kernel (Linux); the benchmark
 # turns it off to show the difference.
 _RELEASE_PAGES = True
@@ -86,7 +84,9 @@ def _decide_token_kind(entry: _Entry, path: Path) -> tuple[bool, str]:
     probe = entry.tensor[0, 0, : min(entry.tensor.shape[2], 64)].to(torch.float32)
     if entry.is_logits is False:
         if bool((probe < 0).any()):
-            raise _fail(path, field_name, "is false, but the tensor holds negative values, which cannot be probabilities")
+            raise _fail(
+                path, field_name, "is false, but the tensor holds negative values, which cannot be probabilities"
+            )
         return False, "is_logits is false"
     if bool((probe < 0).any()):
         return True, "no is_logits field; negative values cannot be probabilities"
@@ -122,7 +122,9 @@ def _reduce_tokens(entry: _Entry, is_logits: bool, path: Path) -> dict[str, Any]
             frame_sums = x.view(stop - start, nk, fsl).sum(dim=2)
             # Any NaN or infinity in the chunk makes its frame sums non-finite.
             if not bool(torch.isfinite(frame_sums).all()):
-                raise _fail(path, entry.field, f"holds NaN or infinite values (head {head}, query tokens {start}..{stop - 1})")
+                raise _fail(
+                    path, entry.field, f"holds NaN or infinite values (head {head}, query tokens {start}..{stop - 1})"
+                )
             index = frame_of_row[start:stop]
             sums[head].index_add_(0, index, frame_sums.to(torch.float64))
             if mass is not None:
@@ -153,20 +155,39 @@ def _import_token_entries(data: Mapping[str, Any], plan: _Plan, path: Path, not_
         else:
             logit_mean = np.full_like(reduced["sums"], np.nan)
             prob_mass = reduced["sums"] / fsl
-            not_imported.append(f"logit_mean of layer {entry.layer} ({entry.field}): NaN — the cache holds probabilities, and "
-                                "log p differs from the logit by an unknown per-query log-sum-exp")  # fmt: skip
+            not_imported.append(
+                f"logit_mean of layer {entry.layer} ({entry.field}): NaN — the cache holds probabilities, and "
+                "log p differs from the logit by an unknown per-query log-sum-exp"
+            )
             if reduced["worst_row"] > ROW_SUM_TOLERANCE:
-                not_imported.append(f"{entry.field}: probability rows sum to 1 ± {reduced['worst_row']:.3g}: the capture may not "
-                                    "cover every key the call saw, so prob_mass may not sum to 1 over key frames")  # fmt: skip
+                not_imported.append(
+                    f"{entry.field}: probability rows sum to 1 ± {reduced['worst_row']:.3g}: the capture may not "
+                    "cover every key the call saw, so prob_mass may not sum to 1 over key frames"
+                )
         if batch > 1:
             not_imported.append(f"{entry.field}: batch of {batch}; only sample 0 is imported (as the notebooks do)")
-        parts.append(_rows(entry.layer, entry.query_frames, entry.key_frames, entry.blocks, logit_mean, prob_mass, None))
-        described.append({
-            "entry": entry.index, "field": entry.field, "layer": entry.layer, "shape": list(entry.tensor.shape),
-            "dtype": str(entry.tensor.dtype).replace("torch.", ""), "values": "logits" if is_logits else "probabilities",
-            "decided_by": reason, "frame_seq_length": fsl, "query_frames": entry.query_frames, "key_frames": entry.key_frames,
-            "blocks": sorted(set(entry.blocks)), "fields": entry.fields,
-            "prob_mass": ("softmax over the entry's keys (taken as every key the call saw)" if is_logits
-                          else "sum over the key frame's tokens, mean over the query frame's tokens"),
-        })  # fmt: skip
+        parts.append(
+            _rows(entry.layer, entry.query_frames, entry.key_frames, entry.blocks, logit_mean, prob_mass, None)
+        )
+        described.append(
+            {
+                "entry": entry.index,
+                "field": entry.field,
+                "layer": entry.layer,
+                "shape": list(entry.tensor.shape),
+                "dtype": str(entry.tensor.dtype).replace("torch.", ""),
+                "values": "logits" if is_logits else "probabilities",
+                "decided_by": reason,
+                "frame_seq_length": fsl,
+                "query_frames": entry.query_frames,
+                "key_frames": entry.key_frames,
+                "blocks": sorted(set(entry.blocks)),
+                "fields": entry.fields,
+                "prob_mass": (
+                    "softmax over the entry's keys (taken as every key the call saw)"
+                    if is_logits
+                    else "sum over the key frame's tokens, mean over the query frame's tokens"
+                ),
+            }
+        )
     return parts, described

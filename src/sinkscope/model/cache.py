@@ -75,7 +75,9 @@ class _Deferred:
     appended: list[Segment] = field(default_factory=list)
 
 
-def whole_frames(frames: Iterable[int], frame_seq_length: int, positions: Iterable[int] | None = None) -> tuple[Segment, ...]:
+def whole_frames(
+    frames: Iterable[int], frame_seq_length: int, positions: Iterable[int] | None = None
+) -> tuple[Segment, ...]:
     frames = [int(f) for f in frames]
     positions = frames if positions is None else [int(p) for p in positions]
     return tuple(Segment(f, frame_seq_length, p) for f, p in zip(frames, positions, strict=True))
@@ -229,7 +231,9 @@ class KVCache:
 
     def _resolve(self, layer: int) -> None:
         deferred = self._deferred.pop(layer)
-        self._segments[layer] = _compact(deferred.before, deferred.index(), self.frame_seq_length) + tuple(deferred.appended)
+        self._segments[layer] = _compact(deferred.before, deferred.index(), self.frame_seq_length) + tuple(
+            deferred.appended
+        )
 
     def append(self, segments: Sequence[Segment], layers: Iterable[int] | None = None) -> None:
         """Room for new tokens after each layer's last one (their k/v come with write_tail)."""
@@ -320,7 +324,9 @@ class KVCache:
         self._segments[layer] = _compact(self.segments_of(layer), index, self.frame_seq_length)
         self.lengths[layer] = int(index.size)
 
-    def keep_later(self, layer: int, index: torch.Tensor, count: int, prefix: int, host_index: Callable[[], np.ndarray]) -> None:
+    def keep_later(
+        self, layer: int, index: torch.Tensor, count: int, prefix: int, host_index: Callable[[], np.ndarray]
+    ) -> None:
         """``keep`` with the ascending index [count] still on the device.
 
         The first ``prefix`` tokens stay where they are (``index[:prefix]`` = 0..prefix-1).
@@ -334,7 +340,9 @@ class KVCache:
         self._deferred[layer] = _Deferred(before, host_index)
         self.lengths[layer] = int(count)
 
-    def rotate(self, first: int, count: int, delta: int, angles: torch.Tensor, layers: Iterable[int] | None = None) -> None:
+    def rotate(
+        self, first: int, count: int, delta: int, angles: torch.Tensor, layers: Iterable[int] | None = None
+    ) -> None:
         """Move segments [first, first + count) to temporal position + ``delta``, in place.
 
         ``angles`` [P] (float64, on the cache's device) are delta times the temporal

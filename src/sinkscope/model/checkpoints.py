@@ -81,7 +81,7 @@ class CheckpointSpec:
                 raise ConfigError(f"config key checkpoints.{self.name}.lora: {exc}") from None
 
     @classmethod
-    def from_config(cls, name: str, entry: Mapping[str, Any]) -> "CheckpointSpec":
+    def from_config(cls, name: str, entry: Mapping[str, Any]) -> CheckpointSpec:
         fields = {f.name for f in dataclasses.fields(cls)} - {"name"}
         return cls(name=name, **{key: entry[key] for key in fields if key in entry})
 
@@ -201,8 +201,10 @@ class ResolvedCheckpoint:
         if self.lora is None:
             return weights  # as before adapters existed: nothing reruns
         # The scales depend on the config's lora.alpha as well as on the files.
-        blob = json.dumps({"weights": weights, "lora": files_digest(self.lora.files(), cache), "scales": self.lora.scales()},
-                          sort_keys=True)  # fmt: skip
+        blob = json.dumps(
+            {"weights": weights, "lora": files_digest(self.lora.files(), cache), "scales": self.lora.scales()},
+            sort_keys=True,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -265,7 +267,9 @@ def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
     if weights is None:
         raise WeightsError(f"format {spec.format!r} needs 'weights' (a file or folder)")
     if not weights.exists():
-        raise FileNotFoundError(missing_path(f"weights {spec.weights!r} do not exist (looked at {weights})", spec.weights))
+        raise FileNotFoundError(
+            missing_path(f"weights {spec.weights!r} do not exist (looked at {weights})", spec.weights)
+        )
     base = resolve_path(spec.base, base_dir)
     if base is not None and not base.is_dir():
         raise FileNotFoundError(f"base folder {spec.base!r} does not exist (looked at {base})")
@@ -275,10 +279,13 @@ def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
         config = get_model_config(spec.model)
     else:
         config = next(
-            (found for folder in ([weights] if weights.is_dir() else []) + ([base] if base else [])
-             if (found := config_in_folder(folder)) is not None),
+            (
+                found
+                for folder in ([weights] if weights.is_dir() else []) + ([base] if base else [])
+                if (found := config_in_folder(folder)) is not None
+            ),
             None,
-        )  # fmt: skip
+        )
         if config is None:
             raise WeightsError(
                 f"no model config for {fmt.name} weights {spec.weights!r}: set 'model' (e.g. wan2.1-t2v-1.3b) "
@@ -288,8 +295,9 @@ def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
     lora = None
     if spec.lora is not None:
         try:
-            lora = resolve_lora(spec.lora, config, base_dir=base_dir, allow_pickle=spec.allow_pickle,
-                                cache=base_dir / WEIGHT_CHECKS)  # fmt: skip
+            lora = resolve_lora(
+                spec.lora, config, base_dir=base_dir, allow_pickle=spec.allow_pickle, cache=base_dir / WEIGHT_CHECKS
+            )
         except (WeightsError, FileNotFoundError, ValueError) as exc:
             raise _AdapterProblem(str(exc)) from None
     return ResolvedCheckpoint(spec, fmt.name, weights, base, config, lora)
@@ -337,6 +345,15 @@ def check_weights(weights: Path, fmt: str, spec: CheckpointSpec, config: WanConf
     shapes (the format's ``check``: headers and the archive's pickle, without torch and
     without unpickling); cached by the files' sizes and mtimes."""
     files = weight_format(fmt).files(weights)
-    key = json.dumps([fmt, spec.ema, spec.allow_pickle, dataclasses.asdict(config),
-                      [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]])  # fmt: skip
-    cached_value(key, base_dir / WEIGHT_CHECKS, lambda: weight_format(fmt).check(weights, config, weight_options(spec)) or "ok")
+    key = json.dumps(
+        [
+            fmt,
+            spec.ema,
+            spec.allow_pickle,
+            dataclasses.asdict(config),
+            [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+        ]
+    )
+    cached_value(
+        key, base_dir / WEIGHT_CHECKS, lambda: weight_format(fmt).check(weights, config, weight_options(spec)) or "ok"
+    )

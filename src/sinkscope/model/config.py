@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class WanConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "WanConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> WanConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -78,8 +79,9 @@ MODEL_CONFIGS: dict[str, WanConfig] = {
     # Wan-AI/Wan2.2-TI2V-5B, the base of LongLive 2.0: 48 latent channels (the Wan2.2 VAE's
     # z_dim, stride 4x16x16), so 704x1280 video -> 44x80 latents, 880 tokens a frame, 24 fps.
     # Its block is Wan2.1's (RoPE split 44/42/42 of head_dim 128, as the 3-axis formula gives).
-    "wan2.2-ti2v-5b": WanConfig(dim=3072, ffn_dim=14336, num_heads=24, num_layers=30, in_dim=48, out_dim=48,
-                                latent_height=44, latent_width=80),
+    "wan2.2-ti2v-5b": WanConfig(
+        dim=3072, ffn_dim=14336, num_heads=24, num_layers=30, in_dim=48, out_dim=48, latent_height=44, latent_width=80
+    ),
     # The embedded demo: the same architecture, 12 heads (so L5H10 exists), 6 layers,
     # 16-wide heads and 4x6 = 24 tokens a frame, so a whole study runs on a CPU in seconds.
     "demo": WanConfig(
@@ -141,8 +143,15 @@ def parameter_shapes(config: WanConfig) -> dict[str, tuple[int, ...]]:
         if config.cross_attn_norm:
             shapes[f"{block}.norm3.weight"] = (d,)
             shapes[f"{block}.norm3.bias"] = (d,)
-        shapes |= {f"{block}.ffn.0.weight": (f, d), f"{block}.ffn.0.bias": (f,), f"{block}.ffn.2.weight": (d, f),
-                   f"{block}.ffn.2.bias": (d,)}  # fmt: skip
-    shapes |= {"head.modulation": (1, 2, d), "head.head.weight": (patch * config.out_dim, d),
-               "head.head.bias": (patch * config.out_dim,)}  # fmt: skip
+        shapes |= {
+            f"{block}.ffn.0.weight": (f, d),
+            f"{block}.ffn.0.bias": (f,),
+            f"{block}.ffn.2.weight": (d, f),
+            f"{block}.ffn.2.bias": (d,),
+        }
+    shapes |= {
+        "head.modulation": (1, 2, d),
+        "head.head.weight": (patch * config.out_dim, d),
+        "head.head.bias": (patch * config.out_dim,),
+    }
     return shapes

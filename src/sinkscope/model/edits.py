@@ -106,7 +106,7 @@ class GenerationEdits:
         # Layers with an edited head: every other layer's calls are untouched.
         self._bias_layers = frozenset(
             int(layer) for _, heads, _ in self._attention for layer in np.flatnonzero(heads.any(axis=1))
-        )  # fmt: skip
+        )
         self.reset()
 
     @classmethod
@@ -115,14 +115,20 @@ class GenerationEdits:
         edits = tuple(edits)
         cache = policy.cache
         if policy_spec(policy.name).rebuilds_keys and any(e.edit in (QUANTIZE_CACHE, REPLACE_FRAMES) for e in edits):
-            raise ValueError(f"cache_policy {policy.name!r} re-ropes keys from its own un-roped copy, "
-                             "which quantize_cache and replace_frames do not reach")  # fmt: skip
+            raise ValueError(
+                f"cache_policy {policy.name!r} re-ropes keys from its own un-roped copy, "
+                "which quantize_cache and replace_frames do not reach"
+            )
         sinks = int(getattr(policy, "sink_frames", 0) or 0)
         return cls(
-            edits, num_layers=cache.num_layers, num_heads=cache.k.shape[3],
-            sink_frames=tuple(range(sinks)) if sinks > 0 else (0,), seed=seed, rope=policy.rope,
+            edits,
+            num_layers=cache.num_layers,
+            num_heads=cache.k.shape[3],
+            sink_frames=tuple(range(sinks)) if sinks > 0 else (0,),
+            seed=seed,
+            rope=policy.rope,
             raw_keys=policy.raw_keys_every_call,
-        )  # fmt: skip
+        )
 
     def reset(self) -> None:
         """A new video: no snapshot, no memo, nothing pending."""
@@ -138,7 +144,10 @@ class GenerationEdits:
         mask = np.zeros((self.num_layers, self.num_heads), dtype=bool)
         for layer, head in selection.resolve(self.num_layers, self.num_heads):
             if not (0 <= layer < self.num_layers and 0 <= head < self.num_heads):
-                raise ValueError(f"head L{layer + 1}H{head + 1} is not in a model of {self.num_layers} layers x {self.num_heads} heads")
+                raise ValueError(
+                    f"head L{layer + 1}H{head + 1} is not in a model of {self.num_layers} layers x {self.num_heads} "
+                    "heads"
+                )
             mask[layer, head] = True
         return mask
 
@@ -149,7 +158,9 @@ class GenerationEdits:
         """Whether some call's scores change (a mask, or a nonzero bias)."""
         return bool(self._attention)
 
-    def frame_bias(self, layer: int, layout: AttentionLayout, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    def frame_bias(
+        self, layer: int, layout: AttentionLayout, device: torch.device | str = "cpu"
+    ) -> torch.Tensor | None:
         """[heads, key segments] float32 on ``device``: what this call adds to its scores per
         (head, key frame segment); None when it adds nothing. Built once per (layer, layout)."""
         if layer not in self._bias_layers:
@@ -220,7 +231,9 @@ class GenerationEdits:
         for layer in range(cache.num_layers):
             start, segment = _whole_segment(cache, layer, frame)
             if position is not None and segment.position != position:
-                raise ValueError(f"replace_frames: source frame {frame} sits at different RoPE positions in different layers")
+                raise ValueError(
+                    f"replace_frames: source frame {frame} sits at different RoPE positions in different layers"
+                )
             position = segment.position
             stop = start + segment.length
             per_layer.append((cache.k[layer, :, start:stop].clone(), cache.v[layer, :, start:stop].clone()))
@@ -239,14 +252,18 @@ class GenerationEdits:
                 if segment.frame == frame:
                     place = slice(offset, offset + segment.length)
                     if generator is not None:
-                        k, v = (_noise_like(buffer[layer, :, place], segment, cache.frame_seq_length, generator)
-                                for buffer in (cache.k, cache.v))  # fmt: skip
+                        k, v = (
+                            _noise_like(buffer[layer, :, place], segment, cache.frame_seq_length, generator)
+                            for buffer in (cache.k, cache.v)
+                        )
                     else:
                         k, v = self._moved_source(layer, int(source), segment, cache)
                     cache.write(layer, offset, k, v)
                 offset += segment.length
 
-    def _moved_source(self, layer: int, source: int, segment: Segment, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def _moved_source(
+        self, layer: int, source: int, segment: Segment, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The source's snapshot at the segment's stored tokens, keys re-roped to its position."""
         per_layer, position = self._snapshots[source]
         k, v = per_layer[layer]
@@ -265,10 +282,14 @@ def _whole_segment(cache: KVCache, layer: int, frame: int) -> tuple[int, Segment
         if segment.frame == frame and segment.whole:
             return offset, segment
         offset += segment.length
-    raise ValueError(f"replace_frames: source frame {frame} is not held whole in layer {layer} when it becomes an earlier frame")
+    raise ValueError(
+        f"replace_frames: source frame {frame} is not held whole in layer {layer} when it becomes an earlier frame"
+    )
 
 
-def _noise_like(stored: torch.Tensor, segment: Segment, frame_seq_length: int, generator: torch.Generator) -> torch.Tensor:
+def _noise_like(
+    stored: torch.Tensor, segment: Segment, frame_seq_length: int, generator: torch.Generator
+) -> torch.Tensor:
     """Seeded normal noise [B, n, H, D] with ``stored``'s per-(head, channel) mean and std
     over its tokens; a whole frame is drawn, the segment's tokens taken from it."""
     batch, _, heads, dim = stored.shape

@@ -274,7 +274,9 @@ class SafetensorsFormat(WeightFormat):
     def check(self, path: Path, config: WanConfig, options: WeightOptions) -> None:
         files = self.files(path)
         found = self.model_names(safetensors_shapes(files))
-        check_shapes(found, parameter_shapes(config), str(files[0]) if len(files) == 1 else f"the weights in {files[0].parent}")
+        check_shapes(
+            found, parameter_shapes(config), str(files[0]) if len(files) == 1 else f"the weights in {files[0].parent}"
+        )
 
     def read(self, path: Path | None, config: WanConfig, options: WeightOptions) -> dict[str, torch.Tensor]:
         return self.model_names(load_safetensors(self.files(path)))
@@ -310,21 +312,40 @@ class WanFormat(SafetensorsFormat):
 
 def config_from_wan_json(data: Mapping[str, Any]) -> WanConfig:
     """WanConfig from an original Wan ``config.json`` (WanModel fields)."""
-    keys = ("dim", "ffn_dim", "num_heads", "num_layers", "in_dim", "out_dim", "text_len", "freq_dim", "eps", "text_dim",
-            "qk_norm", "cross_attn_norm")  # fmt: skip
+    keys = (
+        "dim",
+        "ffn_dim",
+        "num_heads",
+        "num_layers",
+        "in_dim",
+        "out_dim",
+        "text_len",
+        "freq_dim",
+        "eps",
+        "text_dim",
+        "qk_norm",
+        "cross_attn_norm",
+    )
     fields = {k: data[k] for k in keys if k in data}
     if "patch_size" in data:
         fields["patch_size"] = tuple(data["patch_size"])
     if data.get("model_type", "t2v") not in ("t2v", "ti2v"):
-        raise WeightsError(f"model_type {data.get('model_type')!r} is not supported (text-to-video 't2v', or "
-                           "Wan2.2's 'ti2v' as LongLive 2.0 runs it)")  # fmt: skip
+        raise WeightsError(
+            f"model_type {data.get('model_type')!r} is not supported (text-to-video 't2v', or "
+            "Wan2.2's 'ti2v' as LongLive 2.0 runs it)"
+        )
     config = WanConfig(**fields)
     # A named model of the same sizes gives its latent grid (Wan2.2-TI2V-5B: 44x80, not 60x104).
     grid = ("latent_height", "latent_width")
     sizes = {k: v for k, v in config.to_dict().items() if k not in grid}
-    named = next((c for c in MODEL_CONFIGS.values() if {k: v for k, v in c.to_dict().items() if k not in grid} == sizes), None)
-    return config if named is None else dataclasses.replace(config, latent_height=named.latent_height,
-                                                            latent_width=named.latent_width)  # fmt: skip
+    named = next(
+        (c for c in MODEL_CONFIGS.values() if {k: v for k, v in c.to_dict().items() if k not in grid} == sizes), None
+    )
+    return (
+        config
+        if named is None
+        else dataclasses.replace(config, latent_height=named.latent_height, latent_width=named.latent_width)
+    )
 
 
 def _peek_shape(folder: Path, key: str) -> tuple[int, ...] | None:

@@ -58,7 +58,9 @@ class AttentionLayout:
         return tuple(s - self.query_position_shift for s in self.key_position_shift)
 
     @classmethod
-    def whole_frames(cls, query_frames, key_frames, frame_seq_length: int, shifts=None, query_shift: int = 0) -> "AttentionLayout":
+    def whole_frames(
+        cls, query_frames, key_frames, frame_seq_length: int, shifts=None, query_shift: int = 0
+    ) -> AttentionLayout:
         """A layout of whole frames (no dropped tokens)."""
         key_frames = tuple(int(f) for f in key_frames)
         return cls(

@@ -56,8 +56,11 @@ def read_state_dict(path: Path, fmt: str, *, ema: bool = True, allow_pickle: boo
 
 def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
     """Strict key and shape check, failing with counts and the first names."""
-    check_shapes({k: tuple(v.shape) for k, v in state.items()}, {k: tuple(v.shape) for k, v in model.state_dict().items()},
-                 source)  # fmt: skip
+    check_shapes(
+        {k: tuple(v.shape) for k, v in state.items()},
+        {k: tuple(v.shape) for k, v in model.state_dict().items()},
+        source,
+    )
 
 
 # -- LoRA adapters -----------------------------------------------------------------------
@@ -109,12 +112,18 @@ def merge_lora(
             # Keys and shapes were checked without torch (against the config the adapter was
             # resolved with); a file replaced since then, or another model, is caught here.
             if weight is None:
-                raise WeightsError(f"{lora.tensors}: key {module.key_a!r} adapts {module.module!r}, which this model lacks")
+                raise WeightsError(
+                    f"{lora.tensors}: key {module.key_a!r} adapts {module.module!r}, which this model lacks"
+                )
             if lora_a is None or lora_b is None:
-                raise WeightsError(f"{lora.tensors}: key {module.key_a!r} or {module.key_b!r} is gone since the config check")
+                raise WeightsError(
+                    f"{lora.tensors}: key {module.key_a!r} or {module.key_b!r} is gone since the config check"
+                )
             out_features, in_features = weight.shape
             if tuple(lora_a.shape) != (module.rank, in_features) or tuple(lora_b.shape) != (out_features, module.rank):
-                raise WeightsError(f"{lora.tensors}: key {module.key_a!r} no longer fits {key} (replaced since the check?)")
+                raise WeightsError(
+                    f"{lora.tensors}: key {module.key_a!r} no longer fits {key} (replaced since the check?)"
+                )
             delta = lora_b.to(device, compute) @ lora_a.to(device, compute)
             state[key] = (weight.to(device, compute) + module.scale * delta).to(dtype)
 
@@ -198,7 +207,9 @@ def _load(
             net = WanModel(config)
         check_state_dict(net, state, f"{fmt} weights {path}")
         if lora is not None:
-            merge_lora(state, lora, read_lora_tensors(lora, allow_pickle=options.allow_pickle), dtype=dtype, device=device)
+            merge_lora(
+                state, lora, read_lora_tensors(lora, allow_pickle=options.allow_pickle), dtype=dtype, device=device
+            )
         net.load_state_dict(state, strict=True, assign=True)
     return net.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
@@ -220,5 +231,12 @@ def load_checkpoint(
     if isinstance(checkpoint, CheckpointSpec):
         checkpoint = resolve_checkpoint(checkpoint, base_dir)
     dtype = compute_dtype(checkpoint.spec, device)
-    return _load(checkpoint.format, checkpoint.weights, checkpoint.model_config, weight_options(checkpoint.spec),
-                 device=device, dtype=dtype, lora=checkpoint.lora)  # fmt: skip
+    return _load(
+        checkpoint.format,
+        checkpoint.weights,
+        checkpoint.model_config,
+        weight_options(checkpoint.spec),
+        device=device,
+        dtype=dtype,
+        lora=checkpoint.lora,
+    )

@@ -134,22 +134,32 @@ class ResolvedLora:
     def summary(self) -> str:
         ranks = sorted({m.rank for m in self.modules})
         scales = sorted({m.scale for m in self.modules})
-        return (f"{len(self.modules)} Linear layers, rank {'/'.join(map(str, ranks))}, "
-                f"scale {'/'.join(f'{s:g}' for s in scales)}")  # fmt: skip
+        return (
+            f"{len(self.modules)} Linear layers, rank {'/'.join(map(str, ranks))}, "
+            f"scale {'/'.join(f'{s:g}' for s in scales)}"
+        )
 
 
 def linear_shapes(config: WanConfig) -> dict[str, tuple[int, int]]:
     """Every Linear of the transformer, ``{name: (out_features, in_features)}``: the
     two-dimensional weights of the state dict (convolutions are 5-D, norms 1-D)."""
-    return {name[: -len(".weight")]: shape for name, shape in parameter_shapes(config).items()
-            if name.endswith(".weight") and len(shape) == 2}  # fmt: skip
+    return {
+        name[: -len(".weight")]: shape
+        for name, shape in parameter_shapes(config).items()
+        if name.endswith(".weight") and len(shape) == 2
+    }
 
 
 # -- reading what an adapter holds -----------------------------------------------------------
 
 
 def resolve_lora(
-    spec: LoraSpec, config: WanConfig, *, base_dir: str | Path = ".", allow_pickle: bool = False, cache: Path | None = None
+    spec: LoraSpec,
+    config: WanConfig,
+    *,
+    base_dir: str | Path = ".",
+    allow_pickle: bool = False,
+    cache: Path | None = None,
 ) -> ResolvedLora:
     """The adapter ``spec`` names, checked against ``config`` without torch.
 
@@ -172,7 +182,9 @@ def resolve_lora(
         state_key, shapes = _tensor_shapes(path, allow_pickle, cache, top_level_only=False)
         layout = "safetensors" if path.suffix == ".safetensors" else "torch"
     else:
-        raise WeightsError(f"cannot tell what the adapter {path} is: expected a PEFT folder ({PEFT_CONFIG}), .safetensors or .pt")
+        raise WeightsError(
+            f"cannot tell what the adapter {path} is: expected a PEFT folder ({PEFT_CONFIG}), .safetensors or .pt"
+        )
     modules = _match_modules(shapes, tensors, config, spec, peft)
     return ResolvedLora(spec, layout, path, tensors, state_key, modules)
 
@@ -205,8 +217,10 @@ def _read_peft_config(folder: Path, spec: LoraSpec) -> _PeftSettings:
         if data.get(key, plain) not in (plain, None):
             raise WeightsError(f"{path}: key {key!r} is {data[key]!r}; only plain LoRA ({key}: {plain!r}) is supported")
     if data.get("modules_to_save"):
-        raise WeightsError(f"{path}: key 'modules_to_save' is {data['modules_to_save']!r}; adapters that replace whole "
-                           "modules are not supported")  # fmt: skip
+        raise WeightsError(
+            f"{path}: key 'modules_to_save' is {data['modules_to_save']!r}; adapters that replace whole "
+            "modules are not supported"
+        )
     settings = _PeftSettings(
         rank=int(data.get("r", PEFT_DEFAULT_RANK)),
         alpha=float(data.get("lora_alpha", PEFT_DEFAULT_ALPHA)),
@@ -218,8 +232,10 @@ def _read_peft_config(folder: Path, spec: LoraSpec) -> _PeftSettings:
     for key, mine, theirs in (("rank", spec.rank, settings.rank), ("alpha", spec.alpha, settings.alpha)):
         if mine is not None and float(mine) != float(theirs):
             peft_key = "r" if key == "rank" else "lora_alpha"
-            raise WeightsError(f"{path}: key {peft_key!r} is {theirs:g}, the config's lora.{key} is {mine:g}; "
-                               f"leave lora.{key} out for a PEFT folder")  # fmt: skip
+            raise WeightsError(
+                f"{path}: key {peft_key!r} is {theirs:g}, the config's lora.{key} is {mine:g}; "
+                f"leave lora.{key} out for a PEFT folder"
+            )
     return settings
 
 
@@ -257,8 +273,9 @@ def _read_torch_adapter(path: Path, allow_pickle: bool, top_level_only: bool) ->
         raise WeightsError(f"{path}: its {state_key!r} is not a state dict of LoRA tensors")
     if shapes is None:
         keys = ", ".join(map(str, list(data)[:6]))
-        raise WeightsError(f"{path} is neither a state dict of LoRA tensors nor a dict with {LONGLIVE_STATE_KEY!r} "
-                           f"(its keys: {keys})")  # fmt: skip
+        raise WeightsError(
+            f"{path} is neither a state dict of LoRA tensors nor a dict with {LONGLIVE_STATE_KEY!r} (its keys: {keys})"
+        )
     return {"state_key": state_key, "shapes": {k: list(v) for k, v in shapes.items()}}
 
 
@@ -297,8 +314,10 @@ def _match_modules(
     for key in shapes:
         match = _LORA_KEY.match(key)
         if match is None:
-            raise WeightsError(f"{file}: key {key!r} is not a LoRA tensor (<module>.lora_A.weight or <module>.lora_B.weight); "
-                               "is this a LoRA adapter?")  # fmt: skip
+            raise WeightsError(
+                f"{file}: key {key!r} is not a LoRA tensor (<module>.lora_A.weight or <module>.lora_B.weight); "
+                "is this a LoRA adapter?"
+            )
         module = match["module"].removeprefix("base_model.model.")
         pairs.setdefault(module, {})[match["part"]] = key
     linears = linear_shapes(config)
@@ -321,20 +340,25 @@ def _match_modules(
         if target not in linears:
             if target + ".weight" in all_shapes:
                 raise WeightsError(f"{file}: key {key_a!r} adapts {target!r}, which is not a Linear layer of the model")
-            raise WeightsError(f"{file}: key {key_a!r} adapts {target!r}, which the model ({config.num_layers} blocks) "
-                               "does not have")  # fmt: skip
+            raise WeightsError(
+                f"{file}: key {key_a!r} adapts {target!r}, which the model ({config.num_layers} blocks) does not have"
+            )
         if target in targets:
             raise WeightsError(f"{file}: key {key_a!r} adapts {target!r} a second time (also {targets[target]!r})")
         targets[target] = key_a
         out_features, in_features = linears[target]
         shape_a, shape_b = tuple(shapes[key_a]), tuple(shapes[key_b])
         if len(shape_a) != 2 or shape_a[1] != in_features or shape_a[0] < 1:
-            raise WeightsError(f"{file}: key {key_a!r} has shape {shape_a}, expected (rank, {in_features}) for {target} "
-                               f"({in_features} -> {out_features})")  # fmt: skip
+            raise WeightsError(
+                f"{file}: key {key_a!r} has shape {shape_a}, expected (rank, {in_features}) for {target} "
+                f"({in_features} -> {out_features})"
+            )
         rank = shape_a[0]
         if shape_b != (out_features, rank):
-            raise WeightsError(f"{file}: key {key_b!r} has shape {shape_b}, expected ({out_features}, {rank}) for {target} "
-                               f"({in_features} -> {out_features}, rank {rank} from lora_A)")  # fmt: skip
+            raise WeightsError(
+                f"{file}: key {key_b!r} has shape {shape_b}, expected ({out_features}, {rank}) for {target} "
+                f"({in_features} -> {out_features}, rank {rank} from lora_A)"
+            )
         if peft is not None:
             declared = int(_pattern_value(peft.rank_pattern, name, peft.rank))
             if rank != declared:

@@ -157,20 +157,58 @@ class CacheFormat:
         return value_bytes + groups * self.scale_bytes + self.tensor_scale_bytes
 
 
-CACHE_FORMATS: Mapping[str, CacheFormat] = MappingProxyType({
-    entry.name: entry for entry in (
-        CacheFormat("int8", 8, "one token of one head (a row of head_dim)", None, 4, 0,
-                    _row_absmax_roundtrip(127.0, torch.round)),
-        CacheFormat("int4", 4, "one token of one head (a row of head_dim)", None, 4, 0,
-                    _row_absmax_roundtrip(7.0, torch.round)),
-        CacheFormat("fp8_e4m3", 8, "one token of one head (a row of head_dim)", None, 4, 0,
-                    _row_absmax_roundtrip(E4M3_MAX, round_e4m3)),
-        CacheFormat("nvfp4", 4, "16 consecutive values of a row (E4M3 scale), plus one FP32 scale a tensor",
-                    NVFP4_BLOCK, 1, 4, _nvfp4),
-        CacheFormat("nvfp4_4over6", 4, "as nvfp4; each block's scale targets 6 or 4, whichever errs less",
-                    NVFP4_BLOCK, 1, 4, _nvfp4_4over6),
-    )
-})  # fmt: skip
+CACHE_FORMATS: Mapping[str, CacheFormat] = MappingProxyType(
+    {
+        entry.name: entry
+        for entry in (
+            CacheFormat(
+                "int8",
+                8,
+                "one token of one head (a row of head_dim)",
+                None,
+                4,
+                0,
+                _row_absmax_roundtrip(127.0, torch.round),
+            ),
+            CacheFormat(
+                "int4",
+                4,
+                "one token of one head (a row of head_dim)",
+                None,
+                4,
+                0,
+                _row_absmax_roundtrip(7.0, torch.round),
+            ),
+            CacheFormat(
+                "fp8_e4m3",
+                8,
+                "one token of one head (a row of head_dim)",
+                None,
+                4,
+                0,
+                _row_absmax_roundtrip(E4M3_MAX, round_e4m3),
+            ),
+            CacheFormat(
+                "nvfp4",
+                4,
+                "16 consecutive values of a row (E4M3 scale), plus one FP32 scale a tensor",
+                NVFP4_BLOCK,
+                1,
+                4,
+                _nvfp4,
+            ),
+            CacheFormat(
+                "nvfp4_4over6",
+                4,
+                "as nvfp4; each block's scale targets 6 or 4, whichever errs less",
+                NVFP4_BLOCK,
+                1,
+                4,
+                _nvfp4_4over6,
+            ),
+        )
+    }
+)
 
 
 def cache_format(name: str) -> CacheFormat:
@@ -185,8 +223,9 @@ def smooth_keys(k: Tensor) -> Tensor:
     return k - k.mean(dim=-1, keepdim=True)
 
 
-def quantize_cache(k: Tensor, v: Tensor, format: str, tensors: str = "both", *,
-                   smooth: bool = False) -> tuple[Tensor, Tensor]:
+def quantize_cache(
+    k: Tensor, v: Tensor, format: str, tensors: str = "both", *, smooth: bool = False
+) -> tuple[Tensor, Tensor]:
     """Keys and values as a cache of ``format`` returns them; ``tensors`` (k, v, both) says
     which are quantized. ``smooth`` mean-centres the keys first (whether or not they are
     quantized), as LongLive 2.0 does with its NVFP4 cache."""

@@ -40,7 +40,7 @@ __all__ = ["TextEncoderSpec", "encode_prompts", "load_embedding", "save_embeddin
 MAX_TOKENS = 512
 
 
-def text_encoder_for(spec: "CheckpointSpec", text_dim: int, text_len: int, base_dir: str | Path = ".") -> TextEncoderSpec:
+def text_encoder_for(spec: CheckpointSpec, text_dim: int, text_len: int, base_dir: str | Path = ".") -> TextEncoderSpec:
     """The encoder of a checkpoint entry; raises FileNotFoundError naming what is missing."""
     folders = [p for p in (resolve_path(spec.base, base_dir), resolve_path(spec.weights, base_dir)) if p is not None]
     config = WanConfig(text_dim=text_dim, text_len=text_len)
@@ -190,7 +190,10 @@ def save_embedding(path: str | Path, context: torch.Tensor, *, prompt: str, enco
     context = context.detach().cpu().contiguous().float()
     data = context.numpy().tobytes()
     metadata = {"context_sha256": _tensor_sha256(context), "encoder": encoder.key, "prompt": prompt}
-    header = {"__metadata__": metadata, "context": {"dtype": "F32", "shape": list(context.shape), "data_offsets": [0, len(data)]}}
+    header = {
+        "__metadata__": metadata,
+        "context": {"dtype": "F32", "shape": list(context.shape), "data_offsets": [0, len(data)]},
+    }
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
     with atomic_path(path) as tmp:

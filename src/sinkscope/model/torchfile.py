@@ -30,10 +30,20 @@ from sinkscope.errors import WeightsError
 # The globals a weights-only load accepts: tensor and storage rebuilders, storage and
 # dtype names, ordered dicts. Anything else is a pickled object.
 _SAFE_MODULES = ("torch._utils", "torch.storage", "torch._tensor")
-_SAFE_GLOBALS = {"collections.OrderedDict", "builtins.set", "builtins.frozenset", "_codecs.encode", "torch.Size",
-                 "torch.device"}  # fmt: skip
-_TENSOR_REBUILDERS = {"torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor", "torch._utils._rebuild_parameter",
-                      "torch._utils._rebuild_parameter_with_state"}  # fmt: skip
+_SAFE_GLOBALS = {
+    "collections.OrderedDict",
+    "builtins.set",
+    "builtins.frozenset",
+    "_codecs.encode",
+    "torch.Size",
+    "torch.device",
+}
+_TENSOR_REBUILDERS = {
+    "torch._utils._rebuild_tensor_v2",
+    "torch._utils._rebuild_tensor",
+    "torch._utils._rebuild_parameter",
+    "torch._utils._rebuild_parameter_with_state",
+}
 
 
 @dataclass(frozen=True)
@@ -88,8 +98,28 @@ def _is_safe(name: str) -> bool:
     return module == "torch" and (attribute.endswith("Storage") or attribute in _DTYPES)
 
 
-_DTYPES = {"float32", "float", "float64", "double", "float16", "half", "bfloat16", "int64", "long", "int32", "int",
-           "int16", "short", "int8", "uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"}  # fmt: skip
+_DTYPES = {
+    "float32",
+    "float",
+    "float64",
+    "double",
+    "float16",
+    "half",
+    "bfloat16",
+    "int64",
+    "long",
+    "int32",
+    "int",
+    "int16",
+    "short",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+}
 
 
 def read_archive(path: str | Path, *, verify: bool = False) -> Archive:
@@ -109,7 +139,9 @@ def read_archive(path: str | Path, *, verify: bool = False) -> Archive:
             if verify:
                 broken = archive.testzip()
                 if broken is not None:
-                    raise WeightsError(f"{path} is corrupt: record {broken!r} fails its CRC check (damaged or bit-flipped)")
+                    raise WeightsError(
+                        f"{path} is corrupt: record {broken!r} fails its CRC check (damaged or bit-flipped)"
+                    )
             prefix = pickles[0][: -len("data.pkl")]
             storages = {name[len(prefix) + len("data/") :] for name in names if name.startswith(prefix + "data/")}
             payload = archive.read(pickles[0])
@@ -120,7 +152,9 @@ def read_archive(path: str | Path, *, verify: bool = False) -> Archive:
     data, found = _unpickle_structure(payload, path)
     missing = sorted({s.key for s in found["storages"]} - storages)
     if missing:
-        raise WeightsError(f"{path} is incomplete: its pickle refers to storage records it lacks ({', '.join(missing[:3])})")
+        raise WeightsError(
+            f"{path} is incomplete: its pickle refers to storage records it lacks ({', '.join(missing[:3])})"
+        )
     return Archive(path, data, frozenset(found["globals"]))
 
 
@@ -129,8 +163,10 @@ def read_trusted_structure(path: str | Path, *, allow_pickle: bool, option: str 
     objects beyond tensors is refused unless ``allow_pickle`` (``option`` names the setting)."""
     archive = read_archive(path, verify=True)
     if archive.unsafe_globals and not allow_pickle:
-        raise WeightsError(f"{archive.path} holds pickled objects beyond tensors ({', '.join(archive.unsafe_globals[:3])}); "
-                           f"set {option} only for a file you trust")  # fmt: skip
+        raise WeightsError(
+            f"{archive.path} holds pickled objects beyond tensors ({', '.join(archive.unsafe_globals[:3])}); "
+            f"set {option} only for a file you trust"
+        )
     return archive.data
 
 
@@ -139,8 +175,21 @@ def read_trusted_structure(path: str | Path, *, allow_pickle: bool, option: str 
 # storage's element count (int64, little-endian) and its bytes.
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
-_ELEMENT_SIZES = {"Double": 8, "Float": 4, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
-                  "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "Untyped": 1}  # fmt: skip
+_ELEMENT_SIZES = {
+    "Double": 8,
+    "Float": 4,
+    "Half": 2,
+    "BFloat16": 2,
+    "Long": 8,
+    "Int": 4,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+    "Untyped": 1,
+}
 
 
 def _read_legacy(path: Path) -> Archive:
@@ -159,7 +208,9 @@ def _read_legacy(path: Path) -> Archive:
         types = {s.key: s.type_name for s in found["storages"]}
         missing = sorted(set(types) - {str(k) for k in keys})
         if missing:
-            raise WeightsError(f"{path} is incomplete: its pickle refers to storages it lacks ({', '.join(missing[:3])})")
+            raise WeightsError(
+                f"{path} is incomplete: its pickle refers to storages it lacks ({', '.join(missing[:3])})"
+            )
         for key in keys:
             raw = handle.read(8)
             if len(raw) < 8:

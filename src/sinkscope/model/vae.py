@@ -53,20 +53,142 @@ __all__ = [
 ]
 
 # The latent normalization of each release (the generators' latents are normalized with it).
-WAN21_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517,
-                      -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)  # fmt: skip
-WAN21_LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
-                     1.6382, 1.1253, 2.8251, 1.9160)  # fmt: skip
-WAN22_LATENTS_MEAN = (-0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813,
-                      0.0891, 0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108,
-                      -0.2158, 0.2502, -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313,
-                      -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944,
-                      0.3573, -0.0548, -0.1681, -0.0667)  # fmt: skip
-WAN22_LATENTS_STD = (0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
-                     0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
-                     0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
-                     0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468,
-                     0.7744)  # fmt: skip
+WAN21_LATENTS_MEAN = (
+    -0.7571,
+    -0.7089,
+    -0.9113,
+    0.1075,
+    -0.1745,
+    0.9653,
+    -0.1517,
+    1.5508,
+    0.4134,
+    -0.0715,
+    0.5517,
+    -0.3632,
+    -0.1922,
+    -0.9497,
+    0.2503,
+    -0.2921,
+)
+WAN21_LATENTS_STD = (
+    2.8184,
+    1.4541,
+    2.3275,
+    2.6558,
+    1.2196,
+    1.7708,
+    2.6052,
+    2.0743,
+    3.2687,
+    2.1526,
+    2.8652,
+    1.5579,
+    1.6382,
+    1.1253,
+    2.8251,
+    1.9160,
+)
+WAN22_LATENTS_MEAN = (
+    -0.2289,
+    -0.0052,
+    -0.1323,
+    -0.2339,
+    -0.2799,
+    0.0174,
+    0.1838,
+    0.1557,
+    -0.1382,
+    0.0542,
+    0.2813,
+    0.0891,
+    0.1570,
+    -0.0098,
+    0.0375,
+    -0.1825,
+    -0.2246,
+    -0.1207,
+    -0.0698,
+    0.5109,
+    0.2665,
+    -0.2108,
+    -0.2158,
+    0.2502,
+    -0.2055,
+    -0.0322,
+    0.1109,
+    0.1567,
+    -0.0729,
+    0.0899,
+    -0.2799,
+    -0.1230,
+    -0.0313,
+    -0.1649,
+    0.0117,
+    0.0723,
+    -0.2839,
+    -0.2083,
+    -0.0520,
+    0.3748,
+    0.0152,
+    0.1957,
+    0.1433,
+    -0.2944,
+    0.3573,
+    -0.0548,
+    -0.1681,
+    -0.0667,
+)
+WAN22_LATENTS_STD = (
+    0.4765,
+    1.0364,
+    0.4514,
+    1.1677,
+    0.5313,
+    0.4990,
+    0.4818,
+    0.5013,
+    0.8158,
+    1.0344,
+    0.5894,
+    1.0901,
+    0.6885,
+    0.6165,
+    0.8454,
+    0.4978,
+    0.5759,
+    0.3523,
+    0.7135,
+    0.6804,
+    0.5833,
+    1.4146,
+    0.8986,
+    0.5659,
+    0.7069,
+    0.5338,
+    0.4889,
+    0.4917,
+    0.4069,
+    0.4999,
+    0.6866,
+    0.4093,
+    0.5709,
+    0.6065,
+    0.6415,
+    0.4944,
+    0.5726,
+    1.2042,
+    0.5458,
+    1.6887,
+    0.3971,
+    1.0600,
+    0.3943,
+    0.5537,
+    0.5444,
+    0.4089,
+    0.7468,
+    0.7744,
+)
 LATENT_NORMALIZATION = {16: (WAN21_LATENTS_MEAN, WAN21_LATENTS_STD), 48: (WAN22_LATENTS_MEAN, WAN22_LATENTS_STD)}
 
 TEMPORAL_STRIDE = 4  # every release: video frame 0 -> latent 0, frames 4k-3..4k -> latent k
@@ -76,15 +198,29 @@ TEMPORAL_STRIDE = 4  # every release: video frame 0 -> latent 0, frames 4k-3..4k
 
 # Wan's ResidualBlock is a Sequential (RMS_norm, SiLU, conv, RMS_norm, SiLU, Dropout, conv)
 # plus a shortcut; diffusers names the parts.
-_RESIDUAL_PARTS = (("residual.0.", "norm1."), ("residual.2.", "conv1."), ("residual.3.", "norm2."),
-                   ("residual.6.", "conv2."), ("shortcut.", "conv_shortcut."))  # fmt: skip
-_FIXED = (("conv1.", "quant_conv."), ("conv2.", "post_quant_conv."), ("encoder.conv1.", "encoder.conv_in."),
-          ("decoder.conv1.", "decoder.conv_in."), ("encoder.head.0.", "encoder.norm_out."),
-          ("encoder.head.2.", "encoder.conv_out."), ("decoder.head.0.", "decoder.norm_out."),
-          ("decoder.head.2.", "decoder.conv_out."), ("encoder.middle.0.", "encoder.mid_block.resnets.0."),
-          ("encoder.middle.1.", "encoder.mid_block.attentions.0."), ("encoder.middle.2.", "encoder.mid_block.resnets.1."),
-          ("decoder.middle.0.", "decoder.mid_block.resnets.0."), ("decoder.middle.1.", "decoder.mid_block.attentions.0."),
-          ("decoder.middle.2.", "decoder.mid_block.resnets.1."))  # fmt: skip
+_RESIDUAL_PARTS = (
+    ("residual.0.", "norm1."),
+    ("residual.2.", "conv1."),
+    ("residual.3.", "norm2."),
+    ("residual.6.", "conv2."),
+    ("shortcut.", "conv_shortcut."),
+)
+_FIXED = (
+    ("conv1.", "quant_conv."),
+    ("conv2.", "post_quant_conv."),
+    ("encoder.conv1.", "encoder.conv_in."),
+    ("decoder.conv1.", "decoder.conv_in."),
+    ("encoder.head.0.", "encoder.norm_out."),
+    ("encoder.head.2.", "encoder.conv_out."),
+    ("decoder.head.0.", "decoder.norm_out."),
+    ("decoder.head.2.", "decoder.conv_out."),
+    ("encoder.middle.0.", "encoder.mid_block.resnets.0."),
+    ("encoder.middle.1.", "encoder.mid_block.attentions.0."),
+    ("encoder.middle.2.", "encoder.mid_block.resnets.1."),
+    ("decoder.middle.0.", "decoder.mid_block.resnets.0."),
+    ("decoder.middle.1.", "decoder.mid_block.attentions.0."),
+    ("decoder.middle.2.", "decoder.mid_block.resnets.1."),
+)
 
 
 def _residual_names(rest: str) -> str:
@@ -154,17 +290,27 @@ def original_config(shapes: Mapping[str, Sequence[int]]) -> dict[str, Any]:
     if residual:
         for i in sorted({int(k.split(".")[2]) for k in shapes if k.startswith("encoder.downsamples.")}):
             prefix = f"encoder.downsamples.{i}.downsamples."
-            blocks = sorted({int(k[len(prefix):].split(".")[0]) for k in shapes
-                             if k.startswith(prefix) and ".residual." in k})  # fmt: skip
-            levels.append({"width": int(shapes[f"{prefix}{blocks[0]}.residual.2.weight"][0]), "blocks": len(blocks),
-                           "temporal": any(k.startswith(prefix) and ".time_conv." in k for k in shapes)})  # fmt: skip
+            blocks = sorted(
+                {int(k[len(prefix) :].split(".")[0]) for k in shapes if k.startswith(prefix) and ".residual." in k}
+            )
+            levels.append(
+                {
+                    "width": int(shapes[f"{prefix}{blocks[0]}.residual.2.weight"][0]),
+                    "blocks": len(blocks),
+                    "temporal": any(k.startswith(prefix) and ".time_conv." in k for k in shapes),
+                }
+            )
     else:
         entries = sorted({int(k.split(".")[2]) for k in shapes if k.startswith("encoder.downsamples.")})
         current: dict[str, Any] = {"blocks": 0}
         for index in entries:
             prefix = f"encoder.downsamples.{index}."
             if f"{prefix}residual.2.weight" in shapes:
-                current = {**current, "width": int(shapes[f"{prefix}residual.2.weight"][0]), "blocks": current["blocks"] + 1}
+                current = {
+                    **current,
+                    "width": int(shapes[f"{prefix}residual.2.weight"][0]),
+                    "blocks": current["blocks"] + 1,
+                }
             else:  # a resampler closes the level
                 levels.append({**current, "temporal": f"{prefix}time_conv.weight" in shapes})
                 current = {"blocks": 0}
@@ -199,8 +345,10 @@ def original_config(shapes: Mapping[str, Sequence[int]]) -> dict[str, Any]:
 
 def original_state_dict(state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """An original Wan VAE state dict in diffusers' names (``diffusers_key``)."""
-    return {diffusers_key(key, residual=config["is_residual"], num_res_blocks=config["num_res_blocks"]): value
-            for key, value in state.items()}  # fmt: skip
+    return {
+        diffusers_key(key, residual=config["is_residual"], num_res_blocks=config["num_res_blocks"]): value
+        for key, value in state.items()
+    }
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -272,7 +420,9 @@ def load_vae(path: str | Path, *, device: str = "cpu", dtype: str | torch.dtype 
 DECODE_UNITS = 13
 
 
-def decode_bytes(config: Mapping[str, Any], height: int, width: int, frames_per_call: int = 1, itemsize: int = 4) -> int:
+def decode_bytes(
+    config: Mapping[str, Any], height: int, width: int, frames_per_call: int = 1, itemsize: int = 4
+) -> int:
     """An upper bound on the device memory (beyond the weights) a decode takes at a latent
     grid of ``height`` x ``width`` with ``frames_per_call`` latent frames a decoder call:
     ``DECODE_UNITS`` x (calls' frames + 1) x one latent frame's output at the last level."""
@@ -324,12 +474,16 @@ class WanVAE:
         height, width = latents_shape[-2:]
         itemsize = self.latents_mean.new_empty((), dtype=self.dtype).element_size()
         frames = 1
-        while frames < latents_shape[-3] - 1 and decode_bytes(self.config, height, width, frames + 1, itemsize) <= memory_budget:
+        while (
+            frames < latents_shape[-3] - 1
+            and decode_bytes(self.config, height, width, frames + 1, itemsize) <= memory_budget
+        ):
             frames += 1
         return frames
 
-    def decode_pixels(self, latents: torch.Tensor | np.ndarray, *, frames_per_call: int = 1,
-                      to_uint8: bool = False) -> torch.Tensor:  # fmt: skip
+    def decode_pixels(
+        self, latents: torch.Tensor | np.ndarray, *, frames_per_call: int = 1, to_uint8: bool = False
+    ) -> torch.Tensor:
         """Normalized latents [1, C, F, H, W] (or [C, F, H, W]) -> the video [1, 3, T, H', W']
         in [-1, 1] (or uint8 [T, H', W', 3] on the host with ``to_uint8``); latent frame 0
         alone, then ``frames_per_call`` latent frames a call."""
@@ -339,8 +493,13 @@ class WanVAE:
         """A decode of one video whose latents arrive in pieces (:class:`PixelStream`)."""
         return PixelStream(self)
 
-    def decode(self, latents: torch.Tensor | np.ndarray, *, frames_per_call: int | None = None,
-               memory_budget: int | None = None) -> torch.Tensor:  # fmt: skip
+    def decode(
+        self,
+        latents: torch.Tensor | np.ndarray,
+        *,
+        frames_per_call: int | None = None,
+        memory_budget: int | None = None,
+    ) -> torch.Tensor:
         """Normalized latents [1, C, F, H, W] (or [C, F, H, W]) -> uint8 frames [T, H', W', 3]
         on the host, T = 4 (F - 1) + 1; decoded in calls of ``frames_per_call`` latent frames
         (default: as many as ``memory_budget`` bytes allow, 1 without a budget)."""
@@ -395,7 +554,9 @@ class PixelStream:
         self.latent_frames = 0  # pushed so far
         self._cache: list[Any] = [None] * sum(isinstance(m, WanCausalConv3d) for m in vae.module.decoder.modules())
 
-    def push(self, latents: torch.Tensor | np.ndarray, *, frames_per_call: int = 1, to_uint8: bool = False) -> torch.Tensor:
+    def push(
+        self, latents: torch.Tensor | np.ndarray, *, frames_per_call: int = 1, to_uint8: bool = False
+    ) -> torch.Tensor:
         """The next normalized latents [1, C, F, H, W] (or [C, F, H, W]) -> their video frames
         [1, 3, T, H', W'] in [-1, 1] (or uint8 [T, H', W', 3] on the host): T = 4 F, plus 1
         more for the video's first latent frame."""

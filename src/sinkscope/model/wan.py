@@ -54,7 +54,12 @@ class AttentionObserver(Protocol):
     """
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, *,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: AttentionLayout,
+        *,
         frame_bias: torch.Tensor | None = None,
     ) -> torch.Tensor | None: ...
 
@@ -255,7 +260,12 @@ class WanSelfAttention(_WanAttention):
         return out.transpose(1, 2).flatten(2)
 
     def _edited(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, bias: torch.Tensor,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: AttentionLayout,
+        bias: torch.Tensor,
         kernels: KernelSettings,
     ) -> torch.Tensor:
         """A cached call whose scores an edit changes (``frame_bias`` [H, key segments], see
@@ -292,7 +302,9 @@ class WanAttentionBlock(nn.Module):
         self.norm3 = WanLayerNorm(dim, eps, elementwise_affine=True) if config.cross_attn_norm else nn.Identity()
         self.cross_attn = WanCrossAttention(dim, config.num_heads, eps, config.qk_norm)
         self.norm2 = WanLayerNorm(dim, eps)
-        self.ffn = nn.Sequential(nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(config.ffn_dim, dim))
+        self.ffn = nn.Sequential(
+            nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(config.ffn_dim, dim)
+        )
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(
@@ -333,7 +345,7 @@ class WanAttentionBlock(nn.Module):
     # WanModel.compile_blocks can compile them once for all layers.
     @staticmethod
     def attention_inputs(
-        block: "WanAttentionBlock", x: torch.Tensor, e0: torch.Tensor, rope: torch.Tensor, rope_k: bool = True
+        block: WanAttentionBlock, x: torch.Tensor, e0: torch.Tensor, rope: torch.Tensor, rope_k: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Modulated norm1, q/k/v projections, q/k RMSNorm and RoPE (on k only if ``rope_k``)."""
         frames = e0.shape[1]
@@ -344,7 +356,7 @@ class WanAttentionBlock(nn.Module):
 
     @staticmethod
     def attention_outputs(
-        block: "WanAttentionBlock",
+        block: WanAttentionBlock,
         x: torch.Tensor,
         attn: torch.Tensor,
         e0: torch.Tensor,
@@ -517,7 +529,9 @@ class WanModel(nn.Module):
             cross = self.context_kv(context)
             if frame_mask is not None:
                 tokens = height * width
-                attn_mask = frame_mask.to(x.device, torch.bool).repeat_interleave(tokens, 0).repeat_interleave(tokens, 1)
+                attn_mask = (
+                    frame_mask.to(x.device, torch.bool).repeat_interleave(tokens, 0).repeat_interleave(tokens, 1)
+                )
         rope = self.rope.phases(
             position, frames, height, width, x.device, torch.float64 if x.dtype == torch.float64 else torch.float32
         )
@@ -533,7 +547,7 @@ class WanModel(nn.Module):
 
     # -- speed and observers ---------------------------------------------------------
 
-    def compile_blocks(self, **options) -> "WanModel":
+    def compile_blocks(self, **options) -> WanModel:
         """torch.compile the tensor work around every self-attention core.
 
         One compiled pair serves all layers (parameters are graph inputs); the
@@ -590,4 +604,3 @@ def build_model(
     if seed is not None:
         init_random_weights(model, seed)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-

@@ -49,7 +49,9 @@ def resolve_path(path: str | None, base_dir: str | Path = ".") -> Path | None:
 
 def shipped_weights() -> list[str]:
     """The ``sinkscope:`` names of the weights shipped in the package."""
-    return sorted(PACKAGE_PREFIX + p.name for p in PACKAGE_WEIGHTS.iterdir() if p.is_file() and p.suffix in TORCH_SUFFIXES)
+    return sorted(
+        PACKAGE_PREFIX + p.name for p in PACKAGE_WEIGHTS.iterdir() if p.is_file() and p.suffix in TORCH_SUFFIXES
+    )
 
 
 def missing_path(message: str, text: str) -> str:
@@ -161,11 +163,16 @@ def check_shapes(found: Mapping[str, tuple[int, ...]], expected: Mapping[str, tu
     """Strict key and shape comparison, failing with counts and the first names."""
     missing = [k for k in expected if k not in found]
     unexpected = [k for k in found if k not in expected]
-    mismatched = [f"{k} {tuple(found[k])} vs model {tuple(expected[k])}" for k in expected
-                  if k in found and tuple(found[k]) != tuple(expected[k])]  # fmt: skip
-    problems = [f"{len(names)} {label} (first: {', '.join(names[:4])})"
-                for label, names in (("missing", missing), ("unexpected", unexpected), ("shape mismatches", mismatched))
-                if names]  # fmt: skip
+    mismatched = [
+        f"{k} {tuple(found[k])} vs model {tuple(expected[k])}"
+        for k in expected
+        if k in found and tuple(found[k]) != tuple(expected[k])
+    ]
+    problems = [
+        f"{len(names)} {label} (first: {', '.join(names[:4])})"
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("shape mismatches", mismatched))
+        if names
+    ]
     if problems:
         raise WeightsError(f"{source} does not fit the model: " + "; ".join(problems))
 
@@ -237,7 +244,9 @@ def torch_load(path: Path, *, allow_pickle: bool, option: str = "allow_pickle: t
     except pickle.UnpicklingError as exc:
         # The refusal names the global it would not load; anything else is a broken file.
         if allow_pickle or "global" not in str(exc).lower():
-            raise WeightsError(f"{path} is not a readable torch file (corrupt or truncated?): {_plain(str(exc))[:200]}") from None
+            raise WeightsError(
+                f"{path} is not a readable torch file (corrupt or truncated?): {_plain(str(exc))[:200]}"
+            ) from None
         raise WeightsError(
             f"{path} holds objects beyond tensors, and unpickling them is refused by default "
             f"(it can run code); if you trust the file, set {option} ({_plain(str(exc).splitlines()[0])[:120]})"

@@ -47,9 +47,26 @@ from sinkscope.tables import (
 )
 
 log = logging.getLogger("sinkscope")
-_SOURCE_KEYS = ("checkpoint", "variant", "prompt_id", "seed", "layer", "config_hash", "checkpoint_digest", "device_name",
-                "device_kind", "dtype", "torch_version", "package_version", "code_commit", "code_digest",
-                "latents_sha256", "legacy_layout", "legacy_file", "legacy_file_sha256")  # fmt: skip
+_SOURCE_KEYS = (
+    "checkpoint",
+    "variant",
+    "prompt_id",
+    "seed",
+    "layer",
+    "config_hash",
+    "checkpoint_digest",
+    "device_name",
+    "device_kind",
+    "dtype",
+    "torch_version",
+    "package_version",
+    "code_commit",
+    "code_digest",
+    "latents_sha256",
+    "legacy_layout",
+    "legacy_file",
+    "legacy_file_sha256",
+)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -100,8 +117,10 @@ def _check_precision(records: Sequence[Mapping[str, Any]], what: str) -> None:
         if "dtype" in record:
             kinds.setdefault((record.get("device_kind"), record["dtype"]), []).append(record["file"])
     if len(kinds) > 1:
-        described = "; ".join(f"{dtype} on {device}: {files[0]}" + (f" (+{len(files) - 1} more)" if len(files) > 1 else "")
-                              for (device, dtype), files in sorted(kinds.items(), key=str))  # fmt: skip
+        described = "; ".join(
+            f"{dtype} on {device}: {files[0]}" + (f" (+{len(files) - 1} more)" if len(files) > 1 else "")
+            for (device, dtype), files in sorted(kinds.items(), key=str)
+        )
         raise SinkscopeError(
             f"{what} mixes precisions ({described}); extract them all on one device kind "
             "and dtype (config device / checkpoints.<name>.dtype), e.g. snakemake --forcerun extract_attention"
@@ -128,7 +147,9 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
             frame = with_default_columns(_read_checked(path, manifest), meta.get("frame_seq_length"))
             if contents is not None:
                 layer = int(frame["layer"].iloc[0]) if len(frame) else -1
-                check_layer_rows(frame, layer=layer, calls=contents["num_calls"], heads=contents["num_heads"], where=str(path))
+                check_layer_rows(
+                    frame, layer=layer, calls=contents["num_calls"], heads=contents["num_heads"], where=str(path)
+                )
             parts["frames"].append(frame)
             records.append(_source_record(path, meta))
             if "model_config" in meta:
@@ -157,12 +178,19 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
         "query_stats": queries if queries is not None else pd.DataFrame(columns=SCHEMAS["query_stats"].names),
         "head_stats": head_stats(frame, first_k),
         "layer_stats": layer_stats(frame, first_k),
-        "block_stats": block_stats(frame, int(params.get("sink_frames", 0)),
-                                   pd.concat(rollout, ignore_index=True) if rollout else None),  # fmt: skip
+        "block_stats": block_stats(
+            frame, int(params.get("sink_frames", 0)), pd.concat(rollout, ignore_index=True) if rollout else None
+        ),
         "head_diagnostics": diagnostics,
     }
     for table, rows in tables.items():
-        write_table(rows, outputs[table], SCHEMAS[table], metadata, row_groups_by="block" if table == "frame_attention" else None)
+        write_table(
+            rows,
+            outputs[table],
+            SCHEMAS[table],
+            metadata,
+            row_groups_by="block" if table == "frame_attention" else None,
+        )
     with atomic_path(outputs["head_classes"]) as tmp:
         head_class_grid(diagnostics).to_csv(tmp)
     # Token profiles: the extraction files themselves, linked into a Parquet dataset folder.
@@ -175,8 +203,14 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
         _link_or_copy(path, folder / relative)
         linked.append(relative.as_posix())
     write_manifest(folder, linked, {"table": "token_profiles", "source": name}, name=DATASET_MANIFEST)
-    log.info("aggregated %d files, %d frame rows, %d token files for %s in %.2f s",
-             len(records), len(frame), len(token_files), name, time.perf_counter() - began)  # fmt: skip
+    log.info(
+        "aggregated %d files, %d frame rows, %d token files for %s in %.2f s",
+        len(records),
+        len(frame),
+        len(token_files),
+        name,
+        time.perf_counter() - began,
+    )
 
 
 def combine_job(inputs: Mapping[str, Sequence[str | Path]], outputs: Mapping[str, str | Path]) -> None:
@@ -193,11 +227,15 @@ def combine_job(inputs: Mapping[str, Sequence[str | Path]], outputs: Mapping[str
                     relative = Path(source_folder.parent.name, name)
                     _link_or_copy(source_folder / name, folder / relative)
                     linked.append(relative.as_posix())
-            write_manifest(folder, linked, {"table": "token_profiles", "sources": [str(p) for p in paths]}, name=DATASET_MANIFEST)
+            write_manifest(
+                folder, linked, {"table": "token_profiles", "sources": [str(p) for p in paths]}, name=DATASET_MANIFEST
+            )
             continue
         frame = read_table(paths)
         parts = [read_metadata(path) for path in paths]
-        _check_precision([source for part in parts for source in part.get("sources", [])], "the study (results/tables/)")
+        _check_precision(
+            [source for part in parts for source in part.get("sources", [])], "the study (results/tables/)"
+        )
         metadata = {
             **provenance("combine_tables"),
             "checkpoints": sorted(set(frame["checkpoint"])) if len(frame) else [],

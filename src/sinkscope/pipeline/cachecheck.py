@@ -41,8 +41,19 @@ from sinkscope.tables import read_metadata, read_table
 
 # The stand-in: one layer, one head of the smallest width RoPE takes, a 2x2 latent grid
 # under 2x2 patches (one token a frame).
-STAND_IN = WanConfig(dim=8, ffn_dim=8, num_heads=1, num_layers=1, in_dim=4, out_dim=4, text_dim=8, text_len=2,
-                     freq_dim=8, latent_height=2, latent_width=2)  # fmt: skip
+STAND_IN = WanConfig(
+    dim=8,
+    ffn_dim=8,
+    num_heads=1,
+    num_layers=1,
+    in_dim=4,
+    out_dim=4,
+    text_dim=8,
+    text_len=2,
+    freq_dim=8,
+    latent_height=2,
+    latent_width=2,
+)
 # The columns a check reads from a layer's frame rows.
 LAYOUT_COLUMNS = ["block", "pass", "step", "query_frame", "key_frame", "key_tokens", "key_position_shift"]
 
@@ -121,7 +132,9 @@ def _captured_calls(rows: pd.DataFrame) -> dict[tuple[int, CallKey], tuple[set[i
         rows = rows[rows["head"] == rows["head"].min()]
     found: dict[tuple[int, CallKey], tuple[set[int], dict[tuple[int, int], int]]] = {}
     columns = ["layer", *LAYOUT_COLUMNS]
-    for layer, block, pass_, step, query, frame, tokens, shift in rows[columns].drop_duplicates().itertuples(index=False):
+    for layer, block, pass_, step, query, frame, tokens, shift in (
+        rows[columns].drop_duplicates().itertuples(index=False)
+    ):
         queries, keys = found.setdefault((int(layer), (int(block), str(pass_), int(step))), (set(), {}))
         queries.add(int(query))
         keys[(int(frame), int(shift))] = max(int(tokens), keys.get((int(frame), int(shift)), 0))
@@ -132,8 +145,9 @@ def _shifts(shifts: set[int]) -> str:
     return ", ".join(f"{shift:+d}" for shift in sorted(shifts))
 
 
-def call_problems(declared: DeclaredCall, queries: set[int], keys: Mapping[tuple[int, int], int],
-                  frame_seq_length: int) -> list[str]:  # fmt: skip
+def call_problems(
+    declared: DeclaredCall, queries: set[int], keys: Mapping[tuple[int, int], int], frame_seq_length: int
+) -> list[str]:
     """How one captured call's cache contents contradict its declared layout (empty: they agree)."""
     problems = []
     if queries != set(declared.query_frames):
@@ -159,8 +173,10 @@ def call_problems(declared: DeclaredCall, queries: set[int], keys: Mapping[tuple
         for shift in sorted(have):
             tokens = keys[(frame, shift)]
             if tokens > frame_seq_length or (frame not in declared.chosen and tokens != frame_seq_length):
-                problems.append(f"frame {frame} holds {tokens} of its {frame_seq_length} tokens"
-                                + ("" if frame in declared.chosen else " (the policy keeps it whole)"))  # fmt: skip
+                problems.append(
+                    f"frame {frame} holds {tokens} of its {frame_seq_length} tokens"
+                    + ("" if frame in declared.chosen else " (the policy keeps it whole)")
+                )
     if declared.chosen and not problems:
         total, expected = sum(keys.values()), len(declared.segments) * frame_seq_length
         if total != expected:
@@ -190,8 +206,10 @@ def check_rows(
     try:
         calls = _declared(json.dumps(options.to_dict(), sort_keys=True), tuple(int(f) for f in switch_frames))
     except (ValueError, RuntimeError, TypeError) as error:  # one line for the user; the cause in the log
-        raise SinkscopeError(f"{prefix}cannot replay cache_policy {options.cache_policy!r} under procedure "
-                             f"{options.procedure!r} on the stand-in model: {str(error).splitlines()[0]}") from error
+        raise SinkscopeError(
+            f"{prefix}cannot replay cache_policy {options.cache_policy!r} under procedure "
+            f"{options.procedure!r} on the stand-in model: {str(error).splitlines()[0]}"
+        ) from error
     declared: dict[CallKey, DeclaredCall] = {}
     for call in calls:
         declared.setdefault(call.key, call)
@@ -232,12 +250,19 @@ def check_extraction(folder: str | Path) -> list[str]:
         path = layer_file(folder, layer)
         meta = read_metadata(path)
         if "generation" not in meta or "frame_seq_length" not in meta:
-            raise SinkscopeError(f"{path}: no generation options recorded (an older sinkscope wrote it); extract it again")
+            raise SinkscopeError(
+                f"{path}: no generation options recorded (an older sinkscope wrote it); extract it again"
+            )
         # Every head of a call sees one layout: one head's rows are enough.
         rows = read_table(path, columns=["layer", "head", *LAYOUT_COLUMNS], filters=[("head", "=", 0)])
         options = GenerationOptions.from_config(meta["generation"])
-        lines += check_rows(rows, options, frame_seq_length=int(meta["frame_seq_length"]),
-                            switch_frames=_switch_frames(meta), where=str(folder))  # fmt: skip
+        lines += check_rows(
+            rows,
+            options,
+            frame_seq_length=int(meta["frame_seq_length"]),
+            switch_frames=_switch_frames(meta),
+            where=str(folder),
+        )
     return lines
 
 

@@ -22,7 +22,7 @@ import ast
 import hashlib
 import json
 import os
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 PACKAGE = "sinkscope"
@@ -49,17 +49,19 @@ def _parents(name: str) -> list[str]:
 
 
 # Modules that run a job but compute none of its values: editing them reruns nothing.
-NOT_RESULT_CODE = frozenset({
-    "sinkscope",  # the version string
-    "sinkscope.errors",  # exception classes and their messages
-    "sinkscope.pipeline",
-    "sinkscope.pipeline.codedigest",
-    "sinkscope.pipeline.config",
-    "sinkscope.pipeline.invocation",
-    "sinkscope.pipeline.jobs",  # logs, one-line errors, device choice (a param), provenance
-    "sinkscope.pipeline.resources",
-    "sinkscope.pipeline.study",
-})
+NOT_RESULT_CODE = frozenset(
+    {
+        "sinkscope",  # the version string
+        "sinkscope.errors",  # exception classes and their messages
+        "sinkscope.pipeline",
+        "sinkscope.pipeline.codedigest",
+        "sinkscope.pipeline.config",
+        "sinkscope.pipeline.invocation",
+        "sinkscope.pipeline.jobs",  # logs, one-line errors, device choice (a param), provenance
+        "sinkscope.pipeline.resources",
+        "sinkscope.pipeline.study",
+    }
+)
 
 
 def _is_type_checking(node: ast.AST) -> bool:
@@ -90,7 +92,7 @@ def _lazy_nodes(tree: ast.Module) -> set[int]:
     return lazy
 
 
-@lru_cache(maxsize=None)
+@cache
 def _imports(name: str, lazy: bool = True) -> frozenset[str]:
     """Package modules imported anywhere in module ``name``'s source.
 
@@ -128,7 +130,7 @@ def _imports(name: str, lazy: bool = True) -> frozenset[str]:
     return frozenset(module for module in found if _module_file(module) is not None)
 
 
-@lru_cache(maxsize=None)
+@cache
 def module_closure(name: str) -> tuple[str, ...]:
     """``name`` and every package module it imports, transitively (package __init__s
     too), less ``NOT_RESULT_CODE`` (neither counted nor followed)."""
@@ -222,7 +224,11 @@ STAGE_MODULES = {
     "combine_tables": ("sinkscope.pipeline.aggregate",),
     "summary_page": ("sinkscope.figures.report",),
     "decode_video": ("sinkscope.pipeline.video",),
-    "contact_sheet": ("sinkscope.pipeline.contact_sheets", "sinkscope.figures.contact_sheet", "sinkscope.figures.render"),
+    "contact_sheet": (
+        "sinkscope.pipeline.contact_sheets",
+        "sinkscope.figures.contact_sheet",
+        "sinkscope.figures.render",
+    ),
     "intervention_head_classes": ("sinkscope.pipeline.headclasses",),
     "variant_effects": ("sinkscope.pipeline.effects",),
     "combine_effects": ("sinkscope.pipeline.aggregate",),

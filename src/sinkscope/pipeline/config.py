@@ -26,7 +26,6 @@ from sinkscope.model.checkpoints import (
     resolve_checkpoint,
 )
 from sinkscope.naming import parse_head_label
-from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.options import (
     GLOBAL,
     POLICY_KEYS,
@@ -35,8 +34,9 @@ from sinkscope.options import (
     missing_reencode_vae,
     procedure_spec,
 )
-from sinkscope.prompt_schedules import prompt_segments, schedule_problems, switch_frames
+from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.overrides import apply_overrides, parse_config_overrides
+from sinkscope.prompt_schedules import prompt_segments, schedule_problems, switch_frames
 from sinkscope.schema import load_schema, resolve_ref
 
 __all__ = [
@@ -206,8 +206,17 @@ def _describe(error) -> str:
         return f"config key {key}: {value!r} is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0, head 0)"
     if error.validator == "pattern":
         return f"config key {key}: {value!r} does not match the pattern {error.validator_value}"
-    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "uniqueItems",
-                           "minProperties", "minLength", "maxLength"):  # fmt: skip
+    if error.validator in (
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "minItems",
+        "uniqueItems",
+        "minProperties",
+        "minLength",
+        "maxLength",
+    ):
         return f"config key {key}: {error.message}"
     return f"config key {key}: {value!r}: {error.message}"
 
@@ -232,12 +241,12 @@ def validate_schema(config: Mapping) -> None:
     from jsonschema import Draft202012Validator
 
     validator = Draft202012Validator(load_schema())
-    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    errors = sorted(
+        validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))
+    )
     if errors:
         lines = sorted({_describe(error) for error in errors})
         raise ConfigError.invalid(lines)
-
-
 
 
 # -- semantic checks -----------------------------------------------------------------
@@ -250,8 +259,12 @@ def _check_names(raw: Mapping) -> None:
         if isinstance(entries, Mapping):
             for key in entries:
                 if not isinstance(key, str):
-                    raise ConfigError.invalid([f"config key {section}: the name {key!r} is a {type(key).__name__}; "
-                                               f"names must be strings (write '{key}' in quotes)"])  # fmt: skip
+                    raise ConfigError.invalid(
+                        [
+                            f"config key {section}: the name {key!r} is a {type(key).__name__}; "
+                            f"names must be strings (write '{key}' in quotes)"
+                        ]
+                    )
 
 
 def merge_variant(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -326,7 +339,7 @@ def variant_names(config: Mapping) -> list[str]:
 
 
 def _run_name(config: Mapping, checkpoint: str, variant: str) -> str:
-    """" (checkpoint 'x', variant 'v')": which run a problem belongs to, where runs differ
+    """ " (checkpoint 'x', variant 'v')": which run a problem belongs to, where runs differ
     (checkpoints with generation settings of their own, variants); nothing otherwise."""
     parts = []
     if any((entry or {}).get("generation") for entry in config["checkpoints"].values()):
@@ -377,15 +390,23 @@ def _check_intervention_places(config: Mapping) -> list[str]:
     """Edits belong in variants other than ``default``: the study's generation, a
     checkpoint's own and the ``default`` variant are the untouched control."""
     places = [("generation", config["generation"])]
-    places += [(f"checkpoints.{name}.generation", (entry or {}).get("generation") or {})
-               for name, entry in config["checkpoints"].items()]  # fmt: skip
+    places += [
+        (f"checkpoints.{name}.generation", (entry or {}).get("generation") or {})
+        for name, entry in config["checkpoints"].items()
+    ]
     places.append(("variants.default", (config.get("variants") or {}).get("default") or {}))
-    return [f"config key {where}.interventions: edits belong in variants: (each edited variant is paired with the "
-            "untouched default variant of the same checkpoint, prompt and seed); move them under "
-            "variants.<name>.interventions" for where, values in places if values.get("interventions")]  # fmt: skip
+    return [
+        f"config key {where}.interventions: edits belong in variants: (each edited variant is paired with the "
+        "untouched default variant of the same checkpoint, prompt and seed); move them under "
+        "variants.<name>.interventions"
+        for where, values in places
+        if values.get("interventions")
+    ]
 
 
-def _check_edited_heads(config: Mapping, checkpoint: str, variant: str, option: GenerationOptions, model_config) -> list[str]:
+def _check_edited_heads(
+    config: Mapping, checkpoint: str, variant: str, option: GenerationOptions, model_config
+) -> list[str]:
     """Heads and layers of the run's edits that its checkpoint's model does not have."""
     problems = []
     where = _where(config, checkpoint, variant, "interventions")
@@ -425,9 +446,11 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
             problems.append(f"config key {where}: {first} must decrease strictly (noisiest first)")
         if not _FLOAT32_NORMAL_MIN <= option.timestep_shift <= _FLOAT32_MAX:
             where = _where(config, checkpoint, variant, "timestep_shift")
-            problems.append(f"config key {where}: {option.timestep_shift!r} makes the denoising schedule non-finite (it is "
-                            f"computed in float32: use a value from {_FLOAT32_NORMAL_MIN:.1e} to {_FLOAT32_MAX:.1e}; "
-                            "Self-Forcing's is 5.0)")  # fmt: skip
+            problems.append(
+                f"config key {where}: {option.timestep_shift!r} makes the denoising schedule non-finite (it is "
+                f"computed in float32: use a value from {_FLOAT32_NORMAL_MIN:.1e} to {_FLOAT32_MAX:.1e}; "
+                "Self-Forcing's is 5.0)"
+            )
     problems += _check_prompts(config, options)
     problems += _check_intervention_places(config)
     for section in NAMED_SECTIONS:
@@ -440,8 +463,10 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                 )
     capture = config["capture"]
     if capture["attention"] == "fused" and capture["backend"] == "torch":
-        problems.append("config key capture.attention: 'fused' is a Triton kernel's, and capture.backend 'torch' computes "
-                        "SDPA, then the reference; use backend auto or triton, or attention exact")  # fmt: skip
+        problems.append(
+            "config key capture.attention: 'fused' is a Triton kernel's, and capture.backend 'torch' computes "
+            "SDPA, then the reference; use backend auto or triton, or attention exact"
+        )
     first_k = config["diagnostics"]["first_k"]
     for (checkpoint, variant), option in options.items():
         if first_k > option.num_frames:
@@ -476,9 +501,17 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
             except ValueError as exc:
                 problems.append(f"config key {where}.latent_height/latent_width: {exc}")
             if procedure_spec(option.procedure).needs_vae(option) and find_vae(checkpoint) is None:
-                problems.append(missing_reencode_vae(_where(config, name, variant, "recompute_context"),
-                                                     f"checkpoint {name!r}'s", "Wan2.1_VAE.pth or vae/ in its base folder"))  # fmt: skip
-        for key, chosen in (("layers", config["layers"]), ("figures.highlight_layers", config["figures"]["highlight_layers"])):
+                problems.append(
+                    missing_reencode_vae(
+                        _where(config, name, variant, "recompute_context"),
+                        f"checkpoint {name!r}'s",
+                        "Wan2.1_VAE.pth or vae/ in its base folder",
+                    )
+                )
+        for key, chosen in (
+            ("layers", config["layers"]),
+            ("figures.highlight_layers", config["figures"]["highlight_layers"]),
+        ):
             bad_layers = [layer for layer in chosen or [] if layer >= model_config.num_layers]
             if bad_layers:
                 problems.append(
@@ -517,7 +550,9 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
     return resolved
 
 
-def _check_reference_labels(reference: str | None, base_dir: Path, model_shapes: Mapping[str, tuple[int, int]]) -> list[str]:
+def _check_reference_labels(
+    reference: str | None, base_dir: Path, model_shapes: Mapping[str, tuple[int, int]]
+) -> list[str]:
     """diagnostics.reference_labels: a label file that reads, one row per layer and a column
     per head of every checkpoint's model."""
     if not reference:
@@ -531,8 +566,12 @@ def _check_reference_labels(reference: str | None, base_dir: Path, model_shapes:
     except SinkscopeError as exc:
         return [f"{key}: {exc}"]
     shape = (len(labels), len(labels[0]))
-    return [f"{key}: label file {reference!r} holds {shape[0]} layers x {shape[1]} heads, checkpoint {name!r} "
-            f"{want[0]} x {want[1]}" for name, want in model_shapes.items() if want != shape]  # fmt: skip
+    return [
+        f"{key}: label file {reference!r} holds {shape[0]} layers x {shape[1]} heads, checkpoint {name!r} "
+        f"{want[0]} x {want[1]}"
+        for name, want in model_shapes.items()
+        if want != shape
+    ]
 
 
 def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *, local: bool = True) -> str:
@@ -556,8 +595,12 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
     device = resolve_device(config["device"], local=local)
     backend = config["capture"]["backend"]
     if backend == "triton" and not device.startswith("cuda"):
-        raise ConfigError.invalid([f"config key capture.backend: 'triton' runs on CUDA only, and the jobs compute on "
-                                   f"{device!r}; use auto or torch"])  # fmt: skip
+        raise ConfigError.invalid(
+            [
+                f"config key capture.backend: 'triton' runs on CUDA only, and the jobs compute on "
+                f"{device!r}; use auto or torch"
+            ]
+        )
     if backend == "triton" and local and importlib.util.find_spec("triton") is None:
         raise ConfigError.invalid(["config key capture.backend: 'triton' is not installed here; use auto or torch"])
     limit_gib = config.get("max_job_memory_gib")
@@ -572,13 +615,19 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
         dtype = default_dtype(device, checkpoint.spec.dtype)
         for variant in variant_names(config):
             options = generation_options(config, variant, name)
-            estimate = estimate_job_memory(checkpoint.model_config, options, dtype, captured_layers=captured,
-                                           switch_frames=switches)  # fmt: skip
+            estimate = estimate_job_memory(
+                checkpoint.model_config, options, dtype, captured_layers=captured, switch_frames=switches
+            )
             if estimate.total > limit:
-                fits = auto_layers_per_job(checkpoint.model_config, options, dtype, layers=captured, memory_bytes=limit,
-                                           switch_frames=switches)  # fmt: skip
-                fewer = estimate_job_memory(checkpoint.model_config, options, dtype, captured_layers=fits,
-                                            switch_frames=switches).total <= limit * AUTO_MEMORY_SHARE  # fmt: skip
+                fits = auto_layers_per_job(
+                    checkpoint.model_config, options, dtype, layers=captured, memory_bytes=limit, switch_frames=switches
+                )
+                fewer = (
+                    estimate_job_memory(
+                        checkpoint.model_config, options, dtype, captured_layers=fits, switch_frames=switches
+                    ).total
+                    <= limit * AUTO_MEMORY_SHARE
+                )
                 problems.append(
                     f"checkpoint {name!r}{'' if variant == 'default' else f', variant {variant!r}'}: an extraction job "
                     f"needs about {estimate.total / GIB:.1f} GiB ({estimate.describe()} GiB) with {captured} "
@@ -669,9 +718,14 @@ def study_layers_per_job(config: Mapping, resolved: Mapping[str, ResolvedCheckpo
 
     switches = _switch_frames(config)
     return min(
-        auto_layers_per_job(checkpoint.model_config, generation_options(config, variant, name),
-                            default_dtype(device, checkpoint.spec.dtype), layers=layers, memory_bytes=int(limit_gib * GIB),
-                            switch_frames=switches)  # fmt: skip
+        auto_layers_per_job(
+            checkpoint.model_config,
+            generation_options(config, variant, name),
+            default_dtype(device, checkpoint.spec.dtype),
+            layers=layers,
+            memory_bytes=int(limit_gib * GIB),
+            switch_frames=switches,
+        )
         for name, checkpoint in resolved.items()
         for variant in variant_names(config)
     )

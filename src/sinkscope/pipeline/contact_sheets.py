@@ -58,8 +58,19 @@ def frames_table(
         reference = "default" if "default" in inputs else next(iter(inputs))
         images = latent_images({variant: read_latents(path) for variant, path in inputs.items()}, reference)
         step = 1
-    rows = [{"checkpoint": checkpoint, "variant": variant, "prompt_id": prompt_id, "seed": int(seed), "frame": i * step,
-             "image": image, "unit": unit} for variant, frames in images.items() for i, image in enumerate(frames)]  # fmt: skip
+    rows = [
+        {
+            "checkpoint": checkpoint,
+            "variant": variant,
+            "prompt_id": prompt_id,
+            "seed": int(seed),
+            "frame": i * step,
+            "image": image,
+            "unit": unit,
+        }
+        for variant, frames in images.items()
+        for i, image in enumerate(frames)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -84,5 +95,12 @@ def contact_sheet_job(
     frames = frames_table(dict(zip(variants, inputs)), checkpoint=checkpoint, prompt_id=prompt_id, seed=seed, unit=unit)
     fig = draw("contact_sheet", {"frames": frames}, source=checkpoint, options=options)
     save_figure(fig, svg, png, dpi=int(option(options, "dpi")))
-    log.info("contact sheet of %s, %s seed %d (%d variants, %s) in %.2f s", checkpoint, prompt_id, seed, len(variants),
-             unit, time.perf_counter() - began)  # fmt: skip
+    log.info(
+        "contact sheet of %s, %s seed %d (%d variants, %s) in %.2f s",
+        checkpoint,
+        prompt_id,
+        seed,
+        len(variants),
+        unit,
+        time.perf_counter() - began,
+    )

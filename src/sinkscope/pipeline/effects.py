@@ -153,8 +153,13 @@ def head_effects(variant: pd.DataFrame, default: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def edited_heads(edits: Sequence[Mapping[str, Any]], where: str, num_layers: int, num_heads: int,
-                 head_classes: Mapping[tuple[int, int], str] | None = None) -> frozenset[tuple[int, int]]:  # fmt: skip
+def edited_heads(
+    edits: Sequence[Mapping[str, Any]],
+    where: str,
+    num_layers: int,
+    num_heads: int,
+    head_classes: Mapping[tuple[int, int], str] | None = None,
+) -> frozenset[tuple[int, int]]:
     """The (layer, head) pairs named by the ``mask_keys`` / ``logit_bias`` edits among a
     variant's ``interventions`` (their config form; ``where`` names them in errors)."""
     from sinkscope import interventions
@@ -173,8 +178,9 @@ def _needs_classes(edits: Sequence[Mapping[str, Any]], where: str) -> bool:
 # -- the runs' spread ----------------------------------------------------------------------------
 
 
-def with_run_means(per_run: pd.DataFrame, keys: Sequence[str], stats: Sequence[str], constant: Sequence[str] = ()
-                   ) -> pd.DataFrame:  # fmt: skip
+def with_run_means(
+    per_run: pd.DataFrame, keys: Sequence[str], stats: Sequence[str], constant: Sequence[str] = ()
+) -> pd.DataFrame:
     """The per-run rows (``runs`` 1, ``<stat>_run_std`` null) and, per ``keys``, the
     run-averaged row (prompt_id '*', seed -1): each stat's mean over the runs, the
     number of runs, and ``<stat>_run_std``, the sample std (ddof 1) between runs (null
@@ -229,13 +235,22 @@ def _runs(folders: Iterable[str | Path]) -> dict[tuple[str, str, str, int], _Run
     for folder in map(Path, folders):
         files = extraction_files(folder)
         meta = read_metadata(files["frames"][0])
-        key = (str(meta["checkpoint"]), str(meta.get("variant", DEFAULT_VARIANT)), str(meta["prompt_id"]), int(meta["seed"]))
+        key = (
+            str(meta["checkpoint"]),
+            str(meta.get("variant", DEFAULT_VARIANT)),
+            str(meta["prompt_id"]),
+            int(meta["seed"]),
+        )
         run = runs.setdefault(key, _Run(key))
         run.folders.append(folder)
         run.files[folder] = files
         if run.meta and run.meta.get("latents_sha256") != meta.get("latents_sha256"):
-            log.warning("run %s: layer groups generated different latents (capture route not video-exact); the "
-                        "effects use the first group's (%s)", "/".join(map(str, key)), run.folders[0])  # fmt: skip
+            log.warning(
+                "run %s: layer groups generated different latents (capture route not video-exact); the "
+                "effects use the first group's (%s)",
+                "/".join(map(str, key)),
+                run.folders[0],
+            )
         run.meta = run.meta or meta
     return runs
 
@@ -253,12 +268,17 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
     runs = _runs(p for p in inputs if not str(p).endswith(".json"))
     defaults = {key[2:]: run for key, run in runs.items() if key[1] == DEFAULT_VARIANT}
     if not defaults:
-        raise SinkscopeError(f"checkpoint {checkpoint!r}: the variant effects need the {DEFAULT_VARIANT!r} variant's runs")
+        raise SinkscopeError(
+            f"checkpoint {checkpoint!r}: the variant effects need the {DEFAULT_VARIANT!r} variant's runs"
+        )
     head_classes = None
-    if any(_needs_classes(edits or [], f"variants.{variant}.interventions") for variant, edits in interventions.items()):
+    if any(
+        _needs_classes(edits or [], f"variants.{variant}.interventions") for variant, edits in interventions.items()
+    ):
         if not classes_files:
-            raise SinkscopeError(f"checkpoint {checkpoint!r}: an edit selects heads by class, and no head classes file "
-                                 "was given")  # fmt: skip
+            raise SinkscopeError(
+                f"checkpoint {checkpoint!r}: an edit selects heads by class, and no head classes file was given"
+            )
         # Where pipeline.headclasses takes it from too: the digest holds no classification code.
         from sinkscope.interventions import read_head_classes
 
@@ -269,8 +289,10 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
     missing = next(((key, run) for key, run in paired if key[2:] not in defaults), None)
     if missing is not None:
         _, variant, prompt_id, seed = missing[0]
-        raise SinkscopeError(f"checkpoint {checkpoint!r}, variant {variant!r}: no {DEFAULT_VARIANT!r} run of prompt "
-                             f"{prompt_id!r}, seed {seed} to pair it with")  # fmt: skip
+        raise SinkscopeError(
+            f"checkpoint {checkpoint!r}, variant {variant!r}: no {DEFAULT_VARIANT!r} run of prompt "
+            f"{prompt_id!r}, seed {seed} to pair it with"
+        )
     # One untouched run at a time, with every variant paired with it (a long video's latents are large).
     for (prompt_id, seed), default in sorted(defaults.items()):
         variants = [(key, run) for key, run in paired if key[2:] == (prompt_id, seed)]
@@ -290,35 +312,67 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
                 frame_parts.append(table)
             if variant not in edited_cache:
                 model = run.meta.get("model_config") or {}
-                edited_cache[variant] = edited_heads(interventions.get(variant) or [], f"variants.{variant}.interventions",
-                                                     int(model.get("num_layers", 0)), int(model.get("num_heads", 0)),
-                                                     head_classes)  # fmt: skip
+                edited_cache[variant] = edited_heads(
+                    interventions.get(variant) or [],
+                    f"variants.{variant}.interventions",
+                    int(model.get("num_layers", 0)),
+                    int(model.get("num_heads", 0)),
+                    head_classes,
+                )
             heads = head_effects(run.calls(), reference_calls).assign(**columns)
             edited = edited_cache[variant]
             heads["edited"] = [(int(a), int(b)) in edited for a, b in zip(heads["layer"], heads["head"])]
             head_parts.append(heads)
-    frame_table = pd.concat(frame_parts, ignore_index=True) if frame_parts else pd.DataFrame(
-        columns=[*RUN_KEYS, "latent_frame", "block", *FRAME_STATS])  # fmt: skip
-    head_table = pd.concat(head_parts, ignore_index=True) if head_parts else pd.DataFrame(
-        columns=[*RUN_KEYS, "layer", "head", "calls", "edited", *HEAD_STATS])  # fmt: skip
+    frame_table = (
+        pd.concat(frame_parts, ignore_index=True)
+        if frame_parts
+        else pd.DataFrame(columns=[*RUN_KEYS, "latent_frame", "block", *FRAME_STATS])
+    )
+    head_table = (
+        pd.concat(head_parts, ignore_index=True)
+        if head_parts
+        else pd.DataFrame(columns=[*RUN_KEYS, "layer", "head", "calls", "edited", *HEAD_STATS])
+    )
     frame_table = with_run_means(frame_table, ["checkpoint", "variant", "latent_frame"], EFFECTS_RUN_STD, ["block"])
-    head_table = with_run_means(head_table, ["checkpoint", "variant", "layer", "head"], HEAD_EFFECTS_RUN_STD,
-                                ["calls", "edited"])  # fmt: skip
+    head_table = with_run_means(
+        head_table, ["checkpoint", "variant", "layer", "head"], HEAD_EFFECTS_RUN_STD, ["calls", "edited"]
+    )
     metadata = {
         **provenance("variant_effects"),
         "checkpoint": checkpoint,
         "model_config": next(iter(defaults.values())).meta.get("model_config"),
         "interventions": {variant: list(edits or []) for variant, edits in interventions.items()},
-        "sources": [{"checkpoint": k[0], "variant": k[1], "prompt_id": k[2], "seed": k[3], "file": str(run.folders[0]),
-                     "latents_sha256": run.meta.get("latents_sha256"), "device_kind": run.meta.get("device_kind"),
-                     **({"dtype": run.meta["dtype"]} if "dtype" in run.meta else {})}
-                    for k, run in sorted(runs.items())],
-    }  # fmt: skip
-    write_table(frame_table.sort_values(["variant", "prompt_id", "seed", "latent_frame"], kind="stable"),
-                outputs["variant_effects"], SCHEMAS["variant_effects"], metadata)  # fmt: skip
-    write_table(head_table.sort_values(["variant", "prompt_id", "seed", "layer", "head"], kind="stable"),
-                outputs["variant_head_effects"], SCHEMAS["variant_head_effects"], metadata)  # fmt: skip
-    log.info("variant effects of %s: %d runs paired, %d frame rows, %d head rows in %.2f s", checkpoint,
-             sum(1 for key in runs if key[1] != DEFAULT_VARIANT), len(frame_table), len(head_table),
-             time.perf_counter() - began)  # fmt: skip
-
+        "sources": [
+            {
+                "checkpoint": k[0],
+                "variant": k[1],
+                "prompt_id": k[2],
+                "seed": k[3],
+                "file": str(run.folders[0]),
+                "latents_sha256": run.meta.get("latents_sha256"),
+                "device_kind": run.meta.get("device_kind"),
+                **({"dtype": run.meta["dtype"]} if "dtype" in run.meta else {}),
+            }
+            for k, run in sorted(runs.items())
+        ],
+    }
+    write_table(
+        frame_table.sort_values(["variant", "prompt_id", "seed", "latent_frame"], kind="stable"),
+        outputs["variant_effects"],
+        SCHEMAS["variant_effects"],
+        metadata,
+    )
+    write_table(
+        head_table.sort_values(["variant", "prompt_id", "seed", "layer", "head"], kind="stable"),
+        outputs["variant_head_effects"],
+        SCHEMAS["variant_head_effects"],
+        metadata,
+    )
+    log.info(
+        "variant effects of %s: %d runs paired, %d frame rows, %d head rows in %.2f s",
+        checkpoint,
+        sum(1 for key in runs if key[1] != DEFAULT_VARIANT),
+        len(frame_table),
+        len(head_table),
+        time.perf_counter() - began,
+    )

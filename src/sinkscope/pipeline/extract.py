@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sinkscope.errors import DamagedFileError, SinkscopeError
+from sinkscope.interventions import class_selections, read_head_classes, with_head_classes
 from sinkscope.manifests import write_manifest
 from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.naming import stable_hash
-from sinkscope.interventions import class_selections, read_head_classes, with_head_classes
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.integrity import check_layer_rows
 from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
@@ -48,7 +48,7 @@ log = logging.getLogger("sinkscope")
 COMPILE_AUTO_MIN_FRAMES = 120
 
 
-def compile_wanted(setting: bool | str, device: "torch.device", num_frames: int) -> bool:
+def compile_wanted(setting: bool | str, device: torch.device, num_frames: int) -> bool:
     """Whether a job compiles the model's blocks: ``capture.compile`` true, false or
     ``auto`` (CUDA and a rollout of at least COMPILE_AUTO_MIN_FRAMES latent frames)."""
     if device.type != "cuda":
@@ -107,8 +107,10 @@ def extract_job(
     options = GenerationOptions.from_config(generation)
     if class_selections(options.interventions):  # class:<label> -> the untouched run's heads of that class
         if not head_classes:
-            raise SinkscopeError(f"variant {variant!r} selects heads by class: its job needs the untouched default run's "
-                                 "head classes (the workflow makes them first)")  # fmt: skip
+            raise SinkscopeError(
+                f"variant {variant!r} selects heads by class: its job needs the untouched default run's "
+                "head classes (the workflow makes them first)"
+            )
         edits = with_head_classes(options.interventions, read_head_classes(head_classes[0]))
         options = dataclasses.replace(options, interventions=edits)
     device = pick_device(compute["device"])
@@ -132,23 +134,40 @@ def extract_job(
     context_meta = loaded[0][1]
     texts = [meta.get("prompt", "") for _, meta in loaded]
     switches = starts[1:]
-    schedule = loaded[0][0][None] if not switches else [(start, ctx[None], text) for start, (ctx, _), text in zip(starts, loaded, texts)]
+    schedule = (
+        loaded[0][0][None]
+        if not switches
+        else [(start, ctx[None], text) for start, (ctx, _), text in zip(starts, loaded, texts)]
+    )
     config = model.config
     height, width = options.latent_height or config.latent_height, options.latent_width or config.latent_width
     frame_seq_length = config.frame_seq_length(height, width)
     log.info(
         "extracting %s (%s) / %s / seed %d, layers %s on %s (%s; CUDA_VISIBLE_DEVICES=%s; policy %s; %s)",
-        spec.name, variant, prompt_id, seed, list(layers), device, dtype, cuda_visible_devices(),
-        options.cache_policy, config.to_json(),
-    )  # fmt: skip
+        spec.name,
+        variant,
+        prompt_id,
+        seed,
+        list(layers),
+        device,
+        dtype,
+        cuda_visible_devices(),
+        options.cache_policy,
+        config.to_json(),
+    )
 
     run_columns = {"checkpoint": spec.name, "variant": variant, "prompt_id": prompt_id, "seed": int(seed)}
     output = Path(output)
     built = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(built, ignore_errors=True)
     built.mkdir(parents=True)
-    writer = ExtractionWriter(built, layers, frame_seq_length=frame_seq_length, run_columns=run_columns,
-                              workers=default_workers(device, len(layers)))  # fmt: skip
+    writer = ExtractionWriter(
+        built,
+        layers,
+        frame_seq_length=frame_seq_length,
+        run_columns=run_columns,
+        workers=default_workers(device, len(layers)),
+    )
     num_calls = options.calls(switches)
 
     def check(layer: int, frames) -> None:
@@ -160,9 +179,14 @@ def extract_job(
 
     try:
         recorder = FrameStatsCapture(
-            model, layers, frame_seq_length=frame_seq_length, backend=capture["backend"],
-            fused_attention=capture["attention"] == "fused", token_profiles=capture["token_profiles"], handoff=writer.submit,
-        )  # fmt: skip
+            model,
+            layers,
+            frame_seq_length=frame_seq_length,
+            backend=capture["backend"],
+            fused_attention=capture["attention"] == "fused",
+            token_profiles=capture["token_profiles"],
+            handoff=writer.submit,
+        )
         with recorder:
             result = generate(model, schedule, options=options, seed=seed, observers=[recorder], vae=vae)
         timings["generation_seconds"] = result.seconds
@@ -175,8 +199,15 @@ def extract_job(
         prompt: str | list[dict[str, Any]] = texts[0]
         if switches:
             prompt = [{"text": text, "start_frame": start} for text, start in zip(texts, starts)]
-        job_config = {"checkpoint": spec.to_dict(), "variant": variant, "generation": options.to_dict(), "seed": int(seed),
-                      "prompt": prompt, "capture": dict(capture), "compute": dict(compute)}  # fmt: skip
+        job_config = {
+            "checkpoint": spec.to_dict(),
+            "variant": variant,
+            "generation": options.to_dict(),
+            "seed": int(seed),
+            "prompt": prompt,
+            "capture": dict(capture),
+            "compute": dict(compute),
+        }
         metadata = {
             **provenance("extract_attention", device),
             "dtype": dtype,
@@ -208,12 +239,26 @@ def extract_job(
         timings.update(writer.timings)
         # Per block, how like the sink frames and the previous block the video is (sink collapse).
         rollout = block_similarity(latents, options.block_sizes(), options.sink_frames, config.head_dim)
-        write_manifest(built, [*written, latents_file], {"layers": [int(x) for x in layers], "rows": counts, "num_calls": num_calls,
-                                      "num_heads": config.num_heads, "device_kind": device.type, "dtype": dtype,
-                                      "generation": options.to_dict(), "rollout": rollout,
-                                      # Whether latents_sha256 is the uncaptured video's, and the route that decides it.
-                                      "capture_route": {"attention": capture["attention"], "kernels": model.kernels.name,
-                                                        "video_exact": recorder.video_exact}})  # fmt: skip
+        write_manifest(
+            built,
+            [*written, latents_file],
+            {
+                "layers": [int(x) for x in layers],
+                "rows": counts,
+                "num_calls": num_calls,
+                "num_heads": config.num_heads,
+                "device_kind": device.type,
+                "dtype": dtype,
+                "generation": options.to_dict(),
+                "rollout": rollout,
+                # Whether latents_sha256 is the uncaptured video's, and the route that decides it.
+                "capture_route": {
+                    "attention": capture["attention"],
+                    "kernels": model.kernels.name,
+                    "video_exact": recorder.video_exact,
+                },
+            },
+        )
     except BaseException:
         # The generation, a writer thread or the check failed: nothing of this run stays.
         writer.abort()
@@ -222,9 +267,15 @@ def extract_job(
     _swap_in(built, output)
     timings["job_seconds"] = time.perf_counter() - job_began
     log.info(
-        "generation %.2f s (%d calls), load %.2f s, write %.2f s after it; latents sha256 %s; peak memory %s; timings %s",
-        result.seconds, len(result.calls), timings["load_seconds"], timings["write_seconds"], latents_sha[:16],
-        result.peak_memory_bytes, json.dumps({k: round(v, 4) for k, v in timings.items()}),
-    )  # fmt: skip
+        "generation %.2f s (%d calls), load %.2f s, write %.2f s after it; latents sha256 %s; peak memory %s; "
+        "timings %s",
+        result.seconds,
+        len(result.calls),
+        timings["load_seconds"],
+        timings["write_seconds"],
+        latents_sha[:16],
+        result.peak_memory_bytes,
+        json.dumps({k: round(v, 4) for k, v in timings.items()}),
+    )
     # Timings go back to the caller (and the log), never into the files.
     return {**metadata, "timings": timings}

@@ -37,11 +37,15 @@ def head_classes(diagnostics, step: str | int = HEAD_CLASS_STEP) -> tuple[dict[t
         raise SinkscopeError("head_diagnostics has no rows: the untouched run has no classes to select heads by")
     variants = sorted(set(diagnostics["variant"].astype(str)))
     if len(variants) != 1:
-        raise SinkscopeError(f"head_diagnostics holds variants {variants}; the head classes come from one source's table")
+        raise SinkscopeError(
+            f"head_diagnostics holds variants {variants}; the head classes come from one source's table"
+        )
     pass_, index = resolve_step(diagnostics, step)
     chosen = diagnostics[(diagnostics["pass"] == pass_) & (diagnostics["step"] == index)]
-    classes = {(int(layer), int(head)): str(label)
-               for layer, head, label in zip(chosen["layer"], chosen["head"], chosen["head_class"])}  # fmt: skip
+    classes = {
+        (int(layer), int(head)): str(label)
+        for layer, head, label in zip(chosen["layer"], chosen["head"], chosen["head_class"])
+    }
     return dict(sorted(classes.items())), (pass_, index)
 
 

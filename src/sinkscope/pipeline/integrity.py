@@ -36,12 +36,6 @@ from sinkscope.naming import is_group_folder, is_layer_file
 PROB_TOLERANCE = 1e-3
 
 
-
-
-
-
-
-
 # -- contents
 
 
@@ -63,24 +57,17 @@ def check_layer_rows(frames, *, layer: int, calls: int, heads: int, where: str) 
         raise DamagedFileError(where, f"holds {found_heads} heads of layer {layer}, the model has {heads}")
     if not np.isfinite(frames[["logit_mean", "prob_mass"]].to_numpy()).all():
         raise DamagedFileError(where, f"holds non-finite statistics in layer {layer}")
-    sums = frames.groupby(["block", "pass", "step", "head", "query_frame"], observed=True)[["prob_mass", "argmax_share"]].sum()
+    sums = frames.groupby(["block", "pass", "step", "head", "query_frame"], observed=True)[
+        ["prob_mass", "argmax_share"]
+    ].sum()
     worst = float((sums - 1).abs().max().max())
     if not worst <= PROB_TOLERANCE:
-        raise DamagedFileError(where, f"layer {layer}: prob_mass or argmax_share of a query frame sums to 1 {worst:+.3g}")
-
+        raise DamagedFileError(
+            where, f"layer {layer}: prob_mass or argmax_share of a query frame sums to 1 {worst:+.3g}"
+        )
 
 
 # -- extraction manifests ------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
 
 
 # Parquet files up to this size are read in full by every pre-run scan (page checksums
@@ -181,7 +168,9 @@ def _check_csv(path: Path) -> None:
     widths = {len(row) for row in rows}
     if len(widths) > 1:
         line = next(i for i, row in enumerate(rows, 1) if len(row) != len(rows[0]))
-        raise DamagedFileError(path, f"is damaged (row {line} has {len(rows[line - 1])} fields, the header {len(rows[0])})")
+        raise DamagedFileError(
+            path, f"is damaged (row {line} has {len(rows[line - 1])} fields, the header {len(rows[0])})"
+        )
 
 
 def _check_embedding(path: Path) -> None:
@@ -257,15 +246,3 @@ def quarantine(path: str | Path) -> Path | None:
         target = path.with_name(f"{path.name}.damaged-{number}")
     os.replace(path, target)
     return target
-
-
-
-
-
-
-
-
-
-
-
-

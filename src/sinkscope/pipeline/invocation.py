@@ -7,9 +7,27 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-_INSPECT_FLAGS = ("--lint", "--report", "--list", "--summary", "--detailed-summary", "--dag", "--rulegraph", "--filegraph",
-                  "--d3dag", "--unlock", "--cleanup-metadata", "--list-changes", "--touch", "--delete-all-output",
-                  "--delete-temp-output", "--archive", "--containerize", "--export-cwl", "--generate-unit-tests")  # fmt: skip
+_INSPECT_FLAGS = (
+    "--lint",
+    "--report",
+    "--list",
+    "--summary",
+    "--detailed-summary",
+    "--dag",
+    "--rulegraph",
+    "--filegraph",
+    "--d3dag",
+    "--unlock",
+    "--cleanup-metadata",
+    "--list-changes",
+    "--touch",
+    "--delete-all-output",
+    "--delete-temp-output",
+    "--archive",
+    "--containerize",
+    "--export-cwl",
+    "--generate-unit-tests",
+)
 
 
 def invocation_mode(argv: list[str]) -> str:
@@ -43,12 +61,18 @@ def requested_executor(argv: list[str], workflow_dir: str | Path, environ: Mappi
     value = _argument(argv, ("--executor", "-e"))
     if value:
         return value
-    profiles = [_argument(argv, ("--workflow-profile",)) or str(Path(workflow_dir, "profiles", "default")),
-                _argument(argv, ("--profile",)) or environ.get("SNAKEMAKE_PROFILE")]  # fmt: skip
+    profiles = [
+        _argument(argv, ("--workflow-profile",)) or str(Path(workflow_dir, "profiles", "default")),
+        _argument(argv, ("--profile",)) or environ.get("SNAKEMAKE_PROFILE"),
+    ]
     for profile in profiles:
         if not profile or profile == "none":
             continue
-        for folder in (Path(profile), Path.home() / ".config" / "snakemake" / profile, Path("/etc/xdg/snakemake", profile)):
+        for folder in (
+            Path(profile),
+            Path.home() / ".config" / "snakemake" / profile,
+            Path("/etc/xdg/snakemake", profile),
+        ):
             for name in ("config.v8+.yaml", "config.yaml"):
                 if (folder / name).is_file():
                     import yaml

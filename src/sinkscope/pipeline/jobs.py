@@ -37,7 +37,9 @@ def log_to(path: str | Path | None) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     sys.stderr = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the job
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True
+    )
 
 
 def run_job(name: str, log_path: str | Path, function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -64,7 +66,9 @@ def run_job(name: str, log_path: str | Path, function: Callable[..., Any], *args
         sys.exit(1)
     except Exception as error:  # noqa: BLE001 - a bug: say so, keep the traceback in the log
         log.error("%s failed:\n%s", name, traceback.format_exc())
-        console.write(f"sinkscope: {name}: unexpected {type(error).__name__}: {_one_line(error)} (traceback in {log_path})\n")
+        console.write(
+            f"sinkscope: {name}: unexpected {type(error).__name__}: {_one_line(error)} (traceback in {log_path})\n"
+        )
         sys.exit(1)
 
 
@@ -78,7 +82,7 @@ def _one_line(error: BaseException, log_path: str | Path | None = None) -> str:
 # -- devices ---------------------------------------------------------------------------------------
 
 
-def pick_device(option: str = "auto") -> "torch.device":
+def pick_device(option: str = "auto") -> torch.device:
     """The torch device of a job: 'cpu', 'cuda' (a free GPU of this machine), 'cuda:N', or auto.
 
     Several jobs at once on a multi-GPU machine (``--resources gpu=2``) take different
@@ -93,9 +97,14 @@ def pick_device(option: str = "auto") -> "torch.device":
         visible = torch.cuda.device_count()
         index = int(option.partition(":")[2] or 0)
         if not visible:
-            raise ConfigError(f"config key device: {option!r} was asked for, but no CUDA device is visible to this job (set device: cpu to compute on the CPU)")
+            raise ConfigError(
+                f"config key device: {option!r} was asked for, but no CUDA device is visible to this job (set device: "
+                "cpu to compute on the CPU)"
+            )
         if index >= visible:
-            raise ConfigError(f"config key device: {option!r} was asked for, but only {visible} CUDA device(s) are visible")
+            raise ConfigError(
+                f"config key device: {option!r} was asked for, but only {visible} CUDA device(s) are visible"
+            )
         if option == "cuda":
             from sinkscope.pipeline.resources import acquire_gpu
 
@@ -105,7 +114,7 @@ def pick_device(option: str = "auto") -> "torch.device":
     return torch.device(option)
 
 
-def device_name(device: "torch.device") -> str:
+def device_name(device: torch.device) -> str:
     import torch
 
     if device.type == "cuda":
@@ -130,7 +139,7 @@ def code_commit() -> str | None:
         return None
 
 
-def provenance(stage: str, device: "torch.device | None" = None) -> dict[str, Any]:
+def provenance(stage: str, device: torch.device | None = None) -> dict[str, Any]:
     """Package version, commit and code digest of ``stage``; versions; the device if any."""
     from sinkscope.pipeline.codedigest import stage_digest
 

@@ -37,8 +37,10 @@ def write_latents(folder: str | Path, latents: np.ndarray) -> str:
     if array.ndim != 4:
         raise ValueError(f"latents are [C, F, H, W]; got shape {list(array.shape)}")
     data = array.tobytes()
-    header = {"__metadata__": {"latents_sha256": latents_sha256(array), "layout": "C,F,H,W"},
-              LATENTS_KEY: {"dtype": "F32", "shape": list(array.shape), "data_offsets": [0, len(data)]}}  # fmt: skip
+    header = {
+        "__metadata__": {"latents_sha256": latents_sha256(array), "layout": "C,F,H,W"},
+        LATENTS_KEY: {"dtype": "F32", "shape": list(array.shape), "data_offsets": [0, len(data)]},
+    }
     text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
     with atomic_path(Path(folder) / LATENTS_FILE) as tmp:
@@ -55,8 +57,11 @@ def read_latents(path: str | Path, expected_sha256: str | None = None) -> np.nda
     if path.is_dir():
         path = path / LATENTS_FILE
     if not path.is_file():
-        raise DamagedFileError(path.parent, f"has no {LATENTS_FILE} (extracted by an older sinkscope: rerun its "
-                                            "extraction, e.g. snakemake --forcerun extract_attention)")  # fmt: skip
+        raise DamagedFileError(
+            path.parent,
+            f"has no {LATENTS_FILE} (extracted by an older sinkscope: rerun its "
+            "extraction, e.g. snakemake --forcerun extract_attention)",
+        )
     raw = path.read_bytes()
     try:
         (length,) = struct.unpack("<Q", raw[:8])
@@ -70,11 +75,16 @@ def read_latents(path: str | Path, expected_sha256: str | None = None) -> np.nda
         raise DamagedFileError(path.parent, f"{path.name} is damaged (its safetensors header)") from None
     body = raw[8 + length :]
     if start != 0 or len(body) != end or end != 4 * int(np.prod(shape)):
-        raise DamagedFileError(path.parent, f"{path.name} is damaged (it holds {len(body)} bytes of data, its header "
-                                            f"says {end})")  # fmt: skip
+        raise DamagedFileError(
+            path.parent, f"{path.name} is damaged (it holds {len(body)} bytes of data, its header says {end})"
+        )
     digest = hashlib.sha256(body).hexdigest()
     if digest != (header.get("__metadata__") or {}).get("latents_sha256"):
-        raise DamagedFileError(path.parent, f"{path.name} is damaged (its bytes do not match the digest written with them)")
+        raise DamagedFileError(
+            path.parent, f"{path.name} is damaged (its bytes do not match the digest written with them)"
+        )
     if expected_sha256 is not None and digest != expected_sha256:
-        raise DamagedFileError(path.parent, f"{path.name} holds other latents than the folder's rows name (latents_sha256)")
+        raise DamagedFileError(
+            path.parent, f"{path.name} holds other latents than the folder's rows name (latents_sha256)"
+        )
     return np.frombuffer(body, dtype="<f4").reshape(shape).copy()

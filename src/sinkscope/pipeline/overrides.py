@@ -69,10 +69,14 @@ def parse_config_overrides(pairs: list[str], *, dotted: bool = False) -> dict:
                 nested = text
                 for part in reversed(key.split(".")[1:]):
                     nested = f"{{{part}: {nested}}}"
-                raise ConfigError(f"override {pair!r}: snakemake --config takes no dotted keys; write "
-                                  f"{key.split('.')[0]}={nested!r} (YAML for the nested key)")  # fmt: skip
-            raise ConfigError(f"override {pair!r}: {key!r} is not a key snakemake --config accepts (letters, digits, _ "
-                              "and -, starting with a letter or _, two characters or more)")  # fmt: skip
+                raise ConfigError(
+                    f"override {pair!r}: snakemake --config takes no dotted keys; write "
+                    f"{key.split('.')[0]}={nested!r} (YAML for the nested key)"
+                )
+            raise ConfigError(
+                f"override {pair!r}: {key!r} is not a key snakemake --config accepts (letters, digits, _ "
+                "and -, starting with a letter or _, two characters or more)"
+            )
         value = _override_value(text)
         result[key] = _merged(result.get(key), value)
     return result

@@ -20,5 +20,9 @@ def encode_prompt_job(encoder: dict, prompt_id: str, text: str, output: str | Pa
     context = encode_prompts(spec, {prompt_id: text}, device=target)[prompt_id]
     save_embedding(output, context, prompt=text, encoder=spec)
     logging.getLogger("sinkscope").info(
-        "encoded prompt %s with %s: %s tokens in %.2f s", prompt_id, spec.key, tuple(context.shape), time.perf_counter() - began
+        "encoded prompt %s with %s: %s tokens in %.2f s",
+        prompt_id,
+        spec.key,
+        tuple(context.shape),
+        time.perf_counter() - began,
     )

@@ -54,8 +54,10 @@ from sinkscope.naming import is_group_folder
 
 # What a run records about itself under .snakemake/ once it holds its locks.
 RUN_MARKER = "sinkscope-run.json"
-_UNLOCK_ADVICE = ("if no Snakemake runs in this directory on any machine, remove the lock with "
-                  "`snakemake --unlock` (with this run's options), then run again")  # fmt: skip
+_UNLOCK_ADVICE = (
+    "if no Snakemake runs in this directory on any machine, remove the lock with "
+    "`snakemake --unlock` (with this run's options), then run again"
+)
 
 _PNG_END = b"IEND\xaeB`\x82"
 # atomic_path's temporaries and the extraction job's temporary folder.
@@ -73,8 +75,10 @@ def recover_interrupted_run(workdir: str | Path = ".") -> list[str]:
         holder = _stopped_run_of_this_machine(workdir, locks)
         for lock in locks.iterdir():
             _remove(lock)
-        actions.append(f"{locks}: removed the locks of this machine's stopped run (pid {holder['pid']}, "
-                       f"started {holder['started']}; no Snakemake runs in this directory)")  # fmt: skip
+        actions.append(
+            f"{locks}: removed the locks of this machine's stopped run (pid {holder['pid']}, "
+            f"started {holder['started']}; no Snakemake runs in this directory)"
+        )
     backups = workdir / ".snakemake" / "backups"
     if backups.is_dir():
         for copy in _backup_units(backups):
@@ -139,19 +143,25 @@ def _stopped_run_of_this_machine(workdir: Path, locks: Path) -> dict:
         if pid <= 0:
             raise ValueError(pid)
     except FileNotFoundError:
-        raise SinkscopeError(f"{locks}: held by a run that left no {marker} (it may run on another machine); "
-                             f"{_UNLOCK_ADVICE}") from None  # fmt: skip
+        raise SinkscopeError(
+            f"{locks}: held by a run that left no {marker} (it may run on another machine); {_UNLOCK_ADVICE}"
+        ) from None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         raise SinkscopeError(f"{locks}: held by a run whose record {marker} is unreadable; {_UNLOCK_ADVICE}") from None
     if host != socket.gethostname():
-        raise SinkscopeError(f"{locks}: held by a run started on host {host} (pid {pid}, {started}), which this "
-                             f"machine cannot see; {_UNLOCK_ADVICE}")  # fmt: skip
+        raise SinkscopeError(
+            f"{locks}: held by a run started on host {host} (pid {pid}, {started}), which this "
+            f"machine cannot see; {_UNLOCK_ADVICE}"
+        )
     if _is_snakemake(pid):
-        raise SinkscopeError(f"{locks}: held by Snakemake process {pid} on this machine (started {started}); "
-                             f"{_UNLOCK_ADVICE}")  # fmt: skip
+        raise SinkscopeError(
+            f"{locks}: held by Snakemake process {pid} on this machine (started {started}); {_UNLOCK_ADVICE}"
+        )
     if _lock_files(locks) != recorded:
-        raise SinkscopeError(f"{locks}: written after this machine's last run (pid {pid}, {started}) started, by a "
-                             f"run that may be on another machine; {_UNLOCK_ADVICE}")  # fmt: skip
+        raise SinkscopeError(
+            f"{locks}: written after this machine's last run (pid {pid}, {started}) started, by a "
+            f"run that may be on another machine; {_UNLOCK_ADVICE}"
+        )
     return {"pid": pid, "started": started}
 
 

@@ -97,7 +97,9 @@ def resolve_device(option: str, *, local: bool = True) -> str:
         if not visible:
             raise ConfigError(f"config key device: {option!r} was asked for, but no CUDA device is visible here")
         if index >= visible:
-            raise ConfigError(f"config key device: {option!r} was asked for, but only {visible} CUDA device(s) are visible")
+            raise ConfigError(
+                f"config key device: {option!r} was asked for, but only {visible} CUDA device(s) are visible"
+            )
     return option
 
 
@@ -175,8 +177,12 @@ class MemoryEstimate:
         return self.weights + self.kv_cache + self.activations + self.statistics + self.vae
 
     def describe(self) -> str:
-        parts = [("weights", self.weights), ("KV cache", self.kv_cache), ("activations", self.activations),
-                 ("statistics", self.statistics)] + ([("VAE", self.vae)] if self.vae else [])  # fmt: skip
+        parts = [
+            ("weights", self.weights),
+            ("KV cache", self.kv_cache),
+            ("activations", self.activations),
+            ("statistics", self.statistics),
+        ] + ([("VAE", self.vae)] if self.vae else [])
         return ", ".join(f"{name} {value / GIB:.2f}" for name, value in parts)
 
 
@@ -210,7 +216,12 @@ def vae_reencode_bytes(config: WanConfig, options: GenerationOptions) -> int:
 
 
 def estimate_job_memory(
-    config: WanConfig, options: GenerationOptions, dtype: str, *, captured_layers: int, switch_frames: Sequence[int] = ()
+    config: WanConfig,
+    options: GenerationOptions,
+    dtype: str,
+    *,
+    captured_layers: int,
+    switch_frames: Sequence[int] = (),
 ) -> MemoryEstimate:
     """Peak device memory of one extraction job (weights, KV cache, one layer's activations).
 
@@ -231,7 +242,9 @@ def estimate_job_memory(
     # The last block's calls (its steps and one cache / recompute pass) with token profiles.
     last_calls = len(options.block_steps(len(options.block_sizes()) - 1)) + 1
     statistics += captured_layers * last_calls * config.num_heads * options.kv_cache_frames * fsl * 2 * 4
-    return MemoryEstimate(parameter_count(config) * size, kv_cache, activations, statistics, vae_reencode_bytes(config, options))
+    return MemoryEstimate(
+        parameter_count(config) * size, kv_cache, activations, statistics, vae_reencode_bytes(config, options)
+    )
 
 
 def auto_layers_per_job(
@@ -249,8 +262,11 @@ def auto_layers_per_job(
     if memory_bytes is None:
         return max(1, layers)
     budget = memory_bytes * AUTO_MEMORY_SHARE
-    fits = [n for n in range(1, layers + 1)
-            if estimate_job_memory(config, options, dtype, captured_layers=n, switch_frames=switch_frames).total <= budget]  # fmt: skip
+    fits = [
+        n
+        for n in range(1, layers + 1)
+        if estimate_job_memory(config, options, dtype, captured_layers=n, switch_frames=switch_frames).total <= budget
+    ]
     return max(fits, default=1)
 
 

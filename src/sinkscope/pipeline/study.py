@@ -37,7 +37,6 @@ from sinkscope.options import (
     GenerationOptions,
     procedure_spec,
 )
-from sinkscope.prompt_schedules import PromptSegment, prompt_segments, switch_frames
 from sinkscope.pipeline.codedigest import stage_digest
 from sinkscope.pipeline.config import (
     check_machine,
@@ -49,6 +48,7 @@ from sinkscope.pipeline.config import (
 )
 from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.resources import default_dtype
+from sinkscope.prompt_schedules import PromptSegment, prompt_segments, switch_frames
 
 RESULTS = "results"
 DEFAULT_VARIANT = "default"
@@ -64,8 +64,17 @@ SOURCE_TABLES = (*TABLES, "query_stats", "token_profiles")
 # Per checkpoint (and combined): each variant paired with the untouched default run.
 EFFECT_TABLES = ("variant_effects", "variant_head_effects")
 # The figures the summary page embeds beside its tables.
-SUMMARY_FIGURES = ("figure4", "sink_score_overview", "head_classes", "first_middle_last", "sink_mass_over_time",
-                   "policy_comparison", "variant_drift", "attention_shift", "cache_timeline")  # fmt: skip
+SUMMARY_FIGURES = (
+    "figure4",
+    "sink_score_overview",
+    "head_classes",
+    "first_middle_last",
+    "sink_mass_over_time",
+    "policy_comparison",
+    "variant_drift",
+    "attention_shift",
+    "cache_timeline",
+)
 PATTERNS = {
     "embedding": RESULTS + "/prompts/{encoder}/{prompt}.safetensors",
     # A prompt schedule: one embedding per segment.
@@ -88,13 +97,10 @@ PATTERNS = {
     "effects_table": RESULTS + "/tables/checkpoints/{checkpoint}/{table}.parquet",
 }
 
+
 def path(name: str, **wildcards: Any) -> str:
     """A results path: ``PATTERNS[name]`` with its wildcards filled in."""
     return PATTERNS[name].format(**wildcards)
-
-
-
-
 
 
 def load_study(
@@ -122,8 +128,10 @@ def load_study(
     normalized, resolved = checked_config(config, base_dir)
     from sinkscope.pipeline.resources import resolve_device
 
-    device = check_machine(normalized, resolved, local=local) if check_this_machine else resolve_device(
-        normalized["device"], local=False
+    device = (
+        check_machine(normalized, resolved, local=local)
+        if check_this_machine
+        else resolve_device(normalized["device"], local=False)
     )
     study = Study(normalized, str(base_dir), device=device, checkpoints=resolved)
     study.encoders  # noqa: B018 - resolves every text encoder now, not while rules are built
@@ -133,8 +141,12 @@ def load_study(
     highlighted = normalized["figures"]["highlight_layers"] or []
     missing = [layer for layer in highlighted if layer not in captured]
     if missing:
-        raise ConfigError.invalid([f"config key figures.highlight_layers: {missing} are not captured (layers: "
-                                   f"{sorted(captured)}); highlight layers from that list, or add them to layers"])  # fmt: skip
+        raise ConfigError.invalid(
+            [
+                f"config key figures.highlight_layers: {missing} are not captured (layers: "
+                f"{sorted(captured)}); highlight layers from that list, or add them to layers"
+            ]
+        )
     return study
 
 
@@ -197,7 +209,11 @@ class Study:
     @cached_property
     def options(self) -> dict[str, GenerationOptions]:
         """Source -> the generation options it runs (the study's, the checkpoint's own, the variant's)."""
-        return {self.source_name(c, v): generation_options(self.config, v, c) for c in self.checkpoints for v in self.variants}
+        return {
+            self.source_name(c, v): generation_options(self.config, v, c)
+            for c in self.checkpoints
+            for v in self.variants
+        }
 
     @staticmethod
     def source_name(checkpoint: str, variant: str) -> str:
@@ -270,7 +286,10 @@ class Study:
         if isinstance(self.config["prompts"][prompt], str):
             return [self.embedding(checkpoint, prompt)]
         key = self.text_encoder(checkpoint).key
-        return [path("segment_embedding", encoder=key, prompt=prompt, segment=i) for i in range(len(self.prompt_segments(prompt)))]
+        return [
+            path("segment_embedding", encoder=key, prompt=prompt, segment=i)
+            for i in range(len(self.prompt_segments(prompt)))
+        ]
 
     # -- per-source facts --------------------------------------------------------------------------
 
@@ -350,9 +369,15 @@ class Study:
     def figure_inputs(self, kind: str, source: str) -> list[str]:
         """The tables figure ``kind`` of ``source`` reads (a checkpoint's: all its variants)."""
         sources = self.sources_of(source) if kind in CHECKPOINT_FIGURES else [source]
-        tables = [path("source_table", source=s, table=t) for s in sources for t in FIGURES[kind].inputs
-                  if t not in EFFECT_TABLES]  # fmt: skip
-        tables += [path("effects_table", checkpoint=source, table=t) for t in FIGURES[kind].inputs if t in EFFECT_TABLES]
+        tables = [
+            path("source_table", source=s, table=t)
+            for s in sources
+            for t in FIGURES[kind].inputs
+            if t not in EFFECT_TABLES
+        ]
+        tables += [
+            path("effects_table", checkpoint=source, table=t) for t in FIGURES[kind].inputs if t in EFFECT_TABLES
+        ]
         if FIGURES[kind].needs_reference_labels:
             tables.append(str(self.config["diagnostics"]["reference_labels"]))
         return tables
@@ -385,10 +410,14 @@ class Study:
                 paths += [path("source_figure", source=source, kind=kind, ext=ext) for ext in ("svg", "png")]
             for layer in self.source_layers(source):
                 for kind in LAYER_FIGURES:
-                    paths += [path("layer_figure", source=source, layer=layer, kind=kind, ext=ext) for ext in ("svg", "png")]
+                    paths += [
+                        path("layer_figure", source=source, layer=layer, kind=kind, ext=ext) for ext in ("svg", "png")
+                    ]
         for checkpoint in self.checkpoints:
             for kind in self.checkpoint_figure_kinds(checkpoint):
-                paths += [path("checkpoint_figure", checkpoint=checkpoint, kind=kind, ext=ext) for ext in ("svg", "png")]
+                paths += [
+                    path("checkpoint_figure", checkpoint=checkpoint, kind=kind, ext=ext) for ext in ("svg", "png")
+                ]
         for kind in self.study_figure_kinds():
             paths += [path("study_figure", kind=kind, ext=ext) for ext in ("svg", "png")]
         return paths
@@ -397,9 +426,13 @@ class Study:
         """Checkpoint figures to draw: those that compare variants only with two or more,
         the prompt-switch figures only when a prompt switches."""
         several = len(self.sources_of(checkpoint)) >= 2
-        return [kind for kind in CHECKPOINT_FIGURES if (FIGURES[kind].compares != "variants" or several)
-                and (kind not in SWITCH_FIGURES or self.switches)
-                and (self.effect_variants or not set(FIGURES[kind].inputs) & set(EFFECT_TABLES))]  # fmt: skip
+        return [
+            kind
+            for kind in CHECKPOINT_FIGURES
+            if (FIGURES[kind].compares != "variants" or several)
+            and (kind not in SWITCH_FIGURES or self.switches)
+            and (self.effect_variants or not set(FIGURES[kind].inputs) & set(EFFECT_TABLES))
+        ]
 
     def study_figure_kinds(self) -> list[str]:
         """Study figures to draw: those that compare checkpoints only with two or more (the
@@ -411,14 +444,20 @@ class Study:
         """The figures the summary page shows beside its tables: per source, its overview
         figures (SVG); per checkpoint, its block-by-block sink mass."""
         shown = [kind for kind in SUMMARY_FIGURES if kind in SOURCE_FIGURES]
-        figures = {source: {kind: path("source_figure", source=source, kind=kind, ext="svg")
-                            for kind in shown if kind in self.figure_kinds(source)}
-                   for source in self.sources}  # fmt: skip
+        figures = {
+            source: {
+                kind: path("source_figure", source=source, kind=kind, ext="svg")
+                for kind in shown
+                if kind in self.figure_kinds(source)
+            }
+            for source in self.sources
+        }
         for checkpoint in self.checkpoints:
             for kind in self.checkpoint_figure_kinds(checkpoint):
                 if kind in SUMMARY_FIGURES:
-                    figures.setdefault(checkpoint, {})[kind] = path("checkpoint_figure", checkpoint=checkpoint,
-                                                                    kind=kind, ext="svg")  # fmt: skip
+                    figures.setdefault(checkpoint, {})[kind] = path(
+                        "checkpoint_figure", checkpoint=checkpoint, kind=kind, ext="svg"
+                    )
         return figures
 
     def summary_figure_paths(self) -> list[str]:
@@ -432,16 +471,30 @@ class Study:
         per_source = [p for source in self.sources for p in self.source_tables(source).values()]
         per_source += [path("head_classes_csv", source=source) for source in self.sources]
         inputs = self.all_extract_dirs() + [path("imported", source=name) for name in self.legacy]
-        embeddings = sorted({file for checkpoint in self.checkpoints for prompt in self.prompts
-                             for file in self.embeddings(checkpoint, prompt)})  # fmt: skip
+        embeddings = sorted(
+            {
+                file
+                for checkpoint in self.checkpoints
+                for prompt in self.prompts
+                for file in self.embeddings(checkpoint, prompt)
+            }
+        )
         effects = [path("effects_table", checkpoint=c, table=t) for c in self.checkpoints for t in EFFECT_TABLES]
         effects += [path("table", table=t) for t in EFFECT_TABLES]
         tables += effects if self.effect_variants else []
         classes = [path("intervention_classes", checkpoint=c) for c in self.class_checkpoints]
         from sinkscope.pipeline.videoplan import video_targets
 
-        return (tables + per_source + inputs + embeddings + classes + self.figure_targets() + [PATTERNS["summary"]]
-                + video_targets(self))  # fmt: skip
+        return (
+            tables
+            + per_source
+            + inputs
+            + embeddings
+            + classes
+            + self.figure_targets()
+            + [PATTERNS["summary"]]
+            + video_targets(self)
+        )
 
     # -- edits that select heads by class (sinkscope.interventions, pipeline.headclasses) ----------
 
@@ -455,7 +508,9 @@ class Study:
     @property
     def class_checkpoints(self) -> list[str]:
         """The checkpoints a variant of which selects heads by class."""
-        return [c for c in self.checkpoints if any(self.selects_by_class(self.source_name(c, v)) for v in self.variants)]
+        return [
+            c for c in self.checkpoints if any(self.selects_by_class(self.source_name(c, v)) for v in self.variants)
+        ]
 
     def head_classes_inputs(self, source: str) -> list[str]:
         """The head classes file an extraction of ``source`` waits for: the checkpoint's
@@ -488,8 +543,10 @@ class Study:
 
     def effects_params(self, checkpoint: str) -> dict[str, Any]:
         """The checkpoint and each paired variant's edits (canonical config form)."""
-        edits = {v: self.options[self.source_name(checkpoint, v)].to_dict().get("interventions", [])
-                 for v in self.effect_variants}  # fmt: skip
+        edits = {
+            v: self.options[self.source_name(checkpoint, v)].to_dict().get("interventions", [])
+            for v in self.effect_variants
+        }
         return {"checkpoint": checkpoint, "interventions": edits}
 
     # -- rule params (canonical: equivalent configs give equal params) -----------------------------
@@ -530,8 +587,10 @@ class Study:
         chosen: dict[str, Any] = {name: options[name] for name in COMMON_OPTIONS}
         if kind == "summary":
             chosen.update(step=options["step"], metric=options["metric"])
-            chosen["checkpoints"] = {name: {"format": c.format, "weights": c.spec.weights, "model": c.spec.model}
-                                     for name, c in self.checkpoints.items()}  # fmt: skip
+            chosen["checkpoints"] = {
+                name: {"format": c.format, "weights": c.spec.weights, "model": c.spec.model}
+                for name, c in self.checkpoints.items()
+            }
             chosen["legacy_caches"] = {name: {"path": str(entry["path"])} for name, entry in self.legacy.items()}
             chosen["diagnostics"] = dict(self.config["diagnostics"])
             chosen["figures"] = self.summary_figures()

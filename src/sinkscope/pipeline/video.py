@@ -59,7 +59,9 @@ def read_mp4(path: str | Path, every: int = 1) -> np.ndarray:
 
     try:
         with av.open(str(path)) as container:
-            frames = [frame.to_ndarray(format="rgb24") for i, frame in enumerate(container.decode(video=0)) if i % every == 0]
+            frames = [
+                frame.to_ndarray(format="rgb24") for i, frame in enumerate(container.decode(video=0)) if i % every == 0
+            ]
     except (av.error.FFmpegError, OSError) as exc:
         raise SinkscopeError(f"{path}: not a readable video ({str(exc).splitlines()[0][:160]})") from None
     if not frames:
@@ -74,8 +76,12 @@ def mp4_info(path: str | Path) -> dict[str, Any]:
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         count = sum(1 for _ in container.decode(stream))
-        return {"frames": count, "width": stream.codec_context.width, "height": stream.codec_context.height,
-                "fps": float(stream.average_rate)}  # fmt: skip
+        return {
+            "frames": count,
+            "width": stream.codec_context.width,
+            "height": stream.codec_context.height,
+            "fps": float(stream.average_rate),
+        }
 
 
 # -- decoding a run ---------------------------------------------------------------------------------
@@ -110,6 +116,13 @@ def decode_video_job(
     per_call = model.frames_per_call(latents.shape, budget)
     frames = model.decode(latents, frames_per_call=per_call).numpy()
     write_mp4(frames, output, fps)
-    log.info("decoded %d latent frames to %d video frames %dx%d (%d latent frames a call) on %s in %.2f s",
-             latents.shape[1], len(frames), frames.shape[2], frames.shape[1], per_call, where,
-             time.perf_counter() - began)  # fmt: skip
+    log.info(
+        "decoded %d latent frames to %d video frames %dx%d (%d latent frames a call) on %s in %.2f s",
+        latents.shape[1],
+        len(frames),
+        frames.shape[2],
+        frames.shape[1],
+        per_call,
+        where,
+        time.perf_counter() - began,
+    )

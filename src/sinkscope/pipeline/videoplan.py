@@ -34,10 +34,14 @@ def missing_vae(name: str, checkpoint: ResolvedCheckpoint) -> str | None:
     looked = ", ".join(str(p) for p in vae_candidates(checkpoint))
     name_of_file = WAN_VAE_FILES.get(checkpoint.model_config.in_dim, WAN_VAE_FILES[16])
     if not looked:
-        return (f"config key outputs.video: checkpoint {name!r} has no Wan VAE: no release folder to look for "
-                f"{name_of_file} or vae/ in (set its base to one), or set outputs.video: false")  # fmt: skip
-    return (f"config key outputs.video: checkpoint {name!r} has no Wan VAE (looked for {looked}); put {name_of_file} "
-            "or a diffusers vae/ folder there, or set outputs.video: false")  # fmt: skip
+        return (
+            f"config key outputs.video: checkpoint {name!r} has no Wan VAE: no release folder to look for "
+            f"{name_of_file} or vae/ in (set its base to one), or set outputs.video: false"
+        )
+    return (
+        f"config key outputs.video: checkpoint {name!r} has no Wan VAE (looked for {looked}); put {name_of_file} "
+        "or a diffusers vae/ folder there, or set outputs.video: false"
+    )
 
 
 def videos_on(study: Study) -> bool:
@@ -63,10 +67,16 @@ def video_targets(study: Study) -> list[str]:
     targets = []
     runs = [(prompt, seed) for prompt in study.prompts for seed in study.seeds]
     if videos_on(study):
-        targets += [path("video", source=source, prompt=prompt, seed=seed) for source in study.runs for prompt, seed in runs]
+        targets += [
+            path("video", source=source, prompt=prompt, seed=seed) for source in study.runs for prompt, seed in runs
+        ]
     if sheets_on(study):
-        targets += [path("contact_sheet", checkpoint=checkpoint, prompt=prompt, seed=seed, ext=ext)
-                    for checkpoint in study.checkpoints for prompt, seed in runs for ext in ("svg", "png")]  # fmt: skip
+        targets += [
+            path("contact_sheet", checkpoint=checkpoint, prompt=prompt, seed=seed, ext=ext)
+            for checkpoint in study.checkpoints
+            for prompt, seed in runs
+            for ext in ("svg", "png")
+        ]
     return targets
 
 
@@ -105,5 +115,8 @@ def sheet_inputs(study: Study, checkpoint: str, prompt: str, seed: int | str) ->
 def sheet_params(study: Study) -> dict[str, Any]:
     """The contact sheet job's params: the variants in row order, what its inputs are
     (``video`` or ``latent``) and the figure options it draws with."""
-    return {"variants": sheet_variants(study), "unit": "video" if videos_on(study) else "latent",
-            "options": study.figure_options("contact_sheet")}  # fmt: skip
+    return {
+        "variants": sheet_variants(study),
+        "unit": "video" if videos_on(study) else "latent",
+        "options": study.figure_options("contact_sheet"),
+    }

@@ -77,8 +77,10 @@ class BackgroundQueue:
         self._lock = threading.Lock()
         self._closed = False
         self._queues: list[queue.Queue] = [queue.Queue(maxsize) for _ in range(workers)]
-        self._threads = [threading.Thread(target=self._work, args=(q,), name=f"{name}-{i}", daemon=True)
-                         for i, q in enumerate(self._queues)]  # fmt: skip
+        self._threads = [
+            threading.Thread(target=self._work, args=(q,), name=f"{name}-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -276,7 +278,9 @@ class ExtractionWriter:
         files.last_pass = record.call.pass_
         # The frame statistics are copied out: rows kept until the block's row group would
         # otherwise hold views of (and keep alive) the whole pinned buffer, token values too.
-        arrays = {name: values if name.startswith("token_") else values.copy() for name, values in copy.arrays().items()}
+        arrays = {
+            name: values if name.startswith("token_") else values.copy() for name, values in copy.arrays().items()
+        }
         pending = files.pending.setdefault(block, {kind: [] for kind in SCHEMAS})
         for kind, rows in record_rows(record, arrays).items():
             if rows is not None:
@@ -371,5 +375,7 @@ class ExtractionWriter:
     def timings(self) -> dict[str, float]:
         """Seconds: the generation's time handing records over, and the writers' busy time
         (waits for copies included; ``drain_seconds`` and ``close_seconds`` are finish's)."""
-        return {"handoff_seconds": self.handoff_seconds,
-                "writer_busy_seconds": self.queue.busy_seconds + self._flush_busy_seconds}
+        return {
+            "handoff_seconds": self.handoff_seconds,
+            "writer_busy_seconds": self.queue.busy_seconds + self._flush_busy_seconds,
+        }

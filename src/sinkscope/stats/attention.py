@@ -56,6 +56,7 @@ __all__ = [
     "triton_available",
 ]
 
+
 def triton_available() -> bool:
     """True where the Triton kernel can run (a CUDA device and an importable triton)."""
     if not torch.cuda.is_available():
@@ -107,22 +108,20 @@ def check_frame_layout(
     if len(query_frames) == 0 or len(key_frames) == 0:
         raise ValueError(f"a call needs query and key frames; got {list(query_frames)} and {list(key_frames)}")
     if q.shape[1] != len(query_frames) * frame_seq_length:
-        raise ValueError(
-            f"q has {q.shape[1]} tokens, not {len(query_frames)} query frames x {frame_seq_length}"
-        )
+        raise ValueError(f"q has {q.shape[1]} tokens, not {len(query_frames)} query frames x {frame_seq_length}")
     lengths = resolve_key_lengths(key_lengths, len(key_frames), frame_seq_length)
     if k.shape[1] != sum(lengths):
         if key_lengths is None:
-            raise ValueError(
-                f"k has {k.shape[1]} tokens, not {len(key_frames)} key frames x {frame_seq_length}"
-            )
+            raise ValueError(f"k has {k.shape[1]} tokens, not {len(key_frames)} key frames x {frame_seq_length}")
         raise ValueError(f"k has {k.shape[1]} tokens, not sum(key_lengths) = {sum(lengths)}")
     if key_position_shift is None:
         if len(set(key_frames)) != len(key_frames):
             raise ValueError(f"key_frames repeat a frame: {list(key_frames)}")
     else:
         if len(key_position_shift) != len(key_frames):
-            raise ValueError(f"key_position_shift has {len(key_position_shift)} entries for {len(key_frames)} key frames")
+            raise ValueError(
+                f"key_position_shift has {len(key_position_shift)} entries for {len(key_frames)} key frames"
+            )
         pairs = list(zip(key_frames, key_position_shift))
         if len(set(pairs)) != len(pairs):
             raise ValueError(f"key_frames repeat a frame at the same position shift: {pairs}")
@@ -174,13 +173,18 @@ def attention_statistics(
 
         if lse is not None:
             if lse.shape != q.shape[:2]:
-                raise ValueError(f"lse {tuple(lse.shape)} does not match q {tuple(q.shape)}: one value per head and query")
-            return statistics_given_lse(q, k, lse, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles,
-                                        frame_bias=frame_bias)  # fmt: skip
-        return statistics_triton(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles,
-                                 frame_bias=frame_bias)  # fmt: skip
-    return statistics_chunked(q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles,
-                              frame_bias=frame_bias)  # fmt: skip
+                raise ValueError(
+                    f"lse {tuple(lse.shape)} does not match q {tuple(q.shape)}: one value per head and query"
+                )
+            return statistics_given_lse(
+                q, k, lse, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles, frame_bias=frame_bias
+            )
+        return statistics_triton(
+            q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles, frame_bias=frame_bias
+        )
+    return statistics_chunked(
+        q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles, frame_bias=frame_bias
+    )
 
 
 def check_frame_bias(frame_bias: torch.Tensor, heads: int, num_k: int) -> None:
@@ -199,7 +203,6 @@ def _resolve_backend(q: torch.Tensor, backend: str) -> str:
     if backend == "triton" and not q.is_cuda:
         raise ValueError(f"the triton backend needs CUDA tensors; q is on {q.device} (use backend 'torch' or 'auto')")
     return backend
-
 
 
 def fused_route_applies(
@@ -261,18 +264,37 @@ def attention_with_statistics(
     if frame_bias is not None:
         check_frame_bias(frame_bias, q.shape[0], len(lengths))
         out, lse = edited_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), frame_bias, lengths, split=key_split)
-        stats = attention_statistics(q, k, frame_seq_length=frame_seq_length, query_frames=query_frames,
-                                     key_frames=key_frames, key_lengths=lengths, token_profiles=token_profiles,
-                                     backend=backend, key_position_shift=key_position_shift, lse=lse[0],
-                                     frame_bias=frame_bias)  # fmt: skip
+        stats = attention_statistics(
+            q,
+            k,
+            frame_seq_length=frame_seq_length,
+            query_frames=query_frames,
+            key_frames=key_frames,
+            key_lengths=lengths,
+            token_profiles=token_profiles,
+            backend=backend,
+            key_position_shift=key_position_shift,
+            lse=lse[0],
+            frame_bias=frame_bias,
+        )
         return out[0], stats
     if fused and fused_route_applies(q, k, v, lengths, backend):
         from sinkscope.stats.launch import attention_statistics_tma
 
-        return attention_statistics_tma(q, k, v, frame_seq_length, len(query_frames), lengths, q.shape[-1] ** -0.5,
-                                        token_profiles=token_profiles)  # fmt: skip
+        return attention_statistics_tma(
+            q, k, v, frame_seq_length, len(query_frames), lengths, q.shape[-1] ** -0.5, token_profiles=token_profiles
+        )
     out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=key_split)
-    stats = attention_statistics(q, k, frame_seq_length=frame_seq_length, query_frames=query_frames, key_frames=key_frames,
-                                 key_lengths=lengths, token_profiles=token_profiles, backend=backend,
-                                 key_position_shift=key_position_shift, lse=None if lse is None else lse[0])  # fmt: skip
+    stats = attention_statistics(
+        q,
+        k,
+        frame_seq_length=frame_seq_length,
+        query_frames=query_frames,
+        key_frames=key_frames,
+        key_lengths=lengths,
+        token_profiles=token_profiles,
+        backend=backend,
+        key_position_shift=key_position_shift,
+        lse=None if lse is None else lse[0],
+    )
     return out[0], stats

@@ -59,8 +59,9 @@ import triton.language as tl
 @triton.jit
 def _load_rows(base, stride_row, offs_row, row_valid, offs_d, d_valid):
     """A [rows, D_PAD] tile of a [L, D] matrix (one head's q); padding reads 0."""
-    return tl.load(base + offs_row[:, None] * stride_row + offs_d[None, :], mask=row_valid[:, None] & d_valid[None, :],
-                   other=0.0)  # fmt: skip
+    return tl.load(
+        base + offs_row[:, None] * stride_row + offs_d[None, :], mask=row_valid[:, None] & d_valid[None, :], other=0.0
+    )
 
 
 @triton.jit
@@ -276,21 +277,81 @@ def attention_frame_partials_kernel(
         if LOOP_END > 0:
             for start in range(0, LOOP_END, BLOCK_N):
                 acc, g_i, big_l, m_f, l_f, w_f, key_sum = _fused_tile(
-                    q, k_seg, v_seg, start, seg_len, acc, g_i, big_l, m_f, l_f, w_f, key_sum, stride_kl, stride_vl,
-                    offs_d, d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N,
-                )  # fmt: skip
+                    q,
+                    k_seg,
+                    v_seg,
+                    start,
+                    seg_len,
+                    acc,
+                    g_i,
+                    big_l,
+                    m_f,
+                    l_f,
+                    w_f,
+                    key_sum,
+                    stride_kl,
+                    stride_vl,
+                    offs_d,
+                    d_valid,
+                    qk_scale_log2,
+                    sum_keys,
+                    True,
+                    D_PAD == HEAD_DIM,
+                    IEEE,
+                    BLOCK_N,
+                )
         else:
             whole = (seg_len // BLOCK_N) * BLOCK_N
             for start in range(0, whole, BLOCK_N):
                 acc, g_i, big_l, m_f, l_f, w_f, key_sum = _fused_tile(
-                    q, k_seg, v_seg, start, seg_len, acc, g_i, big_l, m_f, l_f, w_f, key_sum, stride_kl, stride_vl,
-                    offs_d, d_valid, qk_scale_log2, sum_keys, False, D_PAD == HEAD_DIM, IEEE, BLOCK_N,
-                )  # fmt: skip
+                    q,
+                    k_seg,
+                    v_seg,
+                    start,
+                    seg_len,
+                    acc,
+                    g_i,
+                    big_l,
+                    m_f,
+                    l_f,
+                    w_f,
+                    key_sum,
+                    stride_kl,
+                    stride_vl,
+                    offs_d,
+                    d_valid,
+                    qk_scale_log2,
+                    sum_keys,
+                    False,
+                    D_PAD == HEAD_DIM,
+                    IEEE,
+                    BLOCK_N,
+                )
             if whole < seg_len:
                 acc, g_i, big_l, m_f, l_f, w_f, key_sum = _fused_tile(
-                    q, k_seg, v_seg, whole, seg_len, acc, g_i, big_l, m_f, l_f, w_f, key_sum, stride_kl, stride_vl,
-                    offs_d, d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N,
-                )  # fmt: skip
+                    q,
+                    k_seg,
+                    v_seg,
+                    whole,
+                    seg_len,
+                    acc,
+                    g_i,
+                    big_l,
+                    m_f,
+                    l_f,
+                    w_f,
+                    key_sum,
+                    stride_kl,
+                    stride_vl,
+                    offs_d,
+                    d_valid,
+                    qk_scale_log2,
+                    sum_keys,
+                    True,
+                    D_PAD == HEAD_DIM,
+                    IEEE,
+                    BLOCK_N,
+                )
         out = (head * num_queries + offs_m) * num_key_frames + frame
         tl.store(m_ptr + out, m_f, mask=m_valid)
         tl.store(g_ptr + out, g_i, mask=m_valid)
@@ -423,16 +484,70 @@ def frame_partials_given_lse_kernel(
     # tile is masked and the loop runs to a compile-time bound.
     if LOOP_END > 0:
         for start in range(0, LOOP_END, BLOCK_N):
-            m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, start, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
-                                               d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
+            m_i, l_i, w_i, key_sum = _lse_tile(
+                q,
+                k_seg,
+                start,
+                seg_len,
+                neg_lse,
+                m_i,
+                l_i,
+                w_i,
+                key_sum,
+                stride_kl,
+                offs_d,
+                d_valid,
+                qk_scale_log2,
+                sum_keys,
+                True,
+                D_PAD == HEAD_DIM,
+                IEEE,
+                BLOCK_N,
+            )
     else:
         whole = (run_len // BLOCK_N) * BLOCK_N
         for start in range(0, whole, BLOCK_N):
-            m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, start, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
-                                               d_valid, qk_scale_log2, sum_keys, False, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
+            m_i, l_i, w_i, key_sum = _lse_tile(
+                q,
+                k_seg,
+                start,
+                seg_len,
+                neg_lse,
+                m_i,
+                l_i,
+                w_i,
+                key_sum,
+                stride_kl,
+                offs_d,
+                d_valid,
+                qk_scale_log2,
+                sum_keys,
+                False,
+                D_PAD == HEAD_DIM,
+                IEEE,
+                BLOCK_N,
+            )
         if whole < run_len:
-            m_i, l_i, w_i, key_sum = _lse_tile(q, k_seg, whole, seg_len, neg_lse, m_i, l_i, w_i, key_sum, stride_kl, offs_d,
-                                               d_valid, qk_scale_log2, sum_keys, True, D_PAD == HEAD_DIM, IEEE, BLOCK_N)  # fmt: skip
+            m_i, l_i, w_i, key_sum = _lse_tile(
+                q,
+                k_seg,
+                whole,
+                seg_len,
+                neg_lse,
+                m_i,
+                l_i,
+                w_i,
+                key_sum,
+                stride_kl,
+                offs_d,
+                d_valid,
+                qk_scale_log2,
+                sum_keys,
+                True,
+                D_PAD == HEAD_DIM,
+                IEEE,
+                BLOCK_N,
+            )
     out = (head * num_queries + offs_m) * num_key_frames + frame
     m_out = m_i * qk_scale_log2
     w_out = w_i * qk_scale_log2
@@ -614,13 +729,16 @@ def attention_frame_partials_tma_kernel(
         frame_end = tl.load(frame_ends_ptr + frame)
         first = tl.cdiv(frame_start, BLOCK_N) * BLOCK_N
         last = (frame_end // BLOCK_N) * BLOCK_N  # the tiles wholly inside: [first, last)
-        for start in tl.range(first if LOOP_END == 0 else 0, last if LOOP_END == 0 else LOOP_END, BLOCK_N,
-                              warp_specialize=WARP_SPECIALIZE):  # fmt: skip
+        for start in tl.range(
+            first if LOOP_END == 0 else 0, last if LOOP_END == 0 else LOOP_END, BLOCK_N, warp_specialize=WARP_SPECIALIZE
+        ):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
             v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
             inside = (offs_n >= first) & (offs_n < last)
-            t, p, tile_max, alpha, acc, g_i, big_l = _tma_tile(q, k, v, inside, acc, g_i, big_l, qk_scale_log2, LOOP_END > 0)
+            t, p, tile_max, alpha, acc, g_i, big_l = _tma_tile(
+                q, k, v, inside, acc, g_i, big_l, qk_scale_log2, LOOP_END > 0
+            )
             if LOOP_END > 0:
                 t = tl.where(inside[None, :], t, 0.0)
             if STATS:
@@ -635,12 +753,15 @@ def attention_frame_partials_tma_kernel(
             offs_n = last + tl.arange(0, BLOCK_N)
             k = k_desc.load([head, last, 0]).reshape(BLOCK_N, HEAD_DIM)
             v = v_desc.load([head, last, 0]).reshape(BLOCK_N, HEAD_DIM)
-            t, p, tile_max, alpha, acc, g_i, big_l = _tma_tile(q, k, v, offs_n < num_keys, acc, g_i, big_l, qk_scale_log2, True)
+            t, p, tile_max, alpha, acc, g_i, big_l = _tma_tile(
+                q, k, v, offs_n < num_keys, acc, g_i, big_l, qk_scale_log2, True
+            )
             if STATS:
                 in_frame = (offs_n < frame_end)[None, :]
                 t_finite = tl.where(t == float("-inf"), 0.0, t)
-                closed_m, closed_l, closed_w, m_f, l_f, w_f = _frame_split_update(t, t_finite, p, in_frame, closed_m,
-                                                                                  closed_l, closed_w, alpha)  # fmt: skip
+                closed_m, closed_l, closed_w, m_f, l_f, w_f = _frame_split_update(
+                    t, t_finite, p, in_frame, closed_m, closed_l, closed_w, alpha
+                )
         if STATS:
             tl.store(m_ptr + out + frame, closed_m, mask=m_valid)
             tl.store(g_ptr + out + frame, g_i, mask=m_valid)

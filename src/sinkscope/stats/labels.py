@@ -40,16 +40,23 @@ class Agreement:
         return 100.0 * self.agree / self.heads if self.heads else float("nan")
 
     def text(self) -> str:
-        lines = [f"reference labels (rows) against head_class (columns), heads at {self.call[0]} step {self.call[1]}:",
-                 self.by_class.to_string(), "",
-                 "reference labels (rows) against the study's pyramid_label (columns):", self.by_label.to_string(), "",
-                 f"agreement with pyramid_label: {self.agree} of {self.heads} heads ({self.percent:.1f}%)"]  # fmt: skip
+        lines = [
+            f"reference labels (rows) against head_class (columns), heads at {self.call[0]} step {self.call[1]}:",
+            self.by_class.to_string(),
+            "",
+            "reference labels (rows) against the study's pyramid_label (columns):",
+            self.by_label.to_string(),
+            "",
+            f"agreement with pyramid_label: {self.agree} of {self.heads} heads ({self.percent:.1f}%)",
+        ]
         if self.missing:
             lines.append(f"{self.missing} heads of the label file are not in the table")
         return "\n".join(lines)
 
 
-def agreement(diagnostics: pd.DataFrame, labels: Sequence[Sequence[int]] | pd.DataFrame, step: str | int = "last") -> Agreement:
+def agreement(
+    diagnostics: pd.DataFrame, labels: Sequence[Sequence[int]] | pd.DataFrame, step: str | int = "last"
+) -> Agreement:
     """Confusion counts of the file's labels against ``head_class`` and ``pyramid_label`` at
     one call (``step``: last, cache or a denoising step index) of one source's diagnostics."""
     reference = labels if isinstance(labels, pd.DataFrame) else reference_frame(labels)
@@ -67,13 +74,20 @@ def agreement(diagnostics: pd.DataFrame, labels: Sequence[Sequence[int]] | pd.Da
     names = {code: label_name(code) for code in codes}
     extra = sorted(set(both["head_class"]) - set(HEAD_CLASSES))
     by_class = pd.crosstab(both["reference"], both["head_class"]).reindex(
-        index=codes, columns=[*HEAD_CLASSES, *extra], fill_value=0)
+        index=codes, columns=[*HEAD_CLASSES, *extra], fill_value=0
+    )
     by_label = pd.crosstab(both["reference"], both["pyramid_label"].astype(int)).reindex(
-        index=codes, columns=sorted({*codes, *both["pyramid_label"].astype(int)}), fill_value=0)
+        index=codes, columns=sorted({*codes, *both["pyramid_label"].astype(int)}), fill_value=0
+    )
     by_class.index = by_label.index = [names[c] for c in codes]
     by_label.columns = [names.get(c, f"none ({c})") for c in by_label.columns]
     by_class.index.name = by_label.index.name = "reference"
     by_class.columns.name, by_label.columns.name = "head_class", "pyramid_label"
-    return Agreement(by_class=by_class.astype(int), by_label=by_label.astype(int), heads=len(both),
-                     agree=int((both["reference"] == both["pyramid_label"]).sum()),
-                     missing=len(reference) - len(both), call=(pass_, index))  # fmt: skip
+    return Agreement(
+        by_class=by_class.astype(int),
+        by_label=by_label.astype(int),
+        heads=len(both),
+        agree=int((both["reference"] == both["pyramid_label"]).sum()),
+        missing=len(reference) - len(both),
+        call=(pass_, index),
+    )

@@ -139,18 +139,31 @@ def frame_softmax_partials(
     starts, lengths, _ = _segments_on(q.device, tuple(int(n) for n in key_lengths))
     heads, num_queries, _ = q.shape
     m = torch.empty(heads, num_queries, num_k, dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
+    exp_sum = torch.empty_like(m)
     u = torch.empty_like(m)
     sums = torch.empty_like(m)
     config, launch = _launch_config(config, DEFAULT_CONFIG)
     grid = (math.ceil(num_queries / config["BLOCK_M"]), heads, num_k)
     frame_softmax_partials_kernel[grid](
-        q, k, starts, lengths, m, l, u, sums,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        num_queries, num_k, scale * LOG2E,
-        **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), **config}, **launch,
-    )  # fmt: skip
-    return m, l, u, sums
+        q,
+        k,
+        starts,
+        lengths,
+        m,
+        exp_sum,
+        u,
+        sums,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        num_queries,
+        num_k,
+        scale * LOG2E,
+        **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), **config},
+        **launch,
+    )
+    return m, exp_sum, u, sums
 
 
 def token_profile_sums(
@@ -176,12 +189,29 @@ def token_profile_sums(
     config, launch = _launch_config(config, DEFAULT_PROFILE_CONFIG)
     grid = (math.ceil(num_keys / config["BLOCK_N"]), heads)
     token_profiles_kernel[grid](
-        q, k, lse2, key_bias2, q_mean, prob_sums, logit_means,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        num_queries, num_keys, scale * LOG2E, scale,
-        **{**_constants(q), "LOOP_END": _interpreter_loop_end(num_queries), "HAS_BIAS": key_bias2 is not None, **config},
+        q,
+        k,
+        lse2,
+        key_bias2,
+        q_mean,
+        prob_sums,
+        logit_means,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        num_queries,
+        num_keys,
+        scale * LOG2E,
+        scale,
+        **{
+            **_constants(q),
+            "LOOP_END": _interpreter_loop_end(num_queries),
+            "HAS_BIAS": key_bias2 is not None,
+            **config,
+        },
         **launch,
-    )  # fmt: skip
+    )
     return prob_sums, logit_means
 
 
@@ -189,7 +219,7 @@ def _combine(
     q: torch.Tensor,
     k: torch.Tensor,
     m: torch.Tensor,
-    l: torch.Tensor,
+    exp_sum: torch.Tensor,
     u: torch.Tensor,
     logit_mean: torch.Tensor,
     frame_seq_length: int,
@@ -211,10 +241,10 @@ def _combine(
         m = m + bias2[:, None, :]
     row_max = m.amax(dim=-1, keepdim=True)  # M_i, [H, Lq, 1]
     rescale = torch.exp2(m - row_max)
-    weights = l * rescale
+    weights = exp_sum * rescale
     row_sum = weights.sum(dim=-1, keepdim=True)  # L_i >= 1
     prob_mass = (weights / row_sum).view(*per_frame, num_k).mean(dim=2)
-    below = rescale * (u + (row_max - m) * l)
+    below = rescale * (u + (row_max - m) * exp_sum)
     if bias2 is not None:  # a masked frame: 0 * inf
         below = torch.where(rescale > 0, below, 0.0)
     below_max = below.sum(dim=-1, keepdim=True)  # sum_j 2^(t-M) (M - t)
@@ -224,8 +254,9 @@ def _combine(
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
         key_bias2 = None if bias2 is None else token_bias(bias2, key_lengths)
-        prob_sums, stats.token_logit_mean = token_profile_sums(q, k, (row_max + torch.log2(row_sum))[..., 0], scale, profile_config,
-                                                               key_bias2)  # fmt: skip
+        prob_sums, stats.token_logit_mean = token_profile_sums(
+            q, k, (row_max + torch.log2(row_sum))[..., 0], scale, profile_config, key_bias2
+        )
         stats.token_prob_mean = prob_sums.div_(num_queries)
     return stats
 
@@ -259,11 +290,24 @@ def statistics_triton(
     num_k = len(key_lengths)
     heads = q.shape[0]
     bias2 = _bias2(frame_bias, q, num_k)
-    m, l, u, sums = frame_softmax_partials(q, k, frame_seq_length, num_k, scale, config, key_lengths)
+    m, exp_sum, u, sums = frame_softmax_partials(q, k, frame_seq_length, num_k, scale, config, key_lengths)
     _, _, lengths = _segments_on(q.device, key_lengths)
     logit_mean = sums.view(heads, num_q, frame_seq_length, num_k).sum(dim=2) * scale / (frame_seq_length * lengths)
-    return _combine(q, k, m, l, u, logit_mean, frame_seq_length, num_q, scale, token_profiles, profile_config, bias2,
-                    key_lengths)  # fmt: skip
+    return _combine(
+        q,
+        k,
+        m,
+        exp_sum,
+        u,
+        logit_mean,
+        frame_seq_length,
+        num_q,
+        scale,
+        token_profiles,
+        profile_config,
+        bias2,
+        key_lengths,
+    )
 
 
 def segment_sums(x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None) -> torch.Tensor:
@@ -281,10 +325,18 @@ def segment_sums(x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None =
     parts = max(1, math.ceil(longest / chunk))
     out = torch.empty(parts, heads, len(lengths), head_dim, dtype=torch.float32, device=x.device)
     segment_sums_kernel[(len(lengths), heads, parts)](
-        x, _frame_ends_on(x.device, lengths), out, x.stride(0), x.stride(1), len(lengths), chunk,
-        HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)), LOOP_END=_interpreter_loop_end(chunk),
+        x,
+        _frame_ends_on(x.device, lengths),
+        out,
+        x.stride(0),
+        x.stride(1),
+        len(lengths),
+        chunk,
+        HEAD_DIM=head_dim,
+        D_PAD=max(16, triton.next_power_of_2(head_dim)),
+        LOOP_END=_interpreter_loop_end(chunk),
         BLOCK_L=block_l,
-    )  # fmt: skip
+    )
     return out[0] if parts == 1 else out.sum(0)
 
 
@@ -320,20 +372,54 @@ def attention_statistics_triton(
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
     heads, num_queries, head_dim = q.shape
     starts, lengths, lengths_float = _segments_on(q.device, key_lengths)
-    m, g, l, w = torch.empty(4, heads, num_queries, num_k, dtype=torch.float32, device=q.device).unbind(0)
+    m, g, exp_sum, w = torch.empty(4, heads, num_queries, num_k, dtype=torch.float32, device=q.device).unbind(0)
     key_sums = torch.empty(heads, num_k, head_dim, dtype=torch.float32, device=q.device)
     out = torch.empty(num_queries, heads, head_dim, dtype=q.dtype, device=q.device)
     config, launch = _launch_config(config, DEFAULT_FUSED_CONFIG)
     grid = (math.ceil(num_queries / config["BLOCK_M"]), heads)
     attention_frame_partials_kernel[grid](
-        q, k, v, out, starts, lengths, m, g, l, w, key_sums,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(1), out.stride(0),
-        num_queries, num_k, scale * LOG2E,
-        **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), "FRAMES_END": _interpreter_loop_end(num_k),
-           **config}, **launch,
-    )  # fmt: skip
-    return out, _combine_fused(q, k, (m, g, l, w), key_sums, lengths_float, frame_seq_length, num_q, scale, token_profiles,
-                               profile_config)  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        starts,
+        lengths,
+        m,
+        g,
+        exp_sum,
+        w,
+        key_sums,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(1),
+        out.stride(0),
+        num_queries,
+        num_k,
+        scale * LOG2E,
+        **{
+            **_constants(q),
+            "LOOP_END": _interpreter_loop_end(max(key_lengths)),
+            "FRAMES_END": _interpreter_loop_end(num_k),
+            **config,
+        },
+        **launch,
+    )
+    return out, _combine_fused(
+        q,
+        k,
+        (m, g, exp_sum, w),
+        key_sums,
+        lengths_float,
+        frame_seq_length,
+        num_q,
+        scale,
+        token_profiles,
+        profile_config,
+    )
 
 
 def _combine_fused(
@@ -355,24 +441,46 @@ def _combine_fused(
     (``key_sums``, [H, num_k, D] fp32) and lengths (``key_lengths``, fp32). ``frame_statistics_combine_kernel``
     does it all (the maths in its docstring); ``token_profile_sums`` the token profiles,
     from each query's log-sum-exp. q is [H, Lq, D] with unit stride last."""
-    m, g, l, w = partials
+    m, g, exp_sum, w = partials
     heads, num_queries, num_k = m.shape
     head_dim = q.shape[-1]
     frames_pad = max(2, triton.next_power_of_2(num_k))
-    block_m = INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else max(8, min(COMBINE_BLOCK_M, COMBINE_TILE // frames_pad))
+    block_m = (
+        INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else max(8, min(COMBINE_BLOCK_M, COMBINE_TILE // frames_pad))
+    )
     parts = math.ceil(frame_seq_length / block_m)
     # Each statistic's parts contiguous ([parts, H, num_q, num_k]), as the combine writes them.
     frame_parts = torch.empty(3, parts, heads, num_q, num_k, dtype=torch.float32, device=m.device)
     entropy_parts = torch.empty(parts, heads, num_q, dtype=torch.float32, device=m.device)
     lse2 = torch.empty(heads, num_queries, dtype=torch.float32, device=m.device)
     frame_statistics_combine_kernel[(num_q, heads, parts)](
-        m, g, l, w, q, key_sums, key_lengths, *frame_parts.unbind(0), entropy_parts, lse2, q.stride(0), q.stride(1),
-        frame_seq_length, num_q, num_queries, num_k, scale,
-        HEAD_DIM=head_dim, D_CHUNK=min(32, max(16, triton.next_power_of_2(head_dim))), F_PAD=frames_pad, BLOCK_M=block_m,
-    )  # fmt: skip
+        m,
+        g,
+        exp_sum,
+        w,
+        q,
+        key_sums,
+        key_lengths,
+        *frame_parts.unbind(0),
+        entropy_parts,
+        lse2,
+        q.stride(0),
+        q.stride(1),
+        frame_seq_length,
+        num_q,
+        num_queries,
+        num_k,
+        scale,
+        HEAD_DIM=head_dim,
+        D_CHUNK=min(32, max(16, triton.next_power_of_2(head_dim))),
+        F_PAD=frames_pad,
+        BLOCK_M=block_m,
+    )
     # The parts' sums, in one fixed order (deterministic).
     prob_mass, argmax_share, logit_mean = frame_parts.sum(1).unbind(0)
-    stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy_parts.sum(0))
+    stats = CallStatistics(
+        logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy_parts.sum(0)
+    )
     if token_profiles:
         prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
@@ -412,8 +520,18 @@ def attention_statistics_lse(
     ``statistics_given_lse`` for the frame statistics: a second pass over the keys, without
     a running max."""
     out, lse = sdpa_with_lse(q, k, v, scale)
-    stats = statistics_given_lse(q, k, lse, frame_seq_length, num_q, key_lengths, scale, token_profiles=token_profiles,
-                                 config=config, profile_config=profile_config)  # fmt: skip
+    stats = statistics_given_lse(
+        q,
+        k,
+        lse,
+        frame_seq_length,
+        num_q,
+        key_lengths,
+        scale,
+        token_profiles=token_profiles,
+        config=config,
+        profile_config=profile_config,
+    )
     return out, stats
 
 
@@ -444,20 +562,39 @@ def statistics_given_lse(
     bias2 = _bias2(frame_bias, q, num_k)
     starts, lengths, lengths_float = _segments_on(q.device, key_lengths)
     lse2 = (lse * LOG2E).contiguous()
-    m, l, w = torch.empty(3, heads, num_queries, num_k, dtype=torch.float32, device=q.device).unbind(0)
+    m, prob_sum, w = torch.empty(3, heads, num_queries, num_k, dtype=torch.float32, device=q.device).unbind(0)
     key_sums = torch.empty(heads, num_k, head_dim, dtype=torch.float32, device=q.device)
     config, launch = _launch_config(config, DEFAULT_LSE_CONFIG)
     grid = (math.ceil(num_queries / config["BLOCK_M"]), heads, num_k)
     frame_partials_given_lse_kernel[grid](
-        q, k, lse2, bias2, starts, lengths, m, l, w, key_sums,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        num_queries, num_k, scale * LOG2E,
-        **{**_constants(q), "LOOP_END": _interpreter_loop_end(max(key_lengths)), "HAS_BIAS": bias2 is not None, **config},
+        q,
+        k,
+        lse2,
+        bias2,
+        starts,
+        lengths,
+        m,
+        prob_sum,
+        w,
+        key_sums,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        num_queries,
+        num_k,
+        scale * LOG2E,
+        **{
+            **_constants(q),
+            "LOOP_END": _interpreter_loop_end(max(key_lengths)),
+            "HAS_BIAS": bias2 is not None,
+            **config,
+        },
         **launch,
-    )  # fmt: skip
+    )
     logit_mean = _logit_mean_by_factorization(q, key_sums, num_q, frame_seq_length, lengths_float, scale)
     per_frame = (heads, num_q, frame_seq_length)
-    prob_mass = l.view(*per_frame, num_k).mean(dim=2)
+    prob_mass = prob_sum.view(*per_frame, num_k).mean(dim=2)
     entropy = (LN2 * (lse2 - w.sum(dim=-1))).view(per_frame).mean(dim=2)
     argmax_share = one_hot_float(m.argmax(dim=-1), num_k, torch.float32).view(*per_frame, num_k).mean(dim=2)
     stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
@@ -468,8 +605,9 @@ def statistics_given_lse(
     return stats
 
 
-def tma_kernel_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lengths: Sequence[int],
-                    config: dict | None = None) -> bool:
+def tma_kernel_fits(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lengths: Sequence[int], config: dict | None = None
+) -> bool:
     """Whether ``attention_frame_partials_tma_kernel`` takes this call: fp16 / bf16, a
     power-of-two head size of 16 to 256, every key frame at least a key tile long, and
     every tensor as TMA can address it (16-byte aligned base and strides, unit stride
@@ -480,7 +618,9 @@ def tma_kernel_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lengt
         and q.shape[-1] in (16, 32, 64, 128, 256)
         and min(key_lengths) >= block_n
         and all(
-            x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(stride * x.element_size() % 16 == 0 for stride in x.stride()[:-1])
+            x.stride(-1) == 1
+            and x.data_ptr() % 16 == 0
+            and all(stride * x.element_size() % 16 == 0 for stride in x.stride()[:-1])
             for x in (q, k, v)
         )
     )
@@ -518,8 +658,18 @@ def attention_statistics_tma(
     key_lengths = tuple(int(n) for n in key_lengths)
     out, partials = tma_attention(q, k, v, key_lengths, scale, config=config)
     _, _, lengths_float = _segments_on(q.device, key_lengths)
-    return out, _combine_fused(_unit_stride(q), k, partials, segment_sums(k, key_lengths), lengths_float, frame_seq_length,
-                               num_q, scale, token_profiles, profile_config)  # fmt: skip
+    return out, _combine_fused(
+        _unit_stride(q),
+        k,
+        partials,
+        segment_sums(k, key_lengths),
+        lengths_float,
+        frame_seq_length,
+        num_q,
+        scale,
+        token_profiles,
+        profile_config,
+    )
 
 
 def tma_attention(
@@ -543,10 +693,24 @@ def tma_attention(
     out = torch.empty(num_queries, heads, head_dim, dtype=q.dtype, device=q.device)
     grid = (math.ceil(num_queries / config["BLOCK_M"]), heads)
     attention_frame_partials_tma_kernel[grid](
-        _descriptor(q, config["BLOCK_M"]), _descriptor(k, config["BLOCK_N"]), _descriptor(v, config["BLOCK_N"]), out,
-        _frame_ends_on(q.device, key_lengths), *partials.unbind(0),
-        out.stride(1), out.stride(0), num_queries, k.shape[1], num_k, scale * LOG2E,
-        HEAD_DIM=head_dim, STATS=stats, WARP_SPECIALIZE=warp_specialize, LOOP_END=_interpreter_loop_end(k.shape[1]),
-        FRAMES_END=_interpreter_loop_end(num_k), **config, **launch,
-    )  # fmt: skip
+        _descriptor(q, config["BLOCK_M"]),
+        _descriptor(k, config["BLOCK_N"]),
+        _descriptor(v, config["BLOCK_N"]),
+        out,
+        _frame_ends_on(q.device, key_lengths),
+        *partials.unbind(0),
+        out.stride(1),
+        out.stride(0),
+        num_queries,
+        k.shape[1],
+        num_k,
+        scale * LOG2E,
+        HEAD_DIM=head_dim,
+        STATS=stats,
+        WARP_SPECIALIZE=warp_specialize,
+        LOOP_END=_interpreter_loop_end(k.shape[1]),
+        FRAMES_END=_interpreter_loop_end(num_k),
+        **config,
+        **launch,
+    )
     return out, tuple(partials.unbind(0)) if stats else ()

@@ -69,12 +69,12 @@ def frame_statistics_combine_kernel(
     valid = r_valid[:, None] & f_valid[None, :]
     m = tl.load(m_ptr + index, mask=valid, other=float("-inf"))
     g = tl.load(g_ptr + index, mask=valid, other=float("-inf"))
-    l = tl.load(l_ptr + index, mask=valid, other=0.0)
+    exp_sum = tl.load(l_ptr + index, mask=valid, other=0.0)
     w = tl.load(w_ptr + index, mask=valid, other=0.0)
     # Rows past the frame read g = -inf everywhere (NaN below); every sum drops them.
     row_max = tl.max(g, 1)
     rescale = tl.exp2(g - row_max[:, None])
-    weights = l * rescale
+    weights = exp_sum * rescale
     row_sum = tl.sum(weights, 1)
     mass = tl.sum(tl.where(valid, weights / row_sum[:, None], 0.0), 0)
     expected_t = tl.sum(tl.where(valid, w * rescale, 0.0), 1) / row_sum
@@ -91,14 +91,22 @@ def frame_statistics_combine_kernel(
     for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):  # D in chunks: the [F, D] key sums stay small
         offs_d = d0 + tl.arange(0, D_CHUNK)
         d_valid = offs_d < HEAD_DIM
-        q = tl.load(q_ptr + head * stride_qh + q_rows[:, None] * stride_ql + offs_d[None, :],
-                    mask=r_valid[:, None] & d_valid[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        key_sums = tl.load(key_sums_ptr + (head * num_key_frames + offs_f[:, None]) * HEAD_DIM + offs_d[None, :],
-                           mask=f_valid[:, None] & d_valid[None, :], other=0.0)  # fmt: skip
+        q = tl.load(
+            q_ptr + head * stride_qh + q_rows[:, None] * stride_ql + offs_d[None, :],
+            mask=r_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        key_sums = tl.load(
+            key_sums_ptr + (head * num_key_frames + offs_f[:, None]) * HEAD_DIM + offs_d[None, :],
+            mask=f_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        )
         logit += tl.sum(key_sums * tl.sum(q, 0)[None, :], 1)
     key_lengths = tl.load(key_lengths_ptr + offs_f, mask=f_valid, other=1.0)
     tl.store(logit_ptr + out, logit * scale / (frame_seq_length * key_lengths), mask=f_valid)
-    tl.store(entropy_ptr + (part * tl.num_programs(1) + head) * num_query_frames + query_frame, entropy / frame_seq_length)
+    tl.store(
+        entropy_ptr + (part * tl.num_programs(1) + head) * num_query_frames + query_frame, entropy / frame_seq_length
+    )
 
 
 @triton.jit
@@ -132,7 +140,10 @@ def segment_sums_kernel(
     # LOOP_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end).
     for offset in range(0, LOOP_END if LOOP_END > 0 else stop - start, BLOCK_L):
         rows = start + offset + tl.arange(0, BLOCK_L)
-        acc += tl.load(x_ptr + head * stride_h + rows[:, None] * stride_l + offs_d[None, :],
-                       mask=(rows < stop)[:, None] & d_valid[None, :], other=0.0).to(tl.float32)  # fmt: skip
+        acc += tl.load(
+            x_ptr + head * stride_h + rows[:, None] * stride_l + offs_d[None, :],
+            mask=(rows < stop)[:, None] & d_valid[None, :],
+            other=0.0,
+        ).to(tl.float32)
     out = ((part * tl.num_programs(1) + head) * num_segments + segment) * HEAD_DIM
     tl.store(out_ptr + out + offs_d, tl.sum(acc, 0), mask=d_valid)

@@ -226,4 +226,3 @@ def statistics_chunked(
         stats.token_logit_mean = token_logit_mean_factorized(q, k, scale, accumulate).float()
         stats.token_prob_mean = (col_sum / num_queries).float()
     return stats
-

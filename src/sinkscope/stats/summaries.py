@@ -62,8 +62,16 @@ BORDERLINE = "?"
 HEAD_LABELS = ("sink", "sink" + BORDERLINE, "local", "local" + BORDERLINE, "periodic", "diffuse")
 # The head-class thresholds of config diagnostics:, as the schema defines them.
 DEFAULT_THRESHOLDS = schema_defaults("diagnostics")
-_PROB_ONLY = ("first_middle_ratio", "spread_pct", "frame0_mass", "frame0_uniform", "frame0_excess", "first_k_mass",
-              "cache_share", "own_share")  # fmt: skip
+_PROB_ONLY = (
+    "first_middle_ratio",
+    "spread_pct",
+    "frame0_mass",
+    "frame0_uniform",
+    "frame0_excess",
+    "first_k_mass",
+    "cache_share",
+    "own_share",
+)
 # What one query frame of one call is: the rows over which its key-frame masses sum to 1.
 _QUERY_KEYS = (*RUN_KEYS, "layer", "head", "block", "pass", "step", "query_frame")
 
@@ -153,7 +161,12 @@ def figure4_curves(
     rows = rows[(rows["pass"] == pass_) & (rows["step"] == step_index)]
     if rows.empty:
         raise ValueError(f"no rows of the last block for pass={pass_!r}, step={step_index}")
-    curves = rows.groupby(["layer", "head", "key_frame"], observed=True)[metric].mean().unstack("key_frame").sort_index(axis=1)
+    curves = (
+        rows.groupby(["layer", "head", "key_frame"], observed=True)[metric]
+        .mean()
+        .unstack("key_frame")
+        .sort_index(axis=1)
+    )
     info = {
         "query_frames": sorted(int(f) for f in set(rows["query_frame"])),
         "pass": pass_,
@@ -165,14 +178,20 @@ def figure4_curves(
         rows = rows.assign(uniform=uniform_mass(rows))
         uniform = rows.groupby(["layer", "head", "key_frame"], observed=True)["uniform"].mean()
         info["uniform"] = uniform.unstack("key_frame").reindex(index=curves.index, columns=curves.columns)
-        per_run = rows.groupby(["prompt_id", "seed", "layer", "head", "key_frame"], observed=True)[[metric, "uniform"]].mean()
+        per_run = rows.groupby(["prompt_id", "seed", "layer", "head", "key_frame"], observed=True)[
+            [metric, "uniform"]
+        ].mean()
         info["run_curves"] = per_run[metric].unstack("key_frame").reindex(columns=curves.columns)
         info["run_uniform"] = per_run["uniform"].unstack("key_frame").reindex(columns=curves.columns)
     return curves, info
 
 
 def curve_stats(
-    values: Sequence[float], frames: Sequence[int], query_frames: Sequence[int], metric: str, first_k: int = 3,
+    values: Sequence[float],
+    frames: Sequence[int],
+    query_frames: Sequence[int],
+    metric: str,
+    first_k: int = 3,
     uniform: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The statistics of one curve over its visible key frames (NaN values = not visible).
@@ -230,16 +249,22 @@ def _frames_label(frames) -> str:
     return ",".join(str(int(f)) for f in sorted(set(frames)))
 
 
-def _curve_rows(curves: pd.DataFrame, uniform: pd.DataFrame, base: Mapping[str, Any], query_frames, metric: str,
-                first_k: int) -> list[dict]:  # fmt: skip
+def _curve_rows(
+    curves: pd.DataFrame, uniform: pd.DataFrame, base: Mapping[str, Any], query_frames, metric: str, first_k: int
+) -> list[dict]:
     frames = curves.columns.to_numpy()
     label = _frames_label(query_frames)
     baselines = uniform.reindex(index=curves.index, columns=curves.columns).to_numpy()
     return [
-        {**base, **dict(zip(curves.index.names, key if isinstance(key, tuple) else (key,))), "metric": metric,
-         "query_frames": label, **curve_stats(row, frames, query_frames, metric, first_k, baseline)}
+        {
+            **base,
+            **dict(zip(curves.index.names, key if isinstance(key, tuple) else (key,))),
+            "metric": metric,
+            "query_frames": label,
+            **curve_stats(row, frames, query_frames, metric, first_k, baseline),
+        }
         for key, row, baseline in zip(curves.index, curves.to_numpy(), baselines)
-    ]  # fmt: skip
+    ]
 
 
 def with_run_std(table: pd.DataFrame, keys: Sequence[str], names: Sequence[str]) -> pd.DataFrame:
@@ -279,7 +304,13 @@ def head_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
         query_frames = sorted(set(call["query_frame"]))
         for layer, layer_rows in call.groupby("layer", sort=True):
             base = dict(zip(SOURCE_KEYS, source)) | dict(zip(["prompt_id", "seed"], run))
-            base |= {"layer": layer, "pass": pass_, "step": step, "timestep": float(call["timestep"].iloc[0]), "runs": runs}
+            base |= {
+                "layer": layer,
+                "pass": pass_,
+                "step": step,
+                "timestep": float(call["timestep"].iloc[0]),
+                "runs": runs,
+            }
             uniform = layer_rows.groupby(["head", "key_frame"], observed=True)["uniform"].mean().unstack("key_frame")
             for metric in METRICS:
                 curves = layer_rows.groupby(["head", "key_frame"], observed=True)[metric].mean().unstack("key_frame")
@@ -300,18 +331,28 @@ def layer_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
     diagonal = frame[frame["query_frame"] == frame["key_frame"]]
     column = frame[frame["key_frame"] == 0]
     cells = {
-        "run": {name: rows.groupby([*RUN_KEYS, *call_keys], observed=True)[list(METRICS)].mean()
-                for name, rows in (("diagonal_mean", diagonal), ("first_column_mean", column))},
-        "all": {name: rows.groupby([*SOURCE_KEYS, *call_keys], observed=True)[list(METRICS)].mean()
-                for name, rows in (("diagonal_mean", diagonal), ("first_column_mean", column))},
-    }  # fmt: skip
+        "run": {
+            name: rows.groupby([*RUN_KEYS, *call_keys], observed=True)[list(METRICS)].mean()
+            for name, rows in (("diagonal_mean", diagonal), ("first_column_mean", column))
+        },
+        "all": {
+            name: rows.groupby([*SOURCE_KEYS, *call_keys], observed=True)[list(METRICS)].mean()
+            for name, rows in (("diagonal_mean", diagonal), ("first_column_mean", column))
+        },
+    }
     rows = []
     for source, run, pass_, step, call, runs in _call_views(frame):
         query_frames = sorted(set(call["query_frame"]))
         averaged = run == (ALL_PROMPTS, ALL_SEEDS)
         for layer, layer_rows in call.groupby("layer", sort=True):
             base = dict(zip(SOURCE_KEYS, source)) | dict(zip(["prompt_id", "seed"], run))
-            base |= {"layer": layer, "pass": pass_, "step": step, "timestep": float(call["timestep"].iloc[0]), "runs": runs}
+            base |= {
+                "layer": layer,
+                "pass": pass_,
+                "step": step,
+                "timestep": float(call["timestep"].iloc[0]),
+                "runs": runs,
+            }
             key = (*source, *(() if averaged else run), layer, pass_, step)
             uniform = layer_rows.groupby("key_frame")["uniform"].mean().sort_index()
             for metric in METRICS:
@@ -319,8 +360,14 @@ def layer_stats(frame: pd.DataFrame, first_k: int = 3) -> pd.DataFrame:
                 extra = {}
                 for name, table in cells["all" if averaged else "run"].items():
                     extra[name] = float(table.loc[key, metric]) if key in table.index else float("nan")
-                stats = curve_stats(curve.to_numpy(), curve.index.to_numpy(), query_frames, metric, first_k,
-                                    uniform.reindex(curve.index).to_numpy())  # fmt: skip
+                stats = curve_stats(
+                    curve.to_numpy(),
+                    curve.index.to_numpy(),
+                    query_frames,
+                    metric,
+                    first_k,
+                    uniform.reindex(curve.index).to_numpy(),
+                )
                 rows.append({**base, "metric": metric, "query_frames": _frames_label(query_frames), **stats, **extra})
     names = [name for name in LAYER_STATS_SCHEMA.names if not name.endswith(RUN_STD_SUFFIX)]
     table = pd.DataFrame(rows, columns=names)
@@ -351,10 +398,18 @@ def block_stats(
     tokens = {"tokens": ("key_tokens", "mean")} if "key_tokens" in frame.columns else {}
     if "prompt_segment" not in frame.columns:
         frame = frame.assign(prompt_segment=0)
-    curves = frame.groupby([*keys, "key_frame"], observed=True).agg(
-        mass=("prob_mass", "mean"), timestep=("timestep", "first"), qmin=("query_frame", "min"), qmax=("query_frame", "max"),
-        prompt_segment=("prompt_segment", "first"), **tokens,
-    ).reset_index()  # fmt: skip
+    curves = (
+        frame.groupby([*keys, "key_frame"], observed=True)
+        .agg(
+            mass=("prob_mass", "mean"),
+            timestep=("timestep", "first"),
+            qmin=("query_frame", "min"),
+            qmax=("query_frame", "max"),
+            prompt_segment=("prompt_segment", "first"),
+            **tokens,
+        )
+        .reset_index()
+    )
     # The uniform baseline (uniform_mass): every query frame of a call sees the same keys,
     # so the key-token shares of the call's frames are those of each of its query frames.
     count = curves.groupby(keys, observed=True, sort=False)["key_frame"].transform("size").astype(np.float64)
@@ -364,7 +419,9 @@ def block_stats(
     else:
         curves["uniform"] = 1.0 / count
     variants = curves["variant"].astype(str)
-    sinks = variants.map(sink_frames) if isinstance(sink_frames, Mapping) else pd.Series(sink_frames, index=curves.index)
+    sinks = (
+        variants.map(sink_frames) if isinstance(sink_frames, Mapping) else pd.Series(sink_frames, index=curves.index)
+    )
     sinks = sinks.fillna(0).astype(int).clip(lower=1)  # no sink: frame 0
     # Own: the block's frames. Frames after it (later blocks of a Rolling Forcing window,
     # seen within the joint call) are other mass, never sink or history.
@@ -379,11 +436,18 @@ def block_stats(
     curves["plogp"] = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1)), 0.0)
     grouped = curves.groupby(keys, observed=True, sort=True)
     out = grouped.agg(
-        timestep=("timestep", "first"), prompt_segment=("prompt_segment", "first"), qmin=("qmin", "first"),
-        qmax=("qmax", "first"), sink_mass=("sink", "sum"),
-        self_mass=("self", "sum"), other_mass=("other", "sum"), entropy=("plogp", "sum"), num_key_frames=("mass", "size"),
-        sink_uniform=("sink_uniform", "sum"), sink_present=("sink_present", "sum"),
-    )  # fmt: skip
+        timestep=("timestep", "first"),
+        prompt_segment=("prompt_segment", "first"),
+        qmin=("qmin", "first"),
+        qmax=("qmax", "first"),
+        sink_mass=("sink", "sum"),
+        self_mass=("self", "sum"),
+        other_mass=("other", "sum"),
+        entropy=("plogp", "sum"),
+        num_key_frames=("mass", "size"),
+        sink_uniform=("sink_uniform", "sum"),
+        sink_present=("sink_present", "sum"),
+    )
     # No sink frame in the cache (block 0, or evicted): no baseline, and no excess.
     out["sink_uniform"] = out["sink_uniform"].where(out["sink_present"] > 0)
     out["sink_excess"] = out["sink_mass"] - out["sink_uniform"]
@@ -398,7 +462,9 @@ def block_stats(
     if rollout is not None and not rollout.empty:
         per_block = rollout.drop_duplicates([*RUN_KEYS, "block"])[[*RUN_KEYS, "block", *video_columns]]
         per_block = per_block.astype({key: out[key].dtype for key in [*RUN_KEYS, "block"] if key in out})
-        out = out.drop(columns=[c for c in video_columns if c in out]).merge(per_block, on=[*RUN_KEYS, "block"], how="left")
+        out = out.drop(columns=[c for c in video_columns if c in out]).merge(
+            per_block, on=[*RUN_KEYS, "block"], how="left"
+        )
     for column in video_columns:
         if column not in out:
             out[column] = None if column == "rope_periods" else np.nan
@@ -456,7 +522,7 @@ def classify_head(row: Mapping[str, float], thresholds: Mapping[str, float], num
 
 def base_class(label: str) -> str:
     """'sink?' -> 'sink': the class a (possibly borderline) label is about."""
-    return label[:-len(BORDERLINE)] if label.endswith(BORDERLINE) else label
+    return label[: -len(BORDERLINE)] if label.endswith(BORDERLINE) else label
 
 
 def is_borderline(label: str) -> bool:
@@ -503,16 +569,28 @@ def head_diagnostics(
     )
     per_qf = rows.groupby(qf_keys, observed=True).agg(
         plogp=("plogp", "sum"), frames=("key_frame", "size"), timestep=("timestep", "first")
-    )  # fmt: skip
+    )
     per_qf["entropy_frames"] = per_qf["plogp"] / np.log(per_qf["frames"].where(per_qf["frames"] > 1))
-    frame0 = rows[rows["key_frame"] == 0].groupby(qf_keys, observed=True)[["prob_mass", "argmax_share", "uniform"]].sum()
+    frame0 = (
+        rows[rows["key_frame"] == 0].groupby(qf_keys, observed=True)[["prob_mass", "argmax_share", "uniform"]].sum()
+    )
     recent = rows[rows["key_frame"] >= rows["qmin"] - 1].groupby(qf_keys, observed=True)[["prob_mass", "uniform"]].sum()
-    per_qf = per_qf.join(frame0.rename(columns={"prob_mass": "frame0_mass", "argmax_share": "frame0_argmax_share",
-                                                "uniform": "frame0_uniform"}))  # fmt: skip
+    per_qf = per_qf.join(
+        frame0.rename(
+            columns={"prob_mass": "frame0_mass", "argmax_share": "frame0_argmax_share", "uniform": "frame0_uniform"}
+        )
+    )
     per_qf["recent_mass"], per_qf["recent_uniform"] = recent["prob_mass"], recent["uniform"]
     per_run = per_qf.groupby(run_keys, observed=True)[
-        ["entropy_frames", "frame0_mass", "frame0_argmax_share", "recent_mass", "timestep", "frame0_uniform",
-         "recent_uniform"]
+        [
+            "entropy_frames",
+            "frame0_mass",
+            "frame0_argmax_share",
+            "recent_mass",
+            "timestep",
+            "frame0_uniform",
+            "recent_uniform",
+        ]
     ].mean()
     # Frame 0 not visible: its mass is undefined, not 0.
     visible0 = rows[rows["key_frame"] == 0].groupby(run_keys, observed=True).size()
@@ -543,12 +621,13 @@ def head_diagnostics(
         counts.append(profile.size)
     out["sign_rate"], out["period"], out["period_power"] = signs, periods, powers
     out = out.reset_index()
-    out["head_class"] = [
-        classify_head(row, thresholds, n) for row, n in zip(out.to_dict("records"), counts)
-    ]
+    out["head_class"] = [classify_head(row, thresholds, n) for row, n in zip(out.to_dict("records"), counts)]
     out["borderline"] = out["head_class"].map(is_borderline).astype(bool)
     out["pyramid_label"] = np.array(
-        [pyramid_label({**row, "mean_logit": m}, thresholds, n) for row, m, n in zip(out.to_dict("records"), means, counts)],
+        [
+            pyramid_label({**row, "mean_logit": m}, thresholds, n)
+            for row, m, n in zip(out.to_dict("records"), means, counts)
+        ],
         dtype=np.int8,
     )
     return out[HEAD_DIAGNOSTICS_SCHEMA.names]

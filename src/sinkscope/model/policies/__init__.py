@@ -68,8 +68,25 @@ from sinkscope.model.policies.sinks import (
 )
 
 __all__ = [
-    "EMA_DECAY", "FLUSH_KEEP_FRAMES", "MAX_REUSE", "POLICY_CLASSES", "CachePolicy", "DeepSinkPolicy",
-    "EmaSinkPolicy", "GlobalPolicy", "KreaRecomputePolicy", "LongLive2Policy", "ParticipativeCompressionPolicy", "PolicySettings", "RelativeRopePolicy",
-    "ReropeSinkPolicy", "RollingForcingPolicy", "RollingSinkPolicy", "SinkPolicy", "WindowPolicy", "new_policy",
-    "policy_from_options", "register_policy",
-]  # fmt: skip
+    "EMA_DECAY",
+    "FLUSH_KEEP_FRAMES",
+    "MAX_REUSE",
+    "POLICY_CLASSES",
+    "CachePolicy",
+    "DeepSinkPolicy",
+    "EmaSinkPolicy",
+    "GlobalPolicy",
+    "KreaRecomputePolicy",
+    "LongLive2Policy",
+    "ParticipativeCompressionPolicy",
+    "PolicySettings",
+    "RelativeRopePolicy",
+    "ReropeSinkPolicy",
+    "RollingForcingPolicy",
+    "RollingSinkPolicy",
+    "SinkPolicy",
+    "WindowPolicy",
+    "new_policy",
+    "policy_from_options",
+    "register_policy",
+]

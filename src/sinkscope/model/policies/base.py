@@ -63,9 +63,13 @@ def register_policy(cls: _Policy) -> _Policy:
     """Class decorator: ``cls`` is the code of the cache policy ``cls.name``, whose spec is
     that name's row of ``sinkscope.options.CACHE_POLICY_TABLE``."""
     if cls.name not in CACHE_POLICY_TABLE:
-        raise ValueError(f"{cls.__name__}: cache policy {cls.name!r} has no row in sinkscope.options.CACHE_POLICY_TABLE")
+        raise ValueError(
+            f"{cls.__name__}: cache policy {cls.name!r} has no row in sinkscope.options.CACHE_POLICY_TABLE"
+        )
     if POLICY_CLASSES.get(cls.name, cls) is not cls:
-        raise ValueError(f"{cls.__name__}: cache policy {cls.name!r} is registered already ({POLICY_CLASSES[cls.name].__name__})")
+        raise ValueError(
+            f"{cls.__name__}: cache policy {cls.name!r} is registered already ({POLICY_CLASSES[cls.name].__name__})"
+        )
     POLICY_CLASSES[cls.name] = cls
     return cls
 
@@ -133,8 +137,10 @@ class CachePolicy:
             raise ValueError("nothing to re-cache before the first block")
         end = self.block_start + self.block_frames
         if num_frames < 1 or start_frame < 0 or start_frame + num_frames != end:
-            raise ValueError(f"a re-cache recomputes frames ending at the last generated frame {end - 1}, "
-                             f"not [{start_frame}, {start_frame + num_frames})")  # fmt: skip
+            raise ValueError(
+                f"a re-cache recomputes frames ending at the last generated frame {end - 1}, "
+                f"not [{start_frame}, {start_frame + num_frames})"
+            )
         self._pending_recache = (int(start_frame), int(num_frames))
 
     def begin_call(self, start_frame: int, num_frames: int, grid: tuple[int, int] | None = None) -> None:
@@ -144,7 +150,9 @@ class CachePolicy:
         self.recaching = None
         if self._pending_recache is not None:
             if self._pending_recache != (start_frame, num_frames):
-                raise ValueError(f"re-cache of frames {self._pending_recache} announced, the call is {(start_frame, num_frames)}")
+                raise ValueError(
+                    f"re-cache of frames {self._pending_recache} announced, the call is {(start_frame, num_frames)}"
+                )
             self.recaching, self._pending_recache = self._pending_recache, None
             self.new_block = False
             if self.edits is not None:
@@ -209,7 +217,9 @@ class CachePolicy:
         for segment in self.cache.segments_of(layer):
             if start <= segment.frame < start + count and segment.frame >= protected:
                 if not segment.whole or segment.shift != 0:
-                    raise ValueError(f"cache_policy {self.name!r}: frame {segment.frame} is not held whole at its own position")
+                    raise ValueError(
+                        f"cache_policy {self.name!r}: frame {segment.frame} is not held whole at its own position"
+                    )
                 source = (segment.frame - start) * fsl
                 self.cache.write(layer, offset, k[:, source : source + fsl], v[:, source : source + fsl])
             offset += segment.length
@@ -303,7 +313,9 @@ class WindowPolicy(CachePolicy):
     name = WINDOW
     settings_keys = ("window_frames",)
 
-    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int = 0, rope: RotaryTables | None = None) -> None:
+    def __init__(
+        self, cache: KVCache, *, window_frames: int, sink_frames: int = 0, rope: RotaryTables | None = None
+    ) -> None:
         if not 0 <= sink_frames < window_frames:
             raise ValueError(f"sink_frames must be in [0, {window_frames}), got {sink_frames}")
         if cache.capacity_frames < window_frames:
@@ -339,7 +351,9 @@ class SinkPolicy(WindowPolicy):
     name = SINK
     settings_keys = ("window_frames", "sink_frames")
 
-    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
+    def __init__(
+        self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None
+    ) -> None:
         if sink_frames < 1:
             raise ValueError(f"cache_policy {self.name!r} needs sink_frames >= 1, got {sink_frames}")
         super().__init__(cache, window_frames=window_frames, sink_frames=sink_frames, rope=rope)

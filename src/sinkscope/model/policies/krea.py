@@ -37,8 +37,10 @@ class KreaRecomputePolicy(CachePolicy):
 
     def __init__(self, cache: KVCache, *, window_frames: int, rope: RotaryTables | None = None) -> None:
         if window_frames < 2 or cache.capacity_frames < window_frames:
-            raise ValueError(f"cache_policy {self.name!r} needs a cache of at least 2 frames holding the window, got "
-                             f"{window_frames} in {cache.capacity_frames}")  # fmt: skip
+            raise ValueError(
+                f"cache_policy {self.name!r} needs a cache of at least 2 frames holding the window, got "
+                f"{window_frames} in {cache.capacity_frames}"
+            )
         self.window_frames = window_frames
         super().__init__(cache, rope=rope)
 
@@ -55,10 +57,13 @@ class KreaRecomputePolicy(CachePolicy):
         frames = tuple(int(f) for f in frames)
         end = 0 if self.block_start is None else self.block_start + self.block_frames
         if not frames or frames != tuple(range(frames[0], frames[0] + len(frames))) or frames[-1] != end - 1:
-            raise ValueError(f"a recompute call takes consecutive frames ending at the last generated frame {end - 1}, "
-                             f"not {frames}")  # fmt: skip
+            raise ValueError(
+                f"a recompute call takes consecutive frames ending at the last generated frame {end - 1}, not {frames}"
+            )
         if len(frames) >= self.window_frames:
-            raise ValueError(f"a context of {len(frames)} frames leaves no room for a block in a window of {self.window_frames}")
+            raise ValueError(
+                f"a context of {len(frames)} frames leaves no room for a block in a window of {self.window_frames}"
+            )
         self._announced = frames
 
     def begin_call(self, start_frame: int, num_frames: int, grid: tuple[int, int] | None = None) -> None:
@@ -89,8 +94,9 @@ class KreaRecomputePolicy(CachePolicy):
         if start and not held:
             raise ValueError(f"the block at frame {start} needs the recompute call before it")
         if held + frames > self.window_frames:
-            raise ValueError(f"a window of {self.window_frames} frames cannot hold {held} context frames and a block of "
-                             f"{frames}")  # fmt: skip
+            raise ValueError(
+                f"a window of {self.window_frames} frames cannot hold {held} context frames and a block of {frames}"
+            )
         self.cache.append(whole_frames(range(start, start + frames), self.frame_seq_length, range(held, held + frames)))
         self._query_shift = held - start
 

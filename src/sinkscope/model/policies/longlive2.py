@@ -64,8 +64,9 @@ class LongLive2Policy(CachePolicy):
         shot_rope_offset: int = SHOT_ROPE_OFFSET,
     ) -> None:
         if not 1 <= sink_frames < window_frames:
-            raise ValueError(f"cache_policy {self.name!r} needs 1 <= sink_frames < window_frames, "
-                             f"got {sink_frames}, {window_frames}")
+            raise ValueError(
+                f"cache_policy {self.name!r} needs 1 <= sink_frames < window_frames, got {sink_frames}, {window_frames}"
+            )
         if cache.capacity_frames < window_frames:
             raise ValueError(f"a cache of {cache.capacity_frames} frames cannot hold a window of {window_frames}")
         if use_relative_rope and rope is None:
@@ -130,15 +131,18 @@ class LongLive2Policy(CachePolicy):
         if self.kv_quant:
             # The finished chunk as the NVFP4 cache reads it back, every layer in place: the
             # same cache primitive as the quantize_cache edit (sinkscope.model.edits).
-            self.cache.quantize_frames(range(self.block_start, self.block_start + self.block_frames), KV_QUANT_FORMAT, "both")
+            self.cache.quantize_frames(
+                range(self.block_start, self.block_start + self.block_frames), KV_QUANT_FORMAT, "both"
+            )
 
     def start_block(self, start: int, frames: int) -> None:
         held, protected = self._held(), self.protected_frames
         overflow = held + frames - self.window_frames
         if overflow > 0:
             if overflow > held - protected:
-                raise ValueError(f"window of {self.window_frames} frames keeping {protected} frames cannot hold a chunk "
-                                 f"of {frames}")
+                raise ValueError(
+                    f"window of {self.window_frames} frames keeping {protected} frames cannot hold a chunk of {frames}"
+                )
             self.cache.evict(overflow, after=protected)
             if self.pin is not None and self.pin[0] >= protected:
                 self.pin = (self.pin[0] - overflow, self.pin[1])  # a floating pin follows the roll
@@ -148,15 +152,22 @@ class LongLive2Policy(CachePolicy):
             self.cache.set_positions(0, held, list(range(held)))
         else:
             offset = self.temporal_offset
-            self.cache.append(whole_frames(range(start, start + frames), self.frame_seq_length,
-                                           positions=range(start + offset, start + frames + offset)))  # fmt: skip
+            self.cache.append(
+                whole_frames(
+                    range(start, start + frames),
+                    self.frame_seq_length,
+                    positions=range(start + offset, start + frames + offset),
+                )
+            )
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.use_relative_rope:
             if raw_k is None:
-                raise ValueError(f"cache_policy {self.name!r} with use_relative_rope stores the keys before RoPE (raw_k)")
+                raise ValueError(
+                    f"cache_policy {self.name!r} with use_relative_rope stores the keys before RoPE (raw_k)"
+                )
             k = raw_k
         self.cache.write_tail(layer, k, v)
         keys, values = self.cache.keys(layer)

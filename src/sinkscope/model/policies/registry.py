@@ -51,9 +51,11 @@ def new_policy(
     if not POLICY_CLASSES[cache_policy].bounded and num_frames is None:
         raise ValueError(f"cache_policy {cache_policy!r} needs num_frames (its cache grows with the video)")
     capacity = CACHE_POLICY_TABLE[cache_policy].capacity_frames(
-        num_frames=num_frames or 0, local_attn_frames=local_attn_frames, largest_block=largest_block or recent_frames,
+        num_frames=num_frames or 0,
+        local_attn_frames=local_attn_frames,
+        largest_block=largest_block or recent_frames,
         sink_frames=sink_frames,
-    )  # fmt: skip
+    )
     cache = KVCache(
         num_layers=config.num_layers,
         batch_size=batch_size,
@@ -79,7 +81,9 @@ def new_policy(
     return POLICY_CLASSES[cache_policy].build(cache, settings)
 
 
-def policy_from_options(model: WanModel, options: GenerationOptions, *, frame_seq_length: int, seed: int = 0) -> CachePolicy:
+def policy_from_options(
+    model: WanModel, options: GenerationOptions, *, frame_seq_length: int, seed: int = 0
+) -> CachePolicy:
     """The policy ``generate()`` uses: ``options.cache_policy`` with its resolved frame counts,
     carrying the generation's edits (``options.interventions``, resolved; ``seed``: the run's,
     for replacement noise) when there are any."""

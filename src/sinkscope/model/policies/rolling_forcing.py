@@ -42,15 +42,21 @@ class RollingForcingPolicy(CachePolicy):
     name = ROLLING_FORCING
     settings_keys = ("window_frames", "sink_frames")
 
-    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
+    def __init__(
+        self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None
+    ) -> None:
         if rope is None:
             raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
         if sink_frames < 1 or window_frames < 2 * sink_frames or window_frames % sink_frames:
-            raise ValueError(f"cache_policy {self.name!r} needs an attention span that is a multiple of the anchor's "
-                             f"{sink_frames} frames and holds two of them, got {window_frames}")  # fmt: skip
+            raise ValueError(
+                f"cache_policy {self.name!r} needs an attention span that is a multiple of the anchor's "
+                f"{sink_frames} frames and holds two of them, got {window_frames}"
+            )
         if cache.capacity_frames < window_frames + sink_frames:
-            raise ValueError(f"a cache of {cache.capacity_frames} frames cannot hold the span of {window_frames} "
-                             f"frames plus the anchor of {sink_frames}")  # fmt: skip
+            raise ValueError(
+                f"a cache of {cache.capacity_frames} frames cannot hold the span of {window_frames} "
+                f"frames plus the anchor of {sink_frames}"
+            )
         self.window_frames = window_frames
         self.sink_frames = sink_frames
         super().__init__(cache, rope=rope)
@@ -81,8 +87,10 @@ class RollingForcingPolicy(CachePolicy):
         if grid is not None:
             self.grid = (int(grid[0]), int(grid[1]))
         if self._announced is None or self._announced[1:] != (start_frame, num_frames):
-            raise ValueError(f"cache_policy {self.name!r}: a call of frames [{start_frame}, {start_frame + num_frames}) "
-                             f"that Rolling Forcing's procedure did not announce ({self._announced})")  # fmt: skip
+            raise ValueError(
+                f"cache_policy {self.name!r}: a call of frames [{start_frame}, {start_frame + num_frames}) "
+                f"that Rolling Forcing's procedure did not announce ({self._announced})"
+            )
         if num_frames % self.sink_frames:
             raise ValueError(f"cache_policy {self.name!r}: a call holds whole blocks of {self.sink_frames} frames")
         self.kind, self._announced = self._announced[0], None
@@ -105,8 +113,10 @@ class RollingForcingPolicy(CachePolicy):
             self._append_block(start, size)
             frames = self.cache.frames(0)
         elif frames[-size:] != list(range(start, start + size)):
-            raise ValueError(f"cache_policy {self.name!r}: a call's first block starts at frame {start}, but the cache "
-                             f"ends with frames {frames[-size:]}")  # fmt: skip
+            raise ValueError(
+                f"cache_policy {self.name!r}: a call's first block starts at frame {start}, but the cache "
+                f"ends with frames {frames[-size:]}"
+            )
         self._slot = (len(frames) - size) * fsl
 
     def _plan(self) -> None:

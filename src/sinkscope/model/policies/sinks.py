@@ -24,7 +24,9 @@ from sinkscope.options import (
 )
 
 
-def _first_frames_of_block(policy: SinkPolicy | RollingSinkPolicy, first_frames: int, raw_k: torch.Tensor | None, what: str) -> tuple[slice, int]:
+def _first_frames_of_block(
+    policy: SinkPolicy | RollingSinkPolicy, first_frames: int, raw_k: torch.Tensor | None, what: str
+) -> tuple[slice, int]:
     """Where the current block's tokens that fall in the first ``first_frames`` frames go in
     a per-frame buffer, and how many there are; the block's keys before RoPE must be given."""
     if raw_k is None:
@@ -75,7 +77,9 @@ class ReropeSinkPolicy(SinkPolicy):
 
     name = REROPE_SINK
 
-    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
+    def __init__(
+        self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None
+    ) -> None:
         if rope is None:
             raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
         shape = (cache.num_layers, *cache.k.shape[1:2], sink_frames * cache.frame_seq_length, *cache.k.shape[3:])
@@ -141,11 +145,15 @@ class RollingSinkPolicy(WindowPolicy):
     name = ROLLING_SINK
     settings_keys = ("window_frames", "sink_frames")
 
-    def __init__(self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None) -> None:
+    def __init__(
+        self, cache: KVCache, *, window_frames: int, sink_frames: int, rope: RotaryTables | None = None
+    ) -> None:
         if rope is None:
             raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
         if not 1 <= sink_frames < window_frames:
-            raise ValueError(f"cache_policy {self.name!r} needs 1 <= sink_frames < window_frames, got {sink_frames}, {window_frames}")
+            raise ValueError(
+                f"cache_policy {self.name!r} needs 1 <= sink_frames < window_frames, got {sink_frames}, {window_frames}"
+            )
         self.segment_frames = sink_frames
         self.sweep_frames = window_frames - sink_frames
         shape = (cache.num_layers, cache.batch_size, self.sweep_frames * cache.frame_seq_length, *cache.k.shape[3:])
