@@ -14,7 +14,8 @@ import torch
 from test_stats import brute_force_statistics
 
 from sinkscope.generation.capture import FrameStatsCapture
-from sinkscope.generation.sampler import FlowMatchSchedule, generate
+from sinkscope.generation.common import FlowMatchSchedule
+from sinkscope.generation.sampler import generate
 from sinkscope.model import build_model
 from sinkscope.model.config import WanConfig
 from sinkscope.options import BLOCK_CACHE_POLICIES, GenerationOptions

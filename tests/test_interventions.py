@@ -342,12 +342,12 @@ def test_cuda_bf16_edits_keep_block_0_mask_exactly_and_a_zero_bias_is_the_identi
 
 
 def test_frames_a_re_cache_rewrites_are_quantized_again_when_the_next_block_starts(monkeypatch):
-    from sinkscope.generation import sampler
+    from sinkscope.generation import loop
 
     opts = options([{"edit": "quantize_cache", "format": "int8", "tensors": "both"}], 9, re_cache=True)
     built, snapshots = [], {}
-    build = sampler.policy_from_options
-    monkeypatch.setattr(sampler, "policy_from_options", lambda *a, **kw: built.append(build(*a, **kw)) or built[-1])
+    build = loop.policy_from_options
+    monkeypatch.setattr(loop, "policy_from_options", lambda *a, **kw: built.append(build(*a, **kw)) or built[-1])
 
     class Watch:
         def begin_call(self, info):

@@ -28,8 +28,9 @@ from test_stats import brute_force_statistics
 
 from sinkscope.errors import ConfigError, WeightsError
 from sinkscope.generation.capture import FrameStatsCapture
+from sinkscope.generation.common import FlowMatchSchedule
 from sinkscope.generation.krea import krea_denoising_steps
-from sinkscope.generation.sampler import FlowMatchSchedule, block_causal_frame_mask, generate
+from sinkscope.generation.sampler import block_causal_frame_mask, generate
 from sinkscope.model import WanConfig, build_model
 from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.model.config import MODEL_CONFIGS

@@ -17,11 +17,12 @@ import torch
 from conftest import REPO
 from test_model import TINY, tiny_model
 
-from sinkscope.generation.sampler import GenerationOptions, NoiseStream, generate, seeded_noise
+from sinkscope.generation.common import NoiseStream
+from sinkscope.generation.sampler import generate, seeded_noise
 from sinkscope.model import KVCache, build_model
 from sinkscope.model.cache import Segment, whole_frames
 from sinkscope.model.policies import MAX_REUSE, ParticipativeCompressionPolicy, new_policy
-from sinkscope.options import OptionsError
+from sinkscope.options import GenerationOptions, OptionsError
 
 FSL = TINY.frame_seq_length()  # 6 tokens a frame: a 2 x 3 patch grid
 GRID_W = TINY.latent_width // 2
@@ -605,15 +606,13 @@ def test_a_new_policy_is_its_spec_row_and_its_registered_class(monkeypatch):
 
 
 def test_the_schema_enums_and_the_config_comment_list_the_registered_names():
-    from sinkscope.generation.procedures import PROCEDURE_FUNCTIONS
+    from sinkscope.generation.procedures import PROCEDURES
     from sinkscope.options import CACHE_POLICY_TABLE, PROCEDURE_TABLE
     from sinkscope.schema import load_schema, resolve_ref
 
     generation = resolve_ref(load_schema()["properties"]["generation"])["properties"]
     assert generation["cache_policy"]["enum"] == [*CACHE_POLICY_TABLE, None]
-    assert generation["procedure"]["enum"] == list(PROCEDURE_TABLE) and sorted(PROCEDURE_FUNCTIONS) == sorted(
-        PROCEDURE_TABLE
-    )
+    assert generation["procedure"]["enum"] == list(PROCEDURE_TABLE) and sorted(PROCEDURES) == sorted(PROCEDURE_TABLE)
     for key, names in (("cache_policy", CACHE_POLICY_TABLE), ("procedure", PROCEDURE_TABLE)):
         described = generation[key]["description"]
         assert [name for name in names if name not in described] == [], key

@@ -19,11 +19,11 @@ from test_model import TINY, tiny_model
 from test_policies import FSL, GRID_W, layout_tokens, rope_reference
 
 from sinkscope.generation.capture import FrameStatsCapture
-from sinkscope.generation.sampler import GenerationOptions, generate
+from sinkscope.generation.sampler import generate
 from sinkscope.model import KVCache, build_model
 from sinkscope.model.policies import EMA_DECAY, EmaSinkPolicy, new_policy
 from sinkscope.model.wan import RotaryTables
-from sinkscope.options import CACHE_POLICY_TABLE, OptionsError
+from sinkscope.options import CACHE_POLICY_TABLE, GenerationOptions, OptionsError
 
 TOKENS = np.arange(FSL)
 

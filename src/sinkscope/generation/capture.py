@@ -37,13 +37,7 @@ import torch
 
 from sinkscope.attention.edits import edited_attention
 from sinkscope.attention.split import cached_attention
-from sinkscope.generation.common import PASS_RECOMPUTE
-from sinkscope.generation.sampler import (
-    PASS_CACHE,
-    PASS_DENOISE,
-    PASS_RECACHE,
-    CallInfo,
-)
+from sinkscope.generation.common import PASS_CACHE, PASS_DENOISE, PASS_RECACHE, PASS_RECOMPUTE, CallInfo
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.stats.attention import (
