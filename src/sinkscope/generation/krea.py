@@ -127,7 +127,7 @@ class RecomputedContext:
     def __init__(self, run: Run) -> None:
         options = run.options
         self.context_frames = options.local_attn_frames - options.frames_per_block
-        self.reencode = options.recompute_context == "reencode"
+        self.reencode = options.option("recompute_context") == "reencode"
         if run.vae is None and procedure_spec(options.procedure).needs_vae(options):
             raise OptionsError(missing_reencode_vae("generation.recompute_context", "the", "none was passed as vae"))
         self.reencoder = FrameReencoder(run.vae) if self.reencode and run.vae is not None else None

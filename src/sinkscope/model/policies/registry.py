@@ -3,6 +3,9 @@ policy's spec, the class registered under its name (``register_policy``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from sinkscope.model.cache import KVCache
 from sinkscope.model.edits import GenerationEdits
 from sinkscope.model.policies.base import (
@@ -34,8 +37,7 @@ def new_policy(
     max_reuse: int = MAX_REUSE,
     ema_decay: float = EMA_DECAY,
     flush_every_blocks: int = 0,
-    use_relative_rope: bool = False,
-    kv_quant: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> CachePolicy:
     """A policy for ``model`` with a cache sized by the policy (not by the video, when bounded).
 
@@ -44,6 +46,8 @@ def new_policy(
     ``rolling_forcing`` holds W frames plus its anchor (RF: 21 + 3); every other policy
     holds W frames (``PolicySpec.capacity_frames``). ``max_reuse``, ``ema_decay`` and
     ``flush_every_blocks`` are the policies' constants (not config keys), for tests.
+    ``options``: the policy's own keys (its spec's ``OptionSpec``s), handed to its class as
+    keywords (those not given take their defaults there).
     """
     config = model.config
     if cache_policy not in POLICY_CLASSES:
@@ -75,10 +79,8 @@ def new_policy(
         max_reuse=max_reuse,
         ema_decay=ema_decay,
         flush_every_blocks=flush_every_blocks,
-        use_relative_rope=use_relative_rope,
-        kv_quant=kv_quant,
     )
-    return POLICY_CLASSES[cache_policy].build(cache, settings)
+    return POLICY_CLASSES[cache_policy].build(cache, settings, options or {})
 
 
 def policy_from_options(
@@ -97,8 +99,7 @@ def policy_from_options(
         budget_frames=options.budget_frames,
         recent_frames=options.recent_frames,
         largest_block=max(options.block_sizes()),
-        use_relative_rope=options.use_relative_rope,
-        kv_quant=options.kv_quant,
+        options=options.policy_options(),
     )
     if options.interventions:
         policy.edits = GenerationEdits.for_policy(options.interventions, policy, seed=seed)
