@@ -34,7 +34,7 @@ _MODEL = {
     "attention.settings",
     "attention.split",
     "attention.merge_kernel",
-    "attention.edits",
+    "attention.biased",
 }
 _TABLES = {"tables", "digests"}
 _SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", *_TABLES}
@@ -82,7 +82,7 @@ PINNED = {
         "model.policies.registry",
         "model.text",
         "model.vae",
-        "model.edits",
+        "model.generation_edits",
         "model.quantize",
         "generation",
         "generation.capture",

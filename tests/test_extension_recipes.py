@@ -168,7 +168,7 @@ class EulerSteps:
                 x,
                 torch.full((1, frames), t, device=run.device),
                 run.contexts[run.segment],
-                kv_cache=run.policy,
+                cache_policy=run.policy,
                 start_frame=start,
             )
             after = self.flow.sigma(self.timesteps[step + 1]) if step + 1 < len(self.timesteps) else 0.0

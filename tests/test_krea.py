@@ -286,7 +286,7 @@ def test_cache_edits_reach_the_recomputed_context_once_a_block(monkeypatch):
     """quantize_cache under Krea's procedure: at every block after the first, the context frames
     the recompute call just wrote (not the finished block's slots of an older cache) are
     quantized once; block 0 is the untouched video's."""
-    from sinkscope.model.edits import GenerationEdits
+    from sinkscope.model.generation_edits import GenerationEdits
 
     edited = []
     real = GenerationEdits.edit_cache

@@ -130,7 +130,7 @@ def rollout(policy_name, blocks, *, steps=2, seed=0, reference=None, **kw):
                 1, TINY.in_dim, size, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64
             )
             t = torch.full((1, size), 1000.0 * (1 - call / (steps + 1)), dtype=torch.float64)
-            model(x, t, context, kv_cache=policy, start_frame=start)
+            model(x, t, context, cache_policy=policy, start_frame=start)
         start += size
     return policy, probe
 
@@ -344,7 +344,7 @@ def test_participative_compression_reads_its_choice_back_lazily():
         for call in range(3):
             x = torch.randn(1, TINY.in_dim, 1, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64)
             t = torch.full((1, 1), 1000.0 * (1 - call / 3), dtype=torch.float64)
-            model(x, t, context, kv_cache=quiet, start_frame=start)
+            model(x, t, context, cache_policy=quiet, start_frame=start)
     assert quiet.cache._deferred  # nothing read the last choices yet
     for layer in range(TINY.num_layers):
         for a, b in zip(quiet.cache.token_metadata(layer), observed.cache.token_metadata(layer)):

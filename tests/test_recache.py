@@ -63,7 +63,7 @@ def reference_recache(model, latents, first, context, t, held, old_kv, protected
     originals = [block.self_attn.attend for block in model.blocks]
 
     def attend_for(layer):
-        def attend(q, k, v, kv_cache=None, attn_mask=None, raw_k=None, kernels=None):
+        def attend(q, k, v, cache_policy=None, attn_mask=None, raw_k=None, kernels=None):
             keys, values = [], []
             for i, frame in enumerate(held):
                 if frame in rewritten:

@@ -341,7 +341,7 @@ CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
 
 
 def infer_policy(local_attn_frames: int | None, sink_frames: int | None) -> str:
-    """The policy the older keys mean when no ``cache_policy`` is given: a window is
+    """The policy the window keys mean when no ``cache_policy`` is given: a window is
     ``window``, a window with sink frames ``sink``, no window ``global``."""
     if local_attn_frames in (None, -1):
         return GLOBAL

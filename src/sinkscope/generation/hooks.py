@@ -47,7 +47,7 @@ class PromptSwitch:
             kept,
             torch.full((1, count), noise, device=run.device),
             run.contexts[run.segment],
-            kv_cache=run.policy,
+            cache_policy=run.policy,
             start_frame=start - count,
             cache_only=True,
         )
@@ -79,7 +79,7 @@ class CachePass:
             run.prediction,
             torch.full((1, block.num_frames), noise, device=run.device),
             None,
-            kv_cache=run.policy,
+            cache_policy=run.policy,
             start_frame=block.start_frame,
             cache_only=True,
         )

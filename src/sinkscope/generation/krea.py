@@ -154,7 +154,7 @@ class RecomputedContext:
             kept,
             torch.full((1, count), noise, device=run.device),
             run.contexts[run.segment],
-            kv_cache=run.policy,
+            cache_policy=run.policy,
             start_frame=first,
             cache_only=True,
         )

@@ -154,7 +154,7 @@ class RollingWindow:
         )
         # One joint forward over the window, every frame at its block's timestep.
         run.policy.begin_window(window.start_frame, window.num_frames)
-        velocity = run.model(x, timesteps, run.contexts[0], kv_cache=run.policy, start_frame=window.start_frame)
+        velocity = run.model(x, timesteps, run.contexts[0], cache_policy=run.policy, start_frame=window.start_frame)
         finished, predictions, offset = [], [], 0
         for part in window.blocks:
             frames = slice(offset, offset + part.num_frames)
@@ -199,7 +199,7 @@ class CacheUpdate:
             run.prediction,
             torch.full((1, first.num_frames), noise, device=run.device),
             None,
-            kv_cache=run.policy,
+            cache_policy=run.policy,
             start_frame=first.start_frame,
             cache_only=True,
         )

@@ -52,7 +52,7 @@ class DMDSteps:
                 x,
                 torch.full((1, frames), t, device=run.device),
                 run.contexts[run.segment],
-                kv_cache=policy,
+                cache_policy=policy,
                 start_frame=start,
             )
             x0 = self.flow.to_x0(velocity, x, t)
@@ -86,7 +86,7 @@ class UniPCSteps:
                 x,
                 torch.full((1, frames), float(t), device=run.device),
                 run.contexts[run.segment],
-                kv_cache=run.policy,
+                cache_policy=run.policy,
                 start_frame=start,
             )
             x = sampler.step(velocity, x)

@@ -55,6 +55,7 @@ from sinkscope.model.policies.compression import ParticipativeCompressionPolicy
 from sinkscope.model.policies.krea import KreaRecomputePolicy
 from sinkscope.model.policies.longlive2 import LongLive2Policy
 from sinkscope.model.policies.registry import (
+    generation_edits,
     new_policy,
     policy_from_options,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "RollingSinkPolicy",
     "SinkPolicy",
     "WindowPolicy",
+    "generation_edits",
     "new_policy",
     "policy_from_options",
     "register_policy",

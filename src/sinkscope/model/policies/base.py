@@ -21,7 +21,7 @@ from sinkscope.options import (
 )
 
 if TYPE_CHECKING:
-    from sinkscope.model.edits import GenerationEdits
+    from sinkscope.model.generation_edits import GenerationEdits
 
 # Deep Forcing's PC_topc_max_reuse (DF causal_model.py: CausalWanModel's default, which
 # their wrapper cannot change): a token may be selected as top-C this many times; after
@@ -82,7 +82,7 @@ class CachePolicy:
     raw_keys_every_call: ClassVar[bool] = False
     # The ``PolicySettings`` fields its constructor takes as keywords, beside ``rope``.
     settings_keys: ClassVar[tuple[str, ...]] = ()
-    # The generation's edits (``sinkscope.model.edits``, set by ``policy_from_options``);
+    # The generation's edits (``sinkscope.model.generation_edits``, set by ``policy_from_options``);
     # None, and nothing is done for them, when there is none.
     edits: GenerationEdits | None = None
 

@@ -131,7 +131,7 @@ class LongLive2Policy(WindowPolicy):
         super().finish_block()
         if self.kv_quant:
             # The finished chunk as the NVFP4 cache reads it back, every layer in place: the
-            # same cache primitive as the quantize_cache edit (sinkscope.model.edits).
+            # same cache primitive as the quantize_cache edit (sinkscope.model.generation_edits).
             self.cache.quantize_frames(
                 range(self.block_start, self.block_start + self.block_frames), KV_QUANT_FORMAT, "both"
             )

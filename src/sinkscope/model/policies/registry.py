@@ -3,11 +3,12 @@ policy's spec, the class registered under its name (``register_policy``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sinkscope.interventions import Edit
 from sinkscope.model.cache import KVCache
-from sinkscope.model.edits import GenerationEdits
+from sinkscope.model.generation_edits import QUANTIZE_CACHE, REPLACE_FRAMES, GenerationEdits
 from sinkscope.model.policies.base import (
     EMA_DECAY,
     MAX_REUSE,
@@ -102,5 +103,26 @@ def policy_from_options(
         options=options.policy_options(),
     )
     if options.interventions:
-        policy.edits = GenerationEdits.for_policy(options.interventions, policy, seed=seed)
+        policy.edits = generation_edits(options.interventions, policy, seed=seed)
     return policy
+
+
+def generation_edits(edits: Iterable[Edit], policy: CachePolicy, *, seed: int = 0) -> GenerationEdits:
+    """The edits of a generation under ``policy`` (its model's sizes, sink frames and RoPE)."""
+    edits = tuple(edits)
+    cache = policy.cache
+    if policy.spec.rebuilds_keys and any(e.edit in (QUANTIZE_CACHE, REPLACE_FRAMES) for e in edits):
+        raise ValueError(
+            f"cache_policy {policy.name!r} re-ropes keys from its own un-roped copy, "
+            "which quantize_cache and replace_frames do not reach"
+        )
+    sinks = int(getattr(policy, "sink_frames", 0) or 0)
+    return GenerationEdits(
+        edits,
+        num_layers=cache.num_layers,
+        num_heads=cache.k.shape[3],
+        sink_frames=tuple(range(sinks)) if sinks > 0 else (0,),
+        seed=seed,
+        rope=policy.rope,
+        raw_keys=policy.raw_keys_every_call,
+    )
