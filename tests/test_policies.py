@@ -621,3 +621,33 @@ def test_the_schema_enums_list_the_registered_names():
         line for line in (REPO / "config.yaml").read_text().splitlines() if line.strip().startswith("cache_policy:")
     )
     assert line.split(":", 1)[1].split("#", 1)[0].strip() in CACHE_POLICY_TABLE
+
+
+def test_combinations_that_would_quietly_mean_something_else_are_refused_in_one_line():
+    """Participative compression without a sink; a variant's null window key under a policy
+    that reads it (null would take the policy's default, not "no window")."""
+    from sinkscope.errors import ConfigError
+    from sinkscope.pipeline.study import load_study
+
+    def check(config):
+        return load_study(config, check_this_machine=False)
+
+    with pytest.raises(ConfigError, match="generation.sink_frames: 0 must be at least 1 for cache_policy 'partic"):
+        check({"generation": {"cache_policy": "participative_compression", "sink_frames": 0}})
+    base = {"cache_policy": "sink", "local_attn_frames": 15}
+    for key, default in (("local_attn_frames", 12), ("sink_frames", 3)):
+        with pytest.raises(
+            ConfigError,
+            match=f"variants.v.{key}: null under cache_policy 'sink' would quietly take the policy's default {default}",
+        ):
+            check({"generation": base, "variants": {"v": {key: None}}})
+    # Where null does mean "none" it stays: over the window keys' own inference it leaves the window out.
+    study = check(
+        {
+            "generation": {"local_attn_frames": 15, "sink_frames": 3},
+            "variants": {"v": {"local_attn_frames": None, "sink_frames": None}},
+        }
+    )
+    assert study.options["demo@v"].cache_policy == "global" and study.options["demo@v"].local_attn_frames == -1
+    # A key the policy does not read may be null: window's sink.
+    assert check({"generation": {"cache_policy": "window"}, "variants": {"v": {"sink_frames": None}}})

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -668,11 +668,14 @@ class GenerationOptions:
     # -- construction ------------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, data: Mapping[str, Any]) -> GenerationOptions:
+    def from_config(cls, data: Mapping[str, Any], *, cleared: Collection[str] = ()) -> GenerationOptions:
         """Options from a ``generation:`` mapping; ``None`` values take the policy's defaults.
 
         Without ``cache_policy`` the window keys decide: a window (``local_attn_frames``) is
         ``window``, a window with ``sink_frames`` is ``sink``, no window ``global``.
+        ``cleared``: the window keys a variant (or a checkpoint's ``generation:``) set to null
+        over the base: refused where the policy reads them and holds a window, since null
+        there would quietly take the policy's default, not leave the window out.
         """
         fields = {f.name for f in dataclasses.fields(cls)} - {"declared"}
         owners = option_owners()
@@ -698,6 +701,13 @@ class GenerationOptions:
                 raise OptionsError(
                     f"config key generation.{key}: {values[key]} has no meaning for cache_policy {policy!r} "
                     f"(it uses {', '.join(spec.keys) or 'none of the window keys'})"
+                )
+        for key in cleared:
+            if key in spec.keys and spec.bounded and key not in values:
+                raise OptionsError(
+                    f"config key generation.{key}: null under cache_policy {policy!r} would quietly take the "
+                    f"policy's default {spec.defaults[key]} (null is not 'none' there); write the value, or leave "
+                    "the key out to keep the one it overrides"
                 )
         declared = {key: values.pop(key) for key in list(values) if key in owners}
         resolved = {**spec.defaults, **values, "cache_policy": policy}
