@@ -41,24 +41,20 @@ class DMDSteps:
         return len(self.timesteps[block.index])
 
     def denoise(self, run: Run) -> list[torch.Tensor]:
-        block, model, policy = run.unit, run.model, run.policy
-        start, frames = block.start_frame, block.num_frames
-        timesteps = self.timesteps[block.index]
-        x = latents_to_device(run.noise.initial[start : start + frames], run.device, run.dtype)
+        block, model, policy, flow, announce = run.unit, run.model, run.policy, self.flow, run.log.announce
+        start, frames, device, dtype = block.start_frame, block.num_frames, run.device, run.dtype
+        timesteps, context, segment = self.timesteps[block.index], run.contexts[run.segment], run.segment
+        x = latents_to_device(run.noise.initial[start : start + frames], device, dtype)
         x0 = x
         for step, t in enumerate(timesteps):
-            run.announce(CallInfo(block.index, PASS_DENOISE, step, t, start, frames, block.last, run.segment))
+            announce(CallInfo(block.index, PASS_DENOISE, step, t, start, frames, block.last, segment))
             velocity = model(
-                x,
-                torch.full((1, frames), t, device=run.device),
-                run.contexts[run.segment],
-                cache_policy=policy,
-                start_frame=start,
+                x, torch.full((1, frames), t, device=device), context, cache_policy=policy, start_frame=start
             )
-            x0 = self.flow.to_x0(velocity, x, t)
+            x0 = flow.to_x0(velocity, x, t)
             if step + 1 < len(timesteps):
-                fresh = latents_to_device(run.noise.renoise(frames), run.device, run.dtype)
-                x = self.flow.add_noise(x0, fresh, timesteps[step + 1])
+                fresh = latents_to_device(run.noise.renoise(frames), device, dtype)
+                x = flow.add_noise(x0, fresh, timesteps[step + 1])
         run.prediction = x0
         return [x0]
 
@@ -80,14 +76,12 @@ class UniPCSteps:
         start, frames = block.start_frame, block.num_frames
         sampler = UniPCFlowSampler(len(options.denoising_steps), options.timestep_shift, 2, options.num_train_timesteps)
         x = latents_to_device(run.noise.initial[start : start + frames], run.device, run.dtype)
+        model, policy, announce, device = run.model, run.policy, run.log.announce, run.device
+        context, segment = run.contexts[run.segment], run.segment
         for step, t in enumerate(sampler.timesteps.tolist()):
-            run.announce(CallInfo(block.index, PASS_DENOISE, step, float(t), start, frames, block.last, run.segment))
-            velocity = run.model(
-                x,
-                torch.full((1, frames), float(t), device=run.device),
-                run.contexts[run.segment],
-                cache_policy=run.policy,
-                start_frame=start,
+            announce(CallInfo(block.index, PASS_DENOISE, step, float(t), start, frames, block.last, segment))
+            velocity = model(
+                x, torch.full((1, frames), float(t), device=device), context, cache_policy=policy, start_frame=start
             )
             x = sampler.step(velocity, x)
         run.prediction = x

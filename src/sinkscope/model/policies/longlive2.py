@@ -153,7 +153,8 @@ class LongLive2Policy(WindowPolicy):
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = super().attend(layer, q, k, v, raw_k)
+        self.cache.write_tail(layer, k, v)  # (no re-cache calls: the policy takes none)
+        keys, values = self.cache.keys(layer)
         if self.kv_quant:
             # The current chunk's keys enter the softmax mean-centred, not quantized.
             keys = torch.cat([keys[:, : keys.shape[1] - k.shape[1]], smooth_keys(k)], dim=1)

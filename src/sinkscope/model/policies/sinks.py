@@ -252,13 +252,10 @@ class RelativeRope:
         if raw_k is None:
             raise ValueError(f"cache_policy {self.name!r} stores the keys before RoPE (raw_k)")
         keys, values = super().attend(layer, q, raw_k, v, raw_k)
-        return self.roped_at_slots(keys), values
-
-    def roped_at_slots(self, keys: torch.Tensor) -> torch.Tensor:
-        """Every key [B, n, H, D] roped at its slot 0 .. n/fsl - 1."""
+        # Every key roped at its slot 0 .. n - 1.
         dtype = torch.float64 if keys.dtype == torch.float64 else torch.float32
         phases = self.rope.phases(0, keys.shape[1] // self.frame_seq_length, *self.grid, keys.device, dtype)
-        return apply_rope(keys, phases)
+        return apply_rope(keys, phases), values
 
 
 @register_policy
