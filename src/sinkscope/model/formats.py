@@ -159,6 +159,7 @@ class DemoFormat(WeightFormat):
 
 # -- self_forcing: a training checkpoint .pt ---------------------------------------------------
 
+
 def generator_state(data: Any, path: Path, ema: bool, is_state_dict: Callable[[Any], bool]) -> dict[str, Any]:
     """The generator's state dict in a Self-Forcing checkpoint's top-level dict (or the
     dict itself when it is a bare state dict), wrapper prefixes gone. ``data`` is what
