@@ -887,10 +887,11 @@ class GenerationOptions:
                     f"whose cache is {procedure.cache_policy!r} (leave cache_policy out, or set it to "
                     f"{procedure.cache_policy!r})"
                 )
+            untaken, missing = procedure.calls - spec.calls, spec.needs_calls - procedure.calls
+            why = f"takes no {_kinds(untaken)} calls" if untaken else f"needs {_kinds(missing)} calls too"
             raise OptionsError(
                 f"config key generation.procedure: {procedure.name!r} cannot run cache_policy {policy!r}, which "
-                f"takes {_kinds(spec.calls)} calls and needs {_kinds(spec.needs_calls) or 'no other'}, where the "
-                f"procedure makes {_kinds(procedure.calls)}"
+                f"{why} (the procedure makes {_kinds(procedure.calls)} calls)"
             )
         self._resolve_declared(procedure, spec)
         procedure.check(self)
