@@ -27,6 +27,10 @@ it re-encodes: W for a finished block, as Self-Forcing's cache pass; 1 .. W - 1 
 block 0's ramp-up updates, which keeps every call distinct). So a video makes
 nb W + nb + W - 1 table calls and 2 (nb + W - 1) model calls. docs/cache-policies.md
 lists what the paper leaves open and which choice is made here.
+
+On the one loop of ``generation.loop``: its units are the windows, denoised by the step
+rule ``RollingWindow`` (which returns the block a window finishes, if any), and the cache
+update is its hook after each window (``CacheUpdate``).
 """
 
 from __future__ import annotations
