@@ -29,13 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from captured_call import queued_ms  # noqa: E402
 from gpu_benchmark import last_block_inputs  # noqa: E402
 
-from sinkscope.attention import edits  # noqa: E402
+from sinkscope.attention import biased  # noqa: E402
 from sinkscope.attention.split import cached_attention  # noqa: E402
 
 
 def brute_force(q, k, v, frame_bias, key_lengths, heads):
     """float64 output of the first ``heads`` heads: [heads, Lq, D]."""
-    bias = edits.token_bias(frame_bias[:heads], key_lengths).double()  # [h, Lk]
+    bias = biased.token_bias(frame_bias[:heads], key_lengths).double()  # [h, Lk]
     qd, kd, vd = (x[0, :, :heads].double().transpose(0, 1) for x in (q, k, v))
     scores = qd @ kd.transpose(1, 2) * q.shape[-1] ** -0.5 + bias[:, None, :]
     return torch.softmax(scores, dim=-1) @ vd
@@ -59,8 +59,8 @@ def main() -> int:
         mask_two[[0, 6], 0] = -math.inf
         methods = {
             "unedited": lambda: cached_attention(q, k, v),
-            "bias_all": lambda: edits.edited_attention(q, k, v, bias_all, key_lengths),
-            "mask_two": lambda: edits.edited_attention(q, k, v, mask_two, key_lengths),
+            "bias_all": lambda: biased.edited_attention(q, k, v, bias_all, key_lengths),
+            "mask_two": lambda: biased.edited_attention(q, k, v, mask_two, key_lengths),
         }
         biases = {"unedited": bias_all, "bias_all": bias_all, "mask_two": mask_two}
         row = {"key_frames": num_k, "errors": {}}

@@ -58,8 +58,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
-from sinkscope.generation.sampler import GenerationOptions, generate  # noqa: E402
+from sinkscope.generation.sampler import generate  # noqa: E402
 from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
+from sinkscope.options import GenerationOptions  # noqa: E402
 from sinkscope.stats.attention import attention_statistics  # noqa: E402
 from sinkscope.stats.reference import logit_mean_factorized, statistics_chunked  # noqa: E402
 

@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from timing import captured_generation  # noqa: E402
 
-from sinkscope.generation.sampler import GenerationOptions  # noqa: E402
 from sinkscope.model import WanConfig, build_model  # noqa: E402
+from sinkscope.options import GenerationOptions  # noqa: E402
 
 EDITS = {
     "unedited": [],

@@ -43,7 +43,7 @@ from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
 from sinkscope.generation.sampler import generate  # noqa: E402
 from sinkscope.model import WanModel, build_model, get_model_config, init_random_weights  # noqa: E402
-from sinkscope.options import CACHE_POLICIES, CACHE_POLICY_TABLE, GenerationOptions  # noqa: E402
+from sinkscope.options import CACHE_POLICIES, GenerationOptions, procedures_running  # noqa: E402
 from sinkscope.stats.attention import attention_statistics  # noqa: E402
 
 GiB = 2**30
@@ -145,7 +145,7 @@ def policy_options(policy: str, frames: int) -> GenerationOptions:
     """A rollout of ``frames`` under ``policy``, in the procedure the policy runs in
     (rolling_forcing: Rolling Forcing's window)."""
     return GenerationOptions.from_config(
-        {"num_frames": frames, "cache_policy": policy, "procedure": CACHE_POLICY_TABLE[policy].procedure}
+        {"num_frames": frames, "cache_policy": policy, "procedure": procedures_running(policy)[0]}
     )
 
 

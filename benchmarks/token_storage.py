@@ -42,9 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from sinkscope.generation.capture import CallRecord, FrameStatsCapture  # noqa: E402
-from sinkscope.generation.sampler import CallInfo, GenerationOptions, generate  # noqa: E402
+from sinkscope.generation.common import CallInfo  # noqa: E402
+from sinkscope.generation.sampler import generate  # noqa: E402
 from sinkscope.model import WanModel, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.model.layout import AttentionLayout  # noqa: E402
+from sinkscope.options import GenerationOptions  # noqa: E402
 from sinkscope.pipeline.writing import ExtractionWriter  # noqa: E402
 from sinkscope.stats.reference import CallStatistics  # noqa: E402
 from sinkscope.tables import TOKEN_PROFILES_SCHEMA_V1, read_table, write_table  # noqa: E402

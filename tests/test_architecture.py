@@ -3,6 +3,7 @@ or from its own part of the package, and the planning code imports no torch."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sinkscope.pipeline.codedigest import ROOT, _imports
+from sinkscope.pipeline.codedigest import ROOT, _imports, _module_file
 
 # The one list of the package's layers, lowest first: (parts, what they hold). A base
 # module may import other base modules; a subpackage's modules may import each other;
@@ -109,6 +110,46 @@ def test_every_module_imports_only_from_its_part_or_a_lower_layer():
             if not same_part and _layer(target) >= _layer(part):
                 wrong.append(f"{module} imports {imported}")
     assert not wrong, "layering broken:\n  " + "\n  ".join(wrong)
+
+
+def imports_with_type_hints(module: str) -> set[str]:
+    """The package modules ``module`` imports anywhere in its source, ``if TYPE_CHECKING:``
+    blocks included (a cycle through type hints is still two modules that need each other)."""
+    path = _module_file(module)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            named = {f"{base}.{alias.name}" for alias in node.names}
+            found.update(named if all(_module_file(name) for name in named) else {base, *named})
+    return {name for name in found if name.startswith("sinkscope") and _module_file(name) and name != module}
+
+
+def test_no_import_cycle_below_the_pipeline():
+    """No two modules of the layers below ``pipeline`` need each other, through any chain of
+    imports, type hints included (the pipeline's own modules: tests of its part)."""
+    below = {module for module in _modules() if _layer(_part(module)) < _layer("sinkscope.pipeline")}
+    edges = {module: imports_with_type_hints(module) & below for module in below}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycle = path[path.index(module) :] + [module]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        for imported in sorted(edges[module]):
+            visit(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(below):
+        visit(module, [])
 
 
 def snakefile_imports() -> set[str]:

@@ -14,10 +14,11 @@ import torch
 from test_stats import brute_force_statistics
 
 from sinkscope.generation.capture import FrameStatsCapture
-from sinkscope.generation.sampler import FlowMatchSchedule, generate
+from sinkscope.generation.common import FlowMatchSchedule
+from sinkscope.generation.sampler import generate
 from sinkscope.model import build_model
 from sinkscope.model.config import WanConfig
-from sinkscope.options import BLOCK_CACHE_POLICIES, GenerationOptions
+from sinkscope.options import GenerationOptions, block_cache_policies
 from sinkscope.tokens import round_significant, token_rows, token_values
 
 FSL = 24  # the demo's tokens a frame
@@ -84,7 +85,7 @@ def test_every_call_is_captured_with_absolute_frames():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", BLOCK_CACHE_POLICIES)  # rolling_forcing: tests/test_rolling_forcing.py
+@pytest.mark.parametrize("policy", block_cache_policies())  # rolling_forcing: tests/test_rolling_forcing.py
 def test_values_equal_a_float64_brute_force_under_every_policy(policy):
     extra = {
         "participative_compression": dict(local_attn_frames=8, sink_frames=2, budget_frames=6, recent_frames=3),

@@ -34,10 +34,38 @@ _MODEL = {
     "attention.settings",
     "attention.split",
     "attention.merge_kernel",
-    "attention.edits",
+    "attention.biased",
 }
 _TABLES = {"tables", "digests"}
 _SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", *_TABLES}
+
+
+def _declared_in(objects) -> set[str]:
+    """The package modules that hold one of ``objects`` at their top level: where it is declared."""
+    return {
+        name
+        for name, module in list(sys.modules.items())
+        if name.startswith("sinkscope.") and any(value is obj for value in vars(module).values() for obj in objects)
+    }
+
+
+def registered_modules() -> set[str]:
+    """The modules whose code the registries hold: every cache policy class, every generation
+    procedure (its declaration, its step rule, its hooks) and every weight format, so that a
+    policy, procedure or format added by its recipe (docs/architecture.md) is covered
+    without a list here naming it."""
+    import sinkscope.generation  # noqa: F401 - imports every procedure module
+    from sinkscope.generation.procedures import PROCEDURES
+    from sinkscope.model.formats import WEIGHT_FORMATS
+    from sinkscope.model.policies import POLICY_CLASSES
+
+    procedures = list(PROCEDURES.values())
+    code = [cls for cls in POLICY_CLASSES.values()] + [type(fmt) for fmt in WEIGHT_FORMATS.values()]
+    code += [part for p in procedures for part in (p.steps, *p.before_block, *p.after_block)]
+    modules = {cls.__module__ for cls in code} | _declared_in(procedures)
+    return {module.removeprefix("sinkscope.") for module in modules}
+
+
 PINNED = {
     "encode_prompt": {"io", *_MODEL, "model.text", "pipeline.prompts"},
     "extract_attention": {
@@ -48,26 +76,19 @@ PINNED = {
         "tokens",
         *_TABLES,
         *_MODEL,
+        *registered_modules(),
         "model.cache",
         "model.policies",
-        "model.policies.base",
-        "model.policies.compression",
-        "model.policies.krea",
         "model.policies.registry",
-        "model.policies.rolling_forcing",
-        "model.policies.sinks",
-        "model.policies.longlive2",
         "model.text",
         "model.vae",
-        "model.edits",
+        "model.generation_edits",
         "model.quantize",
         "generation",
         "generation.capture",
         "generation.common",
-        "generation.krea",
-        "generation.longlive2",
+        "generation.loop",
         "generation.procedures",
-        "generation.rolling",
         "generation.sampler",
         "generation.unipc",
         "stats",

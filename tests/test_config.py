@@ -329,10 +329,12 @@ def test_layer_groups_follow_the_config_order():
 def test_generation_options_built_directly_default_as_the_schema_does():
     import dataclasses
 
-    from sinkscope.options import GenerationOptions
+    from sinkscope.options import GenerationOptions, option_owners
     from sinkscope.schema import schema_defaults
 
     fields = {field.name: field.default for field in dataclasses.fields(GenerationOptions)}
+    # A key one policy or procedure declares defaults where its OptionSpec says.
+    fields.update({key: option.default for key, (_, _, option) in option_owners().items()})
     for key, default in schema_defaults("generation").items():
         if default is not None:  # null: the policy's default, resolved by from_config
             expected = tuple(default) if isinstance(default, list) else default

@@ -1,6 +1,6 @@
 """Edited attention (``mask_keys``, ``logit_bias``: a bias per head and key frame, -inf masking
 it) and the statistics of the edited softmax, against a float64 brute force (the dense
-scores plus the bias, softmax, weighted sum): ``attention.edits.edited_attention`` on the
+scores plus the bias, softmax, weighted sum): ``attention.biased.edited_attention`` on the
 CPU, the torch reference and the Triton kernels (in Triton's CPU interpreter) of the
 statistics; on CUDA in bf16 under ``-m gpu``."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_stats import FIELDS, assert_matches, brute_force_statistics, run_in_interpreter
 
-from sinkscope.attention.edits import (
+from sinkscope.attention.biased import (
     KeySegment,
     bias_plan,
     bias_rows,

@@ -1,4 +1,4 @@
-"""Edits during generation (issue 35; ``sinkscope.model.edits``): each edit against a float64
+"""Edits during generation (issue 35; ``sinkscope.model.generation_edits``): each edit against a float64
 brute force where it applies, block 0 untouched, the identity edits bit for bit."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from sinkscope.generation.capture import FrameStatsCapture
 from sinkscope.generation.sampler import generate
 from sinkscope.interventions import parse_interventions
 from sinkscope.model import WanConfig, build_model
-from sinkscope.model.edits import GenerationEdits
+from sinkscope.model.generation_edits import GenerationEdits
 from sinkscope.model.layout import AttentionLayout
-from sinkscope.model.policies import new_policy, policy_from_options
+from sinkscope.model.policies import generation_edits, new_policy, policy_from_options
 from sinkscope.model.quantize import quantize_cache
 from sinkscope.model.wan import apply_rope
 from sinkscope.options import GenerationOptions
@@ -216,7 +216,7 @@ def fill_blocks(policy, blocks, *, seed=0, per_block=None):
 
 def demo_policy(spec, policy="global", frames=12, seed=0, **kw):
     built = new_policy(demo(), policy, frame_seq_length=FSL, num_frames=frames, **kw)
-    built.edits = GenerationEdits.for_policy(parse_interventions(spec, "test"), built, seed=seed)
+    built.edits = generation_edits(parse_interventions(spec, "test"), built, seed=seed)
     return built
 
 
@@ -342,12 +342,12 @@ def test_cuda_bf16_edits_keep_block_0_mask_exactly_and_a_zero_bias_is_the_identi
 
 
 def test_frames_a_re_cache_rewrites_are_quantized_again_when_the_next_block_starts(monkeypatch):
-    from sinkscope.generation import sampler
+    from sinkscope.generation import loop
 
     opts = options([{"edit": "quantize_cache", "format": "int8", "tensors": "both"}], 9, re_cache=True)
     built, snapshots = [], {}
-    build = sampler.policy_from_options
-    monkeypatch.setattr(sampler, "policy_from_options", lambda *a, **kw: built.append(build(*a, **kw)) or built[-1])
+    build = loop.policy_from_options
+    monkeypatch.setattr(loop, "policy_from_options", lambda *a, **kw: built.append(build(*a, **kw)) or built[-1])
 
     class Watch:
         def begin_call(self, info):

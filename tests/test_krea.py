@@ -28,8 +28,9 @@ from test_stats import brute_force_statistics
 
 from sinkscope.errors import ConfigError, WeightsError
 from sinkscope.generation.capture import FrameStatsCapture
+from sinkscope.generation.common import FlowMatchSchedule
 from sinkscope.generation.krea import krea_denoising_steps
-from sinkscope.generation.sampler import FlowMatchSchedule, block_causal_frame_mask, generate
+from sinkscope.generation.sampler import block_causal_frame_mask, generate
 from sinkscope.model import WanConfig, build_model
 from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.model.config import MODEL_CONFIGS
@@ -285,7 +286,7 @@ def test_cache_edits_reach_the_recomputed_context_once_a_block(monkeypatch):
     """quantize_cache under Krea's procedure: at every block after the first, the context frames
     the recompute call just wrote (not the finished block's slots of an older cache) are
     quantized once; block 0 is the untouched video's."""
-    from sinkscope.model.edits import GenerationEdits
+    from sinkscope.model.generation_edits import GenerationEdits
 
     edited = []
     real = GenerationEdits.edit_cache

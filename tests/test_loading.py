@@ -194,7 +194,8 @@ def test_parity_with_diffusers_holds_for_the_real_head_geometry():
     )
     theirs = diffusers_model(config, seed=7)
     ours = build_model(config, seed=None)
-    from sinkscope.model.loading import check_state_dict, diffusers_to_wan_key
+    from sinkscope.model.formats import diffusers_to_wan_key
+    from sinkscope.model.loading import check_state_dict
 
     state = {diffusers_to_wan_key(k): v for k, v in theirs.state_dict().items()}
     check_state_dict(ours, state, "diffusers state")

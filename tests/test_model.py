@@ -35,7 +35,7 @@ def run_cached(model, x, timesteps, context, block_sizes, *, window=-1, sinks=0)
     outs, start = [], 0
     for size in block_sizes:
         block = x[:, :, start : start + size]
-        outs.append(model(block, timesteps[:, start : start + size], context, kv_cache=cache, start_frame=start))
+        outs.append(model(block, timesteps[:, start : start + size], context, cache_policy=cache, start_frame=start))
         start += size
     return torch.cat(outs, dim=2), cache
 
@@ -71,11 +71,11 @@ def test_repeated_calls_overwrite_the_block():
     x = torch.randn(1, TINY.in_dim, 4, 4, 6, dtype=torch.float64)
     context = torch.randn(1, 5, TINY.text_dim, dtype=torch.float64)
     cache = new_policy(model, "global", frame_seq_length=6, num_frames=4)
-    model(x[:, :, :2], 900.0, context, kv_cache=cache, start_frame=0)
-    model(x[:, :, :2], 500.0, context, kv_cache=cache, start_frame=0)
-    model(x[:, :, :2], 0.0, context, kv_cache=cache, start_frame=0)
+    model(x[:, :, :2], 900.0, context, cache_policy=cache, start_frame=0)
+    model(x[:, :, :2], 500.0, context, cache_policy=cache, start_frame=0)
+    model(x[:, :, :2], 0.0, context, cache_policy=cache, start_frame=0)
     assert cache.key_frames == [0, 1]
-    out_cached = model(x[:, :, 2:], 700.0, context, kv_cache=cache, start_frame=2)
+    out_cached = model(x[:, :, 2:], 700.0, context, cache_policy=cache, start_frame=2)
     t = torch.tensor([[0.0, 0.0, 700.0, 700.0]], dtype=torch.float64)
     full = model(x, t, context, frame_mask=block_causal_frame_mask([2, 2]))
     torch.testing.assert_close(out_cached, full[:, :, 2:], rtol=1e-9, atol=1e-9)
@@ -94,8 +94,8 @@ def test_a_cache_only_pass_stores_the_same_keys_and_skips_the_rest(observe_last_
     caches = []
     for cache_only in (False, True):
         cache = new_policy(model, "global", frame_seq_length=6, num_frames=4)
-        model(x[:, :, :2], 900.0, context, kv_cache=cache, start_frame=0)
-        result = model(x[:, :, :2], 0.0, None, kv_cache=cache, start_frame=0, cache_only=cache_only)
+        model(x[:, :, :2], 900.0, context, cache_policy=cache, start_frame=0)
+        result = model(x[:, :, :2], 0.0, None, cache_policy=cache, start_frame=0, cache_only=cache_only)
         assert (result is None) == cache_only
         caches.append(cache.cache)
     full, short = caches

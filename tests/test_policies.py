@@ -17,11 +17,12 @@ import torch
 from conftest import REPO
 from test_model import TINY, tiny_model
 
-from sinkscope.generation.sampler import GenerationOptions, NoiseStream, generate, seeded_noise
+from sinkscope.generation.common import NoiseStream
+from sinkscope.generation.sampler import generate, seeded_noise
 from sinkscope.model import KVCache, build_model
 from sinkscope.model.cache import Segment, whole_frames
 from sinkscope.model.policies import MAX_REUSE, ParticipativeCompressionPolicy, new_policy
-from sinkscope.options import OptionsError
+from sinkscope.options import GenerationOptions, OptionsError
 
 FSL = TINY.frame_seq_length()  # 6 tokens a frame: a 2 x 3 patch grid
 GRID_W = TINY.latent_width // 2
@@ -129,7 +130,7 @@ def rollout(policy_name, blocks, *, steps=2, seed=0, reference=None, **kw):
                 1, TINY.in_dim, size, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64
             )
             t = torch.full((1, size), 1000.0 * (1 - call / (steps + 1)), dtype=torch.float64)
-            model(x, t, context, kv_cache=policy, start_frame=start)
+            model(x, t, context, cache_policy=policy, start_frame=start)
         start += size
     return policy, probe
 
@@ -343,7 +344,7 @@ def test_participative_compression_reads_its_choice_back_lazily():
         for call in range(3):
             x = torch.randn(1, TINY.in_dim, 1, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64)
             t = torch.full((1, 1), 1000.0 * (1 - call / 3), dtype=torch.float64)
-            model(x, t, context, kv_cache=quiet, start_frame=start)
+            model(x, t, context, cache_policy=quiet, start_frame=start)
     assert quiet.cache._deferred  # nothing read the last choices yet
     for layer in range(TINY.num_layers):
         for a, b in zip(quiet.cache.token_metadata(layer), observed.cache.token_metadata(layer)):
@@ -604,23 +605,49 @@ def test_a_new_policy_is_its_spec_row_and_its_registered_class(monkeypatch):
         POLICY_CLASSES.pop("toy_window", None)
 
 
-def test_the_schema_enums_and_the_config_comment_list_the_registered_names():
-    from sinkscope.generation.procedures import PROCEDURE_FUNCTIONS
+def test_the_schema_enums_list_the_registered_names():
+    from sinkscope.generation.procedures import PROCEDURES
     from sinkscope.options import CACHE_POLICY_TABLE, PROCEDURE_TABLE
     from sinkscope.schema import load_schema, resolve_ref
 
     generation = resolve_ref(load_schema()["properties"]["generation"])["properties"]
     assert generation["cache_policy"]["enum"] == [*CACHE_POLICY_TABLE, None]
-    assert generation["procedure"]["enum"] == list(PROCEDURE_TABLE) and sorted(PROCEDURE_FUNCTIONS) == sorted(
-        PROCEDURE_TABLE
-    )
+    assert generation["procedure"]["enum"] == list(PROCEDURE_TABLE) and sorted(PROCEDURES) == sorted(PROCEDURE_TABLE)
     for key, names in (("cache_policy", CACHE_POLICY_TABLE), ("procedure", PROCEDURE_TABLE)):
         described = generation[key]["description"]
         assert [name for name in names if name not in described] == [], key
-    # config.yaml: "cache_policy: <one>    # or <the others>, comma-separated"
+    # config.yaml names the default and points to the list (no second list to keep true).
     line = next(
         line for line in (REPO / "config.yaml").read_text().splitlines() if line.strip().startswith("cache_policy:")
     )
-    value, comment = line.split(":", 1)[1].split("#", 1)
-    listed = [value.strip(), *(name.strip() for name in comment.strip().removeprefix("or ").split(","))]
-    assert sorted(listed) == sorted(CACHE_POLICY_TABLE)
+    assert line.split(":", 1)[1].split("#", 1)[0].strip() in CACHE_POLICY_TABLE
+
+
+def test_combinations_that_would_quietly_mean_something_else_are_refused_in_one_line():
+    """Participative compression without a sink; a variant's null window key under a policy
+    that reads it (null would take the policy's default, not "no window")."""
+    from sinkscope.errors import ConfigError
+    from sinkscope.pipeline.study import load_study
+
+    def check(config):
+        return load_study(config, check_this_machine=False)
+
+    with pytest.raises(ConfigError, match="generation.sink_frames: 0 must be at least 1 for cache_policy 'partic"):
+        check({"generation": {"cache_policy": "participative_compression", "sink_frames": 0}})
+    base = {"cache_policy": "sink", "local_attn_frames": 15}
+    for key, default in (("local_attn_frames", 12), ("sink_frames", 3)):
+        with pytest.raises(
+            ConfigError,
+            match=f"variants.v.{key}: null under cache_policy 'sink' would quietly take the policy's default {default}",
+        ):
+            check({"generation": base, "variants": {"v": {key: None}}})
+    # Where null does mean "none" it stays: over the window keys' own inference it leaves the window out.
+    study = check(
+        {
+            "generation": {"local_attn_frames": 15, "sink_frames": 3},
+            "variants": {"v": {"local_attn_frames": None, "sink_frames": None}},
+        }
+    )
+    assert study.options["demo@v"].cache_policy == "global" and study.options["demo@v"].local_attn_frames == -1
+    # A key the policy does not read may be null: window's sink.
+    assert check({"generation": {"cache_policy": "window"}, "variants": {"v": {"sink_frames": None}}})

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from test_model import TINY, tiny_model
 
-from sinkscope.generation import sampler
+from sinkscope.generation import loop
 from sinkscope.generation.capture import FrameStatsCapture
+from sinkscope.generation.common import NoiseStream
 from sinkscope.generation.sampler import generate
 from sinkscope.model import build_model
 from sinkscope.options import GenerationOptions, OptionsError
@@ -27,13 +28,13 @@ class CacheWatch:
         self.policy = None
         self.moments = set(moments)
         self.snapshots = {}
-        build = sampler.policy_from_options
+        build = loop.policy_from_options
 
         def keep(*args, **kwargs):
             self.policy = build(*args, **kwargs)
             return self.policy
 
-        monkeypatch.setattr(sampler, "policy_from_options", keep)
+        monkeypatch.setattr(loop, "policy_from_options", keep)
 
     def begin_call(self, info):
         moment = (info.block, info.pass_, info.step)
@@ -62,7 +63,7 @@ def reference_recache(model, latents, first, context, t, held, old_kv, protected
     originals = [block.self_attn.attend for block in model.blocks]
 
     def attend_for(layer):
-        def attend(q, k, v, kv_cache=None, attn_mask=None, raw_k=None, kernels=None):
+        def attend(q, k, v, cache_policy=None, attn_mask=None, raw_k=None, kernels=None):
             keys, values = [], []
             for i, frame in enumerate(held):
                 if frame in rewritten:
@@ -276,7 +277,7 @@ def test_few_step_blocks_with_a_first_block_of_their_own():
     assert len(calls) == options.num_calls == 5 + 4 * 3
     # The noise: one stream, block 0's three re-noising draws before block 1's one.
     frame = (model.config.in_dim, model.config.latent_height, model.config.latent_width)
-    stream = sampler.NoiseStream(0, 5, frame, renoise_frames=3 + 4)
+    stream = NoiseStream(0, 5, frame, renoise_frames=3 + 4)
     [stream.renoise(1) for _ in range(7)]
     with pytest.raises(ValueError, match="only 7 re-noising frames"):
         stream.renoise(1)

@@ -26,8 +26,9 @@ from test_policies import FSL, Probe
 from test_stats import brute_force_statistics
 
 from sinkscope.errors import ConfigError
+from sinkscope.generation.common import FlowMatchSchedule
 from sinkscope.generation.rolling import RollingSchedule, schedule_for
-from sinkscope.generation.sampler import FlowMatchSchedule, generate
+from sinkscope.generation.sampler import generate
 from sinkscope.model import build_model
 from sinkscope.model.policies import RollingForcingPolicy
 from sinkscope.options import GenerationOptions, OptionsError
@@ -450,27 +451,25 @@ def test_extract_and_aggregate_from_the_command_line(tmp_path):
 # -- one entry per procedure ------------------------------------------------------------------
 
 
-def test_every_procedure_spec_has_exactly_one_registered_function_and_back():
-    from sinkscope.generation.procedures import PROCEDURE_FUNCTIONS
-    from sinkscope.generation.rolling import generate_rolling
-    from sinkscope.generation.sampler import generate_blocks
+def test_every_procedure_spec_has_exactly_one_registered_declaration_and_back():
+    from sinkscope.generation.procedures import PROCEDURES
+    from sinkscope.generation.rolling import ROLLING_FORCING
+    from sinkscope.generation.self_forcing import SELF_FORCING
     from sinkscope.options import PROCEDURE_TABLE
 
-    assert sorted(PROCEDURE_FUNCTIONS) == sorted(PROCEDURE_TABLE)
-    assert len(set(PROCEDURE_FUNCTIONS.values())) == len(PROCEDURE_FUNCTIONS)
-    assert (
-        PROCEDURE_FUNCTIONS["self_forcing"] is generate_blocks
-        and PROCEDURE_FUNCTIONS["rolling_forcing"] is generate_rolling
-    )
+    assert sorted(PROCEDURES) == sorted(PROCEDURE_TABLE)
+    assert len(set(map(id, PROCEDURES.values()))) == len(PROCEDURES)
+    assert PROCEDURES["self_forcing"] is SELF_FORCING and PROCEDURES["rolling_forcing"] is ROLLING_FORCING
+    assert all(procedure.name == name for name, procedure in PROCEDURES.items())
 
 
-def test_generate_runs_the_function_registered_under_the_options_procedure(monkeypatch):
-    from sinkscope.generation.procedures import PROCEDURE_FUNCTIONS
+def test_generate_runs_the_procedure_registered_under_the_options_procedure(monkeypatch):
+    from sinkscope.generation.procedures import PROCEDURES
 
     heard = []
     for name in ("self_forcing", "rolling_forcing"):
         monkeypatch.setitem(
-            PROCEDURE_FUNCTIONS, name, lambda model, context, **kw: heard.append(kw["options"].procedure) or kw["seed"]
+            PROCEDURES, name, lambda model, context, **kw: heard.append(kw["options"].procedure) or kw["seed"]
         )
     for procedure, seed in (("self_forcing", 1), ("rolling_forcing", 2)):
         options = GenerationOptions.from_config({"procedure": procedure, "num_frames": 12})
@@ -478,13 +477,15 @@ def test_generate_runs_the_function_registered_under_the_options_procedure(monke
     assert heard == ["self_forcing", "rolling_forcing"]
 
 
-def test_register_procedure_refuses_a_name_without_a_spec_and_a_second_function():
+def test_register_procedure_refuses_a_name_without_a_spec_and_a_second_declaration():
+    from sinkscope.generation.loop import Procedure
     from sinkscope.generation.procedures import register_procedure
+    from sinkscope.generation.steps import DMDSteps
 
     with pytest.raises(ValueError, match="no row in sinkscope.options.PROCEDURE_TABLE"):
-        register_procedure("no_such_procedure")
+        register_procedure(Procedure("no_such_procedure", DMDSteps))
     with pytest.raises(ValueError, match="registered already"):
-        register_procedure("rolling_forcing")(lambda *args, **kw: None)
+        register_procedure(Procedure("rolling_forcing", DMDSteps))
 
 
 def test_the_procedures_share_helpers_without_importing_each_other():

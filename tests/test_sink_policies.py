@@ -19,11 +19,11 @@ from test_model import TINY, tiny_model
 from test_policies import FSL, GRID_W, layout_tokens, rope_reference
 
 from sinkscope.generation.capture import FrameStatsCapture
-from sinkscope.generation.sampler import GenerationOptions, generate
+from sinkscope.generation.sampler import generate
 from sinkscope.model import KVCache, build_model
 from sinkscope.model.policies import EMA_DECAY, EmaSinkPolicy, new_policy
 from sinkscope.model.wan import RotaryTables
-from sinkscope.options import CACHE_POLICY_TABLE, OptionsError
+from sinkscope.options import CACHE_POLICY_TABLE, GenerationOptions, OptionsError
 
 TOKENS = np.arange(FSL)
 
@@ -100,7 +100,7 @@ def rollout(policy_name, blocks, reference, *, steps=1, seed=0, **kw):
                 1, TINY.in_dim, size, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64
             )
             t = torch.full((1, size), 1000.0 * (1 - call / (steps + 1)), dtype=torch.float64)
-            model(x, t, context, kv_cache=policy, start_frame=start)
+            model(x, t, context, cache_policy=policy, start_frame=start)
         start += size
     return policy, recorder
 
@@ -552,7 +552,7 @@ def test_compiled_blocks_take_the_keys_before_rope_on_every_call():
                 x = torch.randn(
                     1, TINY.in_dim, 3, TINY.latent_height, TINY.latent_width, generator=g, dtype=torch.float64
                 )
-                outs.append(model(x, t, context, kv_cache=policy, start_frame=3 * block))
+                outs.append(model(x, t, context, cache_policy=policy, start_frame=3 * block))
         return torch.cat(outs, dim=2)
 
     torch.testing.assert_close(video(True), video(False), rtol=1e-12, atol=1e-12)

@@ -50,7 +50,7 @@ def test_split_key_attention_matches_the_brute_force(parts):
 
 @pytest.mark.parametrize("parts", [1, 3])
 def test_split_parts_with_a_bias_per_head_and_parts_of_other_keys_merge_as_one_softmax(parts):
-    """An edited call's pieces (attention.edits): the key-split parts with a bias added to
+    """An edited call's pieces (attention.biased): the key-split parts with a bias added to
     each head's scores (-inf: none of its keys), and ``extra`` parts over other keys (here
     with their own bias already in their log-sum-exp), merged as one softmax over all."""
     q, k, v = inputs(num_k=60)

@@ -209,9 +209,11 @@ def test_teacher_forcing_equals_kv_cache_generation():
 
     cache = new_policy(model, "global", frame_seq_length=24, num_frames=9)
     for start in (0, 3, 6):
-        step = model(x_t[:, :, start : start + 3], t[:, start : start + 3], context, kv_cache=cache, start_frame=start)
+        step = model(
+            x_t[:, :, start : start + 3], t[:, start : start + 3], context, cache_policy=cache, start_frame=start
+        )
         torch.testing.assert_close(step, trained[:, :, start : start + 3], atol=1e-5, rtol=1e-5)
-        model(x0[:, :, start : start + 3], torch.zeros(1, 3), context, kv_cache=cache, start_frame=start)
+        model(x0[:, :, start : start + 3], torch.zeros(1, 3), context, cache_policy=cache, start_frame=start)
 
 
 # -- training --------------------------------------------------------------------------------

@@ -2,28 +2,33 @@
 
 Kept free of torch so that the Snakefile can validate a config, and turn it into rule
 params, without importing it. Prompt schedules (``prompts:`` entries that switch at block
-starts) are read and checked in ``sinkscope.prompt_schedules``; ``re_cache`` and the table's
-``PolicySpec.recaches`` say whether a switch recomputes the cache (LongLive's KV re-cache).
-``GenerationOptions.from_config`` resolves a KV-cache policy's defaults, so that equivalent
-configs (``local_attn_frames: 21`` or ``cache_policy: window``) give the same canonical
-options and rerun nothing.
+starts) are read and checked in ``sinkscope.prompt_schedules``; ``re_cache`` and whether
+the policy takes re-cache calls say whether a switch recomputes the cache (LongLive's KV
+re-cache). ``GenerationOptions.from_config`` resolves a KV-cache policy's defaults, so that
+equivalent configs (``local_attn_frames: 21`` or ``cache_policy: window``) give the same
+canonical options and rerun nothing.
 
 KV-cache policies (``cache_policy``) and generation procedures (``procedure``) are one
 entry each: ``CACHE_POLICY_TABLE`` holds a ``PolicySpec`` per policy (what it follows,
-its published defaults, the keys it reads, its cache size), ``PROCEDURE_TABLE`` a
-``ProcedureSpec`` per procedure (what it refuses, how many calls it makes). Their code is
-registered under the same names: a policy class with ``register_policy``
-(``sinkscope.model.policies``), a procedure function with ``register_procedure``
-(``sinkscope.generation``); tests check that every spec has exactly one of them, and that
-the config schema's enums list the same names. docs/cache-policies.md describes each
-policy and procedure; docs/architecture.md says how to add one.
+its published defaults, the window keys it reads, the kinds of calls it takes, its cache
+size, the keys of its own), ``PROCEDURE_TABLE`` a ``ProcedureSpec`` per procedure (the
+kinds of calls it makes, what it refuses, how many calls it makes, the keys of its own).
+A procedure runs every policy that takes the kinds of calls it makes (and makes those the
+policy needs): ``CallKind``. A key that only one policy or procedure reads is declared
+by it (``OptionSpec``): checked there, refused under the others, handed to its code as it
+is (``GenerationOptions.option``, ``policy_options``). The code is registered under the
+same names: a policy class with ``register_policy`` (``sinkscope.model.policies``), a
+procedure with ``register_procedure`` (``sinkscope.generation``); tests check that every
+spec has exactly one of them, and that the config schema's enums list the same names.
+docs/cache-policies.md describes each policy and procedure; docs/architecture.md says
+how to add one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,15 +54,62 @@ SELF_FORCING_PROCEDURE, ROLLING_FORCING_PROCEDURE = "self_forcing", "rolling_for
 # krea_recompute's context frames: the oldest one re-encoded from a decoded pixel frame
 # through the VAE (Krea's code), or the kept latent (no VAE: tests, the demo).
 RECOMPUTE_CONTEXTS = ("reencode", "latent")
+# The window keys: every policy has them (``PolicySpec.defaults``) and reads some (``keys``).
 POLICY_KEYS = ("local_attn_frames", "sink_frames", "budget_frames", "recent_frames")
+
+
+class CallKind:
+    """The kinds of model calls a procedure makes and a policy takes (each announced to the
+    policy in its own way, ``sinkscope.model.policies``)."""
+
+    # Self-Forcing's: a block's calls (its denoising steps, its cache pass) at one start
+    # frame, the first of a new block being the one that makes room.
+    BLOCK = "block"
+    # LongLive's re-cache at a prompt switch (``begin_recache``): the kept frames recomputed
+    # in place; only made where a prompt switches with ``re_cache`` (``check_recache``).
+    RECACHE = "re-cache"
+    # Krea's recompute (``begin_recompute``): the cache cleared and rebuilt from context frames.
+    RECOMPUTE = "recompute"
+    # LongLive 2.0's scene cuts (``begin_shot``, ``pin_block``): a new shot's positions and sink.
+    SHOT = "shot"
+    # Rolling Forcing's (``begin_window``, ``begin_cache_update``): a window of blocks at
+    # staggered noise levels in one call, then its first block's cache update.
+    WINDOW = "rolling window"
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """A ``generation:`` key that one policy or procedure declares and reads (its own option).
+
+    ``default`` is its value when not set (and its type: a bool takes bools only);
+    ``choices`` the values it takes, when they are few; ``omit_default``: whether the
+    canonical options (``to_dict``, the rule params) leave it out at its default. Under
+    another policy or procedure a value other than the default is refused.
+    """
+
+    key: str
+    default: Any
+    choices: tuple[Any, ...] = ()
+    omit_default: bool = True
+
+    def check(self, value: Any) -> Any:
+        """``value`` as the option holds it; a wrong type or value is one line naming the key."""
+        if isinstance(self.default, bool) and not isinstance(value, bool):
+            raise OptionsError(f"config key generation.{self.key}: {value!r} is not true or false")
+        if self.choices and value not in self.choices:
+            raise OptionsError(
+                f"config key generation.{self.key}: {value!r} is not one of {', '.join(map(str, self.choices))}"
+            )
+        return value
 
 
 @dataclass(frozen=True)
 class PolicySpec:
     """One KV-cache policy, as every planning step sees it (no torch).
 
-    The options read its defaults and keys, ``sinkscope.model.policies`` its cache size,
-    the memory estimate too: one table, so the three cannot disagree.
+    The options read its defaults, keys and checks, ``sinkscope.model.policies`` its cache
+    size, the memory estimate too: one table, so the three cannot disagree. A policy whose
+    window keys need checks the fields cannot express subclasses it and extends ``check``.
     """
 
     name: str
@@ -67,22 +119,30 @@ class PolicySpec:
     keys: tuple[str, ...]
     # What it follows, in a few words (the reference and its behaviour).
     follows: str = ""
+    # The kinds of calls it takes (``CallKind``), and those of them a procedure must make.
+    calls: frozenset[str] = frozenset({CallKind.BLOCK})
+    needs_calls: frozenset[str] = frozenset()
+    # The keys of its own (``OptionSpec``), handed to its class as keywords.
+    options: tuple[OptionSpec, ...] = ()
+    # Whether the cache holds a window (False: every frame stays, the cache grows with the video).
+    bounded: bool = True
     # Whether it needs at least one sink frame.
     needs_sink: bool = False
     # Participative compression holds the new block beside a full window while it compresses.
     holds_block_beyond_window: bool = False
     # Rolling Sink keeps the un-roped keys and the values of the first W - S frames beside the cache.
     keeps_first_window: bool = False
-    # LongLive's KV re-cache at a prompt switch applies: the cache holds whole frames, each
-    # at its own RoPE position, so the kept frames can be recomputed in place.
-    recaches: bool = False
     # Rolling Forcing: the cache holds the anchor beside the attention span (21 + 3 = 24 frames).
     holds_anchor_beyond_window: bool = False
     # It rebuilds stored keys from an un-roped copy of its own (the re-roped anchor, Rolling
     # Sink's re-inserted first window), which the cache edits do not reach.
     rebuilds_keys: bool = False
-    # The generation procedure whose calls the policy expects.
-    procedure: str = SELF_FORCING_PROCEDURE
+
+    @property
+    def recaches(self) -> bool:
+        """Whether LongLive's re-cache at a prompt switch applies: the cache holds whole frames,
+        each at its own RoPE position, so the kept frames can be recomputed in place."""
+        return CallKind.RECACHE in self.calls
 
     def capacity_frames(
         self, *, num_frames: int, local_attn_frames: int, largest_block: int, sink_frames: int = 0
@@ -105,27 +165,97 @@ class PolicySpec:
         )
         return capacity + (max(0, local_attn_frames - sink_frames) if self.keeps_first_window else 0)
 
+    def check(self, options: GenerationOptions) -> None:
+        """Refuse window keys the policy cannot run with (one line naming the key)."""
+        window, sink = options.local_attn_frames, options.sink_frames
+        if not self.bounded:
+            if sink:
+                raise OptionsError(
+                    f"config key generation.sink_frames: {sink} needs a window (generation.local_attn_frames) "
+                    "or a cache_policy with a sink"
+                )
+            if window != -1:
+                raise OptionsError(
+                    f"config key generation.local_attn_frames: cache_policy {self.name!r} keeps every frame"
+                )
+            return
+        if window < 1:
+            raise OptionsError(
+                f"config key generation.local_attn_frames: {window} must be positive for cache_policy {self.name!r}"
+            )
+        if sink and "sink_frames" not in self.keys:
+            raise OptionsError(
+                f"config key generation.sink_frames: {sink} needs cache_policy 'sink' (or another sink policy), not "
+                f"{self.name!r}"
+            )
+        if self.needs_sink and sink < 1:
+            raise OptionsError(
+                f"config key generation.sink_frames: {sink} must be at least 1 for cache_policy {self.name!r}"
+            )
+        self.check_window(options)
+
+    def check_window(self, options: GenerationOptions) -> None:
+        """The window holds the sink and the largest block (a policy that needs less overrides this)."""
+        window, sink, largest = options.local_attn_frames, options.sink_frames, max(options.block_sizes())
+        if window < sink + largest:
+            raise OptionsError(
+                f"config key generation.local_attn_frames: a window of {window} frames cannot hold "
+                f"sink_frames = {sink} plus a block of {largest} frames"
+            )
+
+
+@dataclass(frozen=True)
+class ParticipativeCompressionSpec(PolicySpec):
+    """Participative compression: the compression budget within the window, holding the sink
+    and the recent frames, which hold the current block."""
+
+    def check(self, options: GenerationOptions) -> None:
+        super().check(options)
+        sink, window, largest = options.sink_frames, options.local_attn_frames, max(options.block_sizes())
+        budget, recent = options.budget_frames, options.recent_frames
+        if recent < largest:
+            raise OptionsError(
+                f"config key generation.recent_frames: {recent} must hold the current block ({largest} frames)"
+            )
+        if budget < sink + recent:
+            raise OptionsError(
+                f"config key generation.budget_frames: {budget} is below sink_frames + recent_frames = {sink + recent}"
+            )
+        if budget > window:
+            raise OptionsError(
+                f"config key generation.budget_frames: {budget} exceeds the window local_attn_frames = {window}"
+            )
+
+
+def _kinds(kinds: frozenset[str]) -> str:
+    return ", ".join(sorted(kinds))
+
 
 def _defaults(window: int = -1, sink: int = 0, budget: int = 0, recent: int = 0) -> dict[str, int]:
     return dict(zip(POLICY_KEYS, (window, sink, budget, recent), strict=True))
 
 
 _WINDOW_AND_SINK = ("local_attn_frames", "sink_frames")
+_RECACHES = frozenset({CallKind.BLOCK, CallKind.RECACHE})
 # One row a policy; its class is registered under the same name (``sinkscope.model.policies``).
 CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
     spec.name: spec
     for spec in (
-        PolicySpec(GLOBAL, _defaults(), (), "Self-Forcing: every frame stays", recaches=True),
+        PolicySpec(GLOBAL, _defaults(), (), "Self-Forcing: every frame stays", calls=_RECACHES, bounded=False),
         PolicySpec(
-            WINDOW, _defaults(21), ("local_attn_frames",), "Self-Forcing local_attn_size: FIFO eviction", recaches=True
+            WINDOW,
+            _defaults(21),
+            ("local_attn_frames",),
+            "Self-Forcing local_attn_size: FIFO eviction",
+            calls=_RECACHES,
         ),
         PolicySpec(
             SINK,
             _defaults(12, 3),
             _WINDOW_AND_SINK,
             "Self-Forcing sink_size / LongLive frame sink",
+            calls=_RECACHES,
             needs_sink=True,
-            recaches=True,
         ),
         PolicySpec(
             DEEP_SINK,
@@ -134,11 +264,12 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
             "Deep Forcing, Deep Sink (code: causal_model_DS.py)",
             needs_sink=True,
         ),
-        PolicySpec(
+        ParticipativeCompressionSpec(
             PARTICIPATIVE,
             _defaults(21, 10, 16, 4),
             POLICY_KEYS,
             "Deep Forcing, Deep Sink + Participative Compression",
+            needs_sink=True,
             holds_block_beyond_window=True,
         ),
         PolicySpec(
@@ -177,9 +308,9 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
             _defaults(21, 3),
             _WINDOW_AND_SINK,
             "Rolling Forcing: anchor + working cache + window",
+            calls=frozenset({CallKind.WINDOW}),
             needs_sink=True,
             holds_anchor_beyond_window=True,
-            procedure=ROLLING_FORCING_PROCEDURE,
         ),
         # local_attn_frames: the context (one block, Krea's kv_cache_num_frames 3) plus the block.
         PolicySpec(
@@ -187,7 +318,8 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
             _defaults(6),
             ("local_attn_frames",),
             "Krea Realtime: cleared and recomputed from the context frames every block, positions restarting at 0",
-            procedure=KREA_RECOMPUTE,
+            calls=frozenset({CallKind.BLOCK, CallKind.RECOMPUTE}),
+            needs_calls=frozenset({CallKind.RECOMPUTE}),
         ),
         # local_attn_frames: the cache and the span a call attends (their local_attn_size 32);
         # sink_frames: the global sink, and the scene-cut sink's length (their sink_size 8).
@@ -196,22 +328,20 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
             _defaults(32, 8),
             _WINDOW_AND_SINK,
             "LongLive 2.0: window with a global sink and a scene-cut sink pinned at prompt-marked cuts",
+            calls=frozenset({CallKind.BLOCK, CallKind.SHOT}),
+            needs_calls=frozenset({CallKind.SHOT}),
+            # Their use_relative_rope (keys stored before RoPE, roped at their slot at every
+            # call) and kv_quant (the NVFP4 cache).
+            options=(OptionSpec("use_relative_rope", False), OptionSpec("kv_quant", False)),
             needs_sink=True,
-            procedure=LONGLIVE2,
         ),
     )
 }
 CACHE_POLICIES = tuple(CACHE_POLICY_TABLE)
-# The policies of Self-Forcing's block procedure (every one but Rolling Forcing's).
-BLOCK_CACHE_POLICIES = tuple(
-    name for name, spec in CACHE_POLICY_TABLE.items() if spec.procedure == SELF_FORCING_PROCEDURE
-)
-RECACHE_POLICIES = tuple(name for name, spec in CACHE_POLICY_TABLE.items() if spec.recaches)
-POLICY_DEFAULTS: dict[str, Mapping[str, int]] = {name: spec.defaults for name, spec in CACHE_POLICY_TABLE.items()}
 
 
 def infer_policy(local_attn_frames: int | None, sink_frames: int | None) -> str:
-    """The policy the older keys mean when no ``cache_policy`` is given: a window is
+    """The policy the window keys mean when no ``cache_policy`` is given: a window is
     ``window``, a window with sink frames ``sink``, no window ``global``."""
     if local_attn_frames in (None, -1):
         return GLOBAL
@@ -223,7 +353,7 @@ def policy_spec(name: str) -> PolicySpec:
         return CACHE_POLICY_TABLE[name]
     except KeyError:
         raise OptionsError(
-            f"config key generation.cache_policy: {name!r} is not one of {', '.join(CACHE_POLICIES)}"
+            f"config key generation.cache_policy: {name!r} is not one of {', '.join(CACHE_POLICY_TABLE)}"
         ) from None
 
 
@@ -240,12 +370,14 @@ class ProcedureSpec:
 
     The base class is Self-Forcing's block procedure (per block, one call a denoising step
     and a cache pass); a procedure whose calls differ overrides the methods. Its code is
-    the function registered under ``name`` in ``sinkscope.generation``.
+    the ``Procedure`` registered under ``name`` in ``sinkscope.generation``.
     """
 
     name: str
     # What it follows, in a few words.
     follows: str = ""
+    # The kinds of calls it makes (``CallKind``): it runs the policies that take them all.
+    calls: frozenset[str] = frozenset({CallKind.BLOCK})
     # The cache policy it brings (what ``cache_policy: null`` means under it); None: the
     # window keys decide (``infer_policy``).
     cache_policy: str | None = None
@@ -253,6 +385,13 @@ class ProcedureSpec:
     one_prompt: bool = False
     # Whether its code applies ``generation.interventions`` (sinkscope.interventions).
     supports_interventions: bool = True
+    # The keys of its own (``OptionSpec``), read by its code (``GenerationOptions.option``).
+    options: tuple[OptionSpec, ...] = ()
+
+    def runs(self, policy: PolicySpec) -> bool:
+        """Whether the policy takes every kind of call this procedure makes, and this
+        procedure makes every kind the policy needs."""
+        return self.calls <= policy.calls and policy.needs_calls <= self.calls
 
     def check(self, options: GenerationOptions) -> None:
         """Refuse options the procedure has no reference for (one line, the key named)."""
@@ -340,7 +479,7 @@ class KreaRecomputeProcedure(ProcedureSpec):
 
     def needs_vae(self, options: GenerationOptions) -> bool:
         """The re-encode of the oldest context frame, from the third block on."""
-        return options.recompute_context == "reencode" and options.num_frames > 2 * options.frames_per_block
+        return options.option("recompute_context") == "reencode" and options.num_frames > 2 * options.frames_per_block
 
 
 def unipc_timesteps(num_steps: int, shift: float, num_train_timesteps: int = 1000) -> tuple[int, ...]:
@@ -377,7 +516,7 @@ class LongLive2Procedure(ProcedureSpec):
             )
 
 
-# One entry a procedure; its function is registered under the same name (``sinkscope.generation``).
+# One entry a procedure; its ``Procedure`` is registered under the same name (``sinkscope.generation``).
 PROCEDURE_TABLE: dict[str, ProcedureSpec] = {
     spec.name: spec
     for spec in (
@@ -387,6 +526,7 @@ PROCEDURE_TABLE: dict[str, ProcedureSpec] = {
         RollingForcingProcedure(
             ROLLING_FORCING_PROCEDURE,
             "Rolling Forcing: a rolling window of blocks denoised jointly",
+            calls=frozenset({CallKind.WINDOW}),
             cache_policy=ROLLING_FORCING,
             one_prompt=True,
             supports_interventions=False,
@@ -394,24 +534,50 @@ PROCEDURE_TABLE: dict[str, ProcedureSpec] = {
         KreaRecomputeProcedure(
             KREA_RECOMPUTE,
             "Krea Realtime: per block the cache rebuilt from the context frames at t = 0, then a call per step",
+            calls=frozenset({CallKind.BLOCK, CallKind.RECOMPUTE}),
             cache_policy=KREA_RECOMPUTE,
             one_prompt=True,
+            options=(OptionSpec("recompute_context", RECOMPUTE_CONTEXTS[0], RECOMPUTE_CONTEXTS, omit_default=False),),
         ),
         LongLive2Procedure(
             LONGLIVE2,
             "LongLive 2.0: chunk by chunk, UniPC steps, then the clean cache pass at t = 0",
+            calls=frozenset({CallKind.BLOCK, CallKind.SHOT}),
             cache_policy=LONGLIVE2,
         ),
     )
 }
-PROCEDURES = tuple(PROCEDURE_TABLE)
 
 
 def procedure_spec(name: str) -> ProcedureSpec:
     try:
         return PROCEDURE_TABLE[name]
     except KeyError:
-        raise OptionsError(f"config key generation.procedure: {name!r} is not one of {', '.join(PROCEDURES)}") from None
+        raise OptionsError(
+            f"config key generation.procedure: {name!r} is not one of {', '.join(PROCEDURE_TABLE)}"
+        ) from None
+
+
+def procedures_running(policy: str) -> tuple[str, ...]:
+    """The procedures that run cache policy ``policy`` (``ProcedureSpec.runs``)."""
+    spec = policy_spec(policy)
+    return tuple(name for name, procedure in PROCEDURE_TABLE.items() if procedure.runs(spec))
+
+
+def block_cache_policies() -> tuple[str, ...]:
+    """The policies Self-Forcing's block procedure runs (every one taking block calls alone)."""
+    procedure = PROCEDURE_TABLE[SELF_FORCING_PROCEDURE]
+    return tuple(name for name, spec in CACHE_POLICY_TABLE.items() if procedure.runs(spec))
+
+
+def option_owners() -> dict[str, tuple[str, str, OptionSpec]]:
+    """Every declared key -> (what declares it, 'cache_policy' or 'procedure'; its name; its spec)."""
+    owners: dict[str, tuple[str, str, OptionSpec]] = {}
+    for kind, table in (("cache_policy", CACHE_POLICY_TABLE), ("procedure", PROCEDURE_TABLE)):
+        for name, spec in table.items():
+            for option in spec.options:
+                owners[option.key] = (kind, name, option)
+    return owners
 
 
 def missing_reencode_vae(where: str, whose: str, looked: str) -> str:
@@ -429,7 +595,10 @@ class GenerationOptions:
 
     Construct with ``from_config`` (it fills in the policy's published defaults); built
     directly, a bounded policy needs its window keys spelled out. The fields hold
-    resolved values only, so ``to_dict()`` is canonical.
+    resolved values only, so ``to_dict()`` is canonical. The keys that one policy or
+    procedure declares (``OptionSpec``: ``kv_quant``, ``recompute_context``...) are held in
+    ``declared``, (key, value) pairs of the policy's and the procedure's own keys, each
+    resolved (``option(key)``).
     """
 
     num_frames: int = 21
@@ -443,7 +612,7 @@ class GenerationOptions:
     timestep_shift: float = 5.0
     num_train_timesteps: int = 1000
     context_noise: float = 0.0
-    # None infers the policy from the older keys: a window is 'window', with sinks 'sink'.
+    # None infers the policy from the window keys: a window is 'window', with sinks 'sink'.
     cache_policy: str | None = None
     # Frames the KV cache holds (sink included); -1: every frame (global).
     local_attn_frames: int = -1
@@ -460,18 +629,13 @@ class GenerationOptions:
     # At a prompt switch, recompute the kept frames' keys/values under the new prompt
     # (LongLive's KV re-cache); False only switches the cross-attention context.
     re_cache: bool = True
-    # How the calls are made: a name of ``PROCEDURE_TABLE`` (Self-Forcing's block loop, or
-    # Rolling Forcing's rolling window, which needs cache_policy rolling_forcing).
+    # How the calls are made: a name of ``PROCEDURE_TABLE``.
     procedure: str = SELF_FORCING_PROCEDURE
-    # krea_recompute: the oldest context frame re-encoded through the VAE ('reencode', Krea's
-    # code) or the kept latent ('latent', where there is no VAE); no meaning elsewhere.
-    recompute_context: str = "reencode"
     # Edits applied while the video is generated (sinkscope.interventions); () none.
     interventions: tuple[Edit, ...] = ()
-    # longlive2: the cache holds keys before RoPE, roped at their slot at every call (their
-    # use_relative_rope); and the NVFP4 KV cache (their kv_quant). No meaning elsewhere.
-    use_relative_rope: bool = False
-    kv_quant: bool = False
+    # The policy's and the procedure's own keys: (key, value) pairs, or a mapping of the
+    # ones given (the others take their defaults).
+    declared: tuple[tuple[str, Any], ...] | Mapping[str, Any] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "denoising_steps", tuple(int(s) for s in self.denoising_steps))
@@ -491,7 +655,7 @@ class GenerationOptions:
             raise OptionsError("config key generation.denoising_steps: name at least one step")
         if self.first_block_denoising_steps == ():
             raise OptionsError("config key generation.first_block_denoising_steps: name at least one step, or null")
-        self._check_policy()
+        policy_spec(self.cache_policy).check(self)
         self._check_procedure()
         try:
             object.__setattr__(
@@ -504,13 +668,18 @@ class GenerationOptions:
     # -- construction ------------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, data: Mapping[str, Any]) -> GenerationOptions:
+    def from_config(cls, data: Mapping[str, Any], *, cleared: Collection[str] = ()) -> GenerationOptions:
         """Options from a ``generation:`` mapping; ``None`` values take the policy's defaults.
 
-        Without ``cache_policy`` the older keys decide, as before: a window
-        (``local_attn_frames``) is ``window``, a window with ``sink_frames`` is ``sink``.
+        Without ``cache_policy`` the window keys decide: a window (``local_attn_frames``) is
+        ``window``, a window with ``sink_frames`` is ``sink``, no window ``global``.
+        ``cleared``: the window keys a variant (or a checkpoint's ``generation:``) set to null
+        over the base: refused where the policy reads them and holds a window, since null
+        there would quietly take the policy's default, not leave the window out.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)} - {"declared"}
+        owners = option_owners()
+        known = fields | set(owners)
         unknown = sorted(set(data) - known)
         if unknown:
             raise OptionsError(f"unknown config key generation.{unknown[0]} (known: {', '.join(sorted(known))})")
@@ -533,27 +702,55 @@ class GenerationOptions:
                     f"config key generation.{key}: {values[key]} has no meaning for cache_policy {policy!r} "
                     f"(it uses {', '.join(spec.keys) or 'none of the window keys'})"
                 )
+        for key in cleared:
+            if key in spec.keys and spec.bounded and key not in values:
+                raise OptionsError(
+                    f"config key generation.{key}: null under cache_policy {policy!r} would quietly take the "
+                    f"policy's default {spec.defaults[key]} (null is not 'none' there); write the value, or leave "
+                    "the key out to keep the one it overrides"
+                )
+        declared = {key: values.pop(key) for key in list(values) if key in owners}
         resolved = {**spec.defaults, **values, "cache_policy": policy}
-        return cls(**resolved)
+        return cls(**resolved, declared=declared)
 
     def to_dict(self) -> dict[str, Any]:
-        """Canonical, JSON-ready: every field resolved, numbers in their declared type."""
-        data = dataclasses.asdict(self)
+        """Canonical, JSON-ready: every field resolved, numbers in their declared type; the
+        procedure's own keys after ``procedure``, the policy's after ``interventions``, each
+        left out where its spec says so at its default."""
+        data: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            if field.name not in ("declared", "interventions"):
+                data[field.name] = getattr(self, field.name)
         data["denoising_steps"] = list(self.denoising_steps)
         if self.first_block_denoising_steps is not None:
             data["first_block_denoising_steps"] = list(self.first_block_denoising_steps)
         if self.procedure == SELF_FORCING_PROCEDURE:
-            del data["procedure"]  # the default: rule params (and results) of earlier runs stay valid
+            del data["procedure"]  # the default: rule params of runs without the key stay the same
+        data.update(self._declared_params(procedure_spec(self.procedure).options))
         if self.interventions:
             data["interventions"] = [edit.to_config() for edit in self.interventions]
-        else:
-            del data["interventions"]  # none: an empty list and no key are one param, as before
-        if self.procedure != KREA_RECOMPUTE:
-            del data["recompute_context"]  # read by krea_recompute only: earlier params stay valid
-        for key in ("use_relative_rope", "kv_quant"):
-            if not data[key]:
-                del data[key]  # longlive2's switches, off: earlier params stay valid
+        data.update(self._declared_params(policy_spec(self.cache_policy).options))
         return data
+
+    def _declared_params(self, specs: Sequence[OptionSpec]) -> dict[str, Any]:
+        values = dict(self.declared)
+        return {
+            spec.key: values[spec.key] for spec in specs if not (spec.omit_default and values[spec.key] == spec.default)
+        }
+
+    def option(self, key: str) -> Any:
+        """The value of ``key``, declared by the policy or the procedure in use (``OptionSpec``)."""
+        for name, value in self.declared:
+            if name == key:
+                return value
+        raise KeyError(
+            f"{key!r} is declared by neither cache_policy {self.cache_policy!r} nor procedure {self.procedure!r}"
+        )
+
+    def policy_options(self) -> dict[str, Any]:
+        """The policy's own keys and their values: the keywords its class takes beside the window's."""
+        values = dict(self.declared)
+        return {spec.key: values[spec.key] for spec in policy_spec(self.cache_policy).options}
 
     # -- derived -------------------------------------------------------------------------
 
@@ -661,8 +858,9 @@ class GenerationOptions:
         """Refuse a re-cache the policy cannot do (its cache holds moved, blended, compacted
         or re-inserted keys): only when the prompt switches."""
         if switch_frames and self.re_cache and not policy_spec(self.cache_policy).recaches:
+            recaching = [name for name, spec in CACHE_POLICY_TABLE.items() if spec.recaches]
             raise OptionsError(
-                f"config key generation.re_cache: true needs cache_policy {', '.join(map(repr, RECACHE_POLICIES))} "
+                f"config key generation.re_cache: true needs cache_policy {', '.join(map(repr, recaching))} "
                 f"(the KV re-cache of LongLive), not {self.cache_policy!r}; set re_cache: false to only switch the "
                 "prompt"
             )
@@ -677,84 +875,48 @@ class GenerationOptions:
 
     # -- checks ----------------------------------------------------------------------------
 
-    def _check_policy(self) -> None:
-        policy, window, sink = self.cache_policy, self.local_attn_frames, self.sink_frames
-        largest = max(self.block_sizes())
-        spec = policy_spec(policy)
-        if policy == GLOBAL:
-            if sink:
-                raise OptionsError(
-                    f"config key generation.sink_frames: {sink} needs a window (generation.local_attn_frames) "
-                    "or a cache_policy with a sink"
-                )
-            if window != -1:
-                raise OptionsError("config key generation.local_attn_frames: cache_policy 'global' keeps every frame")
-            return
-        if window < 1:
-            raise OptionsError(
-                f"config key generation.local_attn_frames: {window} must be positive for cache_policy {policy!r}"
-            )
-        if policy == WINDOW and sink:
-            raise OptionsError(
-                f"config key generation.sink_frames: {sink} needs cache_policy 'sink' (or another sink policy), not "
-                "'window'"
-            )
-        if spec.needs_sink and sink < 1:
-            raise OptionsError(
-                f"config key generation.sink_frames: {sink} must be at least 1 for cache_policy {policy!r}"
-            )
-        if window < sink + largest:
-            raise OptionsError(
-                f"config key generation.local_attn_frames: a window of {window} frames cannot hold "
-                f"sink_frames = {sink} plus a block of {largest} frames"
-            )
-        if policy == PARTICIPATIVE:
-            budget, recent = self.budget_frames, self.recent_frames
-            if recent < largest:
-                raise OptionsError(
-                    f"config key generation.recent_frames: {recent} must hold the current block ({largest} frames)"
-                )
-            if budget < sink + recent:
-                raise OptionsError(
-                    f"config key generation.budget_frames: {budget} is below sink_frames + recent_frames = "
-                    f"{sink + recent}"
-                )
-            if budget > window:
-                raise OptionsError(
-                    f"config key generation.budget_frames: {budget} exceeds the window local_attn_frames = {window}"
-                )
-
     def _check_procedure(self) -> None:
-        """The procedure runs the policy (the policy expects its calls), and its own checks."""
+        """The procedure runs the policy (it makes the calls the policy takes), the keys they
+        declare, and the procedure's own checks."""
         procedure, policy = procedure_spec(self.procedure), self.cache_policy
         spec = policy_spec(policy)
-        if procedure.name != spec.procedure:
+        if not procedure.runs(spec):
             if procedure.cache_policy is not None:
                 raise OptionsError(
                     f"config key generation.cache_policy: {policy!r} cannot run under procedure {procedure.name!r}, "
                     f"whose cache is {procedure.cache_policy!r} (leave cache_policy out, or set it to "
                     f"{procedure.cache_policy!r})"
                 )
+            untaken, missing = procedure.calls - spec.calls, spec.needs_calls - procedure.calls
+            why = f"takes no {_kinds(untaken)} calls" if untaken else f"needs {_kinds(missing)} calls too"
             raise OptionsError(
                 f"config key generation.procedure: {procedure.name!r} cannot run cache_policy {policy!r}, which "
-                f"expects the calls of procedure {spec.procedure!r}"
+                f"{why} (the procedure makes {_kinds(procedure.calls)} calls)"
             )
-        if self.recompute_context not in RECOMPUTE_CONTEXTS:
-            raise OptionsError(
-                f"config key generation.recompute_context: {self.recompute_context!r} is not one of "
-                f"{', '.join(RECOMPUTE_CONTEXTS)}"
-            )
-        for key in ("use_relative_rope", "kv_quant"):
-            if getattr(self, key) and policy != LONGLIVE2:
-                raise OptionsError(
-                    f"config key generation.{key}: has no meaning for cache_policy {policy!r} (it is {LONGLIVE2!r}'s)"
-                )
-        if self.recompute_context != RECOMPUTE_CONTEXTS[0] and procedure.name != KREA_RECOMPUTE:
-            raise OptionsError(
-                f"config key generation.recompute_context: has no meaning under procedure {procedure.name!r} "
-                f"(it is {KREA_RECOMPUTE!r}'s)"
-            )
+        self._resolve_declared(procedure, spec)
         procedure.check(self)
+
+    def _resolve_declared(self, procedure: ProcedureSpec, policy: PolicySpec) -> None:
+        """``declared``: every key of the procedure and of the policy, given or defaulted; a key
+        another policy or procedure declares is refused at a value other than its default."""
+        given = dict(self.declared)
+        owners = option_owners()
+        for key, value in given.items():
+            if key not in owners:
+                raise OptionsError(f"unknown config key generation.{key}")
+            owners[key][2].check(value)
+        own = {option.key: option for option in (*procedure.options, *policy.options)}
+        for key, value in given.items():
+            kind, owner, option = owners[key]
+            if key not in own and value != option.default:
+                where = (
+                    f"for cache_policy {policy.name!r}"
+                    if kind == "cache_policy"
+                    else f"under procedure {procedure.name!r}"
+                )
+                raise OptionsError(f"config key generation.{key}: has no meaning {where} (it is {owner!r}'s)")
+        resolved = tuple((key, given.get(key, option.default)) for key, option in own.items())
+        object.__setattr__(self, "declared", resolved)
 
     def _check_interventions(self) -> None:
         """Edits the procedure can run, on frames the video has and a later block sees; a

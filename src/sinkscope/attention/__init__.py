@@ -4,6 +4,6 @@
 its log-sum-exp on CUDA), and the plan that splits a call's keys so that the kernel fills
 the GPU (``key_split``); ``merge_kernel``: the Triton kernel that merges the parts;
 ``settings``: which kernels a model runs (``KernelSettings``, config ``capture.kernels``).
-``edits``: attention with edited key frames (``edited_attention``: masked or biased per head
+``biased``: attention with edited key frames (``edited_attention``: masked or biased per head
 and key frame), exact, from the model's own call.
 """

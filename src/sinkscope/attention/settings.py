@@ -38,4 +38,3 @@ class KernelSettings:
 
 
 FAST_KERNELS = KernelSettings()
-REFERENCE_KERNELS = KernelSettings.named("reference")

@@ -149,7 +149,7 @@ def split_key_attention(
     ``parts`` equal parts: (output [B, Lq, H, D], log-sum-exp [B, H, Lq] fp32). ``out``: a
     [B, Lq, H, D] view to write the output into.
 
-    For an edited call (``sinkscope.attention.edits``): ``part_bias`` fp32, [H] or [parts, H],
+    For an edited call (``sinkscope.attention.biased``): ``part_bias`` fp32, [H] or [parts, H],
     is added to every score of each head (and part), so to its log-sum-exp, before the merge;
     ``extra`` (output [B * E, H, Lq, D], log-sum-exp [B * E, H, Lq], batch-major) are E more
     parts, attended elsewhere over other keys, merged with these."""

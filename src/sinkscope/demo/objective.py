@@ -10,10 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from sinkscope.demo import data as synthetic
-from sinkscope.generation.sampler import (
-    FlowMatchSchedule,
-    block_causal_frame_mask,
-)
+from sinkscope.generation.common import FlowMatchSchedule
+from sinkscope.generation.sampler import block_causal_frame_mask
 from sinkscope.model import (
     WanConfig,
     WanModel,

@@ -82,7 +82,7 @@ def ode_generate(
                 states[:, positions.index(i), :, start : start + frames] = x
             t = torch.full((context.shape[0], frames), 1000.0 * sigmas[i], device=device)
             with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=enabled):
-                v = model(both(x), t, context, kv_cache=cache, start_frame=start).float()
+                v = model(both(x), t, context, cache_policy=cache, start_frame=start).float()
             if guided:
                 conditional, unconditional = v.chunk(2)
                 v = unconditional + guidance * (conditional - unconditional)
@@ -93,7 +93,7 @@ def ode_generate(
                 both(x),
                 torch.zeros(context.shape[0], frames, device=device),
                 context,
-                kv_cache=cache,
+                cache_policy=cache,
                 start_frame=start,
             )
         start += frames

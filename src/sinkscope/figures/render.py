@@ -43,8 +43,9 @@ __all__ = ["DEFAULTS", "KINDS", "draw", "figure_job", "save_figure"]
 
 
 def module(kind: str):
-    """The module that draws ``kind``."""
-    return importlib.import_module(KINDS[figure_kind(kind).name])
+    """The module that draws ``kind``: ``sinkscope.figures.<kind>`` (a kind registered after
+    this module was imported too)."""
+    return importlib.import_module(f"sinkscope.figures.{figure_kind(kind).name}")
 
 
 def draw(

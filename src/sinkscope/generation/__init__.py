@@ -1,14 +1,19 @@
 """Generating a video with the KV-cache procedure, and observing its attention.
 
-- ``sampler``: ``generate``, the entry point, which runs the procedure the options name;
-  Self-Forcing's block-causal few-step generation (``generate_blocks``).
-- ``longlive2``: LongLive 2.0's chunks (UniPC steps, the clean pass, scene cuts).
-- ``rolling``: Rolling Forcing's procedure (a rolling window of blocks denoised jointly).
-- ``krea``: Krea Realtime 14B's procedure (the cache recomputed from context frames every block).
-- ``procedures``: the registry of procedures (``register_procedure``), one function each,
-  named as ``sinkscope.options.PROCEDURE_TABLE``.
+- ``sampler``: ``generate``, the entry point, which runs the procedure the options name.
+- ``loop``: the one generation loop (numbered as Self-Forcing's ``inference()``); a
+  procedure (``Procedure``) is a step rule and hooks around it.
+- ``steps``: the block step rules (DMD's few steps, LongLive 2.0's UniPC); ``hooks``: the
+  hooks the block procedures share (a prompt switch with LongLive's re-cache, the cache pass).
+- the procedures, one declaration each: ``self_forcing`` (Self-Forcing's blocks, Causal
+  Forcing's first-block steps, LongLive's prompt switches), ``longlive2`` (LongLive 2.0's
+  chunks: UniPC steps, the clean pass, scene cuts), ``rolling`` (Rolling Forcing's rolling
+  window of blocks denoised jointly), ``krea`` (Krea Realtime 14B: the cache recomputed
+  from context frames every block).
+- ``procedures``: the registry of procedures (``register_procedure``), named as
+  ``sinkscope.options.PROCEDURE_TABLE``.
 - ``common``: what the procedures share (flow-matching schedule, noise stream, calls
-  announced to observers, host/device moves, clock).
+  announced to observers, host/device moves, clock); ``unipc``: LongLive 2.0's sampler.
 - ``capture``: ``FrameStatsCapture``, the observer that turns each self-attention call
   of the chosen layers into frame statistics.
 
@@ -17,4 +22,4 @@ May import ``sinkscope.model``, ``sinkscope.stats`` and the base modules (``erro
 """
 
 # Every procedure module is imported here: importing one registers its procedure.
-from sinkscope.generation import krea, longlive2, rolling, sampler  # noqa: F401
+from sinkscope.generation import krea, longlive2, rolling, self_forcing  # noqa: F401

@@ -19,7 +19,7 @@ generation ends, so capturing costs no host synchronization per call; or, given 
 call's record goes to it at once and is written while the generation goes on. A Rolling
 Forcing window call (``CallInfo.parts``) gives one record per block of the window. A call
 that an edit changes (``generation.interventions``: the observer gets a ``frame_bias``)
-runs ``sinkscope.attention.edits.edited_attention``, the output the uncaptured edited call
+runs ``sinkscope.attention.biased.edited_attention``, the output the uncaptured edited call
 gives, and its rows are the statistics of that edited softmax (masked frames get exactly 0
 mass); it never takes the fused route.
 """
@@ -35,15 +35,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sinkscope.attention.edits import edited_attention
+from sinkscope.attention.biased import edited_attention
 from sinkscope.attention.split import cached_attention
-from sinkscope.generation.common import PASS_RECOMPUTE
-from sinkscope.generation.sampler import (
-    PASS_CACHE,
-    PASS_DENOISE,
-    PASS_RECACHE,
-    CallInfo,
-)
+from sinkscope.generation.common import PASS_CACHE, PASS_DENOISE, PASS_RECACHE, PASS_RECOMPUTE, CallInfo
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.stats.attention import (
@@ -192,7 +186,7 @@ class FrameStatsCapture:
             out, lse = None, None
             edited = {}
             if frame_bias is not None:
-                # An edited call (sinkscope.model.edits): the attention the model really uses,
+                # An edited call (sinkscope.model.generation_edits): the attention the model really uses,
                 # and the statistics of that edited softmax; never the fused route.
                 fused, edited = False, {"frame_bias": frame_bias}
                 out, lse = edited_attention(q, k, v, frame_bias, layout.key_lengths, split=kernels.key_split)

@@ -1,9 +1,8 @@
 """What every generation procedure shares: the flow-matching schedule, the noise stream,
 the calls announced to observers, the host/device moves of latents, the clock.
 
-A procedure (``sampler.generate_blocks``, ``rolling.generate_rolling``, the ones
-registered later) builds on these, so that every procedure draws noise, reports calls and
-times itself the same way.
+The generation loop (``generation.loop``), its step rules and hooks build on these, so
+that every procedure draws noise, reports calls and times itself the same way.
 """
 
 from __future__ import annotations

@@ -29,31 +29,15 @@ each key by the frame it came from; the recompute call is captured as pass ``rec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import torch
 
-from sinkscope.generation.common import (
-    PASS_DENOISE,
-    PASS_RECOMPUTE,
-    CallInfo,
-    CallLog,
-    FlowMatchSchedule,
-    GenerationClock,
-    GenerationObserver,
-    GenerationResult,
-    NoiseStream,
-    latent_grid,
-    latents_to_device,
-    latents_to_host,
-    prompt_schedule,
-    synchronize,
-)
+from sinkscope.generation.common import PASS_RECOMPUTE, CallInfo, latents_to_device, synchronize
+from sinkscope.generation.loop import Procedure, Run
 from sinkscope.generation.procedures import register_procedure
-from sinkscope.model import WanModel
+from sinkscope.generation.steps import DMDSteps
 from sinkscope.model.checkpoints import ResolvedCheckpoint, find_vae, vae_candidates
-from sinkscope.model.policies import KreaRecomputePolicy, policy_from_options
 from sinkscope.model.vae import TEMPORAL_STRIDE, WanVAE, load_vae
 from sinkscope.options import KREA_RECOMPUTE, GenerationOptions, OptionsError, missing_reencode_vae, procedure_spec
 
@@ -135,88 +119,53 @@ class FrameReencoder:
         return self.vae.encode(video[:, :, -1:]).to(device, dtype)
 
 
-@register_procedure(KREA_RECOMPUTE)
-@torch.inference_mode()
-def generate_krea(
-    model: WanModel,
-    context: torch.Tensor | Sequence[tuple[int, torch.Tensor]],
-    *,
-    options: GenerationOptions,
-    seed: int,
-    observers: Iterable[GenerationObserver] = (),
-    vae: LatentCodec | None = None,
-) -> GenerationResult:
-    """Generate one video's latents [1, C, F, H, W] (on the CPU) with Krea Realtime's procedure.
+class RecomputedContext:
+    """Krea's hook: before every block b >= 1, the cache cleared and rebuilt from the context
+    frames (steps 1-3 of its ``generate_block_internal``); after every block, its latents
+    kept for the context and, with ``recompute_context: reencode``, for the re-encode."""
 
-    Registered as procedure ``krea_recompute``, run by ``sampler.generate`` (one prompt).
-    ``vae``: the Wan VAE (``recompute_context: reencode``, the default, needs it from the
-    third block on). Observers hear of every call before it runs: per block b >= 1 the
-    recompute call (pass ``recompute``, step 0, the context frames as its queries), then one
-    call per denoising step. The numbered steps follow Krea's ``generate_block_internal``.
-    """
-    schedule = prompt_schedule(context, options)  # one prompt (the spec refuses schedules)
-    device, dtype = model.device, model.dtype
-    height, width, frame_seq_length = latent_grid(model, options)
-    blocks = options.block_sizes()
-    flow = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
-    block_timesteps = [
-        flow.denoising_timesteps(options.block_steps(b), options.warp_denoising_step) for b in range(len(blocks))
-    ]
-    context_frames = options.local_attn_frames - options.frames_per_block
-    reencode = options.recompute_context == "reencode"
-    if vae is None and procedure_spec(options.procedure).needs_vae(options):
-        raise OptionsError(missing_reencode_vae("generation.recompute_context", "the", "none was passed as vae"))
-    reencoder = FrameReencoder(vae) if reencode and vae is not None else None
-    renoise = sum(frames * (len(steps) - 1) for frames, steps in zip(blocks, block_timesteps))
-    noise = NoiseStream(seed, options.num_frames, (model.config.in_dim, height, width), renoise)
-    policy = policy_from_options(model, options, frame_seq_length=frame_seq_length, seed=seed)
-    if not isinstance(policy, KreaRecomputePolicy):
-        raise OptionsError(
-            f"config key generation.cache_policy: {options.cache_policy!r} is not Krea's recomputed cache"
+    def __init__(self, run: Run) -> None:
+        options = run.options
+        self.context_frames = options.local_attn_frames - options.frames_per_block
+        self.reencode = options.option("recompute_context") == "reencode"
+        if run.vae is None and procedure_spec(options.procedure).needs_vae(options):
+            raise OptionsError(missing_reencode_vae("generation.recompute_context", "the", "none was passed as vae"))
+        self.reencoder = FrameReencoder(run.vae) if self.reencode and run.vae is not None else None
+        self.previous: torch.Tensor | None = None  # the last block's x0, on the device
+
+    def before_block(self, run: Run) -> None:
+        block = run.unit
+        start = block.start_frame
+        if not block.index:
+            return
+        # 1. The context: the last frames generated, the oldest re-encoded unless it is frame 0.
+        count = min(start, self.context_frames)
+        first = start - count
+        kept = self.previous[:, :, -count:]
+        if self.reencode and first > 0:
+            synchronize(run.device)  # the host copies of the finished blocks are complete
+            encoded = self.reencoder.encode_frame(first, run.device, run.dtype)
+            kept = torch.cat([encoded, kept[:, :, 1:]], dim=2)
+        # 2.-3. The cache cleared and rebuilt: the recompute pass at t = 0, roped from frame 0.
+        noise = float(run.options.context_noise)  # 0: Krea's recompute pass runs at t = 0
+        run.announce(CallInfo(block.index, PASS_RECOMPUTE, 0, noise, first, count, block.last, run.segment))
+        run.policy.begin_recompute(range(first, start))
+        run.model(
+            kept,
+            torch.full((1, count), noise, device=run.device),
+            run.contexts[run.segment],
+            cache_policy=run.policy,
+            start_frame=first,
+            cache_only=True,
         )
-    text = schedule[0][1].to(device, dtype)
-    context_t = float(options.context_noise)  # 0: Krea's recompute pass runs at t = 0
-    log = CallLog(observers)
-    outputs: list[torch.Tensor] = []
-    previous: torch.Tensor | None = None  # the last block's x0, on the device
-    clock = GenerationClock(device)
-    start = 0
-    for block, frames in enumerate(blocks):
-        last = block == len(blocks) - 1
-        timesteps = block_timesteps[block]
-        if block:
-            # 1. The context: the last frames generated, the oldest re-encoded unless it is frame 0.
-            count = min(start, context_frames)
-            first = start - count
-            kept = previous[:, :, -count:]
-            if reencode and first > 0:
-                synchronize(device)  # the host copies of the finished blocks are complete
-                encoded = reencoder.encode_frame(first, device, dtype)
-                kept = torch.cat([encoded, kept[:, :, 1:]], dim=2)
-            # 2.-3. The cache cleared and rebuilt: the recompute pass at t = 0, roped from frame 0.
-            log.announce(CallInfo(block, PASS_RECOMPUTE, 0, context_t, first, count, last))
-            policy.begin_recompute(range(first, start))
-            model(
-                kept,
-                torch.full((1, count), context_t, device=device),
-                text,
-                kv_cache=policy,
-                start_frame=first,
-                cache_only=True,
-            )
-        # 4. The denoising passes, the block after the context in RoPE position.
-        x = latents_to_device(noise.initial[start : start + frames], device, dtype)
-        x0 = x
-        for step, t in enumerate(timesteps):
-            log.announce(CallInfo(block, PASS_DENOISE, step, t, start, frames, last))
-            velocity = model(x, torch.full((1, frames), t, device=device), text, kv_cache=policy, start_frame=start)
-            x0 = flow.to_x0(velocity, x, t)
-            if step + 1 < len(timesteps):
-                fresh = latents_to_device(noise.renoise(frames), device, dtype)
-                x = flow.add_noise(x0, fresh, timesteps[step + 1])
-        outputs.append(latents_to_host(x0))
-        if reencoder is not None:
-            reencoder.add(outputs[-1])
-        previous = x0
-        start += frames
-    return clock.result(outputs, log, policy.nbytes)
+
+    def after_block(self, run: Run) -> None:
+        if self.reencoder is not None:
+            self.reencoder.add(run.outputs[-1])
+        self.previous = run.prediction
+
+
+# 4. The denoising passes (the DMD steps), the block after the context in RoPE position; no cache pass.
+KREA = register_procedure(
+    Procedure(KREA_RECOMPUTE, DMDSteps, before_block=(RecomputedContext,), after_block=(RecomputedContext,))
+)

@@ -29,29 +29,15 @@ here they are computed once per prompt segment (the same numbers).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from sinkscope.generation.common import (
-    PASS_CACHE,
-    PASS_DENOISE,
-    CallInfo,
-    CallLog,
-    GenerationClock,
-    GenerationObserver,
-    GenerationResult,
-    NoiseStream,
-    latent_grid,
-    latents_to_device,
-    latents_to_host,
-    prompt_schedule,
-)
+from sinkscope.generation.hooks import CachePass, PromptSwitch
+from sinkscope.generation.loop import Procedure, Run
 from sinkscope.generation.procedures import register_procedure
-from sinkscope.generation.unipc import UniPCFlowSampler
-from sinkscope.model import WanModel
-from sinkscope.model.policies import policy_from_options
-from sinkscope.options import LONGLIVE2, GenerationOptions
+from sinkscope.generation.steps import UniPCSteps
+from sinkscope.options import LONGLIVE2
 
 # Their scene_cut_prefix default (L utils/dataset.py:22).
 SCENE_CUT_PREFIX = "The scene transitions. "
@@ -77,60 +63,28 @@ def scene_cuts(chunk_starts: Sequence[int], segment_starts: Sequence[int], texts
     return cuts
 
 
-@register_procedure(LONGLIVE2)
-@torch.inference_mode()
-def generate_longlive2(
-    model: WanModel,
-    context: torch.Tensor | Sequence[tuple],
-    *,
-    options: GenerationOptions,
-    seed: int,
-    observers: Iterable[GenerationObserver] = (),
-) -> GenerationResult:
-    """LongLive 2.0's chunks (``procedure: longlive2``); as ``sampler.generate``."""
-    config = model.config
-    device, dtype = model.device, model.dtype
-    height, width, frame_seq_length = latent_grid(model, options)
-    chunks = options.block_sizes()
-    starts = options.block_starts()
-    schedule = prompt_schedule(context, options)
-    segment_starts = [start for start, _ in schedule]
-    cuts = scene_cuts(starts, segment_starts, prompt_texts(context))
-    noise = NoiseStream(seed, options.num_frames, (config.in_dim, height, width), 0)
+class SceneCut:
+    """LongLive 2.0's shots: before a chunk that starts a new shot its RoPE positions move on
+    (``begin_shot``); after its clean pass it is pinned as the shot sink (``pin_block``)."""
 
-    cache = policy_from_options(model, options, frame_seq_length=frame_seq_length, seed=seed)
-    contexts = [c.to(device, dtype) for _, c in schedule]
-    switches = {start: index for index, (start, _) in enumerate(schedule) if index}
-    outputs: list[torch.Tensor] = []
-    log = CallLog(observers)
-    clock = GenerationClock(device)
-    segment = 0
-    clean = float(options.context_noise)
-    for chunk, (start, frames) in enumerate(zip(starts, chunks)):
-        last = chunk == len(chunks) - 1
-        if start in switches:
-            segment = switches[start]
-            cache.cache.forget_context()  # the next call computes the new prompt's cross-attention K/V
-        if cuts[chunk]:
-            cache.begin_shot()
-        sampler = UniPCFlowSampler(len(options.denoising_steps), options.timestep_shift, 2, options.num_train_timesteps)
-        x = latents_to_device(noise.initial[start : start + frames], device, dtype)
-        for step, t in enumerate(sampler.timesteps.tolist()):
-            log.announce(CallInfo(chunk, PASS_DENOISE, step, float(t), start, frames, last, segment))
-            velocity = model(
-                x,
-                torch.full((1, frames), float(t), device=device),
-                contexts[segment],
-                kv_cache=cache,
-                start_frame=start,
-            )
-            x = sampler.step(velocity, x)
-        outputs.append(latents_to_host(x))
-        # The clean pass: the chunk's keys and values at t = 0 overwrite its slots.
-        log.announce(CallInfo(chunk, PASS_CACHE, len(sampler.timesteps), clean, start, frames, last, segment))
-        model(
-            x, torch.full((1, frames), clean, device=device), None, kv_cache=cache, start_frame=start, cache_only=True
-        )
-        if cuts[chunk]:
-            cache.pin_block()
-    return clock.result(outputs, log, cache.nbytes)
+    def __init__(self, run: Run) -> None:
+        starts = [block.start_frame for block in run.steps.units]
+        self.cuts = scene_cuts(starts, [start for start, _ in run.schedule], prompt_texts(run.prompts))
+
+    def before_block(self, run: Run) -> None:
+        if self.cuts[run.unit.index]:
+            run.policy.begin_shot()
+
+    def after_block(self, run: Run) -> None:
+        if self.cuts[run.unit.index]:
+            run.policy.pin_block()
+
+
+LONGLIVE2_CHUNKS = register_procedure(
+    Procedure(
+        LONGLIVE2,
+        UniPCSteps,
+        before_block=(PromptSwitch, SceneCut),
+        after_block=(CachePass, SceneCut),
+    )
+)

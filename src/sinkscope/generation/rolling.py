@@ -27,33 +27,21 @@ it re-encodes: W for a finished block, as Self-Forcing's cache pass; 1 .. W - 1 
 block 0's ramp-up updates, which keeps every call distinct). So a video makes
 nb W + nb + W - 1 table calls and 2 (nb + W - 1) model calls. docs/cache-policies.md
 lists what the paper leaves open and which choice is made here.
+
+On the one loop of ``generation.loop``: its units are the windows, denoised by the step
+rule ``RollingWindow`` (which returns the block a window finishes, if any), and the cache
+update is its hook after each window (``CacheUpdate``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from sinkscope.generation.common import (
-    PASS_CACHE,
-    PASS_DENOISE,
-    CallInfo,
-    CallLog,
-    FlowMatchSchedule,
-    GenerationClock,
-    GenerationObserver,
-    GenerationResult,
-    NoiseStream,
-    latent_grid,
-    latents_to_device,
-    latents_to_host,
-    prompt_schedule,
-)
+from sinkscope.generation.common import PASS_CACHE, PASS_DENOISE, CallInfo, FlowMatchSchedule, latents_to_device
+from sinkscope.generation.loop import Procedure, Run
 from sinkscope.generation.procedures import register_procedure
-from sinkscope.model import WanModel
-from sinkscope.model.policies import RollingForcingPolicy, policy_from_options
 from sinkscope.options import ROLLING_FORCING_PROCEDURE, GenerationOptions, OptionsError
 
 
@@ -120,58 +108,34 @@ def schedule_for(options: GenerationOptions) -> RollingSchedule:
     return RollingSchedule(len(options.block_sizes()), len(options.denoising_steps), options.frames_per_block)
 
 
-@register_procedure(ROLLING_FORCING_PROCEDURE)
-@torch.inference_mode()
-def generate_rolling(
-    model: WanModel,
-    context: torch.Tensor | Sequence[tuple[int, torch.Tensor]],
-    *,
-    options: GenerationOptions,
-    seed: int,
-    observers: Iterable[GenerationObserver] = (),
-) -> GenerationResult:
-    """Generate one video's latents [1, C, F, H, W] (on the CPU) with Rolling Forcing's procedure.
+class RollingWindow:
+    """Rolling Forcing's step rule: the units are the windows; a window is denoised by one
+    joint call, every frame at its block's noise level (module docstring)."""
 
-    Registered as procedure ``rolling_forcing``, run by ``sampler.generate`` (one prompt
-    only): observers hear of every model call before
-    it runs; a window call's ``CallInfo`` carries one part per block (``parts``), which is
-    what the capture turns into table calls.
-    """
-    schedule = schedule_for(options)
-    segments = prompt_schedule(context, options)  # refuses prompt switches
-    text = segments[0][1]
-    device, dtype = model.device, model.dtype
-    height, width, frame_seq_length = latent_grid(model, options)
-    flow = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
-    levels = flow.denoising_timesteps(options.denoising_steps, options.warp_denoising_step)
-    last_level = len(levels) - 1
-    last_block = schedule.num_blocks - 1
-    context_noise = float(options.context_noise)
-    noise = NoiseStream(seed, options.num_frames, (model.config.in_dim, height, width), schedule.renoise_frames())
-    policy = policy_from_options(model, options, frame_seq_length=frame_seq_length)
-    if not isinstance(policy, RollingForcingPolicy):
-        raise OptionsError(
-            f"config key generation.cache_policy: {options.cache_policy!r} is not Rolling Forcing's cache"
-        )
-    text = text.to(device, dtype)
-    log = CallLog(observers)
-    noisy: dict[int, torch.Tensor] = {}  # block -> its input at its next level (device)
-    outputs: dict[int, torch.Tensor] = {}  # block -> final x0 (host)
-    clock = GenerationClock(device)
-    for window in schedule.windows:
+    def __init__(self, run: Run) -> None:
+        options = run.options
+        self.schedule = schedule_for(options)
+        self.units: list[Window] = self.schedule.windows
+        self.flow = FlowMatchSchedule(options.timestep_shift, options.num_train_timesteps)
+        self.levels = self.flow.denoising_timesteps(options.denoising_steps, options.warp_denoising_step)
+        self.renoise_frames = self.schedule.renoise_frames()
+        self.noisy: dict[int, torch.Tensor] = {}  # block -> its input at its next level (device)
+
+    def denoise(self, run: Run) -> list[torch.Tensor]:
+        window, levels, flow = run.unit, self.levels, self.flow
+        last_level, last_block = len(levels) - 1, self.schedule.num_blocks - 1
         # Inputs: the newest block from the initial noise, the others as re-noised last window.
         inputs = []
         for part in window.blocks:
             if part.level == 0:
-                inputs.append(
-                    latents_to_device(
-                        noise.initial[part.start_frame : part.start_frame + part.num_frames], device, dtype
-                    )
-                )
+                frames = run.noise.initial[part.start_frame : part.start_frame + part.num_frames]
+                inputs.append(latents_to_device(frames, run.device, run.dtype))
             else:
-                inputs.append(noisy.pop(part.block))
+                inputs.append(self.noisy.pop(part.block))
         x = torch.cat(inputs, dim=2)
-        timesteps = torch.tensor([[levels[p.level] for p in window.blocks for _ in range(p.num_frames)]], device=device)
+        timesteps = torch.tensor(
+            [[levels[p.level] for p in window.blocks for _ in range(p.num_frames)]], device=run.device
+        )
         parts = tuple(
             CallInfo(
                 p.block, PASS_DENOISE, p.level, levels[p.level], p.start_frame, p.num_frames, p.block == last_block
@@ -179,7 +143,7 @@ def generate_rolling(
             for p in window.blocks
         )
         first = window.blocks[0]
-        log.announce(
+        run.announce(
             CallInfo(
                 first.block,
                 PASS_DENOISE,
@@ -193,40 +157,56 @@ def generate_rolling(
             )
         )
         # One joint forward over the window, every frame at its block's timestep.
-        policy.begin_window(window.start_frame, window.num_frames)
-        velocity = model(x, timesteps, text, kv_cache=policy, start_frame=window.start_frame)
-        predictions = []
-        offset = 0
+        run.policy.begin_window(window.start_frame, window.num_frames)
+        velocity = run.model(x, timesteps, run.contexts[0], cache_policy=run.policy, start_frame=window.start_frame)
+        finished, predictions, offset = [], [], 0
         for part in window.blocks:
             frames = slice(offset, offset + part.num_frames)
             x0 = flow.to_x0(velocity[:, :, frames], x[:, :, frames], levels[part.level])
             predictions.append(x0)
             if part.level < last_level:
                 # RF draws noise for the whole window and keeps this block's slice.
-                fresh = noise.renoise(window.num_frames)[frames]
-                noisy[part.block] = flow.add_noise(x0, latents_to_device(fresh, device, dtype), levels[part.level + 1])
+                fresh = run.noise.renoise(window.num_frames)[frames]
+                self.noisy[part.block] = flow.add_noise(
+                    x0, latents_to_device(fresh, run.device, run.dtype), levels[part.level + 1]
+                )
             else:
-                outputs[part.block] = latents_to_host(x0)
+                finished.append(x0)  # the window's oldest block, at its last level
             offset += part.num_frames
-        # The cache update: the window's first block, clean, at the context timestep.
-        log.announce(
+        run.prediction = predictions[0]
+        return finished
+
+
+class CacheUpdate:
+    """After a window: its first block, its x0, once more at the context timestep, which
+    leaves its clean keys in the cache (during the ramp-up block 0, still being denoised)."""
+
+    def __init__(self, run: Run) -> None:
+        self.last_block = run.steps.schedule.num_blocks - 1
+
+    def after_block(self, run: Run) -> None:
+        first = run.unit.blocks[0]
+        noise = float(run.options.context_noise)
+        run.announce(
             CallInfo(
                 first.block,
                 PASS_CACHE,
                 first.level + 1,
-                context_noise,
+                noise,
                 first.start_frame,
                 first.num_frames,
-                first.block == last_block,
+                first.block == self.last_block,
             )
         )
-        policy.begin_cache_update(first.start_frame, first.num_frames)
-        model(
-            predictions[0],
-            torch.full((1, first.num_frames), context_noise, device=device),
+        run.policy.begin_cache_update(first.start_frame, first.num_frames)
+        run.model(
+            run.prediction,
+            torch.full((1, first.num_frames), noise, device=run.device),
             None,
-            kv_cache=policy,
+            cache_policy=run.policy,
             start_frame=first.start_frame,
             cache_only=True,
         )
-    return clock.result([outputs[b] for b in range(schedule.num_blocks)], log, policy.nbytes)
+
+
+ROLLING_FORCING = register_procedure(Procedure(ROLLING_FORCING_PROCEDURE, RollingWindow, after_block=(CacheUpdate,)))

@@ -46,7 +46,6 @@ from sinkscope.model.weightfiles import (
     resolve_path,
 )
 
-WAN_WEIGHTS = "diffusion_pytorch_model.safetensors"
 WAN_T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 WAN_TOKENIZER_DIR = "google/umt5-xxl"
 
@@ -199,7 +198,7 @@ class ResolvedCheckpoint:
             return hashlib.sha256(blob.encode()).hexdigest()
         weights = files_digest(self.weight_files(), cache)
         if self.lora is None:
-            return weights  # as before adapters existed: nothing reruns
+            return weights  # without an adapter the digest is the weights' own
         # The scales depend on the config's lora.alpha as well as on the files.
         blob = json.dumps(
             {"weights": weights, "lora": files_digest(self.lora.files(), cache), "scales": self.lora.scales()},

@@ -159,8 +159,6 @@ class DemoFormat(WeightFormat):
 
 # -- self_forcing: a training checkpoint .pt ---------------------------------------------------
 
-GENERATOR_KEYS = ("generator_ema", "generator")
-
 
 def generator_state(data: Any, path: Path, ema: bool, is_state_dict: Callable[[Any], bool]) -> dict[str, Any]:
     """The generator's state dict in a Self-Forcing checkpoint's top-level dict (or the

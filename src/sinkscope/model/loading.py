@@ -29,7 +29,6 @@ from sinkscope.model.formats import (
     WeightOptions,
     config_in_folder,
     detect_format,
-    diffusers_to_wan_key,  # noqa: F401 - importable from here, as before
     weight_format,
 )
 from sinkscope.model.lora import LoraSpec, ResolvedLora, resolve_lora
@@ -42,16 +41,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 # -- reading state dicts ----------------------------------------------------------------
-
-
-def read_self_forcing_state(path: Path, *, ema: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """The generator state dict of a Self-Forcing checkpoint, ``model.`` stripped."""
-    return weight_format("self_forcing").read(Path(path), None, WeightOptions(ema=ema, allow_pickle=allow_pickle))
-
-
-def read_state_dict(path: Path, fmt: str, *, ema: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """The transformer state dict at ``path`` in original Wan key names."""
-    return weight_format(fmt).read(Path(path), None, WeightOptions(ema=ema, allow_pickle=allow_pickle))
 
 
 def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:

@@ -229,11 +229,58 @@ def _unpickle_structure(payload: bytes | BinaryIO, path: Path) -> tuple[Any, dic
     """Run the pickle's opcodes on stand-ins: containers and scalars are built, calls are not.
 
     ``payload`` is the pickle's bytes, or a file positioned at one (left after its STOP)."""
-    stack: list[Any] = []
-    memo: dict[int, Any] = {}
-    found: dict[str, set] = {"globals": set(), "storages": set()}
+    machine = _StandInMachine()
+    try:
+        for opcode, arg, _ in pickletools.genops(payload):
+            machine.step(opcode, arg)
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise WeightsError(f"{path}: its pickle cannot be read ({exc}); truncated or damaged?") from None
+    if len(machine.stack) != 1:
+        raise WeightsError(f"{path}: its pickle does not describe one object; truncated or damaged?")
+    return machine.stack[0], machine.found
 
-    def pop_mark() -> list[Any]:
+
+class _StandInMachine:
+    """The pickle machine's stack and memo, with stand-ins for what would be called: one
+    method per family of opcodes (``step`` dispatches), the globals and storages it met in
+    ``found``."""
+
+    def __init__(self) -> None:
+        self.stack: list[Any] = []
+        self.memo: dict[int, Any] = {}
+        self.found: dict[str, set] = {"globals": set(), "storages": set()}
+        self._ops = {
+            **dict.fromkeys(("PROTO", "FRAME", "STOP"), lambda op, arg: None),
+            "MARK": lambda op, arg: self.stack.append(_Mark()),
+            "EMPTY_DICT": lambda op, arg: self.stack.append({}),
+            "EMPTY_LIST": lambda op, arg: self.stack.append([]),
+            "EMPTY_TUPLE": lambda op, arg: self.stack.append(()),
+            "EMPTY_SET": lambda op, arg: self.stack.append(set()),
+            "NONE": lambda op, arg: self.stack.append(None),
+            **dict.fromkeys(("NEWTRUE", "NEWFALSE"), lambda op, arg: self.stack.append(op == "NEWTRUE")),
+            **dict.fromkeys(("DICT", "LIST", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"), self._container),
+            **dict.fromkeys(("SETITEM", "SETITEMS", "APPEND", "APPENDS", "ADDITEMS"), self._fill),
+            **dict.fromkeys(("GLOBAL", "STACK_GLOBAL"), self._global),
+            **dict.fromkeys(("REDUCE", "NEWOBJ", "NEWOBJ_EX"), self._call),
+            "BUILD": lambda op, arg: self.stack.pop(),  # the object's state: not applied to stand-ins
+            **dict.fromkeys(("BINPERSID", "PERSID"), self._storage),
+            **dict.fromkeys(
+                ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE", "GET", "BINGET", "LONG_BINGET", "POP", "POP_MARK", "DUP"),
+                self._memo_and_stack,
+            ),
+        }
+
+    def step(self, opcode: pickletools.OpcodeInfo, arg: Any) -> None:
+        run = self._ops.get(opcode.name)
+        if run is not None:
+            run(opcode.name, arg)
+        elif opcode.arg is not None:
+            self.stack.append(arg)  # strings, bytes, ints, floats
+        else:
+            raise ValueError(f"opcode {opcode.name} is not supported")
+
+    def _pop_mark(self) -> list[Any]:
+        stack = self.stack
         for index in range(len(stack) - 1, -1, -1):
             if isinstance(stack[index], _Mark):
                 items = stack[index + 1 :]
@@ -241,123 +288,88 @@ def _unpickle_structure(payload: bytes | BinaryIO, path: Path) -> tuple[Any, dic
                 return items
         raise ValueError("MARK missing")
 
-    def call(function: Any, args: Any) -> Any:
+    def _container(self, op: str, arg: Any) -> None:
+        if op == "DICT":
+            items = self._pop_mark()
+            self.stack.append({_key(items[i]): items[i + 1] for i in range(0, len(items), 2)})
+        elif op == "LIST":
+            self.stack.append(self._pop_mark())
+        elif op == "TUPLE":
+            self.stack.append(tuple(self._pop_mark()))
+        else:  # TUPLE1, TUPLE2, TUPLE3
+            count = int(op[-1])
+            items = self.stack[-count:]
+            del self.stack[-count:]
+            self.stack.append(tuple(items))
+
+    def _fill(self, op: str, arg: Any) -> None:
+        """Items into the container below them (ignored where a stand-in is no container)."""
+        if op in ("SETITEM", "APPEND"):
+            items = [self.stack.pop()] if op == "APPEND" else [self.stack.pop(-2), self.stack.pop()]
+        else:
+            items = self._pop_mark()
+        target = self.stack[-1]
+        if op.startswith("SETITEM") and isinstance(target, dict):
+            target.update({_key(items[i]): items[i + 1] for i in range(0, len(items), 2)})
+        elif op.startswith("APPEND") and isinstance(target, list):
+            target.extend(items)
+        elif op == "ADDITEMS" and isinstance(target, set):
+            target.update(_key(item) for item in items)
+
+    def _global(self, op: str, arg: Any) -> None:
+        if op == "GLOBAL":
+            module, name = arg.split(" ", 1) if " " in arg else arg.split("\n", 1)
+        else:
+            name, module = self.stack.pop(), self.stack.pop()
+        self.found["globals"].add(f"{module}.{name}")
+        self.stack.append(_Global(f"{module}.{name}"))
+
+    def _call(self, op: str, arg: Any) -> None:
+        """A call's stand-in: a tensor's shape, a container, bytes, or the class it would make."""
+        if op == "NEWOBJ_EX":
+            self.stack.pop()  # keyword arguments
+        args, function = self.stack.pop(), self.stack.pop()
         name = function.name if isinstance(function, _Global) else repr(function)
         if name in _TENSOR_REBUILDERS and isinstance(args, tuple) and args:
             if isinstance(args[0], TensorInfo):  # a parameter wraps a tensor
-                return args[0]
-            shape = args[2] if len(args) > 2 and isinstance(args[2], tuple) else ()
-            return TensorInfo(tuple(int(s) for s in shape if isinstance(s, int)))
-        if name == "collections.OrderedDict":
-            return {}
-        if name == "torch.Size" and isinstance(args, tuple) and args:
-            return tuple(args[0])
-        if name == "_codecs.encode" and isinstance(args, tuple) and args:
-            return str(args[0]).encode("latin-1")
-        return PickledObject(name)
-
-    try:
-        for opcode, arg, _ in pickletools.genops(payload):
-            op = opcode.name
-            if op in ("PROTO", "FRAME", "STOP"):
-                continue
-            if op == "MARK":
-                stack.append(_Mark())
-            elif op in ("EMPTY_DICT",):
-                stack.append({})
-            elif op in ("EMPTY_LIST",):
-                stack.append([])
-            elif op == "EMPTY_TUPLE":
-                stack.append(())
-            elif op in ("EMPTY_SET",):
-                stack.append(set())
-            elif op == "DICT":
-                items = pop_mark()
-                stack.append({_key(items[i]): items[i + 1] for i in range(0, len(items), 2)})
-            elif op == "LIST":
-                stack.append(pop_mark())
-            elif op == "TUPLE":
-                stack.append(tuple(pop_mark()))
-            elif op in ("TUPLE1", "TUPLE2", "TUPLE3"):
-                count = int(op[-1])
-                items = stack[-count:]
-                del stack[-count:]
-                stack.append(tuple(items))
-            elif op == "SETITEM":
-                value, key = stack.pop(), stack.pop()
-                if isinstance(stack[-1], dict):
-                    stack[-1][_key(key)] = value
-            elif op == "SETITEMS":
-                items = pop_mark()
-                if isinstance(stack[-1], dict):
-                    stack[-1].update({_key(items[i]): items[i + 1] for i in range(0, len(items), 2)})
-            elif op == "APPEND":
-                value = stack.pop()
-                if isinstance(stack[-1], list):
-                    stack[-1].append(value)
-            elif op == "APPENDS":
-                items = pop_mark()
-                if isinstance(stack[-1], list):
-                    stack[-1].extend(items)
-            elif op == "ADDITEMS":
-                items = pop_mark()
-                if isinstance(stack[-1], set):
-                    stack[-1].update(_key(item) for item in items)
-            elif op in ("NONE",):
-                stack.append(None)
-            elif op in ("NEWTRUE", "NEWFALSE"):
-                stack.append(op == "NEWTRUE")
-            elif op in ("GLOBAL",):
-                module, name = arg.split(" ", 1) if " " in arg else arg.split("\n", 1)
-                found["globals"].add(f"{module}.{name}")
-                stack.append(_Global(f"{module}.{name}"))
-            elif op == "STACK_GLOBAL":
-                name, module = stack.pop(), stack.pop()
-                found["globals"].add(f"{module}.{name}")
-                stack.append(_Global(f"{module}.{name}"))
-            elif op == "REDUCE":
-                args, function = stack.pop(), stack.pop()
-                stack.append(call(function, args))
-            elif op == "NEWOBJ":
-                args, cls = stack.pop(), stack.pop()
-                stack.append(call(cls, args))
-            elif op == "NEWOBJ_EX":
-                _, args, cls = stack.pop(), stack.pop(), stack.pop()
-                stack.append(call(cls, args))
-            elif op == "BUILD":
-                stack.pop()  # the object's state: not applied to stand-ins
-            elif op == "BINPERSID":
-                pid = stack.pop()
-                key = str(pid[2]) if isinstance(pid, tuple) and len(pid) > 2 else str(pid)
-                kind = pid[1].name if isinstance(pid, tuple) and len(pid) > 1 and isinstance(pid[1], _Global) else ""
-                storage = _Storage(key, kind)
-                found["storages"].add(storage)
-                stack.append(storage)
-            elif op == "PERSID":
-                storage = _Storage(str(arg))
-                found["storages"].add(storage)
-                stack.append(storage)
-            elif op in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[arg] = stack[-1]
-            elif op == "MEMOIZE":
-                memo[len(memo)] = stack[-1]
-            elif op in ("GET", "BINGET", "LONG_BINGET"):
-                stack.append(memo[arg])
-            elif op == "POP":
-                stack.pop()
-            elif op == "POP_MARK":
-                pop_mark()
-            elif op == "DUP":
-                stack.append(stack[-1])
-            elif opcode.arg is not None:
-                stack.append(arg)  # strings, bytes, ints, floats
+                result = args[0]
             else:
-                raise ValueError(f"opcode {op} is not supported")
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
-        raise WeightsError(f"{path}: its pickle cannot be read ({exc}); truncated or damaged?") from None
-    if len(stack) != 1:
-        raise WeightsError(f"{path}: its pickle does not describe one object; truncated or damaged?")
-    return stack[0], found
+                shape = args[2] if len(args) > 2 and isinstance(args[2], tuple) else ()
+                result = TensorInfo(tuple(int(s) for s in shape if isinstance(s, int)))
+        elif name == "collections.OrderedDict":
+            result = {}
+        elif name == "torch.Size" and isinstance(args, tuple) and args:
+            result = tuple(args[0])
+        elif name == "_codecs.encode" and isinstance(args, tuple) and args:
+            result = str(args[0]).encode("latin-1")
+        else:
+            result = PickledObject(name)
+        self.stack.append(result)
+
+    def _storage(self, op: str, arg: Any) -> None:
+        if op == "PERSID":
+            storage = _Storage(str(arg))
+        else:
+            pid = self.stack.pop()
+            key = str(pid[2]) if isinstance(pid, tuple) and len(pid) > 2 else str(pid)
+            kind = pid[1].name if isinstance(pid, tuple) and len(pid) > 1 and isinstance(pid[1], _Global) else ""
+            storage = _Storage(key, kind)
+        self.found["storages"].add(storage)
+        self.stack.append(storage)
+
+    def _memo_and_stack(self, op: str, arg: Any) -> None:
+        if op in ("PUT", "BINPUT", "LONG_BINPUT"):
+            self.memo[arg] = self.stack[-1]
+        elif op == "MEMOIZE":
+            self.memo[len(self.memo)] = self.stack[-1]
+        elif op in ("GET", "BINGET", "LONG_BINGET"):
+            self.stack.append(self.memo[arg])
+        elif op == "POP":
+            self.stack.pop()
+        elif op == "POP_MARK":
+            self._pop_mark()
+        else:  # DUP
+            self.stack.append(self.stack[-1])
 
 
 def _key(value: Any) -> Any:

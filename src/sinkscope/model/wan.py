@@ -10,9 +10,10 @@ Two ways to call it:
 
 - ``model(latents, timestep, context)``: the full bidirectional forward over every
   frame (optionally with a frame-level attention mask, e.g. block-causal);
-- ``model(latents, timestep, context, kv_cache=policy, start_frame=s)``: one causal
+- ``model(latents, timestep, context, cache_policy=policy, start_frame=s)``: one causal
   block step of KV-cache inference, as Self-Forcing generates; ``policy`` is a
-  ``sinkscope.model.policies.CachePolicy`` (the KV cache and what it keeps).
+  ``sinkscope.model.policies.CachePolicy`` (the KV cache and what it keeps; what the model
+  asks of it is ``CachePolicyCalls``).
 
 Which kernels it runs on CUDA (config ``capture.kernels``) is the model's field ``kernels``
 (a ``sinkscope.attention.settings.KernelSettings``), handed to every layer by the forward.
@@ -28,14 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sinkscope.attention.edits import edited_attention
+from sinkscope.attention.biased import edited_attention
 from sinkscope.attention.settings import FAST_KERNELS, KernelSettings
 from sinkscope.attention.split import balanced_attention
 from sinkscope.model.config import WanConfig, get_model_config
 from sinkscope.model.layout import AttentionLayout
 
 if TYPE_CHECKING:
-    from sinkscope.model.policies import CachePolicy
+    from sinkscope.model.cache import KVCache
 
 
 class AttentionObserver(Protocol):
@@ -48,8 +49,8 @@ class AttentionObserver(Protocol):
     returns the model's own call, ``sinkscope.attention.split.cached_attention`` under the
     model's ``kernels``, so the output is unchanged, or with ``capture.attention: fused``
     its own); one that returns None leaves the call to the model. A call whose scores an
-    edit changes (``sinkscope.model.edits``) passes the keyword ``frame_bias`` (the
-    [H, key segments] float32 bias, ``sinkscope.attention.edits.edited_attention``'s); the
+    edit changes (``sinkscope.model.generation_edits``) passes the keyword ``frame_bias`` (the
+    [H, key segments] float32 bias, ``sinkscope.attention.biased.edited_attention``'s); the
     observers of an edited generation take it.
     """
 
@@ -62,6 +63,33 @@ class AttentionObserver(Protocol):
         *,
         frame_bias: torch.Tensor | None = None,
     ) -> torch.Tensor | None: ...
+
+
+class CachePolicyCalls(Protocol):
+    """What a cached call asks of its KV-cache policy (``sinkscope.model.policies.CachePolicy``):
+    ``begin_call`` before the layers run, then per layer ``attend`` (store the block's keys,
+    return every key/value the softmax sees), ``layout`` (their frames) and, where the
+    generation edits attention, ``frame_bias``."""
+
+    cache: KVCache
+    edits: object | None
+    raw_keys_every_call: bool
+
+    @property
+    def wants_raw_keys(self) -> bool: ...
+
+    @property
+    def query_position_shift(self) -> int: ...
+
+    def begin_call(self, start_frame: int, num_frames: int, grid: tuple[int, int] | None = None) -> None: ...
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def layout(self, layer: int) -> AttentionLayout: ...
+
+    def frame_bias(self, layer: int) -> torch.Tensor | None: ...
 
 
 def sinusoidal_embedding(freq_dim: int, positions: torch.Tensor) -> torch.Tensor:
@@ -230,7 +258,7 @@ class WanSelfAttention(_WanAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_cache: CachePolicy | None = None,
+        cache_policy: CachePolicyCalls | None = None,
         attn_mask: torch.Tensor | None = None,
         raw_k: torch.Tensor | None = None,
         kernels: KernelSettings = FAST_KERNELS,
@@ -242,14 +270,14 @@ class WanSelfAttention(_WanAttention):
         every key the softmax sees; the observer gets them with the call's layout. A cached
         call splits its keys where that fills the GPU better, if ``kernels.key_split``.
         """
-        if kv_cache is not None:
-            k, v = kv_cache.attend(self.layer_index, q, k, v, raw_k)
-            if kv_cache.edits is not None:
-                bias = kv_cache.frame_bias(self.layer_index)
+        if cache_policy is not None:
+            k, v = cache_policy.attend(self.layer_index, q, k, v, raw_k)
+            if cache_policy.edits is not None:
+                bias = cache_policy.frame_bias(self.layer_index)
                 if bias is not None:
-                    return self._edited(q, k, v, kv_cache.layout(self.layer_index), bias, kernels)
+                    return self._edited(q, k, v, cache_policy.layout(self.layer_index), bias, kernels)
             if self.observer is not None:
-                out = self.observer(q, k, v, kv_cache.layout(self.layer_index))
+                out = self.observer(q, k, v, cache_policy.layout(self.layer_index))
                 if out is not None and attn_mask is None:
                     return out.flatten(2)
             if attn_mask is None:
@@ -269,7 +297,7 @@ class WanSelfAttention(_WanAttention):
         kernels: KernelSettings,
     ) -> torch.Tensor:
         """A cached call whose scores an edit changes (``frame_bias`` [H, key segments], see
-        ``sinkscope.model.edits``): the observer gets the bias, or the edited attention runs."""
+        ``sinkscope.model.generation_edits``): the observer gets the bias, or the edited attention runs."""
         if self.observer is not None:
             out = self.observer(q, k, v, layout, frame_bias=bias)
             if out is not None:
@@ -313,7 +341,7 @@ class WanAttentionBlock(nn.Module):
         e0: torch.Tensor,
         rope: torch.Tensor,
         context_kv: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: CachePolicy | None = None,
+        cache_policy: CachePolicyCalls | None = None,
         attn_mask: torch.Tensor | None = None,
         keys_only: bool = False,
         kernels: KernelSettings = FAST_KERNELS,
@@ -323,20 +351,20 @@ class WanAttentionBlock(nn.Module):
         kernel settings (``WanModel.kernels``)."""
         before, after = self.step_functions
         raw_k = None
-        if kv_cache is not None and kv_cache.wants_raw_keys:
+        if cache_policy is not None and cache_policy.wants_raw_keys:
             # A policy that stores some keys un-roped gets both. Rolling Forcing's anchor and
             # Rolling Sink's first window want them in the first blocks' calls only: eager,
             # so compiling needs no second graph. Cache-relative policies want them on every
             # call: the compiled function, specialized once for rope_k=False.
-            inputs = before if kv_cache.raw_keys_every_call else WanAttentionBlock.attention_inputs
+            inputs = before if cache_policy.raw_keys_every_call else WanAttentionBlock.attention_inputs
             q, raw_k, v = inputs(self, x, e0, rope, False)
             k = apply_rope(raw_k, rope)
         else:
             q, k, v = before(self, x, e0, rope)
-        if keys_only and kv_cache is not None and self.self_attn.observer is None:
-            kv_cache.attend(self.self_attn.layer_index, q, k, v, raw_k)  # stores the block's keys
+        if keys_only and cache_policy is not None and self.self_attn.observer is None:
+            cache_policy.attend(self.self_attn.layer_index, q, k, v, raw_k)  # stores the block's keys
             return None
-        attn = self.self_attn.attend(q, k, v, kv_cache, attn_mask, raw_k, kernels)
+        attn = self.self_attn.attend(q, k, v, cache_policy, attn_mask, raw_k, kernels)
         if keys_only:
             return None
         return after(self, x, attn, e0, *context_kv, kernels.fused_gelu)
@@ -487,16 +515,16 @@ class WanModel(nn.Module):
         timestep: torch.Tensor | float,
         context: torch.Tensor | None = None,
         *,
-        kv_cache: CachePolicy | None = None,
+        cache_policy: CachePolicyCalls | None = None,
         start_frame: int = 0,
         frame_mask: torch.Tensor | None = None,
         cache_only: bool = False,
     ) -> torch.Tensor | None:
         """Velocity (noise - x0) shaped like ``latents`` [B, C, F, H, W].
 
-        Without ``kv_cache``: the full forward over every frame; ``frame_mask`` [F, F]
+        Without ``cache_policy``: the full forward over every frame; ``frame_mask`` [F, F]
         (query frame x key frame, True = visible) restricts self-attention, e.g. to
-        the block-causal pattern. With ``kv_cache`` (a cache policy): one causal block
+        the block-causal pattern. With ``cache_policy`` (a cache policy): one causal block
         step whose frames start at absolute frame ``start_frame``; ``context`` may then
         be None once the cache holds the cross-attention K/V. ``cache_only`` (a KV-cache step
         whose output nobody reads: Self-Forcing's cache pass): the last layer stops once its
@@ -511,13 +539,13 @@ class WanModel(nn.Module):
 
         attn_mask = None
         position = start_frame
-        if kv_cache is not None:
+        if cache_policy is not None:
             if frame_mask is not None:
                 raise ValueError("frame_mask applies to the full forward, not to KV-cache steps")
-            kv_cache.begin_call(start_frame, frames, grid=(height, width))
+            cache_policy.begin_call(start_frame, frames, grid=(height, width))
             # Queries (and the block's keys) at their frame, or where a cache-relative policy puts them.
-            position = start_frame + kv_cache.query_position_shift
-            store = kv_cache.cache
+            position = start_frame + cache_policy.query_position_shift
+            store = cache_policy.cache
             if store.cross[0] is None:
                 if context is None:
                     raise ValueError("the first KV-cache step needs the text context")
@@ -538,10 +566,10 @@ class WanModel(nn.Module):
 
         last = len(self.blocks) - 1
         for index, (block, context_kv) in enumerate(zip(self.blocks, cross)):
-            if cache_only and kv_cache is not None and index == last:
+            if cache_only and cache_policy is not None and index == last:
                 # The last layer's output feeds only the head; the next block needs its keys.
-                return block(x, e0, rope, context_kv, kv_cache, keys_only=True, kernels=self.kernels)
-            x = block(x, e0, rope, context_kv, kv_cache, attn_mask, kernels=self.kernels)
+                return block(x, e0, rope, context_kv, cache_policy, keys_only=True, kernels=self.kernels)
+            x = block(x, e0, rope, context_kv, cache_policy, attn_mask, kernels=self.kernels)
         out = self.head(x, e)
         return self.unpatchify(out, frames, height, width)
 

@@ -111,12 +111,6 @@ def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
     return found
 
 
-def is_torch_zip(path: Path) -> bool:
-    """Whether ``path`` is a torch.save zip archive (torch >= 1.6), not the legacy pickle stream."""
-    with open(path, "rb") as handle:
-        return handle.read(4) == b"PK\x03\x04"
-
-
 def check_torch_file(path: Path) -> None:
     """Fail unless ``path`` starts like a torch.save file (a zip archive, or the legacy pickle)."""
     with open(path, "rb") as handle:

@@ -90,7 +90,7 @@ class _LayoutRecorder:
         self.call = info
 
     def note_policy(self, _module: Any, _args: Any, kwargs: Mapping[str, Any]) -> None:
-        self.policy = kwargs.get("kv_cache", self.policy)
+        self.policy = kwargs.get("cache_policy", self.policy)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, **_: Any) -> None:
         chosen = frozenset(self.policy.chosen_frames(0)) if self.policy is not None else frozenset()

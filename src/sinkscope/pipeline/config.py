@@ -275,7 +275,8 @@ def merge_variant(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict
     the variant restates them; so does a variant that names another ``procedure``
     without a policy (the base's policy goes too). A variant that sets window keys without a policy over a
     ``global`` base means the older keys' policy (a window is ``window``, with sinks
-    ``sink``). ``null`` removes a key: the policy's default applies.
+    ``sink``). ``null`` removes a key: the policy's default applies (a window key the
+    policy reads is refused at null by ``generation_options``: null is not "none" there).
     """
     data = dict(base)
     procedure = overrides.get("procedure")
@@ -306,8 +307,10 @@ def generation_options(config: Mapping, variant: str | None = None, checkpoint: 
     if variant is not None and variant in config.get("variants", {}):
         data = merge_variant(data, config["variants"][variant])
         layers.append((f"variants.{variant}", config["variants"][variant]))
+    # Window keys an override sets to null (the options refuse them where the policy reads them).
+    cleared = {key for _, values in layers for key in POLICY_KEYS if key in values and values[key] is None}
     try:
-        return GenerationOptions.from_config(data)
+        return GenerationOptions.from_config(data, cleared=cleared)
     except OptionsError as exc:
         raise OptionsError(_rekey(str(exc), layers)) from None
 

@@ -42,7 +42,7 @@ from sinkscope.generation.capture import (
     record_rows,
     record_tensors,
 )
-from sinkscope.generation.sampler import PASS_CACHE
+from sinkscope.generation.common import PASS_CACHE
 from sinkscope.naming import layer_file
 from sinkscope.tables import (
     FRAME_ATTENTION_SCHEMA,

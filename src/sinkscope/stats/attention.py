@@ -16,7 +16,7 @@ position: axis order follows ``query_frames`` / ``key_frames``.
 - token profiles (on request): per key token, the mean over all query tokens of s_ij
   and of p_ij.
 
-An edited call (``frame_bias``, ``sinkscope.attention.edits``: a bias per head and key
+An edited call (``frame_bias``, ``sinkscope.attention.biased``: a bias per head and key
 frame added to s_ij, -inf masking the frame) has the statistics of the softmax the model
 used: p_ij, and so prob_mass, argmax_share, entropy and the token profile of p, are the
 edited softmax's (a masked frame gets exactly 0 mass and never the argmax), while
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sinkscope.attention.edits import bias_rows, check_bias_shape, edited_attention
+from sinkscope.attention.biased import bias_rows, check_bias_shape, edited_attention
 from sinkscope.attention.split import cached_attention
 from sinkscope.stats.reference import CallStatistics, statistics_chunked
 
@@ -158,7 +158,7 @@ def attention_statistics(
     takes the pass that needs no running max (``frame_partials_given_lse_kernel``); the
     reference ignores it. ``frame_bias`` [H, len(key_frames)] float32 (an edited call:
     0 untouched, finite added to every s_ij of that head and key frame, -inf masked; as
-    ``sinkscope.attention.edits.edited_attention`` takes it): prob_mass, argmax_share,
+    ``sinkscope.attention.biased.edited_attention`` takes it): prob_mass, argmax_share,
     entropy and token_prob_mean are the edited softmax's (``lse``, if given, must be its
     log-sum-exp, as ``edited_attention`` returns it), logit_mean and token_logit_mean the
     raw q.k * scale before the edit. None leaves every path as without edits.
@@ -189,7 +189,7 @@ def attention_statistics(
 
 def check_frame_bias(frame_bias: torch.Tensor, heads: int, num_k: int) -> None:
     """Raise ValueError unless ``frame_bias`` is [heads, num_k] of finite values or -inf, with
-    a key frame left to every head (read once per tensor: ``attention.edits.bias_rows``)."""
+    a key frame left to every head (read once per tensor: ``attention.biased.bias_rows``)."""
     check_bias_shape(frame_bias, heads, num_k)
     bias_rows(frame_bias)
 
@@ -252,7 +252,7 @@ def attention_with_statistics(
     the output SDPA's within bf16 rounding. docs/performance.md compares them.
 
     ``frame_bias`` (an edited call, as :func:`attention_statistics` takes it): always the
-    exact route, the output and log-sum-exp of ``sinkscope.attention.edits.edited_attention``
+    exact route, the output and log-sum-exp of ``sinkscope.attention.biased.edited_attention``
     (the model's own calls for the unedited heads, bit for bit), then the edited softmax's
     statistics given that log-sum-exp; ``fused`` is ignored.
     """

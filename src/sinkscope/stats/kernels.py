@@ -450,7 +450,7 @@ def frame_partials_given_lse_kernel(
     p = 2^(t - lse) is final: no running max, no rescaling. Per (query, key frame) it
     stores the frame's max t (argmax_share), sum p (prob_mass) and sum p t (entropy).
 
-    HAS_BIAS (an edited call, ``sinkscope.attention.edits``): ``bias_ptr`` [H, num key
+    HAS_BIAS (an edited call, ``sinkscope.attention.biased``): ``bias_ptr`` [H, num key
     frames] holds base-2 biases b, added to every t of that head and frame, and ``lse_ptr``
     is the edited softmax's. b is constant over the program, so it goes into the exponent's
     offset (p = 2^(t + b - lse)) and onto m (+ b) and w (+ b sum p) at the end. A masked

@@ -22,7 +22,7 @@ from functools import lru_cache
 import torch
 import triton
 
-from sinkscope.attention.edits import check_bias_shape, token_bias
+from sinkscope.attention.biased import check_bias_shape, token_bias
 from sinkscope.attention.split import cached_attention
 from sinkscope.stats.kernels import (
     attention_frame_partials_kernel,
@@ -284,7 +284,7 @@ def statistics_triton(
 ) -> CallStatistics:
     """Every statistic of :class:`CallStatistics`: ``frame_softmax_partials``, then (only for
     token profiles) ``token_profile_sums``, and torch for the combine, all on q's device.
-    ``frame_bias`` [H, num_k] (an edited call, ``sinkscope.attention.edits``): the edited
+    ``frame_bias`` [H, num_k] (an edited call, ``sinkscope.attention.biased``): the edited
     softmax's statistics, logit_mean the raw score's (the bias enters the combine only)."""
     key_lengths = tuple(int(n) for n in key_lengths)
     num_k = len(key_lengths)
@@ -552,7 +552,7 @@ def statistics_given_lse(
     """Every statistic, given each query's natural-log log-sum-exp of q.k * scale over
     all keys (``lse``, [H, Lq] fp32): ``frame_partials_given_lse_kernel``,
     ``token_profile_sums`` for token profiles, a combine. ``frame_bias`` [H, num_k] (an
-    edited call, ``sinkscope.attention.edits``): the bias each (head, key frame) adds to
+    edited call, ``sinkscope.attention.biased``): the bias each (head, key frame) adds to
     its scores, -inf masked; ``lse`` is then the edited softmax's (``edited_attention``
     returns it), and so are every statistic but logit_mean / token_logit_mean (raw)."""
     key_lengths = tuple(int(n) for n in key_lengths)

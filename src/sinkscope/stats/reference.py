@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from sinkscope.attention.edits import check_bias_shape, token_bias
+from sinkscope.attention.biased import check_bias_shape, token_bias
 
 # Scores held at once by the chunked softmax: 2**26 fp32 values = 256 MiB. A chunk's
 # scores and one more buffer of the same size (its log-probabilities, then its
@@ -38,7 +38,7 @@ class CallStatistics:
     - ``token_prob_mean`` [H, Lk] or None: mean over all query tokens of the call of p_ij.
       The token profiles are None unless asked for (``token_profiles=True``).
 
-    Of an edited call (``frame_bias``: ``sinkscope.attention.edits``), p is the edited
+    Of an edited call (``frame_bias``: ``sinkscope.attention.biased``), p is the edited
     softmax (prob_mass, argmax_share, entropy, token_prob_mean: a masked key frame gets 0)
     and s the raw score before the edit (logit_mean, token_logit_mean).
     """
@@ -169,7 +169,7 @@ def statistics_chunked(
     sign, no cancellation), and, with ``token_profiles``, the column sums of p. Per-token
     results are accumulated over query tokens in float64 on the CPU (fp32 elsewhere).
 
-    ``frame_bias`` [H, num_k] (``sinkscope.attention.edits``: 0 untouched, finite added to
+    ``frame_bias`` [H, num_k] (``sinkscope.attention.biased``: 0 untouched, finite added to
     the scores of that head and key frame, -inf masked): the statistics of the edited
     softmax. Its scores give prob_mass, argmax_share, entropy and token_prob_mean (a masked
     frame gets exactly 0 mass and never the argmax); logit_mean and token_logit_mean stay

@@ -11,30 +11,32 @@ The model calls it twice per self-attention call:
   layer's queries (participative compression), and return every key/value the softmax
   sees. ``layout(layer)`` names them by absolute frame (for attention observers).
 
-Self-Forcing's block procedure (its ``causal_inference.py``): per block, one call per
-denoising step and one cache pass, all with the same start frame; the first call of a
-new block is the only one that evicts or compresses. Queries and new keys are always
-roped at their absolute frame. What each policy does, and where it follows which
-reference code, is in docs/cache-policies.md.
+The calls come in kinds (``sinkscope.options.CallKind``), and a policy takes the kinds its
+spec names. Block calls, Self-Forcing's (its ``causal_inference.py``): per block, one call
+per denoising step and one cache pass, all with the same start frame; the first call of a
+new block is the only one that evicts or compresses. The other kinds are announced to
+the policy before their call: LongLive's re-cache (``begin_recache``), Krea's recompute
+(``KreaRecomputePolicy.begin_recompute``), LongLive 2.0's shots (``begin_shot``,
+``pin_block``), Rolling Forcing's window and cache update (``begin_window``,
+``begin_cache_update``). What each policy does, and where it follows which reference
+code, is in docs/cache-policies.md.
 
 Each policy is one entry: its spec is its row of ``sinkscope.options.CACHE_POLICY_TABLE``
-(defaults, keys, cache size; torch-free, for planning), its code one class registered
-under the same name with ``@register_policy`` (``POLICY_CLASSES``), built from the
-``PolicySettings`` its constructor takes (``settings_keys``). Importing this package imports every
-policy module, which fills the registry; ``new_policy`` sizes the cache by the spec and
-builds the class. The classes: ``GlobalPolicy``, ``WindowPolicy``, ``SinkPolicy``
-(``base``); ``ParticipativeCompressionPolicy`` (``compression``); ``DeepSinkPolicy``,
-``ReropeSinkPolicy``, ``RollingSinkPolicy``, ``RelativeRopePolicy``, ``EmaSinkPolicy``
-(``sinks``); ``RollingForcingPolicy`` (``rolling_forcing``); ``KreaRecomputePolicy`` (``krea``);
-``LongLive2Policy`` (``longlive2``).
+(defaults, keys, the calls it takes, cache size, keys of its own; torch-free, for
+planning), its code one class registered under the same name with ``@register_policy``
+(``POLICY_CLASSES``), built from the ``PolicySettings`` its constructor takes
+(``settings_keys``) and its own keys (the spec's ``OptionSpec``s). Importing this package
+imports every policy module, which fills the registry; ``new_policy`` sizes the cache by
+the spec and builds the class. The classes: ``GlobalPolicy``, ``WindowPolicy``,
+``SinkPolicy`` (``base``); ``ParticipativeCompressionPolicy`` (``compression``);
+``DeepSinkPolicy``, ``ReropeSinkPolicy``, ``RollingSinkPolicy``, ``RelativeRopePolicy``,
+``EmaSinkPolicy`` (``sinks``); ``RollingForcingPolicy`` (``rolling_forcing``);
+``KreaRecomputePolicy`` (``krea``); ``LongLive2Policy`` (``longlive2``).
 
-``RollingForcingPolicy`` does not follow the block procedure: its calls are Rolling
-Forcing's window and cache-update calls (``sinkscope.generation.rolling``), each announced
-by ``begin_window`` / ``begin_cache_update``.
-
-Queries are roped at their absolute frame, except under the cache-relative policies
-(``relative_rope``, ``ema_sink``): there the cache holds keys before RoPE, every key is
-roped at its slot in the cache at each call, and the queries at the block's slots
+Queries and new keys are roped at their absolute frame, except where a window policy
+takes on the relative-RoPE part (``sinks.RelativeRope``: ``relative_rope``, ``ema_sink``,
+LongLive 2.0 under ``use_relative_rope``): there the cache holds keys before RoPE, every
+key is roped at its slot in the cache at each call, and the queries at the block's slots
 (``query_position_shift``), so no position grows past the cache.
 """
 
@@ -55,6 +57,7 @@ from sinkscope.model.policies.compression import ParticipativeCompressionPolicy
 from sinkscope.model.policies.krea import KreaRecomputePolicy
 from sinkscope.model.policies.longlive2 import LongLive2Policy
 from sinkscope.model.policies.registry import (
+    generation_edits,
     new_policy,
     policy_from_options,
 )
@@ -86,6 +89,7 @@ __all__ = [
     "RollingSinkPolicy",
     "SinkPolicy",
     "WindowPolicy",
+    "generation_edits",
     "new_policy",
     "policy_from_options",
     "register_policy",

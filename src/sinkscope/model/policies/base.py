@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
@@ -20,7 +21,7 @@ from sinkscope.options import (
 )
 
 if TYPE_CHECKING:
-    from sinkscope.model.edits import GenerationEdits
+    from sinkscope.model.generation_edits import GenerationEdits
 
 # Deep Forcing's PC_topc_max_reuse (DF causal_model.py: CausalWanModel's default, which
 # their wrapper cannot change): a token may be selected as top-C this many times; after
@@ -48,9 +49,6 @@ class PolicySettings:
     max_reuse: int = MAX_REUSE
     ema_decay: float = EMA_DECAY
     flush_every_blocks: int = 0
-    # longlive2: keys stored before RoPE and roped at their slot (use_relative_rope); the NVFP4 cache (kv_quant).
-    use_relative_rope: bool = False
-    kv_quant: bool = False
 
 
 # Policy name -> its class; filled by ``register_policy`` as the policy modules are imported
@@ -84,15 +82,16 @@ class CachePolicy:
     raw_keys_every_call: ClassVar[bool] = False
     # The ``PolicySettings`` fields its constructor takes as keywords, beside ``rope``.
     settings_keys: ClassVar[tuple[str, ...]] = ()
-    # The generation's edits (``sinkscope.model.edits``, set by ``policy_from_options``);
+    # The generation's edits (``sinkscope.model.generation_edits``, set by ``policy_from_options``);
     # None, and nothing is done for them, when there is none.
     edits: GenerationEdits | None = None
 
     @classmethod
-    def build(cls, cache: KVCache, settings: PolicySettings) -> CachePolicy:
+    def build(cls, cache: KVCache, settings: PolicySettings, options: Mapping[str, Any]) -> CachePolicy:
         """The policy around ``cache`` (sized by ``new_policy``), given the settings its
-        constructor takes (``settings_keys``)."""
-        return cls(cache, rope=settings.rope, **{key: getattr(settings, key) for key in cls.settings_keys})
+        constructor takes (``settings_keys``) and its own keys (``options``: the spec's
+        ``OptionSpec`` keys, as the generation options hold them)."""
+        return cls(cache, rope=settings.rope, **{key: getattr(settings, key) for key in cls.settings_keys}, **options)
 
     @property
     def spec(self) -> PolicySpec:
@@ -324,21 +323,27 @@ class WindowPolicy(CachePolicy):
         self.sink_frames = sink_frames
         super().__init__(cache, rope=rope)
 
+    @property
+    def protected_frames(self) -> int:
+        """Frames at the front of the cache that eviction keeps: the sink."""
+        return self.sink_frames
+
     def start_block(self, start: int, frames: int) -> None:
-        held, sink, window = self._held(), self.sink_frames, self.window_frames
+        held, kept, window = self._held(), self.protected_frames, self.window_frames
         overflow = held + frames - window
         if overflow > 0:
-            if overflow > held - sink:
+            if overflow > held - kept:
                 raise ValueError(
-                    f"window of {window} frames with {sink} sink frames cannot hold a block of {frames} frames"
+                    f"window of {window} frames keeping {kept} frames at its front cannot hold a block of {frames} "
+                    "frames"
                 )
-            self.cache.evict(overflow, after=sink)
+            self.cache.evict(overflow, after=kept)
         self._append_block(start, frames)
         if overflow > 0:
-            self.rolled(start)
+            self.rolled(start, overflow)
 
-    def rolled(self, start: int) -> None:
-        """Hook: frames were evicted for the block starting at ``start`` (already appended)."""
+    def rolled(self, start: int, evicted: int) -> None:
+        """Hook: ``evicted`` frames were evicted for the block starting at ``start`` (already appended)."""
 
 
 @register_policy

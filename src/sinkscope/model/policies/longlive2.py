@@ -27,12 +27,16 @@ as their cache update stores ``key_to_cache``, not the centred copy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from sinkscope.model.cache import KVCache, whole_frames
-from sinkscope.model.policies.base import CachePolicy, register_policy
+from sinkscope.model.policies.base import CachePolicy, PolicySettings, WindowPolicy, register_policy
+from sinkscope.model.policies.sinks import RelativeRope
 from sinkscope.model.quantize import smooth_keys
-from sinkscope.model.wan import RotaryTables, apply_rope
+from sinkscope.model.wan import RotaryTables
 from sinkscope.options import LONGLIVE2
 
 # Their multi_shot_rope_offset (configs/inference.yaml): temporal RoPE positions added per shot.
@@ -42,15 +46,24 @@ KV_QUANT_FORMAT = "nvfp4_4over6"
 
 
 @register_policy
-class LongLive2Policy(CachePolicy):
+class LongLive2Policy(WindowPolicy):
     """LongLive 2.0's window with its global sink and scene-cut sink (module docstring).
 
+    The window part is ``WindowPolicy``'s FIFO, which keeps the global sink, and the pin
+    while it sits right after it (``protected_frames``); with their ``use_relative_rope``
+    the relative-RoPE part joins (``LongLive2RelativePolicy``, built by ``new_policy``).
     The procedure announces a scene cut with ``begin_shot()`` before the chunk's first call
     and pins it with ``pin_block()`` after its clean pass.
     """
 
     name = LONGLIVE2
-    settings_keys = ("window_frames", "sink_frames", "use_relative_rope", "kv_quant")
+    settings_keys = ("window_frames", "sink_frames")
+    use_relative_rope = False
+
+    @classmethod
+    def build(cls, cache: KVCache, settings: PolicySettings, options: Mapping[str, Any]) -> CachePolicy:
+        chosen = LongLive2RelativePolicy if options.get("use_relative_rope") else LongLive2Policy
+        return super(LongLive2Policy, chosen).build(cache, settings, options)
 
     def __init__(
         self,
@@ -67,18 +80,14 @@ class LongLive2Policy(CachePolicy):
             raise ValueError(
                 f"cache_policy {self.name!r} needs 1 <= sink_frames < window_frames, got {sink_frames}, {window_frames}"
             )
-        if cache.capacity_frames < window_frames:
-            raise ValueError(f"a cache of {cache.capacity_frames} frames cannot hold a window of {window_frames}")
-        if use_relative_rope and rope is None:
-            raise ValueError(f"cache_policy {self.name!r} with use_relative_rope needs the model's RoPE tables")
-        self.window_frames = window_frames
-        self.sink_frames = sink_frames
-        self.use_relative_rope = bool(use_relative_rope)
+        if bool(use_relative_rope) != self.use_relative_rope:
+            raise ValueError(
+                f"{type(self).__name__} {'does not rope' if use_relative_rope else 'ropes'} keys at their slot: "
+                "build it with new_policy"
+            )
         self.kv_quant = bool(kv_quant)
         self.shot_rope_offset = int(shot_rope_offset)
-        # The model asks for the keys before RoPE on every call (the compiled path) when relative.
-        self.raw_keys_every_call = self.use_relative_rope
-        super().__init__(cache, rope=rope)
+        super().__init__(cache, window_frames=window_frames, sink_frames=sink_frames, rope=rope)
 
     def reset(self) -> None:
         super().reset()
@@ -113,16 +122,8 @@ class LongLive2Policy(CachePolicy):
         return self.sink_frames
 
     @property
-    def wants_raw_keys(self) -> bool:
-        return self.use_relative_rope
-
-    @property
     def query_position_shift(self) -> int:
-        if self.block_start is None:
-            return 0
-        if self.use_relative_rope:
-            return self._held() - self.block_frames - self.block_start  # the queries at the last slots
-        return self.temporal_offset
+        return 0 if self.block_start is None else self.temporal_offset
 
     # -- the cache -----------------------------------------------------------------------------
 
@@ -130,52 +131,39 @@ class LongLive2Policy(CachePolicy):
         super().finish_block()
         if self.kv_quant:
             # The finished chunk as the NVFP4 cache reads it back, every layer in place: the
-            # same cache primitive as the quantize_cache edit (sinkscope.model.edits).
+            # same cache primitive as the quantize_cache edit (sinkscope.model.generation_edits).
             self.cache.quantize_frames(
                 range(self.block_start, self.block_start + self.block_frames), KV_QUANT_FORMAT, "both"
             )
 
-    def start_block(self, start: int, frames: int) -> None:
-        held, protected = self._held(), self.protected_frames
-        overflow = held + frames - self.window_frames
-        if overflow > 0:
-            if overflow > held - protected:
-                raise ValueError(
-                    f"window of {self.window_frames} frames keeping {protected} frames cannot hold a chunk of {frames}"
-                )
-            self.cache.evict(overflow, after=protected)
-            if self.pin is not None and self.pin[0] >= protected:
-                self.pin = (self.pin[0] - overflow, self.pin[1])  # a floating pin follows the roll
-        if self.use_relative_rope:
-            self._append_block(start, frames)
-            held = self._held()
-            self.cache.set_positions(0, held, list(range(held)))
-        else:
-            offset = self.temporal_offset
-            self.cache.append(
-                whole_frames(
-                    range(start, start + frames),
-                    self.frame_seq_length,
-                    positions=range(start + offset, start + frames + offset),
-                )
+    def rolled(self, start: int, evicted: int) -> None:
+        if self.pin is not None and self.pin[0] >= self.protected_frames:
+            self.pin = (self.pin[0] - evicted, self.pin[1])  # a floating pin follows the roll
+
+    def _append_block(self, start: int, frames: int) -> None:
+        offset = self.temporal_offset
+        self.cache.append(
+            whole_frames(
+                range(start, start + frames),
+                self.frame_seq_length,
+                positions=range(start + offset, start + frames + offset),
             )
+        )
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_k: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.use_relative_rope:
-            if raw_k is None:
-                raise ValueError(
-                    f"cache_policy {self.name!r} with use_relative_rope stores the keys before RoPE (raw_k)"
-                )
-            k = raw_k
-        self.cache.write_tail(layer, k, v)
+        self.cache.write_tail(layer, k, v)  # (no re-cache calls: the policy takes none)
         keys, values = self.cache.keys(layer)
         if self.kv_quant:
             # The current chunk's keys enter the softmax mean-centred, not quantized.
             keys = torch.cat([keys[:, : keys.shape[1] - k.shape[1]], smooth_keys(k)], dim=1)
-        if self.use_relative_rope:
-            dtype = torch.float64 if keys.dtype == torch.float64 else torch.float32
-            phases = self.rope.phases(0, keys.shape[1] // self.frame_seq_length, *self.grid, keys.device, dtype)
-            keys = apply_rope(keys, phases)
         return keys, values
+
+
+class LongLive2RelativePolicy(RelativeRope, LongLive2Policy):
+    """LongLive 2.0's cache with their ``use_relative_rope``: the window part's cache holding
+    keys before RoPE, each roped at its slot at every call with the queries at the last
+    slots (``RelativeRope``), without the shot offset; NVFP4's centring comes before RoPE."""
+
+    use_relative_rope = True

@@ -3,8 +3,12 @@ policy's spec, the class registered under its name (``register_policy``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sinkscope.interventions import Edit
 from sinkscope.model.cache import KVCache
-from sinkscope.model.edits import GenerationEdits
+from sinkscope.model.generation_edits import QUANTIZE_CACHE, REPLACE_FRAMES, GenerationEdits
 from sinkscope.model.policies.base import (
     EMA_DECAY,
     MAX_REUSE,
@@ -34,8 +38,7 @@ def new_policy(
     max_reuse: int = MAX_REUSE,
     ema_decay: float = EMA_DECAY,
     flush_every_blocks: int = 0,
-    use_relative_rope: bool = False,
-    kv_quant: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> CachePolicy:
     """A policy for ``model`` with a cache sized by the policy (not by the video, when bounded).
 
@@ -44,6 +47,8 @@ def new_policy(
     ``rolling_forcing`` holds W frames plus its anchor (RF: 21 + 3); every other policy
     holds W frames (``PolicySpec.capacity_frames``). ``max_reuse``, ``ema_decay`` and
     ``flush_every_blocks`` are the policies' constants (not config keys), for tests.
+    ``options``: the policy's own keys (its spec's ``OptionSpec``s), handed to its class as
+    keywords (those not given take their defaults there).
     """
     config = model.config
     if cache_policy not in POLICY_CLASSES:
@@ -75,10 +80,8 @@ def new_policy(
         max_reuse=max_reuse,
         ema_decay=ema_decay,
         flush_every_blocks=flush_every_blocks,
-        use_relative_rope=use_relative_rope,
-        kv_quant=kv_quant,
     )
-    return POLICY_CLASSES[cache_policy].build(cache, settings)
+    return POLICY_CLASSES[cache_policy].build(cache, settings, options or {})
 
 
 def policy_from_options(
@@ -97,9 +100,29 @@ def policy_from_options(
         budget_frames=options.budget_frames,
         recent_frames=options.recent_frames,
         largest_block=max(options.block_sizes()),
-        use_relative_rope=options.use_relative_rope,
-        kv_quant=options.kv_quant,
+        options=options.policy_options(),
     )
     if options.interventions:
-        policy.edits = GenerationEdits.for_policy(options.interventions, policy, seed=seed)
+        policy.edits = generation_edits(options.interventions, policy, seed=seed)
     return policy
+
+
+def generation_edits(edits: Iterable[Edit], policy: CachePolicy, *, seed: int = 0) -> GenerationEdits:
+    """The edits of a generation under ``policy`` (its model's sizes, sink frames and RoPE)."""
+    edits = tuple(edits)
+    cache = policy.cache
+    if policy.spec.rebuilds_keys and any(e.edit in (QUANTIZE_CACHE, REPLACE_FRAMES) for e in edits):
+        raise ValueError(
+            f"cache_policy {policy.name!r} re-ropes keys from its own un-roped copy, "
+            "which quantize_cache and replace_frames do not reach"
+        )
+    sinks = int(getattr(policy, "sink_frames", 0) or 0)
+    return GenerationEdits(
+        edits,
+        num_layers=cache.num_layers,
+        num_heads=cache.k.shape[3],
+        sink_frames=tuple(range(sinks)) if sinks > 0 else (0,),
+        seed=seed,
+        rope=policy.rope,
+        raw_keys=policy.raw_keys_every_call,
+    )

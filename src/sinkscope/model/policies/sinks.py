@@ -55,7 +55,7 @@ class DeepSinkPolicy(SinkPolicy):
         super().reset()
         self.sink_base: int | None = None
 
-    def rolled(self, start: int) -> None:
+    def rolled(self, start: int, evicted: int) -> None:
         tail = self._held() - self.sink_frames
         desired = start - tail - self.sink_frames
         if self.sink_base is None:
@@ -216,17 +216,58 @@ class RollingSinkPolicy(WindowPolicy):
         self.cache.relabel(slot, whole_frames(frames, fsl, positions=range(position, position + count)))
 
 
+class RelativeRope:
+    """The relative-RoPE part of a window policy, mixed in before it (Infinity-RoPE's
+    ``relative_rope``, Reward Forcing's ``ema_sink``, LongLive 2.0's ``use_relative_rope``).
+
+    The cache holds the keys before RoPE; at every call each key is roped at its slot in
+    the cache (0 .. n - 1, the block's too) and the queries at the block's slots (the last
+    ones; ``query_position_shift``), so no position grows past the cache however long the
+    video. The window policy it joins decides what the cache keeps.
+    """
+
+    raw_keys_every_call = True
+
+    def __init__(self, cache: KVCache, *, rope: RotaryTables | None = None, **window) -> None:
+        if rope is None:
+            raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
+        super().__init__(cache, rope=rope, **window)
+
+    @property
+    def wants_raw_keys(self) -> bool:
+        return True
+
+    @property
+    def query_position_shift(self) -> int:
+        if self.block_start is None:
+            return 0
+        return self._held() - self.block_frames - self.block_start
+
+    def start_block(self, start: int, frames: int) -> None:
+        super().start_block(start, frames)
+        held = self._held()
+        self.cache.set_positions(0, held, list(range(held)))
+
+    def attend(self, layer, q, k, v, raw_k=None):
+        if raw_k is None:
+            raise ValueError(f"cache_policy {self.name!r} stores the keys before RoPE (raw_k)")
+        keys, values = super().attend(layer, q, raw_k, v, raw_k)
+        # Every key roped at its slot 0 .. n - 1.
+        dtype = torch.float64 if keys.dtype == torch.float64 else torch.float32
+        phases = self.rope.phases(0, keys.shape[1] // self.frame_seq_length, *self.grid, keys.device, dtype)
+        return apply_rope(keys, phases), values
+
+
 @register_policy
-class RelativeRopePolicy(SinkPolicy):
+class RelativeRopePolicy(RelativeRope, SinkPolicy):
     """Infinity-RoPE's block-relativistic RoPE (IR ``wan/modules/causal_model.py`` 224-296).
 
     The cache holds W frames' keys before RoPE: the S sink frames, never evicted, then
-    FIFO. At every call each key is roped at its slot in the cache (0 .. W - 1) and the
-    queries at their code's ``relative_start_frame``: W - b on the call that evicted,
-    else cs below W, else W - b; that is the block's own slots (the last ones) whenever
-    the blocks divide W and no flush left the cache short. No position reaches past
-    W - 1, however long the video. The reference stores its global sink (slot 0) roped
-    at position 0, which is the same key.
+    FIFO; each key roped at its slot at every call (``RelativeRope``), the queries at
+    their code's ``relative_start_frame``: W - b on the call that evicted, else cs below
+    W, else W - b; that is the block's own slots (the last ones) whenever the blocks
+    divide W and no flush left the cache short. The reference stores its global sink
+    (slot 0) roped at position 0, which is the same key.
 
     ``flush_every_blocks`` (0: never): Infinity-RoPE's KV flush, which their pipeline runs
     when the prompt changes (a scene boundary), before every block whose index is a
@@ -235,7 +276,6 @@ class RelativeRopePolicy(SinkPolicy):
     """
 
     name = RELATIVE_ROPE
-    raw_keys_every_call = True
     settings_keys = ("window_frames", "sink_frames", "flush_every_blocks")
 
     def __init__(
@@ -247,8 +287,6 @@ class RelativeRopePolicy(SinkPolicy):
         rope: RotaryTables | None = None,
         flush_every_blocks: int = 0,
     ) -> None:
-        if rope is None:
-            raise ValueError(f"cache_policy {self.name!r} needs the model's RoPE tables")
         if flush_every_blocks < 0:
             raise ValueError(f"flush_every_blocks must be 0 (never) or positive, got {flush_every_blocks}")
         self.flush_every_blocks = flush_every_blocks
@@ -259,10 +297,6 @@ class RelativeRopePolicy(SinkPolicy):
         self.blocks_started = 0
         self.flushes = 0
         self.evicted_now = False
-
-    @property
-    def wants_raw_keys(self) -> bool:
-        return True
 
     @property
     def query_position_shift(self) -> int:
@@ -280,8 +314,6 @@ class RelativeRopePolicy(SinkPolicy):
         self.evicted_now = self._held() + frames > self.window_frames
         super().start_block(start, frames)
         self.blocks_started += 1
-        held = self._held()
-        self.cache.set_positions(0, held, list(range(held)))
 
     def repeat_call(self) -> None:
         self.evicted_now = False
@@ -294,30 +326,19 @@ class RelativeRopePolicy(SinkPolicy):
             self.cache.evict(drop, after=self.sink_frames)
         self.flushes += 1
 
-    def attend(self, layer, q, k, v, raw_k=None):
-        if raw_k is None:
-            raise ValueError(f"cache_policy {self.name!r} stores the keys before RoPE (raw_k)")
-        self.cache.write_tail(layer, raw_k, v)
-        stored_k, stored_v = self.cache.keys(layer)
-        # Every key at its slot 0 .. n - 1 (the block's too: the queries may sit elsewhere).
-        dtype = torch.float64 if self.cache.dtype == torch.float64 else torch.float32
-        phases = self.rope.phases(0, stored_k.shape[1] // self.frame_seq_length, *self.grid, self.cache.device, dtype)
-        return apply_rope(stored_k, phases), stored_v
-
 
 @register_policy
-class EmaSinkPolicy(RelativeRopePolicy):
+class EmaSinkPolicy(RelativeRope, SinkPolicy):
     """Reward Forcing's EMA sink (RwF ``wan/modules/causal_model.py`` 88-108, 142-256).
 
-    Keys before RoPE, roped at their cache slot at every call (as ``relative_rope``,
-    without a flush), queries at the block's slots (their ``query_start_frame``). On the
-    first call of a block that overflows W frames, the oldest frames after the S sink
-    frames are evicted (FIFO) and,
-    when they are exactly S frames, blended token by token into the sink, keys and values
-    before RoPE: sink <- a sink + (1 - a) evicted (a = ``ema_decay``, 0.999), in the cache
-    dtype as their code computes it. When the evicted frames are not S frames (blocks
-    other than S frames, e.g. an independent first frame), their code replaces the first
-    of the sink's frames by the evicted ones instead; so does this.
+    Keys before RoPE, roped at their cache slot at every call, queries at the block's
+    slots (their ``query_start_frame``; ``RelativeRope``). On the first call of a block
+    that overflows W frames, the oldest frames after the S sink frames are evicted (FIFO)
+    and, when they are exactly S frames, blended token by token into the sink, keys and
+    values before RoPE: sink <- a sink + (1 - a) evicted (a = ``ema_decay``, 0.999), in
+    the cache dtype as their code computes it. When the evicted frames are not S frames
+    (blocks other than S frames, e.g. an independent first frame), their code replaces
+    the first of the sink's frames by the evicted ones instead; so does this.
 
     ``key_frame`` of a sink slot names the frame that last wrote it whole (frame i of the
     first S frames, or an evicted frame that replaced it): after n blends it holds a^n of
@@ -345,12 +366,6 @@ class EmaSinkPolicy(RelativeRopePolicy):
         super().reset()
         self.blends = 0
         self.replacements = 0
-
-    @property
-    def query_position_shift(self) -> int:
-        if self.block_start is None:
-            return 0
-        return self._held() - self.block_frames - self.block_start
 
     def start_block(self, start: int, frames: int) -> None:
         held, sink, fsl = self._held(), self.sink_frames, self.frame_seq_length

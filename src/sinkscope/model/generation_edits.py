@@ -1,4 +1,4 @@
-"""Edits of a generation's attention and KV cache (``generation.interventions``, issue 35).
+"""Edits of a generation's attention and KV cache (``generation.interventions``), as it runs.
 
 ``GenerationEdits`` holds a generation's resolved edits (``sinkscope.interventions``: no
 ``class:`` head selection left) and does them where the model attends, through its cache
@@ -41,16 +41,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from sinkscope.attention.edits import remember_rows
+from sinkscope.attention.biased import remember_rows
 from sinkscope.model.cache import KVCache, Segment, host_to_device, rotate_temporal
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.model.quantize import cache_format
 from sinkscope.model.wan import RotaryTables
-from sinkscope.options import policy_spec
 
 if TYPE_CHECKING:
     from sinkscope.interventions import Edit, FrameSelection, HeadSelection
-    from sinkscope.model.policies.base import CachePolicy
 
 MASK_KEYS, LOGIT_BIAS = "mask_keys", "logit_bias"
 QUANTIZE_CACHE, REPLACE_FRAMES = "quantize_cache", "replace_frames"
@@ -108,27 +106,6 @@ class GenerationEdits:
             int(layer) for _, heads, _ in self._attention for layer in np.flatnonzero(heads.any(axis=1))
         )
         self.reset()
-
-    @classmethod
-    def for_policy(cls, edits: Iterable[Edit], policy: CachePolicy, *, seed: int = 0) -> GenerationEdits:
-        """The edits of a generation under ``policy`` (its model's sizes, sink frames and RoPE)."""
-        edits = tuple(edits)
-        cache = policy.cache
-        if policy_spec(policy.name).rebuilds_keys and any(e.edit in (QUANTIZE_CACHE, REPLACE_FRAMES) for e in edits):
-            raise ValueError(
-                f"cache_policy {policy.name!r} re-ropes keys from its own un-roped copy, "
-                "which quantize_cache and replace_frames do not reach"
-            )
-        sinks = int(getattr(policy, "sink_frames", 0) or 0)
-        return cls(
-            edits,
-            num_layers=cache.num_layers,
-            num_heads=cache.k.shape[3],
-            sink_frames=tuple(range(sinks)) if sinks > 0 else (0,),
-            seed=seed,
-            rope=policy.rope,
-            raw_keys=policy.raw_keys_every_call,
-        )
 
     def reset(self) -> None:
         """A new video: no snapshot, no memo, nothing pending."""
