@@ -151,6 +151,7 @@ FIGURES: dict[str, FigureKind] = {
             ("frame_attention",),
             ("step", "heads"),
             "blocks x absolute key frames of the chosen heads",
+            uses=_CLASSES,
         ),
         FigureKind(
             "cache_timeline",
@@ -206,7 +207,7 @@ FIGURES: dict[str, FigureKind] = {
             CHECKPOINT,
             ("frame_attention",),
             _HEADS,
-            "Figure 4 of the last block, one row per variant (KV-cache policy)",
+            "Figure 4 of the last block, one row per variant (a cache policy, an edit, a length)",
             uses=_CLASSES,
             compares="variants",
         ),
