@@ -242,8 +242,8 @@ FIGURES: dict[str, FigureKind] = {
             RUN,
             ("frames",),
             (),
-            "every 4th video frame (the latents' channels without a VAE) of one prompt and seed, one row per "
-            "variant, the untouched default on top",
+            "every 4th video frame (without a VAE, the latents in a fixed projection to RGB) of one prompt and "
+            "seed, one row per variant, the untouched default on top",
         ),
         FigureKind(
             "attention_across_checkpoints",
