@@ -18,9 +18,10 @@ another, with one exception: latent frame 0 (the image latent) carries a fixed o
 ``FIRST_FRAME_OFFSET``, 7.1 data standard deviations long, which would tint frame 0 and
 nothing else. ``DEMO_FACTORS`` are channels 0, 1 and 2 with that direction projected out
 (Gram-Schmidt, in that order: red is channel 0, green channel 1, blue mostly channel 2),
-scaled so that ±2.5 standard deviations of the data set (unit variance) span black to full;
-``demo_factors`` derives them, and a test checks the table against it. A ball then shows
-as a blob of its appearance's colour over a grey, textured background.
+scaled so that 2.5 standard deviations of the data set (unit variance) either side of 0
+span grey to black or full; ``demo_factors`` derives them, and a test checks the table
+against it. A ball then shows as a blob of its appearance's colour over a grey, textured
+background.
 
 Latent widths without a table of their own (a custom model config) get ``channels``:
 channels 0-2, each stretched over its 1st-99th percentile of a reference run.
@@ -136,7 +137,7 @@ PREVIEWS = {
         DEMO_FACTORS,
         DEMO_BIAS,
         "the demo's fixed projection: channels 0-2 as red, green and blue without the image latent's "
-        f"offset direction, ±{DEMO_RANGE:g} data standard deviations from grey to black or full",
+        f"offset direction, {DEMO_RANGE:g} data standard deviations either side of 0 from grey to black or full",
     ),
 }
 CHANNELS = "channels"  # no table: channels 0-2, each stretched over a reference run's percentiles
