@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib import colors as mcolors
 from synthetic import cache_rows, synthetic_effects
 from test_figures import classes_of, page_text, render, saved, study
@@ -84,6 +85,16 @@ def test_sink_mass_over_time_names_each_variant_and_its_sink_frames(tmp_path):
     texts = written(render("sink_mass_over_time"), tmp_path, "two")
     assert "default (frame 0)" in texts and "sink (frames 0-2)" in texts
     assert not any("(frames 0)" in t for t in texts)
+    # Variants on the same frames (edits, no sink policy): each named, the frames in the title.
+    frame = study("demo")["frame_attention"]
+    both = pd.concat([frame, frame.assign(variant="edited")], ignore_index=True)
+    stats = summaries.block_stats(both, 0)
+    texts = written(
+        figures.draw("sink_mass_over_time", {"block_stats": stats}, source="demo", options={"dpi": 40}),
+        tmp_path,
+        "same",
+    )
+    assert "default" in texts and "edited" in texts and not any("(frame 0)" in t for t in texts)
 
 
 # -- attention_over_time: every head titled with its class -----------------------------------------

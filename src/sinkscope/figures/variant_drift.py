@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from matplotlib import colors as mcolors
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
@@ -30,6 +31,8 @@ BOUNDARY_COLOR = "0.45"
 DEFAULT_COLOR = "0.15"
 BAND_ALPHA = 0.18
 DEFAULT_BAND_ALPHA = 0.12
+# The untouched video's band is grey like block 0's shading: dashed edges tell it apart.
+DEFAULT_BAND_EDGE = {"edgecolor": DEFAULT_COLOR, "linestyle": (0, (2, 2)), "linewidth": 0.6}
 
 
 def boundaries(blocks: pd.Series) -> list[int]:
@@ -109,9 +112,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 x,
                 (reference - spread).to_numpy(),
                 (reference + spread).to_numpy(),
-                color=DEFAULT_COLOR,
-                alpha=DEFAULT_BAND_ALPHA,
-                lw=0,
+                facecolor=mcolors.to_rgba(DEFAULT_COLOR, DEFAULT_BAND_ALPHA),
+                **DEFAULT_BAND_EDGE,
             )
             band.set_gid("spread-first-frame-similarity-default")
     top.axhline(0, color=DEFAULT_COLOR, lw=0.8, zorder=0.6)
@@ -142,7 +144,11 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             )
         )
         handles.append(
-            band_handle(DEFAULT_COLOR, "±1 std between runs of default, lower panel", alpha=DEFAULT_BAND_ALPHA)
+            Patch(
+                facecolor=mcolors.to_rgba(DEFAULT_COLOR, DEFAULT_BAND_ALPHA),
+                label="±1 std between runs of default, lower panel",
+                **DEFAULT_BAND_EDGE,
+            )
         )
     handles.append(line_handle(BOUNDARY_COLOR, "block boundary", lw=0.8, ls=(0, (2, 2))))
     handles += [Patch(facecolor=GAP_COLOR, label="block 0: no cache, no edit")] if block0 else []
