@@ -20,4 +20,5 @@ run_job(
     svg=snakemake.output.svg,
     png=snakemake.output.png,
     options=sheet["options"],
+    preview=sheet["previews"].get(snakemake.wildcards.checkpoint),
 )

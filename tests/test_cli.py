@@ -108,6 +108,9 @@ BAD = [
     (["verify", "missing"], "'missing' does not exist"),
     (["verify", "notes.txt"], "'notes.txt': sinkscope cannot check a file of this kind"),
     (["verify", "own"], "'own' holds nothing sinkscope can check"),
+    (["findings", "missing.md"], "'missing.md' is not a file"),
+    (["findings", "--tables", "missing", "notes.txt"], "--tables 'missing' is not a folder"),
+    (["findings", "--tables", "own", "notes.txt"], "notes.txt: no findings region"),
     # Output paths: only the last folder may be missing; a file is no folder.
     (
         ["extract", "--out", "/nonexistent/dir/x"],

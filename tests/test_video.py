@@ -324,8 +324,10 @@ def _svg_texts(path: Path) -> list[str]:
 
 
 def test_contact_sheet_from_latents(tmp_path):
-    """Without a VAE: each latent frame's channels 0-2 as RGB, with one mapping for every
-    row (the default's range), the default on top."""
+    """Without a VAE: each latent frame in the checkpoint's fixed latent-to-RGB projection
+    (the ``channels`` fallback: channels 0-2 with one mapping for every row, the default's
+    range), the default on top."""
+    from sinkscope.model.latent_preview import DEMO_FACTORS
     from sinkscope.pipeline.contact_sheets import contact_sheet_job, frames_table, latent_images
 
     rng = np.random.default_rng(4)
@@ -335,12 +337,19 @@ def test_contact_sheet_from_latents(tmp_path):
         folders[variant] = tmp_path / variant
         folders[variant].mkdir()
         write_latents(folders[variant], latents)
-    images = latent_images({"default": base, "no_sink": base * 2}, "default")
+    images = latent_images({"default": base, "no_sink": base * 2}, "channels", "default")
     assert len(images["default"]) == 5 and images["default"][0].shape == (8, 12, 3)
     low, high = np.percentile(base[0], 1), np.percentile(base[0], 99)
     assert images["default"][2][3, 4, 0] == np.clip(np.round((base[0, 2, 3, 4] - low) / (high - low) * 255), 0, 255)
-    table = frames_table(folders, checkpoint="demo", prompt_id="eagle", seed=0, unit="latent")
+    assert images["no_sink"][2][3, 4, 0] == np.clip(np.round((2 * base[0, 2, 3, 4] - low) / (high - low) * 255), 0, 255)
+    fixed = latent_images({"default": base, "no_sink": base * 2}, "demo", "default")
+    red = (base[:, 2, 3, 4] @ np.asarray(DEMO_FACTORS)[:, 0] + 1) / 2 * 255
+    assert abs(int(fixed["default"][2][3, 4, 0]) - np.clip(np.round(red), 0, 255)) <= 1
+    table = frames_table(folders, checkpoint="demo", prompt_id="eagle", seed=0, unit="latent", preview="demo")
     assert sorted(table["frame"].unique()) == [0, 1, 2, 3, 4] and set(table["unit"]) == {"latent"}
+    assert set(table["preview"]) == {"demo"}
+    with pytest.raises(ValueError, match="latent preview"):
+        frames_table(folders, checkpoint="demo", prompt_id="eagle", seed=0, unit="latent")
     svg, png = tmp_path / "sheet.svg", tmp_path / "sheet.png"
     contact_sheet_job(
         inputs=list(folders.values()),
@@ -352,12 +361,13 @@ def test_contact_sheet_from_latents(tmp_path):
         svg=svg,
         png=png,
         options={"dpi": 40},
+        preview="demo",
     )
     texts = _svg_texts(svg)
     assert png.read_bytes()[:8] == PNG_MAGIC and "latent frame" in texts
     labels = [t for t in texts if t in ("default", "no_sink")]
     assert labels == ["default", "no_sink"]  # the default on top, whatever the inputs' order
-    assert any("first three channels" in t for t in texts) or "first three channels" in svg.read_text()
+    assert any("in a fixed projection to RGB" in t for t in texts)
 
 
 def test_contact_sheet_from_videos(tmp_path):

@@ -8,6 +8,7 @@
     sinkscope figure KIND --input FILE ... --out-prefix PATH   draw one figure
     sinkscope compare-labels --labels FILE --input head_diagnostics.parquet   a label file against the head classes
     sinkscope verify results/                        check every result file's integrity
+    sinkscope findings --tables results/tables DOC   write a doc's marked numbers from a study's tables
     sinkscope train-demo --out DIR                   train the demo model on synthetic videos
 
 Errors print one line naming the file, key or value, and exit with status 2.
@@ -468,6 +469,21 @@ def cmd_compare_labels(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_findings(args: argparse.Namespace) -> int:
+    from sinkscope.pipeline.findings import update_docs
+
+    for doc in args.docs:
+        if not Path(doc).is_file():
+            raise ConfigError(f"{doc!r} is not a file (give the docs whose findings regions to write)")
+    if not Path(args.tables).is_dir():
+        raise ConfigError(f"--tables {args.tables!r} is not a folder (the study's results/tables)")
+    changed = update_docs(args.docs, args.tables, check=args.check)  # FindingsError: one line, status 2
+    verb = "would rewrite" if args.check else "rewrote"
+    for doc, kinds in changed.items():
+        print(f"{doc}: {verb} {', '.join(kinds)}" if kinds else f"{doc}: up to date")
+    return 1 if args.check and any(changed.values()) else 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from sinkscope.pipeline.integrity import CHECKED_SUFFIXES, check_result
 
@@ -720,6 +736,20 @@ def build_parser() -> argparse.ArgumentParser:
         "results", nargs="?", default="results", help="the results folder, or one result (file or folder)"
     )
     verify.set_defaults(func=cmd_verify)
+
+    findings = sub.add_parser(
+        "findings",
+        help="write the numbers of the docs' findings regions (<!-- begin: findings KIND --> ... <!-- end -->) "
+        "from a finished study's tables",
+    )
+    findings.add_argument("docs", nargs="+", help="the docs (markdown) whose findings regions to write")
+    findings.add_argument(
+        "--tables", default="results/tables", help="the study's tables folder (default results/tables)"
+    )
+    findings.add_argument(
+        "--check", action="store_true", help="write nothing; exit status 1 when a region's numbers differ"
+    )
+    findings.set_defaults(func=cmd_findings)
 
     # Only listed here: main() hands its arguments to sinkscope.demo.train (which imports torch).
     sub.add_parser(

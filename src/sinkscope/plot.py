@@ -250,7 +250,8 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # argument: (annotation, what it is)
     "frames": (
         "pd.DataFrame",
         "one image a row: checkpoint, variant, prompt_id, seed, frame, image (uint8 [H, W, 3]), "
-        "unit ('video' or 'latent'); sinkscope.pipeline.video.frames_table reads them",
+        "unit ('video' or 'latent'), for latents preview (the latent-to-RGB projection's name, "
+        "sinkscope.model.latent_preview); sinkscope.pipeline.contact_sheets.frames_table reads them",
     ),
     "labels": (
         "Any",

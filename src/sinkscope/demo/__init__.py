@@ -3,6 +3,8 @@ a structured attention.
 
 - ``data``: the seeded synthetic data set (latent videos of moving balls, one class a prompt).
 - ``objective``: what the model learns: teacher / diffusion forcing, block timesteps.
+- ``batches``: one training step's batch (flow matching, or a point of a teacher's ODE
+  trajectory) and its loss.
 - ``ode``: the ODE stage (teacher trajectories for distillation).
 - ``saving``: checkpoints in Self-Forcing's layout.
 - ``evaluation``: samples from the real sampler against the data, attention summary.

@@ -66,14 +66,13 @@ from sinkscope.arguments import (
     torch_device,
 )
 from sinkscope.demo import data as synthetic
+from sinkscope.demo.batches import batch_loss, flow_batch, ode_batch
 from sinkscope.demo.evaluation import evaluate_demo, format_attention, format_evaluation
 from sinkscope.demo.objective import (
     MODES,
     class_contexts,
     empty_context,
-    sample_block_timesteps,
     sampler_timesteps,
-    teacher_forcing_forward,
     teacher_forcing_mask,
 )
 from sinkscope.demo.ode import build_ode_pool
@@ -152,11 +151,6 @@ def _lr_factor(step: int, warmup: int, total: int, schedule: str, final_fraction
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def _data_seed(seed: int, step: int, micro: int = 0) -> int:
-    # Training videos come from seeds of their own range; evaluation uses others.
-    return (int(seed) % (1 << 20)) * (1 << 40) + step * 16 + micro
 
 
 @dataclass(frozen=True)
@@ -330,6 +324,177 @@ def _load_state(path: str | Path, metadata: dict, device: torch.device) -> dict:
     return state
 
 
+@dataclass
+class _Start:
+    """What a run starts from: the model, and for stage 'ode' the teacher's trajectories
+    (with what the metadata records of them)."""
+
+    net: WanModel
+    init: str  # 'sinkscope', 'torch', 'checkpoint <file>' or 'teacher <file>'
+    data: dict  # the data set's describe() record
+    pool: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    pool_seconds: float = 0.0
+    teacher_training: dict | None = None
+
+
+def _checked_model(config: TrainConfig) -> WanConfig:
+    """The model config, refused unless its latent grid is the synthetic data's."""
+    model_config = get_model_config(config.model)
+    if (model_config.latent_height, model_config.latent_width, model_config.in_dim) != (
+        synthetic.HEIGHT,
+        synthetic.WIDTH,
+        synthetic.CHANNELS,
+    ):
+        raise ValueError(
+            f"model {config.model!r} has a "
+            f"{model_config.latent_height}x{model_config.latent_width}x{model_config.in_dim} latent grid; the "
+            f"synthetic data is {synthetic.HEIGHT}x{synthetic.WIDTH}x{synthetic.CHANNELS}"
+        )
+    return model_config
+
+
+def _starting_model(
+    config: TrainConfig, model_config: WanConfig, device: torch.device, amp_dtype: torch.dtype | None
+) -> _Start:
+    """The model training starts from: stage 'ode', the teacher (and the pool of its ODE
+    trajectories, whose data the student then learns); ``init_from``, that checkpoint's
+    EMA weights; else the project's seeded random init (the untrained demo of this seed)
+    or torch's."""
+    from sinkscope.model.loading import load_transformer
+
+    torch.manual_seed(config.seed)
+    data = synthetic.describe(**config.data_options())
+    if config.stage == "ode":
+        net = load_transformer(config.teacher, format="self_forcing", model=model_config, device=device)
+        began = time.perf_counter()
+        pool = build_ode_pool(
+            net,
+            size=config.pool_size,
+            seed=config.seed,
+            steps=config.ode_steps,
+            chunk=config.ode_chunk,
+            autocast=amp_dtype,
+            guidance=config.guidance,
+        )
+        seconds = time.perf_counter() - began
+        teacher = torch.load(config.teacher, map_location="cpu", weights_only=True).get("sinkscope", {})
+        # The student learns the teacher's videos, so its data is the teacher's (evaluate_demo reads it).
+        return _Start(
+            net.float().train().requires_grad_(True),
+            f"teacher {Path(config.teacher).name}",
+            teacher.get("data", data),
+            pool,
+            seconds,
+            teacher.get("training"),
+        )
+    if config.init_from:
+        net = load_transformer(config.init_from, format="self_forcing", model=model_config, device=device).float()
+        return _Start(net, f"checkpoint {Path(config.init_from).name}", data)
+    net = WanModel(model_config)
+    if config.init == "sinkscope":
+        init_random_weights(net, config.seed)
+    return _Start(net, config.init, data)
+
+
+def _optimizer(net: WanModel, config: TrainConfig, device: torch.device):
+    """AdamW without weight decay on norms, biases and modulation tables, and the
+    learning-rate schedule (linear warm-up, then constant or cosine)."""
+    decay = [p for n, p in net.named_parameters() if p.ndim >= 2 and not n.endswith("modulation")]
+    no_decay = [p for n, p in net.named_parameters() if not (p.ndim >= 2 and not n.endswith("modulation"))]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+        betas=(0.9, 0.99),
+        eps=1e-8,
+        fused=device.type == "cuda",
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: _lr_factor(s, config.warmup, config.steps, config.schedule, config.final_lr_fraction)
+    )
+    return optimizer, scheduler
+
+
+def _metadata(
+    config: TrainConfig,
+    model_config: WanConfig,
+    start: _Start,
+    sampler_ts: torch.Tensor,
+    autocast: str | None,
+    device: torch.device,
+) -> dict:
+    """What the checkpoints and train.json record of the run."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": "sinkscope trained demo",
+        "model": config.model if isinstance(config.model, str) else "custom",  # load with model=config when custom
+        "config": model_config.to_dict(),
+        "data": start.data,
+        "training": {
+            "seed": int(config.seed),
+            "steps": int(config.steps),
+            "batch_size": int(config.batch_size),
+            "lr": float(config.lr),
+            "ema": float(config.ema),
+            "warmup": int(config.warmup),
+            "weight_decay": float(config.weight_decay),
+            "grad_clip": float(config.grad_clip),
+            "schedule": config.schedule,
+            "final_lr_fraction": float(config.final_lr_fraction),
+            "mode": config.mode,
+            "sampler_prob": float(config.sampler_prob),
+            "clean_prob": float(config.clean_prob),
+            "cond_dropout": float(config.cond_dropout),
+            "guidance": float(config.guidance),
+            "stage": config.stage,
+            "teacher": str(config.teacher) if config.teacher else None,
+            "pool_size": int(config.pool_size) if start.pool else 0,
+            "ode_steps": int(config.ode_steps),
+            "pool_seconds": round(start.pool_seconds, 2),
+            "teacher_training": start.teacher_training,
+            "sampler_timesteps": [float(t) for t in sampler_ts.tolist()],
+            "init": start.init,
+            "init_from": str(config.init_from) if config.init_from else None,
+            "autocast": autocast,
+            "compile": bool(config.compile),
+            "device": str(device),
+            "torch": str(torch.__version__),
+            "max_seconds": config.max_seconds,
+        },
+    }
+
+
+class _LossLog:
+    """loss.csv: every ``log_every`` steps the mean loss since the last row, the learning
+    rate, the gradient norm and the seconds; continued when a run resumes. The loss is
+    summed on the device and read back only when a row is written."""
+
+    def __init__(self, path: Path, *, appending: bool, device: torch.device, bar: _Progress) -> None:
+        self.path = path
+        self.file = open(path, "a" if appending else "w", newline="")
+        self.writer = csv.writer(self.file)
+        if not appending:
+            self.writer.writerow(["step", "loss", "lr", "grad_norm", "seconds"])
+        self.bar = bar
+        self.total = torch.zeros((), device=device)
+        self.count = 0
+        self.last = float("nan")
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.total += loss.detach()
+        self.count += 1
+
+    def write(self, step: int, lr: float, grad_norm: torch.Tensor, seconds: float) -> None:
+        self.last = float(self.total) / self.count
+        self.writer.writerow([step, f"{self.last:.6f}", f"{lr:.6g}", f"{float(grad_norm):.4f}", f"{seconds:.2f}"])
+        self.file.flush()
+        self.bar.update(step, self.last, lr)
+        self.total.zero_()
+        self.count = 0
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields: Any) -> TrainResult:
     """Flow-matching training of the demo WanModel on synthetic videos: ``config`` (a
     ``TrainConfig``), with ``fields`` replacing its values.
@@ -357,135 +522,34 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     ``log_every`` steps.
     """
     config = dataclasses.replace(config or TrainConfig(), **fields)
-    # Resolved below: the device's index, 'auto' autocast, the init a teacher replaces.
-    device, init, autocast = torch.device(config.device), config.init, config.autocast
+    device = torch.device(config.device)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     out_dir = Path(out_dir)
     (out_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    model_config = get_model_config(config.model)
-    if (model_config.latent_height, model_config.latent_width, model_config.in_dim) != (
-        synthetic.HEIGHT,
-        synthetic.WIDTH,
-        synthetic.CHANNELS,
-    ):
-        raise ValueError(
-            f"model {config.model!r} has a "
-            f"{model_config.latent_height}x{model_config.latent_width}x{model_config.in_dim} latent grid; the "
-            f"synthetic data is {synthetic.HEIGHT}x{synthetic.WIDTH}x{synthetic.CHANNELS}"
-        )
-    if autocast == "auto":
-        autocast = "bfloat16" if device.type == "cuda" else None
+    model_config = _checked_model(config)
+    autocast = ("bfloat16" if device.type == "cuda" else None) if config.autocast == "auto" else config.autocast
     amp_dtype = DTYPES[autocast] if autocast else None
-
-    options = GenerationOptions()
-    block_sizes = options.block_sizes()
-    blocks = len(block_sizes)
-    block_len = block_sizes[0]
+    block_sizes = GenerationOptions().block_sizes()
     if len(set(block_sizes)) != 1:
         raise ValueError("training assumes equal blocks")
 
-    # The model: the project's seeded random init (the untrained demo of this seed), or torch's.
-    torch.manual_seed(config.seed)
-    pool = None
-    pool_seconds = 0.0
-    teacher_training = None
-    data_description = synthetic.describe(**config.data_options())
-    from sinkscope.model.loading import load_transformer
-
-    if config.stage == "ode":
-        net = load_transformer(config.teacher, format="self_forcing", model=model_config, device=device)
-        pool_began = time.perf_counter()
-        pool = build_ode_pool(
-            net,
-            size=config.pool_size,
-            seed=config.seed,
-            steps=config.ode_steps,
-            chunk=config.ode_chunk,
-            autocast=amp_dtype,
-            guidance=config.guidance,
-        )
-        pool_seconds = time.perf_counter() - pool_began
-        init = f"teacher {Path(config.teacher).name}"
-        teacher_meta = torch.load(config.teacher, map_location="cpu", weights_only=True).get("sinkscope", {})
-        teacher_training = teacher_meta.get("training")
-        # The student learns the teacher's videos, so its data is the teacher's (evaluate_demo reads it).
-        data_description = teacher_meta.get("data", data_description)
-        net = net.float().train().requires_grad_(True)
-    elif config.init_from:
-        net = load_transformer(config.init_from, format="self_forcing", model=model_config, device=device).float()
-        init = f"checkpoint {Path(config.init_from).name}"
-    else:
-        net = WanModel(model_config)
-        if init == "sinkscope":
-            init_random_weights(net, config.seed)
-    net = net.to(device).train().requires_grad_(True)
+    start = _starting_model(config, model_config, device, amp_dtype)
+    net = start.net.to(device).train().requires_grad_(True)
     ema_net = copy.deepcopy(net).eval().requires_grad_(False)
-    params = [p for p in net.parameters()]
-    ema_params = [p for p in ema_net.parameters()]
-
-    # No weight decay on norms, biases and modulation tables.
-    decay = [p for n, p in net.named_parameters() if p.ndim >= 2 and not n.endswith("modulation")]
-    no_decay = [p for n, p in net.named_parameters() if not (p.ndim >= 2 and not n.endswith("modulation"))]
-    fused = device.type == "cuda"
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr,
-        betas=(0.9, 0.99),
-        eps=1e-8,
-        fused=fused,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: _lr_factor(s, config.warmup, config.steps, config.schedule, config.final_lr_fraction)
-    )
-
+    params, ema_params = list(net.parameters()), list(ema_net.parameters())
+    optimizer, scheduler = _optimizer(net, config, device)
     contexts = class_contexts(model_config).to(device)
     null_context = empty_context(model_config).to(device)
-    sampler_ts = torch.tensor(sampler_timesteps(options), device=device)
-    tf_mask = teacher_forcing_mask(block_sizes).to(device)
-    df_mask = block_causal_frame_mask(block_sizes).to(device)
-    generator = torch.Generator(device=device).manual_seed(int(config.seed))
-
-    metadata = {
-        "format_version": FORMAT_VERSION,
-        "kind": "sinkscope trained demo",
-        "model": config.model if isinstance(config.model, str) else "custom",  # load with model=config when custom
-        "config": model_config.to_dict(),
-        "data": data_description,
-        "training": {
-            "seed": int(config.seed),
-            "steps": int(config.steps),
-            "batch_size": int(config.batch_size),
-            "lr": float(config.lr),
-            "ema": float(config.ema),
-            "warmup": int(config.warmup),
-            "weight_decay": float(config.weight_decay),
-            "grad_clip": float(config.grad_clip),
-            "schedule": config.schedule,
-            "final_lr_fraction": float(config.final_lr_fraction),
-            "mode": config.mode,
-            "sampler_prob": float(config.sampler_prob),
-            "clean_prob": float(config.clean_prob),
-            "cond_dropout": float(config.cond_dropout),
-            "guidance": float(config.guidance),
-            "stage": config.stage,
-            "teacher": str(config.teacher) if config.teacher else None,
-            "pool_size": int(config.pool_size) if pool else 0,
-            "ode_steps": int(config.ode_steps),
-            "pool_seconds": round(pool_seconds, 2),
-            "teacher_training": teacher_training,
-            "sampler_timesteps": [float(t) for t in sampler_ts.tolist()],
-            "init": init,
-            "init_from": str(config.init_from) if config.init_from else None,
-            "autocast": autocast,
-            "compile": bool(config.compile),
-            "device": str(device),
-            "torch": str(torch.__version__),
-            "max_seconds": config.max_seconds,
-        },
+    sampler_ts = torch.tensor(sampler_timesteps(), device=device)
+    masks = {
+        "teacher_forcing": teacher_forcing_mask(block_sizes).to(device),
+        "diffusion_forcing": block_causal_frame_mask(block_sizes).to(device),
     }
+    generator = torch.Generator(device=device).manual_seed(int(config.seed))
+    metadata = _metadata(config, model_config, start, sampler_ts, autocast, device)
 
     step = 0
     if config.resume:
@@ -501,17 +565,13 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
         net.compile_blocks()
     stop = config.stop_at or config.steps
 
-    log_path = out_dir / "loss.csv"
-    appending = bool(config.resume) and log_path.exists()
-    log_file = open(log_path, "a" if appending else "w", newline="")
-    writer = csv.writer(log_file)
-    if not appending:
-        writer.writerow(["step", "loss", "lr", "grad_norm", "seconds"])
-    bar = _Progress(config.steps, enabled=config.progress)
+    log = _LossLog(
+        out_dir / "loss.csv",
+        appending=bool(config.resume) and (out_dir / "loss.csv").exists(),
+        device=device,
+        bar=_Progress(config.steps, enabled=config.progress),
+    )
     checkpoints: list[Path] = []
-    loss_sum = torch.zeros((), device=device)
-    logged_since = 0
-    last_loss = float("nan")
     began = time.perf_counter()
 
     def checkpoint(at: int) -> None:
@@ -523,65 +583,17 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
 
     try:
         while step < stop:
-            if pool is None:
-                batch = synthetic.synthetic_batch(
-                    _data_seed(config.seed, step), config.batch_size, device=device, **config.data_options()
-                )
-                x0, labels = batch.latents, batch.labels
-                noise = torch.randn(x0.shape, generator=generator, device=device)
-                t_blocks = sample_block_timesteps(
-                    config.batch_size,
-                    blocks,
-                    generator=generator,
-                    device=device,
-                    sampler_prob=config.sampler_prob,
-                    sampler_ts=sampler_ts,
-                )
-                if config.mode == "bidirectional":  # one noise level for the whole video, as Wan is trained
-                    t_blocks = t_blocks[:, :1].expand(-1, blocks)
-                if config.mode == "diffusion_forcing":
-                    clean = (
-                        torch.rand(config.batch_size, blocks, generator=generator, device=device) < config.clean_prob
-                    )
-                    t_blocks = torch.where(clean, torch.zeros_like(t_blocks), t_blocks)
-                t_frames = t_blocks.repeat_interleave(block_len, dim=1)  # [B, F]
-                sigma = (t_frames / 1000.0)[:, None, :, None, None]
-                x_t = (1 - sigma) * x0 + sigma * noise
-                target = noise - x0
-                weight = None
+            if start.pool is None:
+                batch = flow_batch(config, step, generator, sampler_ts, block_sizes)
             else:
-                # ODE distillation: a point of a teacher trajectory per block -> its end.
-                pool_x0, pool_states, pool_labels = pool
-                index = torch.randint(len(pool_x0), (config.batch_size,), generator=generator, device=device)
-                x0, labels = pool_x0[index].float(), pool_labels[index]
-                which = torch.randint(len(sampler_ts), (config.batch_size, blocks), generator=generator, device=device)
-                which = which.repeat_interleave(block_len, dim=1)  # [B, F]
-                states = pool_states[index]  # [B, 4, C, F, H, W]
-                pick = which[:, None, None, :, None, None].expand(-1, 1, *states.shape[2:])
-                x_t = states.gather(1, pick).squeeze(1).float()
-                t_frames = sampler_ts[which]
-                sigma = (t_frames / 1000.0)[:, None, :, None, None]
-                target = (x_t - x0) / sigma  # the velocity whose x0 = x_t - sigma v is the end point
-                weight = sigma**2  # so the loss is the x0 error
-            context = contexts[labels]
-            if config.cond_dropout > 0 and pool is None:  # drawn only then, so runs without it are unchanged
+                batch = ode_batch(config, start.pool, generator, sampler_ts, block_sizes)
+            context = contexts[batch.labels]
+            if config.cond_dropout > 0 and start.pool is None:  # drawn only then, so runs without it are unchanged
                 dropped = torch.rand(config.batch_size, generator=generator, device=device) < config.cond_dropout
                 context = torch.where(dropped[:, None, None], null_context, context)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                if config.mode == "teacher_forcing":
-                    pred = teacher_forcing_forward(net, x0, x_t, t_frames, context, block_sizes, tf_mask)
-                else:
-                    pred = net(
-                        x_t, t_frames, context, frame_mask=df_mask if config.mode == "diffusion_forcing" else None
-                    )
-            err = (pred.float() - target) ** 2
-            if weight is not None:
-                loss = (err * weight).mean()
-            elif config.mode != "diffusion_forcing":
-                loss = err.mean()
-            else:
-                noisy = (t_frames > 0).float()[:, None, :, None, None].expand_as(err)
-                loss = (err * noisy).sum() / noisy.sum().clamp_min(1.0)
+            loss = batch_loss(
+                net, batch, context, config.mode, block_sizes=block_sizes, masks=masks, amp_dtype=amp_dtype
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip, foreach=True)
@@ -592,37 +604,43 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
             decay_now = min(config.ema, (1 + step) / (10 + step))
             with torch.no_grad():
                 torch._foreach_lerp_(ema_params, params, 1 - decay_now)
-            loss_sum += loss.detach()
-            logged_since += 1
+            log.add(loss)
             out_of_time = config.max_seconds is not None and time.perf_counter() - began > config.max_seconds
             if step % config.log_every == 0 or step == stop or out_of_time:
-                last_loss = float(loss_sum) / logged_since
-                current_lr = optimizer.param_groups[0]["lr"]
-                writer.writerow(
-                    [
-                        step,
-                        f"{last_loss:.6f}",
-                        f"{current_lr:.6g}",
-                        f"{float(grad_norm):.4f}",
-                        f"{time.perf_counter() - began:.2f}",
-                    ]
-                )
-                log_file.flush()
-                bar.update(step, last_loss, current_lr)
-                loss_sum.zero_()
-                logged_since = 0
+                log.write(step, optimizer.param_groups[0]["lr"], grad_norm, time.perf_counter() - began)
             if config.save_every and step % config.save_every == 0 and step < stop and not out_of_time:
                 checkpoint(step)
             if out_of_time:
                 break
     finally:
-        log_file.close()
+        log.close()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - began
     checkpoint(step)
+    return _finish(
+        out_dir, config, metadata, net, ema_net, optimizer, scheduler, generator, step, seconds, log, checkpoints
+    )
+
+
+def _finish(
+    out_dir: Path,
+    config: TrainConfig,
+    metadata: dict,
+    net: WanModel,
+    ema_net: WanModel,
+    optimizer,
+    scheduler,
+    generator: torch.Generator,
+    step: int,
+    seconds: float,
+    log: _LossLog,
+    checkpoints: list[Path],
+) -> TrainResult:
+    """After the last step: state.pt when the run stopped early (to resume from), final.pt,
+    train.json (the metadata and the summary), and the result."""
     state_path = None
-    if step < config.steps:  # stopped early: the state to resume from
+    if step < config.steps:
         state_path = _save_state(
             out_dir / STATE_NAME,
             net=net,
@@ -645,7 +663,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     summary = {
         **final_meta,
         "steps_done": step,
-        "final_loss": last_loss,
+        "final_loss": log.last,
         "seconds_per_step": seconds / max(step, 1),
         "final_checkpoint": str(final),
         "checkpoints": [str(p) for p in checkpoints],
@@ -654,7 +672,7 @@ def train_demo(out_dir: str | Path, config: TrainConfig | None = None, **fields:
     with atomic_path(out_dir / "train.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=1))
     net.eval()
-    return TrainResult(out_dir, final, checkpoints, log_path, step, seconds, last_loss, summary, ema_net, net)
+    return TrainResult(out_dir, final, checkpoints, log.path, step, seconds, log.last, summary, ema_net, net)
 
 
 def read_loss_log(path: str | Path) -> list[dict[str, float]]:

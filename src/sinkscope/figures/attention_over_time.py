@@ -2,9 +2,9 @@
 frames, the softmax mass of each block's queries (averaged over its frames and the runs)
 on every key frame, at one call of every block (the last denoising step by default).
 Grey: a frame that is not in the KV cache (evicted); blank: not generated yet; boxes: each
-block's own frames. Colours on a square-root scale clipped to the 98th percentile (the
-clipped range on the colour bar); the uniform share of each block and the spread between
-runs in the caption."""
+block's own frames; each panel titled with its head's class (head_diagnostics). Colours
+on a square-root scale clipped to the 98th percentile (the clipped range on the colour
+bar); the uniform share of each block and the spread between runs in the caption."""
 
 from __future__ import annotations
 
@@ -26,11 +26,14 @@ from sinkscope.figures.layout import (
 )
 from sinkscope.figures.marks import nan_handle, outline_frames
 from sinkscope.figures.style import heads_of, option
-from sinkscope.figures.text import frames_text, head_text, number, spread_note, subtitle
+from sinkscope.figures.text import class_text, frames_text, head_text, number, spread_note, subtitle
 from sinkscope.figures.views import (
     block_call_rows,
     block_frames,
     column_std,
+    figure4_view,
+    head_classes,
+    layers_of,
     one_source,
     run_count,
     table,
@@ -80,6 +83,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         panel=(panel_w, panel_h),
         extra=(0.9, 0),
     )
+    # Each head's class at the chosen call of the last block (what every figure titles a head with).
+    last_call = figure4_view(layers_of(frame, heads), step, "prob_mass")
+    classes, classes_from = head_classes(tables.get("head_diagnostics"), frame, last_call)
     matrices = {}
     for label, layer, head in heads:
         if ((frame["layer"] == layer) & (frame["head"] == head)).any():
@@ -92,7 +98,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     evicted = False
     image = None
     for ax_, (label, layer, head) in zip(axes, heads):
-        ax_.set_title(head_text(layer, head), fontweight="bold", fontsize=9.5)
+        ax_.set_title(
+            f"{head_text(layer, head)} · {class_text(classes.get((layer, head)))}", fontweight="bold", fontsize=9.5
+        )
         if label not in matrices:
             message_panel(ax_, f"layer {layer} was not extracted")
             continue
@@ -152,6 +160,6 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             "Each row: the softmax mass (frame_attention prob_mass) of one block's queries on each key frame, "
             "averaged over its frames and the runs (the Figure 4 view of that "
             "block, sinkscope.stats.summaries.figure4_curves); key frames are absolute frame numbers; "
-            f"{spread}.{baseline}"
+            f"{spread}.{baseline} Titles: each head's class at the last block's {last_call.call} ({classes_from})."
         ),
     )

@@ -1,9 +1,10 @@
 """What the KV cache holds, block by block: for one run of a source, at one call of every
 block (the last denoising step by default), every key frame the call saw (x: absolute
 frame, y: block), at which RoPE position (the numbers: key frame + key_position_shift,
-in the queries' frame of reference), and what it is: a sink frame, a window frame, a
-frame kept in part (fewer tokens than a frame: the filled share is what stays, averaged
-over the captured layers), the block's own frames; frames an edit of the variant touches
+in the queries' frame of reference), and what it is: a sink frame, a whole frame of the
+window (a cached frame, under a policy without a window such as ``global``), a frame
+kept in part (fewer tokens than a frame: the filled share is what stays, averaged over
+the captured layers), the block's own frames; frames an edit of the variant touches
 (``generation.interventions``: masked or biased for the edited heads, quantized,
 replaced) are outlined. Read from the captured rows only (``key_frame``, ``key_tokens``,
 ``key_position_shift``); the sink frames and the edits come from the source's
@@ -29,12 +30,22 @@ from sinkscope.interventions import QuantizeCache, parse_interventions
 MOST_BLOCKS = 48
 KINDS = {  # kind: (fill colour, legend label)
     "sink": ("#C73E1D", "sink frame (generation.sink_frames)"),
-    "window": ("#7FB3D5", "window frame, whole"),
+    "window": ("#7FB3D5", "window frame, whole"),  # "cached frame, whole" without a window (window_label)
     "compressed": ("#6A994E", "kept in part: the filled share of its tokens stays"),
     "own": (OWN_COLOR, "the block's own frames"),
 }
 EDIT_EDGE = "#F18F01"
 TEXT_SIZES = (7.0, 6.0, 5.0)  # tried in turn until a position label fits its cells
+
+
+def window_label(generation: Mapping[str, Any]) -> str:
+    """The legend's words for a whole cached frame that is no sink: a window frame only
+    under a policy with a window (``global`` keeps every frame; without the generation
+    options the window is not known)."""
+    window = generation.get("local_attn_frames")
+    if window is None or int(window) < 0:
+        return "cached frame, whole"
+    return KINDS["window"][1]
 
 
 def _sink_frames(generation: Mapping[str, Any]) -> tuple[int, ...]:
@@ -202,8 +213,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     for spine in ("top", "right"):
         ax.spines[spine].set_visible(False)
     present = [k for k in KINDS if (data["kind"] == k).any()]
+    labels = {**{k: text for k, (_, text) in KINDS.items()}, "window": window_label(generation)}
     handles = [
-        Patch(facecolor=KINDS[k][0], edgecolor=OWN_EDGE if k == "own" else "none", label=KINDS[k][1]) for k in present
+        Patch(facecolor=KINDS[k][0], edgecolor=OWN_EDGE if k == "own" else "none", label=labels[k]) for k in present
     ]
     if edits:
         listed = "; ".join(_edit_text(edit) for edit in edits)

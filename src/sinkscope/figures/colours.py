@@ -15,6 +15,10 @@ from matplotlib.figure import Figure
 from sinkscope.figures.text import significant
 
 PANEL_COLORS = ["#2E86AB", "#A23B72", "#F18F01", "#C73E1D", "#3B1F2B", "#6A994E"]
+# Lines drawn beside a near-black reference line (variant_drift's untouched video, dashed):
+# PANEL_COLORS without its near-black, and more hues, so that six edited variants and the
+# reference stay apart.
+VARIANT_COLORS = ["#2E86AB", "#A23B72", "#F18F01", "#C73E1D", "#6A994E", "#7B61FF", "#00A6A6", "#B8860B"]
 OWN_COLOR = "#F7DFA3"  # the query block's own frames (behind the data, visible in SVG and PNG)
 OWN_EDGE = "#8A5A00"
 GAP_COLOR = "#E4E4E4"  # key frames not in the KV cache

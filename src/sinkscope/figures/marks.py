@@ -233,8 +233,8 @@ def spread_handle(label: str = "±1 std between runs") -> Line2D:
     return Line2D([], [], color=SPREAD_COLOR, ls="none", marker="|", ms=9, mew=1.0, label=label)
 
 
-def band_handle(color, label: str = "±1 std between runs") -> Patch:
-    return Patch(facecolor=color, alpha=0.25, edgecolor="none", label=label)
+def band_handle(color, label: str = "±1 std between runs", alpha: float = 0.25) -> Patch:
+    return Patch(facecolor=color, alpha=alpha, edgecolor="none", label=label)
 
 
 def line_handle(color, label: str, **kwargs: Any) -> Line2D:

@@ -1,7 +1,8 @@
-"""The KV-cache policies of one checkpoint side by side: the Figure 4 panels of the last
-block, one row per variant, one column per head of ``heads``; each column (one head)
-shares its y scale, gaps where a policy evicted frames, ±1 std between runs, the uniform
-baseline on softmax mass, and each head's class and frame-0 excess under each policy."""
+"""The variants of one checkpoint side by side (KV-cache policies, edits, lengths: whatever
+its variants change): the Figure 4 panels of the last block, one row per variant, one
+column per head of ``heads``; each column (one head) shares its y scale, gaps where a
+variant's cache evicted frames, ±1 std between runs, the uniform baseline on softmax mass,
+and each head's class and frame-0 excess under each variant."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     spread = "error bars ±1 std between runs"
     return finish(
         fig,
-        title=f"KV-cache policies of {source}: the last block's attention, one row per variant",
+        title=f"The variants of {source} side by side: the last block's attention, one row per variant",
         subtitle=subtitle(source, first.call, METRIC_SHORT[metric], runs[0], spread)
         if len(runs) == 1
         else " · ".join(
@@ -111,7 +112,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         legend=legend,
         caption=(
             f"Bars: {METRIC_LABELS[metric]} of each key frame, queries averaged over the last block. "
-            "Each head's panels share one y scale. Titles: the head's class under that policy "
+            "Each head's panels share one y scale. Titles: the head's class under that variant "
             f"({classes[variants[0]][1]}); frame-0 excess = softmax mass on frame 0 − its uniform share "
             "(1 / visible frames, key tokens counted); max@ = the largest key frame "
             "(sinkscope.stats.summaries.curve_stats)."

@@ -151,6 +151,7 @@ FIGURES: dict[str, FigureKind] = {
             ("frame_attention",),
             ("step", "heads"),
             "blocks x absolute key frames of the chosen heads",
+            uses=_CLASSES,
         ),
         FigureKind(
             "cache_timeline",
@@ -206,7 +207,7 @@ FIGURES: dict[str, FigureKind] = {
             CHECKPOINT,
             ("frame_attention",),
             _HEADS,
-            "Figure 4 of the last block, one row per variant (KV-cache policy)",
+            "Figure 4 of the last block, one row per variant (a cache policy, an edit, a length)",
             uses=_CLASSES,
             compares="variants",
         ),
@@ -241,8 +242,8 @@ FIGURES: dict[str, FigureKind] = {
             RUN,
             ("frames",),
             (),
-            "every 4th video frame (the latents' channels without a VAE) of one prompt and seed, one row per "
-            "variant, the untouched default on top",
+            "every 4th video frame (without a VAE, the latents in a fixed projection to RGB) of one prompt and "
+            "seed, one row per variant, the untouched default on top",
         ),
         FigureKind(
             "attention_across_checkpoints",

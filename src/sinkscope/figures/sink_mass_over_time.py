@@ -43,6 +43,17 @@ def per_block(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     return grouped.mean(), grouped.std(ddof=1), run_count(rows)
 
 
+def line_label(variant: str, sinks: str, variants: int, same_frames: bool) -> str:
+    """A line's legend entry: with one variant, what the line is ('mass on frame 0 ...',
+    named by its variant unless it is the untouched default); with several, the variant,
+    and the frames its mass is on where variants differ in them ('sink (frames 0-2)')."""
+    frames = "frame 0" if sinks == "0" else f"frames {sinks}"
+    if variants == 1:
+        named = "" if variant == "default" else f"{variant}: "
+        return f"{named}mass on {frames} (upper panels), its excess over uniform (lower)"
+    return variant if same_frames else f"{variant} ({frames})"
+
+
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "sink_mass_over_time"
     stats = table(tables, "block_stats", kind)
@@ -120,7 +131,11 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             panel.set_xlabel("block" if panel in bottoms and last_group else "")
     sinks = rows.groupby("variant", observed=True)["sink_frames"].first()
     what = "frame 0" if set(sinks.astype(str)) <= {"0"} else "the sink frames (frame 0 without a sink policy)"
-    handles = [line_handle(colors[v], f"{v} (frames {sinks.get(v, '0')})", marker="o", ms=3) for v in variants]
+    same = sinks.astype(str).nunique() <= 1
+    handles = [
+        line_handle(colors[v], line_label(v, str(sinks.get(v, "0")), len(variants), same), marker="o", ms=3)
+        for v in variants
+    ]
     handles.append(
         line_handle("0.3", "uniform over the key tokens seen (mass panels, per variant)", lw=1.1, ls=(0, (4, 2)))
     )

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from matplotlib import colors as mcolors
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from sinkscope.figures.colours import GAP_COLOR, PANEL_COLORS
+from sinkscope.figures.colours import GAP_COLOR, VARIANT_COLORS
 from sinkscope.figures.layout import finish, new_figure, set_frame_ticks
 from sinkscope.figures.marks import band_handle, line_handle
 from sinkscope.figures.style import option
@@ -28,6 +29,10 @@ DISTANCE = "latent_rel_distance"
 SIMILARITY = "first_frame_similarity"
 BOUNDARY_COLOR = "0.45"
 DEFAULT_COLOR = "0.15"
+BAND_ALPHA = 0.18
+DEFAULT_BAND_ALPHA = 0.12
+# The untouched video's band is grey like block 0's shading: dashed edges tell it apart.
+DEFAULT_BAND_EDGE = {"edgecolor": DEFAULT_COLOR, "linestyle": (0, (2, 2)), "linewidth": 0.6}
 
 
 def boundaries(blocks: pd.Series) -> list[int]:
@@ -45,7 +50,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     rows = run_averaged(rows, kind)
     variants = [v for v in variants_in(rows) if v != "default"]
     runs = int(rows["runs"].max())
-    colors = {v: PANEL_COLORS[i % len(PANEL_COLORS)] for i, v in enumerate(variants)}
+    colors = {v: VARIANT_COLORS[i % len(VARIANT_COLORS)] for i, v in enumerate(variants)}
     frames = sorted(int(f) for f in rows["latent_frame"].unique())
     given = ax is not None
     if given:
@@ -87,7 +92,12 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             # curves lie close to it, and their bands would hide each other).
             if panel is top and runs >= 2 and spread is not None and spread.notna().any():
                 band = panel.fill_between(
-                    x, (part[name] - spread).to_numpy(), (part[name] + spread).to_numpy(), color=color, alpha=0.18, lw=0
+                    x,
+                    (part[name] - spread).to_numpy(),
+                    (part[name] + spread).to_numpy(),
+                    color=color,
+                    alpha=BAND_ALPHA,
+                    lw=0,
                 )
                 band.set_gid(f"spread-{name.replace('_', '-')}-{variant}")
     if bottom is not None and first is not None:
@@ -102,9 +112,8 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
                 x,
                 (reference - spread).to_numpy(),
                 (reference + spread).to_numpy(),
-                color=DEFAULT_COLOR,
-                alpha=0.12,
-                lw=0,
+                facecolor=mcolors.to_rgba(DEFAULT_COLOR, DEFAULT_BAND_ALPHA),
+                **DEFAULT_BAND_EDGE,
             )
             band.set_gid("spread-first-frame-similarity-default")
     top.axhline(0, color=DEFAULT_COLOR, lw=0.8, zorder=0.6)
@@ -127,11 +136,20 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
     bottom.set_title("drift proxy: each frame's cosine to frame 0 of its own video", fontsize=9.5)
     handles = [line_handle(colors[v], v, marker="o", ms=3) for v in variants]
     handles.append(line_handle(DEFAULT_COLOR, "default (untouched), lower panel", lw=1.2, ls=(0, (4, 2))))
-    handles += (
-        [band_handle(colors[variants[0]], "±1 std between runs (upper: each variant's; lower: the default's)")]
-        if runs >= 2 and variants
-        else []
-    )
+    if runs >= 2 and variants:
+        # Each swatch in its band's colour: the upper bands in their variant's, the lower one grey.
+        handles.append(
+            band_handle(
+                colors[variants[0]], "±1 std between runs, upper panel (the variant's colour)", alpha=BAND_ALPHA
+            )
+        )
+        handles.append(
+            Patch(
+                facecolor=mcolors.to_rgba(DEFAULT_COLOR, DEFAULT_BAND_ALPHA),
+                label="±1 std between runs of default, lower panel",
+                **DEFAULT_BAND_EDGE,
+            )
+        )
     handles.append(line_handle(BOUNDARY_COLOR, "block boundary", lw=0.8, ls=(0, (2, 2))))
     handles += [Patch(facecolor=GAP_COLOR, label="block 0: no cache, no edit")] if block0 else []
     differing = [v for v, own in own_boundaries.items() if own]

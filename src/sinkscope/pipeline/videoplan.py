@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sinkscope.model.checkpoints import WAN_VAE_FILES, find_vae, vae_candidates
+from sinkscope.model.config import MODEL_CONFIGS
 from sinkscope.naming import encode_layers
 from sinkscope.pipeline.study import DEFAULT_VARIANT, path
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 # Frames a second of the decoded video, by the model's latent channels: Wan2.1's VAE (16)
 # at Wan2.1's 16 fps, Wan2.2's (48) at its 24.
 VIDEO_FPS = {16: 16, 48: 24}
+# The latent preview of a model's latents without a VAE, by its latent channels
+# (sinkscope.model.latent_preview; the demo's latents have a preview of their own).
+LATENT_PREVIEWS = {16: "wan2.1", 48: "wan2.2"}
 
 
 def missing_vae(name: str, checkpoint: ResolvedCheckpoint) -> str | None:
@@ -55,6 +59,15 @@ def sheets_on(study: Study) -> bool:
 
 def video_fps(checkpoint: ResolvedCheckpoint) -> int:
     return VIDEO_FPS.get(checkpoint.model_config.in_dim, 16)
+
+
+def latent_preview(checkpoint: ResolvedCheckpoint) -> str:
+    """Which fixed latent-to-RGB projection shows the checkpoint's latents without a VAE:
+    the demo's for the demo model (whose latents are the synthetic data's, not a VAE's),
+    else the Wan VAE's of its latent width, else ``channels`` (channels 0-2 stretched)."""
+    if checkpoint.model_config == MODEL_CONFIGS["demo"]:
+        return "demo"
+    return LATENT_PREVIEWS.get(checkpoint.model_config.in_dim, "channels")
 
 
 def sheet_variants(study: Study) -> list[str]:
@@ -114,9 +127,12 @@ def sheet_inputs(study: Study, checkpoint: str, prompt: str, seed: int | str) ->
 
 def sheet_params(study: Study) -> dict[str, Any]:
     """The contact sheet job's params: the variants in row order, what its inputs are
-    (``video`` or ``latent``) and the figure options it draws with."""
+    (``video`` or ``latent``), the figure options it draws with and, from latents, each
+    checkpoint's latent preview."""
+    videos = videos_on(study)
     return {
         "variants": sheet_variants(study),
-        "unit": "video" if videos_on(study) else "latent",
+        "unit": "video" if videos else "latent",
         "options": study.figure_options("contact_sheet"),
+        "previews": {} if videos else {name: latent_preview(ck) for name, ck in study.checkpoints.items()},
     }
