@@ -77,6 +77,7 @@ PINNED = {
         "stats.reference",
         "stats.rollout",
         "stats.launch",
+        "stats.segments",
         "manifests",
         "pipeline.extract",
         "pipeline.integrity",
