@@ -202,6 +202,15 @@ def test_capture_statistics_default_to_all_and_the_frames_route_takes_two():
     assert "statistics" not in default.extract_params(next(iter(default.runs)), "0")["capture"]
 
 
+def test_the_config_names_the_statistics_the_package_computes():
+    """pipeline.config keeps its own copy of the names (it imports no torch): the same names."""
+    from sinkscope.pipeline import config
+    from sinkscope.stats import segments
+
+    assert config.CAPTURE_STATISTICS == segments.FRAME_STATISTICS
+    assert config.FRAMES_ROUTE_STATISTICS == segments.FRAMES_ROUTE_STATISTICS
+
+
 def test_merged_rows_of_a_frames_capture_pass_the_table_frame():
     """The rows' frames hold NaN for what was left out, and pandas keeps them as floats."""
     _, recorder, _ = _demo_video({"num_frames": 6}, attention="frames", statistics=["prob_mass"])
