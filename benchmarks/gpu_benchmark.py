@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from sinkscope.attention.settings import KernelSettings  # noqa: E402
-from sinkscope.generation.capture import FrameStatsCapture  # noqa: E402
+from sinkscope.generation.capture import FRAME_STAT_NAMES, FrameStatsCapture  # noqa: E402
 from sinkscope.generation.sampler import generate  # noqa: E402
 from sinkscope.model import build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import GenerationOptions  # noqa: E402
@@ -535,7 +535,7 @@ def random_context(tokens: int = 24, text_dim: int = 4096) -> torch.Tensor:
     return torch.randn(1, tokens, text_dim, device="cuda", generator=g)
 
 
-def time_generation(model, context, options, layers, reps, fused=False):
+def time_generation(model, context, options, layers, reps, attention="exact", chosen=FRAME_STAT_NAMES):
     """Median seconds over ``reps`` generations (after one warm-up), and the peak memory.
 
     ``seconds_*`` count the generation and the rows' collection (``capture.to_frame``: the
@@ -546,7 +546,9 @@ def time_generation(model, context, options, layers, reps, fused=False):
     for rep in range(reps + 1):
         torch.cuda.empty_cache()
         if layers:
-            with FrameStatsCapture(model, layers, frame_seq_length=1560, fused_attention=fused) as capture:
+            with FrameStatsCapture(
+                model, layers, frame_seq_length=1560, attention=attention, statistics=chosen
+            ) as capture:
                 result = generate(model, context, options=options, seed=0, observers=[capture])
                 began = time.perf_counter()
                 frame = capture.to_frame()
@@ -585,24 +587,29 @@ def section_generation(reps: int, compile_modes: list[str]) -> dict:
     model = random_real_model()
     context = random_context()
     results = {"weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB}
-    # Keys: label -> (layers, capture.attention fused).
+    # Keys: label -> (layers, capture.attention, capture.statistics).
+    frames_only = ("logit_mean", "prob_mass")
     captures = {
-        "no capture": ([], False),
-        "1 layer (layer 4)": ([4], False),
-        "all 30 layers": (list(range(30)), False),
-        "1 layer (layer 4), fused": ([4], True),
-        "all 30 layers, fused": (list(range(30)), True),
+        "no capture": ([], "exact", FRAME_STAT_NAMES),
+        "1 layer (layer 4)": ([4], "exact", FRAME_STAT_NAMES),
+        "all 30 layers": (list(range(30)), "exact", FRAME_STAT_NAMES),
+        "1 layer (layer 4), fused": ([4], "fused", FRAME_STAT_NAMES),
+        "all 30 layers, fused": (list(range(30)), "fused", FRAME_STAT_NAMES),
+        "all 30 layers, frames": (list(range(30)), "frames", frames_only),
+        "all 30 layers, exact, logit_mean only": (list(range(30)), "exact", ("logit_mean",)),
     }
+    if only := os.environ.get("SINKSCOPE_BENCH_CAPTURES"):
+        captures = {label: row for label, row in captures.items() if label in only.split(";")}
     reference = None
     for mode in compile_modes:
         if mode == "compile":
             began = time.perf_counter()
             model.compile_blocks(dynamic=False)
             results["compile_setup_seconds"] = time.perf_counter() - began
-        for label, (layers, fused) in captures.items():
+        for label, (layers, attention, chosen) in captures.items():
             key = f"{mode}, {label}"
             try:
-                results[key], latents = time_generation(model, context, options, layers, reps, fused)
+                results[key], latents = time_generation(model, context, options, layers, reps, attention, chosen)
             except Exception as error:  # noqa: BLE001 - report, keep going
                 results[key] = {
                     "error": f"{type(error).__name__}: {error}",

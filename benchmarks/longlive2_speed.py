@@ -15,7 +15,10 @@ cache with an 8-frame sink), the blocks compiled as an extraction job compiles t
 
 ``--captures`` picks rows (``none``, ``layer``, ``exact``, ``fused``, ``fused_written``: the
 fused route with each call's rows handed to an extraction job's writer threads during the
-generation, as a job runs; default all).
+generation, as a job runs; ``frames`` and ``frames_written``: ``capture.attention: frames``
+with ``capture.statistics: [logit_mean, prob_mass]``, collected after or written as a job;
+``exact_logit_written``: the exact route with ``capture.statistics: [logit_mean]``, written;
+default all).
 Medians over ``--reps`` generations after one warm-up. The text encoder and the VAE are not
 run (as the fact sheet's measurement of LongLive's own pipeline). Writes ``results.json``
 to ``--out`` (default $OUT or ./benchmark-out) after every row (a run cut off by a time limit
@@ -54,7 +57,9 @@ STEPS = [999, 937, 833, 624]
 # The rows: uncaptured (every --frames), then at the longest: 1 layer, all layers exact, all layers
 # fused (rows collected after the generation), all layers fused with the rows written as a job
 # writes them (handed to its writer threads during the generation).
-CAPTURES = ("none", "layer", "exact", "fused", "fused_written")
+CAPTURES = ("none", "layer", "exact", "fused", "fused_written", "frames", "frames_written", "exact_logit_written")
+FRAMES_STATISTICS = ("logit_mean", "prob_mass")
+ALL_STATISTICS = ("logit_mean", "prob_mass", "argmax_share", "entropy")
 QUICK = WanConfig(
     dim=64,
     ffn_dim=96,
@@ -91,7 +96,16 @@ def options_for(frames: int, chunk: int, window: int, sink: int) -> GenerationOp
 
 
 def time_generation(
-    model, context, options, layers, reps, frame_seq_length, fused=False, written=False, token_profiles="last_block"
+    model,
+    context,
+    options,
+    layers,
+    reps,
+    frame_seq_length,
+    attention="exact",
+    written=False,
+    token_profiles="last_block",
+    chosen=ALL_STATISTICS,
 ) -> dict:
     """Median seconds of ``reps`` generations after one warm-up (generation plus collecting
     the rows when captured; ``written``: rows written as a job writes them,
@@ -107,8 +121,9 @@ def time_generation(
             options,
             layers,
             frame_seq_length,
-            fused=fused,
+            attention=attention,
             written=written,
+            statistics=chosen,
             token_profiles=token_profiles,
             details=details,
         )
@@ -199,22 +214,43 @@ def main() -> int:
         began = time.perf_counter()
         model.compile_blocks(dynamic=False)
         results["compile_setup_seconds"] = time.perf_counter() - began
-    variants = [(f"{n} frames, no capture", n, [], False, False) for n in frames if "none" in captures]
-    longest, every, all_layers = max(frames), list(range(config.num_layers)), f"all {config.num_layers} layers captured"
-    variants += [
-        row
-        for capture, row in (
-            ("layer", (f"{longest} frames, 1 layer captured", longest, captured_layers, False, False)),
-            ("exact", (f"{longest} frames, {all_layers}", longest, every, False, False)),
-            ("fused", (f"{longest} frames, {all_layers}, fused", longest, every, True, False)),
-            (
-                "fused_written",
-                (f"{longest} frames, {all_layers}, fused, rows written as a job", longest, every, True, True),
-            ),
-        )
-        if capture in captures
+    # label, frames, layers, capture.attention, written as a job, capture.statistics
+    variants = [
+        (f"{n} frames, no capture", n, [], "exact", False, ALL_STATISTICS) for n in frames if "none" in captures
     ]
-    for label, n, layers, fused, written in variants:
+    longest, every, all_layers = max(frames), list(range(config.num_layers)), f"all {config.num_layers} layers captured"
+    rows = {
+        "layer": (f"{longest} frames, 1 layer captured", longest, captured_layers, "exact", False, ALL_STATISTICS),
+        "exact": (f"{longest} frames, {all_layers}", longest, every, "exact", False, ALL_STATISTICS),
+        "fused": (f"{longest} frames, {all_layers}, fused", longest, every, "fused", False, ALL_STATISTICS),
+        "fused_written": (
+            f"{longest} frames, {all_layers}, fused, rows written as a job",
+            longest,
+            every,
+            "fused",
+            True,
+            ALL_STATISTICS,
+        ),
+        "frames": (f"{longest} frames, {all_layers}, frames", longest, every, "frames", False, FRAMES_STATISTICS),
+        "frames_written": (
+            f"{longest} frames, {all_layers}, frames, rows written as a job",
+            longest,
+            every,
+            "frames",
+            True,
+            FRAMES_STATISTICS,
+        ),
+        "exact_logit_written": (
+            f"{longest} frames, {all_layers}, exact, logit_mean only, rows written as a job",
+            longest,
+            every,
+            "exact",
+            True,
+            ("logit_mean",),
+        ),
+    }
+    variants += [row for capture, row in rows.items() if capture in captures]
+    for label, n, layers, attention, written, chosen in variants:
         try:
             results[label] = time_generation(
                 model,
@@ -223,9 +259,10 @@ def main() -> int:
                 layers,
                 args.reps,
                 frame_seq_length,
-                fused,
+                attention,
                 written,
                 args.token_profiles,
+                chosen,
             )
         except Exception as error:  # noqa: BLE001 - report, keep going
             results[label] = error_entry(error)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sinkscope.generation.capture import FrameStatsCapture
+from sinkscope.generation.capture import FRAME_STAT_NAMES, FrameStatsCapture
 from sinkscope.generation.common import GenerationResult
 from sinkscope.generation.sampler import generate
 from sinkscope.naming import layer_file
@@ -24,10 +24,11 @@ def captured_generation(
     layers: Sequence[int],
     frame_seq_length: int,
     seed: int = 0,
-    fused: bool = False,
+    attention: str = "exact",
     written: bool = False,
     token_profiles: str = "last_block",
     details: dict | None = None,
+    statistics: Sequence[str] = FRAME_STAT_NAMES,
 ) -> tuple[GenerationResult, float, int]:
     """(the generation's result, seconds collecting the frame rows, their count): without
     ``layers`` an uncaptured generation, 0.0 and 0. ``fused``: the ``capture.attention: fused``
@@ -57,7 +58,8 @@ def captured_generation(
                 model,
                 layers,
                 frame_seq_length=frame_seq_length,
-                fused_attention=fused,
+                attention=attention,
+                statistics=statistics,
                 token_profiles=token_profiles,
                 handoff=writer.submit if writer else None,
             ) as capture:

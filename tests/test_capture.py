@@ -445,7 +445,12 @@ def test_two_extraction_jobs_with_different_kernels_in_one_process(tmp_path, mon
             == 0
         )
         contents = json.loads((tmp_path / f"ext-{name}" / "manifest.json").read_text())["contents"]
-        assert contents["capture_route"] == {"attention": "exact", "kernels": name, "video_exact": True}
+        assert contents["capture_route"] == {
+            "attention": "exact",
+            "statistics": ["logit_mean", "prob_mass", "argmax_share", "entropy"],
+            "kernels": name,
+            "video_exact": True,
+        }
     assert [settings.name for settings in seen] == ["reference", "fast"]
 
 

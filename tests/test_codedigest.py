@@ -98,6 +98,7 @@ PINNED = {
         "stats.reference",
         "stats.rollout",
         "stats.launch",
+        "stats.segments",
         "manifests",
         "pipeline.extract",
         "pipeline.integrity",

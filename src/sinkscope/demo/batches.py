@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -19,8 +19,18 @@ from sinkscope.demo import data as synthetic
 from sinkscope.demo.objective import sample_block_timesteps, teacher_forcing_forward
 from sinkscope.model import WanModel
 
-if TYPE_CHECKING:
-    from sinkscope.demo.train import TrainConfig
+
+class BatchSettings(Protocol):
+    """What a batch reads of ``sinkscope.demo.train.TrainConfig`` (a protocol, so this module
+    does not import the trainer that imports it)."""
+
+    seed: int
+    batch_size: int
+    mode: str
+    clean_prob: float
+    sampler_prob: float
+
+    def data_options(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -43,7 +53,7 @@ def data_seed(seed: int, step: int, micro: int = 0) -> int:
 
 
 def flow_batch(
-    config: TrainConfig,
+    config: BatchSettings,
     step: int,
     generator: torch.Generator,
     sampler_ts: torch.Tensor,
@@ -80,7 +90,7 @@ def flow_batch(
 
 
 def ode_batch(
-    config: TrainConfig,
+    config: BatchSettings,
     pool: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     generator: torch.Generator,
     sampler_ts: torch.Tensor,

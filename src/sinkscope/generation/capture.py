@@ -13,7 +13,11 @@ statistics, token entropy, argmax shares; key-token profiles for the chosen call
 CUDA given the log-sum-exp the attention call returned), and nothing token x token is
 kept. ``fused_attention`` (``capture.attention: fused``) computes output and statistics
 in one Triton pass where it can (CUDA, fp16 / bf16), the output within bf16 rounding:
-``video_exact`` then says whether any call took it. Results stay on the device until the
+``video_exact`` then says whether any call took it. ``capture.attention: frames`` attends
+each key frame apart in one call and merges the frames by their log-sum-exps
+(``sinkscope.stats.segments``), the output within one bf16 rounding: logit_mean and
+prob_mass with no pass over the scores. ``capture.statistics`` names the frame statistics
+the rows get; the others are NaN. Results stay on the device until the
 generation ends, so capturing costs no host synchronization per call; or, given a
 ``handoff`` (the extraction job's ``sinkscope.pipeline.writing.ExtractionWriter``), each
 call's record goes to it at once and is written while the generation goes on. A Rolling
@@ -41,16 +45,22 @@ from sinkscope.generation.common import PASS_CACHE, PASS_DENOISE, PASS_RECACHE, 
 from sinkscope.model import WanModel
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.stats.attention import (
+    FRAME_STATISTICS,
+    FRAMES_ROUTE_STATISTICS,
     CallStatistics,
     attention_statistics,
     attention_with_statistics,
+    check_statistics,
     fused_route_applies,
 )
+from sinkscope.stats.segments import frame_attention, statistics_from_frames
 from sinkscope.tokens import encode_token_tensors
 
 TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
+# capture.attention: which computation gives a captured layer its output (the module docstring).
+ATTENTION_ROUTES = ("exact", "fused", "frames")
 # The CallStatistics fields of every call, as the rows take them.
-FRAME_STAT_NAMES = ("logit_mean", "prob_mass", "argmax_share", "entropy")
+FRAME_STAT_NAMES = FRAME_STATISTICS
 # The row tables a capture gives (``KIND_COLUMNS`` has their columns).
 ROW_KINDS = ("frames", "queries", "tokens")
 
@@ -112,7 +122,9 @@ class FrameStatsCapture:
     ``token_profiles``: which calls also get key-token profiles: ``none``, ``last_block``
     (every call of the last block: Deep Forcing's Figure 4 at token resolution) or ``all``.
     ``handoff``: called with each call's :class:`CallRecord` as it is made, instead of
-    keeping it (``layer_tables`` then has nothing to give).
+    keeping it (``layer_tables`` then has nothing to give). ``attention``: the route of
+    ``capture.attention`` (``ATTENTION_ROUTES``; ``fused_attention=True`` is ``fused``);
+    ``statistics``: the frame statistics the rows get (``capture.statistics``), the others NaN.
     """
 
     def __init__(
@@ -125,6 +137,8 @@ class FrameStatsCapture:
         token_profiles: str = "last_block",
         handoff: Callable[[CallRecord], None] | None = None,
         fused_attention: bool = False,
+        attention: str = "exact",
+        statistics: Sequence[str] = FRAME_STATISTICS,
     ) -> None:
         num_layers = model.config.num_layers
         bad = [layer for layer in layers if not 0 <= layer < num_layers]
@@ -132,23 +146,35 @@ class FrameStatsCapture:
             raise ValueError(f"layers {bad} do not exist; the model has layers 0..{num_layers - 1}")
         if token_profiles not in TOKEN_PROFILE_CHOICES:
             raise ValueError(f"token_profiles {token_profiles!r} is not one of {', '.join(TOKEN_PROFILE_CHOICES)}")
+        if attention not in ATTENTION_ROUTES:
+            raise ValueError(f"attention {attention!r} is not one of {', '.join(ATTENTION_ROUTES)}")
+        if fused_attention:
+            attention = "fused"
+        check_statistics(statistics)
+        if attention == "frames" and not set(statistics) <= set(FRAMES_ROUTE_STATISTICS):
+            raise ValueError(
+                f"the frames route gives {' and '.join(FRAMES_ROUTE_STATISTICS)} only, not {sorted(statistics)}"
+            )
         self.model = model
         self.layers = sorted(set(int(layer) for layer in layers))
         self.frame_seq_length = frame_seq_length
         self.backend = backend
-        self.fused_attention = fused_attention
+        self.attention = attention
+        self.fused_attention = attention == "fused"
+        self.statistics = tuple(statistics)
         self.token_profiles = token_profiles
         self.records: list[CallRecord] = []
         self.handoff = handoff
         self._call: CallInfo | None = None
-        # Calls whose output came from the fused kernel, not the model's own call.
+        # Calls whose output came from the fused kernel or the frames route, not the model's own call.
         self.fused_calls = 0
+        self.frame_calls = 0
 
     @property
     def video_exact(self) -> bool:
         """Whether every captured call's output was the model's own, bit for bit (so the video
-        is the uncaptured one): False once a call took the fused route."""
-        return self.fused_calls == 0
+        is the uncaptured one): False once a call took the fused or the frames route."""
+        return self.fused_calls == 0 and self.frame_calls == 0
 
     def __enter__(self) -> FrameStatsCapture:
         for layer in self.layers:
@@ -183,16 +209,22 @@ class FrameStatsCapture:
             fused = self.fused_attention and fused_route_applies(
                 queries, keys, values, layout.key_lengths, self.backend
             )
-            out, lse = None, None
+            frames = self.attention == "frames"
+            out, lse, frame_lse = None, None, None
             edited = {}
             if frame_bias is not None:
                 # An edited call (sinkscope.model.generation_edits): the attention the model really uses,
-                # and the statistics of that edited softmax; never the fused route.
-                fused, edited = False, {"frame_bias": frame_bias}
+                # and the statistics of that edited softmax; never the fused or frames route.
+                fused, frames, edited = False, False, {"frame_bias": frame_bias}
                 out, lse = edited_attention(q, k, v, frame_bias, layout.key_lengths, split=kernels.key_split)
             elif fused:
                 self.fused_calls += 1
                 outs = []
+            elif frames:
+                # Each key frame attended apart, merged: the frames' log-sum-exps give prob_mass.
+                self.frame_calls += 1
+                merged, frame_lse, total_lse = frame_attention(queries, keys, values, layout.key_lengths)
+                out = merged[None]
             else:
                 # The model's own call, as the uncaptured layer runs it: the output does not
                 # depend on whether (or how) the statistics are computed.
@@ -216,9 +248,23 @@ class FrameStatsCapture:
                     token_profiles=self._wants_tokens(part),
                     backend=self.backend,
                     key_position_shift=layout.key_position_shift,
+                    statistics=self.statistics,
                     **edited,
                 )
-                if fused:
+                if frames:
+                    stats = statistics_from_frames(
+                        queries[:, rows],
+                        keys,
+                        frame_lse[:, :, rows],
+                        total_lse[:, rows],
+                        self.frame_seq_length,
+                        len(part_layout.query_frames),
+                        layout.key_lengths,
+                        queries.shape[-1] ** -0.5,
+                        statistics=self.statistics,
+                        token_profiles=self._wants_tokens(part),
+                    )
+                elif fused:
                     part_out, stats = attention_with_statistics(
                         queries[:, rows], keys, values, fused=True, key_split=kernels.key_split, **statistics_args
                     )

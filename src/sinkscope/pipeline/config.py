@@ -39,6 +39,11 @@ from sinkscope.pipeline.overrides import apply_overrides, parse_config_overrides
 from sinkscope.prompt_schedules import prompt_segments, schedule_problems, switch_frames
 from sinkscope.schema import load_schema, resolve_ref
 
+# capture.statistics: every frame statistic (the default), and those capture.attention 'frames'
+# gives (sinkscope.stats.segments, which needs torch, names the same).
+CAPTURE_STATISTICS = ("logit_mean", "prob_mass", "argmax_share", "entropy")
+FRAMES_ROUTE_STATISTICS = ("logit_mean", "prob_mass")
+
 __all__ = [
     "DEFAULT_CONFIG_FILE",
     "apply_overrides",
@@ -469,6 +474,14 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
         problems.append(
             "config key capture.attention: 'fused' is a Triton kernel's, and capture.backend 'torch' computes "
             "SDPA, then the reference; use backend auto or triton, or attention exact"
+        )
+    beyond_frames = [name for name in capture["statistics"] if name not in FRAMES_ROUTE_STATISTICS]
+    if capture["attention"] == "frames" and beyond_frames:
+        problems.append(
+            f"config key capture.statistics: {list(capture['statistics'])} asks for "
+            f"{', '.join(beyond_frames)}, which capture.attention "
+            "'frames' does not give (it gives logit_mean and prob_mass: the others need the scores); "
+            "use attention exact or fused, or statistics [logit_mean, prob_mass]"
         )
     first_k = config["diagnostics"]["first_k"]
     for (checkpoint, variant), option in options.items():

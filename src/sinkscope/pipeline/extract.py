@@ -32,6 +32,7 @@ from sinkscope.manifests import write_manifest
 from sinkscope.model.checkpoints import CheckpointSpec, resolve_checkpoint
 from sinkscope.naming import stable_hash
 from sinkscope.options import GenerationOptions
+from sinkscope.pipeline.config import CAPTURE_STATISTICS
 from sinkscope.pipeline.integrity import check_layer_rows
 from sinkscope.pipeline.jobs import cuda_visible_devices, pick_device, provenance
 from sinkscope.pipeline.latents import latents_sha256, write_latents
@@ -157,6 +158,7 @@ def extract_job(
     )
 
     run_columns = {"checkpoint": spec.name, "variant": variant, "prompt_id": prompt_id, "seed": int(seed)}
+    statistics = tuple(capture.get("statistics", CAPTURE_STATISTICS))
     output = Path(output)
     built = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(built, ignore_errors=True)
@@ -183,7 +185,8 @@ def extract_job(
             layers,
             frame_seq_length=frame_seq_length,
             backend=capture["backend"],
-            fused_attention=capture["attention"] == "fused",
+            attention=capture["attention"],
+            statistics=statistics,
             token_profiles=capture["token_profiles"],
             handoff=writer.submit,
         )
@@ -254,6 +257,7 @@ def extract_job(
                 # Whether latents_sha256 is the uncaptured video's, and the route that decides it.
                 "capture_route": {
                     "attention": capture["attention"],
+                    "statistics": list(statistics),
                     "kernels": model.kernels.name,
                     "video_exact": recorder.video_exact,
                 },

@@ -43,7 +43,8 @@ def check_layer_rows(frames, *, layer: int, calls: int, heads: int, where: str) 
     """Fail unless one layer's frame rows are what a generation must produce.
 
     Every call present, every (call, head, query frame) with key frames whose
-    prob_mass and argmax_share sum to 1, finite statistics.
+    prob_mass and argmax_share sum to 1, finite statistics. A statistic a study left out
+    (``capture.statistics``) is NaN in every row, and then not checked.
     """
     import numpy as np
 
@@ -55,11 +56,13 @@ def check_layer_rows(frames, *, layer: int, calls: int, heads: int, where: str) 
     found_heads = frames["head"].nunique()
     if found_heads != heads:
         raise DamagedFileError(where, f"holds {found_heads} heads of layer {layer}, the model has {heads}")
-    if not np.isfinite(frames[["logit_mean", "prob_mass"]].to_numpy()).all():
+    taken = [name for name in ("logit_mean", "prob_mass", "argmax_share") if not frames[name].isna().all()]
+    if not np.isfinite(frames[taken].to_numpy()).all():
         raise DamagedFileError(where, f"holds non-finite statistics in layer {layer}")
-    sums = frames.groupby(["block", "pass", "step", "head", "query_frame"], observed=True)[
-        ["prob_mass", "argmax_share"]
-    ].sum()
+    summed = [name for name in ("prob_mass", "argmax_share") if name in taken]
+    if not summed:
+        return
+    sums = frames.groupby(["block", "pass", "step", "head", "query_frame"], observed=True)[summed].sum()
     worst = float((sums - 1).abs().max().max())
     if not worst <= PROB_TOLERANCE:
         raise DamagedFileError(

@@ -39,6 +39,7 @@ from sinkscope.options import (
 )
 from sinkscope.pipeline.codedigest import stage_digest
 from sinkscope.pipeline.config import (
+    CAPTURE_STATISTICS,
     check_machine,
     checked_config,
     generation_options,
@@ -567,7 +568,15 @@ class Study:
             "variant": variant,
             "layers": decode_layers(group),
             "generation": self.options[source].to_dict(),
-            "capture": {key: capture[key] for key in ("backend", "attention", "kernels", "compile", "token_profiles")},
+            "capture": {
+                **{key: capture[key] for key in ("backend", "attention", "kernels", "compile", "token_profiles")},
+                # Only where a study narrows it: a job of every statistic keeps the params it had.
+                **(
+                    {"statistics": list(capture["statistics"])}
+                    if tuple(capture["statistics"]) != CAPTURE_STATISTICS
+                    else {}
+                ),
+            },
             "compute": self.compute(checkpoint),
         }
 

@@ -44,10 +44,21 @@ import torch
 from sinkscope.attention.biased import bias_rows, check_bias_shape, edited_attention
 from sinkscope.attention.split import cached_attention
 from sinkscope.stats.reference import CallStatistics, statistics_chunked
+from sinkscope.stats.segments import (
+    FRAME_STATISTICS,
+    FRAMES_ROUTE_STATISTICS,
+    frame_attention,
+    frame_logit_mean,
+    keep_statistics,
+    statistics_from_frames,
+)
 
 __all__ = [
+    "FRAME_STATISTICS",
+    "FRAMES_ROUTE_STATISTICS",
     "CallStatistics",
     "attention_statistics",
+    "check_statistics",
     "attention_with_statistics",
     "check_frame_bias",
     "check_frame_layout",
@@ -142,6 +153,7 @@ def attention_statistics(
     key_position_shift: Sequence[int] | None = None,
     lse: torch.Tensor | None = None,
     frame_bias: torch.Tensor | None = None,
+    statistics: Sequence[str] = FRAME_STATISTICS,
 ) -> CallStatistics:
     """Every statistic of one attention call, as a :class:`CallStatistics` on q's device.
 
@@ -162,13 +174,44 @@ def attention_statistics(
     entropy and token_prob_mean are the edited softmax's (``lse``, if given, must be its
     log-sum-exp, as ``edited_attention`` returns it), logit_mean and token_logit_mean the
     raw q.k * scale before the edit. None leaves every path as without edits.
+    ``statistics``: the frame statistics to give (``capture.statistics``); the others are
+    NaN. ``logit_mean`` alone needs no pass over the scores (the frames' mean q and k).
     """
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     num_q = len(query_frames)
+    check_statistics(statistics)
     if frame_bias is not None:
         check_frame_bias(frame_bias, q.shape[0], len(lengths))
-    if _resolve_backend(q, backend) == "triton":
+    triton = _resolve_backend(q, backend) == "triton"
+    if set(statistics) == {"logit_mean"} and not token_profiles:
+        logit_mean = frame_logit_mean(q, k, frame_seq_length, num_q, lengths, scale, triton=triton)
+        nan = float("nan")
+        return CallStatistics(
+            logit_mean=logit_mean,
+            prob_mass=torch.full_like(logit_mean, nan),
+            argmax_share=torch.full_like(logit_mean, nan),
+            entropy=logit_mean.new_full(logit_mean.shape[:2], nan),
+        )
+    stats = _all_statistics(q, k, frame_seq_length, num_q, lengths, scale, triton, token_profiles, lse, frame_bias)
+    return keep_statistics(stats, statistics)
+
+
+def _all_statistics(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    frame_seq_length: int,
+    num_q: int,
+    lengths: tuple[int, ...],
+    scale: float,
+    triton: bool,
+    token_profiles: bool,
+    lse: torch.Tensor | None,
+    frame_bias: torch.Tensor | None,
+) -> CallStatistics:
+    """Every statistic of :func:`attention_statistics`, by the backend's pass over the scores
+    (``triton``: the Triton kernels, else the chunked reference)."""
+    if triton:
         from sinkscope.stats.launch import statistics_given_lse, statistics_triton
 
         if lse is not None:
@@ -185,6 +228,17 @@ def attention_statistics(
     return statistics_chunked(
         q, k, frame_seq_length, num_q, lengths, scale, token_profiles=token_profiles, frame_bias=frame_bias
     )
+
+
+def check_statistics(statistics: Sequence[str]) -> None:
+    """Raise ValueError unless ``statistics`` names frame statistics, at least one, none twice."""
+    if isinstance(statistics, str):
+        raise ValueError(f"statistics must be a list of names, not the string {statistics!r}")
+    unknown = [name for name in statistics if name not in FRAME_STATISTICS]
+    if unknown or not statistics or len(set(statistics)) != len(statistics):
+        raise ValueError(
+            f"statistics {list(statistics)} must name each of {', '.join(FRAME_STATISTICS)} at most once, one at least"
+        )
 
 
 def check_frame_bias(frame_bias: torch.Tensor, heads: int, num_k: int) -> None:
@@ -236,6 +290,8 @@ def attention_with_statistics(
     fused: bool = False,
     key_split: bool = True,
     frame_bias: torch.Tensor | None = None,
+    frames: bool = False,
+    statistics: Sequence[str] = FRAME_STATISTICS,
 ) -> tuple[torch.Tensor, CallStatistics]:
     """The attention call itself and its statistics: (output [Lq, H, D] in q's dtype,
     :class:`CallStatistics`). Arguments as :func:`attention_statistics`, plus v [H, Lk, D].
@@ -254,13 +310,25 @@ def attention_with_statistics(
     ``frame_bias`` (an edited call, as :func:`attention_statistics` takes it): always the
     exact route, the output and log-sum-exp of ``sinkscope.attention.biased.edited_attention``
     (the model's own calls for the unedited heads, bit for bit), then the edited softmax's
-    statistics given that log-sum-exp; ``fused`` is ignored.
+    statistics given that log-sum-exp; ``fused`` and ``frames`` are ignored.
+
+    ``frames`` (config ``capture.attention: frames``; every device and dtype): each key frame
+    attended apart in one call and merged (``sinkscope.stats.segments.frame_attention``), the
+    output within one rounding of the model's call; ``statistics`` must then be of
+    ``FRAMES_ROUTE_STATISTICS`` (logit_mean, prob_mass), which it gives with no pass over the
+    scores. ``statistics``: as :func:`attention_statistics`.
     """
     lengths = check_frame_layout(q, k, frame_seq_length, query_frames, key_frames, key_lengths, key_position_shift)
     if v.shape[:2] != k.shape[:2] or v.dtype != k.dtype or v.device != k.device:
         raise ValueError(f"v {tuple(v.shape)} ({v.dtype}, {v.device}) does not match k {tuple(k.shape)}")
     if scale is not None and scale != q.shape[-1] ** -0.5:
         raise ValueError(f"the model's attention call scales by 1/sqrt(head_dim) = {q.shape[-1] ** -0.5}, not {scale}")
+    check_statistics(statistics)
+    if frames and not set(statistics) <= set(FRAMES_ROUTE_STATISTICS):
+        raise ValueError(
+            f"the frames route gives {' and '.join(FRAMES_ROUTE_STATISTICS)} only, not {sorted(statistics)}: "
+            "argmax_share and entropy need the scores (the exact or fused route)"
+        )
     if frame_bias is not None:
         check_frame_bias(frame_bias, q.shape[0], len(lengths))
         out, lse = edited_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), frame_bias, lengths, split=key_split)
@@ -276,14 +344,31 @@ def attention_with_statistics(
             key_position_shift=key_position_shift,
             lse=lse[0],
             frame_bias=frame_bias,
+            statistics=statistics,
         )
         return out[0], stats
+    if frames:
+        out, frame_lse, lse = frame_attention(q, k, v, lengths)
+        stats = statistics_from_frames(
+            q,
+            k,
+            frame_lse,
+            lse,
+            frame_seq_length,
+            len(query_frames),
+            lengths,
+            q.shape[-1] ** -0.5,
+            statistics=statistics,
+            token_profiles=token_profiles,
+        )
+        return out, stats
     if fused and fused_route_applies(q, k, v, lengths, backend):
         from sinkscope.stats.launch import attention_statistics_tma
 
-        return attention_statistics_tma(
+        out, stats = attention_statistics_tma(
             q, k, v, frame_seq_length, len(query_frames), lengths, q.shape[-1] ** -0.5, token_profiles=token_profiles
         )
+        return out, keep_statistics(stats, statistics)
     out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=key_split)
     stats = attention_statistics(
         q,
@@ -296,5 +381,6 @@ def attention_with_statistics(
         backend=backend,
         key_position_shift=key_position_shift,
         lse=None if lse is None else lse[0],
+        statistics=statistics,
     )
     return out[0], stats
