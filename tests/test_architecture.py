@@ -36,6 +36,7 @@ LAYER_TABLE = (
             "labels",
             "interventions",
             "prompt_schedules",
+            "sweeps",
         ),
         "leaves shared by everything",
     ),
@@ -136,6 +137,7 @@ PLANNING = tuple(
             "sinkscope.schema",
             "sinkscope.interventions",
             "sinkscope.prompt_schedules",
+            "sinkscope.sweeps",
         }
     )
 )
