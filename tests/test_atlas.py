@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from synthetic import synthetic_rows
 
+from sinkscope.errors import SinkscopeError
 from sinkscope.interventions import HEAD_ORDERS
 from sinkscope.naming import head_label
 from sinkscope.pipeline.atlas import (
@@ -18,12 +19,11 @@ from sinkscope.pipeline.atlas import (
     default_head_mass,
     frame_atlas,
     head_atlas,
-    head_orders,
     pruning_curve,
-    random_order,
     run_drift,
 )
 from sinkscope.pipeline.effects import frame_blocks, frame_effects
+from sinkscope.pipeline.headorders import head_orders, random_order
 from sinkscope.sweeps import read_head_orders, write_head_orders
 from sinkscope.tables import ALL_PROMPTS, ALL_SEEDS, SCHEMAS, read_table, write_table
 
@@ -268,3 +268,58 @@ def test_a_random_order_is_a_fixed_permutation():
     assert sorted(order) == heads and order != heads and order == random_order(list(reversed(heads)), "sink_per_head")
     # Spread over the model: the first 60 heads come from many layers.
     assert len({layer for layer, _ in order[:60]}) >= 20
+
+
+# -- the jobs, on extraction folders as the extraction job writes them ------------------------------------
+
+
+def test_atlas_job_and_head_orders_job_on_real_folders(tmp_path):
+    """effects_job over a sweep's runs, then atlas_job over its table and the untouched runs'
+    folders, then head_orders_job: every number against the latents and rows written."""
+    from test_effects import latents_of as latents_for
+    from test_effects import run_job, write_run
+
+    from sinkscope.interventions import write_head_classes
+    from sinkscope.pipeline.atlas import atlas_job
+    from sinkscope.pipeline.headorders import head_orders_job
+
+    variants = ["heads/L4H1", "heads/L4H2", "frames/f1", "frames/f4", "prune/drift_k1", "prune/all_k2"]
+    latents, rows, folders, defaults = {}, {}, [], []
+    for seed in (0, 1):
+        rows[seed] = synthetic_rows(seed=seed)  # layer 3, 2 heads, blocks of 3 frames
+        latents[("default", seed)] = latents_for(100 + seed)
+        defaults.append(write_run(tmp_path / "x", "default", "p", seed, latents[("default", seed)], rows[seed]))
+        for index, variant in enumerate(variants):
+            moved = latents[("default", seed)].copy()
+            moved[:, 3:] += (index + 1) * 0.05 * latents_for(10 * seed + index)[:, 3:]
+            latents[(variant, seed)] = moved
+            folders.append(write_run(tmp_path / "x", variant, "p", seed, moved, synthetic_rows(seed=50 + index)))
+    effects = run_job(tmp_path, defaults + folders)["variant_effects"]
+    effects_file = tmp_path / "variant_effects.parquet"
+    classes_file = tmp_path / "head_classes.json"
+    write_head_classes(classes_file, {(3, 0): "sink", (3, 1): "local"}, source="ck", call=("denoise", 1))
+    outputs = {name: tmp_path / f"{name}.parquet" for name in ("head_atlas", "frame_atlas", "pruning_curve")}
+    atlas_job([effects_file, *defaults, classes_file], outputs, {"checkpoint": "ck", "sink_frames": 0})
+    tables = {name: read_table(path) for name, path in outputs.items()}
+    assert len(effects) and set(tables["head_atlas"]["variant"]) == {"heads/L4H1", "heads/L4H2"}
+    for row in tables["head_atlas"][tables["head_atlas"]["prompt_id"] != ALL_PROMPTS].itertuples(index=False):
+        reference, moved = latents[("default", row.seed)], latents[(row.variant, row.seed)]
+        assert row.drift_last_block == pytest.approx(brute_drift(reference, moved, [6, 7, 8]), rel=1e-9)
+        own = rows[row.seed][(rows[row.seed]["head"] == row.head) & (rows[row.seed]["block"] >= 1)]
+        calls = own.groupby(["block", "pass", "step", "query_frame"])
+        mass = calls.apply(lambda c: c.loc[c["key_frame"] == 0, "prob_mass"].sum()).mean()
+        assert row.frame0_mass_default == pytest.approx(mass, rel=1e-6)
+        assert row.head_class == {0: "sink", 1: "local"}[row.head]
+    frames = tables["frame_atlas"][tables["frame_atlas"]["prompt_id"] == ALL_PROMPTS]
+    assert list(frames["key_frame"]) == [1, 4] and list(frames["sink"]) == [False, False]
+    curve = tables["pruning_curve"][tables["pruning_curve"]["prompt_id"] == ALL_PROMPTS]
+    assert [(o, int(k)) for o, k in zip(curve["order"], curve["head_count"])] == [("drift", 1), ("all", 2)]
+    orders_file = tmp_path / "head_orders.json"
+    head_orders_job(atlas=outputs["head_atlas"], output=orders_file, checkpoint="ck", sweep="heads")
+    orders = read_head_orders(orders_file)["heads"]
+    averaged = tables["head_atlas"][tables["head_atlas"]["prompt_id"] == ALL_PROMPTS]
+    least = averaged.sort_values("drift_last_block")
+    assert orders["drift"] == [(int(a), int(b)) for a, b in zip(least["layer"], least["head"])]
+    assert sorted(orders["random"]) == [(3, 0), (3, 1)]
+    with pytest.raises(SinkscopeError, match="the atlases read the 'default' runs"):
+        atlas_job([effects_file, folders[0]], outputs, {"checkpoint": "ck"})

@@ -473,3 +473,23 @@ def test_head_orders_are_written_and_read_back_and_a_damaged_file_names_itself(t
     file.write_text("{")
     with pytest.raises(DamagedFileError, match="is not a head-orders file"):
         read_head_orders(file)
+
+
+def test_a_swept_runs_refusal_from_the_variant_check_names_the_sweep():
+    """What the variant check refuses in a swept variant (an edit the run cannot make) is
+    said of the sweep the user wrote, the run named at the end."""
+    from sinkscope.options import OptionsError
+    from sinkscope.pipeline.config import generation_options
+    from sinkscope.sweeps import sweep_message
+
+    sweeps = {"noise": {"interventions": [{"edit": "replace_frames", "key_frames": "each", "source": 2}]}}
+    study, swept = expanded(sweeps)
+    config = {**copy.deepcopy(dict(study.config)), "variants": swept}
+    with pytest.raises(OptionsError) as error:
+        generation_options(config, "noise/f0", "demo")
+    message = sweep_message(str(error.value), list(sweeps))
+    assert message.startswith("config key sweeps.noise.interventions[0].source: frame 2 must be earlier")
+    assert message.endswith("(run noise/f0)")
+    assert generation_options(config, "noise/f3", "demo").interventions[0].key_frames.frames == (3,)
+    other = "config key variants.mine/L1H1.interventions[0].heads: L9H1 is not a head"
+    assert sweep_message(other, ["noise"]) == other

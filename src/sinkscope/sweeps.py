@@ -70,6 +70,7 @@ __all__ = [
     "pruning_grid",
     "read_head_orders",
     "sweep_item",
+    "sweep_message",
     "sweep_problems",
     "write_head_orders",
 ]
@@ -331,6 +332,18 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] = ()) ->
                 f"once the untouched run's classes are made ({atlas.over.to_config()}); list the counts"
             )
     return problems
+
+
+def sweep_message(message: str, sweeps: Sequence[str]) -> str:
+    """A check's message about a swept variant (``config key variants.<sweep>/<item>.<key>``)
+    said of the sweep, where the user wrote it: ``config key sweeps.<sweep>.<key>``, the run
+    named at the end. Messages about other variants pass unchanged."""
+    found = re.search(r"config key variants\.([^/\s.]+(?:\.[^/\s.]+)*)/([^\s.]+)\.", message)
+    if found is None or found.group(1) not in sweeps:
+        return message
+    sweep, item = found.group(1), found.group(2)
+    text = message[: found.start()] + f"config key sweeps.{sweep}." + message[found.end() :]
+    return f"{text} (run {sweep}{SEPARATOR}{item})"
 
 
 # -- expansion -----------------------------------------------------------------------------------

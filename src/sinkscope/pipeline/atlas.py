@@ -19,28 +19,44 @@ sample std between runs, as every table has it):
 - ``pruning_curve``: per ranked sweep, order and head count: the drifts of masking the
   first k heads of the atlas's order.
 
-``head_orders`` ranks a head atlas's heads for the pruning runs: least drift first, a
-seeded random order, least untouched frame-0 mass first (``sinkscope.sweeps.write_head_orders``).
+``atlas_job`` writes the three from a checkpoint's ``variant_effects`` and its untouched
+runs' extraction folders; ``sinkscope.pipeline.headorders`` ranks a head atlas's heads for
+the pruning runs.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from sinkscope.interventions import HEAD_ORDERS, Head
+from sinkscope.errors import SinkscopeError
+from sinkscope.interventions import Head
+from sinkscope.pipeline.aggregate import extraction_files
 from sinkscope.pipeline.effects import call_values, with_run_means
+from sinkscope.pipeline.jobs import provenance
 from sinkscope.sweeps import FRAME, HEAD, LAYER, RANKED, sweep_item
 from sinkscope.tables import (
     ALL_PROMPTS,
+    DEFAULT_VARIANT,
     FRAME_ATLAS_RUN_STD,
     HEAD_ATLAS_RUN_STD,
     PRUNING_CURVE_RUN_STD,
     SCHEMAS,
+    read_table,
+    write_table,
 )
+
+log = logging.getLogger("sinkscope")
+ATLAS_TABLES = ("head_atlas", "frame_atlas", "pruning_curve")
+# The untouched rows the atlases read.
+ROW_COLUMNS = ["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step"]
+ROW_COLUMNS += ["query_frame", "key_frame", "prob_mass"]
 
 RUN = ["checkpoint", "prompt_id", "seed"]
 DRIFTS = ("drift_last_block", "drift_after_block0")
@@ -199,40 +215,71 @@ def pruning_curve(effects: pd.DataFrame) -> pd.DataFrame:
     return _ordered(table, "pruning_curve", ["sweep", "head_count", "order"])
 
 
-# -- the pruning runs' head orders -------------------------------------------------------------------
+# -- the job ---------------------------------------------------------------------------------------
 
 
-def random_order(heads: Sequence[Head], key: str) -> list[Head]:
-    """``heads`` in a fixed random order for ``key`` (the atlas's name): by a hash of the key
-    and the head, the same on every machine."""
-    return sorted(heads, key=lambda head: hashlib.sha256(f"{key}:{head[0]}:{head[1]}".encode()).hexdigest())
+def default_rows(folders: Sequence[str | Path]) -> pd.DataFrame:
+    """The untouched (default) runs' frame rows of the columns the atlases read, from their
+    verified extraction folders (a run's layer groups hold different layers)."""
+    parts = []
+    for folder in folders:
+        for path in extraction_files(folder)["frames"]:
+            rows = read_table(path, columns=ROW_COLUMNS)
+            variants = set(rows["variant"].astype(str))
+            if variants - {DEFAULT_VARIANT}:
+                raise SinkscopeError(f"{folder}: the atlases read the {DEFAULT_VARIANT!r} runs, not {sorted(variants)}")
+            parts.append(rows)
+    if not parts:
+        return pd.DataFrame(columns=ROW_COLUMNS)
+    rows = pd.concat(parts, ignore_index=True)
+    return rows.assign(variant=rows["variant"].astype(str), prompt_id=rows["prompt_id"].astype(str))
 
 
-def head_orders(atlas: pd.DataFrame, sweep: str, checkpoint: str | None = None) -> dict[str, list[Head]]:
-    """The orders of a head sweep's heads in its head_atlas rows (run-averaged): ``drift``,
-    least ``drift_last_block`` first; ``random``, seeded by the sweep's name; and
-    ``frame0_mass``, least ``frame0_mass_default`` first (the attention-pattern rule);
-    ties, and heads without a value (last), in (layer, head) order."""
-    rows = atlas[(atlas["sweep"].astype(str) == sweep) & (atlas["prompt_id"].astype(str) == ALL_PROMPTS)]
-    if checkpoint is not None:
-        rows = rows[rows["checkpoint"].astype(str) == checkpoint]
-    if rows.empty:
-        raise ValueError(f"the head atlas holds no run-averaged rows of sweep {sweep!r}")
-    if (rows["head"] < 0).any():
-        raise ValueError(f"sweep {sweep!r} runs over layers; the pruning curve ranks heads")
-    if rows.duplicated(["layer", "head"]).any():
-        raise ValueError(f"the head atlas holds sweep {sweep!r} twice for a head (pick one checkpoint)")
-    rows = rows.sort_values(["layer", "head"], kind="stable")
-    heads = [(int(a), int(b)) for a, b in zip(rows["layer"], rows["head"])]
+def atlas_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path], params: Mapping[str, Any]) -> None:
+    """One checkpoint's ``variant_effects`` table, its untouched (default) runs' extraction
+    folders and, when given, its head classes file (``head_classes.json``) -> its
+    ``head_atlas``, ``frame_atlas`` and ``pruning_curve`` tables (each may be empty: a study
+    without frame sweeps has no frame atlas rows).
 
-    def by(column: str) -> list[Head]:
-        values = rows[column].to_numpy(dtype=np.float64)
-        index = np.lexsort((np.arange(len(values)), np.where(np.isnan(values), np.inf, values)))
-        return [heads[i] for i in index]
+    ``params``: ``checkpoint``; ``sink_frames``: the untouched run's sink frames (its
+    policy's ``sink_frames``, 0 without a sink: frame 0)."""
+    began = time.perf_counter()
+    checkpoint = str(params["checkpoint"])
+    paths = [Path(p) for p in inputs]
+    effects_files = [p for p in paths if p.suffix == ".parquet"]
+    classes_files = [p for p in paths if p.suffix == ".json"]
+    folders = [p for p in paths if p not in effects_files and p not in classes_files]
+    if len(effects_files) != 1:
+        raise SinkscopeError(
+            f"checkpoint {checkpoint!r}: the atlases read one variant_effects table, given {effects_files}"
+        )
+    effects = read_table(effects_files[0])
+    effects = effects[effects["checkpoint"].astype(str) == checkpoint]
+    rows = default_rows(folders)
+    head_classes = None
+    if classes_files:
+        from sinkscope.interventions import read_head_classes
 
-    orders = {
-        "drift": by("drift_last_block"),
-        "random": random_order(heads, sweep),
-        "frame0_mass": by("frame0_mass_default"),
+        head_classes = read_head_classes(classes_files[0])
+    sinks = int(params.get("sink_frames") or 0)
+    tables = {
+        "head_atlas": head_atlas(effects, default_head_mass(rows), head_classes),
+        "frame_atlas": frame_atlas(effects, default_frame_mass(rows), range(sinks) if sinks > 0 else (0,)),
+        "pruning_curve": pruning_curve(effects),
     }
-    return {order: orders[order] for order in HEAD_ORDERS}
+    metadata = {
+        **provenance("atlas_tables"),
+        "checkpoint": checkpoint,
+        "sink_frames": sinks,
+        "variant_effects": str(effects_files[0]),
+        "default_runs": [str(folder) for folder in folders],
+        "head_classes": str(classes_files[0]) if classes_files else None,
+    }
+    for name in ATLAS_TABLES:
+        write_table(tables[name], outputs[name], SCHEMAS[name], metadata)
+    log.info(
+        "atlases of %s: %s in %.2f s",
+        checkpoint,
+        ", ".join(f"{name} {len(tables[name])} rows" for name in ATLAS_TABLES),
+        time.perf_counter() - began,
+    )
