@@ -493,3 +493,19 @@ def test_a_swept_runs_refusal_from_the_variant_check_names_the_sweep():
     assert generation_options(config, "noise/f3", "demo").interventions[0].key_frames.frames == (3,)
     other = "config key variants.mine/L1H1.interventions[0].heads: L9H1 is not a head"
     assert sweep_message(other, ["noise"]) == other
+
+
+def test_a_hand_written_atlas_selection_must_name_a_head_sweep():
+    variants = {
+        "mine": {"interventions": [{"edit": "mask_keys", "heads": "atlas:heads:random:3", "key_frames": [0]}]},
+        "theirs": {"interventions": [{"edit": "mask_keys", "heads": "atlas:frames:drift:3", "key_frames": [0]}]},
+        "broken": {"interventions": [{"edit": "mask_key"}]},  # the variant check's to refuse
+    }
+    sweeps = {"heads": {"interventions": [MASK]}, "frames": SWEEPS["cache_per_frame"]}
+    with pytest.raises(ConfigError) as error:
+        parse_sweeps(sweeps, variants)
+    assert str(error.value) == (
+        "invalid config: config key variants.theirs.interventions[0].heads: 'atlas:frames:drift:3' names no sweep "
+        "of heads: each (heads)"
+    )
+    assert set(parse_sweeps(sweeps, {name: variants[name] for name in ("mine", "broken")})) == {"heads", "frames"}

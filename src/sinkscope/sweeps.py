@@ -280,9 +280,12 @@ def _frames_over(value: Any, where: str) -> FrameSelection:
     return FrameSelection("list", tuple(sorted(set(frames))))
 
 
-def parse_sweeps(sweeps: Mapping[str, Any] | None, variants: Sequence[str] = ()) -> dict[str, Sweep]:
+def parse_sweeps(
+    sweeps: Mapping[str, Any] | None, variants: Sequence[str] | Mapping[str, Any] = ()
+) -> dict[str, Sweep]:
     """Every sweep of the study (``sweeps:``), checked against each other and the study's
-    ``variants`` names (``sweep_problems``); a ``ConfigError`` naming every problem."""
+    ``variants`` (names, or the ``variants:`` mapping: ``sweep_problems``); a
+    ``ConfigError`` naming every problem."""
     parsed, problems = {}, []
     for name, entry in (sweeps or {}).items():
         try:
@@ -295,11 +298,29 @@ def parse_sweeps(sweeps: Mapping[str, Any] | None, variants: Sequence[str] = ())
     return parsed
 
 
-def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] = ()) -> list[str]:
+def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mapping[str, Any] = ()) -> list[str]:
     """What the sweeps cannot mean together: a sweep named like a variant or ``default``, a
     hand-written variant ``<sweep>/<item>`` of a sweep (give one form), a ranked sweep whose
-    atlas is not a head sweep of the study, or waits for classes while its k is ``auto``."""
+    atlas is not a head sweep of the study, or waits for classes while its k is ``auto``;
+    and, given the ``variants:`` mapping, a variant's ``atlas:`` selection naming no head
+    sweep (its other problems are the variant check's)."""
     problems = []
+    if isinstance(variants, Mapping):
+        for variant, entry in variants.items():
+            where = f"variants.{variant}.interventions"
+            try:
+                edits = parse_interventions((entry or {}).get("interventions"), where)
+            except ConfigError:
+                continue
+            for index, edit in enumerate(edits):
+                selection = getattr(edit, "heads", None)
+                atlas = sweeps.get(str(selection.atlas)) if selection is not None and selection.by_atlas else None
+                if selection is not None and selection.by_atlas and (atlas is None or atlas.axis != HEAD):
+                    problems.append(
+                        f"config key {where}[{index}].heads: {selection.to_config()!r} names no sweep of heads: each "
+                        f"({', '.join(n for n, s in sweeps.items() if s.axis == HEAD) or 'the study has none'})"
+                    )
+        variants = list(variants)
     for name in sweeps:
         if name == "default" or name in variants:
             problems.append(
