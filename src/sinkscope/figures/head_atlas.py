@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 
 from sinkscope.figures.colours import CLASS_COLORS, cell_size, colour_scale, colourbar, heat, scale_sentence
 from sinkscope.figures.layout import finish, new_figure, set_label_ticks
@@ -176,11 +176,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         ax.set_title(f"drift at the last block (head_atlas) · {sweeps[0]} · {source}", fontsize=9)
         return fig
     present = {class_of(v) for v in rows["head_class"]}
-    legend = [
-        Line2D([], [], ls="none", marker="s", ms=9, mfc="none", mec=SINK_EDGE, mew=1.6, label="sink-class head"),
-    ]
+    legend = [Patch(facecolor="none", edgecolor=SINK_EDGE, lw=1.6, label="sink-class head (map)")]
     if "sink?" in present:
-        legend.append(Line2D([], [], ls="none", marker="s", ms=9, mfc="none", mec=SINK_EDGE, mew=1.0, label="sink?"))
+        legend.append(Patch(facecolor="none", edgecolor=SINK_EDGE, lw=1.6, ls=(0, (2, 1.5)), label="sink? (map)"))
     for label in ("sink", "local", "periodic", "diffuse"):
         if label in present or f"{label}?" in present:
             legend.append(
