@@ -199,3 +199,72 @@ def cache_rows(
                                     )
                                 )
     return pd.DataFrame(rows)
+
+
+def synthetic_atlas(
+    layers: int,
+    heads: int,
+    *,
+    frames: int = 21,
+    per_block: int = 3,
+    runs=(("p", 0), ("p", 1)),
+    checkpoint: str = "ck",
+    seed: int = 0,
+) -> dict[str, pd.DataFrame]:
+    """head_atlas, frame_atlas and pruning_curve as sinkscope.pipeline.atlas makes them from
+    the variant_effects of four sweeps (every head; every layer; every cached frame; a
+    pruning curve) against a default run: a head's drift grows with its untouched frame-0
+    mass (heads above 0.5 are sink-class), a frame's with its untouched mass, and masking
+    heads in the atlas's order moves the video least."""
+    from sinkscope.pipeline.atlas import frame_atlas, head_atlas, pruning_curve
+    from sinkscope.pipeline.effects import frame_blocks, frame_effects
+    from sinkscope.sweeps import pruning_grid
+
+    rng = np.random.default_rng(seed)
+    blocks = frame_blocks([per_block] * (frames // per_block), frames)
+    cached = int(np.flatnonzero(blocks == blocks.max())[0])
+    mass = rng.beta(0.6, 2.0, size=(layers, heads))
+    frame_mass = np.sort(rng.random(cached))[::-1] / cached
+    total = layers * heads
+    scales = {}
+    for layer in range(layers):
+        for head in range(heads):
+            scales[f"sink_per_head/L{layer + 1}H{head + 1}"] = 0.02 + 0.3 * mass[layer, head] * rng.random()
+        scales[f"per_layer/L{layer + 1}"] = 0.05 + 0.3 * mass[layer].mean()
+    for frame in range(cached):
+        scales[f"cache_per_frame/f{frame}"] = 0.02 + 2.0 * frame_mass[frame]
+    for k in pruning_grid(total):
+        share = k / total
+        if k == total:
+            scales[f"prune/all_k{k}"] = 0.5
+            continue
+        for order, curve in (("drift", share**3), ("random", share), ("frame0_mass", share**1.5)):
+            scales[f"prune/{order}_k{k}"] = 0.5 * curve
+    parts, head_rows, frame_rows = [], [], []
+    for prompt, run_seed in runs:
+        reference = rng.normal(size=(2, frames, 2, 2)).astype(np.float32)
+        run = dict(checkpoint=checkpoint, prompt_id=prompt, seed=run_seed)
+        for variant, scale in scales.items():
+            noise = rng.normal(size=reference.shape) * (1 + 0.1 * rng.normal())
+            moved = reference + scale * (blocks > 0)[None, :, None, None] * noise
+            table = pd.DataFrame(frame_effects(moved.astype(np.float32), reference))
+            parts.append(table.assign(block=blocks, variant=variant, **run))
+        jitter = rng.normal(scale=0.02, size=mass.shape)
+        for layer in range(layers):
+            for head in range(heads):
+                head_rows.append(
+                    dict(run, layer=layer, head=head, frame0_mass_default=mass[layer, head] + jitter[layer, head])
+                )
+        for frame in range(cached):
+            frame_rows.append(dict(run, key_frame=frame, frame_mass_default=frame_mass[frame]))
+    effects = pd.concat(parts, ignore_index=True)
+    classes = {
+        (layer, head): "sink" if mass[layer, head] > 0.5 else "sink?" if mass[layer, head] > 0.45 else "local"
+        for layer in range(layers)
+        for head in range(heads)
+    }
+    return {
+        "head_atlas": head_atlas(effects, pd.DataFrame(head_rows), classes),
+        "frame_atlas": frame_atlas(effects, pd.DataFrame(frame_rows), sink_frames=(0,)),
+        "pruning_curve": pruning_curve(effects),
+    }

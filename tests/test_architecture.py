@@ -37,6 +37,7 @@ LAYER_TABLE = (
             "labels",
             "interventions",
             "prompt_schedules",
+            "sweeps",
         ),
         "leaves shared by everything",
     ),
@@ -177,6 +178,7 @@ PLANNING = tuple(
             "sinkscope.schema",
             "sinkscope.interventions",
             "sinkscope.prompt_schedules",
+            "sinkscope.sweeps",
         }
     )
 )

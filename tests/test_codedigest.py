@@ -129,8 +129,22 @@ PINNED = {
         "pipeline.effects",
         "pipeline.integrity",
         "pipeline.latents",
+        "sweeps",
     },
     "combine_effects": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
+    "atlas_tables": {
+        *_SUMMARIES,
+        "interventions",
+        "manifests",
+        "pipeline.aggregate",
+        "pipeline.atlas",
+        "pipeline.effects",
+        "pipeline.integrity",
+        "pipeline.latents",
+        "sweeps",
+    },
+    # Its own module: editing the atlas tables' code reruns no pruning run.
+    "atlas_head_orders": {"io", "naming", "interventions", "sweeps", "pipeline.headorders", *_TABLES},
 }
 
 

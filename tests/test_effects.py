@@ -444,3 +444,29 @@ def test_demo_study_with_three_edits_gives_effects_tables_and_figures(workflow):
     jobs = workflow.planned_jobs()
     assert jobs.get("variant_effects") == 1 and jobs.get("combine_effects") == 1
     assert jobs.get("extract_attention") == 2 * 2  # kv_int8's: seeds x layer groups (one layer a job on the CPU)
+
+
+def test_atlas_selections_flag_the_first_k_heads_of_the_atlas_order(tmp_path):
+    """A pruning run's edits (atlas:<sweep>:<order>:<k>) name the first k heads of the
+    atlas's order in its head orders file, which the job takes beside the head classes."""
+    from sinkscope.interventions import write_head_classes
+    from sinkscope.sweeps import write_head_orders
+
+    folders = [
+        write_run(tmp_path / "x", "default", "p", 0, latents_of(0), synthetic_rows(seed=0)),
+        write_run(tmp_path / "x", "prune/drift_k1", "p", 0, latents_of(1), synthetic_rows(seed=1)),
+        write_run(tmp_path / "x", "by_class", "p", 0, latents_of(2), synthetic_rows(seed=2)),
+    ]
+    interventions = {
+        "prune/drift_k1": [{"edit": "mask_keys", "heads": "atlas:heads:drift:1", "key_frames": "cached"}],
+        "by_class": [{"edit": "mask_keys", "heads": "class:sink", "key_frames": [0]}],
+    }
+    orders = {"drift": [(3, 1), (3, 0)], "random": [(3, 0), (3, 1)], "frame0_mass": [(3, 0), (3, 1)]}
+    orders_file, classes_file = tmp_path / "head_orders.json", tmp_path / "head_classes.json"
+    write_head_orders(orders_file, orders, checkpoint="ck", sweep="heads", runs=1)
+    write_head_classes(classes_file, {(3, 0): "sink", (3, 1): "local"}, source="ck", call=("denoise", 1))
+    with pytest.raises(SinkscopeError, match="head atlas 'heads' \\(atlas:\\), and no head orders file"):
+        run_job(tmp_path, folders, interventions, extra=[classes_file])
+    heads = run_job(tmp_path, folders, interventions, extra=[orders_file, classes_file])["variant_head_effects"]
+    flagged = {(v, int(h)) for v, h, e in zip(heads["variant"], heads["head"], heads["edited"]) if e}
+    assert flagged == {("prune/drift_k1", 1), ("by_class", 0)}

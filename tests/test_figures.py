@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib import colors as mcolors
-from synthetic import synthetic_effects
+from synthetic import synthetic_atlas, synthetic_effects
 
 from sinkscope import figures
 from sinkscope.errors import DamagedFileError
@@ -260,6 +260,8 @@ def study(size: str, window: int | None = None, sinks: int = 0) -> dict[str, pd.
         "variants_diagnostics": summaries.head_diagnostics(both[both["block"] == both["block"].max()]),
         # The paired effects of three edited variants against the default run (checkpoint figures).
         **synthetic_effects(layers, heads, runs=runs, checkpoint="demo"),
+        # The atlases of four sweeps (every head, every layer, every cached frame, a pruning curve).
+        **synthetic_atlas(layers, heads, runs=runs, checkpoint="demo"),
         "grid": grid,
         "frames": synthetic_contact_frames(),
         "diagnostics_all": pd.concat(
@@ -426,6 +428,8 @@ def tables_for(kind: str, data: dict) -> dict[str, pd.DataFrame]:
         }
     if FIGURES[kind].scope == "study":
         return {"head_diagnostics": data["diagnostics_all"]}
+    if FIGURES[kind].scope == "sweep":
+        return {name: data[name] for name in FIGURES[kind].tables}
     if FIGURES[kind].scope == "run":  # the contact sheet: images, not tables
         return {"frames": data["frames"]}
     tables = {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}

@@ -20,7 +20,7 @@ docs/architecture.md says what lives where)::
      schema tables digests
      tokens attention labels
      interventions
-     prompt_schedules
+     prompt_schedules sweeps
 """
 
 __version__ = "0.1.0"

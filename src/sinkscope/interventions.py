@@ -11,11 +11,13 @@ parsed edits. Four edits, each with its config name (``edit``) and canonical for
   ``source`` (``noise``, or an earlier frame) for the rest of the video.
 
 Heads are ``all``, paper labels (``[L1H1, L5H10]``, 1-based as ``figures.heads``), layers
-(``L5``: every head of layer 5) or ``class:<head class>`` (the heads of that class in the
+(``L5``: every head of layer 5), ``class:<head class>`` (the heads of that class in the
 untouched ``default`` run of the same checkpoint; the job turns it into a list with
-``with_head_classes`` before generating). Key frames are absolute latent frames, ``sink``
-or ``cached``. What the model and the video must have is checked by
-``sinkscope.pipeline.config``; docs/interventions.md describes the edits.
+``with_head_classes`` before generating) or ``atlas:<sweep>:<order>:<k>`` (the first k
+heads of a head atlas's order, ``sinkscope.sweeps``; the job turns it into a list with
+``with_head_orders``). Key frames are absolute latent frames, ``sink`` or ``cached``. What
+the model and the video must have is checked by ``sinkscope.pipeline.config``;
+docs/interventions.md describes the edits.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ HEAD_CLASS_LABELS = ("sink", "sink?", "local", "local?", "periodic", "diffuse")
 CLASS_PREFIX = "class:"
 # random:<head class>[:<draw>]: the matched control of class:<head class> (``HeadSelection``).
 RANDOM_PREFIX = "random:"
+# atlas:<sweep>:<order>:<k>: the first k heads of a head atlas in one order (``sinkscope.sweeps``):
+# least drift first, a seeded random order, least untouched frame-0 mass first.
+ATLAS_PREFIX = "atlas:"
+HEAD_ORDERS = ("drift", "random", "frame0_mass")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 LAYER_LABEL = re.compile(r"^L(\d+)$")
 Head = tuple[int, int]
 
@@ -65,28 +72,51 @@ def _did_you_mean(word: str, known: Iterable[str]) -> str:
 class HeadSelection:
     """Which heads an attention edit touches: ``all``; a ``list`` of heads (and of whole
     layers); a ``layer`` pattern (every head of ``layers``); a head ``class`` of the
-    untouched run; or ``random``, the matched control of a class: in each layer, as many
+    untouched run; ``random``, the matched control of a class: in each layer, as many
     heads as it has of ``head_class``, drawn among its other heads (a fixed draw for each
-    ``draw`` number). Layers and heads are 0-based."""
+    ``draw`` number); or ``atlas``, the first ``count`` heads of head atlas ``atlas`` in
+    ``order`` (``HEAD_ORDERS``). Layers and heads are 0-based."""
 
     kind: str
     heads: tuple[Head, ...] = ()
     layers: tuple[int, ...] = ()
     head_class: str | None = None
     draw: int = 0
+    atlas: str | None = None
+    order: str | None = None
+    count: int = 0
 
     @property
     def by_class(self) -> bool:
         """Whether the heads come from the untouched run's classes (``class`` or ``random``)."""
         return self.kind in ("class", "random")
 
+    @property
+    def by_atlas(self) -> bool:
+        """Whether the heads come from a head atlas's order (``atlas``)."""
+        return self.kind == "atlas"
+
     def resolve(
-        self, num_layers: int, num_heads: int, head_classes: Mapping[Head, str] | None = None
+        self,
+        num_layers: int,
+        num_heads: int,
+        head_classes: Mapping[Head, str] | None = None,
+        head_orders: Mapping[str, Mapping[str, Sequence[Head]]] | None = None,
     ) -> frozenset[Head]:
         """The (layer, head) pairs selected in a model of ``num_layers`` x ``num_heads``;
-        a ``class`` selection needs the untouched run's ``head_classes``."""
+        a ``class`` selection needs the untouched run's ``head_classes``, an ``atlas`` one
+        the ``head_orders`` of its atlas (sweep -> order -> heads, first to last)."""
         if self.kind == "all":
             return frozenset((layer, head) for layer in range(num_layers) for head in range(num_heads))
+        if self.by_atlas:
+            order = (head_orders or {}).get(str(self.atlas), {}).get(str(self.order))
+            if order is None:
+                raise SinkscopeError(f"heads {self.to_config()!r} need the head orders of atlas {self.atlas!r}")
+            if self.count > len(order):
+                raise SinkscopeError(
+                    f"heads {self.to_config()!r}: atlas {self.atlas!r} orders {len(order)} heads, not {self.count}"
+                )
+            return frozenset(tuple(head) for head in order[: self.count])
         if self.by_class:
             if head_classes is None:
                 raise SinkscopeError(f"heads {self.to_config()!r} need the head classes of the untouched run")
@@ -113,6 +143,8 @@ class HeadSelection:
             return CLASS_PREFIX + str(self.head_class)
         if self.kind == "random":
             return RANDOM_PREFIX + str(self.head_class) + (f":{self.draw}" if self.draw else "")
+        if self.kind == "atlas":
+            return f"{ATLAS_PREFIX}{self.atlas}:{self.order}:{self.count}"
         if self.kind == "layer" and len(self.layers) == 1:
             return layer_label(self.layers[0])
         labels = [(layer, -1, layer_label(layer)) for layer in self.layers]
@@ -245,8 +277,25 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
+def _parse_atlas(value: str, where: str) -> HeadSelection:
+    """``atlas:<sweep>:<order>:<k>``: the first k heads of a head atlas in one order."""
+    parts = [part.strip() for part in value[len(ATLAS_PREFIX) :].split(":")]
+    shape = f"atlas:<sweep>:<order>:<k> (orders: {', '.join(HEAD_ORDERS)})"
+    if len(parts) != 3:
+        raise _problem(where, f"{value!r} is not {shape}")
+    sweep, order, count = parts[0], parts[1], _as_int(parts[2])
+    if not NAME.match(sweep):
+        raise _problem(where, f"{value!r}: {sweep!r} is not a sweep name; it is {shape}")
+    if order not in HEAD_ORDERS:
+        raise _problem(where, f"{value!r}: {order!r} is not an order{_did_you_mean(order, HEAD_ORDERS)}; it is {shape}")
+    if count is None or count < 1:
+        raise _problem(where, f"{value!r}: {parts[2]!r} is not a head count (1, 2, ...); it is {shape}")
+    return HeadSelection("atlas", atlas=sweep, order=order, count=count)
+
+
 def parse_heads(value: Any, where: str) -> HeadSelection:
-    """``all``, ``class:<label>``, a label (``L1H1``, ``L5``) or a list of labels."""
+    """``all``, ``class:<label>``, ``random:<label>``, ``atlas:<sweep>:<order>:<k>``, a
+    label (``L1H1``, ``L5``) or a list of labels."""
     if isinstance(value, HeadSelection):
         return value
     if isinstance(value, str) and value.strip() == "all":
@@ -271,6 +320,8 @@ def parse_heads(value: Any, where: str) -> HeadSelection:
                 f"(classes: {', '.join(HEAD_CLASS_LABELS)})",
             )
         return HeadSelection("random", head_class=name, draw=number)
+    if isinstance(value, str) and value.strip().startswith(ATLAS_PREFIX):
+        return _parse_atlas(value.strip(), where)
     items = [value] if isinstance(value, str) else value
     if isinstance(items, (list, tuple)) and not items:
         # No heads: a class the untouched run gave no head (``with_head_classes``); the
@@ -429,15 +480,39 @@ def with_head_classes(edits: Sequence[Edit], head_classes: Mapping[Head, str]) -
     return tuple(resolved)
 
 
+def atlas_selections(edits: Sequence[Edit]) -> list[str]:
+    """The head atlases (sweep names) the edits select by (``atlas:`` selections), in order."""
+    found = [edit.heads.atlas for edit in edits if isinstance(edit, ATTENTION_EDITS) and edit.heads.by_atlas]
+    return list(dict.fromkeys(found))
+
+
+def with_head_orders(
+    edits: Sequence[Edit], head_orders: Mapping[str, Mapping[str, Sequence[Head]]]
+) -> tuple[Edit, ...]:
+    """The edits with every ``atlas:`` selection turned into the list of its first k heads in
+    ``head_orders`` (sweep -> order -> heads, as ``sinkscope.sweeps.read_head_orders`` gives)."""
+    resolved = []
+    for edit in edits:
+        if isinstance(edit, ATTENTION_EDITS) and edit.heads.by_atlas:
+            heads = tuple(sorted(edit.heads.resolve(0, 0, head_orders=head_orders)))
+            edit = dataclasses.replace(edit, heads=HeadSelection("list", heads=heads))
+        resolved.append(edit)
+    return tuple(resolved)
+
+
 def edited_heads(
-    edits: Sequence[Edit], num_layers: int, num_heads: int, head_classes: Mapping[Head, str] | None = None
+    edits: Sequence[Edit],
+    num_layers: int,
+    num_heads: int,
+    head_classes: Mapping[Head, str] | None = None,
+    head_orders: Mapping[str, Mapping[str, Sequence[Head]]] | None = None,
 ) -> frozenset[Head]:
     """The heads whose attention the edits change (``mask_keys`` and ``logit_bias``; a
     cache edit changes what every head reads)."""
     heads: set[Head] = set()
     for edit in edits:
         if isinstance(edit, ATTENTION_EDITS):
-            heads |= edit.heads.resolve(num_layers, num_heads, head_classes)
+            heads |= edit.heads.resolve(num_layers, num_heads, head_classes, head_orders)
     return frozenset(heads)
 
 

@@ -55,6 +55,7 @@ from sinkscope.figures.registry import (
     LAYER,
     RUN,
     STUDY,
+    SWEEP,
     FigureKind,
     figure_kind,
 )
@@ -153,6 +154,7 @@ def plot(
     variant: str | None = None,
     variants: Sequence[str] | None = None,
     checkpoints: Sequence[str] | None = None,
+    sweeps: Sequence[str] | None = None,
     grid: Sequence[int] | None = None,
     train_steps: Mapping[str, int | None] | None = None,
     source: str | None = None,
@@ -185,11 +187,15 @@ def plot(
             checkpoint=checkpoint,
             variant=variant,
             what=what if name == spec.tables[-1] else f"{what} ({name})",
-            variants=spec.scope in (CHECKPOINT, RUN),
+            variants=spec.scope in (CHECKPOINT, RUN, SWEEP),
             checkpoints=spec.scope == STUDY,
         )
         if variants and spec.scope in (CHECKPOINT, RUN):
             rows = rows[rows["variant"].isin(list(variants))]
+        if sweeps and spec.scope == SWEEP:
+            rows = rows[rows["sweep"].isin(list(sweeps))]
+            if rows.empty:
+                raise ValueError(f"{what}: no rows of sweeps {', '.join(sweeps)}")
         if checkpoints and spec.scope == STUDY:
             rows = rows[rows["checkpoint"].isin(list(checkpoints))]
         picked[name] = rows
@@ -200,7 +206,7 @@ def plot(
         source = source or "study"
         if checkpoints:
             train_steps = train_steps or {name: None for name in checkpoints}
-    elif spec.scope in (CHECKPOINT, RUN):
+    elif spec.scope in (CHECKPOINT, RUN, SWEEP):
         source = source or str(main["checkpoint"].iloc[0])
     else:
         source = _source(main, source)
@@ -247,6 +253,9 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # argument: (annotation, what it is)
     "block_stats": ("pd.DataFrame", "block_stats rows"),
     "variant_effects": ("pd.DataFrame", "variant_effects rows (per run, and the run-averaged rows it draws)"),
     "variant_head_effects": ("pd.DataFrame", "variant_head_effects rows (per run, and the run-averaged rows it draws)"),
+    "head_atlas": ("pd.DataFrame", "head_atlas rows (per run, and the run-averaged rows it draws)"),
+    "frame_atlas": ("pd.DataFrame", "frame_atlas rows (per run, and the run-averaged rows it draws)"),
+    "pruning_curve": ("pd.DataFrame", "pruning_curve rows (per run, and the run-averaged rows it draws)"),
     "frames": (
         "pd.DataFrame",
         "one image a row: checkpoint, variant, prompt_id, seed, frame, image (uint8 [H, W, 3]), "
@@ -271,6 +280,7 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # argument: (annotation, what it is)
     "variant": ("str | None", "the variant to draw, when the table holds several"),
     "variants": ("Sequence[str] | None", "the variants to compare (default: every one in the table)"),
     "checkpoints": ("Sequence[str] | None", "the checkpoints in order (default: the table's order)"),
+    "sweeps": ("Sequence[str] | None", "the sweeps to draw, a row of panels each (default: every one in the table)"),
     "train_steps": ("Mapping[str, int | None] | None", "checkpoint -> training step, the x axis"),
     "source": ("str | None", "the name in the subtitle (default: the checkpoint, @variant)"),
     "generation": (
@@ -307,6 +317,7 @@ def _signature(kind: FigureKind) -> inspect.Signature:
         CHECKPOINT: ["checkpoint", "variants"],
         RUN: ["checkpoint", "variants"],
         STUDY: ["train_steps", "checkpoints", "variant"],
+        SWEEP: ["checkpoint", "sweeps"],
     }.get(kind.scope, ["checkpoint", "variant"])
     named += ["source", "ax"]
     required = set(positional) - {"heads"}

@@ -21,6 +21,8 @@ The tables (DESIGN.md; the derived ones are computed in ``sinkscope.stats.summar
 - ``variant_effects`` / ``variant_head_effects``: each variant against the untouched
   ``default`` run of the same checkpoint, prompt and seed, per latent frame and per head
   (computed in ``sinkscope.pipeline.effects``).
+- ``head_atlas`` / ``frame_atlas`` / ``pruning_curve``: the sweeps' runs against the
+  untouched run, per swept head, cached frame and head count (``sinkscope.pipeline.atlas``).
 """
 
 from __future__ import annotations
@@ -274,6 +276,38 @@ VARIANT_HEAD_EFFECTS_SCHEMA = pa.schema(
     + run_std_fields(HEAD_EFFECTS_RUN_STD)
 )
 
+# The atlases of the sweeps (sinkscope.sweeps): what each swept head, layer, cached frame
+# and head count does to the video against the untouched run (sinkscope.pipeline.atlas).
+ATLAS_DRIFTS = ("drift_last_block", "drift_after_block0")
+HEAD_ATLAS_RUN_STD = (*ATLAS_DRIFTS, "frame0_mass_default")
+FRAME_ATLAS_RUN_STD = (*ATLAS_DRIFTS, "drift_after_frame", "frame_mass_default")
+PRUNING_CURVE_RUN_STD = ATLAS_DRIFTS
+_SWEEP_FIELDS = [
+    ("checkpoint", pa.string()),
+    ("sweep", pa.string()),
+    ("variant", pa.string()),
+    ("prompt_id", pa.string()),
+    ("seed", pa.int64()),
+]
+HEAD_ATLAS_SCHEMA = pa.schema(
+    _SWEEP_FIELDS
+    + [("layer", pa.int16()), ("head", pa.int16()), ("runs", pa.int16()), ("head_class", pa.string())]
+    + [(name, pa.float64()) for name in HEAD_ATLAS_RUN_STD]
+    + run_std_fields(HEAD_ATLAS_RUN_STD)
+)
+FRAME_ATLAS_SCHEMA = pa.schema(
+    _SWEEP_FIELDS
+    + [("key_frame", pa.int16()), ("block", pa.int16()), ("sink", pa.bool_()), ("runs", pa.int16())]
+    + [(name, pa.float64()) for name in FRAME_ATLAS_RUN_STD]
+    + run_std_fields(FRAME_ATLAS_RUN_STD)
+)
+PRUNING_CURVE_SCHEMA = pa.schema(
+    _SWEEP_FIELDS
+    + [("order", pa.string()), ("head_count", pa.int16()), ("runs", pa.int16())]
+    + [(name, pa.float64()) for name in PRUNING_CURVE_RUN_STD]
+    + run_std_fields(PRUNING_CURVE_RUN_STD)
+)
+
 SCHEMAS = {
     "frame_attention": FRAME_ATTENTION_SCHEMA,
     "query_stats": QUERY_STATS_SCHEMA,
@@ -284,6 +318,9 @@ SCHEMAS = {
     "head_diagnostics": HEAD_DIAGNOSTICS_SCHEMA,
     "variant_effects": VARIANT_EFFECTS_SCHEMA,
     "variant_head_effects": VARIANT_HEAD_EFFECTS_SCHEMA,
+    "head_atlas": HEAD_ATLAS_SCHEMA,
+    "frame_atlas": FRAME_ATLAS_SCHEMA,
+    "pruning_curve": PRUNING_CURVE_SCHEMA,
 }
 
 # What every column means; written into each file's metadata and into README.md.
@@ -293,7 +330,8 @@ COLUMN_DOCS: dict[str, str] = {
     "prompt_id": "the config's id for the prompt; '*' in rows that summarize the run-averaged curve",
     "seed": "noise seed; -1 in rows that summarize the run-averaged curve",
     "layer": "0-based transformer layer (paper notation L = layer + 1)",
-    "head": "0-based head (paper notation H = head + 1)",
+    "head": "0-based head (paper notation H = head + 1); head_atlas: -1 for a run that edits every head of the "
+    "layer (heads: each:layer)",
     "block": "generation block index",
     "pass": "'denoise' (a denoising step), 'cache' (the pass that writes the finished block's keys) or 'recache' (at a "
     "prompt switch, the kept frames recomputed under the new prompt before the block) or 'recompute' (Krea's "
@@ -304,7 +342,8 @@ COLUMN_DOCS: dict[str, str] = {
     "prompt_segment": "index of the prompt segment whose text the call is conditioned on (0 for a single prompt; the "
     "re-cache pass carries the new segment)",
     "query_frame": "absolute latent frame of the query tokens",
-    "key_frame": "absolute latent frame the key tokens were generated at (whatever the cache did with them)",
+    "key_frame": "absolute latent frame the key tokens were generated at (whatever the cache did with them); "
+    "frame_atlas: the frame whose cached keys the run edits",
     "logit_mean": "mean over token pairs of q.k/sqrt(d), pre-softmax (the Deep Forcing Figure 4 y axis)",
     "prob_mass": "mean over the query frame's tokens of the softmax mass on the key frame's tokens present; sums to 1 "
     "over key frames",
@@ -403,15 +442,36 @@ COLUMN_DOCS: dict[str, str] = {
     "pass, step and query frame (per run; the first run's in run-averaged rows)",
     "edited": "variant_head_effects: the head is named by a mask_keys or logit_bias edit of the variant",
     "frame0_mass_default": "variant_head_effects: the default run's mean softmax mass on frame 0 over the "
-    "matched calls",
+    "matched calls; head_atlas: the same over the default run's calls after block 0 (a layer's row: the mean of its "
+    "heads')",
     "frame0_mass_change": "variant_head_effects: mean over the matched calls after block 0 of the variant's "
     "frame-0 mass minus the default's (0 where frame 0 is not a key frame of the call)",
     "entropy_tokens_default": "variant_head_effects: the default run's mean token-level entropy (query_stats "
     "entropy_tokens, nats) over the matched calls",
     "entropy_tokens_change": "variant_head_effects: mean over the matched calls after block 0 of the variant's "
     "token-level entropy minus the default's (nats)",
+    "sweep": "the sweep (sweeps:) whose run the row is; its variant is <sweep>/<item>",
+    "drift_last_block": "head_atlas, frame_atlas, pruning_curve: the mean over the last block's latent frames of "
+    "variant_effects latent_rel_distance (||x - x_default|| / ||x_default||): how far the edit moved the video's end",
+    "drift_after_block0": "head_atlas, frame_atlas, pruning_curve: the mean latent_rel_distance over every latent "
+    "frame after block 0 (block 0 has no cache: no edit reaches it)",
+    "drift_after_frame": "frame_atlas: the mean latent_rel_distance over the frames of the blocks after the swept "
+    "frame's own (where masking it can act)",
+    "frame_mass_default": "frame_atlas: the default run's mean softmax mass on the frame over every captured head and "
+    "every call of a later block whose keys hold it, query frames averaged",
+    "sink": "frame_atlas: the frame is one of the policy's sink frames (frame 0 without a sink policy)",
+    "order": "pruning_curve: the order the atlas's heads are taken in: drift (least drift_last_block first), random "
+    "(a fixed random order), frame0_mass (least untouched frame-0 mass first), all (every head: the orders agree)",
+    "head_count": "pruning_curve: k, the heads the run edits (the first k of the order)",
 }
-for _name in {*LAYER_RUN_STD, *DIAGNOSTICS_RUN_STD, *EFFECTS_RUN_STD, *HEAD_EFFECTS_RUN_STD}:
+for _name in {
+    *LAYER_RUN_STD,
+    *DIAGNOSTICS_RUN_STD,
+    *EFFECTS_RUN_STD,
+    *HEAD_EFFECTS_RUN_STD,
+    *HEAD_ATLAS_RUN_STD,
+    *FRAME_ATLAS_RUN_STD,
+}:
     COLUMN_DOCS[_name + RUN_STD_SUFFIX] = (
         f"sample standard deviation (ddof 1) of {_name} between the runs (prompts x seeds), each run's own value; "
         "in run-averaged rows (prompt_id '*'; every head_diagnostics row); null in per-run rows and with one run"

@@ -16,6 +16,9 @@ SOURCE, LAYER, CHECKPOINT, STUDY = "source", "layer", "checkpoint", "study"
 # One checkpoint's variants for one prompt and seed, from their videos or latents (drawn by
 # the video rules, not from tables: sinkscope.pipeline.video).
 RUN = "run"
+# One checkpoint's sweeps (``sweeps:``, sinkscope.sweeps) over the kind's ``sweep_axes``,
+# from their atlas table: drawn where the checkpoint has such a sweep, a row of panels each.
+SWEEP = "sweep"
 # Options every figure takes (the ``figures:`` keys of the config).
 COMMON_OPTIONS = ("dpi", "frame_base")
 # The other ``figures:`` keys a kind may draw with, in the order rule params list them.
@@ -27,7 +30,8 @@ class FigureKind:
     name: str
     # SOURCE: one checkpoint and variant, every layer; LAYER: one layer of a source;
     # CHECKPOINT: the variants of one checkpoint side by side; STUDY: its checkpoints;
-    # RUN: the variants of one checkpoint for one prompt and seed (their frames).
+    # RUN: the variants of one checkpoint for one prompt and seed (their frames); SWEEP:
+    # one checkpoint's sweeps over ``sweep_axes``.
     scope: str
     # The tables it reads (layer figures: the frame_attention rows of their layer, read
     # from the extraction files).
@@ -52,6 +56,8 @@ class FigureKind:
     # Drawn only when the config names a label file (diagnostics.reference_labels), which
     # the workflow hands it beside its tables.
     needs_reference_labels: bool = False
+    # SWEEP: the axes of the sweeps it draws (sinkscope.sweeps: head, layer, frame, ranked).
+    sweep_axes: tuple[str, ...] = ()
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -238,6 +244,33 @@ FIGURES: dict[str, FigureKind] = {
             compares="variants",
         ),
         FigureKind(
+            "head_atlas",
+            SWEEP,
+            ("head_atlas",),
+            (),
+            "layers x heads of the drift each head's edit alone gives the video, sink-class heads outlined, "
+            "and that drift against the head's untouched frame-0 mass",
+            sweep_axes=("head", "layer"),
+        ),
+        FigureKind(
+            "frame_atlas",
+            SWEEP,
+            ("frame_atlas",),
+            (),
+            "the drift each cached frame's edit alone gives the video, sink frames marked, above the untouched "
+            "run's mass on that frame",
+            sweep_axes=("frame",),
+        ),
+        FigureKind(
+            "pruning_curve",
+            SWEEP,
+            ("pruning_curve",),
+            (),
+            "drift at the last block against the number of heads edited, taken by least atlas drift, in a random "
+            "order and by least frame-0 mass, bands across runs",
+            sweep_axes=("ranked",),
+        ),
+        FigureKind(
             "contact_sheet",
             RUN,
             ("frames",),
@@ -268,8 +301,8 @@ def kinds(scope: str) -> tuple[str, ...]:
     return tuple(name for name, kind in FIGURES.items() if kind.scope == scope)
 
 
-SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES = (
-    kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY)
+SOURCE_FIGURES, LAYER_FIGURES, CHECKPOINT_FIGURES, STUDY_FIGURES, SWEEP_FIGURES = (
+    kinds(s) for s in (SOURCE, LAYER, CHECKPOINT, STUDY, SWEEP)
 )
 TOKEN_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_token_profiles)
 SWITCH_FIGURES = tuple(name for name, kind in FIGURES.items() if kind.needs_prompt_switches)

@@ -232,6 +232,8 @@ STAGE_MODULES = {
     "intervention_head_classes": ("sinkscope.pipeline.headclasses",),
     "variant_effects": ("sinkscope.pipeline.effects",),
     "combine_effects": ("sinkscope.pipeline.aggregate",),
+    "atlas_tables": ("sinkscope.pipeline.atlas",),
+    "atlas_head_orders": ("sinkscope.pipeline.headorders",),
 }
 
 

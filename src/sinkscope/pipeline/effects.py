@@ -31,6 +31,7 @@ which is exactly 1 for equal vectors and keeps its precision for nearly equal on
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -159,13 +160,15 @@ def edited_heads(
     num_layers: int,
     num_heads: int,
     head_classes: Mapping[tuple[int, int], str] | None = None,
+    head_orders: Mapping[str, Mapping[str, Sequence[tuple[int, int]]]] | None = None,
 ) -> frozenset[tuple[int, int]]:
     """The (layer, head) pairs named by the ``mask_keys`` / ``logit_bias`` edits among a
-    variant's ``interventions`` (their config form; ``where`` names them in errors)."""
+    variant's ``interventions`` (their config form; ``where`` names them in errors);
+    ``class:`` selections resolved with ``head_classes``, ``atlas:`` ones with ``head_orders``."""
     from sinkscope import interventions
 
     parsed = interventions.parse_interventions(list(edits), where)
-    heads = interventions.edited_heads(parsed, num_layers, num_heads, head_classes)
+    heads = interventions.edited_heads(parsed, num_layers, num_heads, head_classes, head_orders)
     return frozenset((int(layer), int(head)) for layer, head in heads)
 
 
@@ -173,6 +176,27 @@ def _needs_classes(edits: Sequence[Mapping[str, Any]], where: str) -> bool:
     from sinkscope import interventions
 
     return bool(interventions.class_selections(interventions.parse_interventions(list(edits), where)))
+
+
+def _atlases(edits: Sequence[Mapping[str, Any]], where: str) -> list[str]:
+    from sinkscope import interventions
+
+    return interventions.atlas_selections(interventions.parse_interventions(list(edits), where))
+
+
+def _edit_files(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
+    """The JSON inputs split by their format: head classes files, head orders files (a file
+    that is neither goes with the classes, whose reader names it damaged)."""
+    from sinkscope.sweeps import HEAD_ORDERS_FORMAT
+
+    classes, orders = [], []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            data = None
+        (orders if isinstance(data, dict) and data.get("format") == HEAD_ORDERS_FORMAT else classes).append(path)
+    return classes, orders
 
 
 # -- the runs' spread ----------------------------------------------------------------------------
@@ -257,14 +281,15 @@ def _runs(folders: Iterable[str | Path]) -> dict[tuple[str, str, str, int], _Run
 
 def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path], params: Mapping[str, Any]) -> None:
     """One checkpoint's extraction folders (every variant, prompt, seed and layer group;
-    and the head classes file when an edit selects heads by class) -> its
-    ``variant_effects`` and ``variant_head_effects`` tables.
+    the head classes file when an edit selects heads by class, and the head orders file of
+    each head atlas an edit selects by, ``atlas:``) -> its ``variant_effects`` and
+    ``variant_head_effects`` tables.
 
     ``params``: ``checkpoint``; ``interventions``: variant -> its edits (config form)."""
     began = time.perf_counter()
     checkpoint = params["checkpoint"]
     interventions: Mapping[str, list] = params.get("interventions") or {}
-    classes_files = [Path(p) for p in inputs if str(p).endswith(".json")]
+    classes_files, orders_files = _edit_files([Path(p) for p in inputs if str(p).endswith(".json")])
     runs = _runs(p for p in inputs if not str(p).endswith(".json"))
     defaults = {key[2:]: run for key, run in runs.items() if key[1] == DEFAULT_VARIANT}
     if not defaults:
@@ -283,6 +308,22 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
         from sinkscope.interventions import read_head_classes
 
         head_classes = read_head_classes(classes_files[0])
+    head_orders: dict[str, dict] = {}
+    if orders_files:
+        from sinkscope.sweeps import read_head_orders
+
+        for path in orders_files:
+            head_orders.update(read_head_orders(path))
+    wanted = {
+        atlas
+        for variant, edits in interventions.items()
+        for atlas in _atlases(edits or [], f"variants.{variant}.interventions")
+    }
+    if wanted - set(head_orders):
+        raise SinkscopeError(
+            f"checkpoint {checkpoint!r}: an edit selects heads by head atlas {sorted(wanted - set(head_orders))[0]!r} "
+            "(atlas:), and no head orders file of it was given"
+        )
     frame_parts, head_parts = [], []
     edited_cache: dict[str, frozenset] = {}
     paired = [(key, run) for key, run in sorted(runs.items()) if key[1] != DEFAULT_VARIANT]
@@ -318,6 +359,7 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
                     int(model.get("num_layers", 0)),
                     int(model.get("num_heads", 0)),
                     head_classes,
+                    head_orders,
                 )
             heads = head_effects(run.calls(), reference_calls).assign(**columns)
             edited = edited_cache[variant]
