@@ -27,6 +27,7 @@ LAYER_TABLE = (
             "io",
             "manifests",
             "naming",
+            "names",
             "options",
             "schema",
             "tables",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from sinkscope import __version__
+from sinkscope import __version__, arguments
 from sinkscope.arguments import OUTPUT_RULE, OneLineArgumentParser, natural, output_path
 from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.schema import load_schema, schema_defaults
@@ -68,7 +68,12 @@ def _study(args: argparse.Namespace, *, local: bool = True):
     from sinkscope.pipeline.study import load_study
 
     overrides = _overrides(args.overrides, dotted=args.command == "extract")
-    return load_study(apply_overrides(read_config_file(args.config), overrides), local=local)
+    raw = apply_overrides(read_config_file(args.config), overrides)
+    if args.command == "extract" and args.layers and isinstance(raw.get("figures"), dict):
+        # One job of the layers asked for, which draws no figure: the study's figure heads
+        # and highlighted layers (checked against the layers it captures) do not bind them.
+        raw["figures"] = {k: v for k, v in raw["figures"].items() if k not in ("heads", "highlight_layers")}
+    return load_study(raw, local=local)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -608,8 +613,10 @@ def build_parser() -> argparse.ArgumentParser:
     imp = sub.add_parser("import-cache", help="convert an older extraction script's .pt cache to frame_attention rows")
     imp.add_argument("path")
     imp.add_argument("--out", required=True, type=output_path, help=f"output .parquet; {OUTPUT_RULE}")
-    imp.add_argument("--checkpoint", default="legacy", help="name for the checkpoint column (default: legacy)")
-    imp.add_argument("--prompt-id", default=None, help="prompt id for the rows (default: legacy)")
+    imp.add_argument(
+        "--checkpoint", default="legacy", type=arguments.name, help="name for the checkpoint column (default: legacy)"
+    )
+    imp.add_argument("--prompt-id", default=None, type=arguments.name, help="prompt id for the rows (default: legacy)")
     imp.add_argument("--seed", type=natural, default=0, help="seed for the rows (older caches did not record one)")
     imp.add_argument(
         "--allow-pickle", action="store_true", help="allow unpickling objects beyond tensors (trusted files only)"
@@ -634,7 +641,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=output_path,
         help=f"folder for <table>.parquet, head_classes.csv and token_profiles/; {OUTPUT_RULE}",
     )
-    agg.add_argument("--name", help="the source name in the tables (default: checkpoint[@variant] of the inputs)")
+    agg.add_argument(
+        "--name",
+        type=arguments.source_name,
+        help="the source name in the tables (default: checkpoint[@variant] of the inputs)",
+    )
     agg.add_argument("--force", action="store_true", help="replace tables an earlier aggregate wrote at --out")
     agg.set_defaults(func=cmd_aggregate)
 
