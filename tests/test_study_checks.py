@@ -410,7 +410,7 @@ def test_check_takes_overrides_as_snakemake_config_does(tmp_path, capsys, overri
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     # The nested form merges into the section, as Snakemake's update of its config does.
-    assert cli_main(["check", str(path), "generation={num_frames: 9}", "figures={heads: [L1H1]}"]) == 0
+    assert cli_main(["check", "--show-config", str(path), "generation={num_frames: 9}", "figures={heads: [L1H1]}"]) == 0
     config = yaml.safe_load(capsys.readouterr().out)
     assert config["generation"]["num_frames"] == 9 and config["generation"]["frames_per_block"] == 3
     assert config["figures"]["heads"] == ["L1H1"] and config["figures"]["step"] == "last"

@@ -1,6 +1,6 @@
 """The ``sinkscope`` command: the pipeline's jobs and checks, runnable without Snakemake.
 
-    sinkscope check [config.yaml] [key=value ...]   validate a config as the Snakefile does, print it normalized
+    sinkscope check [config.yaml] [key=value ...]   validate a config as the Snakefile does: every problem, or a verdict
     sinkscope check --results [config.yaml]          finished runs' cache contents against their policies' layouts
     sinkscope models                                 named model configs and their sizes
     sinkscope extract --layers 0 4 --out DIR         one extraction job (one generation)
@@ -77,12 +77,25 @@ def _study(args: argparse.Namespace, *, local: bool = True):
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from sinkscope.pipeline.verdict import verdict
+
     study = _study(args, local=not args.cluster)
     if args.results:
         return _check_results(study)
-    print(yaml.safe_dump(dict(study.config), sort_keys=False), end="")
-    print(f"# extraction jobs compute on: {study.device}", file=sys.stderr)
+    if args.show_config:
+        print(yaml.safe_dump(_shown_config(study), sort_keys=False), end="")
+    print(f"sinkscope check: {verdict(study, args.config)}", file=sys.stderr)
     return 0
+
+
+def _shown_config(study) -> dict:
+    """The config every rule reads, with the variants the study runs: those it adds
+    (``default``, the untouched run paired with edited variants) shown as the empty
+    variant they are (the study's generation, unchanged)."""
+    config = dict(study.config)
+    configured = config.get("variants") or {}
+    config["variants"] = {name: dict(configured.get(name) or {}) for name in study.variants}
+    return config
 
 
 def _check_results(study) -> int:
@@ -556,7 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser(
-        "check", help="validate a config (as the Snakefile does) and print it with defaults filled in"
+        "check",
+        help="validate a config as the Snakefile does: every problem, one line each, or a verdict line "
+        "(runs, jobs, layers, device, an estimate of the time)",
     )
     check.add_argument(
         "config",
@@ -572,6 +587,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--cluster", action="store_true", help="jobs run elsewhere: skip checks of this machine's devices"
+    )
+    check.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the config as every rule reads it (defaults filled in, the variants the study adds listed)",
     )
     check.add_argument(
         "--results",
