@@ -91,6 +91,17 @@ def test_every_name_of_the_config_is_held_to_the_rule(raw, key, tmp_path):
     assert any(problem.startswith(line) for problem in error.value.problems), error.value.problems
 
 
+def test_a_file_shipped_in_the_package_is_named_not_reached_by_a_path(tmp_path):
+    for key, entry in (
+        ("weights", {"model": "demo", "weights": "sinkscope:../../pyproject.toml"}),
+        ("lora", {"model": "demo", "weights": "sinkscope:demo_trained.pt", "lora": "sinkscope:../x.pt"}),
+    ):
+        with pytest.raises(ConfigError) as error:
+            normalize_config({"checkpoints": {"demo": entry}}, base_dir=tmp_path)
+        (line,) = error.value.problems  # the entry is not resolved past its refused name
+        assert line.startswith(f"config key checkpoints.demo.{key}: 'sinkscope:../") and "holds '/'" in line
+
+
 def test_names_one_folder_apart_only_in_case_are_refused(tmp_path):
     assert folded_collisions(["demo", "Demo", "other", "demo"]) == [("demo", "Demo")]
     with pytest.raises(ConfigError) as error:
@@ -103,6 +114,7 @@ def test_names_one_folder_apart_only_in_case_are_refused(tmp_path):
     edit = [{"edit": "mask_keys", "heads": "all", "key_frames": [0]}]
     with pytest.raises(ConfigError, match="'default' and 'Default' differ only in letter case"):
         normalize_config({"variants": {"Default": {"interventions": edit}}}, base_dir=tmp_path)
+    assert normalize_config({"variants": {"Default": {"num_frames": 6}}}, base_dir=tmp_path)  # no default added
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from sinkscope.model.checkpoints import (
     find_vae,
     resolve_checkpoint,
 )
+from sinkscope.model.weightfiles import PACKAGE_PREFIX
 from sinkscope.names import folded_collisions, name_problem
 from sinkscope.naming import parse_head_label
 from sinkscope.options import (
@@ -272,8 +273,9 @@ def _section_of(error) -> str:
 
 def _name_problems(raw: Mapping) -> list[tuple[str, str]]:
     """Names become file and folder names and Snakemake wildcard values: every name the
-    user chose (``naming.name_problem``, the one rule), each prompt id a legacy cache's
-    rows get, as (section, one line)."""
+    user chose (``names.name_problem``, the one rule), each prompt id a legacy cache's
+    rows get, and the file a ``sinkscope:<file>`` weights or adapter names in the package,
+    as (section, one line)."""
     problems = []
     for section in NAMED_SECTIONS:
         entries = raw.get(section)
@@ -283,6 +285,15 @@ def _name_problems(raw: Mapping) -> list[tuple[str, str]]:
                 if problem is not None:
                     # A name that is not a string leaves the section out of the later checks.
                     problems.append((section if not isinstance(key, str) else "", f"config key {section}: {problem}"))
+    checkpoints = raw.get("checkpoints")
+    for name, entry in checkpoints.items() if isinstance(checkpoints, Mapping) else ():
+        for key in ("weights", "lora"):
+            value = entry.get(key) if isinstance(entry, Mapping) else None
+            value = value.get("path") if isinstance(value, Mapping) else value
+            if isinstance(value, str) and value.startswith(PACKAGE_PREFIX) and len(value) > len(PACKAGE_PREFIX):
+                problem = name_problem(value[len(PACKAGE_PREFIX) :])
+                if problem is not None:  # a file shipped in the package is named, not reached by a path
+                    problems.append(("checkpoints", f"config key checkpoints.{name}.{key}: {value!r}: {problem}"))
     legacy = raw.get("legacy_caches")
     for name, entry in legacy.items() if isinstance(legacy, Mapping) else ():
         prompt_id = entry.get("prompt_id") if isinstance(entry, Mapping) else None
@@ -303,8 +314,8 @@ def _case_collisions(config: Mapping, invalid: set[str]) -> list[str]:
         groups["checkpoints"] = [*config["checkpoints"], *config["legacy_caches"]]
     if "prompts" not in invalid:
         groups["prompts"] = list(config["prompts"])
-    if "variants" not in invalid:
-        groups["variants"] = ["default", *config["variants"]]
+    if not invalid & {"variants", "generation"}:
+        groups["variants"] = variant_names(config)
     for section, names in groups.items():
         for first, second in folded_collisions(names):
             problems.append(
