@@ -498,6 +498,12 @@ def test_extract_takes_every_dotted_set_as_check_takes_its_nested_form(tmp_path,
             arguments = ["extract", "--out", "ext", "--force"] + [x for pair in sets for x in ("--set", pair)]
             assert cli_main(arguments) == 0, capsys.readouterr().err
         assert job.call_args.kwargs["generation"]["num_frames"] == 9
+    # A dotted key reaches a name of one letter (Snakemake's own keys need two); a malformed one is named.
+    with mock.patch("sinkscope.pipeline.extract.extract_job") as job:
+        assert cli_main(["extract", "--out", "ext", "--force", "--set", "prompts.a=a ball"]) == 0
+    assert job.call_args.kwargs["prompt_id"] == "a"
+    assert cli_main(["extract", "--out", "ext", "--force", "--set", "generation..num_frames=9"]) == 2
+    assert "'generation..num_frames' is not a dotted key" in capsys.readouterr().err
     status = cli_main(["extract", "--out", "ext", "--force", "--set", "generation.num_frames=nine"])
     err = capsys.readouterr().err
     assert status == 2 and "config key generation.num_frames: 'nine' is not an integer" in err
