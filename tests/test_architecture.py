@@ -28,6 +28,7 @@ LAYER_TABLE = (
             "io",
             "manifests",
             "naming",
+            "names",
             "options",
             "schema",
             "tables",

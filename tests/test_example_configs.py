@@ -1,8 +1,8 @@
 """Every example config (configs/*.yaml) is a whole study: ``snakemake --configfile
 configs/X.yaml`` plans that study alone (config.yaml is not read), and ``sinkscope check
 configs/X.yaml`` refuses exactly what that planning refuses. Without its files each
-example fails naming every missing weights file; with tiny stand-ins in the real formats
-at the paths its comments name (tests/fakes.py) both accept it, with the layers and
+example fails naming every missing file at once (weights, base folders, adapters); with
+tiny stand-ins in the real formats at the paths its comments name (tests/fakes.py) both accept it, with the layers and
 heads fitted to the stand-ins through --config as a user would override them."""
 
 from __future__ import annotations
@@ -42,6 +42,23 @@ def weights_files(name: str) -> dict[str, str]:
         for checkpoint, entry in checkpoints.items()
         if entry.get("weights") and not entry["weights"].startswith("sinkscope:")
     }
+
+
+def missing_paths(name: str) -> list[str]:
+    """The start of each line the check names without the example's files, in order: per
+    checkpoint its weights, its base folder and its adapter."""
+    checkpoints = read_config_file(example_file(name))["checkpoints"]
+    lines = []
+    for checkpoint, weights in weights_files(name).items():
+        entry = checkpoints[checkpoint]
+        lines.append(f"config key checkpoints.{checkpoint}: weights '{weights}' do not exist")
+        if entry.get("base"):
+            lines.append(f"config key checkpoints.{checkpoint}: base folder '{entry['base']}' does not exist")
+        lora = entry.get("lora")
+        lora = lora.get("path") if isinstance(lora, dict) else lora
+        if lora:
+            lines.append(f"config key checkpoints.{checkpoint}.lora: adapter '{lora}' does not exist")
+    return lines
 
 
 # Examples that run on the shipped demo (configs/interventions.yaml): nothing to download.
@@ -108,13 +125,14 @@ def test_an_example_on_the_shipped_demo_needs_no_files(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.parametrize("name", sorted(set(EXAMPLES) - set(SHIPPED)))
-def test_check_without_its_files_names_each_missing_weights_file(name, tmp_path, monkeypatch, capsys):
+def test_check_without_its_files_lists_every_missing_file_at_once(name, tmp_path, monkeypatch, capsys):
     status, message = check(name, tmp_path, monkeypatch, capsys)
     assert status == 2
     lines = message.removeprefix("invalid config:").strip().splitlines()
-    assert len(lines) == len(weights_files(name)), message
-    for line, (checkpoint, weights) in zip(lines, weights_files(name).items()):
-        assert line.strip().startswith(f"config key checkpoints.{checkpoint}: weights '{weights}' do not exist"), line
+    expected = missing_paths(name)
+    assert len(lines) == len(expected), message
+    for line, start in zip(lines, expected):
+        assert line.strip().startswith(start), line
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

@@ -53,10 +53,16 @@ def example(name: str) -> dict:
 def test_without_its_files_each_missing_path_is_named_in_one_line(name, tmp_path):
     with pytest.raises(ConfigError) as error:
         load_study(example(name), base_dir=tmp_path, check_this_machine=False)
-    lines = str(error.value).removeprefix("invalid config:").strip().splitlines()
-    assert len(lines) == len(CONFIGS[name])
-    for line, (checkpoint, path) in zip(lines, CONFIGS[name].items()):
-        assert line.strip().startswith(f"config key checkpoints.{checkpoint}: weights '{path}' do not exist"), line
+    lines = [line.strip() for line in str(error.value).removeprefix("invalid config:").strip().splitlines()]
+    expected = []  # per checkpoint: its weights, the Wan release folder, LongLive's adapter
+    for checkpoint, path in CONFIGS[name].items():
+        expected.append(f"config key checkpoints.{checkpoint}: weights '{path}' do not exist")
+        expected.append(f"config key checkpoints.{checkpoint}: base folder 'wan_models/Wan2.1-T2V-1.3B' does not exist")
+        if checkpoint == "longlive":
+            expected.append("config key checkpoints.longlive.lora: adapter 'longlive_models/models/lora.pt' does not")
+    assert len(lines) == len(expected), lines
+    for line, start in zip(lines, expected):
+        assert line.startswith(start), line
 
 
 def write_stand_ins(root, name: str) -> None:

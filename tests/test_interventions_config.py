@@ -357,8 +357,10 @@ def test_no_implicit_default_without_edits_or_beside_a_named_one():
         {"kv": {"interventions": [{"edit": "quantize_cache", "format": "int4"}]}, "default": {"num_frames": 9}}
     )
     assert named.variants == ["kv", "default"]
-    # An empty list is no edit: no control is added for it.
-    assert _study({"plain": {"interventions": []}}).variants == ["plain"]
+    # An empty list edits nothing: the variant would be the untouched run again; refused.
+    assert "config key variants.plain.interventions: an empty list edits nothing" in _refusal(
+        {"plain": {"interventions": []}}
+    )
 
 
 # -- class: selections -----------------------------------------------------------------------------------

@@ -414,7 +414,12 @@ def test_the_longlive_example_config_checks_once_its_files_exist(tmp_path, base_
     example = yaml.safe_load((REPO / "configs" / "longlive.yaml").read_text())
     with pytest.raises(ConfigError) as error:
         normalize_config(example, base_dir=tmp_path)
-    one_line_refusal(error, "checkpoints.longlive: weights 'longlive_models/models/longlive_base.pt' do not exist")
+    # Every missing file at once, one line each: the weights, the Wan release folder, the adapter.
+    assert [line.split(" (looked at")[0] for line in error.value.problems] == [
+        "config key checkpoints.longlive: weights 'longlive_models/models/longlive_base.pt' do not exist",
+        "config key checkpoints.longlive: base folder 'wan_models/Wan2.1-T2V-1.3B' does not exist",
+        "config key checkpoints.longlive.lora: adapter 'longlive_models/models/lora.pt' does not exist",
+    ]
     # The same files with the tiny model's weights, where the example says they lie.
     write_wan_folder(tmp_path / "wan_models" / "Wan2.1-T2V-1.3B", tiny_state(seed=9))
     write_self_forcing_pt(tmp_path / "longlive_models" / "models" / "longlive_base.pt", base_state)

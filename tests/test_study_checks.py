@@ -3,10 +3,12 @@ refuse the same configs, at config time, each with one line naming the key or fi
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 import yaml
+from conftest import REPO
 
 from sinkscope.cli import main as cli_main
 from sinkscope.errors import ConfigError, SinkscopeError
@@ -37,7 +39,10 @@ BAD_CONFIG_FILES = {
     "seed_past_int64": ("seeds: [9223372036854775808]\n", "seeds[0]"),
     "highlight_layer_missing": ("figures:\n  highlight_layers: [99]\n", "figures.highlight_layers: [99] do not exist"),
     "first_k_past_video": ("diagnostics:\n  first_k: 1000\n", "diagnostics.first_k: 1000 frames are more"),
-    "periodic_prompt_id": ("prompts:\n  take_00000000000000000000: a ball\n", "prompts.take_00000000000000000000"),
+    "periodic_prompt_id": (
+        "prompts:\n  take_00000000000000000000: a ball\n",
+        "config key prompts: name 'take_00000000000000000000' is not allowed: it ends in '0' repeated 20 times",
+    ),
     "triton_on_cpu": ("device: cpu\ncapture:\n  backend: triton\n", "capture.backend: 'triton'"),
     "head_zero": ("figures:\n  heads: [L0H1]\n", "'L0H1' is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0"),
     "shift_overflows_schedule": (
@@ -49,6 +54,40 @@ BAD_CONFIG_FILES = {
         "figures.highlight_layers: [4] are not captured (layers: [0, 1])",
     ),
     "misspelled_key": ("generation:\n  num_frame: 9\n", "'num_frame' in generation (did you mean 'num_frames'?)"),
+    "bias_overflows": (
+        "variants:\n  v:\n    interventions:\n"
+        "      - {edit: logit_bias, heads: all, key_frames: [0], bias: 1.0e+300}\n",
+        "variants.v.interventions[0].bias: 1e+300 makes the edited scores overflow after the softmax's max shift",
+    ),
+    "biases_add_up_past_the_limit": (
+        "variants:\n  v:\n    interventions:\n"
+        "      - {edit: logit_bias, heads: all, key_frames: [0], bias: 6.0e+37}\n"
+        "      - {edit: logit_bias, heads: [L1H1], key_frames: [1], bias: -6.0e+37}\n",
+        "variants.v.interventions: the logit_bias edits' biases add up to 1.2e+38",
+    ),
+    "empty_interventions": (
+        "variants:\n  v:\n    interventions: []\n",
+        "variants.v.interventions: an empty list edits nothing",
+    ),
+    "edit_given_twice": (
+        "variants:\n  v:\n    interventions:\n"
+        "      - {edit: mask_keys, heads: [L1H1], key_frames: [0]}\n"
+        "      - {edit: mask_keys, heads: [L1H1], key_frames: [0]}\n",
+        "variants.v.interventions[1]: the same edit as [0] (give it once)",
+    ),
+    "compile_on_the_cpu": (
+        "device: cpu\ncapture:\n  compile: true\n",
+        "capture.compile: true compiles the model's blocks on CUDA only, and the jobs compute on 'cpu'",
+    ),
+    "figure_head_not_captured": (
+        "layers: [0, 1]\nfigures:\n  heads: [L1H1, L3H2]\n",
+        "figures.heads: 'L3H2' is in layer 2 (0-based), which the study does not capture (layers: [0, 1])",
+    ),
+    "memory_past_any_machine": ("max_job_memory_gib: 1.0e+300\n", "max_job_memory_gib: 1e+300 is greater than"),
+    "legacy_prompt_id_is_a_path": (
+        "legacy_caches:\n  old:\n    path: old.pt\n    prompt_id: ../../etc\n",
+        "legacy_caches.old.prompt_id: name '../../etc' is not allowed: it holds '/', a path separator",
+    ),
     # The message names the policy the procedure needs, which configs/rolling-forcing.yaml sets.
     "rolling_forcing_under_global": (
         "generation:\n  procedure: rolling_forcing\n  cache_policy: global\n",
@@ -371,7 +410,101 @@ def test_check_takes_overrides_as_snakemake_config_does(tmp_path, capsys, overri
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     # The nested form merges into the section, as Snakemake's update of its config does.
-    assert cli_main(["check", str(path), "generation={num_frames: 9}", "figures={heads: [L1H1]}"]) == 0
+    assert cli_main(["check", "--show-config", str(path), "generation={num_frames: 9}", "figures={heads: [L1H1]}"]) == 0
     config = yaml.safe_load(capsys.readouterr().out)
     assert config["generation"]["num_frames"] == 9 and config["generation"]["frames_per_block"] == 3
     assert config["figures"]["heads"] == ["L1H1"] and config["figures"]["step"] == "last"
+
+
+# -- every problem at once, then a verdict ---------------------------------------------------------
+
+
+def test_the_check_lists_every_problem_at_once(tmp_path):
+    """A misspelled key, a NaN, a name that is a path, two missing files of one checkpoint,
+    a head no model has, a missing legacy cache: one listing, one line each. What depends
+    on a part that failed (the heads of a checkpoint that did not resolve) is left out."""
+    raw = {
+        "generation": {"num_frame": 9},
+        "diagnostics": {"sink_ratio": math.nan},
+        "prompts": {"../x": "a ball", "ok": "a ball"},
+        "checkpoints": {
+            "demo": {"model": "demo", "format": "self_forcing", "weights": "sinkscope:demo_trained.pt"},
+            "real": {"format": "self_forcing", "weights": "real.pt", "base": "wan_models/Wan2.1-T2V-1.3B"},
+        },
+        "figures": {"heads": ["L7H1", "L5H13", "L1H1"]},
+        "legacy_caches": {"old": {"path": "old.pt"}},
+    }
+    with pytest.raises(ConfigError) as error:
+        load_study(raw, base_dir=tmp_path)
+    starts = [
+        "config key prompts: name '../x' is not allowed",
+        "config key diagnostics.sink_ratio: nan is not a finite number",
+        "unknown config key 'num_frame' in generation (did you mean 'num_frames'?)",
+        "config key checkpoints.real: weights 'real.pt' do not exist",
+        "config key checkpoints.real: base folder 'wan_models/Wan2.1-T2V-1.3B' does not exist",
+        "config key figures.heads: 'L7H1' does not exist in checkpoint 'demo'",
+        "config key figures.heads: 'L5H13' does not exist in checkpoint 'demo'",
+        "config key legacy_caches.old.path: file 'old.pt' does not exist",
+    ]
+    problems = error.value.problems
+    assert len(problems) == len(starts), problems
+    for start in starts:
+        assert sum(problem.startswith(start) for problem in problems) == 1, (start, problems)
+    assert str(error.value) == "invalid config:\n  " + "\n  ".join(problems)
+
+
+def test_the_jobs_console_line_of_a_listing_holds_every_problem():
+    from sinkscope.pipeline.jobs import _one_line
+
+    listing = ConfigError.invalid(["config key a: x", "config key b: y"])
+    assert _one_line(listing, "log.txt") == "invalid config:\n  config key a: x\n  config key b: y"
+    assert _one_line(SinkscopeError("first\nsecond"), "log.txt") == "first (more in log.txt)"
+
+
+def test_the_machine_check_lists_each_capture_setting_the_device_cannot_run():
+    config, resolved = checked_config({"device": "cpu", "capture": {"backend": "triton", "compile": True}})
+    with pytest.raises(ConfigError) as error:
+        check_machine(config, resolved)
+    assert [line.split(":")[0] for line in error.value.problems] == [
+        "config key capture.backend",
+        "config key capture.compile",
+    ]
+
+
+def test_the_default_figure_heads_follow_the_layers_a_study_captures(tmp_path, capsys):
+    """config.yaml's heads are the default pair: `layers=[0,1]` over it is a smaller study,
+    whose L5H10 panel says the layer was not extracted; heads the user chose must be captured."""
+    path = tmp_path / "config.yaml"
+    path.write_text((REPO / "config.yaml").read_text())
+    assert cli_main(["check", str(path), "layers=[0,1]"]) == 0
+    capsys.readouterr()
+    assert cli_main(["check", str(path), "layers=[0,1]", "figures={heads: [L1H1, L2H2, L5H10]}"]) == 2
+    assert "figures.heads: 'L5H10' is in layer 4 (0-based)" in capsys.readouterr().err
+
+
+def test_layers_per_job_past_the_study_layers_is_one_job_of_them_all():
+    assert resolve_layers_per_job(2**63, 6, "cpu") == 6
+    study = load_study({"layers": [0, 1], "layers_per_job": 2**63})
+    assert study.layer_groups == [[0, 1]]
+
+
+def test_extract_takes_every_dotted_set_as_check_takes_its_nested_form(tmp_path, monkeypatch, capsys):
+    from unittest import mock
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("layers: [0]\n")
+    for sets in (["generation.num_frames=9"], ["generation.num_frames=9", "generation.cache_policy=window"]):
+        with mock.patch("sinkscope.pipeline.extract.extract_job") as job:
+            arguments = ["extract", "--out", "ext", "--force"] + [x for pair in sets for x in ("--set", pair)]
+            assert cli_main(arguments) == 0, capsys.readouterr().err
+        assert job.call_args.kwargs["generation"]["num_frames"] == 9
+    # A dotted key reaches a name of one letter (Snakemake's own keys need two); a malformed one is named.
+    with mock.patch("sinkscope.pipeline.extract.extract_job") as job:
+        assert cli_main(["extract", "--out", "ext", "--force", "--set", "prompts.a=a ball"]) == 0
+    assert job.call_args.kwargs["prompt_id"] == "a"
+    assert cli_main(["extract", "--out", "ext", "--force", "--set", "generation..num_frames=9"]) == 2
+    assert "'generation..num_frames' is not a dotted key" in capsys.readouterr().err
+    status = cli_main(["extract", "--out", "ext", "--force", "--set", "generation.num_frames=nine"])
+    err = capsys.readouterr().err
+    assert status == 2 and "config key generation.num_frames: 'nine' is not an integer" in err
+    assert "Traceback" not in err and err.count("\n") == 1

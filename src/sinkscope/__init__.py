@@ -16,10 +16,10 @@ docs/architecture.md says what lives where)::
   1  model stats                  Wan2.1, KV cache, cache policies, checkpoints, loading;
                                   per-call statistics and derived summaries
   0  errors arguments io          leaves shared by everything
-     manifests naming options
-     schema tables digests
-     tokens attention labels
-     interventions
+     manifests naming names
+     options schema tables
+     digests tokens attention
+     labels interventions
      prompt_schedules sweeps
 """
 

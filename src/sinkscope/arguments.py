@@ -77,6 +77,23 @@ def torch_device(text: str) -> str:
     return text
 
 
+def name(text: str) -> str:
+    """A name that becomes file and folder names (``naming.name_problem``, the config's rule)."""
+    from sinkscope.names import name_problem
+
+    problem = name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def source_name(text: str) -> str:
+    """A source's name: a name, or ``<checkpoint>@<variant>`` (two names)."""
+    for part in text.split("@", 1) if text.count("@") == 1 else [text]:
+        name(part)
+    return text
+
+
 def output_path(text: str) -> str:
     """A path to write (a file, a folder or a figure prefix): the folder it goes in exists
     and takes new files, or only that last folder is missing and the one above it takes

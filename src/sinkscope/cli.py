@@ -1,6 +1,6 @@
 """The ``sinkscope`` command: the pipeline's jobs and checks, runnable without Snakemake.
 
-    sinkscope check [config.yaml] [key=value ...]   validate a config as the Snakefile does, print it normalized
+    sinkscope check [config.yaml] [key=value ...]   validate a config as the Snakefile does: every problem, or a verdict
     sinkscope check --results [config.yaml]          finished runs' cache contents against their policies' layouts
     sinkscope models                                 named model configs and their sizes
     sinkscope extract --layers 0 4 --out DIR         one extraction job (one generation)
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from sinkscope import __version__
+from sinkscope import __version__, arguments
 from sinkscope.arguments import OUTPUT_RULE, OneLineArgumentParser, natural, output_path
 from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.schema import load_schema, schema_defaults
@@ -69,16 +69,34 @@ def _study(args: argparse.Namespace, *, local: bool = True):
     from sinkscope.pipeline.study import load_study
 
     overrides = _overrides(args.overrides, dotted=args.command == "extract")
-    return load_study(apply_overrides(read_config_file(args.config), overrides), local=local)
+    raw = apply_overrides(read_config_file(args.config), overrides)
+    if args.command == "extract" and args.layers and isinstance(raw.get("figures"), dict):
+        # One job of the layers asked for, which draws no figure: the study's figure heads
+        # and highlighted layers (checked against the layers it captures) do not bind them.
+        raw["figures"] = {k: v for k, v in raw["figures"].items() if k not in ("heads", "highlight_layers")}
+    return load_study(raw, local=local)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from sinkscope.pipeline.verdict import verdict
+
     study = _study(args, local=not args.cluster)
     if args.results:
         return _check_results(study)
-    print(yaml.safe_dump(dict(study.config), sort_keys=False), end="")
-    print(f"# extraction jobs compute on: {study.device}", file=sys.stderr)
+    if args.show_config:
+        print(yaml.safe_dump(_shown_config(study), sort_keys=False), end="")
+    print(f"sinkscope check: {verdict(study, args.config)}", file=sys.stderr)
     return 0
+
+
+def _shown_config(study) -> dict:
+    """The config every rule reads, with the variants the study runs: those it adds
+    (``default``, the untouched run paired with edited variants) shown as the empty
+    variant they are (the study's generation, unchanged)."""
+    config = dict(study.config)
+    configured = config.get("variants") or {}
+    config["variants"] = {name: dict(configured.get(name) or {}) for name in study.variants}
+    return config
 
 
 def _check_results(study) -> int:
@@ -567,7 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser(
-        "check", help="validate a config (as the Snakefile does) and print it with defaults filled in"
+        "check",
+        help="validate a config as the Snakefile does: every problem, one line each, or a verdict line "
+        "(runs, jobs, layers, device, an estimate of the time)",
     )
     check.add_argument(
         "config",
@@ -583,6 +603,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--cluster", action="store_true", help="jobs run elsewhere: skip checks of this machine's devices"
+    )
+    check.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the config as every rule reads it (defaults filled in, the variants the study adds listed)",
     )
     check.add_argument(
         "--results",
@@ -624,8 +649,10 @@ def build_parser() -> argparse.ArgumentParser:
     imp = sub.add_parser("import-cache", help="convert an older extraction script's .pt cache to frame_attention rows")
     imp.add_argument("path")
     imp.add_argument("--out", required=True, type=output_path, help=f"output .parquet; {OUTPUT_RULE}")
-    imp.add_argument("--checkpoint", default="legacy", help="name for the checkpoint column (default: legacy)")
-    imp.add_argument("--prompt-id", default=None, help="prompt id for the rows (default: legacy)")
+    imp.add_argument(
+        "--checkpoint", default="legacy", type=arguments.name, help="name for the checkpoint column (default: legacy)"
+    )
+    imp.add_argument("--prompt-id", default=None, type=arguments.name, help="prompt id for the rows (default: legacy)")
     imp.add_argument("--seed", type=natural, default=0, help="seed for the rows (older caches did not record one)")
     imp.add_argument(
         "--allow-pickle", action="store_true", help="allow unpickling objects beyond tensors (trusted files only)"
@@ -650,7 +677,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=output_path,
         help=f"folder for <table>.parquet, head_classes.csv and token_profiles/; {OUTPUT_RULE}",
     )
-    agg.add_argument("--name", help="the source name in the tables (default: checkpoint[@variant] of the inputs)")
+    agg.add_argument(
+        "--name",
+        type=arguments.source_name,
+        help="the source name in the tables (default: checkpoint[@variant] of the inputs)",
+    )
     agg.add_argument("--force", action="store_true", help="replace tables an earlier aggregate wrote at --out")
     agg.set_defaults(func=cmd_aggregate)
 

@@ -51,6 +51,7 @@ from sinkscope.legacy.plan import (
 from sinkscope.legacy.rows import _KEY_COLUMNS, _with_constant_columns
 from sinkscope.legacy.tokens import _import_token_entries
 from sinkscope.model.torchfile import read_archive
+from sinkscope.names import check_name
 from sinkscope.tables import FRAME_ATTENTION_SCHEMA, write_table
 
 log = logging.getLogger("sinkscope.legacy")
@@ -95,11 +96,15 @@ def import_cache(
     num_frames, frame_seq_length, the blocks, what each entry held (logits or
     probabilities, and how that was decided), and what could not be imported and why.
     Raises ``LegacyCacheError`` (a ValueError naming the file and the field) for an
-    unknown layout, lengths that are not whole frames, NaN values or a missing layer.
+    unknown layout, lengths that are not whole frames, NaN values or a missing layer; a
+    ConfigError for a ``checkpoint`` or ``prompt_id`` that cannot be a name
+    (``naming.name_problem``), before the file is read.
     """
+    # Both name the rows' source and prompt, which become file and folder names downstream.
+    check_name(checkpoint, "checkpoint")
+    prompt_id = check_name(DEFAULT_PROMPT_ID if prompt_id is None else str(prompt_id), "prompt_id")
     path, data = _load(path, allow_pickle)
     plan = _plan(data, path)
-    prompt_id = DEFAULT_PROMPT_ID if prompt_id is None else str(prompt_id)
     not_imported: list[str] = []
     if plan.layout == "frame_matrix":
         parts, described = _import_frame_matrix(data, plan, path, not_imported)

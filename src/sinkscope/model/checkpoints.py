@@ -158,8 +158,12 @@ def text_encoder_spec(folders: list[Path], config: WanConfig, *, demo: bool) -> 
         layout = umt5_layout(folder)
         if layout:
             return TextEncoderSpec("umt5", layout, str(folder), text_dim=config.text_dim, text_len=config.text_len)
+    raise FileNotFoundError(_no_text_encoder(folders))
+
+
+def _no_text_encoder(folders: list[Path]) -> str:
     where = ", ".join(str(f) for f in folders) or "no folder"
-    raise FileNotFoundError(
+    return (
         f"no umT5 text encoder found ({where}); set 'base' to the Wan2.1 release folder "
         f"(with {WAN_T5_FILE} and {WAN_TOKENIZER_DIR}/) or to a diffusers folder (text_encoder/, tokenizer/)"
     )
@@ -242,6 +246,10 @@ def resolve_checkpoint(spec: CheckpointSpec, base_dir: str | Path = ".") -> Reso
     """
     try:
         return _resolve(spec, Path(base_dir))
+    except _MissingPaths as exc:
+        raise ConfigError.invalid(
+            [f"config key checkpoints.{spec.name}{'.lora' if key == 'lora' else ''}: {line}" for key, line in exc.lines]
+        ) from None
     except _AdapterProblem as exc:
         raise ConfigError(f"config key checkpoints.{spec.name}.lora: {exc}") from None
     except (WeightsError, FileNotFoundError, KeyError, ValueError) as exc:
@@ -251,6 +259,35 @@ def resolve_checkpoint(spec: CheckpointSpec, base_dir: str | Path = ".") -> Reso
 
 class _AdapterProblem(Exception):
     """A problem of the checkpoint's lora: adapter (named as its own config key)."""
+
+
+class _MissingPaths(Exception):
+    """Every path of the entry that does not exist, as (key, line): listed together."""
+
+    def __init__(self, lines: list[tuple[str, str]]) -> None:
+        super().__init__(lines)
+        self.lines = lines
+
+
+def _missing_paths(spec: CheckpointSpec, weights: Path, base: Path | None, base_dir: Path) -> list[tuple[str, str]]:
+    """The weights, base folder and adapter the entry names that do not exist, and the
+    umT5 text encoder when the base folder exists without it (the weights folder, the
+    other place it may be, is missing): what a user fetches before anything else is read."""
+    missing = []
+    if not weights.exists():
+        missing.append(
+            ("weights", missing_path(f"weights {spec.weights!r} do not exist (looked at {weights})", spec.weights))
+        )
+    if base is not None and not base.is_dir():
+        missing.append(("base", f"base folder {spec.base!r} does not exist (looked at {base})"))
+    lora = spec.lora.path if isinstance(spec.lora, LoraSpec) else None
+    adapter = resolve_path(lora, base_dir) if lora else None
+    if adapter is not None and not adapter.exists():
+        missing.append(("lora", missing_path(f"adapter {lora!r} does not exist (looked at {adapter})", lora)))
+    if missing and not weights.exists() and base is not None and base.is_dir() and spec.model != "demo":
+        if umt5_layout(base) is None:
+            missing.append(("base", _no_text_encoder([base])))
+    return missing
 
 
 def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
@@ -265,13 +302,10 @@ def _resolve(spec: CheckpointSpec, base_dir: Path) -> ResolvedCheckpoint:
     weights = resolve_path(spec.weights, base_dir)
     if weights is None:
         raise WeightsError(f"format {spec.format!r} needs 'weights' (a file or folder)")
-    if not weights.exists():
-        raise FileNotFoundError(
-            missing_path(f"weights {spec.weights!r} do not exist (looked at {weights})", spec.weights)
-        )
     base = resolve_path(spec.base, base_dir)
-    if base is not None and not base.is_dir():
-        raise FileNotFoundError(f"base folder {spec.base!r} does not exist (looked at {base})")
+    missing = _missing_paths(spec, weights, base, base_dir)
+    if missing:
+        raise _MissingPaths(missing)
     fmt = named or weight_format(detect_format(weights))
     fmt.files(weights)  # the layout the format expects, before anything else is asked of it
     if spec.model:

@@ -53,6 +53,7 @@ NOT_RESULT_CODE = frozenset(
     {
         "sinkscope",  # the version string
         "sinkscope.errors",  # exception classes and their messages
+        "sinkscope.names",  # the rule for names the user chooses (validation)
         "sinkscope.pipeline",
         "sinkscope.pipeline.codedigest",
         "sinkscope.pipeline.config",

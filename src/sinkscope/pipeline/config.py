@@ -11,13 +11,16 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib.util
+import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sinkscope.errors import ConfigError, SinkscopeError
+from sinkscope.interventions import LogitBias
 from sinkscope.labels import read_label_file
 from sinkscope.model.checkpoints import (
     ResolvedCheckpoint,
@@ -25,6 +28,8 @@ from sinkscope.model.checkpoints import (
     find_vae,
     resolve_checkpoint,
 )
+from sinkscope.model.weightfiles import PACKAGE_PREFIX
+from sinkscope.names import folded_collisions, name_problem
 from sinkscope.naming import parse_head_label
 from sinkscope.options import (
     GLOBAL,
@@ -186,9 +191,7 @@ def _describe(error) -> str:
     key = _key_path(error.absolute_path)
     value = error.instance
     if "propertyNames" in error.schema_path:
-        if error.validator == "maxLength":
-            return f"config key {key}: name {value[:40]!r}... is longer than {error.validator_value} characters"
-        return f"config key {key}: name {value!r} is not allowed (use letters, digits and _ . + - only)"
+        return f"config key {key}: {name_problem(value)}"
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(value) - set(allowed)) if isinstance(value, dict) else []
@@ -243,33 +246,88 @@ def _article(type_name: str) -> str:
 
 def validate_schema(config: Mapping) -> None:
     """Raise ConfigError listing every schema violation, key and value named."""
+    problems = schema_problems(config)
+    if problems:
+        raise ConfigError.invalid(sorted({line for _, line in problems}))
+
+
+def schema_problems(config: Mapping) -> list[tuple[str, str]]:
+    """Every schema violation as (the top-level section it lies in, one line naming key
+    and value); the section is '' for an unknown top-level key (which leaves the others
+    whole)."""
     from jsonschema import Draft202012Validator
 
     validator = Draft202012Validator(load_schema())
     errors = sorted(
         validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))
     )
-    if errors:
-        lines = sorted({_describe(error) for error in errors})
-        raise ConfigError.invalid(lines)
+    return [(_section_of(error), _describe(error)) for error in errors]
+
+
+def _section_of(error) -> str:
+    """The top-level section a schema error leaves unusable; '' for one that leaves every
+    section whole: an unknown top-level key, a name the name rule refuses too (the entry
+    under it is checked as usual)."""
+    if not error.absolute_path or "propertyNames" in error.schema_path:
+        return ""
+    return str(error.absolute_path[0])
 
 
 # -- semantic checks -----------------------------------------------------------------
 
 
-def _check_names(raw: Mapping) -> None:
-    """Names become file names: they must be strings (YAML reads ``1:`` as a number)."""
+def _name_problems(raw: Mapping) -> list[tuple[str, str]]:
+    """Names become file and folder names and Snakemake wildcard values: every name the
+    user chose (``names.name_problem``, the one rule), each prompt id a legacy cache's
+    rows get, and the file a ``sinkscope:<file>`` weights or adapter names in the package,
+    as (section, one line)."""
+    problems = []
     for section in NAMED_SECTIONS:
         entries = raw.get(section)
         if isinstance(entries, Mapping):
             for key in entries:
-                if not isinstance(key, str):
-                    raise ConfigError.invalid(
-                        [
-                            f"config key {section}: the name {key!r} is a {type(key).__name__}; "
-                            f"names must be strings (write '{key}' in quotes)"
-                        ]
-                    )
+                problem = name_problem(key)
+                if problem is not None:
+                    # A name that is not a string leaves the section out of the later checks.
+                    problems.append((section if not isinstance(key, str) else "", f"config key {section}: {problem}"))
+    checkpoints = raw.get("checkpoints")
+    for name, entry in checkpoints.items() if isinstance(checkpoints, Mapping) else ():
+        for key in ("weights", "lora"):
+            value = entry.get(key) if isinstance(entry, Mapping) else None
+            value = value.get("path") if isinstance(value, Mapping) else value
+            if isinstance(value, str) and value.startswith(PACKAGE_PREFIX) and len(value) > len(PACKAGE_PREFIX):
+                problem = name_problem(value[len(PACKAGE_PREFIX) :])
+                if problem is not None:  # a file shipped in the package is named, not reached by a path
+                    problems.append(("checkpoints", f"config key checkpoints.{name}.{key}: {value!r}: {problem}"))
+    legacy = raw.get("legacy_caches")
+    for name, entry in legacy.items() if isinstance(legacy, Mapping) else ():
+        prompt_id = entry.get("prompt_id") if isinstance(entry, Mapping) else None
+        if prompt_id is not None and isinstance(name, str):
+            problem = name_problem(prompt_id)
+            if problem is not None:
+                problems.append(("", f"config key legacy_caches.{name}.prompt_id: {problem}"))
+    return problems
+
+
+def _case_collisions(config: Mapping, invalid: set[str]) -> list[str]:
+    """Names that differ only in letter case are one folder on macOS and Windows: sources
+    (checkpoints and legacy caches), prompts, and variants (with ``default``, which the
+    study may add)."""
+    problems = []
+    groups = {}
+    if not invalid & {"checkpoints", "legacy_caches"}:
+        groups["checkpoints"] = [*config["checkpoints"], *config["legacy_caches"]]
+    if "prompts" not in invalid:
+        groups["prompts"] = list(config["prompts"])
+    if not invalid & {"variants", "generation"}:
+        groups["variants"] = variant_names(config)
+    for section, names in groups.items():
+        for first, second in folded_collisions(names):
+            problems.append(
+                f"config key {section}: {first!r} and {second!r} differ only in letter case, and are one folder on "
+                "the file systems of macOS and Windows; rename one"
+            )
+    return problems
 
 
 def merge_variant(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -434,15 +492,29 @@ def _unique(lines: list[str]) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
-def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoint]:
+def _check_semantics(
+    config: dict, base_dir: Path, invalid: set[str]
+) -> tuple[dict[str, ResolvedCheckpoint], list[str], bool]:
+    """The checks past the schema: (the checkpoints resolved, every problem, whether every
+    run's generation options were built). A check runs only over sections the schema and
+    the name rule left whole (``invalid`` names the others), so one bad key does not hide a
+    missing file; a check that needs a part that failed (a checkpoint that did not resolve,
+    a run whose options do not build) is skipped for it."""
+
+    def whole(*sections: str) -> bool:
+        return not invalid.intersection(sections)
+
     problems: list[str] = []
     options: dict[tuple[str, str], GenerationOptions] = {}
-    for checkpoint in config["checkpoints"]:
-        for variant in variant_names(config):
-            try:
-                options[(checkpoint, variant)] = generation_options(config, variant, checkpoint)
-            except OptionsError as exc:
-                problems.append(str(exc))
+    runs_whole = whole("generation", "checkpoints", "variants")
+    if runs_whole:
+        for checkpoint in config["checkpoints"]:
+            for variant in variant_names(config):
+                try:
+                    options[(checkpoint, variant)] = generation_options(config, variant, checkpoint)
+                except OptionsError as exc:
+                    problems += exc.problems
+                    runs_whole = False
     for (checkpoint, variant), option in options.items():
         steps = list(option.denoising_steps)
         if any(later >= earlier for earlier, later in zip(steps, steps[1:])):
@@ -459,52 +531,61 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                 f"computed in float32: use a value from {_FLOAT32_NORMAL_MIN:.1e} to {_FLOAT32_MAX:.1e}; "
                 "Self-Forcing's is 5.0)"
             )
-    problems += _check_prompts(config, options)
-    problems += _check_intervention_places(config)
-    for section in NAMED_SECTIONS:
-        for name in config.get(section) or {}:
-            match = _PERIODIC.search(name)
-            if match:
-                problems.append(
-                    f"config key {section}.{name}: the name ends in {match.group(1)!r} repeated "
-                    f"{len(match.group(0)) // len(match.group(1))} times, which Snakemake refuses as a wildcard value"
-                )
-    capture = config["capture"]
-    if capture["attention"] == "fused" and capture["backend"] == "torch":
-        problems.append(
-            "config key capture.attention: 'fused' is a Triton kernel's, and capture.backend 'torch' computes "
-            "SDPA, then the reference; use backend auto or triton, or attention exact"
-        )
-    beyond_frames = [name for name in capture["statistics"] if name not in FRAMES_ROUTE_STATISTICS]
-    if capture["attention"] == "frames" and beyond_frames:
-        problems.append(
-            f"config key capture.statistics: {list(capture['statistics'])} asks for "
-            f"{', '.join(beyond_frames)}, which capture.attention "
-            "'frames' does not give (it gives logit_mean and prob_mass: the others need the scores); "
-            "use attention exact or fused, or statistics [logit_mean, prob_mass]"
-        )
-    first_k = config["diagnostics"]["first_k"]
     for (checkpoint, variant), option in options.items():
-        if first_k > option.num_frames:
+        problems += _check_edit_values(_where(config, checkpoint, variant, "interventions"), option)
+    if whole("prompts"):
+        _one_segment_prompts_as_text(config)
+        problems += _check_prompts(config, options)
+    if whole("generation", "checkpoints", "variants"):
+        problems += _check_intervention_places(config)
+        problems += _check_empty_interventions(config)
+    problems += _case_collisions(config, invalid)
+    if whole("capture"):
+        capture = config["capture"]
+        if capture["attention"] == "fused" and capture["backend"] == "torch":
             problems.append(
-                f"config key diagnostics.first_k: {first_k} frames are more than the {option.num_frames} frames"
-                + _run_name(config, checkpoint, variant)
+                "config key capture.attention: 'fused' is a Triton kernel's, and capture.backend 'torch' computes "
+                "SDPA, then the reference; use backend auto or triton, or attention exact"
             )
+        beyond_frames = [name for name in capture["statistics"] if name not in FRAMES_ROUTE_STATISTICS]
+        if capture["attention"] == "frames" and beyond_frames:
+            problems.append(
+                f"config key capture.statistics: {list(capture['statistics'])} asks for "
+                f"{', '.join(beyond_frames)}, which capture.attention "
+                "'frames' does not give (it gives logit_mean and prob_mass: the others need the scores); "
+                "use attention exact or fused, or statistics [logit_mean, prob_mass]"
+            )
+    if whole("diagnostics"):
+        first_k = config["diagnostics"]["first_k"]
+        for (checkpoint, variant), option in options.items():
+            if first_k > option.num_frames:
+                problems.append(
+                    f"config key diagnostics.first_k: {first_k} frames are more than the {option.num_frames} frames"
+                    + _run_name(config, checkpoint, variant)
+                )
 
     heads = []
-    for label in config["figures"]["heads"]:
-        try:
-            heads.append((label, *parse_head_label(label)))
-        except ConfigError as exc:
-            problems.append(str(exc))
+    if whole("figures"):
+        for label in config["figures"]["heads"]:
+            try:
+                heads.append((label, *parse_head_label(label)))
+            except ConfigError as exc:
+                problems += exc.problems
 
     resolved: dict[str, ResolvedCheckpoint] = {}
     model_shapes: dict[str, tuple[int, int]] = {}
-    for name, spec in checkpoint_specs(config).items():
+    specs = {}
+    if whole("checkpoints"):
+        for name in config["checkpoints"]:
+            try:
+                specs[name] = checkpoint_specs({"checkpoints": {name: config["checkpoints"][name]}})[name]
+            except ConfigError as exc:
+                problems += exc.problems
+    for name, spec in specs.items():
         try:
             resolved[name] = checkpoint = resolve_checkpoint(spec, base_dir)
         except ConfigError as exc:
-            problems.append(str(exc))
+            problems += exc.problems
             continue
         model_config = checkpoint.model_config
         model_shapes[name] = (model_config.num_layers, model_config.num_heads)
@@ -516,6 +597,7 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                 model_config.frame_seq_length(option.latent_height, option.latent_width)
             except ValueError as exc:
                 problems.append(f"config key {where}.latent_height/latent_width: {exc}")
+                runs_whole = False
             if procedure_spec(option.procedure).needs_vae(option) and find_vae(checkpoint) is None:
                 problems.append(
                     missing_reencode_vae(
@@ -524,10 +606,10 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                         "Wan2.1_VAE.pth or vae/ in its base folder",
                     )
                 )
-        for key, chosen in (
-            ("layers", config["layers"]),
-            ("figures.highlight_layers", config["figures"]["highlight_layers"]),
-        ):
+        chosen_layers = [("layers", config["layers"])] if whole("layers") else []
+        if whole("figures"):
+            chosen_layers.append(("figures.highlight_layers", config["figures"]["highlight_layers"]))
+        for key, chosen in chosen_layers:
             bad_layers = [layer for layer in chosen or [] if layer >= model_config.num_layers]
             if bad_layers:
                 problems.append(
@@ -543,27 +625,68 @@ def _check_semantics(config: dict, base_dir: Path) -> dict[str, ResolvedCheckpoi
                     f"config key figures.heads: {label!r} does not exist in checkpoint {name!r} "
                     f"({model_config.num_layers} layers x {model_config.num_heads} heads)"
                 )
-        if config["outputs"]["video"]:
+        if whole("outputs") and config["outputs"]["video"]:
             from sinkscope.pipeline.videoplan import missing_vae
 
             problems += [line for line in [missing_vae(name, checkpoint)] if line]
-    step = config["figures"]["step"]
-    for (checkpoint, variant), option in options.items():
-        if isinstance(step, int) and step >= len(option.denoising_steps):
-            problems.append(
-                f"config key figures.step: {step} is past the last denoising step {len(option.denoising_steps) - 1}"
-                + _run_name(config, checkpoint, variant)
-            )
-    problems += _check_reference_labels(config["diagnostics"].get("reference_labels"), base_dir, model_shapes)
-    for name, entry in config["legacy_caches"].items():
-        path = Path(entry["path"])
-        if not (path if path.is_absolute() else base_dir / path).is_file():
-            problems.append(f"config key legacy_caches.{name}.path: file {entry['path']!r} does not exist")
-        if name in config["checkpoints"]:
-            problems.append(f"config key legacy_caches.{name}: the name is also a checkpoint; names must differ")
-    if problems:
-        raise ConfigError.invalid(_unique(problems))
-    return resolved
+    if whole("figures"):
+        step = config["figures"]["step"]
+        for (checkpoint, variant), option in options.items():
+            if isinstance(step, int) and step >= len(option.denoising_steps):
+                problems.append(
+                    f"config key figures.step: {step} is past the last denoising step {len(option.denoising_steps) - 1}"
+                    + _run_name(config, checkpoint, variant)
+                )
+    if whole("diagnostics"):
+        problems += _check_reference_labels(config["diagnostics"].get("reference_labels"), base_dir, model_shapes)
+    if whole("legacy_caches"):
+        for name, entry in config["legacy_caches"].items():
+            path = Path(entry["path"])
+            if not (path if path.is_absolute() else base_dir / path).is_file():
+                problems.append(f"config key legacy_caches.{name}.path: file {entry['path']!r} does not exist")
+            if whole("checkpoints") and name in config["checkpoints"]:
+                problems.append(f"config key legacy_caches.{name}: the name is also a checkpoint; names must differ")
+    return resolved, _unique(problems), runs_whole
+
+
+def _check_edit_values(where: str, option: GenerationOptions) -> list[str]:
+    """Edits that mean nothing or overflow: one given twice (biases on the same head and
+    frame add up: sinkscope.model.edits), a bias whose edited scores overflow after the
+    softmax's max shift (``LOGIT_BIAS_LIMIT``), alone or added up with the others."""
+    problems = []
+    seen: dict[str, int] = {}
+    for index, edit in enumerate(option.interventions):
+        canonical = json.dumps(edit.to_config(), sort_keys=True)
+        if canonical in seen:
+            again = "give the sum of the biases in one edit" if isinstance(edit, LogitBias) else "give it once"
+            problems.append(f"config key {where}[{index}]: the same edit as [{seen[canonical]}] ({again})")
+        seen.setdefault(canonical, index)
+        if isinstance(edit, LogitBias) and abs(edit.bias) > LOGIT_BIAS_LIMIT:
+            problems.append(f"config key {where}[{index}].bias: {edit.bias!r} {_BIAS_OVERFLOWS}")
+    biases = [edit.bias for edit in option.interventions if isinstance(edit, LogitBias)]
+    total = math.fsum(abs(bias) for bias in biases)
+    if len(biases) > 1 and total > LOGIT_BIAS_LIMIT and all(abs(bias) <= LOGIT_BIAS_LIMIT for bias in biases):
+        problems.append(
+            f"config key {where}: the logit_bias edits' biases add up to {total:.3g}, which {_BIAS_OVERFLOWS}"
+        )
+    return problems
+
+
+def _check_empty_interventions(config: Mapping) -> list[str]:
+    """``interventions: []`` edits nothing: a variant that says so is the untouched run,
+    which the study has already (``default``); refused rather than run twice."""
+    places = [("generation", config["generation"])]
+    places += [
+        (f"checkpoints.{name}.generation", (entry or {}).get("generation") or {})
+        for name, entry in config["checkpoints"].items()
+    ]
+    places += [(f"variants.{name}", entry or {}) for name, entry in (config.get("variants") or {}).items()]
+    return [
+        f"config key {where}.interventions: an empty list edits nothing (this would be the untouched run, which "
+        "the study's default variant is already); list the edits, or leave the key out"
+        for where, values in places
+        if isinstance(values.get("interventions"), list) and not values["interventions"]
+    ]
 
 
 def _check_reference_labels(
@@ -593,11 +716,46 @@ def _check_reference_labels(
 def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *, local: bool = True) -> str:
     """Check that this machine can run the study's extraction jobs; return the device.
 
-    The device must exist (``device: cuda`` without a GPU fails here, not in a job),
-    and every (checkpoint, variant) must fit its memory (``max_job_memory_gib``, or
-    what the device has). For cluster executors (``local=False``) only an explicit
-    ``max_job_memory_gib`` is checked: this machine is not where jobs run.
+    The device must exist (``device: cuda`` without a GPU fails here, not in a job), the
+    capture's backend and compile setting must run on it, and every (checkpoint,
+    variant) must fit its memory (``max_job_memory_gib``, or what the
+    device has). For cluster executors (``local=False``) only an explicit
+    ``max_job_memory_gib`` is checked: this machine is not where jobs run. Raises one
+    ConfigError listing every problem.
     """
+    from sinkscope.pipeline.resources import resolve_device
+
+    device = resolve_device(config["device"], local=local)
+    problems = device_problems(config, device, local=local) + _memory_problems(config, resolved, device, local=local)
+    if problems:
+        raise ConfigError.invalid(problems)
+    return device
+
+
+def device_problems(config: Mapping, device: str, *, local: bool = True) -> list[str]:
+    """What of ``capture:`` cannot run on ``device`` (the jobs' device): Triton off CUDA or
+    not installed, torch.compile asked for off CUDA (a job would skip it without a word)."""
+    problems = []
+    capture = config["capture"]
+    if capture["backend"] == "triton" and not device.startswith("cuda"):
+        problems.append(
+            f"config key capture.backend: 'triton' runs on CUDA only, and the jobs compute on {device!r}; use auto "
+            "or torch"
+        )
+    elif capture["backend"] == "triton" and local and importlib.util.find_spec("triton") is None:
+        problems.append("config key capture.backend: 'triton' is not installed here; use auto or torch")
+    if capture["compile"] is True and not device.startswith("cuda"):
+        problems.append(
+            f"config key capture.compile: true compiles the model's blocks on CUDA only, and the jobs compute on "
+            f"{device!r}, where they would run uncompiled; use auto or false"
+        )
+    return problems
+
+
+def _memory_problems(
+    config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], device: str, *, local: bool
+) -> list[str]:
+    """Every (checkpoint, variant) whose extraction job does not fit the memory it gets."""
     from sinkscope.pipeline.resources import (
         AUTO_MEMORY_SHARE,
         GIB,
@@ -605,24 +763,12 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
         default_dtype,
         device_memory_bytes,
         estimate_job_memory,
-        resolve_device,
     )
 
-    device = resolve_device(config["device"], local=local)
-    backend = config["capture"]["backend"]
-    if backend == "triton" and not device.startswith("cuda"):
-        raise ConfigError.invalid(
-            [
-                f"config key capture.backend: 'triton' runs on CUDA only, and the jobs compute on "
-                f"{device!r}; use auto or torch"
-            ]
-        )
-    if backend == "triton" and local and importlib.util.find_spec("triton") is None:
-        raise ConfigError.invalid(["config key capture.backend: 'triton' is not installed here; use auto or torch"])
     limit_gib = config.get("max_job_memory_gib")
     limit = int(limit_gib * GIB) if limit_gib is not None else (device_memory_bytes(device) if local else None)
     if limit is None:
-        return device
+        return []
     where = f"max_job_memory_gib = {limit_gib}" if limit_gib is not None else f"the {device} here"
     problems = []
     captured = study_layers_per_job(config, resolved, device)
@@ -652,9 +798,7 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
                     + "lower generation.num_frames or latent_height/latent_width, use a bounded cache_policy, or set "
                     "max_job_memory_gib"
                 )
-    if problems:
-        raise ConfigError.invalid(problems)
-    return device
+    return problems
 
 
 def normalize_config(raw: Mapping | None, base_dir: str | Path = ".") -> dict:
@@ -668,17 +812,48 @@ def normalize_config(raw: Mapping | None, base_dir: str | Path = ".") -> dict:
 
 
 def checked_config(raw: Mapping | None, base_dir: str | Path = ".") -> tuple[dict, dict[str, ResolvedCheckpoint]]:
-    """The normalized config and its checkpoints, resolved once (files found and opened)."""
+    """The normalized config and its checkpoints, resolved once (files found and opened);
+    a ConfigError listing every problem (``check_config``) otherwise."""
+    checked = check_config(raw, base_dir)
+    if checked.problems:
+        raise ConfigError.invalid(checked.problems)
+    return checked.config, checked.resolved
+
+
+@dataclass
+class CheckedConfig:
+    """What the config check found: the config as far as it was normalized, the
+    checkpoints that resolved, every problem (one line each), and whether the checks that
+    need the whole config may follow (``complete``: every section is whole and every run's
+    generation options were built; the memory estimate is one such)."""
+
+    config: dict
+    resolved: dict[str, ResolvedCheckpoint]
+    problems: list[str]
+    complete: bool
+    # The top-level sections the schema, the name rule or a non-finite number refused.
+    invalid: set[str]
+
+
+def check_config(raw: Mapping | None, base_dir: str | Path = ".") -> CheckedConfig:
+    """Every problem of a raw config at once: names (``naming.name_problem``), values that
+    are not finite, the schema (types, ranges, unknown keys), then the semantic checks over
+    the sections that passed (``_check_semantics``: a bad key in one section does not hide
+    a missing file named in another)."""
     raw = dict(raw or {})
-    _check_names(raw)
+    named = _name_problems(raw)
     schema = load_schema()
     config = coerce(copy.deepcopy(raw), schema)
-    _check_finite(config)
+    finite = _finite_problems(config)
     config = fill_defaults(config, schema)
-    validate_schema(config)
-    _one_segment_prompts_as_text(config)
-    resolved = _check_semantics(config, Path(base_dir))
-    return config, resolved
+    found = named + finite + schema_problems(config)
+    invalid = {section for section, _ in found}
+    problems = [line for _, line in named + finite] + sorted({line for _, line in found[len(named + finite) :]})
+    if any(section not in config for section in invalid - {""}):
+        return CheckedConfig(config, {}, _unique(problems), False, invalid)
+    resolved, semantic, runs_whole = _check_semantics(config, Path(base_dir), invalid)
+    problems = _unique(problems + semantic)
+    return CheckedConfig(config, resolved, problems, runs_whole and not problems, invalid)
 
 
 def _one_segment_prompts_as_text(config: dict) -> None:
@@ -688,17 +863,36 @@ def _one_segment_prompts_as_text(config: dict) -> None:
             config["prompts"][prompt_id] = entry[0]["text"]
 
 
-def _check_finite(value: Any, key: str = "") -> None:
-    """NaN and infinity pass every JSON-schema bound (comparisons with NaN are false)."""
+def _finite_problems(value: Any, key: str = "") -> list[tuple[str, str]]:
+    """NaN and infinity pass every JSON-schema bound (comparisons with NaN are false): each
+    one, as (section, line)."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError.invalid([f"config key {key or '<config>'}: {value!r} is not a finite number"])
+        return [(key.split(".")[0].split("[")[0], f"config key {key or '<config>'}: {value!r} is not a finite number")]
+    found = []
     if isinstance(value, Mapping):
         for name, item in value.items():
-            _check_finite(item, f"{key}.{name}" if key else str(name))
+            found += _finite_problems(item, f"{key}.{name}" if key else str(name))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _check_finite(item, f"{key}[{index}]")
+            found += _finite_problems(item, f"{key}[{index}]")
+    return found
 
+
+# The largest |bias| of a logit_bias edit, and of a variant's biases added up (edits on
+# the same head and frame add: sinkscope.model.edits): a quarter of bfloat16's largest
+# finite value (float32's is a little larger). The softmax subtracts each query's largest
+# edited score, and the edited log-sum-exps are merged by their differences
+# (sinkscope.attention.edits): (s_i + b_i) - (s_j + b_j) stays finite while |b_i - b_j| is
+# at most twice this and the scores below it, which a model's finite scores are by far. A
+# bias past about +-100 already saturates the softmax (-100 leaves a frame under 1e-43 of
+# the mass; mask_keys removes it exactly), so the limit refuses only biases that overflow.
+BFLOAT16_MAX = 3.3895313892515355e38
+LOGIT_BIAS_LIMIT = BFLOAT16_MAX / 4
+_BIAS_OVERFLOWS = (
+    f"makes the edited scores overflow after the softmax's max shift (float32 and bfloat16 hold up to "
+    f"{BFLOAT16_MAX:.2g}): keep |bias| at most {LOGIT_BIAS_LIMIT:.2g} (+-100 already saturates the softmax; "
+    "mask_keys removes a frame exactly)"
+)
 
 # The flow-matching schedule (generation.sampler.FlowMatchSchedule) is computed in
 # float32: a shift outside the normal float32 range becomes 0 or infinity there, and the
@@ -706,18 +900,15 @@ def _check_finite(value: Any, key: str = "") -> None:
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT32_NORMAL_MIN = 1.1754943508222875e-38
 
-# Snakemake refuses a wildcard value that ends in a substring repeated 20 times or more
-# (it takes it for a rule applied to its own output); names become wildcard values.
-_PERIODIC = re.compile(r"(.+?)\1{19,}$")
-
 
 def resolve_layers_per_job(value: int | str, layers: int, device: str) -> int:
     """How many layers one extraction job captures, before memory is counted. ``auto``: every
     layer in one job on CUDA (one generation serves all: 27x less GPU time for 30 layers),
-    one a job on the CPU (reruns stay per layer and cost little)."""
+    one a job on the CPU (reruns stay per layer and cost little); a number, at most the
+    study's layers."""
     if value == "auto":
         return max(1, layers) if device.startswith("cuda") else 1
-    return int(value)
+    return max(1, min(int(value), layers))  # more than the study's layers: all of them in one job
 
 
 def study_layers_per_job(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], device: str) -> int:

@@ -73,7 +73,10 @@ def run_job(name: str, log_path: str | Path, function: Callable[..., Any], *args
 
 
 def _one_line(error: BaseException, log_path: str | Path | None = None) -> str:
-    """The console's line for an error: its first line (the rest is in the log)."""
+    """The console's line for an error: its first line (the rest is in the log); a config
+    error's every problem, one line each (each is something the user fixes)."""
+    if isinstance(error, ConfigError) and len(error.problems) > 1:
+        return str(error).strip()
     lines = str(error).strip().splitlines() or [type(error).__name__]
     more = f" (more in {log_path})" if len(lines) > 1 and log_path is not None else ""
     return lines[0] + more

@@ -46,6 +46,9 @@ def _merged(old: Any, new: Any) -> Any:
 
 # Snakemake's --config accepts only these keys: no dots, at least two characters.
 _OVERRIDE_KEY = re.compile(r"[a-zA-Z_][\w-]*\w$")
+# A part of a dotted key (extract --set): a config key, or a name the user chose (a
+# checkpoint 'a', a prompt '7'); a name with a dot is set through the nested form.
+_DOTTED_PART = re.compile(r"[A-Za-z0-9_][\w+-]*$")
 
 
 def parse_config_overrides(pairs: list[str], *, dotted: bool = False) -> dict:
@@ -61,11 +64,17 @@ def parse_config_overrides(pairs: list[str], *, dotted: bool = False) -> dict:
         if not sep:
             raise ConfigError(f"override {pair!r} is not key=value")
         parts = key.split(".")
-        if dotted and len(parts) > 1 and all(_OVERRIDE_KEY.match(part) for part in parts):
+        if dotted and len(parts) > 1:
+            if not all(_DOTTED_PART.match(part) for part in parts):
+                raise ConfigError(
+                    f"override {pair!r}: {key!r} is not a dotted key (config keys and names joined by '.', each of "
+                    "letters, digits, _ + and -; a name with a '.' is set in the nested form: "
+                    f"{parts[0]}='{{...}}')"
+                )
             result[key] = _override_value(text)
             continue
         if not _OVERRIDE_KEY.match(key):
-            if "." in key and all(_OVERRIDE_KEY.match(part) for part in key.split(".")):
+            if "." in key and _OVERRIDE_KEY.match(parts[0]) and all(_DOTTED_PART.match(part) for part in parts):
                 nested = text
                 for part in reversed(key.split(".")[1:]):
                     nested = f"{{{part}: {nested}}}"

@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from sinkscope.errors import ConfigError
+from sinkscope.errors import ConfigError, gathered
 from sinkscope.figures.registry import (
     CHECKPOINT_FIGURES,
     COMMON_OPTIONS,
@@ -32,7 +32,7 @@ from sinkscope.figures.registry import (
     TOKEN_FIGURES,
 )
 from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_digest, find_vae
-from sinkscope.naming import decode_layers, encode_layers
+from sinkscope.naming import decode_layers, encode_layers, parse_head_label
 from sinkscope.options import (
     GenerationOptions,
     procedure_spec,
@@ -40,8 +40,9 @@ from sinkscope.options import (
 from sinkscope.pipeline.codedigest import stage_digest
 from sinkscope.pipeline.config import (
     CAPTURE_STATISTICS,
+    check_config,
     check_machine,
-    checked_config,
+    device_problems,
     generation_options,
     resolve_checkpoints,
     study_layers_per_job,
@@ -50,6 +51,7 @@ from sinkscope.pipeline.config import (
 from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.resources import default_dtype
 from sinkscope.prompt_schedules import PromptSegment, prompt_segments, switch_frames
+from sinkscope.schema import schema_defaults
 
 RESULTS = "results"
 DEFAULT_VARIANT = "default"
@@ -126,29 +128,84 @@ def load_study(
     """
     for file in config_files:
         read_config_file(file)
-    normalized, resolved = checked_config(config, base_dir)
     from sinkscope.pipeline.resources import resolve_device
 
-    device = (
-        check_machine(normalized, resolved, local=local)
-        if check_this_machine
-        else resolve_device(normalized["device"], local=False)
+    checked = check_config(config, base_dir)
+    normalized, resolved, problems = checked.config, checked.resolved, list(checked.problems)
+    device = None
+    if "device" not in checked.invalid:
+        with gathered(problems):
+            device = resolve_device(normalized["device"], local=local and check_this_machine)
+    if device is not None and check_this_machine and "capture" not in checked.invalid:
+        problems += device_problems(normalized, device, local=local)
+    if device is not None and check_this_machine and checked.complete and not problems:
+        with gathered(problems):
+            check_machine(normalized, resolved, local=local)
+    study = Study(normalized, str(base_dir), device=device or "cpu", checkpoints=resolved)
+    for name, checkpoint in resolved.items():
+        try:  # every text encoder now, not while rules are built
+            checkpoint.text_encoder()
+        except (FileNotFoundError, ValueError) as error:
+            problems.append(f"config key checkpoints.{name}: {error}")
+    whole = not {"layers", "checkpoints", "legacy_caches"} & checked.invalid and len(resolved) == len(
+        normalized["checkpoints"]
     )
-    study = Study(normalized, str(base_dir), device=device, checkpoints=resolved)
-    study.encoders  # noqa: B018 - resolves every text encoder now, not while rules are built
-    captured = set(study.layers) if study.checkpoints else set()
-    for source in study.legacy:
-        captured.update(study.source_layers(source))
-    highlighted = normalized["figures"]["highlight_layers"] or []
-    missing = [layer for layer in highlighted if layer not in captured]
-    if missing:
-        raise ConfigError.invalid(
-            [
-                f"config key figures.highlight_layers: {missing} are not captured (layers: "
-                f"{sorted(captured)}); highlight layers from that list, or add them to layers"
-            ]
-        )
+    captured = _captured_layers(study, base_dir, problems) if whole else None
+    if captured is not None and "figures" not in checked.invalid:
+        chosen = normalized["figures"]["heads"] != schema_defaults("figures")["heads"]
+        problems += _uncaptured_figure_layers(study, captured, chosen_heads=chosen)
+    if problems:
+        raise ConfigError.invalid(problems)
+    study.encoders  # noqa: B018 - resolved above, kept for the rules
     return study
+
+
+def _captured_layers(study: Study, base_dir: str | Path, problems: list[str]) -> set[int] | None:
+    """The layers the study captures: the checkpoints' ``layers`` and every legacy cache's
+    own, each cache read now for what its import would refuse (into ``problems``); None
+    when a cache cannot be read (its missing file is named by the config check)."""
+    captured = set(study.layers) if study.checkpoints else set()
+    known = True
+    for source, entry in study.legacy.items():
+        file = Path(entry["path"]) if Path(entry["path"]).is_absolute() else Path(base_dir) / entry["path"]
+        if not file.is_file():
+            known = False
+            continue
+        try:
+            captured.update(study.source_layers(source))
+        except ConfigError as error:
+            problems += error.problems
+            known = False
+    return captured if known else None
+
+
+def _uncaptured_figure_layers(study: Study, captured: set[int], *, chosen_heads: bool) -> list[str]:
+    """The layers figures draw that the study does not capture: figures.highlight_layers,
+    and the heads of figures.heads when they are not the default pair (``chosen_heads``:
+    Deep Forcing's L1H1 and L5H10, drawn where their layer is captured, their panels saying
+    when it is not, as in ``layers=[0,1]`` over config.yaml). A layer no checkpoint's model
+    has is named by the config check already."""
+    deepest = min((c.model_config.num_layers for c in study.checkpoints.values()), default=None)
+    figures = study.config["figures"]
+    problems = []
+    missing = [
+        layer
+        for layer in figures["highlight_layers"] or []
+        if layer not in captured and (deepest is None or layer < deepest)
+    ]
+    if missing:
+        problems.append(
+            f"config key figures.highlight_layers: {missing} are not captured (layers: "
+            f"{sorted(captured)}); highlight layers from that list, or add them to layers"
+        )
+    for label in figures["heads"] if chosen_heads else []:
+        layer = parse_head_label(label)[0]
+        if layer not in captured and (deepest is None or layer < deepest):
+            problems.append(
+                f"config key figures.heads: {label!r} is in layer {layer} (0-based), which the study does not "
+                f"capture (layers: {sorted(captured)}); choose heads of those layers, or add {layer} to layers"
+            )
+    return problems
 
 
 @dataclass
