@@ -61,7 +61,7 @@ def test_a_name_must_be_a_string():
 def test_the_schema_checks_names_with_the_same_pattern():
     schema = load_schema()
     sections = [name for name, node in schema["properties"].items() if "propertyNames" in node]
-    assert sorted(sections) == ["checkpoints", "legacy_caches", "prompts", "variants"]
+    assert sorted(sections) == ["checkpoints", "legacy_caches", "prompts", "sweeps", "variants"]
     for section in sections:
         assert schema["properties"][section]["propertyNames"] == {"pattern": NAME_PATTERN, "maxLength": NAME_MAX_LENGTH}
     # What the pattern takes, the rule takes (the rule refuses a few more: Snakemake's, sinkscope's own).
