@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from graphlib import CycleError, TopologicalSorter
 from itertools import zip_longest
 from pathlib import Path
 
@@ -111,6 +112,18 @@ def test_every_module_imports_only_from_its_part_or_a_lower_layer():
     assert not wrong, "layering broken:\n  " + "\n  ".join(wrong)
 
 
+def test_no_import_cycle():
+    """No module imports, directly or through others, a module that imports it (imports
+    inside functions count: a cycle there is one a refactoring can turn into a failing
+    import; imports under ``if TYPE_CHECKING:`` never run and do not count)."""
+    graph = {module: set(_imports(module, True)) - {module} for module in _modules()}
+    try:
+        tuple(TopologicalSorter(graph).static_order())
+    except CycleError as error:
+        cycle = error.args[1][::-1]  # graphlib names each module after one it imports
+        raise AssertionError("import cycle: " + " imports ".join(cycle)) from None
+
+
 def snakefile_imports() -> set[str]:
     """The package modules the Snakefile and its rule files import at their top level."""
     root = ROOT.parents[1]
@@ -132,6 +145,10 @@ PLANNING = tuple(
             "sinkscope.model.torchfile",
             "sinkscope.pipeline.resources",
             "sinkscope.pipeline.codedigest",
+            "sinkscope.pipeline.grid",
+            "sinkscope.pipeline.extractplan",
+            "sinkscope.pipeline.effectsplan",
+            "sinkscope.pipeline.figureplan",
             "sinkscope.options",
             "sinkscope.schema",
             "sinkscope.interventions",

@@ -3,7 +3,7 @@ rules read (``outputs.video``, ``outputs.contact_sheet``; the jobs: ``sinkscope.
 
 - ``outputs.video``: every run (checkpoint, variant, prompt, seed) is decoded by its
   checkpoint's Wan VAE (``model.checkpoints.find_vae``; the config check refuses a
-  checkpoint without one) into ``PATTERNS['video']``, and each checkpoint, prompt and
+  checkpoint without one) into ``layout.PATTERNS['video']``, and each checkpoint, prompt and
   seed gets a contact sheet of its variants' videos.
 - ``outputs.contact_sheet`` alone: the contact sheet from the latents (no VAE needed).
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sinkscope.model.checkpoints import WAN_VAE_FILES, find_vae, vae_candidates
 from sinkscope.naming import encode_layers
-from sinkscope.pipeline.study import DEFAULT_VARIANT, path
+from sinkscope.pipeline.layout import DEFAULT_VARIANT
 
 if TYPE_CHECKING:
     from sinkscope.model.checkpoints import ResolvedCheckpoint
@@ -68,11 +68,13 @@ def video_targets(study: Study) -> list[str]:
     runs = [(prompt, seed) for prompt in study.prompts for seed in study.seeds]
     if videos_on(study):
         targets += [
-            path("video", source=source, prompt=prompt, seed=seed) for source in study.runs for prompt, seed in runs
+            study.path("video", source=source, prompt=prompt, seed=seed)
+            for source in study.runs
+            for prompt, seed in runs
         ]
     if sheets_on(study):
         targets += [
-            path("contact_sheet", checkpoint=checkpoint, prompt=prompt, seed=seed, ext=ext)
+            study.path("contact_sheet", checkpoint=checkpoint, prompt=prompt, seed=seed, ext=ext)
             for checkpoint in study.checkpoints
             for prompt, seed in runs
             for ext in ("svg", "png")
@@ -83,7 +85,9 @@ def video_targets(study: Study) -> list[str]:
 def run_latents(study: Study, source: str, prompt: str, seed: int | str) -> str:
     """The extraction folder holding a run's final latents (its first layer group's: every
     group generates the same video)."""
-    return path("extract_dir", source=source, prompt=prompt, seed=seed, group=encode_layers(study.layer_groups[0]))
+    return study.path(
+        "extract_dir", source=source, prompt=prompt, seed=seed, group=encode_layers(study.layer_groups[0])
+    )
 
 
 def video_params(study: Study, source: str) -> dict[str, Any]:
@@ -108,7 +112,7 @@ def sheet_inputs(study: Study, checkpoint: str, prompt: str, seed: int | str) ->
     (``outputs.video``) or the extraction folders holding the latents."""
     sources = [study.source_name(checkpoint, variant) for variant in sheet_variants(study)]
     if videos_on(study):
-        return [path("video", source=source, prompt=prompt, seed=seed) for source in sources]
+        return [study.path("video", source=source, prompt=prompt, seed=seed) for source in sources]
     return [run_latents(study, source, prompt, seed) for source in sources]
 
 
