@@ -10,15 +10,21 @@ import sys
 from snakemake.utils import validate
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
 from sinkscope.naming import LAYER_GROUP
 from sinkscope.pipeline.config import DEFAULT_CONFIG_FILE
 from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.integrity import quarantine, scan_results
-from sinkscope.pipeline.invocation import LOCAL_EXECUTORS, forget_inventory, invocation_mode, requested_executor
+from sinkscope.pipeline.invocation import (
+    LOCAL_EXECUTORS,
+    acts_on_results,
+    forget_inventory,
+    invocation_mode,
+    requested_executor,
+)
 from sinkscope.pipeline.layout import BENCHMARKS, LOGS
 from sinkscope.pipeline.recovery import mark_run_start, recover_interrupted_run
 from sinkscope.pipeline.study import load_study
+from sinkscope.pipeline.studystamp import claim_results_folder
 from sinkscope.pipeline.videoplan import run_latents, sheet_inputs, sheet_params
 from sinkscope.pipeline.videoplan import video_params as video_params_of
 from sinkscope.schema import SCHEMA_PATH
@@ -78,6 +84,22 @@ pathvars:
     benchmarks=BENCHMARKS,
 
 
+# One study a results folder: a run (or dry run) of another config file into a folder that
+# records a study is refused in one line, before anything runs; a run records its study
+# there (sinkscope.pipeline.studystamp).
+if _MAIN and acts_on_results(sys.argv):
+    try:
+        for _action in claim_results_folder(
+            STUDY.results,
+            workflow.configfiles,
+            replace=config["replace_results"],
+            write=invocation_mode(sys.argv) == "run",
+        ):
+            sys.stderr.write(f"sinkscope: {_action}\n")
+    except SinkscopeError as error:
+        _reject(error)
+
+
 # A run stopped half-way (Ctrl-C, a kill, a full disk) leaves Snakemake's backups of
 # update() outputs and a job's temporaries behind, which would block every later run:
 # a run that will execute jobs, with no Snakemake holding this directory, resolves them
@@ -121,15 +143,16 @@ if _MAIN:
             )
 
 
-def _names(values):
+def names(values):
+    """A wildcard constraint: exactly these names."""
     return "|".join(re.escape(str(value)) for value in sorted(values)) or "NONE"
 
 
 wildcard_constraints:
-    source=_names(STUDY.sources),
-    checkpoint=_names(STUDY.checkpoints),
-    prompt=_names(STUDY.prompts),
-    encoder=_names(ENCODERS),
+    source=names(STUDY.sources),
+    checkpoint=names(STUDY.checkpoints),
+    prompt=names(STUDY.prompts),
+    encoder=names(ENCODERS),
     seed=r"\d+",
     segment=r"\d+",
     layer=r"\d+",
@@ -217,27 +240,49 @@ def effects_params(wildcards):
     return STUDY.effects_params(wildcards.checkpoint)
 
 
-# -- figures (rules/figures.smk) -------------------------------------------------------------
+# -- figures (rules/figures.smk): one job draws several kinds, each read, drawn and rerun as its own
 
 
-def figure_tables(wildcards):
-    return STUDY.figure_inputs(wildcards.kind, wildcards.get("source") or wildcards.checkpoint)
+def source_figure_tables(wildcards):
+    """Kind -> the tables it reads, for each figure of a source (of one layer of a source)."""
+    return {kind: STUDY.figure_inputs(kind, wildcards.source) for kind in STUDY.figure_kinds(wildcards.source)}
 
 
-def layer_figure_inputs(wildcards):
-    return STUDY.layer_figure_inputs(wildcards.kind, wildcards.source, int(wildcards.layer))
+def layer_figure_tables(wildcards):
+    """Kind -> the layer's frame rows and the source tables it reads, for each layer figure."""
+    layer = int(wildcards.layer)
+    return {
+        kind: STUDY.layer_figure_inputs(kind, wildcards.source, layer)
+        for kind in STUDY.layer_figure_kinds(wildcards.source)
+    }
+
+
+def checkpoint_figure_tables(wildcards):
+    return {kind: STUDY.figure_inputs(kind, wildcards.checkpoint) for kind in STUDY.checkpoint_figure_kinds()}
 
 
 def study_figure_tables(wildcards):
-    return STUDY.study_figure_inputs(wildcards.kind)
+    return {kind: STUDY.study_figure_inputs(kind) for kind in STUDY.study_figure_kinds()}
 
 
-def figure_options(wildcards):
-    return STUDY.figure_options(wildcards.kind, wildcards.get("source"))
+def source_figure_options(wildcards):
+    """Kind -> the options it draws with, for each figure of a source (of one layer of a source)."""
+    source = wildcards.source
+    kinds = STUDY.layer_figure_kinds(source) if "layer" in wildcards.keys() else STUDY.figure_kinds(source)
+    return {kind: STUDY.figure_options(kind, source) for kind in kinds}
 
 
-def figure_code(wildcards):
-    return STUDY.code(wildcards.kind)
+def checkpoint_figure_options(wildcards):
+    return {kind: STUDY.figure_options(kind) for kind in STUDY.checkpoint_figure_kinds()}
+
+
+def study_figure_options(wildcards):
+    return {kind: STUDY.figure_options(kind) for kind in STUDY.study_figure_kinds()}
+
+
+def figure_code(kinds):
+    """Kind -> the digest of its drawing code."""
+    return {kind: STUDY.code(kind) for kind in kinds}
 
 
 def train_steps(wildcards):
@@ -254,6 +299,15 @@ def figure_output(pattern, category, subcategory, labels):
         labels=labels,
     )
     return dict(svg=update(svg), png=update(pattern.replace("{ext}", "png")))
+
+
+def figure_outputs(pattern, kinds, category, subcategory, labels=None):
+    """The SVG and PNG of each kind (``<kind>_svg``, ``<kind>_png``): ``pattern`` filled per kind."""
+    outputs = {}
+    for kind in kinds:
+        drawn = figure_output(pattern.replace("{kind}", kind), category, subcategory, {"figure": kind, **(labels or {})})
+        outputs.update({f"{kind}_{ext}": path for ext, path in drawn.items()})
+    return outputs
 
 
 # -- videos (rules/video.smk) ---------------------------------------------------------------------

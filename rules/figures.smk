@@ -1,94 +1,113 @@
-# Figures, each as SVG (editable text) and PNG. Each figure job gets only the options
-# it draws with and the digest of its own drawing code, so changing a figure option,
-# or a figure's code, reruns only those figures. Which kinds each source, layer,
-# checkpoint and the study get: sinkscope.pipeline.figureplan.
+# Figures, each as SVG (editable text) and PNG. One job draws every figure of a source (of
+# one layer of a source, of a checkpoint's variants, of the study) in one process, as a
+# job per figure would draw it: matplotlib and the tables are loaded once a job, not once a
+# figure. Each job gets, per kind, only the options that kind draws with and the digest of
+# its drawing code: changing a figure option, or a figure's code, reruns only the jobs
+# that draw that figure. Which kinds (figures.kinds; a variant paired with the untouched
+# run gets figures.variant_kinds, fewer by default): sinkscope.pipeline.figureplan. The
+# study's runs, its paired variants and imported caches differ in their kinds, so each
+# such set of sources has its own rule: run_figures, variant_figures, imported_figures
+# (and layer_figures, variant_layer_figures).
 
 
-rule source_figure:
-    input:
-        figure_tables,
-    output:
-        **figure_output("<results>/figures/{source}/{kind}.{ext}", "{source}", "Overview", {"figure": "{kind}"}),
-    params:
-        options=figure_options,
-        code=figure_code,
-    wildcard_constraints:
-        kind="|".join(SOURCE_FIGURES),
-    log:
-        "<logs>/source_figure/{source}/{kind}.log",
-    benchmark:
-        "<benchmarks>/source_figure/{source}/{kind}.tsv"
-    localrule: True
-    conda:
-        "../envs/analysis.yaml"
-    script:
-        "../scripts/figure.py"
+for figure_set in STUDY.source_figure_sets():
+
+    rule:
+        name:
+            f"{figure_set.name}_figures"
+        input:
+            unpack(source_figure_tables),
+        output:
+            **figure_outputs("<results>/figures/{source}/{kind}.{ext}", figure_set.kinds, "{source}", "Overview"),
+        params:
+            options=source_figure_options,
+            code=figure_code(figure_set.kinds),
+        wildcard_constraints:
+            source=names(figure_set.sources),
+        log:
+            "<logs>/source_figures/{source}.log",
+        benchmark:
+            "<benchmarks>/source_figures/{source}.tsv"
+        localrule: True
+        conda:
+            "../envs/analysis.yaml"
+        script:
+            "../scripts/figures.py"
 
 
-rule layer_figure:
-    input:
-        layer_figure_inputs,
-    output:
-        **figure_output(
-            "<results>/figures/{source}/layer{layer}/{kind}.{ext}",
-            "{source}",
-            "Layer {layer}",
-            {"figure": "{kind}", "layer": "{layer}"},
-        ),
-    params:
-        options=figure_options,
-        code=figure_code,
-    wildcard_constraints:
-        kind="|".join(LAYER_FIGURES),
-    log:
-        "<logs>/layer_figure/{source}/layer{layer}/{kind}.log",
-    benchmark:
-        "<benchmarks>/layer_figure/{source}/layer{layer}/{kind}.tsv"
-    localrule: True
-    conda:
-        "../envs/analysis.yaml"
-    script:
-        "../scripts/figure.py"
+for figure_set in STUDY.layer_figure_sets():
+
+    rule:
+        name:
+            f"{figure_set.name}_figures"
+        input:
+            unpack(layer_figure_tables),
+        output:
+            **figure_outputs(
+                "<results>/figures/{source}/layer{layer}/{kind}.{ext}",
+                figure_set.kinds,
+                "{source}",
+                "Layer {layer}",
+                {"layer": "{layer}"},
+            ),
+        params:
+            options=source_figure_options,
+            code=figure_code(figure_set.kinds),
+        wildcard_constraints:
+            source=names(figure_set.sources),
+        log:
+            "<logs>/layer_figures/{source}/layer{layer}.log",
+        benchmark:
+            "<benchmarks>/layer_figures/{source}/layer{layer}.tsv"
+        localrule: True
+        conda:
+            "../envs/analysis.yaml"
+        script:
+            "../scripts/figures.py"
 
 
-rule checkpoint_figure:
-    input:
-        figure_tables,
-    output:
-        **figure_output("<results>/figures/{checkpoint}/{kind}.{ext}", "{checkpoint}", "Variants", {"figure": "{kind}"}),
-    params:
-        options=figure_options,
-        code=figure_code,
-    wildcard_constraints:
-        kind="|".join(CHECKPOINT_FIGURES),
-    log:
-        "<logs>/checkpoint_figure/{checkpoint}/{kind}.log",
-    benchmark:
-        "<benchmarks>/checkpoint_figure/{checkpoint}/{kind}.tsv"
-    localrule: True
-    conda:
-        "../envs/analysis.yaml"
-    script:
-        "../scripts/figure.py"
+if STUDY.checkpoint_figure_kinds():
+
+    rule checkpoint_figures:
+        input:
+            unpack(checkpoint_figure_tables),
+        output:
+            **figure_outputs(
+                "<results>/figures/{checkpoint}/{kind}.{ext}", STUDY.checkpoint_figure_kinds(), "{checkpoint}", "Variants"
+            ),
+        params:
+            options=checkpoint_figure_options,
+            code=figure_code(STUDY.checkpoint_figure_kinds()),
+        log:
+            "<logs>/checkpoint_figures/{checkpoint}.log",
+        benchmark:
+            "<benchmarks>/checkpoint_figures/{checkpoint}.tsv"
+        localrule: True
+        conda:
+            "../envs/analysis.yaml"
+        script:
+            "../scripts/figures.py"
 
 
-rule study_figure:
-    input:
-        study_figure_tables,
-    output:
-        **figure_output("<results>/figures/{kind}.{ext}", "Study", "Across checkpoints", {"figure": "{kind}"}),
-    params:
-        options=figure_options,
-        code=figure_code,
-        train_steps=train_steps,
-    wildcard_constraints:
-        kind="|".join(STUDY_FIGURES),
-    log:
-        "<logs>/study_figure/{kind}.log",
-    benchmark:
-        "<benchmarks>/study_figure/{kind}.tsv"
-    localrule: True
-    conda:
-        "../envs/analysis.yaml"
-    script:
-        "../scripts/figure.py"
+if STUDY.study_figure_kinds():
+
+    rule study_figures:
+        input:
+            unpack(study_figure_tables),
+        output:
+            **figure_outputs(
+                "<results>/figures/{kind}.{ext}", STUDY.study_figure_kinds(), "Study", "Across checkpoints"
+            ),
+        params:
+            options=study_figure_options,
+            code=figure_code(STUDY.study_figure_kinds()),
+            train_steps=train_steps,
+        log:
+            "<logs>/study_figures.log",
+        benchmark:
+            "<benchmarks>/study_figures.tsv"
+        localrule: True
+        conda:
+            "../envs/analysis.yaml"
+        script:
+            "../scripts/figures.py"

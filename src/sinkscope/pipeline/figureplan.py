@@ -2,13 +2,19 @@
 tables each reads, the options each draws with, and what the summary page shows
 (rules/figures.smk, rules/report.smk; the kinds: ``sinkscope.figures.registry``).
 
-Each figure job gets only the options its kind draws with and the digest of its own
-drawing code, so changing a figure option, or a figure's code, reruns only those
-figures. Torch-free: the Snakefile calls it while it parses.
+One job draws every figure of a source (or of a layer of a source, of a checkpoint, of the
+study) in one process: matplotlib and the tables are loaded once, not once a figure. The
+sources whose figures are the same kinds share a rule (``source_figure_sets``,
+``layer_figure_sets``): the runs, the variants paired with an untouched run
+(``figures.variant_kinds``: fewer kinds by default) and imported caches. A job gets, per kind, only the options that
+kind draws with and the digest of that kind's drawing code, so changing a figure option or
+a figure's code reruns only the jobs that draw it. ``figures.kinds`` chooses the kinds.
+Torch-free: the Snakefile calls it while it parses.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sinkscope.figures.registry import (
@@ -40,6 +46,17 @@ SUMMARY_FIGURES = (
     "cache_timeline",
 )
 EXTENSIONS = ("svg", "png")
+# The kinds ``figures.kinds`` may choose (the contact sheet is outputs.contact_sheet's).
+CHOOSABLE_FIGURES = (*SOURCE_FIGURES, *LAYER_FIGURES, *CHECKPOINT_FIGURES, *STUDY_FIGURES)
+
+
+@dataclass(frozen=True)
+class FigureSet:
+    """Sources whose figures are the same kinds, drawn by one rule (``<name>_figures``)."""
+
+    name: str
+    sources: tuple[str, ...]
+    kinds: tuple[str, ...]
 
 
 class FigurePlan(ExtractionPlan):
@@ -47,9 +64,27 @@ class FigurePlan(ExtractionPlan):
 
     # -- which kinds ---------------------------------------------------------------------------------
 
+    def chosen_kinds(self, scope_kinds: tuple[str, ...]) -> list[str]:
+        """The kinds of ``scope_kinds`` that ``figures.kinds`` chooses ('all': every one)."""
+        chosen = self.config["figures"].get("kinds", "all")
+        return [kind for kind in scope_kinds if chosen == "all" or kind in chosen]
+
+    def is_paired_variant(self, source: str) -> bool:
+        """Whether ``source`` is a variant compared with the untouched run of its checkpoint
+        (``effect_variants``: the study has ``default`` beside it)."""
+        return source in self.runs and self.runs[source][1] in self.effect_variants
+
+    def _for_variant(self, source: str, kinds: list[str]) -> list[str]:
+        """A paired variant's kinds: only those ``figures.variant_kinds`` lists."""
+        if not self.is_paired_variant(source):
+            return kinds
+        listed = self.config["figures"]["variant_kinds"]
+        return [kind for kind in kinds if kind in listed]
+
     def figure_kinds(self, source: str) -> list[str]:
-        """Source figures to draw: token figures only with token profiles of a chosen head's layer."""
-        kinds = list(SOURCE_FIGURES)
+        """Source figures to draw: the chosen ones (a paired variant's: fewer); token figures
+        only with token profiles of a chosen head's layer; label_agreement with a label file."""
+        kinds = self._for_variant(source, self.chosen_kinds(SOURCE_FIGURES))
         head_layers = {parse_head_label(label)[0] for label in self.config["figures"]["heads"]}
         if not self.token_profiles(source) or not head_layers & set(self.source_layers(source)):
             kinds = [kind for kind in kinds if kind not in TOKEN_FIGURES]
@@ -57,13 +92,18 @@ class FigurePlan(ExtractionPlan):
             kinds = [kind for kind in kinds if kind not in LABEL_FIGURES]
         return kinds
 
-    def checkpoint_figure_kinds(self, checkpoint: str) -> list[str]:
-        """Checkpoint figures to draw: those that compare variants only with two or more,
-        the prompt-switch figures only when a prompt switches."""
-        several = len(self.sources_of(checkpoint)) >= 2
+    def layer_figure_kinds(self, source: str) -> list[str]:
+        """Layer figures to draw for each of the source's layers (a paired variant's: fewer)."""
+        return self._for_variant(source, self.chosen_kinds(LAYER_FIGURES))
+
+    def checkpoint_figure_kinds(self, checkpoint: str | None = None) -> list[str]:
+        """Checkpoint figures to draw (every checkpoint has the same variants): those that
+        compare variants only with two or more, the prompt-switch figures only when a prompt
+        switches, the effects figures only with variants paired with the untouched run."""
+        several = len(self.variants) >= 2
         return [
             kind
-            for kind in CHECKPOINT_FIGURES
+            for kind in self.chosen_kinds(CHECKPOINT_FIGURES)
             if (FIGURES[kind].compares != "variants" or several)
             and (kind not in SWITCH_FIGURES or self.switches)
             and (self.effect_variants or not set(FIGURES[kind].inputs) & set(EFFECT_TABLES))
@@ -73,7 +113,40 @@ class FigurePlan(ExtractionPlan):
         """Study figures to draw: those that compare checkpoints only with two or more (the
         checkpoints and imported caches of the combined tables)."""
         several = len(self.checkpoints) + len(self.legacy) >= 2
-        return [kind for kind in STUDY_FIGURES if FIGURES[kind].compares != "checkpoints" or several]
+        return [kind for kind in self.chosen_kinds(STUDY_FIGURES) if FIGURES[kind].compares != "checkpoints" or several]
+
+    # -- which jobs: one a source (a layer, a checkpoint, the study), one rule a set of sources ------
+
+    def _source_classes(self) -> dict[str, list[str]]:
+        """The study's runs (untouched, or variants of a study without one), the variants
+        paired with an untouched run, and imported caches."""
+        return {
+            "run": [s for s in self.runs if not self.is_paired_variant(s)],
+            "variant": [s for s in self.runs if self.is_paired_variant(s)],
+            "imported": list(self.legacy),
+        }
+
+    @staticmethod
+    def _sets(classes: dict[str, list[str]], kinds_of) -> list[FigureSet]:
+        sets = []
+        for name, sources in classes.items():
+            kinds = {tuple(kinds_of(source)) for source in sources}
+            if len(kinds) > 1:  # a planning bug: one rule's outputs must be the same kinds for every source
+                raise AssertionError(f"{name} sources differ in their figure kinds: {sorted(kinds)}")
+            if kinds and next(iter(kinds)):
+                sets.append(FigureSet(name, tuple(sources), next(iter(kinds))))
+        return sets
+
+    def source_figure_sets(self) -> list[FigureSet]:
+        """The sets of sources drawn by one rule each (run, variant, imported): none empty."""
+        return self._sets(self._source_classes(), self.figure_kinds)
+
+    def layer_figure_sets(self) -> list[FigureSet]:
+        """The sets of sources whose layers are drawn by one rule each: the runs and imported
+        caches (``layer``), the paired variants (``variant_layer``)."""
+        classes = self._source_classes()
+        classes = {"layer": classes["run"] + classes["imported"], "variant_layer": classes["variant"]}
+        return self._sets(classes, self.layer_figure_kinds)
 
     # -- what each reads ------------------------------------------------------------------------------
 
@@ -145,7 +218,7 @@ class FigurePlan(ExtractionPlan):
             for kind in self.figure_kinds(source):
                 paths += self._drawn("source_figure", source=source, kind=kind)
             for layer in self.source_layers(source):
-                for kind in LAYER_FIGURES:
+                for kind in self.layer_figure_kinds(source):
                     paths += self._drawn("layer_figure", source=source, layer=layer, kind=kind)
         for checkpoint in self.checkpoints:
             for kind in self.checkpoint_figure_kinds(checkpoint):

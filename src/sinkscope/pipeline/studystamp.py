@@ -1,0 +1,120 @@
+"""Which study a results folder holds, so that one study never silently replaces another's.
+
+A study is its config file (``config.yaml``, or the ``--configfile`` files instead): the
+same file run again, with a layer added, a figure option changed or any ``--config``
+override, is the same study, and Snakemake reruns only what changed. The first run into
+a results folder records the study there (``study.json``: its config files and when).
+A run of another study into that folder is refused, before anything runs, in one line
+naming both ways on: another results folder keeps both studies; ``replace_results``
+deletes the recorded study's results (the layout's folders, less any folder of another
+study inside them) and records the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sinkscope.errors import SinkscopeError
+from sinkscope.io import atomic_path
+from sinkscope.pipeline.layout import BENCHMARKS, LOGS, PATTERNS, RESULTS_VAR
+
+STAMP = "study.json"
+# What a study writes at the top of its results folder (extract/, tables/, figures/ ...).
+TOP_FOLDERS = tuple(
+    sorted(
+        {pattern.removeprefix(RESULTS_VAR + "/").split("/", 1)[0] for pattern in (*PATTERNS.values(), LOGS, BENCHMARKS)}
+    )
+)
+
+
+def study_files(config_files: Sequence[str | Path], workdir: str | Path = ".") -> list[str]:
+    """The config files that define a study, as paths from the working directory where
+    they lie inside it (``config.yaml``, ``configs/interventions.yaml``), else absolute."""
+    here = Path(workdir).resolve()
+    named = []
+    for file in config_files:
+        full = (here / Path(file)).resolve()
+        named.append(full.relative_to(here).as_posix() if full.is_relative_to(here) else full.as_posix())
+    return named
+
+
+def recorded_study(results: str | Path) -> list[str] | None:
+    """The config files recorded in a results folder; None where none is recorded."""
+    stamp = Path(results) / STAMP
+    try:
+        record = json.loads(stamp.read_text())
+        return [str(file) for file in record["config_files"]]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise SinkscopeError(f"{stamp}: unreadable ({error}); delete it if this folder holds this study") from None
+
+
+def claim_results_folder(
+    results: str,
+    config_files: Sequence[str | Path],
+    *,
+    replace: bool = False,
+    write: bool = False,
+    workdir: str | Path = ".",
+) -> list[str]:
+    """Check that ``results`` holds no other study's results, and (``write``: a run that
+    executes jobs) record this study there. Returns one line per action taken; raises
+    SinkscopeError, in one line, for a folder of another study unless ``replace``."""
+    ours = study_files(config_files, workdir)
+    folder = Path(workdir) / results
+    theirs = recorded_study(folder)
+    actions = []
+    if theirs is not None and theirs != ours:
+        if not replace:
+            raise SinkscopeError(
+                f"{results}/ holds the results of {_names(theirs)}, not of {_names(ours)}: to keep both, give "
+                f"this study another folder (results: results/<name> in {ours[0]}, or --config "
+                f"results=results/<name>); to replace them, --config replace_results=true"
+            )
+        if not write:
+            return [f"a run deletes the results of {_names(theirs)} in {results}/ first (replace_results)"]
+        removed = remove_study_results(folder)
+        actions.append(f"{results}/: deleted the results of {_names(theirs)} ({removed} entries; replace_results)")
+    if write and theirs != ours:
+        record = {"config_files": ours, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(folder / STAMP) as tmp:
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
+    return actions
+
+
+def remove_study_results(folder: Path) -> int:
+    """Delete what a study wrote in ``folder`` (its layout's top folders and its record),
+    keeping every folder inside them that records a study of its own. Returns how many
+    entries went."""
+    removed = 0
+    for name in (*TOP_FOLDERS, STAMP):
+        removed += _remove_keeping_studies(folder / name)
+    return removed
+
+
+def _remove_keeping_studies(path: Path) -> int:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+        return 1
+    if not path.is_dir():
+        return 0
+    if (path / STAMP).is_file():
+        return 0  # another study's results folder
+    if not any(STAMP in files for _, _, files in os.walk(path)):
+        shutil.rmtree(path)
+        return 1
+    removed = sum(_remove_keeping_studies(child) for child in sorted(path.iterdir()))
+    if not any(path.iterdir()):
+        path.rmdir()
+    return removed
+
+
+def _names(files: Sequence[str]) -> str:
+    return " + ".join(files)
