@@ -240,44 +240,50 @@ def effects_params(wildcards):
     return STUDY.effects_params(wildcards.checkpoint)
 
 
-# -- figures (rules/figures.smk): one job draws several kinds, each read, drawn and rerun as its own
+# -- figures (rules/figures.smk): one job draws several, each read, drawn and rerun as its own
+
+
+def _inputs(figures):
+    return {name: figure["inputs"] for name, figure in figures.items()}
+
+
+def _params(figures):
+    """Name -> kind, layer and the options it draws with (a param: changed options rerun the job)."""
+    return {name: {key: figure[key] for key in ("kind", "layer", "options")} for name, figure in figures.items()}
 
 
 def source_figure_tables(wildcards):
-    """Kind -> the tables it reads, for each figure of a source (of one layer of a source)."""
-    return {kind: STUDY.figure_inputs(kind, wildcards.source) for kind in STUDY.figure_kinds(wildcards.source)}
+    """Kind -> the tables it reads, for each figure of a source."""
+    return _inputs(STUDY.source_figures(wildcards.source))
+
+
+def source_figures(wildcards):
+    return _params(STUDY.source_figures(wildcards.source))
 
 
 def layer_figure_tables(wildcards):
-    """Kind -> the layer's frame rows and the source tables it reads, for each layer figure."""
-    layer = int(wildcards.layer)
-    return {
-        kind: STUDY.layer_figure_inputs(kind, wildcards.source, layer)
-        for kind in STUDY.layer_figure_kinds(wildcards.source)
-    }
+    """``layer<L>_<kind>`` -> the layer's frame rows and the source tables it reads."""
+    return _inputs(STUDY.layer_figures(wildcards.source))
+
+
+def layer_figures(wildcards):
+    return _params(STUDY.layer_figures(wildcards.source))
 
 
 def checkpoint_figure_tables(wildcards):
-    return {kind: STUDY.figure_inputs(kind, wildcards.checkpoint) for kind in STUDY.checkpoint_figure_kinds()}
+    return _inputs(STUDY.checkpoint_figures(wildcards.checkpoint))
+
+
+def checkpoint_figures(wildcards):
+    return _params(STUDY.checkpoint_figures(wildcards.checkpoint))
 
 
 def study_figure_tables(wildcards):
-    return {kind: STUDY.study_figure_inputs(kind) for kind in STUDY.study_figure_kinds()}
+    return _inputs(STUDY.study_figures())
 
 
-def source_figure_options(wildcards):
-    """Kind -> the options it draws with, for each figure of a source (of one layer of a source)."""
-    source = wildcards.source
-    kinds = STUDY.layer_figure_kinds(source) if "layer" in wildcards.keys() else STUDY.figure_kinds(source)
-    return {kind: STUDY.figure_options(kind, source) for kind in kinds}
-
-
-def checkpoint_figure_options(wildcards):
-    return {kind: STUDY.figure_options(kind) for kind in STUDY.checkpoint_figure_kinds()}
-
-
-def study_figure_options(wildcards):
-    return {kind: STUDY.figure_options(kind) for kind in STUDY.study_figure_kinds()}
+def study_figures(wildcards):
+    return _params(STUDY.study_figures())
 
 
 def figure_code(kinds):
@@ -301,12 +307,23 @@ def figure_output(pattern, category, subcategory, labels):
     return dict(svg=update(svg), png=update(pattern.replace("{ext}", "png")))
 
 
-def figure_outputs(pattern, kinds, category, subcategory, labels=None):
+def figure_outputs(pattern, kinds, category, subcategory):
     """The SVG and PNG of each kind (``<kind>_svg``, ``<kind>_png``): ``pattern`` filled per kind."""
     outputs = {}
     for kind in kinds:
-        drawn = figure_output(pattern.replace("{kind}", kind), category, subcategory, {"figure": kind, **(labels or {})})
+        drawn = figure_output(pattern.replace("{kind}", kind), category, subcategory, {"figure": kind})
         outputs.update({f"{kind}_{ext}": path for ext, path in drawn.items()})
+    return outputs
+
+
+def layer_figure_outputs(pattern, layers, kinds, category):
+    """The SVG and PNG of each kind of each layer (``layer<L>_<kind>_svg`` ...)."""
+    outputs = {}
+    for layer in layers:
+        for kind in kinds:
+            filled = pattern.replace("{layer}", str(layer)).replace("{kind}", kind)
+            drawn = figure_output(filled, category, f"Layer {layer}", {"figure": kind, "layer": str(layer)})
+            outputs.update({f"layer{layer}_{kind}_{ext}": path for ext, path in drawn.items()})
     return outputs
 
 

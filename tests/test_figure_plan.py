@@ -85,8 +85,9 @@ def test_variant_kinds_may_add_layer_figures_to_paired_variants(tmp_path):
     )
     assert study.figure_kinds("demo@no_sink") == ["figure4"]
     assert study.layer_figure_kinds("demo@no_sink") == ["heads_heatmap"]
-    sets = {figure_set.name: figure_set.kinds for figure_set in study.layer_figure_sets()}
-    assert sets == {"layer": tuple(LAYER_FIGURES), "variant_layer": ("heads_heatmap",)}
+    sets = {figure_set.name: (figure_set.kinds, figure_set.layers) for figure_set in study.layer_figure_sets()}
+    assert sets == {"layer": (tuple(LAYER_FIGURES), (0,)), "variant_layer": (("heads_heatmap",), (0,))}
+    assert set(study.layer_figures("demo@no_sink")) == {"layer0_heads_heatmap"}
 
 
 _DRAW = """
@@ -94,11 +95,9 @@ import json, sys
 from sinkscope.figures.render import figure_job, figures_job
 jobs = json.loads(sys.argv[1])
 if len(jobs) == 1:
-    figure_job(**jobs[0])
+    figure_job(**jobs[0], source="demo")
 else:
-    figures_job(
-        figures={job.pop("kind"): job for job in jobs}, source="demo", layer=None
-    )
+    figures_job(figures={job["kind"] + str(job["layer"]): job for job in jobs}, source="demo")
 """
 
 
@@ -108,39 +107,40 @@ def test_one_process_draws_each_figure_as_its_own_job_does(tmp_path):
 
     paths = write_source(tmp_path, synthetic_study("demo"))
     options = {"dpi": 60, "frame_base": 0, "step": "last", "metric": "logit_mean", "heads": ["L1H1", "L5H10"]}
-    inputs = {
-        "figure4_tokens": [paths["token_profiles"], paths["frame_attention"], paths["head_diagnostics"]],
-        "figure4": [paths["frame_attention"], paths["head_diagnostics"]],
-        "sink_score_overview": [paths["frame_attention"], paths["head_diagnostics"]],
-        "head_classes": [paths["head_diagnostics"]],
-        "sink_mass_over_time": [paths["block_stats"]],
-    }
+    # Kind, layer, inputs: the same tables read by several figures, and layer figures.
+    figures = [
+        ("figure4_tokens", None, [paths["token_profiles"], paths["frame_attention"], paths["head_diagnostics"]]),
+        ("figure4", None, [paths["frame_attention"], paths["head_diagnostics"]]),
+        ("sink_score_overview", None, [paths["frame_attention"], paths["head_diagnostics"]]),
+        ("head_classes", None, [paths["head_diagnostics"]]),
+        ("sink_mass_over_time", None, [paths["block_stats"]]),
+        ("per_head_grid", 4, [*paths["extract"], paths["head_diagnostics"]]),
+        ("heads_heatmap", 4, [*paths["extract"], paths["head_diagnostics"]]),
+        ("heads_heatmap", 0, [*paths["extract"], paths["head_diagnostics"]]),
+    ]
 
     def jobs(folder: str) -> list[dict]:
         (tmp_path / folder).mkdir()
         return [
             {
                 "kind": kind,
-                "inputs": paths_of_kind,
-                "svg": str(tmp_path / folder / f"{kind}.svg"),
-                "png": str(tmp_path / folder / f"{kind}.png"),
+                "layer": layer,
+                "inputs": inputs,
+                "svg": str(tmp_path / folder / f"{kind}{layer}.svg"),
+                "png": str(tmp_path / folder / f"{kind}{layer}.png"),
                 "options": options,
-                "source": "demo",
             }
-            for kind, paths_of_kind in inputs.items()
+            for kind, layer, inputs in figures
         ]
 
     def draw(batch: list[dict]) -> None:
-        if len(batch) > 1:
-            for job in batch:
-                job.pop("source")
         result = subprocess.run([sys.executable, "-c", _DRAW, json.dumps(batch)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-2000:]
 
     for job in jobs("alone"):
         draw([job])
     draw(jobs("together"))
-    for kind in inputs:
+    for kind, layer, _ in figures:
         for ext in ("svg", "png"):
-            alone = (tmp_path / "alone" / f"{kind}.{ext}").read_bytes()
-            assert alone == (tmp_path / "together" / f"{kind}.{ext}").read_bytes(), (kind, ext)
+            alone = (tmp_path / "alone" / f"{kind}{layer}.{ext}").read_bytes()
+            assert alone == (tmp_path / "together" / f"{kind}{layer}.{ext}").read_bytes(), (kind, layer, ext)

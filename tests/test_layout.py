@@ -44,11 +44,16 @@ print("RULES" + json.dumps(rules))
 
 STUDY = {
     "results": "studies/first",
+    # Two checkpoints: the study figures are drawn too.
+    "checkpoints": {
+        "demo": {"model": "demo", "format": "self_forcing", "weights": "sinkscope:demo_trained.pt"},
+        "untrained": {"model": "demo", "format": "demo"},
+    },
     "layers": [0, 1],
     "generation": {"num_frames": 6},
     "variants": {"no_sink": {"interventions": [{"edit": "mask_keys", "heads": "class:sink", "key_frames": [0]}]}},
     "outputs": {"contact_sheet": True},
-    "figures": {"heads": ["L1H1", "L2H2"]},
+    "figures": {"heads": ["L1H1", "L2H2"], "variant_kinds": ["figure4", "heads_heatmap"]},
 }
 
 

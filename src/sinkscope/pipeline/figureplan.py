@@ -52,11 +52,13 @@ CHOOSABLE_FIGURES = (*SOURCE_FIGURES, *LAYER_FIGURES, *CHECKPOINT_FIGURES, *STUD
 
 @dataclass(frozen=True)
 class FigureSet:
-    """Sources whose figures are the same kinds, drawn by one rule (``<name>_figures``)."""
+    """Sources whose figures are the same kinds (of the same layers), drawn by one rule
+    (``<name>_figures``), one job a source."""
 
     name: str
     sources: tuple[str, ...]
     kinds: tuple[str, ...]
+    layers: tuple[int, ...] = ()
 
 
 class FigurePlan(ExtractionPlan):
@@ -126,27 +128,33 @@ class FigurePlan(ExtractionPlan):
             "imported": list(self.legacy),
         }
 
-    @staticmethod
-    def _sets(classes: dict[str, list[str]], kinds_of) -> list[FigureSet]:
+    def source_figure_sets(self) -> list[FigureSet]:
+        """The sets of sources drawn by one rule each (``run``, ``variant``, ``imported``);
+        none empty."""
         sets = []
-        for name, sources in classes.items():
-            kinds = {tuple(kinds_of(source)) for source in sources}
-            if len(kinds) > 1:  # a planning bug: one rule's outputs must be the same kinds for every source
+        for name, sources in self._source_classes().items():
+            kinds = {tuple(self.figure_kinds(source)) for source in sources}
+            if len(kinds) > 1:  # a planning bug: one rule's outputs are the same kinds for every source
                 raise AssertionError(f"{name} sources differ in their figure kinds: {sorted(kinds)}")
             if kinds and next(iter(kinds)):
                 sets.append(FigureSet(name, tuple(sources), next(iter(kinds))))
         return sets
 
-    def source_figure_sets(self) -> list[FigureSet]:
-        """The sets of sources drawn by one rule each (run, variant, imported): none empty."""
-        return self._sets(self._source_classes(), self.figure_kinds)
-
     def layer_figure_sets(self) -> list[FigureSet]:
-        """The sets of sources whose layers are drawn by one rule each: the runs and imported
-        caches (``layer``), the paired variants (``variant_layer``)."""
-        classes = self._source_classes()
-        classes = {"layer": classes["run"] + classes["imported"], "variant_layer": classes["variant"]}
-        return self._sets(classes, self.layer_figure_kinds)
+        """The sets of sources whose layer figures (every layer's, one job a source) are drawn
+        by one rule each: ``layer`` (the runs), ``variant_layer``, ``imported_layer`` (imported
+        caches whose layers differ: one set, ``imported_layer_2`` ..., per list of layers)."""
+        sets = []
+        for name, sources in self._source_classes().items():
+            groups: dict[tuple, list[str]] = {}
+            for source in sources:
+                key = (tuple(self.layer_figure_kinds(source)), tuple(self.source_layers(source)))
+                groups.setdefault(key, []).append(source)
+            prefix = "layer" if name == "run" else f"{name}_layer"
+            for i, ((kinds, layers), members) in enumerate(sorted(groups.items())):
+                if kinds and layers:
+                    sets.append(FigureSet(prefix + (f"_{i + 1}" if i else ""), tuple(members), kinds, layers))
+        return sets
 
     # -- what each reads ------------------------------------------------------------------------------
 
@@ -174,6 +182,32 @@ class FigurePlan(ExtractionPlan):
 
     def study_figure_inputs(self, kind: str) -> list[str]:
         return [self.path("table", table=t) for t in FIGURES[kind].inputs]
+
+    def source_figures(self, source: str) -> dict[str, dict[str, Any]]:
+        """Every figure one job draws of a source: name (its kind) -> kind, inputs, options."""
+        return {
+            kind: self._figure(kind, self.figure_inputs(kind, source), source) for kind in self.figure_kinds(source)
+        }
+
+    def layer_figures(self, source: str) -> dict[str, dict[str, Any]]:
+        """Every layer figure one job draws of a source: ``layer<L>_<kind>`` -> kind, layer,
+        inputs, options."""
+        return {
+            f"layer{layer}_{kind}": self._figure(kind, self.layer_figure_inputs(kind, source, layer), source, layer)
+            for layer in self.source_layers(source)
+            for kind in self.layer_figure_kinds(source)
+        }
+
+    def checkpoint_figures(self, checkpoint: str) -> dict[str, dict[str, Any]]:
+        return {
+            kind: self._figure(kind, self.figure_inputs(kind, checkpoint)) for kind in self.checkpoint_figure_kinds()
+        }
+
+    def study_figures(self) -> dict[str, dict[str, Any]]:
+        return {kind: self._figure(kind, self.study_figure_inputs(kind)) for kind in self.study_figure_kinds()}
+
+    def _figure(self, kind: str, inputs: list[str], source: str | None = None, layer: int | None = None) -> dict:
+        return {"kind": kind, "layer": layer, "inputs": inputs, "options": self.figure_options(kind, source)}
 
     def figure_options(self, kind: str, source: str | None = None) -> dict[str, Any]:
         """Only the options figure ``kind`` draws with (the registry says which): changing
