@@ -148,3 +148,11 @@ def test_two_studies_in_one_clone_keep_both_results(tmp_path):
     assert recorded_study(tmp_path / "results" / "other") == ["other.yaml"]
     assert workflow.planned_jobs() == {}
     assert workflow.planned_jobs("--configfile", "other.yaml", "--config", "results=results/other") == {}
+    # Replacing: the first study's results go, the other study's folder inside stays whole.
+    kept = snapshot(tmp_path / "results" / "other")
+    replaced = workflow.run("--configfile", "other.yaml", "--config", "replace_results=true")
+    assert "sinkscope: results/: deleted the results of config.yaml" in replaced.stderr
+    assert recorded_study(tmp_path / "results") == ["other.yaml"]
+    assert snapshot(tmp_path / "results" / "other") == kept
+    assert not (tmp_path / "results/tables/checkpoints/demo").exists()
+    assert (tmp_path / "results/tables/checkpoints/demo@no_sink/head_stats.parquet").is_file()
