@@ -116,8 +116,9 @@ def test_full_run_then_only_what_changed(workflow):
     assert set(jobs) == {"run_figures", "layer_figures", "summary_page"}
     workflow.run()
     workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass", "heads": ["L1H2"]}})
-    # The chosen heads: the source's figures (figure4 ... attention_over_time draw them), no layer figure.
-    assert not any(FIGURES[kind].draws_heads for kind in LAYER_FIGURES + CHECKPOINT_FIGURES)
+    # The chosen heads: the source's figures job (figure4 ... attention_over_time draw them);
+    # no layer figure draws them, and policy_comparison is not drawn with one variant.
+    assert not any(FIGURES[kind].draws_heads for kind in LAYER_FIGURES)
     assert without_all(workflow.planned_jobs()) == {"run_figures": 1, "summary_page": 1}
 
     # Equivalent configs rerun nothing: 5 for 5.0, a policy's defaults spelled out.
