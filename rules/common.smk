@@ -24,7 +24,7 @@ from sinkscope.pipeline.invocation import (
 from sinkscope.pipeline.layout import BENCHMARKS, LOGS
 from sinkscope.pipeline.recovery import mark_run_start, recover_interrupted_run
 from sinkscope.pipeline.study import load_study
-from sinkscope.pipeline.studystamp import claim_results_folder
+from sinkscope.pipeline.studystamp import claim_results_folder, other_study
 from sinkscope.pipeline.videoplan import run_latents, sheet_inputs, sheet_params
 from sinkscope.pipeline.videoplan import video_params as video_params_of
 from sinkscope.schema import SCHEMA_PATH
@@ -85,19 +85,14 @@ pathvars:
 
 
 # One study a results folder: a run (or dry run) of another config file into a folder that
-# records a study is refused in one line, before anything runs; a run records its study
-# there (sinkscope.pipeline.studystamp).
+# records a study is refused in one line, before anything runs (sinkscope.pipeline.studystamp).
 if _MAIN and acts_on_results(sys.argv):
     try:
-        for _action in claim_results_folder(
-            STUDY.results,
-            workflow.configfiles,
-            replace=config["replace_results"],
-            write=invocation_mode(sys.argv) == "run",
-        ):
-            sys.stderr.write(f"sinkscope: {_action}\n")
+        _other = other_study(STUDY.results, workflow.configfiles, replace=config["replace_results"])
     except SinkscopeError as error:
         _reject(error)
+    if _other and invocation_mode(sys.argv) != "run":
+        sys.stderr.write(f"sinkscope: a run deletes the results of {' + '.join(_other)} in {STUDY.results}/ first\n")
 
 
 # A run stopped half-way (Ctrl-C, a kill, a full disk) leaves Snakemake's backups of
@@ -107,6 +102,16 @@ if _MAIN and acts_on_results(sys.argv):
 if _MAIN and invocation_mode(sys.argv) == "run":
     try:  # a lock this machine's stopped run did not provably leave stops the run
         for _action in recover_interrupted_run(results=STUDY.results):
+            sys.stderr.write(f"sinkscope: {_action}\n")
+    except SinkscopeError as error:
+        _reject(error)
+
+
+# A run records its study in its results folder (after a replaced study's results are
+# deleted), once no stopped run's locks are left.
+if _MAIN and invocation_mode(sys.argv) == "run":
+    try:
+        for _action in claim_results_folder(STUDY.results, workflow.configfiles, replace=config["replace_results"]):
             sys.stderr.write(f"sinkscope: {_action}\n")
     except SinkscopeError as error:
         _reject(error)

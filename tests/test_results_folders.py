@@ -17,7 +17,14 @@ from conftest import REPO, Workflow
 from sinkscope.errors import SinkscopeError
 from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.invocation import acts_on_results
-from sinkscope.pipeline.studystamp import STAMP, TOP_FOLDERS, claim_results_folder, recorded_study, study_files
+from sinkscope.pipeline.studystamp import (
+    STAMP,
+    TOP_FOLDERS,
+    claim_results_folder,
+    other_study,
+    recorded_study,
+    study_files,
+)
 
 
 def test_each_example_has_a_folder_of_its_own_and_says_so_in_its_header():
@@ -41,23 +48,26 @@ def test_study_files_are_named_from_the_working_directory(tmp_path):
 
 
 def test_the_first_run_records_its_study_and_the_same_study_runs_again(tmp_path):
+    assert other_study("results", ["config.yaml"], workdir=tmp_path) is None
+    assert not (tmp_path / "results").exists()  # the check records nothing
     assert claim_results_folder("results", ["config.yaml"], workdir=tmp_path) == []
-    assert not (tmp_path / "results").exists()  # a dry run records nothing
-    assert claim_results_folder("results", ["config.yaml"], write=True, workdir=tmp_path) == []
     assert recorded_study(tmp_path / "results") == ["config.yaml"]
     stamp = (tmp_path / "results" / STAMP).read_text()
-    assert claim_results_folder("results", ["config.yaml"], write=True, workdir=tmp_path) == []
+    assert other_study("results", ["config.yaml"], workdir=tmp_path) is None
+    assert claim_results_folder("results", ["config.yaml"], workdir=tmp_path) == []
     assert (tmp_path / "results" / STAMP).read_text() == stamp
 
 
 def test_another_study_is_refused_in_one_line_naming_both_ways_on(tmp_path):
-    claim_results_folder("results", ["config.yaml"], write=True, workdir=tmp_path)
+    claim_results_folder("results", ["config.yaml"], workdir=tmp_path)
     with pytest.raises(SinkscopeError) as refused:
-        claim_results_folder("results", ["configs/mine.yaml"], write=True, workdir=tmp_path)
+        other_study("results", ["configs/mine.yaml"], workdir=tmp_path)
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith("results/ holds the results of config.yaml, not of configs/mine.yaml")
     assert "--config results=results/<name>" in message and "--config replace_results=true" in message
+    with pytest.raises(SinkscopeError, match="not of configs/mine.yaml"):
+        claim_results_folder("results", ["configs/mine.yaml"], workdir=tmp_path)
     assert recorded_study(tmp_path / "results") == ["config.yaml"]
 
 
@@ -75,10 +85,16 @@ def test_replace_results_deletes_the_recorded_study_and_keeps_other_studies(tmp_
     (results / "interventions" / STAMP).write_text(json.dumps({"config_files": ["configs/interventions.yaml"]}))
     (results / "train-demo").mkdir()
     (results / "train-demo" / "final.pt").write_bytes(b"weights")  # not a study's result
-    planned = claim_results_folder("results", ["other.yaml"], replace=True, workdir=tmp_path)
-    assert planned == ["a run deletes the results of config.yaml in results/ first (replace_results)"]
+    assert other_study("results", ["other.yaml"], replace=True, workdir=tmp_path) == ["config.yaml"]
     assert (results / "extract" / "x" / "file.parquet").exists()
-    actions = claim_results_folder("results", ["other.yaml"], replace=True, write=True, workdir=tmp_path)
+    # Not while a Snakemake run holds the directory.
+    (tmp_path / ".snakemake" / "locks").mkdir(parents=True)
+    (tmp_path / ".snakemake" / "locks" / "0.output.lock").write_text("x")
+    with pytest.raises(SinkscopeError, match="while a Snakemake run holds this directory"):
+        claim_results_folder("results", ["other.yaml"], replace=True, workdir=tmp_path)
+    assert (results / "extract" / "x" / "file.parquet").exists()
+    (tmp_path / ".snakemake" / "locks" / "0.output.lock").unlink()
+    actions = claim_results_folder("results", ["other.yaml"], replace=True, workdir=tmp_path)
     assert len(actions) == 1 and "deleted the results of config.yaml" in actions[0]
     assert recorded_study(results) == ["other.yaml"]
     assert sorted(p.name for p in results.iterdir()) == ["interventions", STAMP, "train-demo"]

@@ -55,33 +55,43 @@ def recorded_study(results: str | Path) -> list[str] | None:
         raise SinkscopeError(f"{stamp}: unreadable ({error}); delete it if this folder holds this study") from None
 
 
-def claim_results_folder(
-    results: str,
-    config_files: Sequence[str | Path],
-    *,
-    replace: bool = False,
-    write: bool = False,
-    workdir: str | Path = ".",
-) -> list[str]:
-    """Check that ``results`` holds no other study's results, and (``write``: a run that
-    executes jobs) record this study there. Returns one line per action taken; raises
-    SinkscopeError, in one line, for a folder of another study unless ``replace``."""
+def other_study(
+    results: str, config_files: Sequence[str | Path], *, replace: bool = False, workdir: str | Path = "."
+) -> list[str] | None:
+    """The config files of another study that ``results`` holds (None: none, or this
+    study's). Raises SinkscopeError, in one line naming both ways on, unless ``replace``."""
     ours = study_files(config_files, workdir)
+    theirs = recorded_study(Path(workdir) / results)
+    if theirs is None or theirs == ours:
+        return None
+    if not replace:
+        raise SinkscopeError(
+            f"{results}/ holds the results of {_names(theirs)}, not of {_names(ours)}: to keep both, give "
+            f"this study another folder (results: results/<name> in {ours[0]}, or --config "
+            f"results=results/<name>); to replace them, --config replace_results=true"
+        )
+    return theirs
+
+
+def claim_results_folder(
+    results: str, config_files: Sequence[str | Path], *, replace: bool = False, workdir: str | Path = "."
+) -> list[str]:
+    """Record this study in ``results`` (a run that executes jobs, once no stopped run's
+    locks are left): with ``replace``, another study's results there are deleted first.
+    Returns one line per action taken; raises as ``other_study`` does."""
+    theirs = other_study(results, config_files, replace=replace, workdir=workdir)
     folder = Path(workdir) / results
-    theirs = recorded_study(folder)
     actions = []
-    if theirs is not None and theirs != ours:
-        if not replace:
+    if theirs is not None:
+        locks = Path(workdir) / ".snakemake" / "locks"
+        if locks.is_dir() and any(locks.iterdir()):
             raise SinkscopeError(
-                f"{results}/ holds the results of {_names(theirs)}, not of {_names(ours)}: to keep both, give "
-                f"this study another folder (results: results/<name> in {ours[0]}, or --config "
-                f"results=results/<name>); to replace them, --config replace_results=true"
+                f"{results}/: replace_results deletes nothing while a Snakemake run holds this directory ({locks})"
             )
-        if not write:
-            return [f"a run deletes the results of {_names(theirs)} in {results}/ first (replace_results)"]
         removed = remove_study_results(folder)
         actions.append(f"{results}/: deleted the results of {_names(theirs)} ({removed} entries; replace_results)")
-    if write and theirs != ours:
+    ours = study_files(config_files, workdir)
+    if recorded_study(folder) != ours:
         record = {"config_files": ours, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         folder.mkdir(parents=True, exist_ok=True)
         with atomic_path(folder / STAMP) as tmp:
