@@ -3,7 +3,7 @@
 A study is its config file (``config.yaml``, or the ``--configfile`` files instead): the
 same file run again, with a layer added, a figure option changed or any ``--config``
 override, is the same study, and Snakemake reruns only what changed. The first run into
-a results folder records the study there (``study.json``: its config files and when).
+a results folder records the study there (``study.json``: its config files).
 A run of another study into that folder is refused, before anything runs, in one line
 naming both ways on: another results folder keeps both studies; ``replace_results``
 deletes the recorded study's results (the layout's folders, less any folder of another
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def claim_results_folder(
         actions.append(f"{results}/: deleted the results of {_names(theirs)} ({removed} entries; replace_results)")
     ours = study_files(config_files, workdir)
     if recorded_study(folder) != ours:
-        record = {"config_files": ours, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        record = {"config_files": ours}  # no time: a clean run writes the same bytes
         folder.mkdir(parents=True, exist_ok=True)
         with atomic_path(folder / STAMP) as tmp:
             tmp.write_text(json.dumps(record, indent=1) + "\n")
