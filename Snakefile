@@ -8,12 +8,15 @@
 # Stages (rules/): extract (prompt embeddings, one GPU job per checkpoint x variant x
 # prompt x seed x layer group), import (older .pt caches), aggregate (verified Parquet
 # tables), effects (each variant against the untouched default run), figures (SVG +
-# PNG), video (outputs.video: MP4s, contact sheets), report (summary page). Paths, params
-# and checks come from the sinkscope package (sinkscope.pipeline.study); see README.md.
+# PNG), video (outputs.video: MP4s, contact sheets), report (summary page). Each rule
+# writes its input and output paths under <results>, the study's results folder (config
+# key results); the lists that depend on the study, params and checks come from the
+# sinkscope package (sinkscope.pipeline.study and its planners); see README.md.
 
 from snakemake.utils import min_version
 
-min_version("9.11")
+# 9.12: path variables (<results>, <logs>, <benchmarks>), which every rule writes its files with.
+min_version("9.12")
 
 
 # The config: config.yaml, or instead only the files given with --configfile (each example

@@ -4,22 +4,24 @@
 
 rule aggregate_source:
     input:
-        lambda wildcards: STUDY.source_inputs(wildcards.source),
+        frame_inputs,
     output:
-        **{
-            table: update(PATTERNS["source_table"].replace("{table}", table))
-            for table in SOURCE_TABLES
-            if table != "token_profiles"
-        },
-        token_profiles=update(directory(PATTERNS["source_table"].replace("{table}", "token_profiles"))),
-        head_classes=update(PATTERNS["head_classes_csv"]),
+        frame_attention=update("<results>/tables/checkpoints/{source}/frame_attention.parquet"),
+        head_stats=update("<results>/tables/checkpoints/{source}/head_stats.parquet"),
+        layer_stats=update("<results>/tables/checkpoints/{source}/layer_stats.parquet"),
+        block_stats=update("<results>/tables/checkpoints/{source}/block_stats.parquet"),
+        head_diagnostics=update("<results>/tables/checkpoints/{source}/head_diagnostics.parquet"),
+        query_stats=update("<results>/tables/checkpoints/{source}/query_stats.parquet"),
+        # A Parquet dataset folder (a file per run and layer), written with capture.token_profiles.
+        token_profiles=update(directory("<results>/tables/checkpoints/{source}/token_profiles.parquet")),
+        head_classes=update("<results>/tables/checkpoints/{source}/head_classes.csv"),
     params:
-        aggregate=lambda wildcards: STUDY.aggregate_params(wildcards.source),
+        aggregate=aggregate_params,
         code=STUDY.code("aggregate_source"),
     log:
-        "results/logs/aggregate_source/{source}.log",
+        "<logs>/aggregate_source/{source}.log",
     benchmark:
-        "results/benchmarks/aggregate_source/{source}.tsv"
+        "<benchmarks>/aggregate_source/{source}.tsv"
     localrule: True
     conda:
         "../envs/analysis.yaml"
@@ -29,17 +31,25 @@ rule aggregate_source:
 
 rule combine_tables:
     input:
-        **{table: source_tables(table) for table in TABLES},
-        token_profiles=source_tables("token_profiles"),
+        frame_attention=expand("<results>/tables/checkpoints/{source}/frame_attention.parquet", source=STUDY.sources),
+        head_stats=expand("<results>/tables/checkpoints/{source}/head_stats.parquet", source=STUDY.sources),
+        layer_stats=expand("<results>/tables/checkpoints/{source}/layer_stats.parquet", source=STUDY.sources),
+        block_stats=expand("<results>/tables/checkpoints/{source}/block_stats.parquet", source=STUDY.sources),
+        head_diagnostics=expand("<results>/tables/checkpoints/{source}/head_diagnostics.parquet", source=STUDY.sources),
+        token_profiles=expand("<results>/tables/checkpoints/{source}/token_profiles.parquet", source=STUDY.sources),
     output:
-        **{table: update(path("table", table=table)) for table in TABLES},
-        token_profiles=update(directory(path("table", table="token_profiles"))),
+        frame_attention=update("<results>/tables/frame_attention.parquet"),
+        head_stats=update("<results>/tables/head_stats.parquet"),
+        layer_stats=update("<results>/tables/layer_stats.parquet"),
+        block_stats=update("<results>/tables/block_stats.parquet"),
+        head_diagnostics=update("<results>/tables/head_diagnostics.parquet"),
+        token_profiles=update(directory("<results>/tables/token_profiles.parquet")),
     params:
         code=STUDY.code("combine_tables"),
     log:
-        "results/logs/combine_tables.log",
+        "<logs>/combine_tables.log",
     benchmark:
-        "results/benchmarks/combine_tables.tsv"
+        "<benchmarks>/combine_tables.tsv"
     localrule: True
     conda:
         "../envs/analysis.yaml"

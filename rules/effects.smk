@@ -2,21 +2,22 @@
 # same prompt and seed (latent distance, flicker and drift per latent frame; frame-0 mass
 # and entropy per head), from the extraction folders alone (no GPU); then one table of
 # each kind for the study. Targets exist only when the study has a `default` variant and
-# another (sinkscope.pipeline.study.Study.effect_variants).
+# another (sinkscope.pipeline.grid.StudyGrid.effect_variants).
 
 
 rule variant_effects:
     input:
-        lambda wildcards: STUDY.effects_inputs(wildcards.checkpoint),
+        paired_runs,
     output:
-        **{table: update(PATTERNS["effects_table"].replace("{table}", table)) for table in EFFECT_TABLES},
+        variant_effects=update("<results>/tables/checkpoints/{checkpoint}/variant_effects.parquet"),
+        variant_head_effects=update("<results>/tables/checkpoints/{checkpoint}/variant_head_effects.parquet"),
     params:
-        effects=lambda wildcards: STUDY.effects_params(wildcards.checkpoint),
+        effects=effects_params,
         code=STUDY.code("variant_effects"),
     log:
-        "results/logs/variant_effects/{checkpoint}.log",
+        "<logs>/variant_effects/{checkpoint}.log",
     benchmark:
-        "results/benchmarks/variant_effects/{checkpoint}.tsv"
+        "<benchmarks>/variant_effects/{checkpoint}.tsv"
     localrule: True
     conda:
         "../envs/analysis.yaml"
@@ -26,15 +27,21 @@ rule variant_effects:
 
 rule combine_effects:
     input:
-        **{table: [path("effects_table", checkpoint=c, table=table) for c in STUDY.checkpoints] for table in EFFECT_TABLES},
+        variant_effects=expand(
+            "<results>/tables/checkpoints/{checkpoint}/variant_effects.parquet", checkpoint=STUDY.checkpoints
+        ),
+        variant_head_effects=expand(
+            "<results>/tables/checkpoints/{checkpoint}/variant_head_effects.parquet", checkpoint=STUDY.checkpoints
+        ),
     output:
-        **{table: update(path("table", table=table)) for table in EFFECT_TABLES},
+        variant_effects=update("<results>/tables/variant_effects.parquet"),
+        variant_head_effects=update("<results>/tables/variant_head_effects.parquet"),
     params:
         code=STUDY.code("combine_effects"),
     log:
-        "results/logs/combine_effects.log",
+        "<logs>/combine_effects.log",
     benchmark:
-        "results/benchmarks/combine_effects.tsv"
+        "<benchmarks>/combine_effects.tsv"
     localrule: True
     conda:
         "../envs/analysis.yaml"

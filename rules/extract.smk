@@ -4,24 +4,24 @@
 # of per-layer Parquet files plus a manifest. Weights, text encoders and a VAE the generation
 # runs enter through their sha256 (params): replaced bytes rerun what used them, a touch
 # nothing. Outputs are update(): a failed rerun gives the previous result back instead of
-# deleting it.
+# deleting it. <results> is the study's results folder (config key results).
 
 
 rule encode_prompt:
     output:
-        update(PATTERNS["embedding"]),
+        update("<results>/prompts/{encoder}/{prompt}.safetensors"),
     params:
-        encoder=lambda wildcards: ENCODERS[wildcards.encoder],
-        encoder_sha256=lambda wildcards: STUDY.encoder_sha256(wildcards.encoder),
-        text=lambda wildcards: config["prompts"][wildcards.prompt],
+        encoder=encoder_spec,
+        encoder_sha256=encoder_sha256,
+        text=prompt_text,
         device=STUDY.device,
         code=STUDY.code("encode_prompt"),
     log:
-        "results/logs/encode_prompt/{encoder}/{prompt}.log",
+        "<logs>/encode_prompt/{encoder}/{prompt}.log",
     benchmark:
-        "results/benchmarks/encode_prompt/{encoder}/{prompt}.tsv"
+        "<benchmarks>/encode_prompt/{encoder}/{prompt}.tsv"
     resources:
-        gpu=lambda wildcards: 0 if ENCODERS[wildcards.encoder]["kind"] == "demo" else 1,
+        gpu=encoder_gpus,
     conda:
         "../envs/torch.yaml"
     script:
@@ -31,19 +31,19 @@ rule encode_prompt:
 rule encode_prompt_segment:
     # A prompt schedule (prompts: a list of {text, start_frame}): one embedding per segment.
     output:
-        update(PATTERNS["segment_embedding"]),
+        update("<results>/prompts/{encoder}/{prompt}/segment{segment}.safetensors"),
     params:
-        encoder=lambda wildcards: ENCODERS[wildcards.encoder],
-        encoder_sha256=lambda wildcards: STUDY.encoder_sha256(wildcards.encoder),
-        text=lambda wildcards: STUDY.segment_text(wildcards.prompt, wildcards.segment),
+        encoder=encoder_spec,
+        encoder_sha256=encoder_sha256,
+        text=segment_text,
         device=STUDY.device,
         code=STUDY.code("encode_prompt"),
     log:
-        "results/logs/encode_prompt/{encoder}/{prompt}/segment{segment}.log",
+        "<logs>/encode_prompt/{encoder}/{prompt}/segment{segment}.log",
     benchmark:
-        "results/benchmarks/encode_prompt/{encoder}/{prompt}/segment{segment}.tsv"
+        "<benchmarks>/encode_prompt/{encoder}/{prompt}/segment{segment}.tsv"
     resources:
-        gpu=lambda wildcards: 0 if ENCODERS[wildcards.encoder]["kind"] == "demo" else 1,
+        gpu=encoder_gpus,
     conda:
         "../envs/torch.yaml"
     script:
@@ -52,22 +52,22 @@ rule encode_prompt_segment:
 
 rule extract_attention:
     input:
-        embedding=embedding_of,
+        embedding=prompt_embeddings,
         # Edits that select heads by class wait for the untouched run's classes.
-        head_classes=lambda wildcards: STUDY.head_classes_inputs(wildcards.source),
+        head_classes=untouched_head_classes,
     output:
-        update(directory(PATTERNS["extract_dir"])),
+        update(directory("<results>/extract/{source}/{prompt}/seed{seed}/layers{group}")),
     params:
-        run=extract_params,
-        segment_starts=lambda wildcards: STUDY.segment_starts(wildcards.prompt),
+        run=run_params,
+        segment_starts=segment_starts,
         weights_sha256=weights_sha256,
         # Krea's re-encode runs the Wan VAE inside the generation; '' for every other run.
-        vae_sha256=lambda wildcards: STUDY.generation_vae_sha256(wildcards.source),
+        vae_sha256=generation_vae_sha256,
         code=STUDY.code("extract_attention"),
     log:
-        "results/logs/extract_attention/{source}/{prompt}/seed{seed}/layers{group}.log",
+        "<logs>/extract_attention/{source}/{prompt}/seed{seed}/layers{group}.log",
     benchmark:
-        "results/benchmarks/extract_attention/{source}/{prompt}/seed{seed}/layers{group}.tsv"
+        "<benchmarks>/extract_attention/{source}/{prompt}/seed{seed}/layers{group}.tsv"
     resources:
         gpu=1,
     conda:

@@ -4,16 +4,16 @@
 
 rule import_cache:
     input:
-        lambda wildcards: config["legacy_caches"][wildcards.source]["path"],
+        legacy_cache_file,
     output:
-        update(PATTERNS["imported"]),
+        update("<results>/imported/{source}/frame_attention.parquet"),
     params:
-        entry=lambda wildcards: config["legacy_caches"][wildcards.source],
+        entry=legacy_cache_entry,
         code=STUDY.code("import_cache"),
     log:
-        "results/logs/import_cache/{source}.log",
+        "<logs>/import_cache/{source}.log",
     benchmark:
-        "results/benchmarks/import_cache/{source}.tsv"
+        "<benchmarks>/import_cache/{source}.tsv"
     conda:
         "../envs/torch.yaml"
     script:

@@ -1,20 +1,20 @@
 # Edits that select heads by class (generation.interventions, heads: class:<head class>):
 # per checkpoint, the untouched default run's head classes, read from its head_diagnostics
 # table; the extraction jobs of the variants that select by class wait for this file
-# (sinkscope.pipeline.study.Study.head_classes_inputs), and only those.
+# (sinkscope.pipeline.effectsplan.EffectsPlan.head_classes_inputs), and only those.
 
 
 rule intervention_head_classes:
     input:
-        lambda wildcards: STUDY.head_classes_diagnostics(wildcards.checkpoint),
+        untouched_head_diagnostics,
     output:
-        update(PATTERNS["intervention_classes"]),
+        update("<results>/interventions/{checkpoint}/head_classes.json"),
     params:
         code=STUDY.code("intervention_head_classes"),
     log:
-        "results/logs/intervention_head_classes/{checkpoint}.log",
+        "<logs>/intervention_head_classes/{checkpoint}.log",
     benchmark:
-        "results/benchmarks/intervention_head_classes/{checkpoint}.tsv"
+        "<benchmarks>/intervention_head_classes/{checkpoint}.tsv"
     localrule: True
     conda:
         "../envs/analysis.yaml"

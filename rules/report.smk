@@ -4,26 +4,20 @@
 
 rule summary_page:
     input:
-        head_stats=path("table", table="head_stats"),
-        layer_stats=path("table", table="layer_stats"),
-        head_diagnostics=path("table", table="head_diagnostics"),
+        head_stats="<results>/tables/head_stats.parquet",
+        layer_stats="<results>/tables/layer_stats.parquet",
+        head_diagnostics="<results>/tables/head_diagnostics.parquet",
         # The key figures, shown beside the tables (relative links).
         figures=STUDY.summary_figure_paths(),
     output:
-        update(
-            report(
-                PATTERNS["summary"],
-                caption="../report/summary.rst",
-                category="Summary",
-            )
-        ),
+        update(report("<results>/report/summary.html", caption="../report/summary.rst", category="Summary")),
     params:
-        options=lambda wildcards: STUDY.figure_options("summary"),
+        options=STUDY.figure_options("summary"),
         code=STUDY.code("summary_page"),
     log:
-        "results/logs/summary_page.log",
+        "<logs>/summary_page.log",
     benchmark:
-        "results/benchmarks/summary_page.tsv"
+        "<benchmarks>/summary_page.tsv"
     localrule: True
     conda:
         "../envs/analysis.yaml"

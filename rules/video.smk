@@ -3,21 +3,19 @@
 # checkpoint's variants for one prompt and seed (outputs.video, or outputs.contact_sheet
 # alone: drawn from the latents). Which runs and files: sinkscope.pipeline.videoplan.
 
-from sinkscope.pipeline.videoplan import run_latents, sheet_inputs, sheet_params, video_params
-
 
 rule decode_video:
     input:
-        lambda wildcards: run_latents(STUDY, wildcards.source, wildcards.prompt, wildcards.seed),
+        latents_folder,
     output:
-        update(PATTERNS["video"]),
+        update("<results>/videos/{source}/{prompt}/seed{seed}.mp4"),
     params:
-        video=lambda wildcards: video_params(STUDY, wildcards.source),
+        video=video_params,
         code=STUDY.code("decode_video"),
     log:
-        "results/logs/decode_video/{source}/{prompt}/seed{seed}.log",
+        "<logs>/decode_video/{source}/{prompt}/seed{seed}.log",
     benchmark:
-        "results/benchmarks/decode_video/{source}/{prompt}/seed{seed}.tsv"
+        "<benchmarks>/decode_video/{source}/{prompt}/seed{seed}.tsv"
     resources:
         gpu=1,
     conda:
@@ -28,17 +26,21 @@ rule decode_video:
 
 rule contact_sheet:
     input:
-        lambda wildcards: sheet_inputs(STUDY, wildcards.checkpoint, wildcards.prompt, wildcards.seed),
+        sheet_frames,
     output:
-        **figure_output(PATTERNS["contact_sheet"], "{checkpoint}", "Contact sheets",
-                        {"figure": "contact_sheet", "prompt": "{prompt}", "seed": "{seed}"}),
+        **figure_output(
+            "<results>/figures/{checkpoint}/contact_sheet/{prompt}/seed{seed}.{ext}",
+            "{checkpoint}",
+            "Contact sheets",
+            {"figure": "contact_sheet", "prompt": "{prompt}", "seed": "{seed}"},
+        ),
     params:
-        sheet=lambda wildcards: sheet_params(STUDY),
+        sheet=sheet_params(STUDY),
         code=STUDY.code("contact_sheet"),
     log:
-        "results/logs/contact_sheet/{checkpoint}/{prompt}/seed{seed}.log",
+        "<logs>/contact_sheet/{checkpoint}/{prompt}/seed{seed}.log",
     benchmark:
-        "results/benchmarks/contact_sheet/{checkpoint}/{prompt}/seed{seed}.tsv"
+        "<benchmarks>/contact_sheet/{checkpoint}/{prompt}/seed{seed}.tsv"
     localrule: True
     conda:
         "../envs/analysis.yaml"

@@ -270,8 +270,10 @@ def test_changed_package_code_reruns_exactly_what_runs_it(tmp_path):
     legacy = after_edit("legacy/importer.py", add_code)
     assert legacy.get("import_cache") == 1 and "extract_attention" not in legacy and "encode_prompt" not in legacy
     assert legacy.get("aggregate_source") == 1
-    # One figure: that figure of each source, and the summary page that shows it.
-    assert after_edit("figures/figure4.py", add_code) == {"source_figure": 2, "summary_page": 1}
+    # One figure: the jobs that draw it (the source figures of the run and of the imported
+    # cache), and the summary page that shows it; a layer figure: the layer figures alone.
+    assert after_edit("figures/figure4.py", add_code) == {"run_figures": 1, "imported_figures": 1, "summary_page": 1}
+    assert after_edit("figures/per_head_grid.py", add_code) == {"layer_figures": 1, "imported_layer_figures": 1}
     # The statistics kernel: every extraction, and what depends on it.
     kernel = after_edit("stats/kernels.py", add_code)
     assert kernel.get("extract_attention") == 1 and "import_cache" not in kernel and "encode_prompt" not in kernel

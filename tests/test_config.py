@@ -47,9 +47,12 @@ def test_defaults_fill_the_demo_study():
         "video_frames": False,
         "frame_base": 0,
         "highlight_layers": None,
+        "kinds": "all",
+        "variant_kinds": ["figure4", "first_middle_last", "sink_score_overview", "head_classes", "cache_timeline"],
         "dpi": 200,
     }
     assert config["layers_per_job"] == "auto" and config["capture"]["token_profiles"] == "last_block"
+    assert config["results"] == "results" and config["replace_results"] is False
 
 
 def test_strings_from_the_command_line_are_coerced():

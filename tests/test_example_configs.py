@@ -158,10 +158,11 @@ def test_snakemake_plans_the_example_alone_and_refuses_what_check_refuses(
     # With them: both accept, and the plan holds the example's checkpoints only (no demo
     # from config.yaml merged in).
     planned = Workflow(stand_ins).run("--dry-run", "--configfile", configfile, "--config", *TINY_FIT)
+    extract = f"results/{name}/extract/"  # each example's own results folder
     extracted = {
-        line.split("results/extract/", 1)[1].split("/", 1)[0].split("@", 1)[0]  # a variant's source: <ckpt>@<variant>
+        line.split(extract, 1)[1].split("/", 1)[0].split("@", 1)[0]  # a variant's source: <ckpt>@<variant>
         for line in planned.stdout.splitlines()
-        if "results/extract/" in line
+        if extract in line
     }
     assert extracted == set(read_config_file(example_file(name))["checkpoints"])
     assert check(name, stand_ins, monkeypatch, capsys, *TINY_FIT) == (0, "")

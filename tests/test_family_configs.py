@@ -104,7 +104,7 @@ def test_with_its_files_each_checkpoint_runs_its_own_inference_settings(name, tm
     if name == "family":
         assert study.switches == {"story": [12]}
         assert study.checkpoints["longlive"].lora is not None
-        assert "results/figures/longlive/prompt_switch.svg" in study.all_targets()
+        assert "results/family/figures/longlive/prompt_switch.svg" in study.all_targets()
         calls = {c: study.options[c].calls([12]) for c in study.checkpoints}
         # 21 frame blocks: 5 calls for block 0, then 2 or 3 a block; one re-cache call.
         assert calls["causal_forcing_pp_1step"] == 5 + 20 * 2 + 1 and calls["self_forcing"] == 7 * 5 + 1

@@ -142,7 +142,10 @@ def test_parsing_the_workflow_imports_no_torch(workflow):
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('torch was imported while parsing')\n")
     workflow.write_config(BASE)
-    env = dict(os.environ, PYTHONPATH=str(blocker.parent))
+    # The blocker first, then whatever PYTHONPATH names the package under test.
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(blocker.parent), os.environ.get("PYTHONPATH")]))
+    )
     command = [
         sys.executable,
         "-m",

@@ -253,7 +253,7 @@ def test_pipeline_on_real_formats_reruns_only_the_replaced_checkpoint(workflow, 
     write_self_forcing_pt(sf, tiny_state(seed=12), ema_state=tiny_state(seed=14))
     jobs = {k: v for k, v in workflow.planned_jobs().items() if k != "all"}
     assert jobs["extract_attention"] == 2 and jobs["aggregate_source"] == 1
-    assert jobs["layer_figure"] == 2 * 3  # the replaced checkpoint's two layers only
+    assert jobs["layer_figures"] == 1  # the replaced checkpoint's layers only
     assert "encode_prompt" not in jobs
 
 

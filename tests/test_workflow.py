@@ -99,26 +99,27 @@ def test_full_run_then_only_what_changed(workflow):
     assert without_all(workflow.planned_jobs()) == {}
 
     # A new layer: only its extraction (layers go one a job on the CPU), then what reads it:
-    # its layer figures, and those of the other layers whose titles give the head classes of
-    # the source's head_diagnostics (which the new layer's rows rewrite).
+    # the source's layer figures (one job, the new layer's among them).
     first = digest(workflow.path("results/extract/demo/drift/seed0/layers0/layer0.parquet"))
     workflow.write_config({**BASE, "layers": [0, 4, 5]})
     jobs = without_all(workflow.planned_jobs())
     assert jobs["extract_attention"] == 1 and "encode_prompt" not in jobs
-    with_classes = [kind for kind in LAYER_FIGURES if "head_diagnostics" in FIGURES[kind].uses]
-    assert jobs["layer_figure"] == len(LAYER_FIGURES) + len(BASE["layers"]) * len(with_classes)
+    assert jobs["layer_figures"] == 1
     workflow.run()
     assert digest(workflow.path("results/extract/demo/drift/seed0/layers0/layer0.parquet")) == first
 
-    # A figure option reruns only the figures that draw with it (and the summary, which shows it
-    # and some of them); sink_mass_over_time does not draw with the metric.
+    # A figure option reruns only the jobs that draw a figure with it (and the summary, which
+    # shows it and some of them); the checkpoint's figures (sink_mass_over_time, sink_collapse)
+    # do not draw with the metric.
     workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass"}})
     jobs = without_all(workflow.planned_jobs())
-    assert set(jobs) == {"source_figure", "layer_figure", "summary_page"}
+    assert set(jobs) == {"run_figures", "layer_figures", "summary_page"}
     workflow.run()
     workflow.write_config({**BASE, "layers": [0, 4, 5], "figures": {"metric": "prob_mass", "heads": ["L1H2"]}})
-    heads_kinds = {"figure4", "figure4_tokens", "figure4_steps", "key_frame_maps", "attention_over_time"}
-    assert without_all(workflow.planned_jobs()) == {"source_figure": len(heads_kinds), "summary_page": 1}
+    # The chosen heads: the source's figures job (figure4 ... attention_over_time draw them);
+    # no layer figure draws them, and policy_comparison is not drawn with one variant.
+    assert not any(FIGURES[kind].draws_heads for kind in LAYER_FIGURES)
+    assert without_all(workflow.planned_jobs()) == {"run_figures": 1, "summary_page": 1}
 
     # Equivalent configs rerun nothing: 5 for 5.0, a policy's defaults spelled out.
     workflow.write_config(
@@ -129,7 +130,7 @@ def test_full_run_then_only_what_changed(workflow):
             "generation": {"num_frames": 9, "timestep_shift": 5, "cache_policy": "global"},
         }
     )
-    workflow.run("--allowed-rules", "source_figure", "summary_page")
+    workflow.run("--allowed-rules", "run_figures", "summary_page")
     assert without_all(workflow.planned_jobs()) == {}
 
 

@@ -10,13 +10,23 @@
 - one module per kind (``sinkscope.figures.figure4`` draws ``figure4``), each importing
   only the shared drawing modules, ``sinkscope.stats.summaries``, ``sinkscope.tables``
   and ``sinkscope.naming``.
-- ``render``: reading a figure's inputs and drawing it (``draw``, ``figure_job``).
+- ``render``: reading a figure's inputs and drawing it (``draw``, ``figure_job``; several in
+  one process: ``figures_job``).
 - ``report``: the summary page.
 
 May import ``tables``, ``stats.summaries`` and the base modules; never torch.
 """
 
-__all__ = ["DEFAULTS", "KINDS", "draw", "figure_job", "module", "read_token_profiles", "save_figure"]
+__all__ = [
+    "DEFAULTS",
+    "KINDS",
+    "draw",
+    "figure_job",
+    "figures_job",
+    "module",
+    "read_token_profiles",
+    "save_figure",
+]
 
 
 def __getattr__(name: str):

@@ -39,7 +39,7 @@ log = logging.getLogger("sinkscope")
 # The drawing module of each kind.
 KINDS = {kind: f"sinkscope.figures.{kind}" for kind in FIGURES}
 
-__all__ = ["DEFAULTS", "KINDS", "draw", "figure_job", "save_figure"]
+__all__ = ["DEFAULTS", "KINDS", "draw", "figure_job", "figures_job", "save_figure"]
 
 
 def module(kind: str):
@@ -179,6 +179,30 @@ def _frame_grid(paths: Sequence[str | Path]) -> list[int] | None:
     return None
 
 
+class TableReader:
+    """Reads a figure job's tables: once a job when ``keep`` (several figures drawn in one
+    process read the same tables), each figure getting its own copy, so that no drawing
+    sees another's changes."""
+
+    def __init__(self, keep: bool = False) -> None:
+        self._kept: dict[tuple, Any] | None = {} if keep else None
+
+    def _once(self, key: tuple, read):
+        if self._kept is None:
+            return read()
+        if key not in self._kept:
+            self._kept[key] = read()
+        return self._kept[key]
+
+    def table(self, paths: str | Sequence[str]) -> pd.DataFrame:
+        key = ("table", paths if isinstance(paths, str) else tuple(paths))
+        return self._once(key, lambda: read_table(paths)).copy()
+
+    def layer_rows(self, inputs: Sequence[str], layer: int) -> tuple[pd.DataFrame, dict[str, Any]]:
+        frame, meta = self._once(("layer", tuple(inputs), layer), lambda: _layer_rows(inputs, layer))
+        return frame.copy(), dict(meta)
+
+
 def figure_job(
     *,
     kind: str,
@@ -189,38 +213,15 @@ def figure_job(
     source: str | None,
     layer: int | None = None,
     train_steps: dict[str, int | None] | None = None,
+    reader: TableReader | None = None,
 ) -> None:
-    """Draw one figure of a source, a layer, a checkpoint or the study; write SVG and PNG."""
+    """Draw one figure of a source, a layer, a checkpoint or the study; write SVG and PNG.
+    ``reader``: the job's, when one process draws several figures from the same tables."""
     began = time.perf_counter()
     module(kind)  # an unknown kind fails before anything is read
     scope = figure_kind(kind).scope
     source = source or ("study" if scope == STUDY else "sinkscope")
-    grid = None
-    if scope == LAYER:
-        if layer is None:
-            raise ValueError(f"figure {kind} needs a layer")
-        # The source tables it also reads (head classes) are files named like their table.
-        used = [p for p in inputs if Path(p).is_file() and _table_name(p) in figure_kind(kind).uses]
-        frame, meta = _layer_rows([p for p in inputs if p not in used], layer)
-        tables = {"frame_attention": frame, **{_table_name(p): read_table(p) for p in used}}
-        grid = meta.get("frame_grid")
-    else:
-        by_name: dict[str, list[str]] = {}
-        labels = [path for path in inputs if str(path).endswith(".csv")]  # diagnostics.reference_labels
-        for path in inputs:
-            if path not in labels:
-                by_name.setdefault(_table_name(path), []).append(path)
-        tables = {name: read_table(paths) for name, paths in by_name.items() if name != "token_profiles"}
-        if labels:
-            from sinkscope.labels import read_label_file
-            from sinkscope.stats.labels import reference_frame
-
-            tables["reference_labels"] = reference_frame(read_label_file(labels[0]))
-        if "token_profiles" in by_name:
-            frame = tables["frame_attention"]
-            parts = [read_token_profiles(folder, frame, options) for folder in by_name["token_profiles"]]
-            tables["token_profiles"] = pd.concat(parts, ignore_index=True)
-            grid = _frame_grid(by_name.get("frame_attention", []) + by_name["token_profiles"])
+    tables, grid = _figure_tables(kind, inputs, options, layer, reader or TableReader())
     fig = draw(kind, tables, source=source, layer=layer, options=options, grid=grid, train_steps=train_steps)
     save_figure(fig, svg, png, dpi=int(option(options, "dpi")))
     log.info(
@@ -230,3 +231,53 @@ def figure_job(
         f" layer {layer}" if layer is not None else "",
         time.perf_counter() - began,
     )
+
+
+def _figure_tables(
+    kind: str, inputs: list[str], options: Mapping[str, Any], layer: int | None, reader: TableReader
+) -> tuple[dict[str, pd.DataFrame], Sequence[int] | None]:
+    """The tables figure ``kind`` draws from its inputs (table files, extraction folders, a
+    token_profiles folder, a label file), and the latent patch grid where it needs one."""
+    if figure_kind(kind).scope == LAYER:
+        if layer is None:
+            raise ValueError(f"figure {kind} needs a layer")
+        # The source tables it also reads (head classes) are files named like their table.
+        used = [p for p in inputs if Path(p).is_file() and _table_name(p) in figure_kind(kind).uses]
+        frame, meta = reader.layer_rows([p for p in inputs if p not in used], layer)
+        return {"frame_attention": frame, **{_table_name(p): reader.table(p) for p in used}}, meta.get("frame_grid")
+    grid = None
+    by_name: dict[str, list[str]] = {}
+    labels = [path for path in inputs if str(path).endswith(".csv")]  # diagnostics.reference_labels
+    for path in inputs:
+        if path not in labels:
+            by_name.setdefault(_table_name(path), []).append(path)
+    tables = {name: reader.table(paths) for name, paths in by_name.items() if name != "token_profiles"}
+    if labels:
+        from sinkscope.labels import read_label_file
+        from sinkscope.stats.labels import reference_frame
+
+        tables["reference_labels"] = reference_frame(read_label_file(labels[0]))
+    if "token_profiles" in by_name:
+        frame = tables["frame_attention"]
+        parts = [read_token_profiles(folder, frame, options) for folder in by_name["token_profiles"]]
+        tables["token_profiles"] = pd.concat(parts, ignore_index=True)
+        grid = _frame_grid(by_name.get("frame_attention", []) + by_name["token_profiles"])
+    return tables, grid
+
+
+def figures_job(
+    *,
+    figures: Mapping[str, Mapping[str, Any]],
+    source: str | None,
+    train_steps: dict[str, int | None] | None = None,
+) -> None:
+    """Draw several figures of one source (its layers, a checkpoint, the study) in one
+    process: ``figures`` maps a name to the figure's ``kind``, ``layer`` (of a layer
+    figure), ``inputs``, ``svg``, ``png`` and ``options``. Each is drawn as ``figure_job``
+    draws it alone (the same bytes); the start-up (Python, matplotlib, pandas) is paid once
+    and each table read once."""
+    began = time.perf_counter()
+    reader = TableReader(keep=True)
+    for figure in figures.values():
+        figure_job(**figure, source=source, train_steps=train_steps, reader=reader)
+    log.info("%d figures in %.2f s", len(figures), time.perf_counter() - began)

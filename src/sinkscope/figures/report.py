@@ -183,34 +183,13 @@ def summary_html(
 ) -> str:
     """A self-contained HTML page of the run-averaged statistics, per source; ``figures``:
     per source (or checkpoint) name, figure kind -> a link relative to the page."""
-    step, metric = options["step"], options["metric"]
-    checkpoints = options.get("checkpoints", {})
-    legacy = options.get("legacy_caches", {})
-    sink_ratio = {**DEFAULT_THRESHOLDS, **(options.get("diagnostics") or {})}["sink_ratio"]
     figures = figures or {}
-    sources = sorted(set(layer_stats["checkpoint"] + "@" + layer_stats["variant"]))
-    names = sorted({s.split("@", 1)[0] for s in sources})
-    models = "".join(f"<li>{model_text(n, checkpoints.get(n), legacy.get(n))}</li>" for n in names)
-    threshold = f"frame-0 mass ≥ {number(sink_ratio)}× its uniform share"
-    parts = [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>sinkscope summary</title>",
-        f"<style>{_STYLE}</style></head><body>",
-        "<h1>Attention-sink summary</h1>",
-        f"<div class='model'><p><b>Model{'s' if len(names) != 1 else ''}</b>:</p><ul>{models}</ul></div>",
-        f"<p>The last block's queries, averaged over its frames and over every prompt and seed, against the key frames "
-        f"they see (the Figure 4 view), call <b>{html.escape(str(step))}</b>. These are the rows with "
-        "<code>prompt_id = '*'</code> of <code>layer_stats.parquet</code> / <code>head_stats.parquet</code>: the "
-        "statistics of the run-averaged curve, the numbers the figures show; with several runs, ± the standard "
-        "deviation between runs (<code>*_run_std</code>). <i>first</i> / <i>last</i> are the oldest / newest cache "
-        "frame before the block, <i>middle</i> the mean of those between, <i>own</i> the block's own frames. "
-        "<b>Frame-0 excess</b> = the softmax mass on frame 0 − the mass uniform attention over the key tokens seen "
-        "would give it (1 / visible key frames without dropped tokens): 0 = no preference for frame 0. A head is "
-        f"called a <b>sink</b> only when head_diagnostics classes it so ({threshold}), <b>sink?</b> (borderline) "
-        "when its runs straddle that (mean ± std between runs); <i>first − middle</i> "
-        "(the <code>sink_score</code> column) is a difference, not a verdict. Ratios and shares exist for softmax "
-        f"mass only. Numbers to {DIGITS} significant digits. Layers and heads in paper notation (L1 = layer index "
-        "0).</p>",
-    ]
+    # Per checkpoint, its untouched run first: every variant is read against it.
+    sources = sorted(
+        set(layer_stats["checkpoint"] + "@" + layer_stats["variant"]),
+        key=lambda source: (source.split("@", 1)[0], source.split("@", 1)[1] != "default", source),
+    )
+    parts = _page_head(sources, options)
     placed = set()
     for source in sources:
         checkpoint, variant = source.split("@", 1)
@@ -219,159 +198,219 @@ def summary_html(
             {**figures.get(checkpoint, {}), **figures.get(name, {})} if variant == "default" else figures.get(name, {})
         )
         placed |= {checkpoint, name} if variant == "default" else {name}
-        rows = layer_stats[(layer_stats["checkpoint"] == checkpoint) & (layer_stats["variant"] == variant)]
+        tables = {
+            "layer_stats": layer_stats[(layer_stats["checkpoint"] == checkpoint) & (layer_stats["variant"] == variant)],
+            "head_stats": head_stats[(head_stats["checkpoint"] == checkpoint) & (head_stats["variant"] == variant)],
+            "head_diagnostics": head_diagnostics[
+                (head_diagnostics["checkpoint"] == checkpoint) & (head_diagnostics["variant"] == variant)
+            ],
+        }
         parts.append(f"<h2>{html.escape(name)}</h2>")
-        chosen = {m: _at_step(rows, step, m) for m in _CURVE_COLUMNS}
-        if chosen[metric].empty:
-            parts.append("<p>No rows for this call.</p>")
-            continue
-        parts.append(_uniform_note(chosen["prob_mass"]))
-        runs = int(chosen[metric]["runs"].max())
-        runs_text = f"mean curve of {runs} run{'s' * (runs != 1)}" + (", ± std between runs" if runs >= 2 else "")
-        tables = []
-        for label, key in (("Pre-softmax logits (mean q·k/√d)", "logit_mean"), ("Softmax mass", "prob_mass")):
-            records = [
-                {
-                    "layer": layer_label(int(r["layer"])),
-                    **{title: _cell(r, column, runs) for column, title in _CURVE_COLUMNS[key].items()},
-                }
-                for r in chosen[key].sort_values("layer").to_dict("records")
-            ]
-            tables.append(f"<h3>{label}, head-averaged, per layer ({runs_text})</h3>" + _table(records))
-        parts.append(
-            _pair(
-                "".join(tables),
-                _figure(shown, "first_middle_last", "first, middle, last and own frames of the softmax mass table"),
-            )
-        )
-        diagnostics = head_diagnostics[
-            (head_diagnostics["checkpoint"] == checkpoint) & (head_diagnostics["variant"] == variant)
-        ]
-        calls = _at_step(diagnostics, step) if not diagnostics.empty else diagnostics
-        classes = {(int(r.layer), int(r.head)): str(r.head_class) for r in calls.itertuples()}
-        ranked = calls.sort_values("frame0_ratio" if "frame0_ratio" in calls else "frame0_mass", ascending=False)
-        sinks = ranked[ranked["head_class"] == "sink"] if len(calls) else calls
-        maybe = ranked[ranked["head_class"] == "sink" + BORDERLINE] if len(calls) else calls
-        heads = head_stats[(head_stats["checkpoint"] == checkpoint) & (head_stats["variant"] == variant)]
-        mass = _at_step(heads, step, "prob_mass")
-        shown_metric = _at_step(heads, step, metric).set_index(["layer", "head"])
-        section = ["<h3>Sink-class heads</h3>"]
-        borderline_text = (
-            f" {len(maybe)} more {'are' if len(maybe) != 1 else 'is'} borderline (sink?: the runs "
-            "straddle the threshold), listed apart."
-            if len(maybe)
-            else ""
-        )
-        if len(calls) and sinks.empty:
-            section.append(
-                f"<p>None: no head is classed sink at this call ({threshold}; {len(calls)} heads)."
-                f"{borderline_text} The heads below draw the most on frame 0 relative to uniform.</p>"
-            )
-        if len(calls) and len(sinks) + len(maybe):
-            records = [
-                {
-                    "head": head_label(int(r["layer"]), int(r["head"])),
-                    "class": r["head_class"],
-                    "frame-0 mass ÷ uniform": _cell(r, "frame0_ratio", runs),
-                    "mass on frame 0": _cell(r, "frame0_mass", runs),
-                    "uniform share": number(r.get("frame0_uniform")),
-                    "frame-0 excess": _cell(r, "frame0_excess", runs),
-                    "recent mass": _cell(r, "recent_mass", runs),
-                    "entropy over frames": _cell(r, "entropy_frames", runs),
-                }
-                for r in pd.concat([sinks, maybe]).to_dict("records")
-            ]
-            if len(sinks):
-                section.append(f"<p>{len(sinks)} of {len(calls)} heads ({threshold}).{borderline_text}</p>")
-            section.append(_table(records))
-        elif not len(calls):
-            section.append("<p>No head_diagnostics rows for this call.</p>")
-        if not mass.empty:
-            top = mass.sort_values("frame0_excess", ascending=False, na_position="last").head(TOP)
-            records = []
-            for r in top.to_dict("records"):
-                key = (int(r["layer"]), int(r["head"]))
-                other = shown_metric.loc[key].to_dict() if key in shown_metric.index else {}
-                records.append(
-                    {
-                        "head": head_label(*key),
-                        "class": classes.get(key, "–"),
-                        "frame-0 excess": _cell(r, "frame0_excess", runs),
-                        "mass on frame 0": _cell(r, "frame0_mass", runs),
-                        "uniform share": number(r.get("frame0_uniform")),
-                        # sink_score_overview's number (it draws softmax mass), and the chosen metric's
-                        "first − middle (prob_mass)": _cell(r, "sink_score", runs),
-                        **(
-                            {f"first − middle ({metric})": _cell(other, "sink_score", runs)}
-                            if metric != "prob_mass"
-                            else {}
-                        ),
-                    }
-                )
-            section.append(
-                f"<h3>Highest frame-0 excess over uniform (softmax mass, top {len(records)})</h3>" + _table(records)
-            )
-        parts.append(
-            _pair(
-                "".join(section),
-                _figure(shown, "figure4", "the chosen heads' attention")
-                + _figure(
-                    shown,
-                    "sink_score_overview",
-                    "first − middle of every head's softmax mass (the prob_mass column above), sink-class outlined",
-                ),
-            )
-        )
-        if len(calls):
-            counts = calls["head_class"].value_counts()
-            shown_labels = [k for k in HEAD_LABELS if not is_borderline(k) or counts.get(k, 0)]
-            shown_labels += sorted(set(counts.index) - set(HEAD_LABELS))
-            class_runs = int(calls["runs"].max())
-            decided = (
-                f"on {class_runs} runs: a label with ? is borderline, its statistic's mean ± std between runs holds "
-                "the threshold"
-                if class_runs >= 2
-                else "on one run: no interval, so no borderline label"
-            )
-            text = (
-                "<h3>Head classes</h3><p>"
-                + ", ".join(
-                    f"{k}{' (borderline)' if is_borderline(k) else ''}: {int(counts.get(k, 0))}" for k in shown_labels
-                )
-                + f"; decided {decided} (thresholds: config <code>diagnostics:</code>, docs/statistics.md)</p>"
-            )
-            parts.append(_pair(text, _figure(shown, "head_classes", "head classes")))
-        over_time = _figure(
-            shown,
-            "sink_mass_over_time",
-            "mass on frame 0 / the sink frames block by block, and its excess over uniform",
-        )
-        if over_time:
-            parts.append("<h3>Block by block</h3>" + over_time)
-        edits = _effects_figures(shown)
-        if edits:
-            parts.append("<h3>Variants against the untouched video</h3>" + edits)
-        cache = _figure(
-            shown, "cache_timeline", "the key frames the KV cache holds block by block, at their RoPE positions"
-        )
-        if cache:
-            parts.append("<h3>The KV cache</h3>" + cache)
+        parts += _source_section(tables, options, shown)
     # A checkpoint's figures over its variants, when no source is named like it.
     for name in sorted(set(figures) - placed):
-        shown = figures[name]
-        body = (
-            _figure(
-                shown,
-                "sink_mass_over_time",
-                "mass on frame 0 / the sink frames block by block, and its excess over uniform, every variant",
-            )
-            + _figure(shown, "policy_comparison", "the chosen heads under every variant")
-            + _effects_figures(shown)
-        )
+        body = _every_variant_figures(figures[name])
         if body:
             parts.append(f"<h2>{html.escape(name)}: every variant</h2>" + body)
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
+
+
+def _sink_threshold(options: Mapping[str, Any]) -> str:
+    sink_ratio = {**DEFAULT_THRESHOLDS, **(options.get("diagnostics") or {})}["sink_ratio"]
+    return f"frame-0 mass ≥ {number(sink_ratio)}× its uniform share"
+
+
+def _page_head(sources: list[str], options: Mapping[str, Any]) -> list[str]:
+    """The page up to the first source: which models, and how to read the numbers."""
+    checkpoints = options.get("checkpoints", {})
+    legacy = options.get("legacy_caches", {})
+    names = sorted({s.split("@", 1)[0] for s in sources})
+    models = "".join(f"<li>{model_text(n, checkpoints.get(n), legacy.get(n))}</li>" for n in names)
+    return [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>sinkscope summary</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>Attention-sink summary</h1>",
+        f"<div class='model'><p><b>Model{'s' if len(names) != 1 else ''}</b>:</p><ul>{models}</ul></div>",
+        f"<p>The last block's queries, averaged over its frames and over every prompt and seed, against the key frames "
+        f"they see (the Figure 4 view), call <b>{html.escape(str(options['step']))}</b>. These are the rows with "
+        "<code>prompt_id = '*'</code> of <code>layer_stats.parquet</code> / <code>head_stats.parquet</code>: the "
+        "statistics of the run-averaged curve, the numbers the figures show; with several runs, ± the standard "
+        "deviation between runs (<code>*_run_std</code>). <i>first</i> / <i>last</i> are the oldest / newest cache "
+        "frame before the block, <i>middle</i> the mean of those between, <i>own</i> the block's own frames. "
+        "<b>Frame-0 excess</b> = the softmax mass on frame 0 − the mass uniform attention over the key tokens seen "
+        "would give it (1 / visible key frames without dropped tokens): 0 = no preference for frame 0. A head is "
+        f"called a <b>sink</b> only when head_diagnostics classes it so ({_sink_threshold(options)}), <b>sink?</b> "
+        "(borderline) when its runs straddle that (mean ± std between runs); <i>first − middle</i> "
+        "(the <code>sink_score</code> column) is a difference, not a verdict. Ratios and shares exist for softmax "
+        f"mass only. Numbers to {DIGITS} significant digits. Layers and heads in paper notation (L1 = layer index "
+        "0).</p>",
+    ]
+
+
+def _source_section(
+    tables: Mapping[str, pd.DataFrame], options: Mapping[str, Any], shown: Mapping[str, str]
+) -> list[str]:
+    """One source's part of the page: its layer tables, sink-class and top heads, head
+    classes, and the figures beside them."""
+    step, metric = options["step"], options["metric"]
+    chosen = {m: _at_step(tables["layer_stats"], step, m) for m in _CURVE_COLUMNS}
+    if chosen[metric].empty:
+        return ["<p>No rows for this call.</p>"]
+    runs = int(chosen[metric]["runs"].max())
+    diagnostics = tables["head_diagnostics"]
+    calls = _at_step(diagnostics, step) if not diagnostics.empty else diagnostics
+    parts = [
+        _uniform_note(chosen["prob_mass"]),
+        _pair(
+            _layer_tables(chosen, runs),
+            _figure(shown, "first_middle_last", "first, middle, last and own frames of the softmax mass table"),
+        ),
+        _pair(
+            _head_tables(calls, tables["head_stats"], options, runs),
+            _figure(shown, "figure4", "the chosen heads' attention")
+            + _figure(
+                shown,
+                "sink_score_overview",
+                "first − middle of every head's softmax mass (the prob_mass column above), sink-class outlined",
+            ),
+        ),
+    ]
+    if len(calls):
+        parts.append(_pair(_head_classes_text(calls), _figure(shown, "head_classes", "head classes")))
+    over_time = _figure(
+        shown,
+        "sink_mass_over_time",
+        "mass on frame 0 / the sink frames block by block, and its excess over uniform",
+    )
+    if over_time:
+        parts.append("<h3>Block by block</h3>" + over_time)
+    edits = _effects_figures(shown)
+    if edits:
+        parts.append("<h3>Variants against the untouched video</h3>" + edits)
+    cache = _figure(
+        shown, "cache_timeline", "the key frames the KV cache holds block by block, at their RoPE positions"
+    )
+    if cache:
+        parts.append("<h3>The KV cache</h3>" + cache)
+    return parts
+
+
+def _layer_tables(chosen: Mapping[str, pd.DataFrame], runs: int) -> str:
+    """The head-averaged curve's statistics per layer, in logits and in softmax mass."""
+    runs_text = f"mean curve of {runs} run{'s' * (runs != 1)}" + (", ± std between runs" if runs >= 2 else "")
+    tables = []
+    for label, key in (("Pre-softmax logits (mean q·k/√d)", "logit_mean"), ("Softmax mass", "prob_mass")):
+        records = [
+            {
+                "layer": layer_label(int(r["layer"])),
+                **{title: _cell(r, column, runs) for column, title in _CURVE_COLUMNS[key].items()},
+            }
+            for r in chosen[key].sort_values("layer").to_dict("records")
+        ]
+        tables.append(f"<h3>{label}, head-averaged, per layer ({runs_text})</h3>" + _table(records))
+    return "".join(tables)
+
+
+def _head_tables(calls: pd.DataFrame, head_stats: pd.DataFrame, options: Mapping[str, Any], runs: int) -> str:
+    """The sink-class heads (or that there are none, and the borderline ones apart), then the
+    heads with the highest frame-0 excess over uniform."""
+    step, metric = options["step"], options["metric"]
+    threshold = _sink_threshold(options)
+    classes = {(int(r.layer), int(r.head)): str(r.head_class) for r in calls.itertuples()}
+    ranked = calls.sort_values("frame0_ratio" if "frame0_ratio" in calls else "frame0_mass", ascending=False)
+    sinks = ranked[ranked["head_class"] == "sink"] if len(calls) else calls
+    maybe = ranked[ranked["head_class"] == "sink" + BORDERLINE] if len(calls) else calls
+    section = ["<h3>Sink-class heads</h3>"]
+    borderline_text = (
+        f" {len(maybe)} more {'are' if len(maybe) != 1 else 'is'} borderline (sink?: the runs "
+        "straddle the threshold), listed apart."
+        if len(maybe)
+        else ""
+    )
+    if len(calls) and sinks.empty:
+        section.append(
+            f"<p>None: no head is classed sink at this call ({threshold}; {len(calls)} heads)."
+            f"{borderline_text} The heads below draw the most on frame 0 relative to uniform.</p>"
+        )
+    if len(calls) and len(sinks) + len(maybe):
+        records = [
+            {
+                "head": head_label(int(r["layer"]), int(r["head"])),
+                "class": r["head_class"],
+                "frame-0 mass ÷ uniform": _cell(r, "frame0_ratio", runs),
+                "mass on frame 0": _cell(r, "frame0_mass", runs),
+                "uniform share": number(r.get("frame0_uniform")),
+                "frame-0 excess": _cell(r, "frame0_excess", runs),
+                "recent mass": _cell(r, "recent_mass", runs),
+                "entropy over frames": _cell(r, "entropy_frames", runs),
+            }
+            for r in pd.concat([sinks, maybe]).to_dict("records")
+        ]
+        if len(sinks):
+            section.append(f"<p>{len(sinks)} of {len(calls)} heads ({threshold}).{borderline_text}</p>")
+        section.append(_table(records))
+    elif not len(calls):
+        section.append("<p>No head_diagnostics rows for this call.</p>")
+    mass = _at_step(head_stats, step, "prob_mass")
+    if not mass.empty:
+        shown_metric = _at_step(head_stats, step, metric).set_index(["layer", "head"])
+        top = mass.sort_values("frame0_excess", ascending=False, na_position="last").head(TOP)
+        records = []
+        for r in top.to_dict("records"):
+            key = (int(r["layer"]), int(r["head"]))
+            other = shown_metric.loc[key].to_dict() if key in shown_metric.index else {}
+            records.append(
+                {
+                    "head": head_label(*key),
+                    "class": classes.get(key, "–"),
+                    "frame-0 excess": _cell(r, "frame0_excess", runs),
+                    "mass on frame 0": _cell(r, "frame0_mass", runs),
+                    "uniform share": number(r.get("frame0_uniform")),
+                    # sink_score_overview's number (it draws softmax mass), and the chosen metric's
+                    "first − middle (prob_mass)": _cell(r, "sink_score", runs),
+                    **(
+                        {f"first − middle ({metric})": _cell(other, "sink_score", runs)}
+                        if metric != "prob_mass"
+                        else {}
+                    ),
+                }
+            )
+        section.append(
+            f"<h3>Highest frame-0 excess over uniform (softmax mass, top {len(records)})</h3>" + _table(records)
+        )
+    return "".join(section)
+
+
+def _head_classes_text(calls: pd.DataFrame) -> str:
+    """How many heads of each class, and on how many runs the classes were decided."""
+    counts = calls["head_class"].value_counts()
+    shown_labels = [k for k in HEAD_LABELS if not is_borderline(k) or counts.get(k, 0)]
+    shown_labels += sorted(set(counts.index) - set(HEAD_LABELS))
+    class_runs = int(calls["runs"].max())
+    decided = (
+        f"on {class_runs} runs: a label with ? is borderline, its statistic's mean ± std between runs holds "
+        "the threshold"
+        if class_runs >= 2
+        else "on one run: no interval, so no borderline label"
+    )
+    return (
+        "<h3>Head classes</h3><p>"
+        + ", ".join(f"{k}{' (borderline)' if is_borderline(k) else ''}: {int(counts.get(k, 0))}" for k in shown_labels)
+        + f"; decided {decided} (thresholds: config <code>diagnostics:</code>, docs/statistics.md)</p>"
+    )
+
+
+def _every_variant_figures(shown: Mapping[str, str]) -> str:
+    return (
+        _figure(
+            shown,
+            "sink_mass_over_time",
+            "mass on frame 0 / the sink frames block by block, and its excess over uniform, every variant",
+        )
+        + _figure(shown, "policy_comparison", "the chosen heads under every variant")
+        + _effects_figures(shown)
+    )
 
 
 def summary_job(

@@ -1,7 +1,10 @@
 """The pipeline: from a config to jobs, and the jobs themselves.
 
 - ``config``: the config file read, coerced, defaulted and checked (``load_study``).
-- ``study``: the planned study (``Study``): sources, job groups, paths, rule params.
+- ``study``: the planned study (``Study``), composed of the stage planners ``grid``
+  (sources, runs, layer groups), ``extractplan``, ``effectsplan``, ``figureplan`` and
+  ``videoplan``; ``layout``: the file tree under a study's results folder (the patterns
+  the rules write); ``studystamp``: which study a results folder holds.
 - ``resources``: devices, memory estimates, GPU slots.
 - ``codedigest``: digests of the code each stage runs, for Snakemake's rerun triggers.
 - ``invocation``: how Snakemake was invoked (run, dry run, inspection; executor).
@@ -10,6 +13,7 @@
 - ``extract`` and ``aggregate``: the extraction and aggregation jobs.
 
 The top layer of the package: it may import every other subpackage. The planning
-modules (config, study, resources, codedigest, invocation, integrity) import no torch,
-so that the Snakefile parses fast; only the job modules load the model.
+modules (config, study and its planners, layout, studystamp, resources, codedigest,
+invocation, integrity) import no torch, so that the Snakefile parses fast; only the job
+modules load the model.
 """

@@ -57,10 +57,16 @@ NOT_RESULT_CODE = frozenset(
         "sinkscope.pipeline",
         "sinkscope.pipeline.codedigest",
         "sinkscope.pipeline.config",
+        "sinkscope.pipeline.effectsplan",
+        "sinkscope.pipeline.extractplan",
+        "sinkscope.pipeline.figureplan",
+        "sinkscope.pipeline.grid",
         "sinkscope.pipeline.invocation",
         "sinkscope.pipeline.jobs",  # logs, one-line errors, device choice (a param), provenance
+        "sinkscope.pipeline.layout",
         "sinkscope.pipeline.resources",
         "sinkscope.pipeline.study",
+        "sinkscope.pipeline.videoplan",
     }
 )
 

@@ -23,10 +23,12 @@ from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.interventions import LogitBias
 from sinkscope.labels import read_label_file
 from sinkscope.model.checkpoints import (
+    WAN_VAE_FILES,
     ResolvedCheckpoint,
     checkpoint_specs,
     find_vae,
     resolve_checkpoint,
+    vae_candidates,
 )
 from sinkscope.model.weightfiles import PACKAGE_PREFIX
 from sinkscope.names import folded_collisions, name_problem
@@ -626,8 +628,6 @@ def _check_semantics(
                     f"({model_config.num_layers} layers x {model_config.num_heads} heads)"
                 )
         if whole("outputs") and config["outputs"]["video"]:
-            from sinkscope.pipeline.videoplan import missing_vae
-
             problems += [line for line in [missing_vae(name, checkpoint)] if line]
     if whole("figures"):
         step = config["figures"]["step"]
@@ -951,3 +951,20 @@ def resolve_checkpoints(config: Mapping, base_dir: str | Path = ".") -> dict[str
 def load_config(path: str | Path, overrides: Mapping | None = None, base_dir: str | Path = ".") -> dict:
     """Read a YAML config file (plus overrides) and normalize it; paths resolve from base_dir."""
     return normalize_config(apply_overrides(read_config_file(path), overrides), base_dir=base_dir)
+
+
+def missing_vae(name: str, checkpoint: ResolvedCheckpoint) -> str | None:
+    """The config check's line for ``outputs.video`` and a checkpoint without a Wan VAE."""
+    if find_vae(checkpoint) is not None:
+        return None
+    looked = ", ".join(str(p) for p in vae_candidates(checkpoint))
+    name_of_file = WAN_VAE_FILES.get(checkpoint.model_config.in_dim, WAN_VAE_FILES[16])
+    if not looked:
+        return (
+            f"config key outputs.video: checkpoint {name!r} has no Wan VAE: no release folder to look for "
+            f"{name_of_file} or vae/ in (set its base to one), or set outputs.video: false"
+        )
+    return (
+        f"config key outputs.video: checkpoint {name!r} has no Wan VAE (looked for {looked}); put {name_of_file} "
+        "or a diffusers vae/ folder there, or set outputs.video: false"
+    )

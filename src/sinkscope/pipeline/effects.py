@@ -291,23 +291,84 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
     interventions: Mapping[str, list] = params.get("interventions") or {}
     classes_files, orders_files = _edit_files([Path(p) for p in inputs if str(p).endswith(".json")])
     runs = _runs(p for p in inputs if not str(p).endswith(".json"))
+    defaults, paired = _paired_runs(checkpoint, runs)
+    head_classes = _head_classes(checkpoint, interventions, classes_files)
+    head_orders = _head_orders(checkpoint, interventions, orders_files)
+    frame_parts, head_parts = _pair_effects(checkpoint, defaults, paired, interventions, head_classes, head_orders)
+    frame_table = (
+        pd.concat(frame_parts, ignore_index=True)
+        if frame_parts
+        else pd.DataFrame(columns=[*RUN_KEYS, "latent_frame", "block", *FRAME_STATS])
+    )
+    head_table = (
+        pd.concat(head_parts, ignore_index=True)
+        if head_parts
+        else pd.DataFrame(columns=[*RUN_KEYS, "layer", "head", "calls", "edited", *HEAD_STATS])
+    )
+    frame_table = with_run_means(frame_table, ["checkpoint", "variant", "latent_frame"], EFFECTS_RUN_STD, ["block"])
+    head_table = with_run_means(
+        head_table, ["checkpoint", "variant", "layer", "head"], HEAD_EFFECTS_RUN_STD, ["calls", "edited"]
+    )
+    metadata = _effects_metadata(checkpoint, runs, defaults, interventions)
+    write_table(
+        frame_table.sort_values(["variant", "prompt_id", "seed", "latent_frame"], kind="stable"),
+        outputs["variant_effects"],
+        SCHEMAS["variant_effects"],
+        metadata,
+    )
+    write_table(
+        head_table.sort_values(["variant", "prompt_id", "seed", "layer", "head"], kind="stable"),
+        outputs["variant_head_effects"],
+        SCHEMAS["variant_head_effects"],
+        metadata,
+    )
+    log.info(
+        "variant effects of %s: %d runs paired, %d frame rows, %d head rows in %.2f s",
+        checkpoint,
+        len(paired),
+        len(frame_table),
+        len(head_table),
+        time.perf_counter() - began,
+    )
+
+
+def _paired_runs(checkpoint: str, runs: Mapping[tuple, Any]) -> tuple[dict, list]:
+    """The untouched runs by (prompt, seed), and every other variant's run, each of which
+    must have its untouched run of the same prompt and seed."""
     defaults = {key[2:]: run for key, run in runs.items() if key[1] == DEFAULT_VARIANT}
     if not defaults:
         raise SinkscopeError(
             f"checkpoint {checkpoint!r}: the variant effects need the {DEFAULT_VARIANT!r} variant's runs"
         )
-    head_classes = None
-    if any(
+    paired = [(key, run) for key, run in sorted(runs.items()) if key[1] != DEFAULT_VARIANT]
+    missing = next(((key, run) for key, run in paired if key[2:] not in defaults), None)
+    if missing is not None:
+        _, variant, prompt_id, seed = missing[0]
+        raise SinkscopeError(
+            f"checkpoint {checkpoint!r}, variant {variant!r}: no {DEFAULT_VARIANT!r} run of prompt "
+            f"{prompt_id!r}, seed {seed} to pair it with"
+        )
+    return defaults, paired
+
+
+def _head_classes(checkpoint: str, interventions: Mapping[str, list], classes_files: list[Path]):
+    """The untouched run's head classes, when an edit selects heads by class; else None."""
+    if not any(
         _needs_classes(edits or [], f"variants.{variant}.interventions") for variant, edits in interventions.items()
     ):
-        if not classes_files:
-            raise SinkscopeError(
-                f"checkpoint {checkpoint!r}: an edit selects heads by class, and no head classes file was given"
-            )
-        # Where pipeline.headclasses takes it from too: the digest holds no classification code.
-        from sinkscope.interventions import read_head_classes
+        return None
+    if not classes_files:
+        raise SinkscopeError(
+            f"checkpoint {checkpoint!r}: an edit selects heads by class, and no head classes file was given"
+        )
+    # Where pipeline.headclasses takes it from too: the digest holds no classification code.
+    from sinkscope.interventions import read_head_classes
 
-        head_classes = read_head_classes(classes_files[0])
+    return read_head_classes(classes_files[0])
+
+
+def _head_orders(checkpoint: str, interventions: Mapping[str, list], orders_files: list[Path]) -> dict[str, dict]:
+    """The head orders of every head atlas an edit selects by (``atlas:``), from their files."""
     head_orders: dict[str, dict] = {}
     if orders_files:
         from sinkscope.sweeps import read_head_orders
@@ -324,16 +385,21 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
             f"checkpoint {checkpoint!r}: an edit selects heads by head atlas {sorted(wanted - set(head_orders))[0]!r} "
             "(atlas:), and no head orders file of it was given"
         )
+    return head_orders
+
+
+def _pair_effects(
+    checkpoint: str,
+    defaults: Mapping,
+    paired: list,
+    interventions: Mapping[str, list],
+    head_classes,
+    head_orders: Mapping[str, dict],
+):
+    """Each variant's run against the untouched run of its prompt and seed: per latent frame
+    (latent distance ...) and per captured head (frame-0 mass and entropy, ``edited``)."""
     frame_parts, head_parts = [], []
     edited_cache: dict[str, frozenset] = {}
-    paired = [(key, run) for key, run in sorted(runs.items()) if key[1] != DEFAULT_VARIANT]
-    missing = next(((key, run) for key, run in paired if key[2:] not in defaults), None)
-    if missing is not None:
-        _, variant, prompt_id, seed = missing[0]
-        raise SinkscopeError(
-            f"checkpoint {checkpoint!r}, variant {variant!r}: no {DEFAULT_VARIANT!r} run of prompt "
-            f"{prompt_id!r}, seed {seed} to pair it with"
-        )
     # One untouched run at a time, with every variant paired with it (a long video's latents are large).
     for (prompt_id, seed), default in sorted(defaults.items()):
         variants = [(key, run) for key, run in paired if key[2:] == (prompt_id, seed)]
@@ -365,21 +431,12 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
             edited = edited_cache[variant]
             heads["edited"] = [(int(a), int(b)) in edited for a, b in zip(heads["layer"], heads["head"])]
             head_parts.append(heads)
-    frame_table = (
-        pd.concat(frame_parts, ignore_index=True)
-        if frame_parts
-        else pd.DataFrame(columns=[*RUN_KEYS, "latent_frame", "block", *FRAME_STATS])
-    )
-    head_table = (
-        pd.concat(head_parts, ignore_index=True)
-        if head_parts
-        else pd.DataFrame(columns=[*RUN_KEYS, "layer", "head", "calls", "edited", *HEAD_STATS])
-    )
-    frame_table = with_run_means(frame_table, ["checkpoint", "variant", "latent_frame"], EFFECTS_RUN_STD, ["block"])
-    head_table = with_run_means(
-        head_table, ["checkpoint", "variant", "layer", "head"], HEAD_EFFECTS_RUN_STD, ["calls", "edited"]
-    )
-    metadata = {
+    return frame_parts, head_parts
+
+
+def _effects_metadata(checkpoint: str, runs: Mapping, defaults: Mapping, interventions: Mapping[str, list]) -> dict:
+    """The tables' provenance: the checkpoint, its model, each variant's edits, every run read."""
+    return {
         **provenance("variant_effects"),
         "checkpoint": checkpoint,
         "model_config": next(iter(defaults.values())).meta.get("model_config"),
@@ -398,23 +455,3 @@ def effects_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path],
             for k, run in sorted(runs.items())
         ],
     }
-    write_table(
-        frame_table.sort_values(["variant", "prompt_id", "seed", "latent_frame"], kind="stable"),
-        outputs["variant_effects"],
-        SCHEMAS["variant_effects"],
-        metadata,
-    )
-    write_table(
-        head_table.sort_values(["variant", "prompt_id", "seed", "layer", "head"], kind="stable"),
-        outputs["variant_head_effects"],
-        SCHEMAS["variant_head_effects"],
-        metadata,
-    )
-    log.info(
-        "variant effects of %s: %d runs paired, %d frame rows, %d head rows in %.2f s",
-        checkpoint,
-        sum(1 for key in runs if key[1] != DEFAULT_VARIANT),
-        len(frame_table),
-        len(head_table),
-        time.perf_counter() - began,
-    )

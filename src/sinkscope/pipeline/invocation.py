@@ -46,6 +46,19 @@ def invocation_mode(argv: list[str]) -> str:
     return "run"
 
 
+# Inspections that write or delete results, or report them as this study's.
+_RESULT_FLAGS = ("--touch", "--delete-all-output", "--delete-temp-output", "--report")
+
+
+def acts_on_results(argv: list[str]) -> bool:
+    """Whether this invocation runs or plans jobs, or an inspection that changes or reports
+    the results (``--touch``, ``--delete-all-output``, ``--report`` ...): the ones that must
+    not meet another study's results folder."""
+    if invocation_mode(argv) != "inspect":
+        return True
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv[1:] for flag in _RESULT_FLAGS)
+
+
 LOCAL_EXECUTORS = ("local", "dryrun", "touch")
 
 

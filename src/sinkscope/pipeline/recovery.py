@@ -64,8 +64,9 @@ _PNG_END = b"IEND\xaeB`\x82"
 _TEMPORARY = re.compile(r"^\..+\.tmp$|^\..+\.tmp-\d+$")
 
 
-def recover_interrupted_run(workdir: str | Path = ".") -> list[str]:
-    """Resolve backups and temporaries an interrupted run left; one line per action taken."""
+def recover_interrupted_run(workdir: str | Path = ".", results: str | Path = "results") -> list[str]:
+    """Resolve backups and temporaries an interrupted run left (temporaries: in the
+    results folder ``results``); one line per action taken."""
     workdir = Path(workdir)
     actions = []
     locks = workdir / ".snakemake" / "locks"
@@ -93,7 +94,7 @@ def recover_interrupted_run(workdir: str | Path = ".") -> list[str]:
             else:
                 _remove(copy)
         _prune_empty_folders(backups)
-    results = workdir / "results"
+    results = workdir / results
     if results.is_dir():
         for temporary in _temporaries(results):
             _remove(temporary)

@@ -3,7 +3,7 @@ rules read (``outputs.video``, ``outputs.contact_sheet``; the jobs: ``sinkscope.
 
 - ``outputs.video``: every run (checkpoint, variant, prompt, seed) is decoded by its
   checkpoint's Wan VAE (``model.checkpoints.find_vae``; the config check refuses a
-  checkpoint without one) into ``PATTERNS['video']``, and each checkpoint, prompt and
+  checkpoint without one) into ``layout.PATTERNS['video']``, and each checkpoint, prompt and
   seed gets a contact sheet of its variants' videos.
 - ``outputs.contact_sheet`` alone: the contact sheet from the latents (no VAE needed).
 
@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sinkscope.model.checkpoints import WAN_VAE_FILES, find_vae, vae_candidates
+from sinkscope.model.checkpoints import find_vae
 from sinkscope.model.config import MODEL_CONFIGS
 from sinkscope.naming import encode_layers
-from sinkscope.pipeline.study import DEFAULT_VARIANT, path
+from sinkscope.pipeline.config import missing_vae
+from sinkscope.pipeline.layout import DEFAULT_VARIANT
 
 if TYPE_CHECKING:
     from sinkscope.model.checkpoints import ResolvedCheckpoint
-    from sinkscope.pipeline.study import Study
+    from sinkscope.pipeline.figureplan import FigurePlan
 
 # Frames a second of the decoded video, by the model's latent channels: Wan2.1's VAE (16)
 # at Wan2.1's 16 fps, Wan2.2's (48) at its 24.
@@ -31,28 +32,11 @@ VIDEO_FPS = {16: 16, 48: 24}
 LATENT_PREVIEWS = {16: "wan2.1", 48: "wan2.2"}
 
 
-def missing_vae(name: str, checkpoint: ResolvedCheckpoint) -> str | None:
-    """The config check's line for ``outputs.video`` and a checkpoint without a Wan VAE."""
-    if find_vae(checkpoint) is not None:
-        return None
-    looked = ", ".join(str(p) for p in vae_candidates(checkpoint))
-    name_of_file = WAN_VAE_FILES.get(checkpoint.model_config.in_dim, WAN_VAE_FILES[16])
-    if not looked:
-        return (
-            f"config key outputs.video: checkpoint {name!r} has no Wan VAE: no release folder to look for "
-            f"{name_of_file} or vae/ in (set its base to one), or set outputs.video: false"
-        )
-    return (
-        f"config key outputs.video: checkpoint {name!r} has no Wan VAE (looked for {looked}); put {name_of_file} "
-        "or a diffusers vae/ folder there, or set outputs.video: false"
-    )
-
-
-def videos_on(study: Study) -> bool:
+def videos_on(study: FigurePlan) -> bool:
     return bool(study.config.get("outputs", {}).get("video"))
 
 
-def sheets_on(study: Study) -> bool:
+def sheets_on(study: FigurePlan) -> bool:
     outputs = study.config.get("outputs", {})
     return bool(outputs.get("video") or outputs.get("contact_sheet"))
 
@@ -70,22 +54,24 @@ def latent_preview(checkpoint: ResolvedCheckpoint) -> str:
     return LATENT_PREVIEWS.get(checkpoint.model_config.in_dim, "channels")
 
 
-def sheet_variants(study: Study) -> list[str]:
+def sheet_variants(study: FigurePlan) -> list[str]:
     """The variants in the contact sheet's rows: the untouched default first."""
     return sorted(study.variants, key=lambda name: name != DEFAULT_VARIANT)
 
 
-def video_targets(study: Study) -> list[str]:
+def video_targets(study: FigurePlan) -> list[str]:
     """Every MP4 and contact sheet the study's ``outputs`` ask for."""
     targets = []
     runs = [(prompt, seed) for prompt in study.prompts for seed in study.seeds]
     if videos_on(study):
         targets += [
-            path("video", source=source, prompt=prompt, seed=seed) for source in study.runs for prompt, seed in runs
+            study.path("video", source=source, prompt=prompt, seed=seed)
+            for source in study.runs
+            for prompt, seed in runs
         ]
     if sheets_on(study):
         targets += [
-            path("contact_sheet", checkpoint=checkpoint, prompt=prompt, seed=seed, ext=ext)
+            study.path("contact_sheet", checkpoint=checkpoint, prompt=prompt, seed=seed, ext=ext)
             for checkpoint in study.checkpoints
             for prompt, seed in runs
             for ext in ("svg", "png")
@@ -93,13 +79,15 @@ def video_targets(study: Study) -> list[str]:
     return targets
 
 
-def run_latents(study: Study, source: str, prompt: str, seed: int | str) -> str:
+def run_latents(study: FigurePlan, source: str, prompt: str, seed: int | str) -> str:
     """The extraction folder holding a run's final latents (its first layer group's: every
     group generates the same video)."""
-    return path("extract_dir", source=source, prompt=prompt, seed=seed, group=encode_layers(study.layer_groups[0]))
+    return study.path(
+        "extract_dir", source=source, prompt=prompt, seed=seed, group=encode_layers(study.layer_groups[0])
+    )
 
 
-def video_params(study: Study, source: str) -> dict[str, Any]:
+def video_params(study: FigurePlan, source: str) -> dict[str, Any]:
     """The decode job's params: the VAE (path and digest: new bytes rerun it), the frame
     rate, the device and the memory budget."""
     checkpoint = study.checkpoints[study.checkpoint_of(source)]
@@ -116,16 +104,16 @@ def video_params(study: Study, source: str) -> dict[str, Any]:
     }
 
 
-def sheet_inputs(study: Study, checkpoint: str, prompt: str, seed: int | str) -> list[str]:
+def sheet_inputs(study: FigurePlan, checkpoint: str, prompt: str, seed: int | str) -> list[str]:
     """The contact sheet's inputs, one a variant in ``sheet_variants`` order: the MP4s
     (``outputs.video``) or the extraction folders holding the latents."""
     sources = [study.source_name(checkpoint, variant) for variant in sheet_variants(study)]
     if videos_on(study):
-        return [path("video", source=source, prompt=prompt, seed=seed) for source in sources]
+        return [study.path("video", source=source, prompt=prompt, seed=seed) for source in sources]
     return [run_latents(study, source, prompt, seed) for source in sources]
 
 
-def sheet_params(study: Study) -> dict[str, Any]:
+def sheet_params(study: FigurePlan) -> dict[str, Any]:
     """The contact sheet job's params: the variants in row order, what its inputs are
     (``video`` or ``latent``), the figure options it draws with and, from latents, each
     checkpoint's latent preview."""
