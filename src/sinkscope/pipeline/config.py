@@ -713,7 +713,7 @@ def _check_swept_runs(config: Mapping, sweeps: Mapping[str, Sweep], checkpoint: 
         expansion = checkpoint_sweeps(config, sweeps, checkpoint, model_config)
     except ConfigError as error:
         return error.problems
-    found: dict[str, list[str]] = {}
+    found: dict[str, tuple[str, list[str]]] = {}
     for variant, entry in expansion.variants.items():
         try:
             option = generation_options(config, variant, checkpoint, entry)
@@ -724,11 +724,12 @@ def _check_swept_runs(config: Mapping, sweeps: Mapping[str, Sweep], checkpoint: 
             lines = _check_edit_values(where, option)
             lines += _check_edited_heads(config, checkpoint, variant, option, model_config, where=where)
         for line in lines:
-            said = sweep_message(line, list(sweeps))
-            found.setdefault(said.rsplit(" (run ", 1)[0], []).append(variant)
+            said = sweep_message(line, list(sweeps)).rsplit(" (run ", 1)[0]
+            # One line a key: the first run's words, and how many runs more it concerns.
+            found.setdefault(said.split(": ", 1)[0], (said, []))[1].append(variant)
     return [
         f"{line} (run {runs[0]}" + (f", and {len(runs) - 1} more" if len(runs) > 1 else "") + ")"
-        for line, runs in found.items()
+        for line, runs in found.values()
     ]
 
 
