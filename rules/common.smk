@@ -155,7 +155,7 @@ def names(values):
 
 wildcard_constraints:
     source=names(STUDY.sources),
-    sweep=names(STUDY.sweeps),
+    sweep=names({sweep for _, sweep in STUDY.ranked_atlases}),
     checkpoint=names(STUDY.checkpoints),
     prompt=names(STUDY.prompts),
     encoder=names(ENCODERS),

@@ -309,6 +309,7 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mappin
     sweep (its other problems are the variant check's)."""
     problems = []
     if isinstance(variants, Mapping):
+        atlases = [name for name, sweep in sweeps.items() if sweep.axis == HEAD] + head_atlases_by_hand(variants)
         for variant, entry in variants.items():
             where = f"variants.{variant}.interventions"
             try:
@@ -317,11 +318,10 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mappin
                 continue
             for index, edit in enumerate(edits):
                 selection = getattr(edit, "heads", None)
-                atlas = sweeps.get(str(selection.atlas)) if selection is not None and selection.by_atlas else None
-                if selection is not None and selection.by_atlas and (atlas is None or atlas.axis != HEAD):
+                if selection is not None and selection.by_atlas and str(selection.atlas) not in atlases:
                     problems.append(
                         f"config key {where}[{index}].heads: {selection.to_config()!r} names no sweep of heads: each "
-                        f"({', '.join(n for n, s in sweeps.items() if s.axis == HEAD) or 'the study has none'})"
+                        f"({', '.join(atlases) or 'the study has none'})"
                     )
         variants = list(variants)
     for name in sweeps:
@@ -356,6 +356,13 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mappin
                 f"once the untouched run's classes are made ({atlas.over.to_config()}); list the counts"
             )
     return problems
+
+
+def head_atlases_by_hand(variants: Sequence[str] | Mapping[str, Any]) -> list[str]:
+    """The head atlases written by hand: each ``<name>`` of variants named ``<name>/<head>``
+    (``heads/L5H10``), which ``atlas:<name>:...`` selections of variants may rank."""
+    found = [sweep_item(variant) for variant in variants]
+    return list(dict.fromkeys(item.sweep for item in found if item is not None and item.axis == HEAD))
 
 
 def sweep_message(message: str, sweeps: Sequence[str]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from sinkscope.interventions import atlas_selections
 from sinkscope.pipeline.extractplan import ExtractionPlan
 from sinkscope.pipeline.layout import ATLAS_TABLES, DEFAULT_VARIANT, EFFECT_TABLES
-from sinkscope.sweeps import HEAD
+from sinkscope.sweeps import HEAD, sweep_item
 
 
 class EffectsPlan(ExtractionPlan):
@@ -127,16 +127,16 @@ class EffectsPlan(ExtractionPlan):
 
     def head_orders_inputs(self, checkpoint: str, sweep: str) -> list[str]:
         """What a head sweep's orders are computed from: the extraction folders of its runs
-        and of the untouched run. Not the checkpoint's head_atlas table: that pairs the
-        pruning runs too, which wait for these orders."""
-        if self.sweeps.get(sweep) is None or self.sweeps[sweep].axis != HEAD:
+        (a sweep's, or variants ``<sweep>/<head>`` written by hand) and of the untouched run.
+        Not the checkpoint's head_atlas table: that pairs the pruning runs too, which wait
+        for these orders."""
+        runs = []
+        for variant in self.atlas_variants(checkpoint):
+            item = sweep_item(variant)
+            if item is not None and item.sweep == sweep and item.axis == HEAD:
+                runs.append(self.source_name(checkpoint, variant))
+        if not runs:
             raise ValueError(f"{sweep!r} is not a sweep of heads: each")
-        prefix = f"{sweep}/"
-        runs = [
-            self.source_name(checkpoint, variant)
-            for variant in self.atlas_variants(checkpoint)
-            if variant.startswith(prefix)
-        ]
         sources = [self.source_name(checkpoint, DEFAULT_VARIANT), *runs]
         return [folder for source in sources for folder in self.extract_dirs(source)]
 

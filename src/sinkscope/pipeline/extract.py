@@ -284,7 +284,9 @@ def extract_runs_job(
             results.append(metadata)
             moved.append(unit)
     for unit in moved:
+        unit.output.parent.mkdir(parents=True, exist_ok=True)
         _swap_in(unit.staged, unit.output)
+        _prune_empty(unit.staged.parent, Path(staging))
     log.info(
         "%d runs: %d made, %d kept or taken from staging, in %.1f s",
         len(units),
@@ -329,6 +331,18 @@ def _job_units(job, outputs, staging: Path, shared, vae_sha256, run_params) -> l
         options = GenerationOptions.from_config(params["generation"])
         units.append(_Unit(variant, options, list(layers), params["capture"], output, staged, key))
     return units
+
+
+def _prune_empty(folder: Path, root: Path) -> None:
+    """Remove ``folder`` and its parents up to ``root`` (included) while they are empty."""
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or gone
+            return
+        if folder == root:
+            return
+        folder = folder.parent
 
 
 def _holds(folder: Path, key: str) -> bool:
