@@ -84,4 +84,5 @@ def test_the_verdict_counts_the_jobs_snakemake_plans(config, tmp_path):
     planned = Workflow(tmp_path).planned_jobs("--configfile", "study.yaml")
     planned.pop("all")  # the target rule, no work
     counts = job_counts(load_study(raw, base_dir=tmp_path))
-    assert sum(counts.values()) == sum(planned.values()) and counts["extraction"] == planned["extract_attention"]
+    extraction = sum(count for rule, count in planned.items() if rule.startswith(("extract_attention", "extract_runs")))
+    assert sum(counts.values()) == sum(planned.values()) and counts["extraction"] == extraction

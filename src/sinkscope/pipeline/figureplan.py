@@ -138,10 +138,11 @@ class FigurePlan(EffectsPlan):
 
     def _source_classes(self) -> dict[str, list[str]]:
         """The study's runs (untouched, or variants of a study without one), the variants
-        paired with an untouched run, and imported caches."""
+        paired with an untouched run, and imported caches (atlas runs have no figures)."""
+        runs = [source for source in self.runs if not self.is_atlas_run(source)]
         return {
-            "run": [s for s in self.runs if not self.is_paired_variant(s)],
-            "variant": [s for s in self.runs if self.is_paired_variant(s)],
+            "run": [s for s in runs if not self.is_paired_variant(s)],
+            "variant": [s for s in runs if self.is_paired_variant(s)],
             "imported": list(self.legacy),
         }
 
