@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,3 +164,25 @@ def test_a_job_killed_half_way_keeps_its_finished_runs_for_the_next_run(tmp_path
     final = workdir / "results/extract/demo/drift/seed0/layers0-5/latents.safetensors"
     assert final.stat().st_ino == latents_inode  # the first run's file, moved into place
     assert not (workdir / "results/.staging").exists()
+
+
+def test_two_gpus_run_two_jobs_of_several_runs_at_once(tmp_path):
+    """--resources gpu=2: each extraction job asks for one GPU, so the jobs of two seeds run
+    side by side (here on the CPU; on a machine of two GPUs each job takes a free one)."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    config = {**copy.deepcopy(STUDY), "seeds": [0, 1], "sweeps": {"heads": SWEEPS["heads"]}}
+    config["figures"] = {"kinds": ["head_atlas"], "heads": ["L1H1"]}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
+    result = subprocess.run(
+        [*command, "--cores", "2", "--resources", "gpu=2", "--until", "extract_runs_1"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    started = r"(?:local)?rule extract_runs_1:"
+    events = re.findall(rf"^({started}|Finished jobid: \d+ \(Rule: extract_runs_1\))", result.stderr, re.M)
+    assert len(events) == 4 and all(e.endswith("extract_runs_1:") for e in events[:2]), events  # both ran at once

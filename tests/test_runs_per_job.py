@@ -20,6 +20,7 @@ from sinkscope.pipeline.study import load_study
 from sinkscope.tables import read_table
 
 MASK_SINK = {"edit": "mask_keys", "heads": "each", "key_frames": "sink"}
+FRAMES = {"edit": "mask_keys", "heads": "all", "key_frames": "each"}
 BASE = {
     "checkpoints": {"demo": {"model": "demo", "format": "self_forcing", "weights": "sinkscope:demo_trained.pt"}},
     "prompts": {"drift": "a ball drifting left to right"},
@@ -97,6 +98,9 @@ def test_runs_go_in_jobs_by_name_and_what_they_wait_for():
     )
     assert every.run_groups("demo@h/L5H1") == [[0, 1, 2]]
     assert every.capture_params("demo@h/L5H1")["token_profiles"] == "last_block"
+    # layers_per_job: auto on the CPU is one layer a job; an atlas run is one generation.
+    auto = study_of(layers=[0, 1, 2], layers_per_job="auto", sweeps={"f": {"interventions": [FRAMES]}})
+    assert auto.run_groups("demo") == [[0], [1], [2]] and auto.run_groups("demo@f/f0") == [[0, 1, 2]]
     # A head outside the captured layers: the first captured layer, for the rows.
     outside = study_of(layers=[0, 1], sweeps={"h": {"interventions": [MASK_SINK], "over": "L5"}})
     assert outside.run_groups("demo@h/L5H3") == [[0]]

@@ -208,12 +208,15 @@ class StudyGrid:
         an atlas run's (``capture.atlas_runs: edited``), those of the study's layers that
         hold a head it edits (every one for an edit of every head, without heads, or of
         heads known only in the job), the first of them when none does, grouped by
-        ``layers_per_job``."""
+        ``layers_per_job`` (on the CPU, ``auto``: one group)."""
         if not self.is_atlas_run(source) or self.config["capture"].get("atlas_runs", "edited") == "all":
             return self.layer_groups
         edited = edited_layers(self.options[source], self.model_config_of(source).num_layers)
         chosen = [layer for layer in self.layers if layer in edited] or self.layers[:1]
-        size = self.layers_per_job
+        # layers_per_job: auto on the CPU is one layer a job, so that a rerun stays small; an
+        # atlas run is one generation whatever it captures (memory is no bound on the CPU).
+        cpu_auto = self.config["layers_per_job"] == "auto" and not self.device.startswith("cuda")
+        size = len(chosen) if cpu_auto else self.layers_per_job
         return [chosen[i : i + size] for i in range(0, len(chosen), size)]
 
     def model_config_of(self, source: str):
