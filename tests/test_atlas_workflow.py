@@ -83,6 +83,9 @@ def test_a_sweep_gives_its_atlases_and_the_same_runs_written_by_hand_rerun_nothi
     atlas = read_table(results / "tables/head_atlas.parquet")
     averaged = atlas[atlas["prompt_id"] == ALL_PROMPTS]
     assert sorted(averaged["variant"]) == ["heads/L1H1", "heads/L1H2", "layer/L1"]
+    classes = json.loads((results / "interventions/demo/head_classes.json").read_text())["classes"]
+    for row in averaged[averaged["head"] >= 0].itertuples(index=False):
+        assert row.head_class == classes[head_label(row.layer, row.head)]  # the untouched run's class
     # Each drift against the runs' own latents: the last block's frames 3-5.
     default = read_latents(results / "extract/demo/drift/seed0/layers0")
     for row in averaged.itertuples(index=False):

@@ -79,7 +79,10 @@ class EffectsPlan(ExtractionPlan):
         return per_checkpoint + [self.path("table", table=t) for t in EFFECT_TABLES]
 
     def class_targets(self) -> list[str]:
-        return [self.path("intervention_classes", checkpoint=c) for c in self.class_checkpoints]
+        """The untouched runs' head classes: for the runs that select heads by class, and for
+        the atlases (a head atlas gives each head's class beside its drift)."""
+        classed = set(self.class_checkpoints) | (set(self.checkpoints) if self.has_atlas else set())
+        return [self.path("intervention_classes", checkpoint=c) for c in self.checkpoints if c in classed]
 
     # -- atlases ----------------------------------------------------------------------------------
 
@@ -90,12 +93,11 @@ class EffectsPlan(ExtractionPlan):
 
     def atlas_inputs(self, checkpoint: str) -> dict[str, list[str]]:
         """What a checkpoint's atlas tables read: its variant_effects table, its untouched
-        runs' extraction folders and the head classes of its untouched run when it has them."""
-        classes = [self.path("intervention_classes", checkpoint=checkpoint)]
+        runs' extraction folders and its untouched run's head classes."""
         return {
             "effects": [self.path("effects_table", checkpoint=checkpoint, table="variant_effects")],
             "default_runs": self.extract_dirs(self.source_name(checkpoint, DEFAULT_VARIANT)),
-            "head_classes": classes if checkpoint in self.class_checkpoints else [],
+            "head_classes": [self.path("intervention_classes", checkpoint=checkpoint)],
         }
 
     def atlas_params(self, checkpoint: str) -> dict[str, Any]:

@@ -55,12 +55,14 @@ log = logging.getLogger("sinkscope")
 # capture.compile: auto compiles from this rollout length on: the rollout length where
 # the time compiling saves a latent frame repays compiling with Inductor's on-disk cache
 # warm (a study's later jobs on the node); docs/performance-history.md has the measurement.
+# A job of several runs counts the frames of all its runs: they share the compiled model.
 COMPILE_AUTO_MIN_FRAMES = 120
 
 
 def compile_wanted(setting: bool | str, device: torch.device, num_frames: int) -> bool:
     """Whether a job compiles the model's blocks: ``capture.compile`` true, false or
-    ``auto`` (CUDA and a rollout of at least COMPILE_AUTO_MIN_FRAMES latent frames)."""
+    ``auto`` (CUDA and a job of at least COMPILE_AUTO_MIN_FRAMES latent frames, its runs'
+    together)."""
     if device.type != "cuda":
         return False
     if setting == "auto":
@@ -229,8 +231,8 @@ def extract_runs_job(
     key is kept. A run finished in the job waits in ``staging`` (a folder of the results
     folder, the outputs' paths below it) until every run is done, then all are moved into
     place; an interrupted job leaves its finished runs there, and the next attempt takes
-    them (verified, same key) instead of generating them again. Returns each run's metadata
-    (None for a run kept or taken from staging)."""
+    them (verified, same key) instead of generating them again. Returns the metadata of each
+    run it made, with its ``timings`` (``extract_job``'s, less the job's start and load)."""
     from sinkscope.pipeline.extractplan import run_params
 
     job_began = time.perf_counter()
@@ -268,7 +270,7 @@ def extract_runs_job(
             run = _Run.of(
                 model.config, spec, unit.variant, options, prompt_id, seed, prompt, switches, unit.layers, context_meta
             )
-            metadata, _ = _generate(
+            metadata, timings = _generate(
                 model,
                 vae,
                 dtype,
@@ -281,7 +283,7 @@ def extract_runs_job(
                 unit.staged,
                 contents={"run_key": unit.key},
             )
-            results.append(metadata)
+            results.append({**metadata, "timings": timings})
             moved.append(unit)
     for unit in moved:
         unit.output.parent.mkdir(parents=True, exist_ok=True)
@@ -402,10 +404,8 @@ def _load_model(spec, runs: Sequence[GenerationOptions], device, compute, captur
     if dtype != compute["dtype"]:
         raise SinkscopeError(f"checkpoint {spec.name!r} computes in {dtype}, the workflow planned {compute['dtype']}")
     model.kernels = KernelSettings.named(captures[0].get("kernels", "fast"))
-    if any(
-        compile_wanted(capture.get("compile", "auto"), device, options.num_frames)
-        for options, capture in zip(runs, captures)
-    ):
+    frames = sum(options.num_frames for options in runs)
+    if any(compile_wanted(capture.get("compile", "auto"), device, frames) for capture in captures):
         model.compile_blocks(dynamic=False)
     return model, vae, dtype, loaded
 

@@ -53,7 +53,7 @@ def job_counts(study: Study) -> dict[str, int]:
         # checkpoint, of the study; a contact sheet is a job of its own.
         "figure": figure_jobs(study) + (len(videos) - decodes) // 2,
         "effects": (len(study.checkpoints) + 1) if study.has_effects else 0,
-        "head classes": len(study.class_checkpoints),
+        "head classes": len(study.class_targets()),
         # Per checkpoint its atlas tables, then the combined ones; each ranked atlas's head orders.
         "atlas": ((len(study.checkpoints) + 1) if study.has_atlas else 0) + len(study.ranked_atlases),
         "decode": decodes,
