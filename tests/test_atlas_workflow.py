@@ -73,9 +73,9 @@ def by_hand() -> dict[str, dict]:
 def test_a_sweep_gives_its_atlases_and_the_same_runs_written_by_hand_rerun_nothing(workflow: Workflow):
     workflow.write_config({**copy.deepcopy(STUDY), "sweeps": SWEEPS})
     planned = workflow.planned_jobs()
-    # The untouched run and the five runs that wait for nothing in one job; the three pruning
-    # runs of k = 1 in another, after the head orders.
-    assert planned["extract_runs_1"] == 1 and planned["extract_runs_2"] == 1 and "extract_attention" not in planned
+    # The five atlas runs that wait for nothing in one job, the three pruning runs of k = 1 in
+    # another, after the head orders; the untouched run a job of its own.
+    assert planned["extract_runs_1"] == 1 and planned["extract_runs_2"] == 1 and planned["extract_attention"] == 1
     assert planned["atlas_head_orders"] == 1 and planned["atlas_tables"] == 1
     workflow.run()
     results = workflow.path("results")
@@ -130,18 +130,18 @@ def test_a_job_killed_half_way_keeps_its_finished_runs_for_the_next_run(tmp_path
     workdir.mkdir()
     config = {
         **copy.deepcopy(STUDY),
-        # Runs long enough on the CPU (about a second each) to stop the job between two.
+        # Runs long enough on the CPU (a second or so each) to stop the job between two.
         "layers": [0, 1, 2, 3, 4, 5],
         "layers_per_job": 6,
         "generation": {"num_frames": 21, "frames_per_block": 3, "denoising_steps": [1000, 750, 500, 250]},
         "figures": {"kinds": ["head_atlas"], "heads": ["L1H1"]},
-        "sweeps": {"heads": {**SWEEPS["heads"], "over": ["L1H1", "L1H2"]}},
+        "sweeps": {"heads": {**SWEEPS["heads"], "over": ["L1H1", "L1H2", "L1H3"]}},
     }
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     log = workdir / "first.log"
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
     command += ["--cores", "1", "--resources", "gpu=1"]
-    staged = workdir / "results/.staging/extract/demo/drift/seed0/layers0-5/manifest.json"
+    staged = workdir / "results/.staging/extract/demo@heads/L1H1/drift/seed0/layers0/manifest.json"
     with open(log, "w") as handle:
         process = subprocess.Popen(
             command, cwd=workdir, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
@@ -158,13 +158,13 @@ def test_a_job_killed_half_way_keeps_its_finished_runs_for_the_next_run(tmp_path
         os.kill(pid, signal.SIGKILL)
     process.wait(timeout=600)
     assert process.returncode != 0 and "extract_runs_1" in log.read_text()
-    assert staged.exists() and not (workdir / "results/extract/demo/drift/seed0/layers0-5").exists()
+    assert staged.exists() and not (workdir / "results/extract/demo@heads/L1H1/drift/seed0/layers0").exists()
     second = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     job_log = (workdir / "results/logs/extract_runs/demo/job1/drift/seed0.log").read_text()
-    assert "taken from results/.staging/extract/demo/drift/seed0/layers0-5" in job_log
+    assert "taken from results/.staging/extract/demo@heads/L1H1/drift/seed0/layers0" in job_log
     assert "3 runs: 2 made, 1 kept or taken from staging" in job_log
-    final = workdir / "results/extract/demo/drift/seed0/layers0-5/latents.safetensors"
+    final = workdir / "results/extract/demo@heads/L1H1/drift/seed0/layers0/latents.safetensors"
     assert final.stat().st_ino == latents_inode  # the first run's file, moved into place
     assert not (workdir / "results/.staging").exists()
 

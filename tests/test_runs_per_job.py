@@ -68,23 +68,22 @@ def test_runs_go_in_jobs_by_name_and_what_they_wait_for():
         },
     )
     jobs = study.extraction_jobs
-    # Untouched and edited runs that wait for nothing: 1 + 1 + 5 + prune/all_k5 = 8, one job.
-    assert [len(job.sources) for job in jobs] == [8, 3]
+    # The atlas runs that wait for nothing (5 heads and prune/all_k5) in one job.
+    assert [len(job.sources) for job in jobs] == [6, 3]
     first, pruning = jobs
     assert first.inputs == () and first.sources == (
-        "demo",
         "demo@heads/L1H1",
         "demo@heads/L1H2",
         "demo@heads/L1H10",  # natural order: 2 before 10
         "demo@heads/L2H1",
         "demo@heads/L6H12",
-        "demo@int8",
         "demo@prune/all_k5",
     )
     assert pruning.inputs == ("results/atlas/demo/heads/head_orders.json",)
     assert pruning.sources == ("demo@prune/drift_k2", "demo@prune/frame0_mass_k2", "demo@prune/random_k2")
-    # The class variant waits for the head classes alone: a job of one run is extract_attention's.
-    assert study.single_runs == ["demo@no_sink"]
+    # The untouched run and the variants with tables of their own: one run a job
+    # (extract_attention), so that editing one reruns its own tables and figures alone.
+    assert study.single_runs == ["demo", "demo@no_sink", "demo@int8"]
     assert study.edit_inputs("demo@no_sink") == ["results/interventions/demo/head_classes.json"]
     assert [job.rule for job in jobs] == ["extract_runs_1", "extract_runs_2"]
     assert [job.label for job in jobs] == ["job1", "job2"]
@@ -113,7 +112,8 @@ def test_a_run_of_a_job_gets_the_params_it_gets_alone_and_one_a_job_means_no_job
         "sweeps": {"heads": {"interventions": [MASK_SINK], "over": "L2"}},
     }
     study = study_of(**config)
-    assert len(study.extraction_jobs) == 5 and not study.single_runs  # 15 runs in 5 jobs of 3
+    assert len(study.extraction_jobs) == 4  # 12 atlas runs in 4 jobs of 3
+    assert study.single_runs == ["demo", "demo@longer", "demo@window"]
     for job in study.extraction_jobs:
         params = study.job_params(job)
         folders = study.job_folders(job)
@@ -124,18 +124,15 @@ def test_a_run_of_a_job_gets_the_params_it_gets_alone_and_one_a_job_means_no_job
                 alone = study.extract_params(source, encode_layers(group))
                 assert run_params(params, number, decode_layers(encode_layers(group))) == alone
                 index += 1
-        # The untouched generation once; each run only what differs from it.
-        assert all(
-            set(run["generation"]) <= {"interventions", "num_frames", "cache_policy", "local_attn_frames"}
-            for run in params["runs"]
-        )
+        # The untouched generation once; each run only what differs from it: its edits.
+        assert all(set(run["generation"]) == {"interventions"} for run in params["runs"])
     alone = study_of(**{**config, "runs_per_job": 1})
     assert alone.extraction_jobs == [] and alone.single_runs == list(alone.runs)
 
 
 def test_jobs_depend_on_the_set_of_runs_not_on_the_order_written():
-    variants = {
-        f"v{i}": {"interventions": [{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": -i}]}
+    variants = {  # atlas runs written by hand, in two orders
+        f"bias/v{i}": {"interventions": [{"edit": "logit_bias", "heads": "all", "key_frames": [0], "bias": -i}]}
         for i in range(1, 6)
     }
     forward = study_of(variants=variants, runs_per_job=2)
@@ -199,9 +196,9 @@ def test_a_jobs_runs_equal_the_same_runs_one_a_job_and_an_interrupted_job_resume
     from sinkscope.tables import read_metadata
 
     monkeypatch.chdir(tmp_path)
-    study = study_of(results="out", sweeps={"heads": {"interventions": [MASK_SINK], "over": ["L1H1", "L2H5"]}})
+    study = study_of(results="out", sweeps={"heads": {"interventions": [MASK_SINK], "over": ["L1H1", "L2H5", "L2H7"]}})
     (job,) = study.extraction_jobs
-    assert job.sources == ("demo", "demo@heads/L1H1", "demo@heads/L2H5")
+    assert job.sources == ("demo@heads/L1H1", "demo@heads/L2H5", "demo@heads/L2H7")
     embedding = _embedding(study, tmp_path)
     call = _job_call(study, job, embedding)
 
@@ -218,7 +215,7 @@ def test_a_jobs_runs_equal_the_same_runs_one_a_job_and_an_interrupted_job_resume
     monkeypatch.setattr(extract, "_generate", failing)
     with pytest.raises(KeyboardInterrupt):
         extract.extract_runs_job(**call)
-    staged = Path(study.staging) / "extract/demo/drift/seed0/layers0-1"
+    staged = Path(study.staging) / "extract/demo@heads/L1H1/drift/seed0/layers0"
     assert (staged / "manifest.json").is_file() and not any(Path(p).exists() for p in call["outputs"])
     first_latents = (staged / "latents.safetensors").stat().st_ino
 
@@ -226,16 +223,19 @@ def test_a_jobs_runs_equal_the_same_runs_one_a_job_and_an_interrupted_job_resume
     made.clear()
     monkeypatch.setattr(extract, "_generate", lambda *a, **k: made.append(a[4].variant) or real(*a, **k))
     extract.extract_runs_job(**call)
-    assert made == ["heads/L1H1", "heads/L2H5"]
+    assert made == ["heads/L2H5", "heads/L2H7"]
     assert (Path(call["outputs"][0]) / "latents.safetensors").stat().st_ino == first_latents  # moved, not redone
     assert not Path(study.staging).exists()  # emptied and removed
 
-    # Done for the same inputs: kept. Other code: made again.
+    # Done for the same inputs: kept. Other code, or other head classes or orders: made again.
     made.clear()
     extract.extract_runs_job(**call)
     assert made == []
     extract.extract_runs_job(**{**call, "code": "other code"})
-    assert made == ["default", "heads/L1H1", "heads/L2H5"]
+    assert made == ["heads/L1H1", "heads/L2H5", "heads/L2H7"]
+    made.clear()
+    extract.extract_runs_job(**{**call, "code": "other code", "edit_files": [embedding]})
+    assert made == ["heads/L1H1", "heads/L2H5", "heads/L2H7"]
 
     # Each equals the same run alone (latents and rows).
     for (source, group), output in zip(study.job_folders(job), call["outputs"]):

@@ -226,8 +226,8 @@ def extract_runs_job(
 
     ``job``: ``ExtractionPlan.job_params`` (each run's params: ``extractplan.run_params``);
     ``outputs``: the folders, run by run and layer group by layer group. A run is made
-    once for its inputs (its params, the prompt's embeddings, the weights, the code: its
-    ``run_key``, which its manifest records): an output folder that verifies with the same
+    once for its inputs (its params, the prompt's embeddings, the head classes and orders
+    its edits read, the weights, the code: its ``run_key``, which its manifest records): an output folder that verifies with the same
     key is kept. A run finished in the job waits in ``staging`` (a folder of the results
     folder, the outputs' paths below it) until every run is done, then all are moved into
     place; an interrupted job leaves its finished runs there, and the next attempt takes
@@ -244,6 +244,8 @@ def extract_runs_job(
         "seed": int(seed),
         "segment_starts": [int(start) for start in segment_starts],
         "embeddings": [file_sha256(file) for file in files],
+        # The head classes and head orders the runs' edits select heads by: other heads, other runs.
+        "edit_files": [file_sha256(file) for file in edit_files],
         "weights_sha256": weights_sha256,
         "code": code,
     }

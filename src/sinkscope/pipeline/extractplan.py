@@ -3,14 +3,18 @@ the jobs that generate them, imported caches, and the canonical params of the ex
 and aggregation jobs (equivalent configs give equal params, so nothing reruns for a
 rewording).
 
-A job generates the runs of one checkpoint, for one prompt and seed, one after another
-with the model loaded (and compiled) once: up to ``runs_per_job`` runs that wait for the
-same files (the head classes or head orders their edits select by). Runs are put in jobs
-by their names alone (in natural order, in chunks of equal size), so the jobs and their
-params depend only on the set of runs, not on how the config wrote them (a sweep, or its
-variants by hand). A run alone in its job is the rule ``extract_attention``'s (one folder a
-job, as without ``runs_per_job``); every job of several runs is a rule of its own
-(``extraction_jobs``), its outputs its runs' folders.
+A job generates the atlas runs of one checkpoint, for one prompt and seed, one after
+another with the model loaded (and compiled) once: up to ``runs_per_job`` runs that wait
+for the same files (the head classes or head orders their edits select by). Runs are put
+in jobs by their names alone (in natural order, in chunks of equal size), so the jobs and
+their params depend only on the set of runs, not on how the config wrote them (a sweep, or
+its variants by hand). Every job of several runs is a rule of its own
+(``extraction_jobs``), its outputs its runs' folders. The other runs (the untouched run, the
+variants with tables of their own) and a run alone in its chunk are the rule
+``extract_attention``'s, one folder a job: Snakemake reruns a job whole, and everything
+that reads any of its outputs, so a variant edited would rerun the tables and figures of
+every variant in its job; atlas runs are read only by their checkpoint's effects and
+atlases, which read them all anyway.
 
 Torch-free: the Snakefile calls it while it parses (rules/extract.smk, aggregate.smk).
 """
@@ -213,14 +217,14 @@ class ExtractionPlan(StudyGrid):
 
     @cached_property
     def extraction_jobs(self) -> list[ExtractionJob]:
-        """The jobs of several runs, each a rule of its own: per checkpoint, the runs that wait
-        for the same files in natural order of their names, in chunks of equal size of at most
-        ``runs_per_job`` (a run alone in its chunk is the rule ``extract_attention``'s)."""
+        """The jobs of several runs, each a rule of its own: per checkpoint, the atlas runs
+        that wait for the same files in natural order of their names, in chunks of equal size
+        of at most ``runs_per_job`` (a run alone in its chunk is the rule ``extract_attention``'s)."""
         jobs = []
         for checkpoint in self.checkpoints:
             waiting: dict[tuple[str, ...], list[str]] = {}
             for source, (owner, _) in self.runs.items():
-                if owner == checkpoint:
+                if owner == checkpoint and self.is_atlas_run(source):
                     waiting.setdefault(tuple(self.edit_inputs(source)), []).append(source)
             for inputs, sources in sorted(waiting.items()):
                 sources.sort(key=_natural)
