@@ -208,7 +208,7 @@ def test_the_jobs_of_several_runs_write_nested_folders_and_log_beside_them(tmp_p
     assert sorted(jobs) == [f"extract_runs_{n}" for n in (1, 2, 3, 4)]  # two a checkpoint
     first, pruning = jobs["extract_runs_1"], jobs["extract_runs_2"]
     assert f"{folder}/extract/demo@heads/L2H5/{{prompt}}/seed{{seed}}/layers1" in first["output"]
-    assert f"{folder}/extract/demo/{{prompt}}/seed{{seed}}/layers0" in first["output"]
+    assert not any(output.startswith(f"{folder}/extract/demo/") for output in first["output"])  # one a job
     assert first["log"] == [f"{folder}/logs/extract_runs/demo/job1/{{prompt}}/seed{{seed}}.log"]
     assert f"{folder}/atlas/demo/heads/head_orders.json" in pruning["input"]
     assert f"{folder}/extract/demo@prune/random_k2/{{prompt}}/seed{{seed}}/layers0" in pruning["output"]
