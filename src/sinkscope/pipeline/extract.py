@@ -228,9 +228,9 @@ def extract_runs_job(
     ``outputs``: the folders, run by run and layer group by layer group. A run is made
     once for its inputs (its params, the prompt's embeddings, the head classes and orders
     its edits read, the weights, the code: its ``run_key``, which its manifest records): an
-    output folder that verifies with the same key is kept. A run finished in the job waits in ``staging`` (a folder of the results
-    folder, the outputs' paths below it) until every run is done, then all are moved into
-    place; an interrupted job leaves its finished runs there, and the next attempt takes
+    output folder that verifies with the same key is kept. A run finished in the job waits
+    in ``staging`` (a folder of the results folder, the outputs' paths below it) until
+    every run is done, then all are moved into place; an interrupted job leaves its finished runs there, and the next attempt takes
     them (verified, same key) instead of generating them again. Returns the metadata of each
     run it made, with its ``timings`` (``extract_job``'s, less the job's start and load)."""
     from sinkscope.pipeline.extractplan import run_params
