@@ -230,9 +230,10 @@ def extract_runs_job(
     its edits read, the weights, the code: its ``run_key``, which its manifest records): an
     output folder that verifies with the same key is kept. A run finished in the job waits
     in ``staging`` (a folder of the results folder, the outputs' paths below it) until
-    every run is done, then all are moved into place; an interrupted job leaves its finished runs there, and the next attempt takes
-    them (verified, same key) instead of generating them again. Returns the metadata of each
-    run it made, with its ``timings`` (``extract_job``'s, less the job's start and load)."""
+    every run is done, then all are moved into place; an interrupted job leaves its
+    finished runs there, and the next attempt takes them (verified, same key) instead of
+    generating them again. Returns the metadata of each run it made, with its ``timings``
+    (``extract_job``'s, less the job's start and load)."""
     from sinkscope.pipeline.extractplan import run_params
 
     job_began = time.perf_counter()
