@@ -189,3 +189,18 @@ def test_two_gpus_run_two_jobs_of_several_runs_at_once(tmp_path):
     started = r"(?:local)?rule extract_runs_1:"
     events = re.findall(rf"^({started}|Finished jobid: \d+ \(Rule: extract_runs_1\))", result.stderr, re.M)
     assert len(events) == 4 and all(e.endswith("extract_runs_1:") for e in events[:2]), events  # both ran at once
+
+
+def test_a_profiles_extract_attention_resources_reach_the_jobs_of_several_runs(workflow: Workflow):
+    """A cluster profile names extract_attention in set-resources (its partition, memory,
+    runtime); the jobs of several runs, one rule each, take the same."""
+    workflow.write_config({**copy.deepcopy(STUDY), "sweeps": {"heads": SWEEPS["heads"]}})
+    result = workflow.run(
+        "--dry-run",
+        "--set-resources",
+        "extract_attention:mem_mb=1234",
+        "extract_attention:slurm_partition=gpu",
+    )
+    job = result.stdout.split("rule extract_runs_1:", 1)[1].split("\n\n", 1)[0]
+    resources = next(line for line in job.splitlines() if line.strip().startswith("resources:"))
+    assert "gpu=1" in resources and "slurm_partition=gpu" in resources and "mem_mb=1234" in resources
