@@ -154,8 +154,9 @@ def cmd_extract(args: argparse.Namespace) -> int:
     if name not in config["checkpoints"]:
         raise ConfigError(f"checkpoint {name!r} is not in the config (known: {', '.join(config['checkpoints'])})")
     variant = args.variant or study.variants[0]
-    if variant not in study.variants:
-        raise ConfigError(f"variant {variant!r} is not in the config (known: {', '.join(study.variants)})")
+    if variant not in study.variants_of(name):
+        known = study.variants + ([f"<sweep>/<item> of {', '.join(study.sweeps)}"] if study.sweeps else [])
+        raise ConfigError(f"variant {variant!r} is not in the config (known: {', '.join(known)})")
     prompt_id = args.prompt or next(iter(config["prompts"]))
     if prompt_id not in config["prompts"]:
         raise ConfigError(f"prompt {prompt_id!r} is not in the config (known: {', '.join(config['prompts'])})")
