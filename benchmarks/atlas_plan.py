@@ -3,7 +3,8 @@
 
 The study is configs/head-atlas-1.3b.yaml with its checkpoint made a seeded-random model of
 the Wan2.1-T2V-1.3B config (``format: demo``: the same 30 layers x 12 heads, so the same
-360-head sweep, 18 frames and 25 pruning runs a seed; no weight files) on the CPU. Each
+360-head sweep, 18 frames and 25 pruning runs a seed; no weight files) on the CPU, its
+30 layers one job as ``layers_per_job: auto`` gives on a GPU. Each
 `snakemake -n` runs in a fresh process: the first fills the digest caches
 (.snakemake/sinkscope), then ``--repeat`` more, whose median is printed, beside Snakemake's
 own floor (a one-rule Snakefile). With ``--resources gpu=2`` the extraction jobs that wait
@@ -34,6 +35,7 @@ def study() -> dict:
     config = yaml.safe_load((ROOT / "configs" / "head-atlas-1.3b.yaml").read_text())
     config["checkpoints"] = {"self_forcing": {"model": "wan2.1-t2v-1.3b", "format": "demo"}}
     config["device"] = "cpu"
+    config["layers_per_job"] = 30  # what auto gives on a GPU: the plan the 1.3B's atlas runs
     config.pop("results", None)
     return config
 
