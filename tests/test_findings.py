@@ -203,11 +203,12 @@ def test_the_command_checks_writes_and_refuses_in_one_line(folder, tmp_path, cap
 def test_the_shipped_docs_mark_their_run_numbers_with_known_regions():
     """The docs whose numbers come from a run hold findings regions, each of a known kind."""
     found = {}
-    for name in ("README.md", "docs/trained-demo.md", "docs/statistics.md", "docs/interventions.md"):
+    for name in ("README.md", "docs/trained-demo.md", "docs/statistics.md", "docs/interventions.md", "docs/atlas.md"):
         kinds = [m["kind"] for m in REGION.finditer((REPO / name).read_text())]
         assert kinds and set(kinds) <= set(REGIONS), (name, kinds)
         found[name] = kinds
     assert "intervention-table" in found["docs/interventions.md"] and "demo-summary" in found["README.md"]
+    assert {"atlas-heads", "atlas-frames", "pruning-table"} <= set(found["docs/atlas.md"])
 
 
 # -- the atlas regions -------------------------------------------------------------------------------
