@@ -95,7 +95,8 @@ def _shown_config(study) -> dict:
     variant they are (the study's generation, unchanged)."""
     config = dict(study.config)
     configured = config.get("variants") or {}
-    config["variants"] = {name: dict(configured.get(name) or {}) for name in study.variants}
+    names = [*study.variants, *(name for name in configured if name not in study.variants)]  # atlas runs last
+    config["variants"] = {name: dict(configured.get(name) or {}) for name in names}
     return config
 
 
