@@ -234,8 +234,6 @@ def extract_runs_job(
     finished runs there, and the next attempt takes them (verified, same key) instead of
     generating them again. Returns the metadata of each run it made, with its ``timings``
     (``extract_job``'s, less the job's start and load)."""
-    from sinkscope.pipeline.extractplan import run_params
-
     job_began = time.perf_counter()
     spec = CheckpointSpec(**job["checkpoint"])
     compute = job["compute"]
@@ -250,7 +248,7 @@ def extract_runs_job(
         "weights_sha256": weights_sha256,
         "code": code,
     }
-    units = _job_units(job, outputs, Path(staging), shared, dict(vae_sha256 or {}), run_params)
+    units = _job_units(job, outputs, Path(staging), shared, dict(vae_sha256 or {}))
     todo, moved = [], []
     for unit in units:
         if _holds(unit.output, unit.key):
@@ -316,8 +314,11 @@ class _Unit:
     key: str
 
 
-def _job_units(job, outputs, staging: Path, shared, vae_sha256, run_params) -> list[_Unit]:
-    """The job's folders in the order of its outputs (run by run, group by group)."""
+def _job_units(job, outputs, staging: Path, shared, vae_sha256) -> list[_Unit]:
+    """The job's folders in the order of its outputs (run by run, group by group), each
+    run's params as it would get them alone (``extractplan.run_params``)."""
+    from sinkscope.pipeline.extractplan import run_params
+
     groups = [(index, layers) for index, run in enumerate(job["runs"]) for layers in run["groups"]]
     if len(groups) != len(outputs):
         raise SinkscopeError(f"the job's {len(groups)} run folders are given {len(outputs)} outputs")
