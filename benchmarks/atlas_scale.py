@@ -176,9 +176,9 @@ def run_job(workdir: Path, label: str, job: dict, embedding: Path, cache: Path |
     timings = result.pop("timings")
     return {
         "wall_seconds": wall,
-        # Before the runs: the interpreter, the imports, the model loaded (compiling is lazy:
-        # it happens in the first run).
-        "start_seconds": wall - result["job_seconds"] + result["import_seconds"] + result["load_seconds"],
+        # Besides the runs: the interpreter, the imports and its exit (the wall time outside the
+        # job function), the model loaded (compiling is lazy: it happens in the first run).
+        "start_seconds": wall - result["job_seconds"] + result["load_seconds"],
         **result,
         "runs": len(walls),
         "default_run_seconds": walls[variants.index("default")],
