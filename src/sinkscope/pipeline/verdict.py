@@ -40,11 +40,20 @@ def job_counts(study: Study) -> dict[str, int]:
         "prompt": len(embeddings),
         # Per source its tables, then the combined tables and the summary page.
         "table": len(study.sources) + 2,
-        "figure": len(study.figure_targets()) // 2 + (len(videos) - decodes) // 2,
+        "figure": figure_jobs(study) + (len(videos) - decodes) // 2,
         "effects": (len(study.checkpoints) + 1) if study.effect_variants else 0,
         "head classes": len(study.class_checkpoints),
         "decode": decodes,
     }
+
+
+def figure_jobs(study: Study) -> int:
+    """The figure jobs, one a source (its own figures; its layers' figures), a checkpoint
+    and the study, as rules/figures.smk plans them (``pipeline.figureplan``)."""
+    sources = sum(bool(study.figure_kinds(s)) for s in study.sources)
+    layers = sum(bool(study.layer_figure_kinds(s) and study.source_layers(s)) for s in study.sources)
+    checkpoints = sum(bool(study.checkpoint_figure_kinds(c)) for c in study.checkpoints)
+    return sources + layers + checkpoints + bool(study.study_figure_kinds())
 
 
 def study_seconds(study: Study) -> float:
