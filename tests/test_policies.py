@@ -607,8 +607,9 @@ def test_a_new_policy_is_its_spec_row_and_its_registered_class(monkeypatch):
 
 def test_the_schema_enums_list_the_registered_names():
     from sinkscope.generation.procedures import PROCEDURES
-    from sinkscope.options import CACHE_POLICY_TABLE, PROCEDURE_TABLE
+    from sinkscope.options import CACHE_POLICY_TABLE, PROCEDURE_TABLE, option_owners
     from sinkscope.schema import load_schema, resolve_ref
+    from sinkscope.schemafile import read_schema_file
 
     generation = resolve_ref(load_schema()["properties"]["generation"])["properties"]
     assert generation["cache_policy"]["enum"] == [*CACHE_POLICY_TABLE, None]
@@ -616,6 +617,18 @@ def test_the_schema_enums_list_the_registered_names():
     for key, names in (("cache_policy", CACHE_POLICY_TABLE), ("procedure", PROCEDURE_TABLE)):
         described = generation[key]["description"]
         assert [name for name in names if name not in described] == [], key
+    # Every key a policy or procedure declares, typed by its default or listed by its choices.
+    for key, (_, owner, option) in option_owners().items():
+        node = generation[key]
+        assert node["description"].startswith(f"{owner}: {option.description}"), key
+        if option.choices:
+            assert node["enum"] == [*option.choices, None], key
+        else:
+            assert node["type"] == {bool: "boolean", int: "integer", float: "number"}[type(option.default)], key
+    # The file names none of them: a new policy or procedure is its row and its module.
+    written = read_schema_file()["$defs"]["generation"]["properties"]
+    assert "enum" not in written["cache_policy"] and "enum" not in written["procedure"]
+    assert not set(option_owners()) & set(written)
     # config.yaml names the default and points to the list (no second list to keep true).
     line = next(
         line for line in (REPO / "config.yaml").read_text().splitlines() if line.strip().startswith("cache_policy:")
