@@ -576,14 +576,32 @@ def _is_result_folder(name: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sinkscope.figures.registry import FIGURES
-
     parser = OneLineArgumentParser(
         prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"sinkscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_check(sub)
+    models = sub.add_parser("models", help="list the named model configs")
+    models.set_defaults(func=cmd_models)
+    _add_extract(sub)
+    _add_import_cache(sub)
+    _add_aggregate(sub)
+    _add_figure(sub)
+    _add_compare_labels(sub)
+    _add_verify(sub)
+    _add_findings(sub)
+    # Only listed here: main() hands its arguments to sinkscope.demo.train (which imports torch).
+    sub.add_parser(
+        "train-demo",
+        add_help=False,
+        help="train the demo model on synthetic videos (options: sinkscope train-demo --help; docs/trained-demo.md)",
+    )
+    return parser
 
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope check``: a config checked as the Snakefile does."""
     check = sub.add_parser(
         "check",
         help="validate a config as the Snakefile does: every problem, one line each, or a verdict line "
@@ -617,9 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(func=cmd_check)
 
-    models = sub.add_parser("models", help="list the named model configs")
-    models.set_defaults(func=cmd_models)
 
+def _add_extract(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope extract``: one extraction job outside Snakemake."""
     extract = sub.add_parser("extract", help="run one extraction job outside Snakemake")
     extract.add_argument("--config", default="config.yaml")
     extract.add_argument("--checkpoint", help="checkpoint name (default: the first)")
@@ -646,6 +664,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     extract.set_defaults(func=cmd_extract)
 
+
+def _add_import_cache(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope import-cache``: an older script's ``.pt`` cache as rows."""
     imp = sub.add_parser("import-cache", help="convert an older extraction script's .pt cache to frame_attention rows")
     imp.add_argument("path")
     imp.add_argument("--out", required=True, type=output_path, help=f"output .parquet; {OUTPUT_RULE}")
@@ -660,6 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--force", action="store_true", help="replace a table an earlier import-cache wrote at --out")
     imp.set_defaults(func=cmd_import_cache)
 
+
+def _add_aggregate(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope aggregate``: a source's tables from its extraction folders."""
     agg = sub.add_parser(
         "aggregate",
         help="build every table of a source (block_stats, head_diagnostics...) from "
@@ -684,6 +708,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agg.add_argument("--force", action="store_true", help="replace tables an earlier aggregate wrote at --out")
     agg.set_defaults(func=cmd_aggregate)
+
+
+def _add_figure(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope figure``: one figure of the registry, its options the config's ``figures:``."""
+    from sinkscope.figures.registry import FIGURES
 
     fig = sub.add_parser("figure", help="draw one figure from sinkscope tables")
     fig.add_argument(
@@ -739,6 +768,9 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--dpi", type=_dpi, default=defaults["dpi"], help="PNG resolution (50 to 1200)")
     fig.set_defaults(func=cmd_figure)
 
+
+def _add_compare_labels(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope compare-labels``: a published label file against the study's head classes."""
     compare = sub.add_parser(
         "compare-labels",
         help="a published per-head label file (e.g. Pyramid Forcing's) against "
@@ -757,6 +789,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.set_defaults(func=cmd_compare_labels)
 
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope verify``: every result checked in full."""
     verifies = (
         "check every result in full (manifests, checksums, content digests, figures, CSV tables, prompt "
         "embeddings); results moved aside as damaged and files that are not results (logs) are counted, not "
@@ -768,6 +803,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=cmd_verify)
 
+
+def _add_findings(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope findings``: the docs' findings regions written from a study's tables."""
     findings = sub.add_parser(
         "findings",
         help="write the numbers of the docs' findings regions (<!-- begin: findings KIND --> ... <!-- end -->) "
@@ -781,14 +819,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="write nothing; exit status 1 when a region's numbers differ"
     )
     findings.set_defaults(func=cmd_findings)
-
-    # Only listed here: main() hands its arguments to sinkscope.demo.train (which imports torch).
-    sub.add_parser(
-        "train-demo",
-        add_help=False,
-        help="train the demo model on synthetic videos (options: sinkscope train-demo --help; docs/trained-demo.md)",
-    )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
