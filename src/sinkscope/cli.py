@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -27,6 +28,11 @@ from sinkscope import __version__, arguments
 from sinkscope.arguments import OUTPUT_RULE, OneLineArgumentParser, natural, output_path
 from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.schema import load_schema, schema_defaults
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sinkscope.figures.registry import FigureKind
 
 
 def _step(text: str) -> str | int:
@@ -310,15 +316,7 @@ def _is_extraction_folder(path: Path) -> bool:
 
 def cmd_figure(args: argparse.Namespace) -> int:
     from sinkscope import plot
-    from sinkscope.figures.registry import (
-        CHECKPOINT,
-        COMMON_OPTIONS,
-        LAYER,
-        RUN,
-        STUDY,
-        figure_kind,
-    )
-    from sinkscope.naming import head_label, parse_head_label
+    from sinkscope.figures.registry import COMMON_OPTIONS, LAYER, RUN, figure_kind
     from sinkscope.pipeline.jobs import log_to
     from sinkscope.stats.summaries import block_stats, head_diagnostics
 
@@ -345,44 +343,10 @@ def cmd_figure(args: argparse.Namespace) -> int:
                 "capture.token_profiles"
             }.get(name, "results/tables/frame_attention.parquet or extraction folders")
             raise ConfigError(f"figure {args.kind!r} draws {name} rows; --input holds none (give {hint})")
-    several = {"variant": kind.scope == CHECKPOINT, "checkpoint": kind.scope == STUDY}
-    for name, table in list(tables.items()):
-        for column, wanted in (("checkpoint", args.checkpoint), ("variant", args.variant)):
-            if column not in table:
-                continue
-            present = sorted(set(table[column].astype(str)))
-            if wanted is not None:
-                if wanted not in present:
-                    raise ConfigError(f"--{column} {wanted!r} is not in the input (it has {', '.join(present)})")
-                table = table[table[column].astype(str) == wanted]
-            elif len(present) > 1 and not several[column]:
-                raise ConfigError(
-                    f"the input holds several {column}s ({', '.join(present)}); choose one with --{column}"
-                )
-        tables[name] = table
+    tables = {name: _chosen_rows(table, kind, args) for name, table in tables.items()}
     frame = tables.get("frame_attention")
     if frame is not None and "frame_attention" in kind.tables:
-        layers = sorted({int(x) for x in frame["layer"].unique()})
-        heads = sorted({int(x) for x in frame["head"].unique()})
-        steps = sorted({int(x) for x in frame.loc[frame["pass"] == "denoise", "step"].unique() if x >= 0})
-        if isinstance(args.step, int) and steps and args.step > steps[-1]:
-            raise ConfigError(f"--step {args.step} is past the last denoising step {steps[-1]} of the input")
-        if args.layer is not None and args.layer not in layers:
-            raise ConfigError(f"--layer {args.layer} is not in the input (it has layers {layers})")
-        chosen = [(label, *parse_head_label(label)) for label in args.heads]
-        for label, _, head in chosen:
-            if head not in heads and kind.draws_heads:  # the default --heads do not bind the other kinds
-                raise ConfigError(
-                    f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)"
-                )
-        if kind.draws_heads and not any(layer in layers for _, layer, _ in chosen):
-            shown = ", ".join(head_label(layer, 0) for layer in layers[:4])
-            raise ConfigError(
-                f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)"
-            )
-        absent = [layer for layer in args.highlight_layers or [] if layer not in layers]
-        if absent:
-            raise ConfigError(f"--highlight-layers {absent[0]} is not in the input (it has layers {layers})")
+        _check_frame_arguments(frame, kind, args)
     if args.highlight_layers and "highlight_layers" not in kind.options:
         raise ConfigError(f"figure {args.kind!r} does not draw --highlight-layers (layer_comparison does)")
     # Only the options this kind draws with; the plotting API fills the rest as the pipeline does.
@@ -399,6 +363,52 @@ def cmd_figure(args: argparse.Namespace) -> int:
     plot.save(figure, args.out_prefix, dpi=args.dpi)
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
+
+
+def _chosen_rows(table: pd.DataFrame, kind: FigureKind, args: argparse.Namespace) -> pd.DataFrame:
+    """The rows of --checkpoint and --variant; several of either are refused where the kind
+    draws one (a checkpoint's variants, the study's checkpoints are drawn together)."""
+    from sinkscope.figures.registry import CHECKPOINT, STUDY
+
+    several = {"variant": kind.scope == CHECKPOINT, "checkpoint": kind.scope == STUDY}
+    for column, wanted in (("checkpoint", args.checkpoint), ("variant", args.variant)):
+        if column not in table:
+            continue
+        present = sorted(set(table[column].astype(str)))
+        if wanted is not None:
+            if wanted not in present:
+                raise ConfigError(f"--{column} {wanted!r} is not in the input (it has {', '.join(present)})")
+            table = table[table[column].astype(str) == wanted]
+        elif len(present) > 1 and not several[column]:
+            raise ConfigError(f"the input holds several {column}s ({', '.join(present)}); choose one with --{column}")
+    return table
+
+
+def _check_frame_arguments(frame: pd.DataFrame, kind: FigureKind, args: argparse.Namespace) -> None:
+    """--step, --layer, --heads and --highlight-layers against the frame rows the input holds."""
+    from sinkscope.naming import head_label, parse_head_label
+
+    layers = sorted({int(x) for x in frame["layer"].unique()})
+    heads = sorted({int(x) for x in frame["head"].unique()})
+    steps = sorted({int(x) for x in frame.loc[frame["pass"] == "denoise", "step"].unique() if x >= 0})
+    if isinstance(args.step, int) and steps and args.step > steps[-1]:
+        raise ConfigError(f"--step {args.step} is past the last denoising step {steps[-1]} of the input")
+    if args.layer is not None and args.layer not in layers:
+        raise ConfigError(f"--layer {args.layer} is not in the input (it has layers {layers})")
+    chosen = [(label, *parse_head_label(label)) for label in args.heads]
+    for label, _, head in chosen:
+        if head not in heads and kind.draws_heads:  # the default --heads do not bind the other kinds
+            raise ConfigError(
+                f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)"
+            )
+    if kind.draws_heads and not any(layer in layers for _, layer, _ in chosen):
+        shown = ", ".join(head_label(layer, 0) for layer in layers[:4])
+        raise ConfigError(
+            f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)"
+        )
+    absent = [layer for layer in args.highlight_layers or [] if layer not in layers]
+    if absent:
+        raise ConfigError(f"--highlight-layers {absent[0]} is not in the input (it has layers {layers})")
 
 
 def _input_generation(inputs: list[str]) -> dict | None:
