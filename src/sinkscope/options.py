@@ -18,8 +18,10 @@ policy needs): ``CallKind``. A key that only one policy or procedure reads is de
 by it (``OptionSpec``): checked there, refused under the others, handed to its code as it
 is (``GenerationOptions.option``, ``policy_options``). The code is registered under the
 same names: a policy class with ``register_policy`` (``sinkscope.model.policies``), a
-procedure with ``register_procedure`` (``sinkscope.generation``); tests check that every
-spec has exactly one of them, and that the config schema's enums list the same names.
+procedure with ``register_procedure`` (``sinkscope.generation``), each in a module of its
+own that its package finds; tests check that every spec has exactly one of them. The
+config schema takes the names, and the keys they declare, from these tables
+(``sinkscope.schema``).
 docs/cache-policies.md describes each policy and procedure; docs/architecture.md says
 how to add one.
 """
