@@ -636,6 +636,37 @@ def test_the_schema_enums_list_the_registered_names():
     assert line.split(":", 1)[1].split("#", 1)[0].strip() in CACHE_POLICY_TABLE
 
 
+def test_a_declared_key_is_typed_by_its_default_in_the_schema(monkeypatch):
+    """A policy's own keys reach the schema from its spec: an integer refuses text, a key
+    whose default is None takes any value; both refused under another policy."""
+    from sinkscope.errors import ConfigError
+    from sinkscope.options import CACHE_POLICY_TABLE, OptionSpec, PolicySpec
+    from sinkscope.pipeline.study import load_study
+    from sinkscope.schema import load_schema
+
+    spec = PolicySpec(
+        "toy_typed",
+        {"local_attn_frames": -1, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
+        (),
+        "a test's global cache with two keys",
+        options=(OptionSpec("toy_count", 2, description="a count."), OptionSpec("toy_any", None)),
+        bounded=False,
+    )
+    monkeypatch.setitem(CACHE_POLICY_TABLE, spec.name, spec)
+    generation = load_schema()["$defs"]["generation"]["properties"]
+    assert generation["toy_count"] == {"type": "integer", "default": 2, "description": "toy_typed: a count."}
+    assert "type" not in generation["toy_any"] and generation["toy_any"]["default"] is None
+
+    def check(**given):
+        return load_study({"generation": {"cache_policy": "toy_typed", **given}}, check_this_machine=False)
+
+    assert check(toy_count=5, toy_any=[1, "a"]).options["demo"].option("toy_count") == 5
+    with pytest.raises(ConfigError, match="config key generation.toy_count: 'five' is not an integer"):
+        check(toy_count="five")
+    with pytest.raises(ConfigError, match="generation.toy_count: has no meaning for cache_policy 'window'"):
+        load_study({"generation": {"cache_policy": "window", "toy_count": 5}}, check_this_machine=False)
+
+
 def test_combinations_that_would_quietly_mean_something_else_are_refused_in_one_line():
     """Participative compression without a sink; a variant's null window key under a policy
     that reads it (null would take the policy's default, not "no window")."""

@@ -32,8 +32,8 @@ from sinkscope.schemafile import SCHEMA_PATH, follow_ref, read_schema_file, sect
 
 __all__ = ["SCHEMA_PATH", "load_schema", "registered_nodes", "resolve_ref", "schema_defaults"]
 
-# JSON schema's name of a declared key's type (the type of its default).
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+# JSON schema's name of a declared key's type (the type of its default; None: any type).
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", tuple: "array"}
 
 
 def load_schema() -> dict:
@@ -107,7 +107,8 @@ def _option_node(owner: str, option: OptionSpec) -> dict[str, Any]:
             "default": None,
             "description": f"{described} null = {option.default}.",
         }
-    return {"type": _JSON_TYPES[type(option.default)], "default": option.default, "description": described}
+    typed = {"type": _JSON_TYPES[type(option.default)]} if type(option.default) in _JSON_TYPES else {}
+    return {**typed, "default": option.default, "description": described}
 
 
 def resolve_ref(node: Any) -> Any:
