@@ -37,7 +37,7 @@ _MODEL = {
     "attention.biased",
 }
 _TABLES = {"tables", "digests"}
-_SUMMARIES = {"io", "naming", "schema", "stats", "stats.summaries", *_TABLES}
+_SUMMARIES = {"io", "naming", "schemafile", "stats", "stats.summaries", *_TABLES}
 
 
 def _declared_in(objects) -> set[str]:

@@ -1,152 +1,103 @@
 """The recipes of docs/architecture.md "How to add", followed at test time, end to end.
 
-Each toy is added exactly as the recipe says (its spec row, its registered code, its name
-in the schema's enum) and removed again after: a cache policy with a key of its own, a
-generation procedure that runs the existing policies, a weight format and a figure kind.
-Each goes through the config check (``load_study`` on a config that names it), then
-through what it is for: a tiny CPU generation, a weight load, a render.
+Each toy is added exactly as its recipe says and removed again after: a cache policy with a
+key of its own (its spec row and its module), a generation procedure that runs the existing
+policies (its spec row and its module), a weight format and a figure kind. The modules of
+the policy and the procedure are real files, found by the discovery of their package, and
+the schema names them from their spec rows alone. Each goes through the config check
+(``load_study`` on a config that names it), then through what it is for: a tiny CPU
+generation, a weight load, a render. One test applies the policy's and the procedure's
+recipes to a copy of the package, counts the files each touches, and runs the two there.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
 import sys
+import textwrap
 import types
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 
+import sinkscope.generation
+import sinkscope.model.policies
+import sinkscope.options
+from sinkscope.discovery import import_submodules
 from sinkscope.errors import ConfigError
-from sinkscope.generation.common import PASS_DENOISE, CallInfo, FlowMatchSchedule, latents_to_device
-from sinkscope.generation.hooks import CachePass, PromptSwitch
-from sinkscope.generation.loop import Procedure, Run, video_blocks
-from sinkscope.generation.procedures import register_procedure, unregister_procedure
+from sinkscope.generation.common import FlowMatchSchedule
+from sinkscope.generation.procedures import PROCEDURES
 from sinkscope.generation.sampler import generate
 from sinkscope.model import WanConfig, build_model
-from sinkscope.model.policies import POLICY_CLASSES, WindowPolicy, register_policy
-from sinkscope.options import (
-    CACHE_POLICY_TABLE,
-    PROCEDURE_TABLE,
-    CallKind,
-    GenerationOptions,
-    OptionSpec,
-    PolicySpec,
-    ProcedureSpec,
-    procedures_running,
-)
+from sinkscope.model.policies import POLICY_CLASSES
+from sinkscope.options import CACHE_POLICY_TABLE, PROCEDURE_TABLE, CallKind, GenerationOptions, procedures_running
 from sinkscope.pipeline.study import load_study
-from sinkscope.schema import load_schema, resolve_ref
+from sinkscope.schema import load_schema
 
 SMALL = WanConfig(
     dim=64, ffn_dim=64, num_heads=4, num_layers=2, text_dim=16, text_len=8, freq_dim=16, latent_height=4, latent_width=6
 )
 FSL = SMALL.frame_seq_length()
 
+# -- the toys as their recipes write them: a row of a table in sinkscope/options.py, a module --------
 
-def allow_in_schema(monkeypatch, node: dict, name: str) -> None:
-    """The schema step of a recipe: ``name`` added to the enum of ``node`` (in memory)."""
-    monkeypatch.setitem(node, "enum", [name, *node["enum"]])
-
-
-def generation_schema() -> dict:
-    return resolve_ref(load_schema()["properties"]["generation"])["properties"]
-
-
-def text() -> torch.Tensor:
-    return torch.randn(1, 5, SMALL.text_dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-
-
-class Layouts:
-    """Observer of layer 0: each call's key frames, by (block, pass, step)."""
-
-    def __init__(self, model) -> None:
-        self.info, self.keys = None, {}
-        model.set_observer(0, self.observe)
-
-    def begin_call(self, info) -> None:
-        self.info = info
-
-    def observe(self, q, k, v, layout, frame_bias=None):
-        self.keys[(self.info.block, self.info.pass_, self.info.step)] = list(layout.key_frames)
-
-
-# -- a cache policy: its spec row, its registered class, its name (and key) in the schema ----------
-
-TOY_POLICY = PolicySpec(
+TOY_POLICY_ROW = """
+PolicySpec(
     "toy_flush",
-    {"local_attn_frames": 6, "sink_frames": 1, "budget_frames": 0, "recent_frames": 0},
-    ("local_attn_frames", "sink_frames"),
+    _defaults(6, 1),
+    _WINDOW_AND_SINK,
     "a test's window that can empty itself",
-    options=(OptionSpec("toy_flush", False),),
+    options=(OptionSpec("toy_flush", False, description="a block that overflows the window empties it."),),
     needs_sink=True,
 )
+"""
+
+TOY_POLICY_MODULE = '''"""A test's window policy: FIFO after the sink; with ``toy_flush``, a block that overflows
+the window empties it: every frame after the sink is evicted."""
+
+from sinkscope.model.policies.base import WindowPolicy, register_policy
 
 
+@register_policy
 class ToyFlushPolicy(WindowPolicy):
-    """FIFO after the sink; with ``toy_flush``, a block that overflows the window empties it:
-    every frame after the sink is evicted."""
-
     name = "toy_flush"
     settings_keys = ("window_frames", "sink_frames")
 
-    def __init__(self, cache, *, window_frames, sink_frames, rope=None, toy_flush=False) -> None:
+    def __init__(self, cache, *, window_frames, sink_frames, rope=None, toy_flush=False):
         self.toy_flush = toy_flush
         super().__init__(cache, window_frames=window_frames, sink_frames=sink_frames, rope=rope)
 
-    def start_block(self, start: int, frames: int) -> None:
+    def start_block(self, start, frames):
         held, kept = self._held(), self.protected_frames
         if self.toy_flush and held + frames > self.window_frames:
             self.cache.evict(held - kept, after=kept)
         super().start_block(start, frames)
+'''
 
+TOY_PROCEDURE_ROW = """
+ProcedureSpec("toy_euler", "a test's sampler: Euler steps on the flow, then the cache pass")
+"""
 
-@pytest.fixture
-def toy_policy(monkeypatch):
-    monkeypatch.setitem(CACHE_POLICY_TABLE, TOY_POLICY.name, TOY_POLICY)
-    register_policy(ToyFlushPolicy)
-    schema = generation_schema()
-    allow_in_schema(monkeypatch, schema["cache_policy"], TOY_POLICY.name)
-    monkeypatch.setitem(schema, "toy_flush", {"type": "boolean", "default": False, "description": "toy_flush: empty"})
-    yield
-    POLICY_CLASSES.pop(TOY_POLICY.name)
+TOY_PROCEDURE_MODULE = '''"""A test's procedure: Euler's method on the shifted flow-matching schedule, x <- x +
+(sigma' - sigma) v, the last step to sigma = 0, no noise drawn between steps; Self-Forcing's
+prompt switch and cache pass."""
 
+import torch
 
-def test_a_policy_is_its_spec_row_its_class_and_its_schema_name(toy_policy):
-    config = {"generation": {"cache_policy": "toy_flush", "num_frames": 12, "toy_flush": True}}
-    options = load_study(config, check_this_machine=False).options["demo"]
-    assert (options.cache_policy, options.local_attn_frames, options.sink_frames) == ("toy_flush", 6, 1)
-    assert options.option("toy_flush") is True and options.to_dict()["toy_flush"] is True
-    assert "toy_flush" not in GenerationOptions.from_config({"cache_policy": "toy_flush"}).to_dict()
-    # Its own key is checked there and refused under any other policy, in one line naming it.
-    with pytest.raises(ConfigError, match="generation.toy_flush"):
-        load_study({"generation": {"cache_policy": "toy_flush", "toy_flush": "maybe"}}, check_this_machine=False)
-    with pytest.raises(ConfigError, match="generation.toy_flush: has no meaning for cache_policy 'window'"):
-        load_study({"generation": {"cache_policy": "window", "toy_flush": True}}, check_this_machine=False)
-    # Every procedure whose calls it takes runs it: Self-Forcing's blocks.
-    assert procedures_running("toy_flush") == ("self_forcing",)
-
-    # A tiny generation: block 2 (frames 6-8) overflows the window of 6: FIFO keeps the
-    # sink and frames 4-5; the flush keeps the sink alone.
-    model = build_model(SMALL, seed=3, dtype=torch.float64)
-    seen = {}
-    for flush in (False, True):
-        layouts = Layouts(model)
-        chosen = GenerationOptions.from_config({**config["generation"], "toy_flush": flush, "denoising_steps": [1000]})
-        result = generate(model, text(), options=chosen, seed=0, observers=[layouts])
-        assert len(result.calls) == chosen.num_calls and torch.isfinite(result.latents).all()
-        seen[flush] = layouts.keys[(2, "denoise", 0)]
-    assert seen == {False: [0, 4, 5, 6, 7, 8], True: [0, 6, 7, 8]}
-
-
-# -- a generation procedure: its spec row, its declaration, its name in the schema -------------------
-
-TOY_PROCEDURE = ProcedureSpec("toy_euler", "a test's sampler: Euler steps on the flow, then the cache pass")
+from sinkscope.generation.common import PASS_DENOISE, CallInfo, FlowMatchSchedule, latents_to_device
+from sinkscope.generation.hooks import CachePass, PromptSwitch
+from sinkscope.generation.loop import Procedure, Run, video_blocks
+from sinkscope.generation.procedures import register_procedure
 
 
 class EulerSteps:
-    """Euler's method on the shifted flow-matching schedule: x <- x + (sigma' - sigma) v, the
-    last step to sigma = 0; no noise drawn between steps."""
-
     renoise_frames = 0
 
     def __init__(self, run: Run) -> None:
@@ -177,19 +128,128 @@ class EulerSteps:
         return [x]
 
 
-TOY_EULER = Procedure("toy_euler", EulerSteps, before_block=(PromptSwitch,), after_block=(CachePass,))
+register_procedure(Procedure("toy_euler", EulerSteps, before_block=(PromptSwitch,), after_block=(CachePass,)))
+'''
+
+
+def spec_row(row: str):
+    """The spec a row of sinkscope/options.py's tables declares, evaluated where it is written."""
+    return eval(row, vars(sinkscope.options))  # the test's own text
 
 
 @pytest.fixture
-def toy_procedure(monkeypatch):
-    monkeypatch.setitem(PROCEDURE_TABLE, TOY_PROCEDURE.name, TOY_PROCEDURE)
-    register_procedure(TOY_EULER)
-    allow_in_schema(monkeypatch, generation_schema()["procedure"], TOY_PROCEDURE.name)
+def add_module(monkeypatch, tmp_path):
+    """``add(package, name, source)``: a module written as a file into a folder of ``package``
+    (a temporary one beside its own), found by the package's discovery; forgotten after."""
+    added = []
+
+    def add(package: types.ModuleType, name: str, source: str) -> None:
+        folder = tmp_path / package.__name__
+        folder.mkdir()
+        (folder / f"{name}.py").write_text(source)
+        monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
+        added.append((package, name))
+        assert f"{package.__name__}.{name}" in import_submodules(package.__name__, package.__path__)
+
+    yield add
+    for package, name in added:
+        sys.modules.pop(f"{package.__name__}.{name}", None)
+        if hasattr(package, name):
+            delattr(package, name)
+
+
+def allow_in_schema(monkeypatch, node: dict, name: str) -> None:
+    """The schema step of the weight format's recipe: ``name`` added to the enum of ``node`` (in memory)."""
+    monkeypatch.setitem(node, "enum", [name, *node["enum"]])
+
+
+def text() -> torch.Tensor:
+    return torch.randn(1, 5, SMALL.text_dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
+class Layouts:
+    """Observer of layer 0: each call's key frames, by (block, pass, step)."""
+
+    def __init__(self, model) -> None:
+        self.info, self.keys = None, {}
+        model.set_observer(0, self.observe)
+
+    def begin_call(self, info) -> None:
+        self.info = info
+
+    def observe(self, q, k, v, layout, frame_bias=None):
+        self.keys[(self.info.block, self.info.pass_, self.info.step)] = list(layout.key_frames)
+
+
+# -- a cache policy: its spec row and its module ------------------------------------------------------
+
+
+@pytest.fixture
+def toy_policy(monkeypatch, add_module):
+    monkeypatch.setitem(CACHE_POLICY_TABLE, "toy_flush", spec_row(TOY_POLICY_ROW))
+    add_module(sinkscope.model.policies, "toy_flush", TOY_POLICY_MODULE)
     yield
-    unregister_procedure(TOY_PROCEDURE.name)
+    POLICY_CLASSES.pop("toy_flush")
 
 
-def test_a_procedure_is_its_spec_row_and_its_declaration_and_runs_every_policy_of_its_calls(toy_procedure):
+def test_a_policy_is_its_spec_row_and_its_module(toy_policy):
+    assert POLICY_CLASSES["toy_flush"].__module__ == "sinkscope.model.policies.toy_flush"
+    # The schema names it, and declares its key with its type, from the spec row alone.
+    generation = load_schema()["$defs"]["generation"]["properties"]
+    assert generation["cache_policy"]["enum"][-2:] == ["toy_flush", None]
+    assert "toy_flush (a test's window that can empty itself)" in generation["cache_policy"]["description"]
+    assert generation["toy_flush"] == {
+        "type": "boolean",
+        "default": False,
+        "description": "toy_flush: a block that overflows the window empties it.",
+    }
+    config = {"generation": {"cache_policy": "toy_flush", "num_frames": 12, "toy_flush": True}}
+    options = load_study(config, check_this_machine=False).options["demo"]
+    assert (options.cache_policy, options.local_attn_frames, options.sink_frames) == ("toy_flush", 6, 1)
+    assert options.option("toy_flush") is True and options.to_dict()["toy_flush"] is True
+    assert "toy_flush" not in GenerationOptions.from_config({"cache_policy": "toy_flush"}).to_dict()
+    # Its own key is checked there and refused under any other policy, in one line naming it.
+    with pytest.raises(ConfigError, match="generation.toy_flush: 'maybe' is not a boolean"):
+        load_study({"generation": {"cache_policy": "toy_flush", "toy_flush": "maybe"}}, check_this_machine=False)
+    with pytest.raises(ConfigError, match="generation.toy_flush: has no meaning for cache_policy 'window'"):
+        load_study({"generation": {"cache_policy": "window", "toy_flush": True}}, check_this_machine=False)
+    # Every procedure whose calls it takes runs it: Self-Forcing's blocks.
+    assert procedures_running("toy_flush") == ("self_forcing",)
+
+    # A tiny generation: block 2 (frames 6-8) overflows the window of 6: FIFO keeps the
+    # sink and frames 4-5; the flush keeps the sink alone.
+    model = build_model(SMALL, seed=3, dtype=torch.float64)
+    seen = {}
+    for flush in (False, True):
+        layouts = Layouts(model)
+        chosen = GenerationOptions.from_config({**config["generation"], "toy_flush": flush, "denoising_steps": [1000]})
+        result = generate(model, text(), options=chosen, seed=0, observers=[layouts])
+        assert len(result.calls) == chosen.num_calls and torch.isfinite(result.latents).all()
+        seen[flush] = layouts.keys[(2, "denoise", 0)]
+    assert seen == {False: [0, 4, 5, 6, 7, 8], True: [0, 6, 7, 8]}
+
+
+def test_without_its_row_a_policy_is_an_unknown_name_in_one_line():
+    with pytest.raises(ConfigError, match="config key generation.cache_policy: 'toy_flush' is not one of"):
+        load_study({"generation": {"cache_policy": "toy_flush"}}, check_this_machine=False)
+    with pytest.raises(ConfigError, match="unknown config key 'toy_flush' in generation"):
+        load_study({"generation": {"toy_flush": True}}, check_this_machine=False)
+
+
+# -- a generation procedure: its spec row and its module ----------------------------------------------
+
+
+@pytest.fixture
+def toy_procedure(monkeypatch, add_module):
+    monkeypatch.setitem(PROCEDURE_TABLE, "toy_euler", spec_row(TOY_PROCEDURE_ROW))
+    add_module(sinkscope.generation, "toy_euler", TOY_PROCEDURE_MODULE)
+    yield
+    PROCEDURES.pop("toy_euler")
+
+
+def test_a_procedure_is_its_spec_row_and_its_module_and_runs_every_policy_of_its_calls(toy_procedure):
+    assert PROCEDURES["toy_euler"].steps.__module__ == "sinkscope.generation.toy_euler"
+    assert load_schema()["$defs"]["generation"]["properties"]["procedure"]["enum"][-1] == "toy_euler"
     block_policies = [name for name in CACHE_POLICY_TABLE if "self_forcing" in procedures_running(name)]
     assert [name for name in CACHE_POLICY_TABLE if "toy_euler" in procedures_running(name)] == block_policies
     assert len(block_policies) == 9
@@ -201,7 +261,7 @@ def test_a_procedure_is_its_spec_row_and_its_declaration_and_runs_every_policy_o
         load_study(
             {"generation": {"procedure": "toy_euler", "cache_policy": "rolling_forcing"}}, check_this_machine=False
         )
-    assert CallKind.WINDOW not in TOY_PROCEDURE.calls
+    assert CallKind.WINDOW not in PROCEDURE_TABLE["toy_euler"].calls
 
     # A tiny generation under an existing policy, with a prompt switch and its re-cache (the
     # hooks it shares with Self-Forcing): block 0 is Euler's method on the full forward of
@@ -223,6 +283,74 @@ def test_a_procedure_is_its_spec_row_and_its_declaration_and_runs_every_policy_o
         after = flow.sigma(timesteps[step + 1]) if step + 1 < len(timesteps) else 0.0
         x = x + (after - flow.sigma(t)) * velocity
     torch.testing.assert_close(result.latents[:, :, :3], x, rtol=1e-10, atol=1e-10)
+
+
+# -- the two recipes on a copy of the package: the files each touches ---------------------------------
+
+
+def file_digests(root) -> dict[str, str]:
+    """Every file under ``root`` (compiled files aside) -> the sha256 of its bytes."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def touched(root, before: dict[str, str]) -> set[str]:
+    """The files added, removed or changed under ``root`` since ``before``."""
+    after = file_digests(root)
+    return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+
+
+def add_row(options_file, table: str, row: str) -> None:
+    """``row`` appended to ``table`` in sinkscope/options.py, as one writes it there."""
+    source = options_file.read_text()
+    end = re.compile(rf"^{table}: dict\[.*?^(    \)\n\}})", re.MULTILINE | re.DOTALL).search(source).start(1)
+    options_file.write_text(source[:end] + textwrap.indent(row.strip() + ",\n", " " * 8) + source[end:])
+
+
+# Run in the copy: the config check, then Snakemake's own check on the schema file as
+# rules/common.smk runs it, then a tiny generation of the toy procedure under the toy policy.
+RUN_IN_THE_COPY = """
+import json, torch
+from snakemake.utils import validate
+from sinkscope.generation.sampler import generate
+from sinkscope.model import build_model
+from sinkscope.model.policies import POLICY_CLASSES
+from sinkscope.pipeline.study import load_study
+from sinkscope.schema import SCHEMA_PATH
+
+generation = {"procedure": "toy_euler", "cache_policy": "toy_flush", "toy_flush": True, "denoising_steps": [1000, 500]}
+study = load_study({"generation": {**generation, "num_frames": 9}}, check_this_machine=False)
+validate(dict(study.config), schema=str(SCHEMA_PATH), set_default=False)
+options = study.options["demo"]
+result = generate(build_model("demo", seed=0), torch.randn(1, 3, 64), options=options, seed=0)
+print(json.dumps({"policy": POLICY_CLASSES["toy_flush"].__module__, "options": options.to_dict(),
+                  "calls": len(result.calls), "finite": bool(torch.isfinite(result.latents).all())}))
+"""
+
+
+def test_a_policy_and_a_procedure_each_touch_one_row_and_their_module(tmp_path):
+    package = tmp_path / "src" / "sinkscope"
+    shutil.copytree(REPO / "src" / "sinkscope", package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = file_digests(package)
+    add_row(package / "options.py", "CACHE_POLICY_TABLE", TOY_POLICY_ROW)
+    (package / "model" / "policies" / "toy_flush.py").write_text(TOY_POLICY_MODULE)
+    assert touched(package, before) == {"options.py", "model/policies/toy_flush.py"}
+    before = file_digests(package)
+    add_row(package / "options.py", "PROCEDURE_TABLE", TOY_PROCEDURE_ROW)
+    (package / "generation" / "toy_euler.py").write_text(TOY_PROCEDURE_MODULE)
+    assert touched(package, before) == {"options.py", "generation/toy_euler.py"}
+
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "src"), OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "-c", RUN_IN_THE_COPY], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    assert found["policy"] == "sinkscope.model.policies.toy_flush" and found["finite"]
+    chosen = found["options"]
+    assert (chosen["procedure"], chosen["cache_policy"], chosen["toy_flush"]) == ("toy_euler", "toy_flush", True)
+    assert found["calls"] == 3 * (2 + 1)  # 3 blocks, each 2 Euler steps and the cache pass
 
 
 # -- a weight format: one registered class, its name in the schema ----------------------------------

@@ -1059,7 +1059,7 @@ def test_each_kind_module_imports_only_the_shared_code():
         assert _imports(module) <= {
             "sinkscope.io",
             "sinkscope.naming",
-            "sinkscope.schema",
+            "sinkscope.schemafile",
             "sinkscope.stats.summaries",
             *shared,
         }, module

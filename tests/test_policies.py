@@ -607,8 +607,9 @@ def test_a_new_policy_is_its_spec_row_and_its_registered_class(monkeypatch):
 
 def test_the_schema_enums_list_the_registered_names():
     from sinkscope.generation.procedures import PROCEDURES
-    from sinkscope.options import CACHE_POLICY_TABLE, PROCEDURE_TABLE
+    from sinkscope.options import CACHE_POLICY_TABLE, PROCEDURE_TABLE, option_owners
     from sinkscope.schema import load_schema, resolve_ref
+    from sinkscope.schemafile import read_schema_file
 
     generation = resolve_ref(load_schema()["properties"]["generation"])["properties"]
     assert generation["cache_policy"]["enum"] == [*CACHE_POLICY_TABLE, None]
@@ -616,11 +617,54 @@ def test_the_schema_enums_list_the_registered_names():
     for key, names in (("cache_policy", CACHE_POLICY_TABLE), ("procedure", PROCEDURE_TABLE)):
         described = generation[key]["description"]
         assert [name for name in names if name not in described] == [], key
+    # Every key a policy or procedure declares, typed by its default or listed by its choices.
+    for key, (_, owner, option) in option_owners().items():
+        node = generation[key]
+        assert node["description"].startswith(f"{owner}: {option.description}"), key
+        if option.choices:
+            assert node["enum"] == [*option.choices, None], key
+        else:
+            assert node["type"] == {bool: "boolean", int: "integer", float: "number"}[type(option.default)], key
+    # The file names none of them: a new policy or procedure is its row and its module.
+    written = read_schema_file()["$defs"]["generation"]["properties"]
+    assert "enum" not in written["cache_policy"] and "enum" not in written["procedure"]
+    assert not set(option_owners()) & set(written)
     # config.yaml names the default and points to the list (no second list to keep true).
     line = next(
         line for line in (REPO / "config.yaml").read_text().splitlines() if line.strip().startswith("cache_policy:")
     )
     assert line.split(":", 1)[1].split("#", 1)[0].strip() in CACHE_POLICY_TABLE
+
+
+def test_a_declared_key_is_typed_by_its_default_in_the_schema(monkeypatch):
+    """A policy's own keys reach the schema from its spec: an integer refuses text, a key
+    whose default is None takes any value; both refused under another policy."""
+    from sinkscope.errors import ConfigError
+    from sinkscope.options import CACHE_POLICY_TABLE, OptionSpec, PolicySpec
+    from sinkscope.pipeline.study import load_study
+    from sinkscope.schema import load_schema
+
+    spec = PolicySpec(
+        "toy_typed",
+        {"local_attn_frames": -1, "sink_frames": 0, "budget_frames": 0, "recent_frames": 0},
+        (),
+        "a test's global cache with two keys",
+        options=(OptionSpec("toy_count", 2, description="a count."), OptionSpec("toy_any", None)),
+        bounded=False,
+    )
+    monkeypatch.setitem(CACHE_POLICY_TABLE, spec.name, spec)
+    generation = load_schema()["$defs"]["generation"]["properties"]
+    assert generation["toy_count"] == {"type": "integer", "default": 2, "description": "toy_typed: a count."}
+    assert "type" not in generation["toy_any"] and generation["toy_any"]["default"] is None
+
+    def check(**given):
+        return load_study({"generation": {"cache_policy": "toy_typed", **given}}, check_this_machine=False)
+
+    assert check(toy_count=5, toy_any=[1, "a"]).options["demo"].option("toy_count") == 5
+    with pytest.raises(ConfigError, match="config key generation.toy_count: 'five' is not an integer"):
+        check(toy_count="five")
+    with pytest.raises(ConfigError, match="generation.toy_count: has no meaning for cache_policy 'window'"):
+        load_study({"generation": {"cache_policy": "window", "toy_count": 5}}, check_this_machine=False)
 
 
 def test_combinations_that_would_quietly_mean_something_else_are_refused_in_one_line():

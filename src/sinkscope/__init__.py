@@ -17,9 +17,10 @@ docs/architecture.md says what lives where)::
                                   per-call statistics and derived summaries
   0  errors arguments io          leaves shared by everything
      manifests naming names
-     options schema tables
-     digests tokens attention
-     labels interventions
+     options schema schemafile
+     discovery tables digests
+     tokens attention labels
+     interventions
      prompt_schedules sweeps
 """
 

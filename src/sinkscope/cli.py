@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -27,6 +28,11 @@ from sinkscope import __version__, arguments
 from sinkscope.arguments import OUTPUT_RULE, OneLineArgumentParser, natural, output_path
 from sinkscope.errors import ConfigError, SinkscopeError
 from sinkscope.schema import load_schema, schema_defaults
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sinkscope.figures.registry import FigureKind
 
 
 def _step(text: str) -> str | int:
@@ -312,15 +318,7 @@ def _is_extraction_folder(path: Path) -> bool:
 
 def cmd_figure(args: argparse.Namespace) -> int:
     from sinkscope import plot
-    from sinkscope.figures.registry import (
-        CHECKPOINT,
-        COMMON_OPTIONS,
-        LAYER,
-        RUN,
-        STUDY,
-        figure_kind,
-    )
-    from sinkscope.naming import head_label, parse_head_label
+    from sinkscope.figures.registry import COMMON_OPTIONS, LAYER, RUN, figure_kind
     from sinkscope.pipeline.jobs import log_to
     from sinkscope.stats.summaries import block_stats, head_diagnostics
 
@@ -347,44 +345,10 @@ def cmd_figure(args: argparse.Namespace) -> int:
                 "capture.token_profiles"
             }.get(name, "results/tables/frame_attention.parquet or extraction folders")
             raise ConfigError(f"figure {args.kind!r} draws {name} rows; --input holds none (give {hint})")
-    several = {"variant": kind.scope == CHECKPOINT, "checkpoint": kind.scope == STUDY}
-    for name, table in list(tables.items()):
-        for column, wanted in (("checkpoint", args.checkpoint), ("variant", args.variant)):
-            if column not in table:
-                continue
-            present = sorted(set(table[column].astype(str)))
-            if wanted is not None:
-                if wanted not in present:
-                    raise ConfigError(f"--{column} {wanted!r} is not in the input (it has {', '.join(present)})")
-                table = table[table[column].astype(str) == wanted]
-            elif len(present) > 1 and not several[column]:
-                raise ConfigError(
-                    f"the input holds several {column}s ({', '.join(present)}); choose one with --{column}"
-                )
-        tables[name] = table
+    tables = {name: _chosen_rows(table, kind, args) for name, table in tables.items()}
     frame = tables.get("frame_attention")
     if frame is not None and "frame_attention" in kind.tables:
-        layers = sorted({int(x) for x in frame["layer"].unique()})
-        heads = sorted({int(x) for x in frame["head"].unique()})
-        steps = sorted({int(x) for x in frame.loc[frame["pass"] == "denoise", "step"].unique() if x >= 0})
-        if isinstance(args.step, int) and steps and args.step > steps[-1]:
-            raise ConfigError(f"--step {args.step} is past the last denoising step {steps[-1]} of the input")
-        if args.layer is not None and args.layer not in layers:
-            raise ConfigError(f"--layer {args.layer} is not in the input (it has layers {layers})")
-        chosen = [(label, *parse_head_label(label)) for label in args.heads]
-        for label, _, head in chosen:
-            if head not in heads and kind.draws_heads:  # the default --heads do not bind the other kinds
-                raise ConfigError(
-                    f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)"
-                )
-        if kind.draws_heads and not any(layer in layers for _, layer, _ in chosen):
-            shown = ", ".join(head_label(layer, 0) for layer in layers[:4])
-            raise ConfigError(
-                f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)"
-            )
-        absent = [layer for layer in args.highlight_layers or [] if layer not in layers]
-        if absent:
-            raise ConfigError(f"--highlight-layers {absent[0]} is not in the input (it has layers {layers})")
+        _check_frame_arguments(frame, kind, args)
     if args.highlight_layers and "highlight_layers" not in kind.options:
         raise ConfigError(f"figure {args.kind!r} does not draw --highlight-layers (layer_comparison does)")
     # Only the options this kind draws with; the plotting API fills the rest as the pipeline does.
@@ -401,6 +365,52 @@ def cmd_figure(args: argparse.Namespace) -> int:
     plot.save(figure, args.out_prefix, dpi=args.dpi)
     print(f"wrote {args.out_prefix}.svg and .png")
     return 0
+
+
+def _chosen_rows(table: pd.DataFrame, kind: FigureKind, args: argparse.Namespace) -> pd.DataFrame:
+    """The rows of --checkpoint and --variant; several of either are refused where the kind
+    draws one (a checkpoint's variants, the study's checkpoints are drawn together)."""
+    from sinkscope.figures.registry import CHECKPOINT, STUDY
+
+    several = {"variant": kind.scope == CHECKPOINT, "checkpoint": kind.scope == STUDY}
+    for column, wanted in (("checkpoint", args.checkpoint), ("variant", args.variant)):
+        if column not in table:
+            continue
+        present = sorted(set(table[column].astype(str)))
+        if wanted is not None:
+            if wanted not in present:
+                raise ConfigError(f"--{column} {wanted!r} is not in the input (it has {', '.join(present)})")
+            table = table[table[column].astype(str) == wanted]
+        elif len(present) > 1 and not several[column]:
+            raise ConfigError(f"the input holds several {column}s ({', '.join(present)}); choose one with --{column}")
+    return table
+
+
+def _check_frame_arguments(frame: pd.DataFrame, kind: FigureKind, args: argparse.Namespace) -> None:
+    """--step, --layer, --heads and --highlight-layers against the frame rows the input holds."""
+    from sinkscope.naming import head_label, parse_head_label
+
+    layers = sorted({int(x) for x in frame["layer"].unique()})
+    heads = sorted({int(x) for x in frame["head"].unique()})
+    steps = sorted({int(x) for x in frame.loc[frame["pass"] == "denoise", "step"].unique() if x >= 0})
+    if isinstance(args.step, int) and steps and args.step > steps[-1]:
+        raise ConfigError(f"--step {args.step} is past the last denoising step {steps[-1]} of the input")
+    if args.layer is not None and args.layer not in layers:
+        raise ConfigError(f"--layer {args.layer} is not in the input (it has layers {layers})")
+    chosen = [(label, *parse_head_label(label)) for label in args.heads]
+    for label, _, head in chosen:
+        if head not in heads and kind.draws_heads:  # the default --heads do not bind the other kinds
+            raise ConfigError(
+                f"--heads {label}: the input has heads 1..{len(heads)} ({head_label(layers[0], 0)} first)"
+            )
+    if kind.draws_heads and not any(layer in layers for _, layer, _ in chosen):
+        shown = ", ".join(head_label(layer, 0) for layer in layers[:4])
+        raise ConfigError(
+            f"none of --heads {' '.join(args.heads)} is in the input: it has layers {layers} ({shown}...)"
+        )
+    absent = [layer for layer in args.highlight_layers or [] if layer not in layers]
+    if absent:
+        raise ConfigError(f"--highlight-layers {absent[0]} is not in the input (it has layers {layers})")
 
 
 def _input_generation(inputs: list[str]) -> dict | None:
@@ -578,14 +588,32 @@ def _is_result_folder(name: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sinkscope.figures.registry import FIGURES
-
     parser = OneLineArgumentParser(
         prog="sinkscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"sinkscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_check(sub)
+    models = sub.add_parser("models", help="list the named model configs")
+    models.set_defaults(func=cmd_models)
+    _add_extract(sub)
+    _add_import_cache(sub)
+    _add_aggregate(sub)
+    _add_figure(sub)
+    _add_compare_labels(sub)
+    _add_verify(sub)
+    _add_findings(sub)
+    # Only listed here: main() hands its arguments to sinkscope.demo.train (which imports torch).
+    sub.add_parser(
+        "train-demo",
+        add_help=False,
+        help="train the demo model on synthetic videos (options: sinkscope train-demo --help; docs/trained-demo.md)",
+    )
+    return parser
 
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope check``: a config checked as the Snakefile does."""
     check = sub.add_parser(
         "check",
         help="validate a config as the Snakefile does: every problem, one line each, or a verdict line "
@@ -619,9 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(func=cmd_check)
 
-    models = sub.add_parser("models", help="list the named model configs")
-    models.set_defaults(func=cmd_models)
 
+def _add_extract(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope extract``: one extraction job outside Snakemake."""
     extract = sub.add_parser("extract", help="run one extraction job outside Snakemake")
     extract.add_argument("--config", default="config.yaml")
     extract.add_argument("--checkpoint", help="checkpoint name (default: the first)")
@@ -648,6 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     extract.set_defaults(func=cmd_extract)
 
+
+def _add_import_cache(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope import-cache``: an older script's ``.pt`` cache as rows."""
     imp = sub.add_parser("import-cache", help="convert an older extraction script's .pt cache to frame_attention rows")
     imp.add_argument("path")
     imp.add_argument("--out", required=True, type=output_path, help=f"output .parquet; {OUTPUT_RULE}")
@@ -662,6 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--force", action="store_true", help="replace a table an earlier import-cache wrote at --out")
     imp.set_defaults(func=cmd_import_cache)
 
+
+def _add_aggregate(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope aggregate``: a source's tables from its extraction folders."""
     agg = sub.add_parser(
         "aggregate",
         help="build every table of a source (block_stats, head_diagnostics...) from "
@@ -686,6 +720,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agg.add_argument("--force", action="store_true", help="replace tables an earlier aggregate wrote at --out")
     agg.set_defaults(func=cmd_aggregate)
+
+
+def _add_figure(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope figure``: one figure of the registry, its options the config's ``figures:``."""
+    from sinkscope.figures.registry import FIGURES
 
     fig = sub.add_parser("figure", help="draw one figure from sinkscope tables")
     fig.add_argument(
@@ -741,6 +780,9 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--dpi", type=_dpi, default=defaults["dpi"], help="PNG resolution (50 to 1200)")
     fig.set_defaults(func=cmd_figure)
 
+
+def _add_compare_labels(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope compare-labels``: a published label file against the study's head classes."""
     compare = sub.add_parser(
         "compare-labels",
         help="a published per-head label file (e.g. Pyramid Forcing's) against "
@@ -759,6 +801,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.set_defaults(func=cmd_compare_labels)
 
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope verify``: every result checked in full."""
     verifies = (
         "check every result in full (manifests, checksums, content digests, figures, CSV tables, prompt "
         "embeddings); results moved aside as damaged and files that are not results (logs) are counted, not "
@@ -770,6 +815,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=cmd_verify)
 
+
+def _add_findings(sub: argparse._SubParsersAction) -> None:
+    """``sinkscope findings``: the docs' findings regions written from a study's tables."""
     findings = sub.add_parser(
         "findings",
         help="write the numbers of the docs' findings regions (<!-- begin: findings KIND --> ... <!-- end -->) "
@@ -783,14 +831,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="write nothing; exit status 1 when a region's numbers differ"
     )
     findings.set_defaults(func=cmd_findings)
-
-    # Only listed here: main() hands its arguments to sinkscope.demo.train (which imports torch).
-    sub.add_parser(
-        "train-demo",
-        add_help=False,
-        help="train the demo model on synthetic videos (options: sinkscope train-demo --help; docs/trained-demo.md)",
-    )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

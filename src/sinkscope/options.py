@@ -18,8 +18,10 @@ policy needs): ``CallKind``. A key that only one policy or procedure reads is de
 by it (``OptionSpec``): checked there, refused under the others, handed to its code as it
 is (``GenerationOptions.option``, ``policy_options``). The code is registered under the
 same names: a policy class with ``register_policy`` (``sinkscope.model.policies``), a
-procedure with ``register_procedure`` (``sinkscope.generation``); tests check that every
-spec has exactly one of them, and that the config schema's enums list the same names.
+procedure with ``register_procedure`` (``sinkscope.generation``), each in a module of its
+own that its package finds; tests check that every spec has exactly one of them. The
+config schema takes the names, and the keys they declare, from these tables
+(``sinkscope.schema``).
 docs/cache-policies.md describes each policy and procedure; docs/architecture.md says
 how to add one.
 """
@@ -83,14 +85,17 @@ class OptionSpec:
 
     ``default`` is its value when not set (and its type: a bool takes bools only);
     ``choices`` the values it takes, when they are few; ``omit_default``: whether the
-    canonical options (``to_dict``, the rule params) leave it out at its default. Under
-    another policy or procedure a value other than the default is refused.
+    canonical options (``to_dict``, the rule params) leave it out at its default;
+    ``description``: what it does, in the config schema's words. Under another policy or
+    procedure a value other than the default is refused. ``sinkscope.schema`` adds it to
+    the schema's ``generation:`` from this declaration.
     """
 
     key: str
     default: Any
     choices: tuple[Any, ...] = ()
     omit_default: bool = True
+    description: str = ""
 
     def check(self, value: Any) -> Any:
         """``value`` as the option holds it; a wrong type or value is one line naming the key."""
@@ -332,7 +337,20 @@ CACHE_POLICY_TABLE: dict[str, PolicySpec] = {
             needs_calls=frozenset({CallKind.SHOT}),
             # Their use_relative_rope (keys stored before RoPE, roped at their slot at every
             # call) and kv_quant (the NVFP4 cache).
-            options=(OptionSpec("use_relative_rope", False), OptionSpec("kv_quant", False)),
+            options=(
+                OptionSpec(
+                    "use_relative_rope",
+                    False,
+                    description="the cache holds keys before RoPE, roped at their slot at every call, the queries at "
+                    "the last slots, no shot offset (LongLive 2.0's use_relative_rope).",
+                ),
+                OptionSpec(
+                    "kv_quant",
+                    False,
+                    description="LongLive 2.0's NVFP4 KV cache (nvfp4_4over6): earlier chunks' keys and values "
+                    "quantized, the current chunk's keys mean-centred (docs/longlive2.md).",
+                ),
+            ),
             needs_sink=True,
         ),
     )
@@ -525,7 +543,8 @@ PROCEDURE_TABLE: dict[str, ProcedureSpec] = {
         ),
         RollingForcingProcedure(
             ROLLING_FORCING_PROCEDURE,
-            "Rolling Forcing: a rolling window of blocks denoised jointly",
+            "Rolling Forcing: a window of len(denoising_steps) blocks denoised jointly at staggered noise levels, "
+            "sliding one block a call; blocks of one size, sink_frames = frames_per_block",
             calls=frozenset({CallKind.WINDOW}),
             cache_policy=ROLLING_FORCING,
             one_prompt=True,
@@ -533,15 +552,29 @@ PROCEDURE_TABLE: dict[str, ProcedureSpec] = {
         ),
         KreaRecomputeProcedure(
             KREA_RECOMPUTE,
-            "Krea Realtime: per block the cache rebuilt from the context frames at t = 0, then a call per step",
+            "Krea Realtime 14B: before every block the cache is cleared and rebuilt from one block of context frames "
+            "at t = 0, pass recompute, positions restarting at 0; then a call per step; local_attn_frames = 2 x "
+            "frames_per_block; docs/krea-realtime.md",
             calls=frozenset({CallKind.BLOCK, CallKind.RECOMPUTE}),
             cache_policy=KREA_RECOMPUTE,
             one_prompt=True,
-            options=(OptionSpec("recompute_context", RECOMPUTE_CONTEXTS[0], RECOMPUTE_CONTEXTS, omit_default=False),),
+            options=(
+                OptionSpec(
+                    "recompute_context",
+                    RECOMPUTE_CONTEXTS[0],
+                    RECOMPUTE_CONTEXTS,
+                    omit_default=False,
+                    description="the oldest context frame (from the third block on) is the VAE re-encoding of its "
+                    "last decoded video frame (reencode, Krea's code; needs Wan2.1_VAE.pth in the base folder) or the "
+                    "latent itself (latent: no VAE, a deviation).",
+                ),
+            ),
         ),
         LongLive2Procedure(
             LONGLIVE2,
-            "LongLive 2.0: chunk by chunk, UniPC steps, then the clean cache pass at t = 0",
+            "LongLive 2.0: chunk by chunk, a UniPC flow sampler with denoising_steps its timesteps, e.g. [999, 937, "
+            "833, 624], then the clean cache pass at t = 0; a chunk whose prompt starts with 'The scene transitions. ' "
+            "starts a shot; docs/longlive2.md",
             calls=frozenset({CallKind.BLOCK, CallKind.SHOT}),
             cache_policy=LONGLIVE2,
         ),

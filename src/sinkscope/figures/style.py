@@ -15,7 +15,7 @@ from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from sinkscope.figures.layout import PAGE, settle
 from sinkscope.io import atomic_path
 from sinkscope.naming import parse_head_label
-from sinkscope.schema import schema_defaults
+from sinkscope.schemafile import section_defaults
 
 STYLE = {
     "svg.fonttype": "none",  # SVG text stays text: editable in Illustrator / Inkscape
@@ -37,8 +37,8 @@ STYLE = {
     "image.interpolation": "nearest",
 }
 # What a kind draws with when its options leave a key out: the config schema's
-# figures defaults (one definition, sinkscope.schema).
-DEFAULTS: dict[str, Any] = schema_defaults("figures")
+# figures defaults (one definition, the schema file: sinkscope.schemafile).
+DEFAULTS: dict[str, Any] = section_defaults("figures")
 
 
 # -- style and saving --------------------------------------------------------------------------

@@ -5,7 +5,7 @@
   procedure (``Procedure``) is a step rule and hooks around it.
 - ``steps``: the block step rules (DMD's few steps, LongLive 2.0's UniPC); ``hooks``: the
   hooks the block procedures share (a prompt switch with LongLive's re-cache, the cache pass).
-- the procedures, one declaration each: ``self_forcing`` (Self-Forcing's blocks, Causal
+- the procedures, one module and one declaration each: ``self_forcing`` (Self-Forcing's blocks, Causal
   Forcing's first-block steps, LongLive's prompt switches), ``longlive2`` (LongLive 2.0's
   chunks: UniPC steps, the clean pass, scene cuts), ``rolling`` (Rolling Forcing's rolling
   window of blocks denoised jointly), ``krea`` (Krea Realtime 14B: the cache recomputed
@@ -18,8 +18,11 @@
   of the chosen layers into frame statistics.
 
 May import ``sinkscope.model``, ``sinkscope.stats`` and the base modules (``errors``,
-``io``, ``naming``, ``options``); nothing from figures, legacy, demo or pipeline.
+``io``, ``naming``, ``options``, ``discovery``); nothing from figures, legacy, demo or pipeline.
 """
 
-# Every procedure module is imported here: importing one registers its procedure.
-from sinkscope.generation import krea, longlive2, rolling, self_forcing  # noqa: F401
+from sinkscope.discovery import import_submodules
+
+# Every module of this package is imported, in name order: importing a procedure's module
+# registers its procedure, so a new one needs no line here.
+import_submodules(__name__, __path__)

@@ -127,15 +127,21 @@ def _check_precision(records: Sequence[Mapping[str, Any]], what: str) -> None:
         )
 
 
-def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path], params: Mapping[str, Any]) -> None:
-    """One source's extraction folders (or imported file) -> its tables, figures' inputs."""
-    began = time.perf_counter()
-    name = params["name"]
-    parts: dict[str, list[pd.DataFrame]] = {"frames": [], "queries": []}
-    token_files: list[tuple[Path, Path]] = []
-    rollout: list[pd.DataFrame] = []  # per extraction folder: its video's block similarities
-    records, model_configs = [], {}
-    for entry in map(Path, inputs):
+class _SourceRows:
+    """What one source's inputs hold, read and checked: the rows of every layer file, the
+    token files, each video's block similarities and each file's provenance."""
+
+    def __init__(self) -> None:
+        self.frames: list[pd.DataFrame] = []
+        self.queries: list[pd.DataFrame] = []
+        self.token_files: list[tuple[Path, Path]] = []  # (file, its extraction folder)
+        self.rollout: list[pd.DataFrame] = []  # per extraction folder: its video's block similarities
+        self.records: list[dict[str, Any]] = []
+        self.model_configs: dict[str, Any] = {}
+
+    def add(self, entry: Path) -> None:
+        """An extraction folder (its manifest verified, its rows checked against the calls
+        its generation made) or an imported table."""
         if entry.is_dir():
             manifest = read_manifest(entry)
             files = extraction_files(entry)
@@ -150,64 +156,82 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
                 check_layer_rows(
                     frame, layer=layer, calls=contents["num_calls"], heads=contents["num_heads"], where=str(path)
                 )
-            parts["frames"].append(frame)
-            records.append(_source_record(path, meta))
+            self.frames.append(frame)
+            self.records.append(_source_record(path, meta))
             if "model_config" in meta:
-                model_configs[json.dumps(meta["model_config"], sort_keys=True)] = meta["model_config"]
-        if contents is not None and contents.get("rollout") and parts["frames"]:
-            run = parts["frames"][-1].iloc[0]
-            rollout.append(pd.DataFrame(contents["rollout"]).assign(**{key: run[key] for key in RUN_KEYS}))
-        parts["queries"] += [_read_checked(path, manifest) for path in files["queries"]]
-        token_files += [(path, entry) for path in files["tokens"]]
-    _check_precision(records, f"source {name!r}")
-    frame = pd.concat(parts["frames"], ignore_index=True)
-    queries = pd.concat(parts["queries"], ignore_index=True) if parts["queries"] else None
+                self.model_configs[json.dumps(meta["model_config"], sort_keys=True)] = meta["model_config"]
+        if contents is not None and contents.get("rollout") and self.frames:
+            run = self.frames[-1].iloc[0]
+            self.rollout.append(pd.DataFrame(contents["rollout"]).assign(**{key: run[key] for key in RUN_KEYS}))
+        self.queries += [_read_checked(path, manifest) for path in files["queries"]]
+        self.token_files += [(path, entry) for path in files["tokens"]]
+
+    def tables(self, thresholds: Mapping[str, Any], sink_frames: int) -> dict[str, pd.DataFrame]:
+        """The source's tables, by name."""
+        frame = pd.concat(self.frames, ignore_index=True)
+        queries = pd.concat(self.queries, ignore_index=True) if self.queries else None
+        first_k = int(thresholds.get("first_k", 3))
+        rollout = pd.concat(self.rollout, ignore_index=True) if self.rollout else None
+        diagnostics = head_diagnostics(frame, queries, thresholds)
+        return {
+            "frame_attention": frame,
+            "query_stats": queries if queries is not None else pd.DataFrame(columns=SCHEMAS["query_stats"].names),
+            "head_stats": head_stats(frame, first_k),
+            "layer_stats": layer_stats(frame, first_k),
+            "block_stats": block_stats(frame, sink_frames, rollout),
+            "head_diagnostics": diagnostics,
+        }
+
+
+def _link_dataset(folder: Path, files: Sequence[tuple[Path, Path]], meta: Mapping[str, Any]) -> None:
+    """A Parquet dataset folder made anew of ``files`` ((file, its path in the folder)),
+    linked where they lie, and its manifest."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for source, relative in files:
+        _link_or_copy(source, folder / relative)
+    write_manifest(folder, [relative.as_posix() for _, relative in files], meta, name=DATASET_MANIFEST)
+
+
+def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path], params: Mapping[str, Any]) -> None:
+    """One source's extraction folders (or imported file) -> its tables, figures' inputs."""
+    began = time.perf_counter()
+    name = params["name"]
+    rows = _SourceRows()
+    for entry in map(Path, inputs):
+        rows.add(entry)
+    _check_precision(rows.records, f"source {name!r}")
     thresholds = dict(params.get("diagnostics") or {})
-    first_k = int(thresholds.get("first_k", 3))
     metadata = {
         **provenance("aggregate_source"),
         "checkpoint": name,
-        "model_config": next(iter(model_configs.values()), None),
-        "frame_grid": read_metadata(records[0]["file"]).get("frame_grid") if records else None,
-        "sources": records,
+        "model_config": next(iter(rows.model_configs.values()), None),
+        "frame_grid": read_metadata(rows.records[0]["file"]).get("frame_grid") if rows.records else None,
+        "sources": rows.records,
         "diagnostics": thresholds,
     }
-    diagnostics = head_diagnostics(frame, queries, thresholds)
-    tables = {
-        "frame_attention": frame,
-        "query_stats": queries if queries is not None else pd.DataFrame(columns=SCHEMAS["query_stats"].names),
-        "head_stats": head_stats(frame, first_k),
-        "layer_stats": layer_stats(frame, first_k),
-        "block_stats": block_stats(
-            frame, int(params.get("sink_frames", 0)), pd.concat(rollout, ignore_index=True) if rollout else None
-        ),
-        "head_diagnostics": diagnostics,
-    }
-    for table, rows in tables.items():
+    tables = rows.tables(thresholds, int(params.get("sink_frames", 0)))
+    for table, frame in tables.items():
         write_table(
-            rows,
+            frame,
             outputs[table],
             SCHEMAS[table],
             metadata,
             row_groups_by="block" if table == "frame_attention" else None,
         )
     with atomic_path(outputs["head_classes"]) as tmp:
-        head_class_grid(diagnostics).to_csv(tmp)
+        head_class_grid(tables["head_diagnostics"]).to_csv(tmp)
     # Token profiles: the extraction files themselves, linked into a Parquet dataset folder.
-    folder = Path(outputs["token_profiles"])
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    linked = []
-    for path, directory in token_files:
-        relative = Path(directory.parent.parent.name, directory.parent.name, directory.name, path.name)
-        _link_or_copy(path, folder / relative)
-        linked.append(relative.as_posix())
-    write_manifest(folder, linked, {"table": "token_profiles", "source": name}, name=DATASET_MANIFEST)
+    linked = [
+        (path, Path(folder.parent.parent.name, folder.parent.name, folder.name, path.name))
+        for path, folder in rows.token_files
+    ]
+    _link_dataset(Path(outputs["token_profiles"]), linked, {"table": "token_profiles", "source": name})
     log.info(
         "aggregated %d files, %d frame rows, %d token files for %s in %.2f s",
-        len(records),
-        len(frame),
-        len(token_files),
+        len(rows.records),
+        len(tables["frame_attention"]),
+        len(rows.token_files),
         name,
         time.perf_counter() - began,
     )
@@ -217,19 +241,13 @@ def combine_job(inputs: Mapping[str, Sequence[str | Path]], outputs: Mapping[str
     """Concatenate the per-source tables into results/tables/ (token profiles: linked)."""
     for table, paths in inputs.items():
         if table == "token_profiles":
-            folder = Path(outputs[table])
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
             linked = []
             for source_folder in map(Path, paths):
                 check_dataset_folder(source_folder)
                 for name in sorted(read_manifest(source_folder, DATASET_MANIFEST)["files"]):
-                    relative = Path(source_folder.parent.name, name)
-                    _link_or_copy(source_folder / name, folder / relative)
-                    linked.append(relative.as_posix())
-            write_manifest(
-                folder, linked, {"table": "token_profiles", "sources": [str(p) for p in paths]}, name=DATASET_MANIFEST
-            )
+                    linked.append((source_folder / name, Path(source_folder.parent.name, name)))
+            meta = {"table": "token_profiles", "sources": [str(p) for p in paths]}
+            _link_dataset(Path(outputs[table]), linked, meta)
             continue
         frame = read_table(paths)
         parts = [read_metadata(path) for path in paths]

@@ -4,7 +4,8 @@ The Snakemake rules call thin scripts, so Snakemake's own ``code`` trigger sees 
 the logic. Each rule therefore gets, as a param, the digest of the package modules that
 compute its result: the stage's job module and every package module it imports,
 transitively (imports inside functions included; found by reading the source, not by
-importing it, so this costs no torch import). A changed line of the statistics reruns
+importing it, so this costs no torch import; a package whose ``__init__`` calls
+``sinkscope.discovery.import_submodules`` imports every module of its folder). A changed line of the statistics reruns
 extraction; a changed figure module reruns that figure only.
 
 Left out, so that editing them reruns nothing: imports under ``if TYPE_CHECKING:``
@@ -24,6 +25,8 @@ import json
 import os
 from functools import cache, lru_cache
 from pathlib import Path
+
+from sinkscope.discovery import submodule_names
 
 PACKAGE = "sinkscope"
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +55,7 @@ def _parents(name: str) -> list[str]:
 NOT_RESULT_CODE = frozenset(
     {
         "sinkscope",  # the version string
+        "sinkscope.discovery",  # imports a package's modules (each covered as imported)
         "sinkscope.errors",  # exception classes and their messages
         "sinkscope.names",  # the rule for names the user chooses (validation)
         "sinkscope.pipeline",
@@ -99,6 +103,14 @@ def _lazy_nodes(tree: ast.Module) -> set[int]:
     return lazy
 
 
+def _discovers(node: ast.AST) -> bool:
+    """Whether ``node`` is a call of ``import_submodules`` (``sinkscope.discovery``)."""
+    if not isinstance(node, ast.Call):
+        return False
+    function = node.func
+    return (function.id if isinstance(function, ast.Name) else getattr(function, "attr", None)) == "import_submodules"
+
+
 @cache
 def _imports(name: str, lazy: bool = True) -> frozenset[str]:
     """Package modules imported anywhere in module ``name``'s source.
@@ -117,7 +129,9 @@ def _imports(name: str, lazy: bool = True) -> frozenset[str]:
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.Import):
+        if is_package and _discovers(node):
+            found.update(submodule_names(name, [path.parent]))
+        elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE)
         elif isinstance(node, ast.ImportFrom):
             if node.level:

@@ -61,11 +61,12 @@ def job_counts(study: Study) -> dict[str, int]:
 
 
 def figure_jobs(study: Study) -> int:
-    """The jobs that draw the study's figures (rules/figures.smk)."""
-    per_source = sum(len(figure_set.sources) for figure_set in study.source_figure_sets())
-    per_source += sum(len(figure_set.sources) for figure_set in study.layer_figure_sets())
-    per_checkpoint = len(study.checkpoints) if study.checkpoint_figure_kinds() else 0
-    return per_source + per_checkpoint + (1 if study.study_figure_kinds() else 0)
+    """The figure jobs, one a source (its own figures; its layers' figures), a checkpoint
+    and the study, as rules/figures.smk plans them (``pipeline.figureplan``)."""
+    sources = sum(bool(study.figure_kinds(s)) for s in study.sources)
+    layers = sum(bool(study.layer_figure_kinds(s) and study.source_layers(s)) for s in study.sources)
+    checkpoints = sum(bool(study.checkpoint_figure_kinds(c)) for c in study.checkpoints)
+    return sources + layers + checkpoints + bool(study.study_figure_kinds())
 
 
 def _extraction_seconds(study: Study) -> tuple[float, float]:

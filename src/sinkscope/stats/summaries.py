@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinkscope.schema import schema_defaults
+from sinkscope.schemafile import section_defaults
 from sinkscope.tables import (
     ALL_PROMPTS,
     ALL_SEEDS,
@@ -61,7 +61,7 @@ HEAD_CLASSES = ("sink", "local", "periodic", "diffuse")
 BORDERLINE = "?"
 HEAD_LABELS = ("sink", "sink" + BORDERLINE, "local", "local" + BORDERLINE, "periodic", "diffuse")
 # The head-class thresholds of config diagnostics:, as the schema defines them.
-DEFAULT_THRESHOLDS = schema_defaults("diagnostics")
+DEFAULT_THRESHOLDS = section_defaults("diagnostics")
 _PROB_ONLY = (
     "first_middle_ratio",
     "spread_pct",

@@ -26,8 +26,9 @@ Each policy is one entry: its spec is its row of ``sinkscope.options.CACHE_POLIC
 planning), its code one class registered under the same name with ``@register_policy``
 (``POLICY_CLASSES``), built from the ``PolicySettings`` its constructor takes
 (``settings_keys``) and its own keys (the spec's ``OptionSpec``s). Importing this package
-imports every policy module, which fills the registry; ``new_policy`` sizes the cache by
-the spec and builds the class. The classes: ``GlobalPolicy``, ``WindowPolicy``,
+imports every module of its folder (``sinkscope.discovery``), which fills the registry: a
+new policy's module needs no import line. ``new_policy`` sizes the cache by the spec and
+builds the class. The classes: ``GlobalPolicy``, ``WindowPolicy``,
 ``SinkPolicy`` (``base``); ``ParticipativeCompressionPolicy`` (``compression``);
 ``DeepSinkPolicy``, ``ReropeSinkPolicy``, ``RollingSinkPolicy``, ``RelativeRopePolicy``,
 ``EmaSinkPolicy`` (``sinks``); ``RollingForcingPolicy`` (``rolling_forcing``);
@@ -40,7 +41,7 @@ key is roped at its slot in the cache at each call, and the queries at the block
 (``query_position_shift``), so no position grows past the cache.
 """
 
-# Every policy module is imported here: importing one registers its classes.
+from sinkscope.discovery import import_submodules
 from sinkscope.model.policies.base import (
     EMA_DECAY,
     FLUSH_KEEP_FRAMES,
@@ -69,6 +70,10 @@ from sinkscope.model.policies.sinks import (
     ReropeSinkPolicy,
     RollingSinkPolicy,
 )
+
+# Every module of this package is imported, in name order: importing a policy's module
+# registers its classes, so a new one needs no line here (the names above are re-exports).
+import_submodules(__name__, __path__)
 
 __all__ = [
     "EMA_DECAY",
