@@ -7,7 +7,8 @@
 #
 # Stages (rules/): extract (prompt embeddings, one GPU job per checkpoint x variant x
 # prompt x seed x layer group), import (older .pt caches), aggregate (verified Parquet
-# tables), effects (each variant against the untouched default run), figures (SVG +
+# tables), effects (each variant against the untouched default run), atlas (sweeps: the
+# head, frame and pruning atlases and the head orders pruning runs wait for), figures (SVG +
 # PNG), video (outputs.video: MP4s, contact sheets), report (summary page). Each rule
 # writes its input and output paths under <results>, the study's results folder (config
 # key results); the lists that depend on the study, params and checks come from the
@@ -28,6 +29,7 @@ include: "rules/import.smk"
 include: "rules/aggregate.smk"
 include: "rules/effects.smk"
 include: "rules/interventions.smk"
+include: "rules/atlas.smk"
 include: "rules/figures.smk"
 include: "rules/video.smk"
 include: "rules/report.smk"

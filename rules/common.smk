@@ -155,6 +155,7 @@ def names(values):
 
 wildcard_constraints:
     source=names(STUDY.sources),
+    sweep=names({sweep for _, sweep in STUDY.ranked_atlases}),
     checkpoint=names(STUDY.checkpoints),
     prompt=names(STUDY.prompts),
     encoder=names(ENCODERS),
@@ -195,8 +196,9 @@ def prompt_embeddings(wildcards):
     return STUDY.embeddings(STUDY.checkpoint_of(wildcards.source), wildcards.prompt)
 
 
-def untouched_head_classes(wildcards):
-    return STUDY.head_classes_inputs(wildcards.source)
+def edit_inputs(wildcards):
+    """The files a run's edits select heads by: the untouched run's head classes, head orders."""
+    return STUDY.edit_inputs(wildcards.source)
 
 
 def run_params(wildcards):
@@ -210,6 +212,35 @@ def weights_sha256(wildcards):
 
 def generation_vae_sha256(wildcards):
     return STUDY.generation_vae_sha256(wildcards.source)
+
+
+# A job of several runs (rules/extract.smk): its inputs and params, bound to the job.
+
+
+def job_embeddings(job):
+    return lambda wildcards: STUDY.embeddings(job.checkpoint, wildcards.prompt)
+
+
+def job_params(job):
+    return lambda wildcards: STUDY.job_params(job)
+
+
+def job_weights_sha256(job):
+    return lambda wildcards: STUDY.weights_sha256(job.checkpoint)
+
+
+def job_vae_sha256(job):
+    return lambda wildcards: STUDY.job_vae_sha256(job)
+
+
+def extraction_resources():
+    """What a job of several runs asks for: one GPU, and whatever the profile sets for
+    extract_attention (set-resources: partition, memory, runtime), so that a cluster
+    profile's one entry covers every extraction job."""
+    chosen = {"gpu": 1}
+    for name, value in workflow.resource_settings.overwrite_resources.get("extract_attention", {}).items():
+        chosen[name] = getattr(value, "raw", value)
+    return chosen
 
 
 def legacy_cache_file(wildcards):
@@ -229,7 +260,7 @@ def aggregate_params(wildcards):
     return STUDY.aggregate_params(wildcards.source)
 
 
-# -- interventions and effects (rules/interventions.smk, effects.smk) ----------------------------
+# -- interventions, effects and atlases (rules/interventions.smk, effects.smk, atlas.smk) ---------
 
 
 def untouched_head_diagnostics(wildcards):
@@ -243,6 +274,27 @@ def paired_runs(wildcards):
 
 def effects_params(wildcards):
     return STUDY.effects_params(wildcards.checkpoint)
+
+
+def atlas_effects(wildcards):
+    return STUDY.atlas_inputs(wildcards.checkpoint)["effects"]
+
+
+def atlas_default_runs(wildcards):
+    return STUDY.atlas_inputs(wildcards.checkpoint)["default_runs"]
+
+
+def atlas_head_classes(wildcards):
+    return STUDY.atlas_inputs(wildcards.checkpoint)["head_classes"]
+
+
+def atlas_params(wildcards):
+    return STUDY.atlas_params(wildcards.checkpoint)
+
+
+def head_sweep_runs(wildcards):
+    """The extraction folders of a head sweep's runs and of the untouched run."""
+    return STUDY.head_orders_inputs(wildcards.checkpoint, wildcards.sweep)
 
 
 # -- figures (rules/figures.smk): one job draws several, each read, drawn and rerun as its own

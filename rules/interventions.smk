@@ -1,7 +1,8 @@
-# Edits that select heads by class (generation.interventions, heads: class:<head class>):
-# per checkpoint, the untouched default run's head classes, read from its head_diagnostics
-# table; the extraction jobs of the variants that select by class wait for this file
-# (sinkscope.pipeline.effectsplan.EffectsPlan.head_classes_inputs), and only those.
+# Edits that select heads by class (generation.interventions, heads: class:<head class>),
+# and atlases (sweeps:): per checkpoint, the untouched default run's head classes, read from
+# its head_diagnostics table; the extraction jobs of the variants that select by class wait
+# for this file, and only those (sinkscope.pipeline.extractplan.ExtractionPlan.edit_inputs);
+# the atlas tables give each head's class beside its drift.
 
 
 rule intervention_head_classes:

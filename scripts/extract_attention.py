@@ -23,5 +23,5 @@ run_job(
     generation=run["generation"],
     capture=run["capture"],
     compute=run["compute"],
-    head_classes=list(getattr(snakemake.input, "head_classes", [])),
+    edit_files=list(snakemake.input.edits),
 )

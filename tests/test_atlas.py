@@ -315,7 +315,10 @@ def test_atlas_job_and_head_orders_job_on_real_folders(tmp_path):
     curve = tables["pruning_curve"][tables["pruning_curve"]["prompt_id"] == ALL_PROMPTS]
     assert [(o, int(k)) for o, k in zip(curve["order"], curve["head_count"])] == [("drift", 1), ("all", 2)]
     orders_file = tmp_path / "head_orders.json"
-    head_orders_job(atlas=outputs["head_atlas"], output=orders_file, checkpoint="ck", sweep="heads")
+    # The orders from the head sweep's runs and the untouched ones (the pruning runs wait for
+    # them, so they are not read from head_atlas, whose effects pair the pruning runs too).
+    heads = [folder for folder in folders if "heads" in str(folder)]
+    head_orders_job(folders=defaults + heads, output=orders_file, checkpoint="ck", sweep="heads")
     orders = read_head_orders(orders_file)["heads"]
     averaged = tables["head_atlas"][tables["head_atlas"]["prompt_id"] == ALL_PROMPTS]
     least = averaged.sort_values("drift_last_block")

@@ -143,9 +143,11 @@ PINNED = {
         "pipeline.latents",
         "sweeps",
     },
-    # Its own module: editing the atlas tables' code reruns no pruning run.
-    "atlas_head_orders": {"io", "naming", "interventions", "sweeps", "pipeline.headorders", *_TABLES},
+    "combine_atlas": {*_SUMMARIES, "manifests", "pipeline.aggregate", "pipeline.integrity"},
 }
+# The head orders pair a head sweep's runs as the atlas tables do (its file, the orders alone,
+# reruns no pruning run when remade with the same bytes).
+PINNED["atlas_head_orders"] = {*PINNED["atlas_tables"], "pipeline.headorders"}
 
 
 def _closure(modules) -> set[str]:

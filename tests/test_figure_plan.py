@@ -15,7 +15,7 @@ from conftest import REPO
 from test_figures import study as synthetic_study
 from test_figures import write_source
 
-from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES
+from sinkscope.figures.registry import CHECKPOINT_FIGURES, LAYER_FIGURES, SOURCE_FIGURES, STUDY_FIGURES, SWEEP_FIGURES
 from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.figureplan import CHOOSABLE_FIGURES
 from sinkscope.pipeline.study import load_study
@@ -27,7 +27,8 @@ VARIANT_DEFAULT = ["figure4", "first_middle_last", "sink_score_overview", "head_
 def test_the_schema_offers_exactly_the_registry_kinds():
     figures = load_schema()["properties"]["figures"]["properties"]
     listed = figures["kinds"]["anyOf"][1]["items"]["enum"]
-    assert listed == list(CHOOSABLE_FIGURES) == [*SOURCE_FIGURES, *LAYER_FIGURES, *CHECKPOINT_FIGURES, *STUDY_FIGURES]
+    assert listed == list(CHOOSABLE_FIGURES)
+    assert listed == [*SOURCE_FIGURES, *LAYER_FIGURES, *CHECKPOINT_FIGURES, *SWEEP_FIGURES, *STUDY_FIGURES]
     assert figures["variant_kinds"]["items"]["enum"] == [*SOURCE_FIGURES, *LAYER_FIGURES]
     assert figures["variant_kinds"]["default"] == VARIANT_DEFAULT
 

@@ -203,8 +203,75 @@ def test_the_command_checks_writes_and_refuses_in_one_line(folder, tmp_path, cap
 def test_the_shipped_docs_mark_their_run_numbers_with_known_regions():
     """The docs whose numbers come from a run hold findings regions, each of a known kind."""
     found = {}
-    for name in ("README.md", "docs/trained-demo.md", "docs/statistics.md", "docs/interventions.md"):
+    for name in ("README.md", "docs/trained-demo.md", "docs/statistics.md", "docs/interventions.md", "docs/atlas.md"):
         kinds = [m["kind"] for m in REGION.finditer((REPO / name).read_text())]
         assert kinds and set(kinds) <= set(REGIONS), (name, kinds)
         found[name] = kinds
     assert "intervention-table" in found["docs/interventions.md"] and "demo-summary" in found["README.md"]
+    assert {"atlas-heads", "atlas-frames", "pruning-table"} <= set(found["docs/atlas.md"])
+
+
+# -- the atlas regions -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def atlas_folder(tmp_path_factory) -> Path:
+    from synthetic import synthetic_atlas
+
+    root = tmp_path_factory.mktemp("atlas")
+    for name, rows in synthetic_atlas(3, 4, runs=RUNS, checkpoint="demo", seed=5).items():
+        write_table(rows, root / f"{name}.parquet", SCHEMAS[name])
+    return root
+
+
+def _averaged(folder: Path, name: str, sweep: str) -> pd.DataFrame:
+    rows = pd.read_parquet(folder / f"{name}.parquet")
+    return rows[(rows["sweep"] == sweep) & (rows["prompt_id"] == ALL_PROMPTS)]
+
+
+def _rho(x, y) -> float:
+    """Spearman's rho by hand: Pearson's r of the average ranks."""
+    rx, ry = pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy()
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def test_atlas_heads_name_the_heads_of_most_drift_and_the_rank_correlation(atlas_folder):
+    text = words(filled(atlas_folder, "atlas-heads", "sweep=sink_per_head top=2"))
+    rows = _averaged(atlas_folder, "head_atlas", "sink_per_head").sort_values("drift_last_block", ascending=False)
+    first, second = rows.iloc[0], rows.iloc[1]
+    std = first["drift_last_block" + RUN_STD_SUFFIX]
+    assert "over its 12 heads and 3 runs" in text
+    assert (
+        f"the most: {head_label(first['layer'], first['head'])} ({first['drift_last_block']:.3f} ± {std:.3f})" in text
+    )
+    assert f", {head_label(second['layer'], second['head'])} (" in text
+    assert f"median {rows['drift_last_block'].median():.3f}" in text
+    sinks = rows[rows["head_class"] == "sink"]
+    assert f"sink-class heads {sinks['drift_last_block'].mean():.3f} on average" in text
+    assert text.endswith(f"is {_rho(rows['drift_last_block'], rows['frame0_mass_default']):.2f}")
+
+
+def test_atlas_frames_name_the_frames_of_most_and_least_drift(atlas_folder):
+    text = words(filled(atlas_folder, "atlas-frames", "sweep=cache_per_frame top=1"))
+    rows = _averaged(atlas_folder, "frame_atlas", "cache_per_frame").sort_values("drift_last_block")
+    most, least = rows.iloc[-1], rows.iloc[0]
+    assert f"editing frame {int(most['key_frame'])} ({most['drift_last_block']:.3f} ±" in text
+    assert f"frame {int(least['key_frame'])} ({least['drift_last_block']:.3f})" in text.split("least")[0]
+    assert text.endswith(f"is {_rho(rows['drift_last_block'], rows['frame_mass_default']):.2f}")
+
+
+def test_pruning_table_gives_each_order_per_k_and_its_area(atlas_folder):
+    body = filled(atlas_folder, "pruning-table", "sweep=prune")
+    rows = _averaged(atlas_folder, "pruning_curve", "prune")
+    total = int(rows["head_count"].max())
+    for k in sorted(int(k) for k in rows["head_count"].unique()):
+        chosen = rows[rows["head_count"] == k]
+        line = next(line for line in body.splitlines() if line.startswith(f"| {k} |"))
+        for order in ("drift", "random", "frame0_mass"):
+            row = chosen[chosen["order"] == (order if k < total else "all")].iloc[0]
+            assert f"{row['drift_last_block']:.3f} ± {row['drift_last_block' + RUN_STD_SUFFIX]:.3f}" in line
+    for order in ("drift", "random", "frame0_mass"):
+        points = rows[rows["order"].isin([order, "all"])].sort_values("head_count")
+        k = np.concatenate([[0], points["head_count"].to_numpy(float)])
+        d = np.concatenate([[0], points["drift_last_block"].to_numpy(float)])
+        assert f"`{order}` {np.trapezoid(d, k) / total:.3f}" in body

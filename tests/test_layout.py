@@ -57,6 +57,21 @@ STUDY = {
 }
 
 
+# The same study with sweeps: atlas runs (<checkpoint>@<sweep>/<item>, nested folders) in a
+# job of several runs (a rule of its own), the pruning runs waiting for their head orders.
+SWEPT = {
+    **STUDY,
+    "sweeps": {
+        "heads": {"interventions": [{"edit": "mask_keys", "heads": "each", "key_frames": "sink"}], "over": "L2"},
+        "prune": {
+            "interventions": [{"edit": "mask_keys", "heads": "each", "key_frames": "cached"}],
+            "over": "atlas:heads",
+            "k": [2, 4],
+        },
+    },
+}
+
+
 def _without_constraints(pattern: str) -> str:
     """``{source,demo|demo@x}`` -> ``{source}``: the pattern as the rule file writes it."""
     out, i = [], 0
@@ -94,19 +109,26 @@ def _as_regex(pattern: str) -> re.Pattern:
     parts = re.split(r"(\{\w+\})", pattern)
     return re.compile(
         "".join(
-            f"(?:{re.escape(part)}|[A-Za-z0-9_.@-]+)" if re.fullmatch(r"\{\w+\}", part) else re.escape(part)
+            f"(?:{re.escape(part)}|[A-Za-z0-9_.@/-]+)" if re.fullmatch(r"\{\w+\}", part) else re.escape(part)
             for part in parts
         )
         + "$"
     )
 
 
+@pytest.fixture(scope="module", params=["plain", "swept"])
+def study_rules(request, tmp_path_factory) -> tuple[dict, dict[str, dict]]:
+    study = STUDY if request.param == "plain" else SWEPT
+    return study, dump_rules(tmp_path_factory.mktemp("layout"), study)
+
+
 @pytest.fixture(scope="module")
-def rules(tmp_path_factory) -> dict[str, dict]:
-    return dump_rules(tmp_path_factory.mktemp("layout"), STUDY)
+def rules(study_rules) -> dict[str, dict]:
+    return study_rules[1]
 
 
-def test_every_rule_output_is_a_package_pattern_and_every_pattern_a_rule_output(rules):
+def test_every_rule_output_is_a_package_pattern_and_every_pattern_a_rule_output(study_rules):
+    config, rules = study_rules
     folder = STUDY["results"]
     patterns = {name: pattern.replace(RESULTS_VAR, folder) for name, pattern in PATTERNS.items()}
     outputs = [output for name, rule in rules.items() if name != "all" for output in rule["output"]]
@@ -114,7 +136,8 @@ def test_every_rule_output_is_a_package_pattern_and_every_pattern_a_rule_output(
     assert not unknown, f"rule outputs that sinkscope.pipeline.layout does not list: {unknown}"
     # Each package pattern is written by a rule, wildcards kept or filled by names.
     unwritten = [name for name, p in patterns.items() if not any(_as_regex(p).match(o) for o in outputs)]
-    assert not unwritten, f"layout patterns no rule writes: {unwritten}"
+    # Only a study with a pruning sweep has head orders (its rule is made for it alone).
+    assert unwritten == ([] if "sweeps" in config else ["head_orders"]), f"layout patterns no rule writes: {unwritten}"
 
 
 def test_logs_and_benchmarks_sit_in_the_results_folder_beside_their_outputs(rules):
@@ -129,10 +152,11 @@ def test_logs_and_benchmarks_sit_in_the_results_folder_beside_their_outputs(rule
         assert rule["benchmark"].startswith(f"{folder}/benchmarks/"), rule["benchmark"]
 
 
-def test_plain_inputs_are_files_the_study_plans(rules, tmp_path):
+def test_plain_inputs_are_files_the_study_plans(study_rules, tmp_path):
     from sinkscope.pipeline.study import load_study
 
-    study = load_study(STUDY, base_dir=tmp_path)
+    config, rules = study_rules
+    study = load_study(config, base_dir=tmp_path)
     planned = set(study.all_targets())
     for name, rule in rules.items():
         if name == "all":
@@ -174,33 +198,22 @@ def test_results_folder_refuses_what_cannot_hold_a_study(given, says):
     assert str(error.value).startswith("invalid config: config key results:")
 
 
-# A sweep's variant `<sweep>/<item>` makes a source `<checkpoint>@<sweep>/<item>`: every
-# pattern, wildcard constraint and log path must carry the `/`. Sweeps are not built yet,
-# so the source names are made so here.
-_NESTED_DRY_RUN = """
-import sys
-from sinkscope.pipeline.grid import StudyGrid
-StudyGrid.source_name = staticmethod(lambda c, v: c if v == "default" else f"{c}@{v}/item")
-from snakemake.cli import main
-sys.argv[0] = "snakemake"
-main()
-"""
-
-
-@pytest.mark.workflow
-def test_a_source_name_with_a_slash_is_planned_as_nested_folders(tmp_path):
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(STUDY))
-    command = [sys.executable, "-c", _NESTED_DRY_RUN, "--snakefile", str(SNAKEFILE), "-n", "--cores", "1"]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=dict(os.environ))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    planned = result.stdout
-    folder = STUDY["results"]
-    for expected in (
-        f"{folder}/extract/demo@no_sink/item/drift/seed0/layers1",
-        f"{folder}/logs/extract_attention/demo@no_sink/item/drift/seed0/layers1.log",
-        f"{folder}/tables/checkpoints/demo@no_sink/item/head_stats.parquet",
-        f"{folder}/figures/demo@no_sink/item/figure4.svg",
-        f"{folder}/figures/demo@no_sink/item/layer1/heads_heatmap.png",
-    ):
-        assert expected in planned, expected
-    assert not Path(tmp_path, folder).exists()
+def test_the_jobs_of_several_runs_write_nested_folders_and_log_beside_them(tmp_path):
+    """A sweep's runs are <checkpoint>@<sweep>/<item>: nested folders, written by the rules
+    of the jobs of several runs (their logs per prompt and seed), the pruning runs' rule
+    reading its head orders."""
+    rules = dump_rules(tmp_path, SWEPT)
+    folder = SWEPT["results"]
+    jobs = {name: rule for name, rule in rules.items() if name.startswith("extract_runs_")}
+    assert sorted(jobs) == [f"extract_runs_{n}" for n in (1, 2, 3, 4)]  # two a checkpoint
+    first, pruning = jobs["extract_runs_1"], jobs["extract_runs_2"]
+    assert f"{folder}/extract/demo@heads/L2H5/{{prompt}}/seed{{seed}}/layers1" in first["output"]
+    assert not any(output.startswith(f"{folder}/extract/demo/") for output in first["output"])  # one a job
+    assert first["log"] == [f"{folder}/logs/extract_runs/demo/job1/{{prompt}}/seed{{seed}}.log"]
+    assert f"{folder}/atlas/demo/heads/head_orders.json" in pruning["input"]
+    # Every layer an atlas selection may edit, in one generation (layers_per_job: auto on the CPU).
+    assert f"{folder}/extract/demo@prune/random_k2/{{prompt}}/seed{{seed}}/layers0-1" in pruning["output"]
+    # Atlas runs have no tables or figures: no rule's output names them but the extraction's.
+    for name, rule in rules.items():
+        if not name.startswith("extract_runs_"):
+            assert not any("@heads" in output or "@prune" in output for output in rule["output"]), name

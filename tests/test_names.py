@@ -11,7 +11,16 @@ from conftest import REPO
 
 from sinkscope.cli import main as cli_main
 from sinkscope.errors import ConfigError
-from sinkscope.names import NAME_MAX_LENGTH, NAME_PATTERN, check_name, folded_collisions, name_problem
+from sinkscope.names import (
+    NAME_MAX_LENGTH,
+    NAME_PATTERN,
+    VARIANT_NAME_MAX_LENGTH,
+    VARIANT_NAME_PATTERN,
+    check_name,
+    folded_collisions,
+    name_problem,
+    variant_name_problem,
+)
 from sinkscope.pipeline.config import normalize_config
 from sinkscope.schema import load_schema
 
@@ -63,11 +72,43 @@ def test_the_schema_checks_names_with_the_same_pattern():
     sections = [name for name, node in schema["properties"].items() if "propertyNames" in node]
     assert sorted(sections) == ["checkpoints", "legacy_caches", "prompts", "sweeps", "variants"]
     for section in sections:
-        assert schema["properties"][section]["propertyNames"] == {"pattern": NAME_PATTERN, "maxLength": NAME_MAX_LENGTH}
+        expected = {"pattern": NAME_PATTERN, "maxLength": NAME_MAX_LENGTH}
+        if section == "variants":  # <sweep>/<item>: two names, one slash
+            expected = {"pattern": VARIANT_NAME_PATTERN, "maxLength": VARIANT_NAME_MAX_LENGTH}
+        assert schema["properties"][section]["propertyNames"] == expected
     # What the pattern takes, the rule takes (the rule refuses a few more: Snakemake's, sinkscope's own).
     for name in [*GOOD, *BAD]:
         if name_problem(name) is None:
             assert re.match(NAME_PATTERN, name), name
+    for name in [*GOOD, *BAD, *VARIANT_GOOD, *VARIANT_BAD]:
+        if variant_name_problem(name) is None:
+            assert re.match(VARIANT_NAME_PATTERN, name), name
+
+
+VARIANT_GOOD = ["sink_per_head/L5H10", "cache_per_frame/f3", "mine/x.1", f"{LONGEST}/{LONGEST}"]
+VARIANT_BAD = {
+    "a/b/c": "holds '/', a path separator",
+    "a//b": "holds '/', a path separator",
+    "/b": "the name is empty",
+    "a/..": "holds '..'",
+    "a/.hidden": "starts with '.'",
+    "a/layers0-3": "reads as a folder sinkscope writes itself",
+    "demo@x/L1H1": "'@' joins a checkpoint and its variant",
+}
+
+
+@pytest.mark.parametrize("name", VARIANT_GOOD)
+def test_a_variant_may_be_named_sweep_slash_item(name):
+    assert variant_name_problem(name) is None
+    assert name_problem(name) is not None  # every other name refuses the slash
+
+
+@pytest.mark.parametrize("name", sorted(VARIANT_BAD))
+def test_each_part_of_a_variant_name_follows_the_rule(name):
+    problem = variant_name_problem(name)
+    assert problem is not None and VARIANT_BAD[name] in problem, problem
+    with pytest.raises(ConfigError, match=re.escape("config key variants")):
+        normalize_config({"variants": {name: {"num_frames": 6}}})
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,6 @@ from sinkscope.interventions import (
 from sinkscope.naming import head_label
 from sinkscope.pipeline.study import Study, load_study
 from sinkscope.sweeps import (
-    SEPARATOR,
     VARIANT_NAME,
     expand_sweeps,
     parse_sweeps,
@@ -85,41 +84,42 @@ def expanded(sweeps: dict, **study) -> tuple[Study, dict[str, dict]]:
         block_sizes=options.block_sizes(),
         sink_frames=options.sink_frames,
     )
+    assert expansion.variants == checked.swept("demo")  # the study's own expansion
     return checked, expansion.variants
 
 
-def with_variants(study: Study, variants: dict[str, dict]) -> Study:
-    """``study`` with ``variants:`` set (names with a '/', which the config check of this
-    stage does not accept yet, placed as its normalization would leave them)."""
-    config = {**copy.deepcopy(dict(study.config)), "variants": copy.deepcopy(variants)}
-    return Study(config, study.base_dir, device=study.device, checkpoints=study.checkpoints)
-
-
-def normalized(variants: dict[str, dict]) -> dict[str, dict]:
-    """Hand-written variants as the config check normalizes them (names with '/' kept)."""
-    safe = {name.replace(SEPARATOR, "__"): entry for name, entry in variants.items()}
-    checked = load_study({**copy.deepcopy(BASE), "variants": safe}, check_this_machine=False)
-    return {name.replace("__", SEPARATOR): entry for name, entry in checked.config["variants"].items()}
+def by_hand(variants: dict[str, dict], **study) -> Study:
+    """The study with ``variants`` written by hand (``<sweep>/<item>`` names)."""
+    return load_study({**copy.deepcopy(BASE), **study, "variants": copy.deepcopy(variants)}, check_this_machine=False)
 
 
 # -- expansion ---------------------------------------------------------------------------------------
 
 
 def test_each_over_heads_layers_and_frames_gives_the_variants_written_by_hand():
-    study, swept = expanded(SWEEPS)
-    hand = normalized(hand_written())
+    swept_study, swept = expanded(SWEEPS)
+    hand_study = by_hand(hand_written())
+    hand = {v: hand_study.config["variants"][v] for v in hand_written()}  # as the config check normalizes them
     assert list(swept) == list(hand)
     for name in hand:  # the entries are canonical: each is its hand-written spelling parsed and written back
         assert swept[name]["interventions"] == [
             edit.to_config() for edit in parse_interventions(hand[name]["interventions"], name)
         ]
-    by_sweep, by_hand = with_variants(study, swept), with_variants(study, hand)
-    assert by_sweep.variants == by_hand.variants == ["default", *hand]
-    for source in by_hand.runs:  # same params and same outputs: nothing reruns between the forms
-        for group in ("0", "4"):
-            assert by_sweep.extract_params(source, group) == by_hand.extract_params(source, group)
-        assert by_sweep.extract_dirs(source) == by_hand.extract_dirs(source)
-    assert by_sweep.effects_params("demo") == by_hand.effects_params("demo")
+    assert swept_study.variants == hand_study.variants == ["default"]
+    assert swept_study.variants_of("demo") == hand_study.variants_of("demo") == ["default", *hand]
+    assert list(swept_study.runs) == list(hand_study.runs)
+    for source in hand_study.runs:  # same params and same outputs: nothing reruns between the forms
+        groups = hand_study.run_groups(source)
+        assert swept_study.run_groups(source) == groups
+        for group in groups:
+            group = "_".join(map(str, group))
+            assert swept_study.extract_params(source, group) == hand_study.extract_params(source, group)
+        assert swept_study.extract_dirs(source) == hand_study.extract_dirs(source)
+    assert swept_study.effects_params("demo") == hand_study.effects_params("demo")
+    assert swept_study.extraction_jobs == hand_study.extraction_jobs
+    for job in hand_study.extraction_jobs:
+        assert swept_study.job_params(job) == hand_study.job_params(job)
+    assert swept_study.all_targets() == hand_study.all_targets()
 
 
 def test_over_narrows_each_to_a_list_a_layer_the_sink_or_listed_frames():
@@ -477,14 +477,20 @@ def test_head_orders_are_written_and_read_back_and_a_damaged_file_names_itself(t
 
 def test_a_swept_runs_refusal_from_the_variant_check_names_the_sweep():
     """What the variant check refuses in a swept variant (an edit the run cannot make) is
-    said of the sweep the user wrote, the run named at the end."""
+    said of the sweep the user wrote, the run named at the end, once a key."""
     from sinkscope.options import OptionsError
     from sinkscope.pipeline.config import generation_options
     from sinkscope.sweeps import sweep_message
 
     sweeps = {"noise": {"interventions": [{"edit": "replace_frames", "key_frames": "each", "source": 2}]}}
-    study, swept = expanded(sweeps)
-    config = {**copy.deepcopy(dict(study.config)), "variants": swept}
+    with pytest.raises(ConfigError) as refused:
+        load_study({**copy.deepcopy(BASE), "sweeps": sweeps}, check_this_machine=False)
+    assert refused.value.problems == [
+        "config key sweeps.noise.interventions[0].source: frame 2 must be earlier than every frame it replaces "
+        "(key_frames [0]) (run noise/f0, and 2 more)"
+    ]
+    swept = expand_sweeps(parse_sweeps(sweeps), num_layers=LAYERS, num_heads=HEADS, block_sizes=[3, 3, 3]).variants
+    config = load_study(BASE, check_this_machine=False).config | {"variants": swept}
     with pytest.raises(OptionsError) as error:
         generation_options(config, "noise/f0", "demo")
     message = sweep_message(str(error.value), list(sweeps))

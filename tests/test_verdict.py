@@ -50,6 +50,16 @@ def test_show_config_prints_what_the_rules_read_with_the_variants_the_study_adds
     assert "(default added: the untouched run)" in err
 
 
+def test_a_study_with_sweeps_says_its_atlas_runs_and_their_time(capsys):
+    status, _, err = _check(str(REPO / "configs" / "head-atlas.yaml"), capsys=capsys)
+    study = load_study(yaml.safe_load((REPO / "configs" / "head-atlas.yaml").read_text()))
+    assert status == 0
+    assert "348 runs (1 checkpoint x (1 variant + 115 atlas runs) x 1 prompt x 3 seeds)" in err
+    assert "sweeps: 115 runs a prompt and seed (sink_per_head 72, cache_per_frame 18, prune_sink 25), about" in err
+    jobs = len(study.extraction_jobs) * 3
+    assert f"{jobs} of these of several runs (up to 64 a job, the model loaded once)" in err
+
+
 def test_the_verdict_is_built_from_its_parts():
     study = load_study({"layers": [0]})
     parts = [part(study) for part in VERDICT_PARTS]
@@ -77,11 +87,12 @@ def test_the_time_model_gives_back_its_measurements():
 
 @pytest.mark.workflow
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["config.yaml", "configs/interventions.yaml"])
+@pytest.mark.parametrize("config", ["config.yaml", "configs/interventions.yaml", "configs/head-atlas.yaml"])
 def test_the_verdict_counts_the_jobs_snakemake_plans(config, tmp_path):
     raw = yaml.safe_load((REPO / config).read_text())
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
     planned = Workflow(tmp_path).planned_jobs("--configfile", "study.yaml")
     planned.pop("all")  # the target rule, no work
     counts = job_counts(load_study(raw, base_dir=tmp_path))
-    assert sum(counts.values()) == sum(planned.values()) and counts["extraction"] == planned["extract_attention"]
+    extraction = sum(count for rule, count in planned.items() if rule.startswith(("extract_attention", "extract_runs")))
+    assert sum(counts.values()) == sum(planned.values()) and counts["extraction"] == extraction

@@ -101,7 +101,8 @@ def _shown_config(study) -> dict:
     variant they are (the study's generation, unchanged)."""
     config = dict(study.config)
     configured = config.get("variants") or {}
-    config["variants"] = {name: dict(configured.get(name) or {}) for name in study.variants}
+    names = [*study.variants, *(name for name in configured if name not in study.variants)]  # atlas runs last
+    config["variants"] = {name: dict(configured.get(name) or {}) for name in names}
     return config
 
 
@@ -160,8 +161,9 @@ def cmd_extract(args: argparse.Namespace) -> int:
     if name not in config["checkpoints"]:
         raise ConfigError(f"checkpoint {name!r} is not in the config (known: {', '.join(config['checkpoints'])})")
     variant = args.variant or study.variants[0]
-    if variant not in study.variants:
-        raise ConfigError(f"variant {variant!r} is not in the config (known: {', '.join(study.variants)})")
+    if variant not in study.variants_of(name):
+        known = study.variants + ([f"<sweep>/<item> of {', '.join(study.sweeps)}"] if study.sweeps else [])
+        raise ConfigError(f"variant {variant!r} is not in the config (known: {', '.join(known)})")
     prompt_id = args.prompt or next(iter(config["prompts"]))
     if prompt_id not in config["prompts"]:
         raise ConfigError(f"prompt {prompt_id!r} is not in the config (known: {', '.join(config['prompts'])})")

@@ -558,3 +558,83 @@ def read_head_classes(path: str | Path) -> dict[Head, str]:
             raise DamagedFileError(path, f"gives {label} the class {head_class!r}, not a label")
         classes[parse_head_label(label)] = head_class
     return classes
+
+
+# -- a head atlas's orders (written by sinkscope.pipeline.headorders, read by the pruning runs) ---------
+
+HEAD_ORDERS_FORMAT = "sinkscope.head_orders/1"
+
+
+def write_head_orders(
+    path: str | Path, orders: Mapping[str, Sequence[Head]], *, checkpoint: str, sweep: str, runs: int
+) -> None:
+    """A head atlas's orders (``HEAD_ORDERS`` -> heads, first to last) as JSON, heads under
+    their paper labels, with the checkpoint, the sweep and how many runs ranked them."""
+    missing = [order for order in HEAD_ORDERS if order not in orders]
+    if missing:
+        raise SinkscopeError(f"head orders of {sweep!r} lack {', '.join(missing)}")
+    data = {
+        "format": HEAD_ORDERS_FORMAT,
+        "checkpoint": checkpoint,
+        "sweep": sweep,
+        "runs": int(runs),
+        "orders": {order: [head_label(int(a), int(b)) for a, b in orders[order]] for order in HEAD_ORDERS},
+    }
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def read_head_orders(path: str | Path) -> dict[str, dict[str, list[Head]]]:
+    """sweep -> order -> (layer, head), first to last (0-based), of a file
+    ``write_head_orders`` wrote: what ``interventions.with_head_orders`` takes."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SinkscopeError(f"{path}: no head orders (the atlas's head_atlas table is made first)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise DamagedFileError(path, f"is not a head-orders file ({error.__class__.__name__})") from None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != HEAD_ORDERS_FORMAT
+        or not isinstance(data.get("orders"), dict)
+        or not isinstance(data.get("sweep"), str)
+    ):
+        raise DamagedFileError(path, f"is not a head-orders file (format {HEAD_ORDERS_FORMAT})")
+    orders: dict[str, list[Head]] = {}
+    for order in HEAD_ORDERS:
+        labels = data["orders"].get(order)
+        if not isinstance(labels, list):
+            raise DamagedFileError(path, f"has no {order!r} order")
+        heads = []
+        for label in labels:
+            match = HEAD_LABEL.match(label) if isinstance(label, str) else None
+            if not match or min(map(int, match.groups())) < 1:
+                raise DamagedFileError(path, f"names {label!r}, not a head like 'L1H1'")
+            heads.append(parse_head_label(label))
+        if len(set(heads)) != len(heads):
+            raise DamagedFileError(path, f"names a head twice in its {order!r} order")
+        orders[order] = heads
+    if len({frozenset(heads) for heads in orders.values()}) > 1:
+        raise DamagedFileError(path, "orders different heads in different orders")
+    return {data["sweep"]: orders}
+
+
+def read_selection_files(
+    paths: Sequence[str | Path],
+) -> tuple[dict[Head, str] | None, dict[str, dict[str, list[Head]]]]:
+    """The untouched run's head classes (None without a classes file) and the head orders of
+    every atlas among ``paths``, told apart by their format; a file of neither format is
+    read as head classes, whose reader names it damaged."""
+    classes: dict[Head, str] | None = None
+    orders: dict[str, dict[str, list[Head]]] = {}
+    for path in map(Path, paths):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            data = None
+        if isinstance(data, dict) and data.get("format") == HEAD_ORDERS_FORMAT:
+            orders.update(read_head_orders(path))
+        else:
+            classes = read_head_classes(path)
+    return classes, orders

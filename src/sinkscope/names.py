@@ -20,9 +20,11 @@ the key and the value:
   the integrity checks and ``sinkscope verify`` would take for one.
 
 A sweep's variants are ``<sweep>/<item>``: the study makes that slash, so the rule
-applies to the sweep's name and to each item apart. The schema's ``propertyNames``
-pattern is ``NAME_PATTERN`` (a test keeps them equal), so Snakemake's own validation
-agrees. Validation code: not part of any job's code digest (``pipeline.codedigest``).
+applies to the sweep's name and to each item apart, and a variant written by hand may be
+named so too (``variant_name_problem``: one name, or two joined by one '/'). The schema's
+``propertyNames`` pattern is ``NAME_PATTERN`` (``VARIANT_NAME_PATTERN`` for ``variants``;
+a test keeps them equal), so Snakemake's own validation agrees. Validation code: not
+part of any job's code digest (``pipeline.codedigest``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from sinkscope.naming import is_group_folder
 
 NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 NAME_MAX_LENGTH = 64
+# A variant: a name, or <sweep>/<item> (a sweep's run, or the same run written by hand).
+VARIANT_NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.+-]*(/[A-Za-z0-9][A-Za-z0-9_.+-]*)?$"
+VARIANT_NAME_MAX_LENGTH = 2 * NAME_MAX_LENGTH + 1
 NAME_CHARACTERS = "letters, digits and _ . + - only, a letter or digit first"
 _NAME = re.compile(NAME_PATTERN)
 _PERIODIC = re.compile(r"(.+?)\1{19,}$")
@@ -77,6 +82,18 @@ def name_problem(value: object) -> str | None:
             f"{refused}: it reads as a folder sinkscope writes itself (an extraction folder layers<N>, a "
             "<table>.parquet dataset, a <result>.damaged moved aside)"
         )
+    return None
+
+
+def variant_name_problem(value: object) -> str | None:
+    """``name_problem`` for a variant's name, which may also be ``<sweep>/<item>``: two
+    names joined by one '/' (two nested folders), each asked apart."""
+    if not isinstance(value, str) or value.count("/") != 1:
+        return name_problem(value)
+    for part in value.split("/"):
+        problem = name_problem(part)
+        if problem is not None:
+            return f"{problem} (in {value!r}, <sweep>/<item>)"
     return None
 
 

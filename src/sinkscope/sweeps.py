@@ -32,18 +32,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sinkscope.errors import ConfigError, DamagedFileError, SinkscopeError
+from sinkscope.errors import ConfigError
 from sinkscope.interventions import (
     ATLAS_PREFIX,
     HEAD_ORDERS,
+    HEAD_ORDERS_FORMAT,
     NAME,
     Edit,
     FrameSelection,
@@ -51,14 +50,17 @@ from sinkscope.interventions import (
     HeadSelection,
     parse_heads,
     parse_interventions,
+    read_head_orders,
+    write_head_orders,
 )
-from sinkscope.io import atomic_path
+from sinkscope.names import VARIANT_NAME_PATTERN
 from sinkscope.naming import HEAD_LABEL, head_label, layer_label, parse_head_label
 
 __all__ = [
     "EACH",
     "EACH_LAYER",
     "HEAD_ORDERS",
+    "HEAD_ORDERS_FORMAT",
     "SEPARATOR",
     "SWEEP_KEYS",
     "VARIANT_NAME",
@@ -66,6 +68,7 @@ __all__ = [
     "SweepExpansion",
     "SweepItem",
     "expand_sweeps",
+    "is_atlas_run",
     "parse_sweeps",
     "pruning_grid",
     "read_head_orders",
@@ -81,7 +84,7 @@ SEPARATOR = "/"
 # The keys of one sweep.
 SWEEP_KEYS = ("interventions", "over", "k")
 # A variant's name: a name, or <sweep>/<item> (a swept variant, or the same written by hand).
-VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(/[A-Za-z0-9][A-Za-z0-9_.+-]*)?$")
+VARIANT_NAME = re.compile(VARIANT_NAME_PATTERN)
 # What ``each`` runs over: a head, a layer, a cached frame, or a head count of an atlas's order.
 HEAD, LAYER, FRAME, RANKED = "head", "layer", "frame", "ranked"
 # The fractions of the atlas's heads in the ``k: auto`` grid: finer where few heads are masked.
@@ -306,6 +309,7 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mappin
     sweep (its other problems are the variant check's)."""
     problems = []
     if isinstance(variants, Mapping):
+        atlases = [name for name, sweep in sweeps.items() if sweep.axis == HEAD] + head_atlases_by_hand(variants)
         for variant, entry in variants.items():
             where = f"variants.{variant}.interventions"
             try:
@@ -314,11 +318,10 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mappin
                 continue
             for index, edit in enumerate(edits):
                 selection = getattr(edit, "heads", None)
-                atlas = sweeps.get(str(selection.atlas)) if selection is not None and selection.by_atlas else None
-                if selection is not None and selection.by_atlas and (atlas is None or atlas.axis != HEAD):
+                if selection is not None and selection.by_atlas and str(selection.atlas) not in atlases:
                     problems.append(
                         f"config key {where}[{index}].heads: {selection.to_config()!r} names no sweep of heads: each "
-                        f"({', '.join(n for n, s in sweeps.items() if s.axis == HEAD) or 'the study has none'})"
+                        f"({', '.join(atlases) or 'the study has none'})"
                     )
         variants = list(variants)
     for name in sweeps:
@@ -353,6 +356,13 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mappin
                 f"once the untouched run's classes are made ({atlas.over.to_config()}); list the counts"
             )
     return problems
+
+
+def head_atlases_by_hand(variants: Sequence[str] | Mapping[str, Any]) -> list[str]:
+    """The head atlases written by hand: each ``<name>`` of variants named ``<name>/<head>``
+    (``heads/L5H10``), which ``atlas:<name>:...`` selections of variants may rank."""
+    found = [sweep_item(variant) for variant in variants]
+    return list(dict.fromkeys(item.sweep for item in found if item is not None and item.axis == HEAD))
 
 
 def sweep_message(message: str, sweeps: Sequence[str]) -> str:
@@ -523,6 +533,13 @@ class SweepItem:
     count: int = 0
 
 
+def is_atlas_run(variant: str) -> bool:
+    """Whether a variant is an atlas run: named ``<sweep>/<item>`` (a sweep's run, or the
+    same written by hand), which the workflow extracts and pairs with the untouched run
+    but gives no tables or figures of its own (docs/atlas.md)."""
+    return SEPARATOR in str(variant)
+
+
 def sweep_item(variant: str) -> SweepItem | None:
     """The item of a swept variant's name (``sink_per_head/L5H10``), None for another name."""
     if SEPARATOR not in str(variant):
@@ -538,63 +555,3 @@ def sweep_item(variant: str) -> SweepItem | None:
     if (match := _RANKED_ITEM.match(item)) and int(match.group(2)) >= 1:
         return SweepItem(sweep, item, RANKED, order=match.group(1), count=int(match.group(2)))
     return None
-
-
-# -- an atlas's head orders (written from its head_atlas table, read by the pruning runs) --------------
-
-HEAD_ORDERS_FORMAT = "sinkscope.head_orders/1"
-
-
-def write_head_orders(
-    path: str | Path, orders: Mapping[str, Sequence[Head]], *, checkpoint: str, sweep: str, runs: int
-) -> None:
-    """A head atlas's orders (``HEAD_ORDERS`` -> heads, first to last) as JSON, heads under
-    their paper labels, with the checkpoint, the sweep and how many runs ranked them."""
-    missing = [order for order in HEAD_ORDERS if order not in orders]
-    if missing:
-        raise SinkscopeError(f"head orders of {sweep!r} lack {', '.join(missing)}")
-    data = {
-        "format": HEAD_ORDERS_FORMAT,
-        "checkpoint": checkpoint,
-        "sweep": sweep,
-        "runs": int(runs),
-        "orders": {order: [head_label(int(a), int(b)) for a, b in orders[order]] for order in HEAD_ORDERS},
-    }
-    with atomic_path(path) as tmp:
-        Path(tmp).write_text(json.dumps(data, indent=1) + "\n")
-
-
-def read_head_orders(path: str | Path) -> dict[str, dict[str, list[Head]]]:
-    """sweep -> order -> (layer, head), first to last (0-based), of a file
-    ``write_head_orders`` wrote: what ``interventions.with_head_orders`` takes."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SinkscopeError(f"{path}: no head orders (the atlas's head_atlas table is made first)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise DamagedFileError(path, f"is not a head-orders file ({error.__class__.__name__})") from None
-    if (
-        not isinstance(data, dict)
-        or data.get("format") != HEAD_ORDERS_FORMAT
-        or not isinstance(data.get("orders"), dict)
-        or not isinstance(data.get("sweep"), str)
-    ):
-        raise DamagedFileError(path, f"is not a head-orders file (format {HEAD_ORDERS_FORMAT})")
-    orders: dict[str, list[Head]] = {}
-    for order in HEAD_ORDERS:
-        labels = data["orders"].get(order)
-        if not isinstance(labels, list):
-            raise DamagedFileError(path, f"has no {order!r} order")
-        heads = []
-        for label in labels:
-            match = HEAD_LABEL.match(label) if isinstance(label, str) else None
-            if not match or min(map(int, match.groups())) < 1:
-                raise DamagedFileError(path, f"names {label!r}, not a head like 'L1H1'")
-            heads.append(parse_head_label(label))
-        if len(set(heads)) != len(heads):
-            raise DamagedFileError(path, f"names a head twice in its {order!r} order")
-        orders[order] = heads
-    if len({frozenset(heads) for heads in orders.values()}) > 1:
-        raise DamagedFileError(path, "orders different heads in different orders")
-    return {data["sweep"]: orders}

@@ -21,7 +21,7 @@ from matplotlib.patches import Patch, Rectangle
 from sinkscope.figures.colours import annotate_cells, cell_size, colour_scale, colourbar, heat, scale_sentence
 from sinkscope.figures.layout import finish, new_figure, set_label_ticks
 from sinkscope.figures.text import spread_note, subtitle
-from sinkscope.figures.views import one_checkpoint, run_averaged, table, variants_in
+from sinkscope.figures.views import one_checkpoint, run_averaged, table, variants_in, without_atlas_runs
 from sinkscope.naming import layer_label
 from sinkscope.tables import RUN_STD_SUFFIX
 
@@ -40,7 +40,7 @@ def grid_of(rows: pd.DataFrame, name: str, layers: list[int], heads: list[int]) 
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "attention_shift"
-    rows = run_averaged(table(tables, "variant_head_effects", kind), kind)
+    rows = run_averaged(without_atlas_runs(table(tables, "variant_head_effects", kind)), kind)
     one_checkpoint(rows, kind)
     variants = [v for v in variants_in(rows) if v != "default"]
     layers = sorted(int(x) for x in rows["layer"].unique())

@@ -22,7 +22,7 @@ from sinkscope.figures.layout import finish, new_figure, set_frame_ticks
 from sinkscope.figures.marks import band_handle, line_handle
 from sinkscope.figures.style import option
 from sinkscope.figures.text import subtitle
-from sinkscope.figures.views import one_checkpoint, run_averaged, table, variants_in
+from sinkscope.figures.views import one_checkpoint, run_averaged, table, variants_in, without_atlas_runs
 from sinkscope.tables import RUN_STD_SUFFIX
 
 DISTANCE = "latent_rel_distance"
@@ -44,7 +44,7 @@ def boundaries(blocks: pd.Series) -> list[int]:
 
 def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[str, Any], ax=None, **_: Any):
     kind = "variant_drift"
-    rows = table(tables, "variant_effects", kind)
+    rows = without_atlas_runs(table(tables, "variant_effects", kind))
     one_checkpoint(rows, kind)
     base = int(option(options, "frame_base"))
     rows = run_averaged(rows, kind)

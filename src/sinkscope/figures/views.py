@@ -22,6 +22,9 @@ from sinkscope.stats.summaries import (
     runs_in,
 )
 
+# What an atlas run's name holds (sinkscope.sweeps.SEPARATOR): <sweep>/<item>.
+ATLAS_RUN = "/"
+
 VAE_TEMPORAL_STRIDE = 4
 
 
@@ -86,11 +89,19 @@ def run_averaged(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def variants_in(frame: pd.DataFrame) -> list[str]:
-    """Variants in the table's order of appearance, 'default' first."""
+    """Variants in the table's order of appearance, 'default' first; atlas runs (named
+    ``<sweep>/<item>``, which the atlas figures draw) left out."""
     if "variant" not in frame.columns:
         return ["default"]
-    found = [str(v) for v in pd.unique(frame["variant"])]
+    found = [str(v) for v in pd.unique(frame["variant"]) if ATLAS_RUN not in str(v)]
     return sorted(found, key=lambda v: (v != "default", found.index(v)))
+
+
+def without_atlas_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the study's variants: those of atlas runs (``<sweep>/<item>``) dropped."""
+    if "variant" not in frame.columns:
+        return frame
+    return frame[~frame["variant"].astype(str).str.contains(ATLAS_RUN, regex=False)]
 
 
 def step_of(frame: pd.DataFrame, step: str | int) -> tuple[str, int]:

@@ -254,6 +254,7 @@ STAGE_MODULES = {
     "variant_effects": ("sinkscope.pipeline.effects",),
     "combine_effects": ("sinkscope.pipeline.aggregate",),
     "atlas_tables": ("sinkscope.pipeline.atlas",),
+    "combine_atlas": ("sinkscope.pipeline.aggregate",),
     "atlas_head_orders": ("sinkscope.pipeline.headorders",),
 }
 

@@ -31,7 +31,7 @@ from sinkscope.model.checkpoints import (
     vae_candidates,
 )
 from sinkscope.model.weightfiles import PACKAGE_PREFIX
-from sinkscope.names import folded_collisions, name_problem
+from sinkscope.names import folded_collisions, name_problem, variant_name_problem
 from sinkscope.naming import parse_head_label
 from sinkscope.options import (
     GLOBAL,
@@ -45,6 +45,7 @@ from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.overrides import apply_overrides, parse_config_overrides
 from sinkscope.prompt_schedules import prompt_segments, schedule_problems, switch_frames
 from sinkscope.schema import load_schema, resolve_ref
+from sinkscope.sweeps import Sweep, SweepExpansion, expand_sweeps, parse_sweeps, sweep_message
 
 # capture.statistics: every frame statistic (the default), and those capture.attention 'frames'
 # gives (sinkscope.stats.segments, which needs torch, names the same).
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_CONFIG_FILE",
     "apply_overrides",
     "check_machine",
+    "checkpoint_sweeps",
     "checked_config",
     "coerce",
     "generation_options",
@@ -63,12 +65,14 @@ __all__ = [
     "parse_config_overrides",
     "resolve_checkpoints",
     "resolve_layers_per_job",
+    "resolve_runs_per_job",
     "study_layers_per_job",
     "variant_names",
 ]
 
-# Sections whose keys are names the user chose (they become file and folder names).
-NAMED_SECTIONS = ("checkpoints", "prompts", "legacy_caches", "variants")
+# Sections whose keys are names the user chose (they become file and folder names; a
+# variant's may be <sweep>/<item>, two nested folders).
+NAMED_SECTIONS = ("checkpoints", "prompts", "legacy_caches", "variants", "sweeps")
 
 # The study the workflow runs when no --configfile is given (a path in the working directory).
 DEFAULT_CONFIG_FILE = "config.yaml"
@@ -193,7 +197,8 @@ def _describe(error) -> str:
     key = _key_path(error.absolute_path)
     value = error.instance
     if "propertyNames" in error.schema_path:
-        return f"config key {key}: {name_problem(value)}"
+        problem = variant_name_problem(value) if key == "variants" else name_problem(value)
+        return f"config key {key}: {problem}"
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(value) - set(allowed)) if isinstance(value, dict) else []
@@ -288,7 +293,7 @@ def _name_problems(raw: Mapping) -> list[tuple[str, str]]:
         entries = raw.get(section)
         if isinstance(entries, Mapping):
             for key in entries:
-                problem = name_problem(key)
+                problem = variant_name_problem(key) if section == "variants" else name_problem(key)
                 if problem is not None:
                     # A name that is not a string leaves the section out of the later checks.
                     problems.append((section if not isinstance(key, str) else "", f"config key {section}: {problem}"))
@@ -314,15 +319,15 @@ def _name_problems(raw: Mapping) -> list[tuple[str, str]]:
 def _case_collisions(config: Mapping, invalid: set[str]) -> list[str]:
     """Names that differ only in letter case are one folder on macOS and Windows: sources
     (checkpoints and legacy caches), prompts, and variants (with ``default``, which the
-    study may add)."""
+    study may add, and the sweeps, whose runs are folders ``<sweep>/<item>``)."""
     problems = []
     groups = {}
     if not invalid & {"checkpoints", "legacy_caches"}:
         groups["checkpoints"] = [*config["checkpoints"], *config["legacy_caches"]]
     if "prompts" not in invalid:
         groups["prompts"] = list(config["prompts"])
-    if not invalid & {"variants", "generation"}:
-        groups["variants"] = variant_names(config)
+    if not invalid & {"variants", "generation", "sweeps"}:
+        groups["variants"] = [*variant_names(config), *config.get("sweeps", {})]
     for section, names in groups.items():
         for first, second in folded_collisions(names):
             problems.append(
@@ -360,18 +365,26 @@ def merge_variant(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict
     return data
 
 
-def generation_options(config: Mapping, variant: str | None = None, checkpoint: str | None = None) -> GenerationOptions:
+def generation_options(
+    config: Mapping,
+    variant: str | None = None,
+    checkpoint: str | None = None,
+    entry: Mapping[str, Any] | None = None,
+) -> GenerationOptions:
     """The resolved options of the config's generation: the study's ``generation:``, then
-    the checkpoint's own ``generation:`` (its inference settings), then the variant's."""
+    the checkpoint's own ``generation:`` (its inference settings), then the variant's
+    (``entry``: a swept variant's, which ``variants:`` does not hold)."""
     data = dict(config["generation"])
     layers = []
     own = (config["checkpoints"].get(checkpoint) or {}).get("generation") if checkpoint is not None else None
     if own:
         data = merge_variant(data, own)
         layers.append((f"checkpoints.{checkpoint}.generation", own))
-    if variant is not None and variant in config.get("variants", {}):
-        data = merge_variant(data, config["variants"][variant])
-        layers.append((f"variants.{variant}", config["variants"][variant]))
+    if entry is None and variant is not None:
+        entry = config.get("variants", {}).get(variant)
+    if entry is not None:
+        data = merge_variant(data, entry)
+        layers.append((f"variants.{variant}", entry))
     # Window keys an override sets to null (the options refuse them where the policy reads them).
     cleared = {key for _, values in layers for key in POLICY_KEYS if key in values and values[key] is None}
     try:
@@ -397,11 +410,14 @@ def prompt_switches(config: Mapping) -> dict[str, list[int]]:
 
 def variant_names(config: Mapping) -> list[str]:
     """The study's generation variants: the ``variants:`` names, or ``default``. When a
-    variant sets ``interventions`` and none is named ``default``, ``default`` (the study's
-    generation, untouched) comes first: every edited run has its paired control."""
+    variant sets ``interventions`` (or the study has ``sweeps:``) and none is named
+    ``default``, ``default`` (the study's generation, untouched) comes first: every edited
+    run has its paired control. A sweep's variants are each checkpoint's own
+    (``checkpoint_sweeps``)."""
     variants = config.get("variants") or {}
     names = list(variants)
-    if "default" not in variants and any((entry or {}).get("interventions") for entry in variants.values()):
+    edited = any((entry or {}).get("interventions") for entry in variants.values()) or bool(config.get("sweeps"))
+    if "default" not in variants and edited:
         names.insert(0, "default")
     return names or ["default"]
 
@@ -473,11 +489,12 @@ def _check_intervention_places(config: Mapping) -> list[str]:
 
 
 def _check_edited_heads(
-    config: Mapping, checkpoint: str, variant: str, option: GenerationOptions, model_config
+    config: Mapping, checkpoint: str, variant: str, option: GenerationOptions, model_config, where: str | None = None
 ) -> list[str]:
-    """Heads and layers of the run's edits that its checkpoint's model does not have."""
+    """Heads and layers of the run's edits that its checkpoint's model does not have
+    (``where``: the key the edits were given under, if not the config's own)."""
     problems = []
-    where = _where(config, checkpoint, variant, "interventions")
+    where = where or _where(config, checkpoint, variant, "interventions")
     model = (config["checkpoints"][checkpoint] or {}).get("model")
     shape = f"{model_config.num_layers} layers, {model_config.num_heads} heads"
     for index, edit in enumerate(option.interventions):
@@ -583,6 +600,8 @@ def _check_semantics(
                 specs[name] = checkpoint_specs({"checkpoints": {name: config["checkpoints"][name]}})[name]
             except ConfigError as exc:
                 problems += exc.problems
+    sweeps, sweep_lines = _parsed_sweeps(config) if whole("sweeps", "variants") else ({}, [])
+    problems += sweep_lines
     for name, spec in specs.items():
         try:
             resolved[name] = checkpoint = resolve_checkpoint(spec, base_dir)
@@ -591,6 +610,8 @@ def _check_semantics(
             continue
         model_config = checkpoint.model_config
         model_shapes[name] = (model_config.num_layers, model_config.num_heads)
+        if sweeps and (name, "default") in options:
+            problems += _check_swept_runs(config, sweeps, name, model_config)
         for (owner, variant), option in options.items():
             if owner != name:
                 continue
@@ -647,6 +668,69 @@ def _check_semantics(
             if whole("checkpoints") and name in config["checkpoints"]:
                 problems.append(f"config key legacy_caches.{name}: the name is also a checkpoint; names must differ")
     return resolved, _unique(problems), runs_whole
+
+
+def _parsed_sweeps(config: Mapping) -> tuple[dict[str, Sweep], list[str]]:
+    """The study's sweeps (``sweeps.parse_sweeps``) and the problems of them: each one line;
+    a sweep whose name the name rule refused is left to that rule's line; a sweep over
+    heads chosen by class (``class:``, ``random:``), whose runs exist only once the
+    untouched run's classes do, is refused: the workflow plans every run before it starts."""
+    entries = {name: entry for name, entry in config.get("sweeps", {}).items() if name_problem(name) is None}
+    try:
+        sweeps = parse_sweeps(entries, config.get("variants") or {})
+    except ConfigError as error:
+        return {}, error.problems
+    problems = [
+        f"config key sweeps.{name}.over: {sweep.over.to_config()!r} chooses heads by the untouched run's classes, "
+        "which exist only after it ran, and the workflow plans every run of a sweep before it starts; write over: "
+        "all, or list the heads (its head_classes.csv names each head's class)"
+        for name, sweep in sweeps.items()
+        if sweep.needs_classes
+    ]
+    return ({} if problems else sweeps), problems
+
+
+def checkpoint_sweeps(
+    config: Mapping, sweeps: Mapping[str, Sweep], checkpoint: str, model_config: Any
+) -> SweepExpansion:
+    """The swept variants of one checkpoint (``sweeps.expand_sweeps``): its model's layers
+    and heads, its untouched run's blocks and sink frames."""
+    default = generation_options(config, "default", checkpoint)
+    return expand_sweeps(
+        sweeps,
+        num_layers=model_config.num_layers,
+        num_heads=model_config.num_heads,
+        block_sizes=default.block_sizes(),
+        sink_frames=default.sink_frames,
+    )
+
+
+def _check_swept_runs(config: Mapping, sweeps: Mapping[str, Sweep], checkpoint: str, model_config: Any) -> list[str]:
+    """Every check of a hand-written variant on each swept run of ``checkpoint`` (its edits
+    build, mean something and fit the model), each problem said of the sweep
+    (``sweep_message``) once, with the first run it concerns and how many more."""
+    try:
+        expansion = checkpoint_sweeps(config, sweeps, checkpoint, model_config)
+    except ConfigError as error:
+        return error.problems
+    found: dict[str, tuple[str, list[str]]] = {}
+    for variant, entry in expansion.variants.items():
+        try:
+            option = generation_options(config, variant, checkpoint, entry)
+        except OptionsError as error:
+            lines = error.problems
+        else:
+            where = f"variants.{variant}.interventions"
+            lines = _check_edit_values(where, option)
+            lines += _check_edited_heads(config, checkpoint, variant, option, model_config, where=where)
+        for line in lines:
+            said = sweep_message(line, list(sweeps)).rsplit(" (run ", 1)[0]
+            # One line a key: the first run's words, and how many runs more it concerns.
+            found.setdefault(said.split(": ", 1)[0], (said, []))[1].append(variant)
+    return [
+        f"{line} (run {runs[0]}" + (f", and {len(runs) - 1} more" if len(runs) > 1 else "") + ")"
+        for line, runs in found.values()
+    ]
 
 
 def _check_edit_values(where: str, option: GenerationOptions) -> list[str]:
@@ -899,6 +983,21 @@ _BIAS_OVERFLOWS = (
 # schedule's sigmas NaN.
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT32_NORMAL_MIN = 1.1754943508222875e-38
+
+
+# runs_per_job: auto. A job's runs go through the model one after another, so its memory is
+# its largest run's (which the check fits to the device), whatever their number: the bound
+# is the job's length. 64 runs keep a job of the 1.3B's atlas near 3 min on an H100 (2.6 s a
+# run eager, docs/performance.md), so loading and compiling (8-40 s) cost a few percent and
+# an atlas of one seed still spreads over several GPUs; on the CPU, a process start (3-5 s
+# with torch, more than the demo's generation) is paid once per 64 runs.
+AUTO_RUNS_PER_JOB = 64
+
+
+def resolve_runs_per_job(value: int | str) -> int:
+    """How many runs of one checkpoint, prompt and seed one extraction job generates at most
+    (``runs_per_job``): a number, or ``AUTO_RUNS_PER_JOB`` for ``auto``."""
+    return AUTO_RUNS_PER_JOB if value == "auto" else max(1, int(value))
 
 
 def resolve_layers_per_job(value: int | str, layers: int, device: str) -> int:

@@ -68,6 +68,34 @@ def generation_flops(
     return float(options.calls(switch_frames) * per_call)
 
 
+def _speed(device: str) -> DeviceSpeed:
+    return SPEEDS["cuda" if device.startswith("cuda") else "cpu"]
+
+
+def job_start_seconds(device: str, *, weight_bytes: int) -> float:
+    """Seconds of an extraction job before it generates: its process, the weights read."""
+    speed = _speed(device)
+    return speed.start_seconds + speed.load_seconds + weight_bytes / speed.load_bytes_per_second
+
+
+def generation_seconds(
+    config: WanConfig,
+    options: GenerationOptions,
+    device: str,
+    *,
+    captured_layers: int,
+    switch_frames: Sequence[int] = (),
+) -> float:
+    """Seconds of one generation with ``captured_layers`` captured, the model loaded."""
+    speed = _speed(device)
+    calls = options.calls(switch_frames)
+    return (
+        calls * (config.num_layers * speed.call_layer_seconds + captured_layers * speed.captured_layer_seconds)
+        + generation_flops(config, options, captured_layers=captured_layers, switch_frames=switch_frames)
+        / speed.flops_per_second
+    )
+
+
 def extraction_seconds(
     config: WanConfig,
     options: GenerationOptions,
@@ -77,16 +105,10 @@ def extraction_seconds(
     weight_bytes: int,
     switch_frames: Sequence[int] = (),
 ) -> float:
-    """Seconds of one extraction job on ``device`` (an estimate)."""
-    speed = SPEEDS["cuda" if device.startswith("cuda") else "cpu"]
-    calls = options.calls(switch_frames)
-    return (
-        speed.start_seconds
-        + speed.load_seconds
-        + weight_bytes / speed.load_bytes_per_second
-        + calls * (config.num_layers * speed.call_layer_seconds + captured_layers * speed.captured_layer_seconds)
-        + generation_flops(config, options, captured_layers=captured_layers, switch_frames=switch_frames)
-        / speed.flops_per_second
+    """Seconds of one extraction job of one run on ``device`` (an estimate)."""
+    start = job_start_seconds(device, weight_bytes=weight_bytes)
+    return start + generation_seconds(
+        config, options, device, captured_layers=captured_layers, switch_frames=switch_frames
     )
 
 

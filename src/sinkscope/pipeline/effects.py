@@ -408,14 +408,8 @@ def _pair_effects(
         reference, reference_calls = default.latents(), default.calls()
         for (_, variant, _, _), run in variants:
             columns = {"checkpoint": checkpoint, "variant": variant, "prompt_id": prompt_id, "seed": seed}
-            latents = run.latents()
-            try:
-                effects = frame_effects(latents, reference)
-            except ValueError as error:
-                log.warning("variant %s, prompt %s, seed %d: no latent effects (%s)", variant, prompt_id, seed, error)
-            else:
-                table = pd.DataFrame(effects).assign(**columns)
-                table["block"] = frame_blocks(run.meta.get("block_sizes") or [latents.shape[1]], len(table))
+            table = _frame_table(run, reference, columns)
+            if table is not None:
                 frame_parts.append(table)
             if variant not in edited_cache:
                 model = run.meta.get("model_config") or {}
@@ -432,6 +426,44 @@ def _pair_effects(
             heads["edited"] = [(int(a), int(b)) in edited for a, b in zip(heads["layer"], heads["head"])]
             head_parts.append(heads)
     return frame_parts, head_parts
+
+
+def _frame_table(run: _Run, reference: np.ndarray, columns: Mapping[str, Any]) -> pd.DataFrame | None:
+    """One run's variant_effects rows against the untouched latents ``reference`` (None,
+    with a warning, when the two share no frame layout)."""
+    latents = run.latents()
+    try:
+        effects = frame_effects(latents, reference)
+    except ValueError as error:
+        log.warning(
+            "variant %s, prompt %s, seed %d: no latent effects (%s)",
+            columns["variant"],
+            columns["prompt_id"],
+            columns["seed"],
+            error,
+        )
+        return None
+    table = pd.DataFrame(effects).assign(**columns)
+    table["block"] = frame_blocks(run.meta.get("block_sizes") or [latents.shape[1]], len(table))
+    return table
+
+
+def latent_effects(checkpoint: str, folders: Iterable[str | Path]) -> pd.DataFrame:
+    """The per-run variant_effects rows (latents alone: no run means, no attention) of the
+    runs among the extraction ``folders`` against the untouched runs among them."""
+    defaults, paired = _paired_runs(checkpoint, _runs(folders))
+    parts = []
+    for (prompt_id, seed), default in sorted(defaults.items()):
+        variants = [(key, run) for key, run in paired if key[2:] == (prompt_id, seed)]
+        reference = default.latents() if variants else None
+        for (_, variant, _, _), run in variants:
+            columns = {"checkpoint": checkpoint, "variant": variant, "prompt_id": prompt_id, "seed": seed}
+            table = _frame_table(run, reference, columns)
+            if table is not None:
+                parts.append(table)
+    if not parts:
+        return pd.DataFrame(columns=[*RUN_KEYS, "latent_frame", "block", *FRAME_STATS])
+    return pd.concat(parts, ignore_index=True)
 
 
 def _effects_metadata(checkpoint: str, runs: Mapping, defaults: Mapping, interventions: Mapping[str, list]) -> dict:

@@ -26,12 +26,14 @@ from sinkscope.figures.registry import (
     LAYER_FIGURES,
     SOURCE_FIGURES,
     STUDY_FIGURES,
+    SWEEP_FIGURES,
     SWITCH_FIGURES,
     TOKEN_FIGURES,
 )
 from sinkscope.naming import parse_head_label
-from sinkscope.pipeline.extractplan import ExtractionPlan
-from sinkscope.pipeline.layout import EFFECT_TABLES
+from sinkscope.pipeline.effectsplan import EffectsPlan
+from sinkscope.pipeline.layout import ATLAS_TABLES, EFFECT_TABLES
+from sinkscope.sweeps import sweep_item
 
 # The figures the summary page embeds beside its tables.
 SUMMARY_FIGURES = (
@@ -44,10 +46,13 @@ SUMMARY_FIGURES = (
     "variant_drift",
     "attention_shift",
     "cache_timeline",
+    "head_atlas",
+    "frame_atlas",
+    "pruning_curve",
 )
 EXTENSIONS = ("svg", "png")
 # The kinds ``figures.kinds`` may choose (the contact sheet is outputs.contact_sheet's).
-CHOOSABLE_FIGURES = (*SOURCE_FIGURES, *LAYER_FIGURES, *CHECKPOINT_FIGURES, *STUDY_FIGURES)
+CHOOSABLE_FIGURES = (*SOURCE_FIGURES, *LAYER_FIGURES, *CHECKPOINT_FIGURES, *SWEEP_FIGURES, *STUDY_FIGURES)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class FigureSet:
     layers: tuple[int, ...] = ()
 
 
-class FigurePlan(ExtractionPlan):
+class FigurePlan(EffectsPlan):
     """The figures of a study: kinds, inputs, options, targets."""
 
     # -- which kinds ---------------------------------------------------------------------------------
@@ -99,17 +104,29 @@ class FigurePlan(ExtractionPlan):
         return self._for_variant(source, self.chosen_kinds(LAYER_FIGURES))
 
     def checkpoint_figure_kinds(self, checkpoint: str | None = None) -> list[str]:
-        """Checkpoint figures to draw (every checkpoint has the same variants): those that
-        compare variants only with two or more, the prompt-switch figures only when a prompt
-        switches, the effects figures only with variants paired with the untouched run."""
+        """Checkpoint figures to draw (every checkpoint has the same variants and sweeps):
+        those that compare variants only with two or more, the prompt-switch figures only
+        when a prompt switches, the effects figures only with variants paired with the
+        untouched run; then the atlases (scope ``sweep``) of the axes the study sweeps."""
         several = len(self.variants) >= 2
-        return [
+        kinds = [
             kind
             for kind in self.chosen_kinds(CHECKPOINT_FIGURES)
             if (FIGURES[kind].compares != "variants" or several)
             and (kind not in SWITCH_FIGURES or self.switches)
             and (self.effect_variants or not set(FIGURES[kind].inputs) & set(EFFECT_TABLES))
         ]
+        axes = self.atlas_axes
+        return kinds + [kind for kind in self.chosen_kinds(SWEEP_FIGURES) if set(FIGURES[kind].sweep_axes) & axes]
+
+    @property
+    def atlas_axes(self) -> set[str]:
+        """What the study's atlas runs run over (``sinkscope.sweeps``: head, layer, frame,
+        ranked): its sweeps' axes and those its ``<sweep>/<item>`` variants name."""
+        if not self.has_atlas:
+            return set()
+        axes = {sweep.axis for sweep in self.sweeps.values()}
+        return axes | {item.axis for v in self.variants_of(next(iter(self.checkpoints))) if (item := sweep_item(v))}
 
     def study_figure_kinds(self) -> list[str]:
         """Study figures to draw: those that compare checkpoints only with two or more (the
@@ -121,10 +138,11 @@ class FigurePlan(ExtractionPlan):
 
     def _source_classes(self) -> dict[str, list[str]]:
         """The study's runs (untouched, or variants of a study without one), the variants
-        paired with an untouched run, and imported caches."""
+        paired with an untouched run, and imported caches (atlas runs have no figures)."""
+        runs = [source for source in self.runs if not self.is_atlas_run(source)]
         return {
-            "run": [s for s in self.runs if not self.is_paired_variant(s)],
-            "variant": [s for s in self.runs if self.is_paired_variant(s)],
+            "run": [s for s in runs if not self.is_paired_variant(s)],
+            "variant": [s for s in runs if self.is_paired_variant(s)],
             "imported": list(self.legacy),
         }
 
@@ -161,14 +179,15 @@ class FigurePlan(ExtractionPlan):
     def figure_inputs(self, kind: str, source: str) -> list[str]:
         """The tables figure ``kind`` of ``source`` reads (a checkpoint's: all its variants)."""
         sources = self.sources_of(source) if kind in CHECKPOINT_FIGURES else [source]
+        per_checkpoint = (*EFFECT_TABLES, *ATLAS_TABLES)
         tables = [
             self.path("source_table", source=s, table=t)
             for s in sources
             for t in FIGURES[kind].inputs
-            if t not in EFFECT_TABLES
+            if t not in per_checkpoint
         ]
         tables += [
-            self.path("effects_table", checkpoint=source, table=t) for t in FIGURES[kind].inputs if t in EFFECT_TABLES
+            self.path("effects_table", checkpoint=source, table=t) for t in FIGURES[kind].inputs if t in per_checkpoint
         ]
         if FIGURES[kind].needs_reference_labels:
             tables.append(str(self.config["diagnostics"]["reference_labels"]))

@@ -38,7 +38,16 @@ The regions (``REGIONS``):
   after block 0 per run, in the last block (mean ± std between runs), and the frame-0 mass
   change of its edited heads and of any head;
 - ``intervention-drift``: per edited variant, the drift proxy (cosine to frame 0) where it
-  lies above the untouched video's, and in the last block.
+  lies above the untouched video's, and in the last block;
+- ``atlas-heads``: a head sweep's atlas (``sweep=``): the heads of most drift at the last
+  block, the spread over the heads, the sink-class heads' drift against the others', and
+  Spearman's rank correlation between drift and untouched frame-0 mass (head_atlas);
+- ``atlas-frames``: a frame sweep's atlas (``sweep=``): the frames of most and least drift,
+  the sink frame's, and the rank correlation with the untouched mass on the frame
+  (frame_atlas);
+- ``pruning-table``: a pruning sweep's curve (``sweep=``): per head count, the drift at the
+  last block of each order (mean ± std between runs) and each order's area under the curve
+  (pruning_curve).
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ from sinkscope.stats.summaries import (
     last_block,
     resolve_step,
 )
+from sinkscope.sweeps import is_atlas_run
 from sinkscope.tables import ALL_PROMPTS, RUN_STD_SUFFIX, read_table
 
 REGION = re.compile(
@@ -394,8 +404,9 @@ def effects_rows(tables: StudyTables, name: str, params: Mapping[str, str]) -> p
 
 def edited_variants(table: pd.DataFrame) -> list[str]:
     """The variants paired with the untouched run, the nearest to it (last block's mean
-    latent distance) first."""
+    latent distance) first; atlas runs (``<sweep>/<item>``) left to the atlas regions."""
     last = table[(table["block"] == table["block"].max()) & (table["variant"] != "default")]
+    last = last[~last["variant"].astype(str).map(is_atlas_run)]
     return list(last.groupby("variant", observed=True)["latent_rel_distance"].mean().sort_values().index.astype(str))
 
 
@@ -509,6 +520,97 @@ def _stretches(frames: Iterable[int]) -> list[list[int]]:
     return out
 
 
+def atlas_rows(tables: StudyTables, name: str, params: Mapping[str, str]) -> pd.DataFrame:
+    """The run-averaged rows of one sweep (``sweep=``) of a checkpoint's atlas table ``name``."""
+    table = effects_rows(tables, name, params)
+    sweep = params.get("sweep")
+    rows = table[(table["sweep"].astype(str) == sweep) & (table["prompt_id"] == ALL_PROMPTS)]
+    if rows.empty:
+        raise ValueError(f"{name} has no run-averaged rows of sweep {sweep!r}")
+    return rows
+
+
+def rank_correlation(x: pd.Series, y: pd.Series) -> float:
+    """Spearman's rank correlation over the pairs where both are known (average ranks for ties)."""
+    both = pd.DataFrame({"x": x.to_numpy(dtype=float), "y": y.to_numpy(dtype=float)}).dropna()
+    return float(both["x"].rank().corr(both["y"].rank()))
+
+
+def drift_of(row: pd.Series) -> str:
+    return spread(row["drift_last_block"], row["drift_last_block" + RUN_STD_SUFFIX])
+
+
+def atlas_heads(tables: StudyTables, params: Mapping[str, str]) -> str:
+    rows = atlas_rows(tables, "head_atlas", params).sort_values(["drift_last_block", "layer", "head"], ascending=False)
+    rows = rows[rows["head"] >= 0]
+    top = [
+        f"{head_label(r['layer'], r['head'])} ({drift_of(r)})"
+        for _, r in rows.head(int(params.get("top", 5))).iterrows()
+    ]
+    drift = rows["drift_last_block"]
+    sinks = rows[rows["head_class"].astype(str) == "sink"]
+    others = rows[rows["head_class"].astype(str) != "sink"]
+    text = (
+        f"over its {len(rows)} heads and {int(rows['runs'].max())} runs, the drift at the last block runs from "
+        f"{fixed(drift.min())} to {fixed(drift.max())} (median {fixed(drift.median())}); the most: {', '.join(top)}"
+    )
+    if len(sinks):
+        text += (
+            f"; the untouched run's {len(sinks)} sink-class heads {fixed(sinks['drift_last_block'].mean())} on "
+            f"average, its other {len(others)} heads {fixed(others['drift_last_block'].mean())}"
+        )
+    rho = rank_correlation(rows["drift_last_block"], rows["frame0_mass_default"])
+    return text + f"; Spearman's ρ between a head's drift and its untouched frame-0 mass is {rho:.2f}"
+
+
+def atlas_frames(tables: StudyTables, params: Mapping[str, str]) -> str:
+    rows = atlas_rows(tables, "frame_atlas", params).sort_values("key_frame")
+    ranked = rows.sort_values(["drift_last_block", "key_frame"], ascending=[False, True])
+    top = [f"{int(r['key_frame'])} ({drift_of(r)})" for _, r in ranked.head(int(params.get("top", 5))).iterrows()]
+    least = ranked.tail(3).iloc[::-1]
+    sinks = rows[rows["sink"].astype(bool)]
+    text = (
+        f"over its {len(rows)} cached frames ({frames_span([int(f) for f in rows['key_frame']])}) and "
+        f"{int(rows['runs'].max())} runs, editing frame {', '.join(top)} moves the last block most; frame "
+        + ", ".join(f"{int(r['key_frame'])} ({fixed(r['drift_last_block'])})" for _, r in least.iterrows())
+        + " least"
+    )
+    if len(sinks):
+        text += "; the sink frame " + ", ".join(f"{int(r['key_frame'])}: {drift_of(r)}" for _, r in sinks.iterrows())
+    rho = rank_correlation(rows["drift_last_block"], rows["frame_mass_default"])
+    return text + f"; Spearman's ρ between a frame's drift and its untouched mass is {rho:.2f}"
+
+
+def pruning_table(tables: StudyTables, params: Mapping[str, str]) -> str:
+    rows = atlas_rows(tables, "pruning_curve", params)
+    orders = ("drift", "random", "frame0_mass")
+    counts = sorted(int(k) for k in rows["head_count"].unique())
+    every = rows[rows["order"] == "all"]
+    lines = [
+        "| heads edited (k) | " + " | ".join(f"`{order}` order" for order in orders) + " |",
+        "|---|" + "---|" * len(orders),
+    ]
+    for count in counts:
+        chosen = rows[rows["head_count"] == count]
+        if (chosen["order"] == "all").any():
+            cells = [drift_of(chosen[chosen["order"] == "all"].iloc[0])] * len(orders)
+        else:
+            cells = [
+                drift_of(chosen[chosen["order"] == order].iloc[0]) if (chosen["order"] == order).any() else "-"
+                for order in orders
+            ]
+        lines.append(f"| {count} | " + " | ".join(cells) + " |")
+    largest = max(counts)
+    areas = []
+    for order in orders:
+        curve = pd.concat([rows[rows["order"] == order], every])[["head_count", "drift_last_block"]]
+        points = sorted([(0, 0.0), *((int(k), float(d)) for k, d in curve.itertuples(index=False))])
+        k, d = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+        areas.append(f"`{order}` {fixed(float(np.sum((k[1:] - k[:-1]) * (d[1:] + d[:-1]) / 2)) / largest)}")
+    lines += ["", f"Area under each curve over k = 0-{largest}, divided by {largest}: {', '.join(areas)}."]
+    return "\n".join(lines)
+
+
 # kind: (writer, the region is a block of its own lines rather than words in a sentence)
 REGIONS: dict[str, tuple[Callable[[StudyTables, Mapping[str, str]], str], bool]] = {
     "layer-profile": (layer_profile, True),
@@ -520,6 +622,9 @@ REGIONS: dict[str, tuple[Callable[[StudyTables, Mapping[str, str]], str], bool]]
     "intervention-heads": (intervention_heads, False),
     "intervention-table": (intervention_table, True),
     "intervention-drift": (intervention_drift, True),
+    "atlas-heads": (atlas_heads, False),
+    "atlas-frames": (atlas_frames, False),
+    "pruning-table": (pruning_table, True),
 }
 
 

@@ -1,11 +1,14 @@
-"""A normalized config seen as a grid: checkpoints x variants (the sources) x prompts x
+"""A normalized config seen as a grid: checkpoints x variants (the runs) x prompts x
 seeds x layer groups, and where the study's files go.
 
 The base of ``sinkscope.pipeline.study.Study``; the stage planners
 (``extractplan``, ``effectsplan``, ``figureplan``, ``videoplan``) read the grid from
-here. Sources: what gets its own tables and figures. A checkpoint with the ``default``
-generation is named like the checkpoint; a checkpoint under another variant is
-``<checkpoint>@<variant>``; imported legacy caches are sources too.
+here. Runs: what gets extracted. A checkpoint with the ``default`` generation is named
+like the checkpoint; a checkpoint under another variant is ``<checkpoint>@<variant>``.
+A sweep's variants (``sweeps:``, each checkpoint's own: its model's heads) and variants
+named ``<sweep>/<item>`` are atlas runs: extracted and paired with the untouched run, with
+no tables or figures of their own, capturing what the atlas reads (``run_groups``).
+Sources: what gets its own tables and figures: the other runs, and imported legacy caches.
 """
 
 from __future__ import annotations
@@ -17,12 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from sinkscope.errors import ConfigError
+from sinkscope.interventions import ATTENTION_EDITS
 from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_digest
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.codedigest import stage_digest
-from sinkscope.pipeline.config import generation_options, resolve_checkpoints, study_layers_per_job, variant_names
+from sinkscope.pipeline.config import (
+    checkpoint_sweeps,
+    generation_options,
+    resolve_checkpoints,
+    resolve_runs_per_job,
+    study_layers_per_job,
+    variant_names,
+)
 from sinkscope.pipeline.layout import DEFAULT_VARIANT, RESULTS, path, results_folder, source_name
 from sinkscope.prompt_schedules import PromptSegment, prompt_segments, switch_frames
+from sinkscope.sweeps import Sweep, is_atlas_run, parse_sweeps
 
 # Digests of weight files, text encoders and legacy-cache layouts, reused while their
 # size and mtime hold.
@@ -103,18 +115,58 @@ class StudyGrid:
         size = self.layers_per_job
         return [self.layers[i : i + size] for i in range(0, len(self.layers), size)]
 
-    # -- sources -----------------------------------------------------------------------------------
+    @cached_property
+    def runs_per_job(self) -> int:
+        """The most runs one extraction job generates (``runs_per_job``)."""
+        return resolve_runs_per_job(self.config.get("runs_per_job", "auto"))
+
+    # -- variants, sweeps and runs -------------------------------------------------------------------
 
     @property
     def variants(self) -> list[str]:
-        return variant_names(self.config)
+        """The study's variants that get tables and figures (``default`` among them when it
+        pairs with edited runs); atlas runs are each checkpoint's (``atlas_variants``)."""
+        return [variant for variant in variant_names(self.config) if not is_atlas_run(variant)]
+
+    @cached_property
+    def sweeps(self) -> dict[str, Sweep]:
+        """The study's sweeps, parsed (``sinkscope.sweeps``)."""
+        return parse_sweeps(self.config.get("sweeps") or {}, self.config.get("variants") or {})
+
+    @cached_property
+    def _swept(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return {
+            name: checkpoint_sweeps(self.config, self.sweeps, name, checkpoint.model_config).variants
+            if self.sweeps
+            else {}
+            for name, checkpoint in self.checkpoints.items()
+        }
+
+    def swept(self, checkpoint: str) -> dict[str, dict[str, Any]]:
+        """The checkpoint's swept variants: name (``<sweep>/<item>``) -> its ``variants:`` entry."""
+        return self._swept[checkpoint]
+
+    def atlas_variants(self, checkpoint: str) -> list[str]:
+        """The checkpoint's atlas runs: variants named ``<sweep>/<item>`` by hand, then its
+        sweeps' variants."""
+        return [v for v in variant_names(self.config) if is_atlas_run(v)] + list(self.swept(checkpoint))
+
+    def variants_of(self, checkpoint: str) -> list[str]:
+        """Every variant the checkpoint runs: the study's, then its atlas runs."""
+        return self.variants + self.atlas_variants(checkpoint)
 
     @property
     def effect_variants(self) -> list[str]:
-        """The variants paired with the untouched run: every one but ``default``, when the
-        study has ``default`` and at least one other (else none)."""
+        """The variants with tables of their own paired with the untouched run: every one but
+        ``default``, when the study has ``default`` and at least one other (else none)."""
         others = [variant for variant in self.variants if variant != DEFAULT_VARIANT]
         return others if DEFAULT_VARIANT in self.variants else []
+
+    def paired_variants(self, checkpoint: str) -> list[str]:
+        """Every variant of the checkpoint paired with its untouched run, atlas runs included."""
+        if DEFAULT_VARIANT not in self.variants:
+            return []
+        return [variant for variant in self.variants_of(checkpoint) if variant != DEFAULT_VARIANT]
 
     @property
     def legacy(self) -> dict[str, dict]:
@@ -124,28 +176,51 @@ class StudyGrid:
 
     @cached_property
     def runs(self) -> dict[str, tuple[str, str]]:
-        """Source name -> (checkpoint, variant), for every extracted source."""
-        return {self.source_name(c, v): (c, v) for c in self.checkpoints for v in self.variants}
+        """Run name -> (checkpoint, variant), for every extracted run (atlas runs included)."""
+        return {self.source_name(c, v): (c, v) for c in self.checkpoints for v in self.variants_of(c)}
+
+    def is_atlas_run(self, source: str) -> bool:
+        return source in self.runs and is_atlas_run(self.runs[source][1])
 
     @property
     def sources(self) -> list[str]:
-        """Everything that gets tables and figures: extracted sources, then imported caches."""
-        return list(self.runs) + list(self.legacy)
+        """Everything that gets tables and figures: extracted runs but atlas runs, then
+        imported caches."""
+        return [run for run, (_, variant) in self.runs.items() if not is_atlas_run(variant)] + list(self.legacy)
 
     def checkpoint_of(self, source: str) -> str:
         return self.runs[source][0] if source in self.runs else source
 
     def sources_of(self, checkpoint: str) -> list[str]:
-        return [source for source, (c, _) in self.runs.items() if c == checkpoint] or [checkpoint]
+        """The checkpoint's sources (its runs with tables of their own)."""
+        found = [s for s, (c, v) in self.runs.items() if c == checkpoint and not is_atlas_run(v)]
+        return found or [checkpoint]
 
     @cached_property
     def options(self) -> dict[str, GenerationOptions]:
-        """Source -> the generation options it runs (the study's, the checkpoint's own, the variant's)."""
+        """Run -> the generation options it runs (the study's, the checkpoint's own, the variant's)."""
         return {
-            self.source_name(c, v): generation_options(self.config, v, c)
-            for c in self.checkpoints
-            for v in self.variants
+            source: generation_options(self.config, v, c, self.swept(c).get(v)) for source, (c, v) in self.runs.items()
         }
+
+    def run_groups(self, source: str) -> list[list[int]]:
+        """The layers each of a run's extraction folders captures: the study's layer groups;
+        an atlas run's (``capture.atlas_runs: edited``), those of the study's layers that
+        hold a head it edits (every one for an edit of every head, without heads, or of
+        heads known only in the job), the first of them when none does, grouped by
+        ``layers_per_job`` (on the CPU, ``auto``: one group)."""
+        if not self.is_atlas_run(source) or self.config["capture"].get("atlas_runs", "edited") == "all":
+            return self.layer_groups
+        edited = edited_layers(self.options[source], self.model_config_of(source).num_layers)
+        chosen = [layer for layer in self.layers if layer in edited] or self.layers[:1]
+        # layers_per_job: auto on the CPU is one layer a job, so that a rerun stays small; an
+        # atlas run is one generation whatever it captures (memory is no bound on the CPU).
+        cpu_auto = self.config["layers_per_job"] == "auto" and not self.device.startswith("cuda")
+        size = len(chosen) if cpu_auto else self.layers_per_job
+        return [chosen[i : i + size] for i in range(0, len(chosen), size)]
+
+    def model_config_of(self, source: str):
+        return self.checkpoints[self.checkpoint_of(source)].model_config
 
     def token_profiles(self, source: str) -> bool:
         """Whether the source has token profiles (extracted with capture.token_profiles)."""
@@ -179,3 +254,17 @@ class StudyGrid:
             return cached_value(f"{digest}:{entry['allow_pickle']}:values", cache, peek)
         except (ValueError, FileNotFoundError) as error:
             raise ConfigError(f"config key legacy_caches.{source}: {error}") from None
+
+
+def edited_layers(options: GenerationOptions, num_layers: int) -> frozenset[int]:
+    """The layers whose attention a run's edits change, as far as the plan knows them: the
+    layers of the heads an attention edit names; every layer for every head, for heads
+    chosen by class or by an atlas's order (known only in the job), and for a cache edit
+    (every head reads the cache)."""
+    layers: set[int] = set()
+    for edit in options.interventions:
+        heads = edit.heads if isinstance(edit, ATTENTION_EDITS) else None
+        if heads is None or heads.kind == "all" or heads.by_class or heads.by_atlas:
+            return frozenset(range(num_layers))
+        layers |= set(heads.layers) | {layer for layer, _ in heads.heads}
+    return frozenset(layers)

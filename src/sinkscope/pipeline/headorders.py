@@ -1,16 +1,21 @@
 """The head orders of a head atlas, for the pruning curve's runs (``atlas:`` selections).
 
-One job per head sweep that a pruning sweep ranks (``over: atlas:<sweep>``): it reads the
-checkpoint's ``head_atlas`` table (``sinkscope.pipeline.atlas``) and writes, per order of
-``HEAD_ORDERS``, the sweep's heads first to last (``sinkscope.sweeps.write_head_orders``):
+One job per head sweep that a pruning sweep ranks (``over: atlas:<sweep>``): from the
+extraction folders of the sweep's runs and of the untouched runs it makes the sweep's
+``head_atlas`` rows as the atlas tables have them (``sinkscope.pipeline.effects.latent_effects``,
+``sinkscope.pipeline.atlas.head_atlas``; not read from the checkpoint's head_atlas table,
+whose variant_effects pairs the pruning runs too, which wait for this file) and writes,
+per order of ``HEAD_ORDERS``, the sweep's heads first to last
+(``sinkscope.interventions.write_head_orders``):
 
 - ``drift``: least ``drift_last_block`` first (the heads the atlas says the video needs least);
 - ``random``: a fixed random order, by a hash of the sweep's name and each head (the control);
 - ``frame0_mass``: least untouched frame-0 mass first (the attention-pattern rule).
 
-The pruning runs' extraction jobs read it (``sweeps.read_head_orders``) and turn their
-``atlas:`` selections into lists (``interventions.with_head_orders``); its own module, so
-that editing the atlas tables' code reruns no pruning run.
+The pruning runs' extraction jobs read it (``interventions.read_head_orders``) and turn
+their ``atlas:`` selections into lists (``interventions.with_head_orders``). The file's
+bytes are the orders alone: remaking it with the same orders (after an edit of the atlas
+code) reruns no pruning run (Snakemake compares a small input's checksum).
 """
 
 from __future__ import annotations
@@ -23,9 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sinkscope.interventions import HEAD_ORDERS, Head
-from sinkscope.sweeps import write_head_orders
-from sinkscope.tables import ALL_PROMPTS, read_table
+from sinkscope.interventions import HEAD_ORDERS, Head, write_head_orders
+from sinkscope.tables import ALL_PROMPTS
 
 __all__ = ["head_orders", "head_orders_job", "random_order"]
 
@@ -68,9 +72,17 @@ def head_orders(atlas: pd.DataFrame, sweep: str, checkpoint: str | None = None) 
     return {order: orders[order] for order in HEAD_ORDERS}
 
 
-def head_orders_job(*, atlas: str | Path, output: str | Path, checkpoint: str, sweep: str) -> None:
-    """One checkpoint's ``head_atlas.parquet`` -> the head orders of its head sweep ``sweep``."""
-    table = read_table(atlas)
+def head_orders_job(*, folders: Sequence[str | Path], output: str | Path, checkpoint: str, sweep: str) -> None:
+    """The extraction folders of head sweep ``sweep``'s runs and of the untouched runs of
+    ``checkpoint`` -> the sweep's head orders."""
+    from sinkscope.pipeline.atlas import default_head_mass, default_rows, head_atlas
+    from sinkscope.pipeline.effects import latent_effects
+    from sinkscope.sweeps import is_atlas_run
+
+    effects = latent_effects(checkpoint, folders)
+    effects = effects[effects["variant"].astype(str).str.startswith(f"{sweep}/")]
+    defaults = [folder for folder in folders if not is_atlas_run(_variant_of(folder))]
+    table = head_atlas(effects, default_head_mass(default_rows(defaults)))
     orders = head_orders(table, sweep, checkpoint)
     rows = table[(table["sweep"].astype(str) == sweep) & (table["prompt_id"].astype(str) == ALL_PROMPTS)]
     runs = int(rows["runs"].max()) if len(rows) else 0
@@ -84,3 +96,11 @@ def head_orders_job(*, atlas: str | Path, output: str | Path, checkpoint: str, s
         runs,
         first,
     )
+
+
+def _variant_of(folder: str | Path) -> str:
+    """The variant an extraction folder's rows record."""
+    from sinkscope.pipeline.aggregate import extraction_files
+    from sinkscope.tables import DEFAULT_VARIANT, read_metadata
+
+    return str(read_metadata(extraction_files(folder)["frames"][0]).get("variant", DEFAULT_VARIANT))

@@ -29,6 +29,11 @@ TABLES = ("frame_attention", "head_stats", "layer_stats", "block_stats", "head_d
 SOURCE_TABLES = (*TABLES, "query_stats", "token_profiles")
 # Per checkpoint (and combined): each variant paired with the untouched default run.
 EFFECT_TABLES = ("variant_effects", "variant_head_effects")
+# Per checkpoint (and combined): its sweeps' runs against the untouched run (sinkscope.pipeline.atlas).
+ATLAS_TABLES = ("head_atlas", "frame_atlas", "pruning_curve")
+# Under the results folder: the runs a job of several runs finished, until the job moves them
+# into place (an interrupted job's next attempt takes them from here; sinkscope.pipeline.extract).
+STAGING = ".staging"
 
 PATTERNS = {
     "embedding": "<results>/prompts/{encoder}/{prompt}.safetensors",
@@ -50,6 +55,8 @@ PATTERNS = {
     # The untouched (default) run's head classes, for edits that select heads by class.
     "intervention_classes": "<results>/interventions/{checkpoint}/head_classes.json",
     "effects_table": "<results>/tables/checkpoints/{checkpoint}/{table}.parquet",
+    # A head sweep's heads in the orders the pruning curve takes them (sinkscope.pipeline.headorders).
+    "head_orders": "<results>/atlas/{checkpoint}/{sweep}/head_orders.json",
 }
 # The folder of every job's log and benchmark (Snakemake's <logs> and <benchmarks>).
 LOGS = "<results>/logs"

@@ -20,9 +20,9 @@ from sinkscope.errors import ConfigError, gathered
 from sinkscope.naming import parse_head_label
 from sinkscope.pipeline.config import check_config, check_machine, device_problems
 from sinkscope.pipeline.configfile import read_config_file
-from sinkscope.pipeline.effectsplan import EffectsPlan
 from sinkscope.pipeline.figureplan import SUMMARY_FIGURES, FigurePlan
 from sinkscope.pipeline.layout import (
+    ATLAS_TABLES,
     DEFAULT_VARIANT,
     EFFECT_TABLES,
     PATTERNS,
@@ -36,6 +36,7 @@ from sinkscope.pipeline.videoplan import video_targets
 from sinkscope.schema import schema_defaults
 
 __all__ = [
+    "ATLAS_TABLES",
     "DEFAULT_VARIANT",
     "EFFECT_TABLES",
     "PATTERNS",
@@ -152,7 +153,7 @@ def _uncaptured_figure_layers(study: Study, captured: set[int], *, chosen_heads:
     return problems
 
 
-class Study(EffectsPlan, FigurePlan):
+class Study(FigurePlan):
     """A normalized config seen as a grid of jobs and files: the stage planners composed."""
 
     def all_targets(self) -> list[str]:
@@ -166,6 +167,8 @@ class Study(EffectsPlan, FigurePlan):
         return (
             tables
             + self.effects_targets()
+            + self.atlas_targets()
+            + self.head_orders_targets()
             + per_source
             + inputs
             + self.all_embeddings()

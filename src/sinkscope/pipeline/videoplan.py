@@ -60,13 +60,14 @@ def sheet_variants(study: FigurePlan) -> list[str]:
 
 
 def video_targets(study: FigurePlan) -> list[str]:
-    """Every MP4 and contact sheet the study's ``outputs`` ask for."""
+    """Every MP4 and contact sheet the study's ``outputs`` ask for (atlas runs get none)."""
     targets = []
     runs = [(prompt, seed) for prompt in study.prompts for seed in study.seeds]
     if videos_on(study):
         targets += [
             study.path("video", source=source, prompt=prompt, seed=seed)
             for source in study.runs
+            if not study.is_atlas_run(source)
             for prompt, seed in runs
         ]
     if sheets_on(study):
