@@ -534,15 +534,20 @@ def write_head_classes(path: str | Path, classes: Mapping[Head, str], *, source:
         Path(tmp).write_text(json.dumps(data, indent=1) + "\n")
 
 
+def _read_json(path: Path, missing: str, kind: str) -> Any:
+    """A JSON file's data; a missing file is "no <missing>", an unreadable one damaged."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SinkscopeError(f"{path}: no {missing}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise DamagedFileError(path, f"is not a {kind} file ({error.__class__.__name__})") from None
+
+
 def read_head_classes(path: str | Path) -> dict[Head, str]:
     """(layer, head) -> head class (0-based keys) of a file ``write_head_classes`` wrote."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SinkscopeError(f"{path}: no head classes (the untouched default run's classes are made first)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise DamagedFileError(path, f"is not a head-class file ({error.__class__.__name__})") from None
+    data = _read_json(path, "head classes (the untouched default run's classes are made first)", "head-class")
     if (
         not isinstance(data, dict)
         or data.get("format") != HEAD_CLASSES_FORMAT
@@ -588,12 +593,7 @@ def read_head_orders(path: str | Path) -> dict[str, dict[str, list[Head]]]:
     """sweep -> order -> (layer, head), first to last (0-based), of a file
     ``write_head_orders`` wrote: what ``interventions.with_head_orders`` takes."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SinkscopeError(f"{path}: no head orders (the atlas's head_atlas table is made first)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise DamagedFileError(path, f"is not a head-orders file ({error.__class__.__name__})") from None
+    data = _read_json(path, "head orders (the atlas's head_atlas table is made first)", "head-orders")
     if (
         not isinstance(data, dict)
         or data.get("format") != HEAD_ORDERS_FORMAT
