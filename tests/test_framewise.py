@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from synthetic import synthetic_effects
+from synthetic import synthetic_atlas, synthetic_effects
 from test_figures import (
     layout_problems,
     synthetic_contact_frames,
@@ -118,6 +118,8 @@ def test_every_figure_draws_one_frame_blocks_with_few_steps(kind, data):
         tables = {"head_diagnostics": data["diagnostics_all"]}
     elif scope == "run":  # the contact sheet: images, not tables
         tables = {"frames": synthetic_contact_frames()}
+    elif scope == "sweep":  # the atlas tables of sweeps over one-frame blocks
+        tables = synthetic_atlas(6, 12, frames=21, per_block=1)
     else:
         tables = {name: data[name] for name in ("frame_attention", "token_profiles", "head_diagnostics")}
     if FIGURES[kind].needs_reference_labels:  # the config's label file: codes cycling over the heads
