@@ -33,7 +33,7 @@ import sinkscope.options
 from sinkscope.discovery import import_submodules
 from sinkscope.errors import ConfigError
 from sinkscope.generation.common import FlowMatchSchedule
-from sinkscope.generation.procedures import PROCEDURES
+from sinkscope.generation.procedures import PROCEDURES, unregister_procedure
 from sinkscope.generation.sampler import generate
 from sinkscope.model import WanConfig, build_model
 from sinkscope.model.policies import POLICY_CLASSES
@@ -244,7 +244,7 @@ def toy_procedure(monkeypatch, add_module):
     monkeypatch.setitem(PROCEDURE_TABLE, "toy_euler", spec_row(TOY_PROCEDURE_ROW))
     add_module(sinkscope.generation, "toy_euler", TOY_PROCEDURE_MODULE)
     yield
-    PROCEDURES.pop("toy_euler")
+    unregister_procedure("toy_euler")
 
 
 def test_a_procedure_is_its_spec_row_and_its_module_and_runs_every_policy_of_its_calls(toy_procedure):
@@ -283,6 +283,36 @@ def test_a_procedure_is_its_spec_row_and_its_module_and_runs_every_policy_of_its
         after = flow.sigma(timesteps[step + 1]) if step + 1 < len(timesteps) else 0.0
         x = x + (after - flow.sigma(t)) * velocity
     torch.testing.assert_close(result.latents[:, :, :3], x, rtol=1e-10, atol=1e-10)
+
+
+def test_a_hook_without_its_phase_is_refused_when_the_procedure_is_declared():
+    from sinkscope.generation.hooks import CachePass
+    from sinkscope.generation.loop import Procedure
+    from sinkscope.generation.steps import DMDSteps
+
+    with pytest.raises(ValueError, match="procedure 'toy': hook CachePass has no before_block method"):
+        Procedure("toy", DMDSteps, before_block=(CachePass,))
+
+
+def test_a_procedure_row_without_its_module_is_refused_in_one_line(monkeypatch):
+    from sinkscope.generation.procedures import procedure_code
+
+    monkeypatch.setitem(PROCEDURE_TABLE, "toy_euler", spec_row(TOY_PROCEDURE_ROW))
+    with pytest.raises(ValueError, match="procedure 'toy_euler' has a row .* but no registered Procedure"):
+        procedure_code("toy_euler")
+
+
+def test_a_key_declared_twice_is_refused(monkeypatch):
+    from dataclasses import replace
+
+    from sinkscope.options import option_owners
+
+    owner, name, option = option_owners()["kv_quant"]
+    table = CACHE_POLICY_TABLE if owner == "cache_policy" else PROCEDURE_TABLE
+    other = next(n for n in table if n != name)
+    monkeypatch.setitem(table, other, replace(table[other], options=(*table[other].options, option)))
+    with pytest.raises(ValueError, match="key 'kv_quant' is declared by"):
+        option_owners()
 
 
 # -- the two recipes on a copy of the package: the files each touches ---------------------------------

@@ -598,7 +598,8 @@ def procedures_running(policy: str) -> tuple[str, ...]:
 
 
 def block_cache_policies() -> tuple[str, ...]:
-    """The policies Self-Forcing's block procedure runs (every one taking block calls alone)."""
+    """The policies Self-Forcing's block procedure runs: those that take block calls and need
+    no other kind of call (``needs_calls``)."""
     procedure = PROCEDURE_TABLE[SELF_FORCING_PROCEDURE]
     return tuple(name for name, spec in CACHE_POLICY_TABLE.items() if procedure.runs(spec))
 
@@ -609,6 +610,8 @@ def option_owners() -> dict[str, tuple[str, str, OptionSpec]]:
     for kind, table in (("cache_policy", CACHE_POLICY_TABLE), ("procedure", PROCEDURE_TABLE)):
         for name, spec in table.items():
             for option in spec.options:
+                if option.key in owners:  # the schema and the refusals name one owner a key
+                    raise ValueError(f"key {option.key!r} is declared by {owners[option.key][1]!r} and {name!r}")
                 owners[option.key] = (kind, name, option)
     return owners
 

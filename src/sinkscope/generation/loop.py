@@ -24,7 +24,9 @@ and how much noise it draws beyond the initial noise) and its hooks (``Hook`` cl
 one object, so it may carry state from one to the other). Step rule and hooks are built
 once per generation from the ``Run``, which holds what they share: the model, the
 options, the policy, the noise stream, the prompt contexts and the segment in use, the
-calls announced, the outputs. All noise comes from one seeded CPU generator
+calls announced, the outputs. The step rule is built first (the noise stream is sized by
+it): its ``__init__`` sees the model, the options, the latent grid, the schedule and the
+prompts, not yet the policy or the noise; the hooks are built after both. All noise comes from one seeded CPU generator
 (``NoiseStream``: the initial noise of every frame, then what the step rule draws, in the
 order the reference draws it), so a seed gives the same video on any device.
 """
@@ -118,7 +120,9 @@ class StepRule(Protocol):
     ``units``: what the temporal loop goes over (``video_blocks``, or Rolling Forcing's
     windows); ``renoise_frames``: the frames of noise it draws beyond the initial noise;
     ``denoise(run)``: the calls of ``run.unit`` (announced, then made), ``run.prediction``
-    set, and the latents of the blocks it finished, oldest first (on the device).
+    set, and the latents of the blocks it finished, oldest first (on the device);
+    ``num_steps(block)``: the denoising calls a block takes (``hooks.CachePass`` numbers its
+    call after them; a step rule whose units are blocks defines it).
     """
 
     units: Sequence
@@ -127,6 +131,8 @@ class StepRule(Protocol):
     def __init__(self, run: Run) -> None: ...
 
     def denoise(self, run: Run) -> list[torch.Tensor]: ...
+
+    def num_steps(self, block: Block) -> int: ...
 
 
 class Hook(Protocol):
@@ -149,6 +155,13 @@ class Procedure:
     steps: type[StepRule]
     before_block: tuple[type[Hook], ...] = ()
     after_block: tuple[type[Hook], ...] = ()
+
+    def __post_init__(self) -> None:
+        # A hook without its phase's method would fail mid-generation, after the first unit.
+        for phase in ("before_block", "after_block"):
+            for hook in getattr(self, phase):
+                if not callable(getattr(hook, phase, None)):
+                    raise ValueError(f"procedure {self.name!r}: hook {hook.__name__} has no {phase} method")
 
     def __call__(
         self,

@@ -60,4 +60,9 @@ def unregister_procedure(name: str) -> None:
 def procedure_code(name: str) -> Generation:
     """The code of procedure ``name`` (an unknown name is refused as a config value)."""
     procedure_spec(name)
+    if name not in PROCEDURES:
+        raise ValueError(
+            f"procedure {name!r} has a row in sinkscope.options.PROCEDURE_TABLE but no registered Procedure "
+            "(a module of sinkscope.generation that calls register_procedure)"
+        )
     return PROCEDURES[name]

@@ -71,8 +71,7 @@ def generate(
     scene cuts read it). Observers hear of every call (block, pass, step, timestep, prompt
     segment) before it runs. The calls are those of the procedure ``options.procedure``
     names (``procedures.PROCEDURES``). ``vae``: the Wan VAE, for a procedure that decodes
-    and re-encodes frames (``krea_recompute``); passed only when given.
+    and re-encodes frames (``krea_recompute``).
     """
     procedure = procedure_code(options.procedure)
-    extra = {} if vae is None else {"vae": vae}
-    return procedure(model, context, options=options, seed=seed, observers=observers, **extra)
+    return procedure(model, context, options=options, seed=seed, observers=observers, vae=vae)

@@ -11,7 +11,8 @@
 - a prompt may switch between blocks (LongLive's interactive generation; ``prompts:``
   schedules), with LongLive's KV re-cache before the block (``hooks.PromptSwitch``).
 
-Every cache policy that takes block calls runs under it (``sinkscope.options``).
+Every cache policy that takes block calls and needs no other kind runs under it
+(``sinkscope.options.block_cache_policies``).
 """
 
 from __future__ import annotations

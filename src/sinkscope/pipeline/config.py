@@ -735,7 +735,7 @@ def _check_swept_runs(config: Mapping, sweeps: Mapping[str, Sweep], checkpoint: 
 
 def _check_edit_values(where: str, option: GenerationOptions) -> list[str]:
     """Edits that mean nothing or overflow: one given twice (biases on the same head and
-    frame add up: sinkscope.model.edits), a bias whose edited scores overflow after the
+    frame add up: sinkscope.model.generation_edits), a bias whose edited scores overflow after the
     softmax's max shift (``LOGIT_BIAS_LIMIT``), alone or added up with the others."""
     problems = []
     seen: dict[str, int] = {}
@@ -963,10 +963,10 @@ def _finite_problems(value: Any, key: str = "") -> list[tuple[str, str]]:
 
 
 # The largest |bias| of a logit_bias edit, and of a variant's biases added up (edits on
-# the same head and frame add: sinkscope.model.edits): a quarter of bfloat16's largest
+# the same head and frame add: sinkscope.model.generation_edits): a quarter of bfloat16's largest
 # finite value (float32's is a little larger). The softmax subtracts each query's largest
 # edited score, and the edited log-sum-exps are merged by their differences
-# (sinkscope.attention.edits): (s_i + b_i) - (s_j + b_j) stays finite while |b_i - b_j| is
+# (sinkscope.attention.biased): (s_i + b_i) - (s_j + b_j) stays finite while |b_i - b_j| is
 # at most twice this and the scores below it, which a model's finite scores are by far. A
 # bias past about +-100 already saturates the softmax (-100 leaves a frame under 1e-43 of
 # the mass; mask_keys removes it exactly), so the limit refuses only biases that overflow.
