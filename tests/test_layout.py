@@ -198,6 +198,14 @@ def test_results_folder_refuses_what_cannot_hold_a_study(given, says):
     assert str(error.value).startswith("invalid config: config key results:")
 
 
+def test_a_bad_results_folder_is_listed_with_the_configs_other_problems():
+    from sinkscope.pipeline.config import check_config
+
+    problems = check_config({"results": "../x", "seeds": [-1]}).problems
+    assert any(line.startswith("config key results: '../x' climbs out with '..'") for line in problems), problems
+    assert any(line.startswith("config key seeds[0]") for line in problems), problems
+
+
 def test_the_jobs_of_several_runs_write_nested_folders_and_log_beside_them(tmp_path):
     """A sweep's runs are <checkpoint>@<sweep>/<item>: nested folders, written by the rules
     of the jobs of several runs (their logs per prompt and seed), the pruning runs' rule

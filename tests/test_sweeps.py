@@ -371,6 +371,25 @@ def test_an_over_the_model_or_the_video_lacks_is_refused_before_any_run():
     assert "config key sweeps.p.k: 20 heads: atlas 'a' runs over 12 heads (L1)" in message
 
 
+def test_a_variants_atlas_selection_of_more_heads_than_its_sweep_runs_over_is_refused_at_the_check():
+    def study(count: int):
+        heads = {"edit": "mask_keys", "heads": f"atlas:s:drift:{count}", "key_frames": "sink"}
+        config = {
+            **copy.deepcopy(BASE),
+            "sweeps": {"s": {"interventions": [MASK], "over": "L1"}},
+            "variants": {"v": {"interventions": [heads]}},
+        }
+        return load_study(config, check_this_machine=False)
+
+    assert "v" in study(HEADS).config["variants"]
+    with pytest.raises(ConfigError) as refused:
+        study(HEADS + 1)
+    assert (
+        f"config key variants.v.interventions[0].heads: 'atlas:s:drift:{HEADS + 1}' takes {HEADS + 1} heads; "
+        f"atlas 's' runs over {HEADS} heads" in str(refused.value)
+    )
+
+
 def test_the_schema_takes_sweeps_and_runs_per_job_and_coerces_them():
     checked = load_study(
         {

@@ -78,7 +78,7 @@ def torch_device(text: str) -> str:
 
 
 def name(text: str) -> str:
-    """A name that becomes file and folder names (``naming.name_problem``, the config's rule)."""
+    """A name that becomes file and folder names (``names.name_problem``, the config's rule)."""
     from sinkscope.names import name_problem
 
     problem = name_problem(text)

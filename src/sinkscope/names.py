@@ -2,7 +2,7 @@
 
 Checkpoints, prompts, variants, legacy caches (and the prompt ids their rows get), sweeps
 and each of their items, and command-line labels (``import-cache --checkpoint``) become
-file and folder names under ``results/`` and Snakemake wildcard values. Every place a
+file and folder names under the study's results folder and Snakemake wildcard values. Every place a
 name enters asks ``name_problem`` (the config check, the command line's ``arguments.name``,
 the legacy importer), so one rule refuses the same names everywhere, in one line naming
 the key and the value:

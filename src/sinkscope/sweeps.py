@@ -310,19 +310,12 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mappin
     problems = []
     if isinstance(variants, Mapping):
         atlases = [name for name, sweep in sweeps.items() if sweep.axis == HEAD] + head_atlases_by_hand(variants)
-        for variant, entry in variants.items():
-            where = f"variants.{variant}.interventions"
-            try:
-                edits = parse_interventions((entry or {}).get("interventions"), where)
-            except ConfigError:
-                continue
-            for index, edit in enumerate(edits):
-                selection = getattr(edit, "heads", None)
-                if selection is not None and selection.by_atlas and str(selection.atlas) not in atlases:
-                    problems.append(
-                        f"config key {where}[{index}].heads: {selection.to_config()!r} names no sweep of heads: each "
-                        f"({', '.join(atlases) or 'the study has none'})"
-                    )
+        for where, selection in atlas_selections(variants):
+            if str(selection.atlas) not in atlases:
+                problems.append(
+                    f"config key {where}: {selection.to_config()!r} names no sweep of heads: each "
+                    f"({', '.join(atlases) or 'the study has none'})"
+                )
         variants = list(variants)
     for name in sweeps:
         if name == "default" or name in variants:
@@ -356,6 +349,34 @@ def sweep_problems(sweeps: Mapping[str, Sweep], variants: Sequence[str] | Mappin
                 f"once the untouched run's classes are made ({atlas.over.to_config()}); list the counts"
             )
     return problems
+
+
+def atlas_selections(variants: Mapping[str, Any]) -> list[tuple[str, HeadSelection]]:
+    """(config key, selection) of every ``atlas:`` head selection of the hand-written
+    ``variants`` (a variant whose edits do not parse is left to the variant check)."""
+    found = []
+    for variant, entry in variants.items():
+        where = f"variants.{variant}.interventions"
+        try:
+            edits = parse_interventions((entry or {}).get("interventions"), where)
+        except ConfigError:
+            continue
+        for index, edit in enumerate(edits):
+            selection = getattr(edit, "heads", None)
+            if selection is not None and selection.by_atlas:
+                found.append((f"{where}[{index}].heads", selection))
+    return found
+
+
+def atlas_count_problems(variants: Mapping[str, Any], heads: Mapping[str, int]) -> list[str]:
+    """A hand-written variant's ``atlas:<sweep>:<order>:<k>`` that takes more heads than its
+    head sweep runs over (``heads``: sweep -> its runs, ``SweepExpansion.counts``)."""
+    return [
+        f"config key {where}: {selection.to_config()!r} takes {selection.count} heads; atlas "
+        f"{selection.atlas!r} runs over {heads[str(selection.atlas)]} heads"
+        for where, selection in atlas_selections(variants)
+        if str(selection.atlas) in heads and selection.count > heads[str(selection.atlas)]
+    ]
 
 
 def head_atlases_by_hand(variants: Sequence[str] | Mapping[str, Any]) -> list[str]:

@@ -98,7 +98,7 @@ def import_cache(
     Raises ``LegacyCacheError`` (a ValueError naming the file and the field) for an
     unknown layout, lengths that are not whole frames, NaN values or a missing layer; a
     ConfigError for a ``checkpoint`` or ``prompt_id`` that cannot be a name
-    (``naming.name_problem``), before the file is read.
+    (``names.name_problem``), before the file is read.
     """
     # Both name the rows' source and prompt, which become file and folder names downstream.
     check_name(checkpoint, "checkpoint")

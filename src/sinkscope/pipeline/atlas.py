@@ -40,6 +40,7 @@ from sinkscope.interventions import Head
 from sinkscope.pipeline.aggregate import extraction_files
 from sinkscope.pipeline.effects import call_values, with_run_means
 from sinkscope.pipeline.jobs import provenance
+from sinkscope.pipeline.layout import ATLAS_TABLES
 from sinkscope.sweeps import FRAME, HEAD, LAYER, RANKED, sweep_item
 from sinkscope.tables import (
     ALL_PROMPTS,
@@ -53,7 +54,6 @@ from sinkscope.tables import (
 )
 
 log = logging.getLogger("sinkscope")
-ATLAS_TABLES = ("head_atlas", "frame_atlas", "pruning_curve")
 # The untouched rows the atlases read.
 ROW_COLUMNS = ["checkpoint", "variant", "prompt_id", "seed", "layer", "head", "block", "pass", "step"]
 ROW_COLUMNS += ["query_frame", "key_frame", "prob_mass"]

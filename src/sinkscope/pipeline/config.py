@@ -42,10 +42,19 @@ from sinkscope.options import (
     procedure_spec,
 )
 from sinkscope.pipeline.configfile import read_config_file
+from sinkscope.pipeline.layout import results_folder
 from sinkscope.pipeline.overrides import apply_overrides, parse_config_overrides
 from sinkscope.prompt_schedules import prompt_segments, schedule_problems, switch_frames
 from sinkscope.schema import load_schema, resolve_ref
-from sinkscope.sweeps import Sweep, SweepExpansion, expand_sweeps, parse_sweeps, sweep_message
+from sinkscope.sweeps import (
+    HEAD,
+    Sweep,
+    SweepExpansion,
+    atlas_count_problems,
+    expand_sweeps,
+    parse_sweeps,
+    sweep_message,
+)
 
 # capture.statistics: every frame statistic (the default), and those capture.attention 'frames'
 # gives (sinkscope.stats.segments, which needs torch, names the same).
@@ -215,7 +224,8 @@ def _describe(error) -> str:
     if error.validator == "anyOf":
         options = []
         for option in error.validator_value:
-            options += [repr(v) for v in option.get("enum", [])] or [_article(option.get("type", "value"))]
+            least = f" of at least {option['minimum']}" if "minimum" in option else ""
+            options += [repr(v) for v in option.get("enum", [])] or [_article(option.get("type", "value")) + least]
         return f"config key {key}: {value!r} is not {' or '.join(options)}"
     if error.validator == "pattern" and list(error.absolute_path)[:2] == ["figures", "heads"]:
         return f"config key {key}: {value!r} is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0, head 0)"
@@ -286,8 +296,8 @@ def _section_of(error) -> str:
 def _name_problems(raw: Mapping) -> list[tuple[str, str]]:
     """Names become file and folder names and Snakemake wildcard values: every name the
     user chose (``names.name_problem``, the one rule), each prompt id a legacy cache's
-    rows get, and the file a ``sinkscope:<file>`` weights or adapter names in the package,
-    as (section, one line)."""
+    rows get, the file a ``sinkscope:<file>`` weights or adapter names in the package, and
+    the results folder (``layout.results_folder``), as (section, one line)."""
     problems = []
     for section in NAMED_SECTIONS:
         entries = raw.get(section)
@@ -313,6 +323,11 @@ def _name_problems(raw: Mapping) -> list[tuple[str, str]]:
             problem = name_problem(prompt_id)
             if problem is not None:
                 problems.append(("", f"config key legacy_caches.{name}.prompt_id: {problem}"))
+    if raw.get("results") is not None:  # the folder every result path starts with
+        try:
+            results_folder(raw["results"])
+        except ConfigError as error:
+            problems += [("", line) for line in error.problems]
     return problems
 
 
@@ -713,6 +728,8 @@ def _check_swept_runs(config: Mapping, sweeps: Mapping[str, Sweep], checkpoint: 
         expansion = checkpoint_sweeps(config, sweeps, checkpoint, model_config)
     except ConfigError as error:
         return error.problems
+    head_sweeps = {name: expansion.counts[name] for name, sweep in sweeps.items() if sweep.axis == HEAD}
+    problems = atlas_count_problems(config.get("variants") or {}, head_sweeps)
     found: dict[str, tuple[str, list[str]]] = {}
     for variant, entry in expansion.variants.items():
         try:
@@ -727,7 +744,7 @@ def _check_swept_runs(config: Mapping, sweeps: Mapping[str, Sweep], checkpoint: 
             said = sweep_message(line, list(sweeps)).rsplit(" (run ", 1)[0]
             # One line a key: the first run's words, and how many runs more it concerns.
             found.setdefault(said.split(": ", 1)[0], (said, []))[1].append(variant)
-    return [
+    return problems + [
         f"{line} (run {runs[0]}" + (f", and {len(runs) - 1} more" if len(runs) > 1 else "") + ")"
         for line, runs in found.values()
     ]
@@ -920,7 +937,7 @@ class CheckedConfig:
 
 
 def check_config(raw: Mapping | None, base_dir: str | Path = ".") -> CheckedConfig:
-    """Every problem of a raw config at once: names (``naming.name_problem``), values that
+    """Every problem of a raw config at once: names (``names.name_problem``), values that
     are not finite, the schema (types, ranges, unknown keys), then the semantic checks over
     the sections that passed (``_check_semantics``: a bad key in one section does not hide
     a missing file named in another)."""

@@ -254,6 +254,7 @@ def extract_runs_job(
         if _holds(unit.output, unit.key):
             log.info("%s: kept (made for the same inputs)", unit.output)
             shutil.rmtree(unit.staged, ignore_errors=True)
+            _prune_empty(unit.staged.parent, Path(staging))
         elif _holds(unit.staged, unit.key):
             log.info("%s: taken from %s (finished by an earlier attempt)", unit.output, unit.staged)
             moved.append(unit)

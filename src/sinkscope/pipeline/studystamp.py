@@ -20,13 +20,20 @@ from pathlib import Path
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.io import atomic_path
-from sinkscope.pipeline.layout import BENCHMARKS, LOGS, PATTERNS, RESULTS_VAR
+from sinkscope.pipeline.layout import BENCHMARKS, LOGS, PATTERNS, RESULTS_VAR, STAGING
 
 STAMP = "study.json"
-# What a study writes at the top of its results folder (extract/, tables/, figures/ ...).
+# What a study writes at the top of its results folder (extract/, tables/, figures/ ...,
+# and the runs an interrupted job of several runs left in .staging/).
 TOP_FOLDERS = tuple(
     sorted(
-        {pattern.removeprefix(RESULTS_VAR + "/").split("/", 1)[0] for pattern in (*PATTERNS.values(), LOGS, BENCHMARKS)}
+        {
+            *(
+                pattern.removeprefix(RESULTS_VAR + "/").split("/", 1)[0]
+                for pattern in (*PATTERNS.values(), LOGS, BENCHMARKS)
+            ),
+            STAGING,
+        }
     )
 )
 
