@@ -292,3 +292,20 @@ def test_aggregate_builds_every_table_from_extraction_folders(inputs, tmp_path):
     assert (
         refused.returncode == 2 and "is neither an extraction folder nor a table import-cache wrote" in refused.stderr
     )
+
+
+@pytest.mark.parametrize("kind", ["head_atlas", "frame_atlas", "pruning_curve"])
+def test_the_figure_command_draws_an_atlas_from_its_table(kind, tmp_path, capsys):
+    from synthetic import synthetic_atlas
+
+    from sinkscope.tables import SCHEMAS
+
+    for name, rows in synthetic_atlas(3, 4, checkpoint="demo", seed=5).items():
+        write_table(rows, tmp_path / f"{name}.parquet", SCHEMAS[name])
+    prefix = tmp_path / kind
+    assert main(["figure", kind, "--input", str(tmp_path / f"{kind}.parquet"), "--out-prefix", str(prefix)]) == 0
+    assert prefix.with_suffix(".svg").stat().st_size > 0 and prefix.with_suffix(".png").stat().st_size > 0
+    # Given another table, the refusal names the atlas table to give.
+    other = tmp_path / ("frame_atlas.parquet" if kind == "head_atlas" else "head_atlas.parquet")
+    assert main(["figure", kind, "--input", str(other), "--out-prefix", str(prefix)]) == 2
+    assert f"give results/tables/{kind}.parquet" in capsys.readouterr().err

@@ -1242,6 +1242,21 @@ def test_summary_page_lists_sink_class_heads_apart_from_the_highest_frame0_exces
     assert "<td>sink</td>" not in top
 
 
+def test_summary_page_shows_every_figure_it_is_handed_among_them_the_atlases():
+    from sinkscope.figures.report import summary_html
+    from sinkscope.pipeline.figureplan import SUMMARY_FIGURES
+
+    layers, heads, diagnostics = summary_tables()
+    checkpoint = str(layers["checkpoint"].iloc[0])
+    figures = {checkpoint: {kind: f"figures/{kind}.svg" for kind in SUMMARY_FIGURES}}
+    page = summary_html(layers, heads, diagnostics, SUMMARY_OPTIONS, figures)
+    assert [kind for kind in SUMMARY_FIGURES if f"figures/{kind}.svg" not in page] == []
+    assert "<h3>Atlases</h3>" in page
+    # A checkpoint with no source of its name (only its variants'): its figures on a part of their own.
+    page = summary_html(layers, heads, diagnostics, SUMMARY_OPTIONS, {"other": {"head_atlas": "h.svg"}})
+    assert "<h2>other: every variant</h2><h3>Atlases</h3>" in page and "h.svg" in page
+
+
 def report_number(value) -> str:
     from sinkscope.figures.report import number
 

@@ -27,6 +27,7 @@ import yaml
 from sinkscope import __version__, arguments
 from sinkscope.arguments import OUTPUT_RULE, OneLineArgumentParser, natural, output_path
 from sinkscope.errors import ConfigError, SinkscopeError
+from sinkscope.pipeline.layout import ATLAS_TABLES
 from sinkscope.schema import load_schema, schema_defaults
 
 if TYPE_CHECKING:
@@ -342,7 +343,8 @@ def cmd_figure(args: argparse.Namespace) -> int:
         if name not in tables:
             hint = {
                 "token_profiles": "the token_profiles.parquet folder, or extraction folders captured with "
-                "capture.token_profiles"
+                "capture.token_profiles",
+                **{table: f"results/tables/{table}.parquet" for table in ATLAS_TABLES},
             }.get(name, "results/tables/frame_attention.parquet or extraction folders")
             raise ConfigError(f"figure {args.kind!r} draws {name} rows; --input holds none (give {hint})")
     tables = {name: _chosen_rows(table, kind, args) for name, table in tables.items()}
@@ -369,10 +371,11 @@ def cmd_figure(args: argparse.Namespace) -> int:
 
 def _chosen_rows(table: pd.DataFrame, kind: FigureKind, args: argparse.Namespace) -> pd.DataFrame:
     """The rows of --checkpoint and --variant; several of either are refused where the kind
-    draws one (a checkpoint's variants, the study's checkpoints are drawn together)."""
-    from sinkscope.figures.registry import CHECKPOINT, STUDY
+    draws one (a checkpoint's variants, its sweeps' runs, the study's checkpoints are drawn
+    together)."""
+    from sinkscope.figures.registry import CHECKPOINT, STUDY, SWEEP
 
-    several = {"variant": kind.scope == CHECKPOINT, "checkpoint": kind.scope == STUDY}
+    several = {"variant": kind.scope in (CHECKPOINT, SWEEP), "checkpoint": kind.scope == STUDY}
     for column, wanted in (("checkpoint", args.checkpoint), ("variant", args.variant)):
         if column not in table:
             continue
@@ -443,6 +446,7 @@ def _figure_tables(inputs: list[str]) -> dict:
         "query_stats",
         "variant_effects",
         "variant_head_effects",
+        *ATLAS_TABLES,
     )
     parts: dict[str, list] = {}
     for entry in map(Path, inputs):

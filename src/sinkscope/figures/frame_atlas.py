@@ -23,6 +23,7 @@ from sinkscope.figures.marks import error_bars, spread_handle
 from sinkscope.figures.style import option
 from sinkscope.figures.text import frames_text, significant, subtitle
 from sinkscope.figures.views import one_checkpoint, run_averaged, table
+from sinkscope.stats.summaries import rank_correlation
 from sinkscope.tables import RUN_STD_SUFFIX
 
 DRIFT = "drift_last_block"
@@ -80,11 +81,9 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             bottom.set_ylim(bottom=0)
             bottom.set_ylabel("untouched mass")
             bottom.set_title("the untouched run's softmax mass on the frame", fontsize=9)
-            drift, attention = part[DRIFT].to_numpy(dtype=float), part[MASS].to_numpy(dtype=float)
-            keep = np.isfinite(drift) & np.isfinite(attention)
-            if keep.sum() >= 3 and drift[keep].std() > 0 and attention[keep].std() > 0:
-                rho = np.corrcoef(pd.Series(drift[keep]).rank(), pd.Series(attention[keep]).rank())[0, 1]
-                notes[-1] += f", Spearman ρ between drift and untouched mass {significant(float(rho), 2)}"
+            rho = rank_correlation(part[DRIFT], part[MASS])
+            if np.isfinite(rho):
+                notes[-1] += f", Spearman ρ between drift and untouched mass {significant(rho, 2)}"
         for panel in (top, bottom):
             if panel is None:
                 continue

@@ -23,6 +23,7 @@ from sinkscope.figures.marks import spread_handle
 from sinkscope.figures.text import significant, spread_note, subtitle
 from sinkscope.figures.views import one_checkpoint, run_averaged, table
 from sinkscope.naming import head_label, layer_label
+from sinkscope.stats.summaries import rank_correlation
 from sinkscope.tables import RUN_STD_SUFFIX
 
 DRIFT = "drift_last_block"
@@ -31,18 +32,6 @@ SINK_EDGE = "black"
 OTHER_COLOR = "0.55"
 MOST_NAMED = 5  # heads of most drift named in the caption, per sweep
 SCATTER_WIDTH = 3.8  # inches
-
-
-def rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rank correlation (average ranks for ties) over the pairs where both are finite."""
-    keep = np.isfinite(x) & np.isfinite(y)
-    if keep.sum() < 3:
-        return float("nan")
-    rx = pd.Series(x[keep]).rank().to_numpy()
-    ry = pd.Series(y[keep]).rank().to_numpy()
-    if rx.std() == 0 or ry.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def class_of(value: Any) -> str | None:
@@ -186,6 +175,10 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
             )
     if any(v is None for v in present):
         legend.append(Line2D([], [], ls="none", marker="o", ms=5, color=OTHER_COLOR, label="no class"))
+    if any(v is not None and v.endswith("?") for v in present):
+        legend.append(
+            Line2D([], [], ls="none", marker="o", ms=5, mfc="none", color="0.3", label="hollow: borderline (?)")
+        )
     legend += [spread_handle("±1 std between runs (scatter)")] if runs >= 2 else []
     spread = spread_note(
         rows[DRIFT + RUN_STD_SUFFIX].to_numpy(dtype=float) if DRIFT + RUN_STD_SUFFIX in rows else [], runs, "a cell"

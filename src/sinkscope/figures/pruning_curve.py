@@ -82,7 +82,7 @@ def draw(tables: Mapping[str, pd.DataFrame], *, source: str, options: Mapping[st
         panel.set_xlim(left=0)
         panel.set_ylim(bottom=min(0.0, panel.get_ylim()[0]))
         total = int(part["head_count"].max())
-        panel.set_title(f"{sweep} ({total} heads)", fontsize=9.5)
+        panel.set_title(f"{sweep} (k up to {total} heads)", fontsize=9.5)
         panel.set_xlabel("heads edited (k)")
         panel.set_ylabel("drift at the last block")
         if areas:

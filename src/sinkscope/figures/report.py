@@ -168,6 +168,16 @@ def _effects_figures(shown: Mapping[str, str]) -> str:
     ) + _figure(shown, "attention_shift", "each variant's change of frame-0 mass per head, edited heads outlined")
 
 
+def _atlas_figures(shown: Mapping[str, str]) -> str:
+    """A checkpoint's atlases (its sweeps against its untouched run), under a heading."""
+    body = (
+        _figure(shown, "head_atlas", "how far editing one head moves the video, against its untouched frame-0 mass")
+        + _figure(shown, "frame_atlas", "how far editing one cached frame moves the video, against its mass")
+        + _figure(shown, "pruning_curve", "the k heads of least drift edited together, against two control orders")
+    )
+    return "<h3>Atlases</h3>" + body if body else ""
+
+
 def _pair(left: str, right: str) -> str:
     return (
         f"<div class='pair'><div class='tables'>{left}</div><div class='figures'>{right}</div></div>" if right else left
@@ -285,9 +295,12 @@ def _source_section(
     )
     if over_time:
         parts.append("<h3>Block by block</h3>" + over_time)
-    edits = _effects_figures(shown)
+    edits = _figure(shown, "policy_comparison", "the chosen heads under every variant") + _effects_figures(shown)
     if edits:
         parts.append("<h3>Variants against the untouched video</h3>" + edits)
+    atlases = _atlas_figures(shown)
+    if atlases:
+        parts.append(atlases)
     cache = _figure(
         shown, "cache_timeline", "the key frames the KV cache holds block by block, at their RoPE positions"
     )
@@ -410,6 +423,7 @@ def _every_variant_figures(shown: Mapping[str, str]) -> str:
         )
         + _figure(shown, "policy_comparison", "the chosen heads under every variant")
         + _effects_figures(shown)
+        + _atlas_figures(shown)
     )
 
 

@@ -69,6 +69,7 @@ from sinkscope.stats.summaries import (
     figure4_curves,
     head_diagnostics,
     last_block,
+    rank_correlation,
     resolve_step,
 )
 from sinkscope.sweeps import is_atlas_run
@@ -253,9 +254,10 @@ def class_counts(known: Classes) -> dict[str, pd.DataFrame]:
 
 
 def ratio_spread(row: pd.Series) -> str:
-    """'6.4 ± 0.8': a head's frame-0 ratio, mean ± std between runs."""
+    """'6.4 ± 0.8': a head's frame-0 ratio, mean ± std between runs (the std to the mean's decimals)."""
     std = row.get("frame0_ratio" + RUN_STD_SUFFIX, float("nan"))
-    return ratio(row["frame0_ratio"]) + (f" ± {std:.1f}" if np.isfinite(std) else "")
+    decimals = 1 if abs(row["frame0_ratio"]) >= 1 else 2
+    return ratio(row["frame0_ratio"]) + (f" ± {std:.{decimals}f}" if np.isfinite(std) else "")
 
 
 def sink_runs(known: Classes, head: tuple[int, int]) -> str:
@@ -418,6 +420,8 @@ def intervention_heads(tables: StudyTables, params: Mapping[str, str]) -> str:
     if control:
         heads = effects_rows(tables, "variant_head_effects", params)
         chosen = heads[(heads["variant"] == control) & (heads["prompt_id"] == ALL_PROMPTS) & heads["edited"]]
+        if chosen.empty:
+            raise ValueError(f"control {control!r} has no edited heads in variant_head_effects")
         drawn = labels(sorted(zip(chosen["layer"], chosen["head"])))
         text += f"; its control `{control}` edits {', '.join(drawn)} instead"
     return text + "."
@@ -530,12 +534,6 @@ def atlas_rows(tables: StudyTables, name: str, params: Mapping[str, str]) -> pd.
     return rows
 
 
-def rank_correlation(x: pd.Series, y: pd.Series) -> float:
-    """Spearman's rank correlation over the pairs where both are known (average ranks for ties)."""
-    both = pd.DataFrame({"x": x.to_numpy(dtype=float), "y": y.to_numpy(dtype=float)}).dropna()
-    return float(both["x"].rank().corr(both["y"].rank()))
-
-
 def drift_of(row: pd.Series) -> str:
     return spread(row["drift_last_block"], row["drift_last_block" + RUN_STD_SUFFIX])
 
@@ -543,6 +541,10 @@ def drift_of(row: pd.Series) -> str:
 def atlas_heads(tables: StudyTables, params: Mapping[str, str]) -> str:
     rows = atlas_rows(tables, "head_atlas", params).sort_values(["drift_last_block", "layer", "head"], ascending=False)
     rows = rows[rows["head"] >= 0]
+    if rows.empty:
+        raise ValueError(
+            f"sweep {params.get('sweep')!r} has no head rows (a sweep over layers?); atlas-heads reads a head sweep"
+        )
     top = [
         f"{head_label(r['layer'], r['head'])} ({drift_of(r)})"
         for _, r in rows.head(int(params.get("top", 5))).iterrows()

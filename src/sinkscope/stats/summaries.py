@@ -267,6 +267,20 @@ def _curve_rows(
     ]
 
 
+def rank_correlation(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties) over the pairs where both are
+    finite; NaN with fewer than 3 such pairs or a constant side."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 3:
+        return float("nan")
+    rx = pd.Series(x[keep]).rank().to_numpy()
+    ry = pd.Series(y[keep]).rank().to_numpy()
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
 def with_run_std(table: pd.DataFrame, keys: Sequence[str], names: Sequence[str]) -> pd.DataFrame:
     """``<stat>_run_std`` columns: in the run-averaged rows (``prompt_id == '*'``), the
     sample standard deviation (ddof 1) of each per-run row's statistic; null in per-run
