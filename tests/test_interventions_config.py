@@ -191,6 +191,22 @@ def test_a_bad_edit_is_refused_in_one_line_naming_where(edits, message):
 # -- the config check: one line naming the variant and the key --------------------------------------
 
 
+def test_every_bad_edit_of_a_list_is_named_at_once():
+    edits = [
+        {"edit": "frob"},
+        {"edit": "mask_keys", "heads": 7, "key_frames": [0]},
+        {"edit": "mask_keys", "heads": "all", "key_frames": [0]},
+        {"edit": "mask_keys", "heads": "all"},
+    ]
+    with pytest.raises(ConfigError) as refused:
+        parse_interventions(edits, "variants.v.interventions")
+    assert [line.split(":")[0] for line in refused.value.problems] == [
+        "config key variants.v.interventions[0].edit",
+        "config key variants.v.interventions[1].heads",
+        "config key variants.v.interventions[3]",
+    ]
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

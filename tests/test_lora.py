@@ -155,6 +155,18 @@ def test_merged_weights_are_w_plus_scale_b_a_cast_once(tmp_path, base_state, rel
     assert torch.equal(merged["head.head.weight"], base_state["head.head.weight"].to(torch.bfloat16))
 
 
+def test_an_alpha_whose_merge_is_not_finite_is_refused_naming_it(tmp_path, base_state, release, generator):
+    from sinkscope.errors import WeightsError
+
+    wrapped = peft_model(base_state, seed=3)
+    path = save_adapter(wrapped, tmp_path / "lora.pt", "longlive")
+    entry = spec(weights=str(generator), base=str(release), ema=False, lora={"path": str(path), "alpha": 1e300})
+    resolved = resolve_checkpoint(entry, tmp_path)
+    with pytest.raises(WeightsError) as error:
+        load_transformer(generator, model=TINY, ema=False, dtype="bfloat16", lora=resolved.lora)
+    one_line_refusal(error, str(path), "alpha 1e+300", "not finite in bfloat16")
+
+
 # -- (b) rsLoRA, rank_pattern and alpha_pattern -------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sinkscope.errors import ConfigError, DamagedFileError, SinkscopeError
+from sinkscope.errors import ConfigError, DamagedFileError, SinkscopeError, gathered
 from sinkscope.io import atomic_path
 from sinkscope.naming import HEAD_LABEL, head_label, layer_label, parse_head_label
 
@@ -440,8 +440,8 @@ def _parse_edit(item: Any, where: str) -> Edit:
 
 def parse_interventions(value: Any, where: str) -> tuple[Edit, ...]:
     """The edits of a config value (a list of mappings; parsed edits pass through); a
-    ``ConfigError`` whose one line names ``where[index].key`` otherwise. None and [] are
-    no edits."""
+    ``ConfigError`` listing every bad edit, each line naming ``where[index].key``,
+    otherwise. None and [] are no edits."""
     if value is None:
         return ()
     items = [value] if isinstance(value, (Mapping, *EDITS.values())) else value
@@ -449,7 +449,15 @@ def parse_interventions(value: Any, where: str) -> tuple[Edit, ...]:
         raise _problem(
             where, f"{value!r} is not a list of edits like {{edit: mask_keys, heads: [L1H1], key_frames: [0]}}"
         )
-    edits = tuple(_parse_edit(item, f"{where}[{index}]") for index, item in enumerate(items))
+    parsed, problems = [], []
+    for index, item in enumerate(items):
+        with gathered(problems):
+            parsed.append(_parse_edit(item, f"{where}[{index}]"))
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError.invalid(problems)
+    edits = tuple(parsed)
     quantized = [index for index, edit in enumerate(edits) if isinstance(edit, QuantizeCache)]
     if len(quantized) > 1:
         raise _problem(

@@ -91,7 +91,8 @@ def merge_lora(
 
     The sum is computed in float32 (float64 when ``dtype`` is) on ``device`` from the
     weights as stored, and cast to ``dtype`` once: a bfloat16 model gets the rounded
-    merged weight, not the sum of two rounded terms.
+    merged weight, not the sum of two rounded terms. A merged weight that is not finite (a
+    huge alpha) is refused, naming the file, the module, its scale and alpha.
     """
     compute = torch.promote_types(torch.float32, dtype)
     with _full_float32_matmul(), torch.no_grad():
@@ -114,7 +115,13 @@ def merge_lora(
                     f"{lora.tensors}: key {module.key_a!r} no longer fits {key} (replaced since the check?)"
                 )
             delta = lora_b.to(device, compute) @ lora_a.to(device, compute)
-            state[key] = (weight.to(device, compute) + module.scale * delta).to(dtype)
+            merged = (weight.to(device, compute) + module.scale * delta).to(dtype)
+            if not torch.isfinite(merged).all():  # a huge alpha, or an adapter's own inf/NaN
+                raise WeightsError(
+                    f"{lora.tensors}: merging {key} at scale {module.scale:g} (alpha {module.alpha:g} / rank "
+                    f"{module.rank}) gives weights that are not finite in {str(dtype).removeprefix('torch.')}"
+                )
+            state[key] = merged
 
 
 def _resolved_lora(
