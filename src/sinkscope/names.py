@@ -2,10 +2,10 @@
 
 Checkpoints, prompts, variants, legacy caches (and the prompt ids their rows get), sweeps
 and each of their items, and command-line labels (``import-cache --checkpoint``) become
-file and folder names under the study's results folder and Snakemake wildcard values. Every place a
-name enters asks ``name_problem`` (the config check, the command line's ``arguments.name``,
-the legacy importer), so one rule refuses the same names everywhere, in one line naming
-the key and the value:
+file and folder names under the study's results folder and Snakemake wildcard values.
+Every place a name enters asks ``name_problem`` (the config check, the command line's
+``arguments.name``, the legacy importer), so one rule refuses the same names everywhere,
+in one line naming the key and the value:
 
 - letters, digits and _ . + - only, a letter or digit first: no path separator, no
   leading dot (a hidden file, or '.' and '..'), nothing a file system or a shell mangles

@@ -26,9 +26,10 @@ once per generation from the ``Run``, which holds what they share: the model, th
 options, the policy, the noise stream, the prompt contexts and the segment in use, the
 calls announced, the outputs. The step rule is built first (the noise stream is sized by
 it): its ``__init__`` sees the model, the options, the latent grid, the schedule and the
-prompts, not yet the policy or the noise; the hooks are built after both. All noise comes from one seeded CPU generator
-(``NoiseStream``: the initial noise of every frame, then what the step rule draws, in the
-order the reference draws it), so a seed gives the same video on any device.
+prompts, not yet the policy or the noise; the hooks are built after both. All noise
+comes from one seeded CPU generator (``NoiseStream``: the initial noise of every frame,
+then what the step rule draws, in the order the reference draws it), so a seed gives the
+same video on any device.
 """
 
 from __future__ import annotations
