@@ -58,6 +58,17 @@ def test_the_first_run_records_its_study_and_the_same_study_runs_again(tmp_path)
     assert (tmp_path / "results" / STAMP).read_text() == stamp
 
 
+def test_results_without_a_record_are_kept_and_said_when_a_study_claims_them(tmp_path):
+    (tmp_path / "results" / "tables").mkdir(parents=True)
+    (tmp_path / "results" / "tables" / "frame_attention.parquet").write_bytes(b"old")
+    actions = claim_results_folder("results", ["config.yaml"], workdir=tmp_path)
+    assert actions == [
+        "results/: held results of no recorded study (study.json); kept, and the folder recorded as config.yaml's"
+    ]
+    assert (tmp_path / "results" / "tables" / "frame_attention.parquet").read_bytes() == b"old"
+    assert claim_results_folder("results", ["config.yaml"], workdir=tmp_path) == []  # said once
+
+
 def test_another_study_is_refused_in_one_line_naming_both_ways_on(tmp_path):
     claim_results_folder("results", ["config.yaml"], workdir=tmp_path)
     with pytest.raises(SinkscopeError) as refused:

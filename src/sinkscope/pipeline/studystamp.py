@@ -84,7 +84,8 @@ def claim_results_folder(
 ) -> list[str]:
     """Record this study in ``results`` (a run that executes jobs, once no stopped run's
     locks are left): with ``replace``, another study's results there are deleted first.
-    Returns one line per action taken; raises as ``other_study`` does."""
+    Returns one line per action taken (a deletion; results found without a record, kept
+    as this study's); raises as ``other_study`` does."""
     theirs = other_study(results, config_files, replace=replace, workdir=workdir)
     folder = Path(workdir) / results
     actions = []
@@ -97,7 +98,15 @@ def claim_results_folder(
         removed = remove_study_results(folder)
         actions.append(f"{results}/: deleted the results of {_names(theirs)} ({removed} entries; replace_results)")
     ours = study_files(config_files, workdir)
-    if recorded_study(folder) != ours:
+    recorded = recorded_study(folder)
+    found = [name for name in TOP_FOLDERS if (folder / name).exists() and not (folder / name / STAMP).is_file()]
+    if theirs is None and recorded is None and found:
+        # Results from before studies were recorded (or with study.json deleted): kept, and said.
+        actions.append(
+            f"{results}/: held results of no recorded study (study.json); kept, and the folder recorded as "
+            f"{_names(ours)}'s"
+        )
+    if recorded != ours:
         record = {"config_files": ours}  # no time: a clean run writes the same bytes
         folder.mkdir(parents=True, exist_ok=True)
         with atomic_path(folder / STAMP) as tmp:
