@@ -542,34 +542,48 @@ def write_head_classes(path: str | Path, classes: Mapping[Head, str], *, source:
         Path(tmp).write_text(json.dumps(data, indent=1) + "\n")
 
 
-def _read_json(path: Path, missing: str, kind: str) -> Any:
-    """A JSON file's data; a missing file is "no <missing>", an unreadable one damaged."""
+def _read_json(path: Path, missing: str, kind: str, file_format: str, fields: Mapping[str, type]) -> dict:
+    """A JSON file's data, an object of ``file_format`` whose ``fields`` have their types; a
+    missing file is "no <missing>", an unreadable or other one damaged."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise SinkscopeError(f"{path}: no {missing}") from None
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise DamagedFileError(path, f"is not a {kind} file ({error.__class__.__name__})") from None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != file_format
+        or not all(isinstance(data.get(name), kind_of) for name, kind_of in fields.items())
+    ):
+        raise DamagedFileError(path, f"is not a {kind} file (format {file_format})")
+    return data
+
+
+def _head_of_label(path: Path, label: Any) -> Head:
+    """(layer, head) of a paper label ('L1H1') in a file; anything else names it damaged."""
+    match = HEAD_LABEL.match(label) if isinstance(label, str) else None
+    if not match or min(map(int, match.groups())) < 1:
+        raise DamagedFileError(path, f"names {label!r}, not a head like 'L1H1'")
+    return parse_head_label(label)
 
 
 def read_head_classes(path: str | Path) -> dict[Head, str]:
     """(layer, head) -> head class (0-based keys) of a file ``write_head_classes`` wrote."""
     path = Path(path)
-    data = _read_json(path, "head classes (the untouched default run's classes are made first)", "head-class")
-    if (
-        not isinstance(data, dict)
-        or data.get("format") != HEAD_CLASSES_FORMAT
-        or not isinstance(data.get("classes"), dict)
-    ):
-        raise DamagedFileError(path, f"is not a head-class file (format {HEAD_CLASSES_FORMAT})")
+    data = _read_json(
+        path,
+        "head classes (the untouched default run's classes are made first)",
+        "head-class",
+        HEAD_CLASSES_FORMAT,
+        {"classes": dict},
+    )
     classes = {}
     for label, head_class in data["classes"].items():
-        match = HEAD_LABEL.match(label) if isinstance(label, str) else None
-        if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-            raise DamagedFileError(path, f"names {label!r}, not a head like 'L1H1'")
+        head = _head_of_label(path, label)
         if not isinstance(head_class, str):
             raise DamagedFileError(path, f"gives {label} the class {head_class!r}, not a label")
-        classes[parse_head_label(label)] = head_class
+        classes[head] = head_class
     return classes
 
 
@@ -601,25 +615,19 @@ def read_head_orders(path: str | Path) -> dict[str, dict[str, list[Head]]]:
     """sweep -> order -> (layer, head), first to last (0-based), of a file
     ``write_head_orders`` wrote: what ``interventions.with_head_orders`` takes."""
     path = Path(path)
-    data = _read_json(path, "head orders (the atlas's head_atlas table is made first)", "head-orders")
-    if (
-        not isinstance(data, dict)
-        or data.get("format") != HEAD_ORDERS_FORMAT
-        or not isinstance(data.get("orders"), dict)
-        or not isinstance(data.get("sweep"), str)
-    ):
-        raise DamagedFileError(path, f"is not a head-orders file (format {HEAD_ORDERS_FORMAT})")
+    data = _read_json(
+        path,
+        "head orders (the atlas's head_atlas table is made first)",
+        "head-orders",
+        HEAD_ORDERS_FORMAT,
+        {"orders": dict, "sweep": str},
+    )
     orders: dict[str, list[Head]] = {}
     for order in HEAD_ORDERS:
         labels = data["orders"].get(order)
         if not isinstance(labels, list):
             raise DamagedFileError(path, f"has no {order!r} order")
-        heads = []
-        for label in labels:
-            match = HEAD_LABEL.match(label) if isinstance(label, str) else None
-            if not match or min(map(int, match.groups())) < 1:
-                raise DamagedFileError(path, f"names {label!r}, not a head like 'L1H1'")
-            heads.append(parse_head_label(label))
+        heads = [_head_of_label(path, label) for label in labels]
         if len(set(heads)) != len(heads):
             raise DamagedFileError(path, f"names a head twice in its {order!r} order")
         orders[order] = heads
