@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 # One seed of configs/head-atlas-1.3b.yaml: the sweeps' runs beside the untouched one.
 ATLAS = {"head": 360, "frame": 18, "prune": 25, "default": 1}
-RUNS_PER_JOB = 64  # runs_per_job: auto (sinkscope.pipeline.config.AUTO_RUNS_PER_JOB)
+RUNS_PER_JOB = 64  # runs_per_job: auto (sinkscope.pipeline.machinecheck.AUTO_RUNS_PER_JOB)
 
 JOB_DRIVER = """
 import json, sys, time

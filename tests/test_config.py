@@ -9,14 +9,9 @@ import pytest
 from sinkscope.errors import ConfigError
 from sinkscope.io import atomic_path
 from sinkscope.naming import parse_head_label
-from sinkscope.pipeline.config import (
-    apply_overrides,
-    check_machine,
-    coerce,
-    load_config,
-    normalize_config,
-    parse_config_overrides,
-)
+from sinkscope.pipeline.config import apply_overrides, load_config, normalize_config, parse_config_overrides
+from sinkscope.pipeline.configschema import coerce
+from sinkscope.pipeline.machinecheck import check_machine
 from sinkscope.pipeline.study import Study
 from sinkscope.schema import load_schema
 

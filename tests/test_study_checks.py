@@ -12,14 +12,8 @@ from conftest import REPO
 
 from sinkscope.cli import main as cli_main
 from sinkscope.errors import ConfigError, SinkscopeError
-from sinkscope.pipeline.config import (
-    check_machine,
-    checked_config,
-    generation_options,
-    read_config_file,
-    resolve_layers_per_job,
-    study_layers_per_job,
-)
+from sinkscope.pipeline.config import checked_config, generation_options, read_config_file
+from sinkscope.pipeline.machinecheck import check_machine, resolve_layers_per_job, study_layers_per_job
 from sinkscope.pipeline.study import load_study
 
 # (config file text, what the error must name)

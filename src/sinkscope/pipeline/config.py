@@ -1,4 +1,6 @@
-"""The pipeline config: coercion, defaults, JSON-schema validation and semantic checks.
+"""The pipeline config's checks: every problem at once (names, the schema through
+``pipeline.configschema``, then the semantic checks of the sections that passed), and a
+variant's generation options. What this machine can run is ``pipeline.machinecheck``.
 
 Every error names the config key and the offending value, so a bad config is
 rejected before any job runs. Snakemake's ``--config 'layers=[0,1,2]'`` delivers list
@@ -9,8 +11,6 @@ and rejected only when they cannot be.
 from __future__ import annotations
 
 import copy
-import difflib
-import importlib.util
 import json
 import math
 import re
@@ -42,10 +42,11 @@ from sinkscope.options import (
     procedure_spec,
 )
 from sinkscope.pipeline.configfile import read_config_file
+from sinkscope.pipeline.configschema import coerce, fill_defaults, finite_problems, schema_problems
 from sinkscope.pipeline.layout import results_folder
 from sinkscope.pipeline.overrides import apply_overrides, parse_config_overrides
 from sinkscope.prompt_schedules import prompt_segments, schedule_problems, switch_frames
-from sinkscope.schema import load_schema, resolve_ref
+from sinkscope.schema import load_schema
 from sinkscope.sweeps import (
     HEAD,
     Sweep,
@@ -64,7 +65,6 @@ FRAMES_ROUTE_STATISTICS = ("logit_mean", "prob_mass")
 __all__ = [
     "DEFAULT_CONFIG_FILE",
     "apply_overrides",
-    "check_machine",
     "checkpoint_sweeps",
     "checked_config",
     "coerce",
@@ -73,9 +73,6 @@ __all__ = [
     "normalize_config",
     "parse_config_overrides",
     "resolve_checkpoints",
-    "resolve_layers_per_job",
-    "resolve_runs_per_job",
-    "study_layers_per_job",
     "variant_names",
 ]
 
@@ -85,209 +82,6 @@ NAMED_SECTIONS = ("checkpoints", "prompts", "legacy_caches", "variants", "sweeps
 
 # The study the workflow runs when no --configfile is given (a path in the working directory).
 DEFAULT_CONFIG_FILE = "config.yaml"
-
-
-# -- coercion ------------------------------------------------------------------------
-
-_INT = re.compile(r"^[+-]?\d+$")
-_TRUE, _FALSE, _NULL = {"true", "yes", "on"}, {"false", "no", "off"}, {"null", "none", "~"}
-
-
-def _types(schema: Mapping) -> list[str]:
-    declared = schema.get("type")
-    if declared is None:
-        return []
-    return [declared] if isinstance(declared, str) else list(declared)
-
-
-def _coerce_scalar(value: Any, types: list[str]) -> Any:
-    if not isinstance(value, str):
-        if isinstance(value, float) and "integer" in types and value.is_integer():
-            return int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and "number" in types and "integer" not in types:
-            return float(value)  # canonical: timestep_shift 5 and 5.0 are one param
-        return value
-    text = value.strip()
-    lowered = text.lower()
-    if "null" in types and lowered in _NULL:
-        return None
-    if "integer" in types and _INT.match(text):
-        return int(text)
-    if "number" in types:
-        try:
-            return float(text)
-        except ValueError:
-            pass
-    if "integer" in types:
-        try:
-            number = float(text)
-        except ValueError:
-            pass
-        else:
-            if number.is_integer():
-                return int(number)
-    if "boolean" in types and lowered in _TRUE | _FALSE:
-        return lowered in _TRUE
-    return value
-
-
-def coerce(value: Any, schema: Mapping) -> Any:
-    """Convert strings (and scalars given for lists) to the types ``schema`` asks for."""
-    schema = resolve_ref(schema)
-    for key in ("anyOf", "oneOf"):
-        if key in schema:
-            for option in schema[key]:
-                converted = coerce(value, option)
-                if converted is not value and converted != value:
-                    return converted
-            return value
-    types = _types(schema)
-    if "array" in types:
-        if value is not None and not isinstance(value, (list, tuple)) and "items" in schema:
-            if not (isinstance(value, str) and "string" in types):
-                value = [value]
-        if isinstance(value, (list, tuple)):
-            return [coerce(item, schema.get("items", {})) for item in value]
-    if "object" in types and isinstance(value, Mapping):
-        properties = schema.get("properties", {})
-        extra = schema.get("additionalProperties")
-        result = {}
-        for key, item in value.items():
-            if key in properties:
-                result[key] = coerce(item, properties[key])
-            elif isinstance(extra, Mapping):
-                result[key] = coerce(item, extra)
-            else:
-                result[key] = item
-        return result
-    if "enum" in schema and isinstance(value, str) and value not in schema["enum"]:
-        for option in schema["enum"]:
-            if not isinstance(option, str) and str(option).lower() == value.strip().lower():
-                return option
-    return _coerce_scalar(value, types)
-
-
-# -- defaults ------------------------------------------------------------------------
-
-
-def fill_defaults(value: Any, schema: Mapping) -> Any:
-    """Fill ``default:`` values of the schema, recursively (nested objects included).
-
-    A section marked ``x-inherits`` (variants) is left as given: its missing keys are
-    inherited from another section, not defaulted."""
-    schema = resolve_ref(schema)
-    if not isinstance(value, dict) or schema.get("x-inherits"):
-        return value
-    properties = schema.get("properties", {})
-    for key, sub in properties.items():
-        if key not in value and "default" in sub:
-            value[key] = copy.deepcopy(sub["default"])
-        if key in value:
-            value[key] = fill_defaults(value[key], sub)
-    extra = schema.get("additionalProperties")
-    if isinstance(extra, Mapping):
-        for key in value:
-            if key not in properties:
-                value[key] = fill_defaults(value[key], extra)
-    return value
-
-
-# -- validation ----------------------------------------------------------------------
-
-
-def _key_path(path) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "<config>"
-
-
-def _describe(error) -> str:
-    key = _key_path(error.absolute_path)
-    value = error.instance
-    if "propertyNames" in error.schema_path:
-        problem = variant_name_problem(value) if key == "variants" else name_problem(value)
-        return f"config key {key}: {problem}"
-    if error.validator == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(value) - set(allowed)) if isinstance(value, dict) else []
-        where = f" in {key}" if error.absolute_path else ""
-        hint = f"; known keys: {', '.join(allowed)}" if allowed else ""
-        return f"unknown config key {', '.join(map(repr, extra))}{where}{_guesses(extra, allowed)}{hint}"
-    if error.validator == "type":
-        wanted = error.validator_value
-        wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
-        return f"config key {key}: {value!r} is not {_article(wanted)}"
-    if error.validator == "enum":
-        guess = _guesses([value], [str(option) for option in error.validator_value]) if isinstance(value, str) else ""
-        return f"config key {key}: {value!r} is not one of {', '.join(map(repr, error.validator_value))}{guess}"
-    if error.validator == "anyOf":
-        options = []
-        for option in error.validator_value:
-            least = f" of at least {option['minimum']}" if "minimum" in option else ""
-            options += [repr(v) for v in option.get("enum", [])] or [_article(option.get("type", "value")) + least]
-        return f"config key {key}: {value!r} is not {' or '.join(options)}"
-    if error.validator == "pattern" and list(error.absolute_path)[:2] == ["figures", "heads"]:
-        return f"config key {key}: {value!r} is not a head like 'L1H1': heads are 1-based (L1H1 = layer 0, head 0)"
-    if error.validator == "pattern":
-        return f"config key {key}: {value!r} does not match the pattern {error.validator_value}"
-    if error.validator in (
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "minItems",
-        "uniqueItems",
-        "minProperties",
-        "minLength",
-        "maxLength",
-    ):
-        return f"config key {key}: {error.message}"
-    return f"config key {key}: {value!r}: {error.message}"
-
-
-def _guesses(unknown: list[str], known: list[str]) -> str:
-    """' (did you mean 'num_frames'?)': the known keys the unknown ones most resemble."""
-    found = {name: difflib.get_close_matches(str(name), known, n=1, cutoff=0.6) for name in unknown}
-    found = {name: close[0] for name, close in found.items() if close}
-    if not found:
-        return ""
-    if len(unknown) == 1:
-        return f" (did you mean {next(iter(found.values()))!r}?)"
-    return f" (did you mean {', '.join(f'{close!r} for {name!r}' for name, close in found.items())}?)"
-
-
-def _article(type_name: str) -> str:
-    return {"integer": "an integer", "array": "a list", "object": "a mapping"}.get(type_name, f"a {type_name}")
-
-
-def validate_schema(config: Mapping) -> None:
-    """Raise ConfigError listing every schema violation, key and value named."""
-    problems = schema_problems(config)
-    if problems:
-        raise ConfigError.invalid(sorted({line for _, line in problems}))
-
-
-def schema_problems(config: Mapping) -> list[tuple[str, str]]:
-    """Every schema violation as (the top-level section it lies in, one line naming key
-    and value); the section is '' for an unknown top-level key (which leaves the others
-    whole)."""
-    from jsonschema import Draft202012Validator
-
-    validator = Draft202012Validator(load_schema())
-    errors = sorted(
-        validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))
-    )
-    return [(_section_of(error), _describe(error)) for error in errors]
-
-
-def _section_of(error) -> str:
-    """The top-level section a schema error leaves unusable; '' for one that leaves every
-    section whole: an unknown top-level key, a name the name rule refuses too (the entry
-    under it is checked as usual)."""
-    if not error.absolute_path or "propertyNames" in error.schema_path:
-        return ""
-    return str(error.absolute_path[0])
 
 
 # -- semantic checks -----------------------------------------------------------------
@@ -814,94 +608,6 @@ def _check_reference_labels(
     ]
 
 
-def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *, local: bool = True) -> str:
-    """Check that this machine can run the study's extraction jobs; return the device.
-
-    The device must exist (``device: cuda`` without a GPU fails here, not in a job), the
-    capture's backend and compile setting must run on it, and every (checkpoint,
-    variant) must fit its memory (``max_job_memory_gib``, or what the
-    device has). For cluster executors (``local=False``) only an explicit
-    ``max_job_memory_gib`` is checked: this machine is not where jobs run. Raises one
-    ConfigError listing every problem.
-    """
-    from sinkscope.pipeline.resources import resolve_device
-
-    device = resolve_device(config["device"], local=local)
-    problems = device_problems(config, device, local=local) + _memory_problems(config, resolved, device, local=local)
-    if problems:
-        raise ConfigError.invalid(problems)
-    return device
-
-
-def device_problems(config: Mapping, device: str, *, local: bool = True) -> list[str]:
-    """What of ``capture:`` cannot run on ``device`` (the jobs' device): Triton off CUDA or
-    not installed, torch.compile asked for off CUDA (a job would skip it without a word)."""
-    problems = []
-    capture = config["capture"]
-    if capture["backend"] == "triton" and not device.startswith("cuda"):
-        problems.append(
-            f"config key capture.backend: 'triton' runs on CUDA only, and the jobs compute on {device!r}; use auto "
-            "or torch"
-        )
-    elif capture["backend"] == "triton" and local and importlib.util.find_spec("triton") is None:
-        problems.append("config key capture.backend: 'triton' is not installed here; use auto or torch")
-    if capture["compile"] is True and not device.startswith("cuda"):
-        problems.append(
-            f"config key capture.compile: true compiles the model's blocks on CUDA only, and the jobs compute on "
-            f"{device!r}, where they would run uncompiled; use auto or false"
-        )
-    return problems
-
-
-def _memory_problems(
-    config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], device: str, *, local: bool
-) -> list[str]:
-    """Every (checkpoint, variant) whose extraction job does not fit the memory it gets."""
-    from sinkscope.pipeline.resources import (
-        AUTO_MEMORY_SHARE,
-        GIB,
-        auto_layers_per_job,
-        default_dtype,
-        device_memory_bytes,
-        estimate_job_memory,
-    )
-
-    limit_gib = config.get("max_job_memory_gib")
-    limit = int(limit_gib * GIB) if limit_gib is not None else (device_memory_bytes(device) if local else None)
-    if limit is None:
-        return []
-    where = f"max_job_memory_gib = {limit_gib}" if limit_gib is not None else f"the {device} here"
-    problems = []
-    captured = study_layers_per_job(config, resolved, device)
-    switches = _switch_frames(config)
-    for name, checkpoint in resolved.items():
-        dtype = default_dtype(device, checkpoint.spec.dtype)
-        for variant in variant_names(config):
-            options = generation_options(config, variant, name)
-            estimate = estimate_job_memory(
-                checkpoint.model_config, options, dtype, captured_layers=captured, switch_frames=switches
-            )
-            if estimate.total > limit:
-                fits = auto_layers_per_job(
-                    checkpoint.model_config, options, dtype, layers=captured, memory_bytes=limit, switch_frames=switches
-                )
-                fewer = (
-                    estimate_job_memory(
-                        checkpoint.model_config, options, dtype, captured_layers=fits, switch_frames=switches
-                    ).total
-                    <= limit * AUTO_MEMORY_SHARE
-                )
-                problems.append(
-                    f"checkpoint {name!r}{'' if variant == 'default' else f', variant {variant!r}'}: an extraction job "
-                    f"needs about {estimate.total / GIB:.1f} GiB ({estimate.describe()} GiB) with {captured} "
-                    f"layer{'s' if captured != 1 else ''} captured, more than {where} ({limit / GIB:.1f} GiB); "
-                    + (f"set layers_per_job: {fits} (or max_job_memory_gib, which auto then fills), " if fewer else "")
-                    + "lower generation.num_frames or latent_height/latent_width, use a bounded cache_policy, or set "
-                    "max_job_memory_gib"
-                )
-    return problems
-
-
 def normalize_config(raw: Mapping | None, base_dir: str | Path = ".") -> dict:
     """Coerce, fill defaults, validate; return the config every rule reads.
 
@@ -945,7 +651,7 @@ def check_config(raw: Mapping | None, base_dir: str | Path = ".") -> CheckedConf
     named = _name_problems(raw)
     schema = load_schema()
     config = coerce(copy.deepcopy(raw), schema)
-    finite = _finite_problems(config)
+    finite = finite_problems(config)
     config = fill_defaults(config, schema)
     found = named + finite + schema_problems(config)
     invalid = {section for section, _ in found}
@@ -962,21 +668,6 @@ def _one_segment_prompts_as_text(config: dict) -> None:
     for prompt_id, entry in config["prompts"].items():
         if isinstance(entry, list) and len(entry) == 1 and entry[0]["start_frame"] == 0:
             config["prompts"][prompt_id] = entry[0]["text"]
-
-
-def _finite_problems(value: Any, key: str = "") -> list[tuple[str, str]]:
-    """NaN and infinity pass every JSON-schema bound (comparisons with NaN are false): each
-    one, as (section, line)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return [(key.split(".")[0].split("[")[0], f"config key {key or '<config>'}: {value!r} is not a finite number")]
-    found = []
-    if isinstance(value, Mapping):
-        for name, item in value.items():
-            found += _finite_problems(item, f"{key}.{name}" if key else str(name))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            found += _finite_problems(item, f"{key}[{index}]")
-    return found
 
 
 # The largest |bias| of a logit_bias edit, and of a variant's biases added up (edits on
@@ -1000,63 +691,6 @@ _BIAS_OVERFLOWS = (
 # schedule's sigmas NaN.
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT32_NORMAL_MIN = 1.1754943508222875e-38
-
-
-# runs_per_job: auto. A job's runs go through the model one after another, so its memory is
-# its largest run's (which the check fits to the device), whatever their number: the bound
-# is the job's length. 64 runs keep a job of the 1.3B's atlas near 3 min on an H100 (2.6 s a
-# run eager, docs/performance.md), so loading and compiling (8-40 s) cost a few percent and
-# an atlas of one seed still spreads over several GPUs; on the CPU, a process start (3-5 s
-# with torch, more than the demo's generation) is paid once per 64 runs.
-AUTO_RUNS_PER_JOB = 64
-
-
-def resolve_runs_per_job(value: int | str) -> int:
-    """How many runs of one checkpoint, prompt and seed one extraction job generates at most
-    (``runs_per_job``): a number, or ``AUTO_RUNS_PER_JOB`` for ``auto``."""
-    return AUTO_RUNS_PER_JOB if value == "auto" else max(1, int(value))
-
-
-def resolve_layers_per_job(value: int | str, layers: int, device: str) -> int:
-    """How many layers one extraction job captures, before memory is counted. ``auto``: every
-    layer in one job on CUDA (one generation serves all: 27x less GPU time for 30 layers),
-    one a job on the CPU (reruns stay per layer and cost little); a number, at most the
-    study's layers."""
-    if value == "auto":
-        return max(1, layers) if device.startswith("cuda") else 1
-    return max(1, min(int(value), layers))  # more than the study's layers: all of them in one job
-
-
-def study_layers_per_job(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], device: str) -> int:
-    """How many layers one extraction job of this study captures: ``resolve_layers_per_job``,
-    except that ``auto`` on CUDA with ``max_job_memory_gib`` set captures the most layers
-    that every (checkpoint, variant) job fits in ``AUTO_MEMORY_SHARE`` of it
-    (``resources.auto_layers_per_job``). Only the config decides (not the GPU of the
-    machine that reads it), so every process that builds the workflow, a cluster job's
-    too, plans the same layer groups."""
-    value, layers, limit_gib = config["layers_per_job"], len(config["layers"]), config.get("max_job_memory_gib")
-    if value != "auto" or not device.startswith("cuda") or limit_gib is None or not resolved:
-        return resolve_layers_per_job(value, layers, device)
-    from sinkscope.pipeline.resources import GIB, auto_layers_per_job, default_dtype
-
-    switches = _switch_frames(config)
-    return min(
-        auto_layers_per_job(
-            checkpoint.model_config,
-            generation_options(config, variant, name),
-            default_dtype(device, checkpoint.spec.dtype),
-            layers=layers,
-            memory_bytes=int(limit_gib * GIB),
-            switch_frames=switches,
-        )
-        for name, checkpoint in resolved.items()
-        for variant in variant_names(config)
-    )
-
-
-def _switch_frames(config: Mapping) -> list[int]:
-    """Every latent frame where some prompt of the study switches (the re-cache calls)."""
-    return sorted({frame for frames in prompt_switches(config).values() for frame in frames})
 
 
 def resolve_checkpoints(config: Mapping, base_dir: str | Path = ".") -> dict[str, ResolvedCheckpoint]:

@@ -24,15 +24,9 @@ from sinkscope.interventions import ATTENTION_EDITS
 from sinkscope.model.checkpoints import ResolvedCheckpoint, cached_value, files_digest
 from sinkscope.options import GenerationOptions
 from sinkscope.pipeline.codedigest import stage_digest
-from sinkscope.pipeline.config import (
-    checkpoint_sweeps,
-    generation_options,
-    resolve_checkpoints,
-    resolve_runs_per_job,
-    study_layers_per_job,
-    variant_names,
-)
+from sinkscope.pipeline.config import checkpoint_sweeps, generation_options, resolve_checkpoints, variant_names
 from sinkscope.pipeline.layout import DEFAULT_VARIANT, RESULTS, path, results_folder, source_name
+from sinkscope.pipeline.machinecheck import resolve_runs_per_job, study_layers_per_job
 from sinkscope.prompt_schedules import PromptSegment, prompt_segments, switch_frames
 from sinkscope.sweeps import Sweep, is_atlas_run, parse_sweeps
 

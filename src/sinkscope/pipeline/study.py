@@ -18,7 +18,7 @@ from typing import Any
 
 from sinkscope.errors import ConfigError, gathered
 from sinkscope.naming import parse_head_label
-from sinkscope.pipeline.config import check_config, check_machine, device_problems
+from sinkscope.pipeline.config import check_config
 from sinkscope.pipeline.configfile import read_config_file
 from sinkscope.pipeline.figureplan import SUMMARY_FIGURES, FigurePlan
 from sinkscope.pipeline.layout import (
@@ -32,6 +32,7 @@ from sinkscope.pipeline.layout import (
     VARIANT_SEPARATOR,
     path,
 )
+from sinkscope.pipeline.machinecheck import check_machine, device_problems
 from sinkscope.pipeline.videoplan import video_targets
 from sinkscope.schema import schema_defaults
 
