@@ -13,6 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+from sinkscope.errors import ConfigError
+from sinkscope.schema import load_schema
+
 # What every --out and --out-prefix accepts, for their --help.
 OUTPUT_RULE = "the folder it goes in must exist, or be the only missing one (then it is created)"
 
@@ -145,3 +148,28 @@ def _takes_new_files(folder: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+def call_step(text: str) -> str | int:
+    """argparse type: last, cache, or a denoising step index."""
+    return text if text in ("last", "cache") else natural(text)
+
+
+def dpi(text: str) -> int:
+    """argparse type: a PNG resolution within the schema's bounds."""
+    bounds = load_schema()["properties"]["figures"]["properties"]["dpi"]
+    value = natural(text)
+    if not bounds["minimum"] <= value <= bounds["maximum"]:
+        raise argparse.ArgumentTypeError(f"{value} is outside {bounds['minimum']}..{bounds['maximum']}")
+    return value
+
+
+def paper_head(text: str) -> str:
+    """argparse type: a head in the paper's notation (checked, returned as given)."""
+    from sinkscope.naming import parse_head_label
+
+    try:
+        parse_head_label(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a head like L1H1 (1-based layer and head)") from None
+    return text

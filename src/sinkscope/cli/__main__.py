@@ -1,0 +1,7 @@
+"""``python -m sinkscope.cli``: the ``sinkscope`` command."""
+
+import sys
+
+from sinkscope.cli import main
+
+sys.exit(main())
