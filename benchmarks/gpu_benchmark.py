@@ -1090,10 +1090,12 @@ def main() -> int:
     parser.add_argument("--modes", default="eager,compile", help="generation variants: eager, compile")
     parser.add_argument("--frames", type=int, default=240, help="the rollouts section's length in latent frames")
     parser.add_argument("--no-key-split", action="store_true", help="one SDPA call per cached attention (no key split)")
+    parser.add_argument(
+        "--no-fused-norms", action="store_true", help="the block's norms, gates and RoPE as eager PyTorch ops"
+    )
     parser.add_argument("--probe-warmup", nargs=2, metavar=("BACKEND", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.no_key_split:
-        KERNELS = KernelSettings(key_split=False)
+    KERNELS = KernelSettings(key_split=not args.no_key_split, fused_norms=not args.no_fused_norms)
     if args.probe_warmup:
         backend, layers = args.probe_warmup
         print("RESULT " + json.dumps(probe_warmup(backend, [int(x) for x in layers.split(",") if x])))

@@ -34,6 +34,7 @@ keeps the rows it finished) and prints it at the end.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -49,6 +50,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from timing import captured_generation  # noqa: E402
 
 from report import error_entry, write_results  # noqa: E402
+from sinkscope.attention.settings import KernelSettings  # noqa: E402
 from sinkscope.model import WanConfig, build_model, get_model_config, init_random_weights  # noqa: E402
 from sinkscope.options import GenerationOptions  # noqa: E402
 
@@ -163,6 +165,9 @@ def main() -> int:
     parser.add_argument("--frames", default="64,128", help="latent frame counts, comma-separated")
     parser.add_argument("--reps", type=int, default=2, help="timed generations per variant (after one warm-up)")
     parser.add_argument("--no-compile", action="store_true", help="run the blocks eagerly")
+    parser.add_argument(
+        "--no-fused-norms", action="store_true", help="the block's norms, gates and RoPE as PyTorch ops"
+    )
     parser.add_argument("--quick", action="store_true", help="CPU smoke run on a tiny model of the 5B's kind")
     parser.add_argument(
         "--captures",
@@ -196,6 +201,7 @@ def main() -> int:
         chunk, window, sink = 8, 32, 8
         captured_layers = [4]
         device = torch.cuda.get_device_name()
+    model.kernels = KernelSettings(fused_norms=not args.no_fused_norms)
     config = model.config
     frame_seq_length = config.frame_seq_length()
     results: dict = {
@@ -208,6 +214,8 @@ def main() -> int:
         "steps": STEPS,
         "reps": args.reps,
         "token_profiles": args.token_profiles,
+        "compiled": not (args.quick or args.no_compile),
+        "kernels": dataclasses.asdict(model.kernels),
         "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB,
     }
     if not args.quick and not args.no_compile:

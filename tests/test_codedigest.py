@@ -30,6 +30,7 @@ _MODEL = {
     "model.torchfile",
     "model.weightfiles",
     "model.wan",
+    "model.block_kernels",
     "attention",
     "attention.settings",
     "attention.split",

@@ -116,8 +116,8 @@ def test_the_cpu_and_float32_never_split():
 def test_capture_kernels_name_the_split_and_the_gelu_epilogue():
     from sinkscope.attention.settings import KernelSettings
 
-    assert KernelSettings.named("fast") == KernelSettings(key_split=True, fused_gelu=True)
-    assert KernelSettings.named("reference") == KernelSettings(key_split=False, fused_gelu=False)
+    assert KernelSettings.named("fast") == KernelSettings(key_split=True, fused_gelu=True, fused_norms=True)
+    assert KernelSettings.named("reference") == KernelSettings(key_split=False, fused_gelu=False, fused_norms=False)
     assert [KernelSettings.named(name).name for name in ("fast", "reference")] == ["fast", "reference"]
     assert KernelSettings(key_split=True, fused_gelu=False).name == "custom"
     with pytest.raises(ValueError, match="capture.kernels 'quick' is not one of fast, reference"):

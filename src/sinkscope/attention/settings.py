@@ -17,22 +17,27 @@ class KernelSettings:
     """``key_split``: a cached attention call whose query tiles would leave the GPU's last
     wave part-empty splits its keys and merges the parts (``sinkscope.attention.split``);
     ``fused_gelu``: the FFN applies its GELU in the matrix product's epilogue
-    (``sinkscope.model.wan.feed_forward``). Both act on CUDA in fp16 / bf16 only."""
+    (``sinkscope.model.wan.feed_forward``); ``fused_norms``: a block's norms, modulations,
+    gates and RoPE run as four Triton kernels (``sinkscope.model.block_kernels``). Each acts on
+    CUDA in fp16 / bf16 only."""
 
     key_split: bool = True
     fused_gelu: bool = True
+    fused_norms: bool = True
 
     @classmethod
     def named(cls, name: str) -> KernelSettings:
-        """``fast`` (both on) or ``reference`` (both off: Self-Forcing's own kernels)."""
+        """``fast`` (all on) or ``reference`` (all off: Self-Forcing's own kernels)."""
         if name not in KERNEL_CHOICES:
             raise ValueError(f"capture.kernels {name!r} is not one of {', '.join(KERNEL_CHOICES)}")
-        return cls(key_split=name == "fast", fused_gelu=name == "fast")
+        fast = name == "fast"
+        return cls(key_split=fast, fused_gelu=fast, fused_norms=fast)
 
     @property
     def name(self) -> str:
         """The config's name of these settings, or ``custom`` for a mix."""
-        if self.key_split == self.fused_gelu:
+        flags = {self.key_split, self.fused_gelu, self.fused_norms}
+        if len(flags) == 1:
             return KERNEL_CHOICES[0] if self.key_split else KERNEL_CHOICES[1]
         return "custom"
 

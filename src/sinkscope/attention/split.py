@@ -21,6 +21,7 @@ by the rounding of the parts' outputs to the model dtype (one bf16 rounding more
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +69,8 @@ def _copy_waves(rows: int, heads: int, dim: int, num_keys: int) -> float:
     return rows * heads * dim * 2 / (num_keys * WAVE_BYTES_PER_KEY)
 
 
+# A function of a call's sizes alone, asked at every cached call of every layer: planned once a shape.
+@lru_cache(maxsize=1024)
 def plan_key_split(
     batch: int, heads: int, num_queries: int, num_keys: int, processors: int, dim: int = 128, *, head_first: bool = True
 ) -> KeySplit:

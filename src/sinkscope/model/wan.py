@@ -314,8 +314,16 @@ class WanCrossAttention(_WanAttention):
         v = self.v(context).view(shape).transpose(1, 2)
         return k, v
 
-    def forward(self, x: torch.Tensor, context_kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        q = self.norm_q(self.q(x)).view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
+    def forward(
+        self, x: torch.Tensor, context_kv: tuple[torch.Tensor, torch.Tensor], fused_norms: bool = False
+    ) -> torch.Tensor:
+        if fused_norms_apply(x, fused_norms) and isinstance(self.norm_q, WanRMSNorm):
+            from sinkscope.model.block_kernels import qk_norm_rope
+
+            q = qk_norm_rope(self.q(x), self.norm_q.weight, None, self.num_heads, self.norm_q.eps)
+        else:
+            q = self.norm_q(self.q(x))
+        q = q.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, *context_kv)
         return self.o(out.transpose(1, 2).flatten(2))
 
@@ -357,29 +365,46 @@ class WanAttentionBlock(nn.Module):
             # so compiling needs no second graph. Cache-relative policies want them on every
             # call: the compiled function, specialized once for rope_k=False.
             inputs = before if cache_policy.raw_keys_every_call else WanAttentionBlock.attention_inputs
-            q, raw_k, v = inputs(self, x, e0, rope, False)
+            q, raw_k, v = inputs(self, x, e0, rope, False, kernels.fused_norms)
             k = apply_rope(raw_k, rope)
         else:
-            q, k, v = before(self, x, e0, rope)
+            q, k, v = before(self, x, e0, rope, True, kernels.fused_norms)
         if keys_only and cache_policy is not None and self.self_attn.observer is None:
             cache_policy.attend(self.self_attn.layer_index, q, k, v, raw_k)  # stores the block's keys
             return None
         attn = self.self_attn.attend(q, k, v, cache_policy, attn_mask, raw_k, kernels)
         if keys_only:
             return None
-        return after(self, x, attn, e0, *context_kv, kernels.fused_gelu)
+        return after(self, x, attn, e0, *context_kv, kernels.fused_gelu, kernels.fused_norms)
 
     # The pieces around the self-attention core: pure tensor functions, so that
     # WanModel.compile_blocks can compile them once for all layers.
     @staticmethod
     def attention_inputs(
-        block: WanAttentionBlock, x: torch.Tensor, e0: torch.Tensor, rope: torch.Tensor, rope_k: bool = True
+        block: WanAttentionBlock,
+        x: torch.Tensor,
+        e0: torch.Tensor,
+        rope: torch.Tensor,
+        rope_k: bool = True,
+        fused_norms: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Modulated norm1, q/k/v projections, q/k RMSNorm and RoPE (on k only if ``rope_k``)."""
+        """Modulated norm1, q/k/v projections, q/k RMSNorm and RoPE (on k only if ``rope_k``);
+        with ``fused_norms`` (``KernelSettings.fused_norms``) where they apply, the norms and
+        RoPE in ``sinkscope.model.block_kernels``' kernels."""
         frames = e0.shape[1]
-        shift, scale = (block.modulation.unsqueeze(1) + e0).chunk(6, dim=2)[:2]
+        modulation = block.modulation.unsqueeze(1) + e0
+        attn = block.self_attn
+        if fused_norms_apply(x, fused_norms) and isinstance(attn.norm_q, WanRMSNorm):
+            from sinkscope.model.block_kernels import modulated_norm, qk_norm_rope
+
+            h = modulated_norm(x, modulation[:, :, 0], modulation[:, :, 1], block.norm1.eps)
+            shape = (*x.shape[:2], attn.num_heads, attn.head_dim)
+            q = qk_norm_rope(attn.q(h), attn.norm_q.weight, rope, attn.num_heads, attn.norm_q.eps)
+            k = qk_norm_rope(attn.k(h), attn.norm_k.weight, rope if rope_k else None, attn.num_heads, attn.norm_k.eps)
+            return q.view(shape), k.view(shape), attn.v(h).view(shape)
+        shift, scale = modulation.chunk(6, dim=2)[:2]
         h = (block.norm1(x).unflatten(1, (frames, -1)) * (1 + scale) + shift).flatten(1, 2)
-        q, k, v = block.self_attn.project(h)
+        q, k, v = attn.project(h)
         return apply_rope(q, rope), apply_rope(k, rope) if rope_k else k, v
 
     @staticmethod
@@ -391,10 +416,22 @@ class WanAttentionBlock(nn.Module):
         context_k: torch.Tensor,
         context_v: torch.Tensor,
         fused_gelu: bool = True,
+        fused_norms: bool = False,
     ) -> torch.Tensor:
-        """Output projection and gate, cross-attention, modulated FFN (``feed_forward``)."""
+        """Output projection and gate, cross-attention, modulated FFN (``feed_forward``); with
+        ``fused_norms`` where they apply, each residual add and the norm after it one kernel."""
         frames = e0.shape[1]
-        _, _, gate_sa, shift_ff, scale_ff, gate_ff = (block.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
+        modulation = block.modulation.unsqueeze(1) + e0
+        if fused_norms_apply(x, fused_norms) and isinstance(block.norm3, nn.LayerNorm):
+            from sinkscope.model.block_kernels import gated_residual, residual_norm
+
+            gate_sa, shift_ff, scale_ff, gate_ff = (modulation[:, :, i] for i in range(2, 6))
+            norm3 = block.norm3
+            x, h = residual_norm(x, block.self_attn.o(attn), gate_sa, affine=(norm3.weight, norm3.bias), eps=norm3.eps)
+            cross = block.cross_attn(h, (context_k, context_v), fused_norms)
+            x, h = residual_norm(x, cross, modulation=(shift_ff, scale_ff), eps=block.norm2.eps)
+            return gated_residual(x, feed_forward(block.ffn, h, fused_gelu), gate_ff)
+        _, _, gate_sa, shift_ff, scale_ff, gate_ff = modulation.chunk(6, dim=2)
 
         def per_frame(t: torch.Tensor) -> torch.Tensor:
             return t.unflatten(1, (frames, -1))
@@ -405,6 +442,12 @@ class WanAttentionBlock(nn.Module):
         return x + (per_frame(feed_forward(block.ffn, h, fused_gelu)) * gate_ff).flatten(1, 2)
 
     step_functions = (attention_inputs, attention_outputs)
+
+
+def fused_norms_apply(x: torch.Tensor, fused_norms: bool) -> bool:
+    """Whether ``sinkscope.model.block_kernels`` runs a block's norms for x: asked for, CUDA,
+    fp16 / bf16, inference (the kernels have no backward)."""
+    return fused_norms and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and not torch.is_grad_enabled()
 
 
 def feed_forward(ffn: nn.Sequential, h: torch.Tensor, fused_gelu: bool = True) -> torch.Tensor:
@@ -433,10 +476,15 @@ class Head(nn.Module):
         self.head = nn.Linear(config.dim, math.prod(config.patch_size) * config.out_dim)
         self.modulation = nn.Parameter(torch.randn(1, 2, config.dim) / config.dim**0.5)
 
-    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, e: torch.Tensor, fused_norms: bool = False) -> torch.Tensor:
         # e: [B, F, dim], the time embedding (not the projection), per frame.
         frames = e.shape[1]
-        shift, scale = (self.modulation.unsqueeze(1) + e.unsqueeze(2)).chunk(2, dim=2)
+        modulation = self.modulation.unsqueeze(1) + e.unsqueeze(2)
+        if fused_norms_apply(x, fused_norms):
+            from sinkscope.model.block_kernels import modulated_norm
+
+            return self.head(modulated_norm(x, modulation[:, :, 0], modulation[:, :, 1], self.norm.eps))
+        shift, scale = modulation.chunk(2, dim=2)
         h = self.norm(x).unflatten(1, (frames, -1)) * (1 + scale) + shift
         return self.head(h.flatten(1, 2))
 
@@ -570,7 +618,7 @@ class WanModel(nn.Module):
                 # The last layer's output feeds only the head; the next block needs its keys.
                 return block(x, e0, rope, context_kv, cache_policy, keys_only=True, kernels=self.kernels)
             x = block(x, e0, rope, context_kv, cache_policy, attn_mask, kernels=self.kernels)
-        out = self.head(x, e)
+        out = self.head(x, e, self.kernels.fused_norms)
         return self.unpatchify(out, frames, height, width)
 
     # -- speed and observers ---------------------------------------------------------
@@ -581,6 +629,9 @@ class WanModel(nn.Module):
         One compiled pair serves all layers (parameters are graph inputs); the
         attention core, with its KV-cache writes and observers, stays eager.
         """
+        if torch.cuda.is_available():
+            # Imported before tracing: the compiled functions call its ops (torch.library.triton_op).
+            import sinkscope.model.block_kernels  # noqa: F401
         before = torch.compile(WanAttentionBlock.attention_inputs, **options)
         after = torch.compile(WanAttentionBlock.attention_outputs, **options)
         for block in self.blocks:
