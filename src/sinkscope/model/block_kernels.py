@@ -16,9 +16,12 @@ Each kernel below reads its inputs once and writes its outputs once, one program
 
 Everything is computed in float32 from the stored inputs and rounded once to the output
 dtype, where eager rounds after each operation: outputs differ from eager's by a bf16
-rounding (``tests/test_block_kernels.py`` checks them against the float64 composition).
-Each function is also a ``torch.library.triton_op`` (``sinkscope::...``), which
-``torch.compile`` calls as it is in place of fusing its own.
+rounding, and are closer to the float64 result (``tests/test_block_kernels.py``).
+
+Eager only: a compiled block keeps Inductor's own fusion (``model.wan.fused_norms_apply``).
+The kernels take their per-frame tables' strides as arguments; as ``torch.library.triton_op``s
+under ``torch.compile`` (tried: 1.01-1.04x faster) they would rely on Inductor handing them
+inputs with the strides it traced, which it promises only in stride order.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 # What ``residual_norm_kernel`` normalizes after the residual add.
 NORM_NONE, NORM_AFFINE, NORM_MODULATED = 0, 1, 2
@@ -142,7 +144,6 @@ def _frame_table(tables: list[torch.Tensor | None], x: torch.Tensor) -> tuple[in
 
 
 def _residual_norm(
-    launch,
     x: torch.Tensor,
     y: torch.Tensor | None,
     gate: torch.Tensor | None,
@@ -160,7 +161,7 @@ def _residual_norm(
     x_out = torch.empty_like(x) if y is not None else None
     h_out = torch.empty_like(x) if norm != NORM_NONE else None
     block = triton.next_power_of_2(dim)
-    launch(residual_norm_kernel)[(batch * tokens,)](
+    residual_norm_kernel[(batch * tokens,)](
         x,
         y.contiguous() if y is not None else x,
         gate if gate is not None else x,
@@ -183,75 +184,10 @@ def _residual_norm(
     return x_out, h_out
 
 
-def _qk_norm_rope(
-    launch, x: torch.Tensor, weight: torch.Tensor, rope: torch.Tensor | None, heads: int, eps: float
-) -> torch.Tensor:
-    batch, tokens, dim = x.shape
-    x = x.contiguous()
-    half_head = dim // heads // 2
-    if rope is not None:
-        rope = rope.reshape(-1, half_head, 2).to(torch.float32).contiguous()
-        if rope.shape[0] != tokens:
-            raise ValueError(f"a RoPE table of {rope.shape[0]} tokens does not fit {tokens}")
-    out = torch.empty_like(x)
-    block = triton.next_power_of_2(dim // 2)
-    launch(qk_norm_rope_kernel)[(batch * tokens,)](
-        x,
-        weight,
-        rope if rope is not None else x,
-        out,
-        dim,
-        tokens,
-        half_head,
-        eps,
-        HAS_ROPE=rope is not None,
-        BLOCK_P=block,
-        num_warps=_warps(block),
-    )
-    return out
-
-
-def _direct(kernel):
-    return kernel
-
-
-# The same launches as ops, for torch.compile (an op's outputs alias none of its inputs).
-@triton_op("sinkscope::modulated_norm", mutates_args=())
-def _modulated_norm_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-    return _residual_norm(wrap_triton, x, None, None, shift, scale, NORM_MODULATED, eps)[1]
-
-
-@triton_op("sinkscope::residual_norm", mutates_args=())
-def _residual_norm_op(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    gate: torch.Tensor | None,
-    first: torch.Tensor,
-    second: torch.Tensor,
-    norm: int,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _residual_norm(wrap_triton, x, y, gate, first, second, norm, eps)
-
-
-@triton_op("sinkscope::gated_residual", mutates_args=())
-def _gated_residual_op(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-    return _residual_norm(wrap_triton, x, y, gate, None, None, NORM_NONE, 0.0)[0]
-
-
-@triton_op("sinkscope::qk_norm_rope", mutates_args=())
-def _qk_norm_rope_op(
-    x: torch.Tensor, weight: torch.Tensor, rope: torch.Tensor | None, heads: int, eps: float
-) -> torch.Tensor:
-    return _qk_norm_rope(wrap_triton, x, weight, rope, heads, eps)
-
-
 def modulated_norm(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     """LayerNorm (no affine) of x [B, L, dim], times ``1 + scale``, plus ``shift`` (each
     [B, F, dim]: a row per frame of L / F tokens)."""
-    if torch.compiler.is_compiling():
-        return _modulated_norm_op(x, shift, scale, eps)
-    return _residual_norm(_direct, x, None, None, shift, scale, NORM_MODULATED, eps)[1]
+    return _residual_norm(x, None, None, shift, scale, NORM_MODULATED, eps)[1]
 
 
 def residual_norm(
@@ -269,16 +205,12 @@ def residual_norm(
     if (affine is None) == (modulation is None):
         raise ValueError("residual_norm takes an affine or a modulation")
     norm, (first, second) = (NORM_AFFINE, affine) if affine is not None else (NORM_MODULATED, modulation)
-    if torch.compiler.is_compiling():
-        return _residual_norm_op(x, y, gate, first, second, norm, eps)
-    return _residual_norm(_direct, x, y, gate, first, second, norm, eps)
+    return _residual_norm(x, y, gate, first, second, norm, eps)
 
 
 def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
     """``x + y * gate`` (``gate`` [B, F, dim], or None: ``x + y``), rounded once."""
-    if torch.compiler.is_compiling():
-        return _gated_residual_op(x, y, gate)
-    return _residual_norm(_direct, x, y, gate, None, None, NORM_NONE, 0.0)[0]
+    return _residual_norm(x, y, gate, None, None, NORM_NONE, 0.0)[0]
 
 
 def qk_norm_rope(
@@ -287,6 +219,26 @@ def qk_norm_rope(
     """RMSNorm of x [B, L, dim] over dim with ``weight``, then RoPE (``rope``: the model's
     [L, 1, head_dim / 2, 2] (cos, sin) table) on each of ``heads`` heads' interleaved pairs;
     ``rope`` None: the norm alone."""
-    if torch.compiler.is_compiling():
-        return _qk_norm_rope_op(x, weight, rope, heads, eps)
-    return _qk_norm_rope(_direct, x, weight, rope, heads, eps)
+    batch, tokens, dim = x.shape
+    x = x.contiguous()
+    half_head = dim // heads // 2
+    if rope is not None:
+        rope = rope.reshape(-1, half_head, 2).to(torch.float32).contiguous()
+        if rope.shape[0] != tokens:
+            raise ValueError(f"a RoPE table of {rope.shape[0]} tokens does not fit {tokens}")
+    out = torch.empty_like(x)
+    block = triton.next_power_of_2(dim // 2)
+    qk_norm_rope_kernel[(batch * tokens,)](
+        x,
+        weight,
+        rope if rope is not None else x,
+        out,
+        dim,
+        tokens,
+        half_head,
+        eps,
+        HAS_ROPE=rope is not None,
+        BLOCK_P=block,
+        num_warps=_warps(block),
+    )
+    return out

@@ -446,8 +446,15 @@ class WanAttentionBlock(nn.Module):
 
 def fused_norms_apply(x: torch.Tensor, fused_norms: bool) -> bool:
     """Whether ``sinkscope.model.block_kernels`` runs a block's norms for x: asked for, CUDA,
-    fp16 / bf16, inference (the kernels have no backward)."""
-    return fused_norms and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and not torch.is_grad_enabled()
+    fp16 / bf16, inference (the kernels have no backward), eager (a compiled block keeps
+    Inductor's fusion: the module docstring says why)."""
+    return (
+        fused_norms
+        and x.is_cuda
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
 
 
 def feed_forward(ffn: nn.Sequential, h: torch.Tensor, fused_gelu: bool = True) -> torch.Tensor:
@@ -629,9 +636,6 @@ class WanModel(nn.Module):
         One compiled pair serves all layers (parameters are graph inputs); the
         attention core, with its KV-cache writes and observers, stays eager.
         """
-        if torch.cuda.is_available():
-            # Imported before tracing: the compiled functions call its ops (torch.library.triton_op).
-            import sinkscope.model.block_kernels  # noqa: F401
         before = torch.compile(WanAttentionBlock.attention_inputs, **options)
         after = torch.compile(WanAttentionBlock.attention_outputs, **options)
         for block in self.blocks:
