@@ -17,7 +17,7 @@ class KernelSettings:
     """``key_split``: a cached attention call whose query tiles would leave the GPU's last
     wave part-empty splits its keys and merges the parts (``sinkscope.attention.split``);
     ``fused_gelu``: the FFN applies its GELU in the matrix product's epilogue
-    (``sinkscope.model.wan.feed_forward``); ``fused_norms``: a block's norms, modulations,
+    (``sinkscope.model.wan.feed_forward``); ``fused_norms``: an eager block's norms, modulations,
     gates and RoPE run as four Triton kernels (``sinkscope.model.block_kernels``). Each acts on
     CUDA in fp16 / bf16 only."""
 
