@@ -9,7 +9,9 @@ under torch.profiler, after a warm-up, with random bf16 weights at a real size:
 
 each ``eager`` and/or ``compiled`` (``--modes``; compiled as a job compiles the blocks), with the
 block's norms in ``sinkscope.model.block_kernels`` and/or as PyTorch ops (``--norms fused,plain``:
-``KernelSettings.fused_norms``; the rest of ``capture.kernels: fast`` on in both). Kernels
+``KernelSettings.fused_norms``; the rest of ``capture.kernels: fast`` on in both), and with
+or without CUDA graphs of the layers' work (``--graphs off,on``: ``KernelSettings.cuda_graphs``;
+off by default, so that the profile is of the eager launches). Kernels
 are put in kinds by name (``KINDS``: GEMMs, attention, Triton, norms, elementwise, copies, the
 rest); each kind's launches and GPU milliseconds, the wall seconds, the GPU's busy share
 (summed kernel time over wall time) and the top kernels are written to
@@ -21,6 +23,7 @@ rest); each kind's launches and GPU milliseconds, the wall seconds, the GPU's bu
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -57,12 +60,12 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def one_run(run: str, mode: str, norms: str, ll2_frames: int, top: int, reps: int) -> dict:
+def one_run(run: str, mode: str, norms: str, graphs: str, ll2_frames: int, top: int, reps: int) -> dict:
     if run == "sf13b":
         model, options, video_frames = random_real_model(), GenerationOptions(), 81
     else:
         model, options, video_frames = real_model(), options_for(ll2_frames, 8, 32, 8), 4 * ll2_frames - 3
-    model.kernels = KernelSettings(fused_norms=norms == "fused")
+    model.kernels = KernelSettings(fused_norms=norms == "fused", cuda_graphs=graphs == "on")
     if mode == "compiled":
         model.compile_blocks(dynamic=False)
     context = random_context()
@@ -90,6 +93,7 @@ def one_run(run: str, mode: str, norms: str, ll2_frames: int, top: int, reps: in
         "run": run,
         "mode": mode,
         "norms": norms,
+        "graphs": graphs,
         "wall_seconds": wall,
         "wall_seconds_runs": walls,
         "video_fps": video_frames / wall,
@@ -108,6 +112,7 @@ def main() -> int:
     parser.add_argument("--runs", default="sf13b,ll2", help="sf13b and/or ll2, comma-separated")
     parser.add_argument("--modes", default="eager,compiled", help="eager and/or compiled, comma-separated")
     parser.add_argument("--norms", default="fused,plain", help="fused and/or plain, comma-separated")
+    parser.add_argument("--graphs", default="off", help="off and/or on, comma-separated: CUDA graphs")
     parser.add_argument("--ll2-frames", type=int, default=32, help="LongLive 2.0's latent frames")
     parser.add_argument("--reps", type=int, default=3, help="timed generations (median) after a warm-up")
     parser.add_argument("--top", type=int, default=25, help="kernels listed by GPU time")
@@ -117,11 +122,12 @@ def main() -> int:
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": []}
     for run in args.runs.split(","):
         for mode in args.modes.split(","):
-            for norms in args.norms.split(","):
+            for norms, graphs in itertools.product(args.norms.split(","), args.graphs.split(",")):
                 try:
-                    entry = one_run(run, mode, norms, args.ll2_frames, args.top, args.reps)
+                    entry = one_run(run, mode, norms, graphs, args.ll2_frames, args.top, args.reps)
                 except Exception as error:  # one failed variant keeps the others' rows
-                    entry = {"run": run, "mode": mode, "norms": norms, "error": f"{type(error).__name__}: {error}"}
+                    entry = {"run": run, "mode": mode, "norms": norms, "graphs": graphs}
+                    entry["error"] = f"{type(error).__name__}: {error}"
                     torch.cuda.empty_cache()
                 results["runs"].append(entry)
                 (out / "eager-profile.json").write_text(json.dumps(results, indent=1))

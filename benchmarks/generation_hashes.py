@@ -21,6 +21,8 @@ change and after, and compare::
     PYTHONPATH=src python benchmarks/generation_hashes.py --out before.json
     PYTHONPATH=src python benchmarks/generation_hashes.py --compare before.json
 
+``--graphs`` runs every case with its layers replayed the way CUDA graphs replay them
+(``sinkscope.model.layer_graphs.RerunPieces``): the hashes must not change.
 ``--compare`` exits 1 and names the cases whose hashes differ (or are new or missing).
 ``--cases NAME ...`` runs a few cases only (``--list`` names them). The JSON of the tree
 this was written on is docs/benchmarks/generation-hashes-cpu-2026-11-28.json.
@@ -42,6 +44,7 @@ import torch
 from sinkscope.generation.capture import FrameStatsCapture
 from sinkscope.generation.sampler import generate
 from sinkscope.model import WanConfig, build_model
+from sinkscope.model.layer_graphs import LayerGraphs, RerunPieces
 from sinkscope.options import GenerationOptions
 
 # Wan2.1's kind, tiny: head_dim 16 (the nvfp4 formats' blocks), 6 tokens a frame.
@@ -341,11 +344,14 @@ def _contexts(case: Case, text_dim: int, dtype: torch.dtype):
     return [(start, embedding, text) for (start, text), embedding in zip(case.segments, embeddings)]
 
 
-def run_case(case: Case) -> dict[str, str]:
-    """The case's hashes (see the module docstring)."""
+def run_case(case: Case, graphs: bool = False) -> dict[str, str]:
+    """The case's hashes (see the module docstring); ``graphs``: the layers replayed through
+    ``layer_graphs.RerunPieces``, the CUDA graphs' data flow on the CPU."""
     dtype = getattr(torch, case.dtype)
     config = MODELS[case.model]
     model = build_model(config, seed=5, dtype=dtype)
+    if graphs:
+        model.layer_graphs = LayerGraphs(RerunPieces())
     options = GenerationOptions.from_config(case.generation)
     context = _contexts(case, config.text_dim, dtype)
     vae = StandInVAE(config.in_dim, dtype) if case.vae else None
@@ -360,6 +366,8 @@ def run_case(case: Case) -> dict[str, str]:
         for kind in sorted(tables):
             rows.update(kind.encode())
             table_digest(tables[kind], rows)
+    if graphs:
+        print(f"  {model.layer_graphs.backend.replays} pieces replayed", flush=True)
     calls = [
         (c.block, c.pass_, c.step, c.timestep, c.start_frame, c.num_frames, c.is_last_block, c.segment)
         for c in result.calls
@@ -378,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="compare with the hashes in this JSON file")
     parser.add_argument("--cases", nargs="+", help="only these cases")
     parser.add_argument("--list", action="store_true", help="name the cases and stop")
+    parser.add_argument(
+        "--graphs", action="store_true", help="replay the layers as CUDA graphs would (layer_graphs.RerunPieces)"
+    )
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(CASES))
@@ -389,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown cases {unknown}; --list names them")
     hashes: dict[str, dict[str, str]] = {}
     for name in names:
-        hashes[name] = run_case(CASES[name])
+        hashes[name] = run_case(CASES[name], args.graphs)
         print(f"{name}: latents {hashes[name]['latents'][:16]} rows {hashes[name]['rows'][:16]}", flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps(hashes, indent=1) + "\n")

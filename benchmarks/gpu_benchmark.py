@@ -809,7 +809,7 @@ def section_rollouts(frames: int = 240, memory_frames: tuple[int, ...] = (21, 48
 
     long_rollout.KERNELS = KERNELS
     model = long_rollout.real_model()
-    compiled = compile_wanted("auto", torch.device("cuda"), frames)
+    compiled = compile_wanted("auto", torch.device("cuda"), frames, KERNELS.fused_norms)
     if compiled:
         out = long_rollout.section_compiled(model, frames)
     else:
@@ -1093,9 +1093,12 @@ def main() -> int:
     parser.add_argument(
         "--no-fused-norms", action="store_true", help="the block's norms, gates and RoPE as eager PyTorch ops"
     )
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="no CUDA graphs of the layers' work")
     parser.add_argument("--probe-warmup", nargs=2, metavar=("BACKEND", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    KERNELS = KernelSettings(key_split=not args.no_key_split, fused_norms=not args.no_fused_norms)
+    KERNELS = KernelSettings(
+        key_split=not args.no_key_split, fused_norms=not args.no_fused_norms, cuda_graphs=not args.no_cuda_graphs
+    )
     if args.probe_warmup:
         backend, layers = args.probe_warmup
         print("RESULT " + json.dumps(probe_warmup(backend, [int(x) for x in layers.split(",") if x])))

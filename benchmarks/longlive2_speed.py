@@ -168,6 +168,7 @@ def main() -> int:
     parser.add_argument(
         "--no-fused-norms", action="store_true", help="the block's norms, gates and RoPE as PyTorch ops"
     )
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="no CUDA graphs of the layers' work")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run on a tiny model of the 5B's kind")
     parser.add_argument(
         "--captures",
@@ -201,7 +202,7 @@ def main() -> int:
         chunk, window, sink = 8, 32, 8
         captured_layers = [4]
         device = torch.cuda.get_device_name()
-    model.kernels = KernelSettings(fused_norms=not args.no_fused_norms)
+    model.kernels = KernelSettings(fused_norms=not args.no_fused_norms, cuda_graphs=not args.no_cuda_graphs)
     config = model.config
     frame_seq_length = config.frame_seq_length()
     results: dict = {

@@ -31,6 +31,7 @@ _MODEL = {
     "model.weightfiles",
     "model.wan",
     "model.block_kernels",
+    "model.layer_graphs",
     "attention",
     "attention.settings",
     "attention.split",

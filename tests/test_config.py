@@ -425,7 +425,7 @@ def test_capture_kernels_are_fast_by_default_and_reach_the_jobs():
     assert study.extract_params(next(iter(study.runs)), "0")["capture"]["kernels"] == "reference"
 
 
-def test_compile_auto_means_cuda_and_a_long_rollout():
+def test_compile_auto_means_cuda_a_long_rollout_and_blocks_without_the_fused_norms():
     import torch
 
     from sinkscope.pipeline.extract import COMPILE_AUTO_MIN_FRAMES, compile_wanted
@@ -433,5 +433,8 @@ def test_compile_auto_means_cuda_and_a_long_rollout():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert compile_wanted("auto", cuda, COMPILE_AUTO_MIN_FRAMES)
     assert not compile_wanted("auto", cuda, 21)
+    # With the fused norm kernels eager is as fast as compiled: nothing to repay the compile.
+    assert not compile_wanted("auto", cuda, 480, fused_norms=True)
+    assert compile_wanted(True, cuda, 21, fused_norms=True)
     assert not compile_wanted("auto", cpu, 480) and not compile_wanted(True, cpu, 480)
     assert compile_wanted(True, cuda, 21) and not compile_wanted(False, cuda, 480)

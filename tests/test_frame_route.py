@@ -202,6 +202,23 @@ def test_capture_statistics_default_to_all_and_the_frames_route_takes_two():
     assert "statistics" not in default.extract_params(next(iter(default.runs)), "0")["capture"]
 
 
+def test_cuda_graphs_default_on_and_only_turning_them_off_is_a_job_param():
+    from sinkscope.attention.settings import KernelSettings
+
+    assert normalize_config({})["capture"]["cuda_graphs"] is True
+    with pytest.raises(ConfigError, match="capture.cuda_graphs"):
+        normalize_config({"capture": {"cuda_graphs": "sometimes"}})
+    default = Study(normalize_config({}))
+    capture = default.extract_params(next(iter(default.runs)), "0")["capture"]
+    assert "cuda_graphs" not in capture  # the same video either way: default jobs keep their params
+    assert KernelSettings.from_capture(capture) == KernelSettings()
+    off = Study(normalize_config({"capture": {"cuda_graphs": False, "kernels": "reference"}}))
+    capture = off.extract_params(next(iter(off.runs)), "0")["capture"]
+    assert capture["cuda_graphs"] is False
+    settings = KernelSettings.from_capture(capture)
+    assert not settings.cuda_graphs and settings.name == "reference"
+
+
 def test_the_config_names_the_statistics_the_package_computes():
     """pipeline.config keeps its own copy of the names (it imports no torch): the same names."""
     from sinkscope.pipeline import config

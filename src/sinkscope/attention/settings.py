@@ -7,7 +7,10 @@ earlier job in the process set.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 KERNEL_CHOICES = ("fast", "reference")
 
@@ -19,23 +22,36 @@ class KernelSettings:
     ``fused_gelu``: the FFN applies its GELU in the matrix product's epilogue
     (``sinkscope.model.wan.feed_forward``); ``fused_norms``: an eager block's norms, modulations,
     gates and RoPE run as four Triton kernels (``sinkscope.model.block_kernels``). Each acts on
-    CUDA in fp16 / bf16 only."""
+    CUDA in fp16 / bf16 only. ``cuda_graphs`` (config ``capture.cuda_graphs``, apart from the
+    named settings: it changes how the work is issued, not what is computed): a KV-cache call's
+    layers replay CUDA graphs of the work between their attention cores
+    (``sinkscope.model.layer_graphs``; CUDA only)."""
 
     key_split: bool = True
     fused_gelu: bool = True
     fused_norms: bool = True
+    cuda_graphs: bool = True
 
     @classmethod
     def named(cls, name: str) -> KernelSettings:
-        """``fast`` (all on) or ``reference`` (all off: Self-Forcing's own kernels)."""
+        """``fast`` (all on) or ``reference`` (all off: Self-Forcing's own kernels); CUDA graphs
+        on in both."""
         if name not in KERNEL_CHOICES:
             raise ValueError(f"capture.kernels {name!r} is not one of {', '.join(KERNEL_CHOICES)}")
         fast = name == "fast"
         return cls(key_split=fast, fused_gelu=fast, fused_norms=fast)
 
+    @classmethod
+    def from_capture(cls, capture: Mapping[str, Any]) -> KernelSettings:
+        """A job's settings from its ``capture`` params: ``kernels`` (default fast) and
+        ``cuda_graphs`` (default true)."""
+        return dataclasses.replace(
+            cls.named(capture.get("kernels", "fast")), cuda_graphs=capture.get("cuda_graphs", True)
+        )
+
     @property
     def name(self) -> str:
-        """The config's name of these settings, or ``custom`` for a mix."""
+        """The config's name of these settings (``cuda_graphs`` aside), or ``custom`` for a mix."""
         flags = {self.key_split, self.fused_gelu, self.fused_norms}
         if len(flags) == 1:
             return KERNEL_CHOICES[0] if self.key_split else KERNEL_CHOICES[1]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ from sinkscope.attention.biased import edited_attention
 from sinkscope.attention.settings import FAST_KERNELS, KernelSettings
 from sinkscope.attention.split import balanced_attention
 from sinkscope.model.config import WanConfig, get_model_config
+from sinkscope.model.layer_graphs import LayerGraphs
 from sinkscope.model.layout import AttentionLayout
 
 if TYPE_CHECKING:
@@ -287,6 +288,24 @@ class WanSelfAttention(_WanAttention):
         )
         return out.transpose(1, 2).flatten(2)
 
+    def core(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache_policy: CachePolicyCalls | None = None,
+        keys_only: bool = False,
+        **attend_options: Any,
+    ) -> torch.Tensor | None:
+        """The layer's attention core: ``attend`` (``attend_options``: its ``attn_mask``,
+        ``raw_k``, ``kernels``); with ``keys_only`` the call only stores the block's keys (and
+        its observer, if any, sees the attention): None."""
+        if keys_only and cache_policy is not None and self.observer is None:
+            cache_policy.attend(self.layer_index, q, k, v, attend_options.get("raw_k"))
+            return None
+        attn = self.attend(q, k, v, cache_policy, **attend_options)
+        return None if keys_only else attn
+
     def _edited(
         self,
         q: torch.Tensor,
@@ -369,11 +388,8 @@ class WanAttentionBlock(nn.Module):
             k = apply_rope(raw_k, rope)
         else:
             q, k, v = before(self, x, e0, rope, True, kernels.fused_norms)
-        if keys_only and cache_policy is not None and self.self_attn.observer is None:
-            cache_policy.attend(self.self_attn.layer_index, q, k, v, raw_k)  # stores the block's keys
-            return None
-        attn = self.self_attn.attend(q, k, v, cache_policy, attn_mask, raw_k, kernels)
-        if keys_only:
+        attn = self.self_attn.core(q, k, v, cache_policy, keys_only, attn_mask=attn_mask, raw_k=raw_k, kernels=kernels)
+        if attn is None:
             return None
         return after(self, x, attn, e0, *context_kv, kernels.fused_gelu, kernels.fused_norms)
 
@@ -516,6 +532,8 @@ class WanModel(nn.Module):
         self.rope = RotaryTables(config.head_dim, config.rope_max_positions)
         # The kernels every call of this model runs (config capture.kernels); not in the state dict.
         self.kernels: KernelSettings = FAST_KERNELS
+        # CUDA graphs of KV-cache calls' layers (kernels.cuda_graphs); not in the state dict.
+        self.layer_graphs = LayerGraphs()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -619,14 +637,35 @@ class WanModel(nn.Module):
             position, frames, height, width, x.device, torch.float64 if x.dtype == torch.float64 else torch.float32
         )
 
+        x = self.layers(x, e0, rope, cross, cache_policy, attn_mask, cache_only)
+        if x is None:
+            return None
+        out = self.head(x, e, self.kernels.fused_norms)
+        return self.unpatchify(out, frames, height, width)
+
+    def layers(
+        self,
+        x: torch.Tensor,
+        e0: torch.Tensor,
+        rope: torch.Tensor,
+        cross: list[tuple[torch.Tensor, torch.Tensor]],
+        cache_policy: CachePolicyCalls | None,
+        attn_mask: torch.Tensor | None,
+        cache_only: bool,
+    ) -> torch.Tensor | None:
+        """The transformer layers of a call (``forward``): replayed CUDA graphs between the
+        attention cores where they apply (``sinkscope.model.layer_graphs``), else eagerly."""
+        if self.layer_graphs.applies(x, cache_policy, attn_mask, self.kernels):
+            graphed = self.layer_graphs.for_call(self, x, e0, rope, cross)
+            if graphed is not None:
+                return graphed.run(x, e0, rope, cross, cache_policy, self.kernels, cache_only)
         last = len(self.blocks) - 1
         for index, (block, context_kv) in enumerate(zip(self.blocks, cross)):
             if cache_only and cache_policy is not None and index == last:
                 # The last layer's output feeds only the head; the next block needs its keys.
                 return block(x, e0, rope, context_kv, cache_policy, keys_only=True, kernels=self.kernels)
             x = block(x, e0, rope, context_kv, cache_policy, attn_mask, kernels=self.kernels)
-        out = self.head(x, e, self.kernels.fused_norms)
-        return self.unpatchify(out, frames, height, width)
+        return x
 
     # -- speed and observers ---------------------------------------------------------
 

@@ -56,17 +56,21 @@ log = logging.getLogger("sinkscope")
 # the time compiling saves a latent frame repays compiling with Inductor's on-disk cache
 # warm (a study's later jobs on the node); docs/performance-history.md has the measurement.
 # A job of several runs counts the frames of all its runs: they share the compiled model.
+# With the fused norm kernels an eager block is as fast as a compiled one (the 1.3B's 120
+# frames under sink: 44.7 against 43.6 video FPS; docs/performance.md), so auto compiles
+# only the blocks that run without them.
 COMPILE_AUTO_MIN_FRAMES = 120
 
 
-def compile_wanted(setting: bool | str, device: torch.device, num_frames: int) -> bool:
+def compile_wanted(setting: bool | str, device: torch.device, num_frames: int, fused_norms: bool = False) -> bool:
     """Whether a job compiles the model's blocks: ``capture.compile`` true, false or
-    ``auto`` (CUDA and a job of at least COMPILE_AUTO_MIN_FRAMES latent frames, its runs'
-    together)."""
+    ``auto`` (CUDA, a job of at least COMPILE_AUTO_MIN_FRAMES latent frames, its runs'
+    together, and eager blocks without the fused norm kernels: ``fused_norms`` says whether
+    they run them, ``sinkscope.model.wan.fused_norms_apply``)."""
     if device.type != "cuda":
         return False
     if setting == "auto":
-        return num_frames >= COMPILE_AUTO_MIN_FRAMES
+        return num_frames >= COMPILE_AUTO_MIN_FRAMES and not fused_norms
     return bool(setting)
 
 
@@ -408,9 +412,10 @@ def _load_model(spec, runs: Sequence[GenerationOptions], device, compute, captur
     dtype = str(model.dtype).replace("torch.", "")
     if dtype != compute["dtype"]:
         raise SinkscopeError(f"checkpoint {spec.name!r} computes in {dtype}, the workflow planned {compute['dtype']}")
-    model.kernels = KernelSettings.named(captures[0].get("kernels", "fast"))
+    model.kernels = KernelSettings.from_capture(captures[0])
     frames = sum(options.num_frames for options in runs)
-    if any(compile_wanted(capture.get("compile", "auto"), device, frames) for capture in captures):
+    fused = model.kernels.fused_norms and dtype in ("float16", "bfloat16")
+    if any(compile_wanted(capture.get("compile", "auto"), device, frames, fused) for capture in captures):
         model.compile_blocks(dynamic=False)
     return model, vae, dtype, loaded
 

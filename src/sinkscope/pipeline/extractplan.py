@@ -183,6 +183,9 @@ class ExtractionPlan(StudyGrid):
         # Only where a study narrows it: a job of every statistic keeps the params it had.
         if tuple(capture["statistics"]) != CAPTURE_STATISTICS:
             chosen["statistics"] = list(capture["statistics"])
+        # Graphs leave the video as it is: only turning them off is a param (a job reruns then).
+        if not capture.get("cuda_graphs", True):
+            chosen["cuda_graphs"] = False
         return chosen
 
     def extract_params(self, source: str, group: str) -> dict[str, Any]:
