@@ -32,6 +32,7 @@ _MODEL = {
     "model.wan",
     "model.block_kernels",
     "model.layer_graphs",
+    "model.rope",
     "attention",
     "attention.settings",
     "attention.split",

@@ -45,7 +45,7 @@ from sinkscope.attention.biased import remember_rows
 from sinkscope.model.cache import KVCache, Segment, host_to_device, rotate_temporal
 from sinkscope.model.layout import AttentionLayout
 from sinkscope.model.quantize import cache_format
-from sinkscope.model.wan import RotaryTables
+from sinkscope.model.rope import RotaryTables
 
 if TYPE_CHECKING:
     from sinkscope.interventions import Edit, FrameSelection, HeadSelection

@@ -11,7 +11,7 @@ import torch
 
 from sinkscope.model.cache import KVCache, whole_frames
 from sinkscope.model.layout import AttentionLayout
-from sinkscope.model.wan import RotaryTables
+from sinkscope.model.rope import RotaryTables
 from sinkscope.options import (
     CACHE_POLICY_TABLE,
     GLOBAL,

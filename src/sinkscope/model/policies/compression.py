@@ -13,7 +13,7 @@ from sinkscope.model.policies.base import (
     CachePolicy,
     register_policy,
 )
-from sinkscope.model.wan import RotaryTables
+from sinkscope.model.rope import RotaryTables
 from sinkscope.options import (
     PARTICIPATIVE,
 )

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from sinkscope.model.cache import KVCache, whole_frames
 from sinkscope.model.policies.base import CachePolicy, register_policy
-from sinkscope.model.wan import RotaryTables
+from sinkscope.model.rope import RotaryTables
 from sinkscope.options import KREA_RECOMPUTE
 
 

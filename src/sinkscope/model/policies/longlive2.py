@@ -36,7 +36,7 @@ from sinkscope.model.cache import KVCache, whole_frames
 from sinkscope.model.policies.base import CachePolicy, PolicySettings, WindowPolicy, register_policy
 from sinkscope.model.policies.sinks import RelativeRope
 from sinkscope.model.quantize import smooth_keys
-from sinkscope.model.wan import RotaryTables
+from sinkscope.model.rope import RotaryTables
 from sinkscope.options import LONGLIVE2
 
 # Their multi_shot_rope_offset (configs/inference.yaml): temporal RoPE positions added per shot.

@@ -10,7 +10,7 @@ from sinkscope.model.policies.base import (
     CachePolicy,
     register_policy,
 )
-from sinkscope.model.wan import RotaryTables, apply_rope
+from sinkscope.model.rope import RotaryTables, apply_rope
 from sinkscope.options import (
     ROLLING_FORCING,
 )

@@ -14,7 +14,7 @@ from sinkscope.model.policies.base import (
     WindowPolicy,
     register_policy,
 )
-from sinkscope.model.wan import RotaryTables, apply_rope
+from sinkscope.model.rope import RotaryTables, apply_rope
 from sinkscope.options import (
     DEEP_SINK,
     EMA_SINK,
