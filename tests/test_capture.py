@@ -3,6 +3,7 @@ of the q and k each call saw, under every KV-cache policy."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from functools import cache
 from pathlib import Path
@@ -395,9 +396,9 @@ def test_two_generations_with_different_kernels_each_run_their_own(monkeypatch):
     seen = []
     real_attention, real_ffn = wan.balanced_attention, wan.feed_forward
 
-    def attention(*args, split):
-        seen.append(("split", split))
-        return real_attention(*args, split=split)
+    def attention(*args, split, kernel):
+        seen.extend((("split", split), ("kernel", kernel)))
+        return real_attention(*args, split=split, kernel=kernel)
 
     def ffn(block_ffn, h, fused_gelu):
         seen.append(("gelu", fused_gelu))
@@ -408,12 +409,13 @@ def test_two_generations_with_different_kernels_each_run_their_own(monkeypatch):
     before = _module_settings(wan, split)
     context = torch.randn(1, 7, SMALL.text_dim, generator=torch.Generator().manual_seed(1))
     options = GenerationOptions.from_config({"num_frames": 3, "denoising_steps": [1000]})
-    for name in ("reference", "fast", "reference"):
+    for name, kernel in (("reference", "cudnn"), ("fast", "auto"), ("reference", "auto")):
         model = build_model(SMALL, seed=0)
-        model.kernels = KernelSettings.named(name)
+        model.kernels = dataclasses.replace(KernelSettings.named(name), attention_kernel=kernel)
         seen.clear()
         generate(model, context, options=options, seed=0)
-        assert seen and set(seen) == {("split", name == "fast"), ("gelu", name == "fast")}, name
+        expected = {("split", name == "fast"), ("gelu", name == "fast"), ("kernel", kernel)}
+        assert seen and set(seen) == expected, name
     assert _module_settings(wan, split) == before
     assert not any(hasattr(wan, old) for old in ("_FUSED_GELU", "use_fast_kernels", "enable_fused_gelu"))
 
@@ -449,6 +451,8 @@ def test_two_extraction_jobs_with_different_kernels_in_one_process(tmp_path, mon
             "attention": "exact",
             "statistics": ["logit_mean", "prob_mass", "argmax_share", "entropy"],
             "kernels": name,
+            "attention_kernel": "sdpa",  # the CPU's
+            "cuda_graphs": True,
             "video_exact": True,
         }
     assert [settings.name for settings in seen] == ["reference", "fast"]

@@ -276,6 +276,10 @@ def test_aggregate_builds_every_table_from_extraction_folders(inputs, tmp_path):
     pd.testing.assert_frame_equal(got, expected, check_dtype=False, check_categorical=False)
     assert stats.loc[stats["block"] == 1, "latent_sink_cosine"].notna().all()
     assert stats.loc[stats["block"] == 0, "latent_sink_cosine"].isna().all()
+    from sinkscope.tables import read_metadata
+
+    sources = read_metadata(out / "frame_attention.parquet")["sources"]
+    assert [source["attention_kernel"] for source in sources] == ["sdpa", "sdpa"]  # the CPU's, from the manifest
     again = _sinkscope("aggregate", "--input", str(extraction), "--out", str(out), cwd=inputs)
     assert again.returncode == 2 and "add --force" in again.stderr
     drawn = _sinkscope(

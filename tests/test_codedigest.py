@@ -38,6 +38,7 @@ _MODEL = {
     "attention.split",
     "attention.merge_kernel",
     "attention.biased",
+    "attention.flash4",
 }
 _TABLES = {"tables", "digests"}
 _SUMMARIES = {"io", "naming", "schemafile", "stats", "stats.summaries", *_TABLES}

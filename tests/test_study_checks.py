@@ -73,6 +73,10 @@ BAD_CONFIG_FILES = {
         "device: cpu\ncapture:\n  compile: true\n",
         "capture.compile: true compiles the model's blocks on CUDA only, and the jobs compute on 'cpu'",
     ),
+    "flash4_on_the_cpu": (
+        "device: cpu\ncapture:\n  attention_kernel: flash4\n",
+        "capture.attention_kernel: 'flash4' runs on CUDA only, and the jobs compute on 'cpu'; use auto or cudnn",
+    ),
     "figure_head_not_captured": (
         "layers: [0, 1]\nfigures:\n  heads: [L1H1, L3H2]\n",
         "figures.heads: 'L3H2' is in layer 2 (0-based), which the study does not capture (layers: [0, 1])",

@@ -164,11 +164,11 @@ def log_sum_exp(q: torch.Tensor, k: torch.Tensor, budget: int = LSE_SCORE_BUDGET
 
 
 def attention_and_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True, kernel: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``cached_attention`` with its log-sum-exp always given: the kernel's where it returns
     one (CUDA, fp16 / bf16), else ``log_sum_exp``."""
-    out, lse = cached_attention(q, k, v, split=split)
+    out, lse = cached_attention(q, k, v, split=split, kernel=kernel)
     return out, log_sum_exp(q, k) if lse is None else lse
 
 
@@ -180,24 +180,25 @@ def edited_attention(
     key_lengths: Sequence[int],
     *,
     split: bool = True,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, Lq, H, D] over k, v [B, Lk, H, D] (the model's layout, softmax scale
     1/sqrt(D)) with ``frame_bias`` [H, len(key_lengths)] added to the scores of each head and
     key frame (0: untouched, finite: added, -inf: masked; None: no edit): (output [B, Lq, H, D]
     in q's dtype, the edited softmax's natural log-sum-exp [B, H, Lq] float32). Key frame f is
-    the ``key_lengths[f]`` tokens of k after the previous frames'. ``split``: the model's
-    ``KernelSettings.key_split``. The module's docstring has the method."""
+    the ``key_lengths[f]`` tokens of k after the previous frames'. ``split`` and ``kernel``: the
+    model's ``KernelSettings.key_split`` and ``attention_kernel``. The module's docstring has the method."""
     batch, num_keys, heads, _ = k.shape
     if q.ndim != 4 or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:] or v.shape != k.shape:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} are not [B, L, H, D] of one call")
     if sum(int(n) for n in key_lengths) != num_keys or any(int(n) < 1 for n in key_lengths):
         raise ValueError(f"key_lengths {list(key_lengths)} do not lay out k's {num_keys} keys")
     if frame_bias is None:
-        return attention_and_lse(q, k, v, split=split)
+        return attention_and_lse(q, k, v, split=split, kernel=kernel)
     check_bias_shape(frame_bias, heads, len(key_lengths))
     plan = bias_plan(frame_bias)
     if not plan.edited:
-        return attention_and_lse(q, k, v, split=split)
+        return attention_and_lse(q, k, v, split=split, kernel=kernel)
     starts = [0]
     for n in key_lengths:
         starts.append(starts[-1] + int(n))
@@ -214,7 +215,7 @@ def edited_attention(
     extras = []
     for segment in plan.segments:
         if segment is not main:
-            part_out, part_lse = attention_and_lse(q, *keys_of(segment), split=split)
+            part_out, part_lse = attention_and_lse(q, *keys_of(segment), split=split, kernel=kernel)
             if segment.biased:
                 part_lse = part_lse + column_of(segment)[None, :, None]
             extras.append((part_out.transpose(1, 2), part_lse))
@@ -229,8 +230,8 @@ def edited_attention(
     if extra is not None and gives_lse(q):
         # The longest segment key-split as the model's call would be, the others merged in.
         parts = key_split(q, main_k, split, head_first=False).parts
-        return split_key_attention(q, main_k, main_v, parts, part_bias=main_bias, extra=extra)
-    out, lse = attention_and_lse(q, main_k, main_v, split=split)
+        return split_key_attention(q, main_k, main_v, parts, part_bias=main_bias, extra=extra, kernel=kernel)
+    out, lse = attention_and_lse(q, main_k, main_v, split=split, kernel=kernel)
     if main_bias is not None:
         lse = lse + main_bias[None, :, None]
     return (out, lse) if extra is None else merge_parts(out.transpose(1, 2), lse, batch, 1, None, extra)

@@ -26,6 +26,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from sinkscope.attention.flash4 import flash4_attention_with_lse, uses_flash4
+
 # cuDNN's query tile for head sizes up to 128 on Hopper: the staircase of attention_waves.py.
 QUERY_TILE = 128
 MAX_PARTS = 16
@@ -111,18 +113,21 @@ def plan_key_split(
 
 
 def attention_with_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kernel: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, natural log-sum-exp [N, H, Lq] fp32) of q, k, v [N, H, L, D].
 
-    cuDNN's attention on CUDA (fp16 / bf16), flash attention where cuDNN is missing, and
-    PyTorch's CPU flash attention on the CPU."""
+    On CUDA (fp16 / bf16) FlashAttention-4 or cuDNN as ``kernel`` says
+    (``sinkscope.attention.flash4``), PyTorch's flash attention where cuDNN is missing; PyTorch's
+    CPU flash attention on the CPU."""
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)[:2]
         return out, lse.float()
     if q.dtype not in (torch.float16, torch.bfloat16):
         # cuDNN's op takes float32 without complaint and returns NaN (H100, torch 2.11).
         raise NotImplementedError(f"cuDNN and flash attention compute in fp16 / bf16, not {q.dtype}")
+    if uses_flash4(kernel, q, k, v):
+        return flash4_attention_with_lse(q, k, v, scale)
     errors = []
     for attend in (
         lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale),
@@ -147,10 +152,11 @@ def split_key_attention(
     *,
     part_bias: torch.Tensor | None = None,
     extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, Lq, H, D] over k, v [B, Lk, H, D] (the model's layout), the keys in
     ``parts`` equal parts: (output [B, Lq, H, D], log-sum-exp [B, H, Lq] fp32). ``out``: a
-    [B, Lq, H, D] view to write the output into.
+    [B, Lq, H, D] view to write the output into; ``kernel``: as ``attention_with_lse``.
 
     For an edited call (``sinkscope.attention.biased``): ``part_bias`` fp32, [H] or [parts, H],
     is added to every score of each head (and part), so to its log-sum-exp, before the merge;
@@ -165,7 +171,9 @@ def split_key_attention(
     queries = q.unsqueeze(1).expand(batch, parts, num_q, heads, dim).reshape(batch * parts, num_q, heads, dim)
     keys = k.reshape(batch * parts, per_part, heads, dim)
     values = v.reshape(batch * parts, per_part, heads, dim)
-    result, lse = attention_with_lse(queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale)
+    result, lse = attention_with_lse(
+        queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale, kernel
+    )
     if part_bias is not None:
         shifted = lse.view(batch, parts, heads, num_q) + part_bias.expand(parts, heads)[None, :, :, None]
         lse = shifted.view(batch * parts, heads, num_q)
@@ -178,16 +186,24 @@ def split_key_attention(
 
 
 def planned_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: KeySplit, scale: float | None = None, *, lse: bool = True
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: KeySplit,
+    scale: float | None = None,
+    *,
+    lse: bool = True,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of q [B, Lq, H, D] over k, v [B, Lk, H, D] run as ``plan`` says:
     (output [B, Lq, H, D], log-sum-exp [B, H, Lq] fp32, or None without ``lse``)."""
     if plan.head == 0:
-        out, total = split_key_attention(q, k, v, plan.parts, scale)
+        out, total = split_key_attention(q, k, v, plan.parts, scale, kernel=kernel)
         return out, total if lse else None
     out = torch.empty_like(q)
-    _, head_lse = split_key_attention(q[:, : plan.head], k, v, 1, scale, out=out[:, : plan.head])
-    _, tail_lse = split_key_attention(q[:, plan.head :], k, v, plan.parts, scale, out=out[:, plan.head :])
+    _, head_lse = split_key_attention(q[:, : plan.head], k, v, 1, scale, out=out[:, : plan.head], kernel=kernel)
+    tail = out[:, plan.head :]
+    _, tail_lse = split_key_attention(q[:, plan.head :], k, v, plan.parts, scale, out=tail, kernel=kernel)
     return out, torch.cat((head_lse, tail_lse), dim=-1) if lse else None
 
 
@@ -238,20 +254,21 @@ def gives_lse(q: torch.Tensor) -> bool:
 
 
 def cached_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True, kernel: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The model's cached self-attention call, q, k, v [B, L, H, D] (softmax scale 1/sqrt(D)):
     (output [B, Lq, H, D], each query's natural-log log-sum-exp [B, H, Lq] fp32, or None
     where the kernel does not return it). The one function both the uncaptured call and the
     ``exact`` capture route run, so capturing leaves the output bit for bit as it is.
 
-    On CUDA in fp16 / bf16, cuDNN's attention with its log-sum-exp (the backend SDPA picks on
-    Hopper), the keys split when that fills the GPU's waves better and ``split``
-    (``key_split``); elsewhere (the CPU, float32) SDPA itself, without the log-sum-exp."""
+    On CUDA in fp16 / bf16, FlashAttention-4's or cuDNN's attention with its log-sum-exp
+    (``kernel``: ``KernelSettings.attention_kernel``, ``sinkscope.attention.flash4``), the keys
+    split when that fills the GPU's waves better and ``split`` (``key_split``); elsewhere (the
+    CPU, float32) SDPA itself, without the log-sum-exp."""
     plan = key_split(q, k, split)
     if gives_lse(q):
         try:
-            return planned_attention(q, k, v, plan)
+            return planned_attention(q, k, v, plan, kernel=kernel)
         except NotImplementedError:
             if not plan.plain:
                 raise
@@ -259,9 +276,11 @@ def cached_attention(
     return out.transpose(1, 2), None
 
 
-def balanced_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True) -> torch.Tensor:
+def balanced_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, split: bool = True, kernel: str = "auto"
+) -> torch.Tensor:
     """The output of ``cached_attention``, [B, Lq, H, D]."""
-    return cached_attention(q, k, v, split=split)[0]
+    return cached_attention(q, k, v, split=split, kernel=kernel)[0]
 
 
 _MULTIPROCESSORS: dict[int, int] = {}

@@ -216,19 +216,23 @@ class FrameStatsCapture:
                 # An edited call (sinkscope.model.generation_edits): the attention the model really uses,
                 # and the statistics of that edited softmax; never the fused or frames route.
                 fused, frames, edited = False, False, {"frame_bias": frame_bias}
-                out, lse = edited_attention(q, k, v, frame_bias, layout.key_lengths, split=kernels.key_split)
+                out, lse = edited_attention(
+                    q, k, v, frame_bias, layout.key_lengths, split=kernels.key_split, kernel=kernels.attention_kernel
+                )
             elif fused:
                 self.fused_calls += 1
                 outs = []
             elif frames:
                 # Each key frame attended apart, merged: the frames' log-sum-exps give prob_mass.
                 self.frame_calls += 1
-                merged, frame_lse, total_lse = frame_attention(queries, keys, values, layout.key_lengths)
+                merged, frame_lse, total_lse = frame_attention(
+                    queries, keys, values, layout.key_lengths, kernel=kernels.attention_kernel
+                )
                 out = merged[None]
             else:
                 # The model's own call, as the uncaptured layer runs it: the output does not
                 # depend on whether (or how) the statistics are computed.
-                out, lse = cached_attention(q, k, v, split=kernels.key_split)
+                out, lse = cached_attention(q, k, v, split=kernels.key_split, kernel=kernels.attention_kernel)
             # A Rolling Forcing window call is one table call per block: each block's
             # queries get their own statistics (each query's softmax is its own, so this
             # is exact) and token profiles averaged over that block's queries only.
@@ -266,7 +270,13 @@ class FrameStatsCapture:
                     )
                 elif fused:
                     part_out, stats = attention_with_statistics(
-                        queries[:, rows], keys, values, fused=True, key_split=kernels.key_split, **statistics_args
+                        queries[:, rows],
+                        keys,
+                        values,
+                        fused=True,
+                        key_split=kernels.key_split,
+                        attention_kernel=kernels.attention_kernel,
+                        **statistics_args,
                     )
                     outs.append(part_out)
                 else:

@@ -157,7 +157,11 @@ class _SourceRows:
                     frame, layer=layer, calls=contents["num_calls"], heads=contents["num_heads"], where=str(path)
                 )
             self.frames.append(frame)
-            self.records.append(_source_record(path, meta))
+            record = _source_record(path, meta)
+            if contents is not None and "attention_kernel" in contents.get("capture_route", {}):
+                # Provenance, as torch_version: FlashAttention-4 and cuDNN round differently.
+                record["attention_kernel"] = contents["capture_route"]["attention_kernel"]
+            self.records.append(record)
             if "model_config" in meta:
                 self.model_configs[json.dumps(meta["model_config"], sort_keys=True)] = meta["model_config"]
         if contents is not None and contents.get("rollout") and self.frames:

@@ -189,7 +189,7 @@ def _generate(
         timings["collect_seconds"] = writer.drain_seconds
         timings["write_seconds"] = writer.close_seconds
         timings.update(writer.timings)
-        manifest = run.manifest_contents(counts, device, dtype, latents, capture, model.kernels.name, recorder)
+        manifest = run.manifest_contents(counts, device, dtype, latents, capture, model.kernels, recorder)
         write_manifest(built, [*written, latents_file], {**manifest, **(contents or {})})
     except BaseException:
         # The generation, a writer thread or the check failed: nothing of this run stays.
@@ -400,6 +400,7 @@ def _load_model(spec, runs: Sequence[GenerationOptions], device, compute, captur
     """The model, with its kernels set and compiled where a run wants it, the VAE a run's
     generation runs (Krea's re-encode of a context frame; else None), its dtype (the one
     the workflow planned) and the seconds since ``began`` once the weights are loaded."""
+    from sinkscope.attention.flash4 import resolved_attention_kernel
     from sinkscope.attention.settings import KernelSettings
     from sinkscope.generation.krea import load_reencode_vae
     from sinkscope.model.loading import load_checkpoint
@@ -413,6 +414,8 @@ def _load_model(spec, runs: Sequence[GenerationOptions], device, compute, captur
     if dtype != compute["dtype"]:
         raise SinkscopeError(f"checkpoint {spec.name!r} computes in {dtype}, the workflow planned {compute['dtype']}")
     model.kernels = KernelSettings.from_capture(captures[0])
+    # capture.attention_kernel: flash4 where it can not run fails here, before the generation.
+    resolved_attention_kernel(model.kernels.attention_kernel, device, model.dtype, model.config.head_dim)
     frames = sum(options.num_frames for options in runs)
     fused = model.kernels.fused_norms and dtype in ("float16", "bfloat16")
     if any(compile_wanted(capture.get("compile", "auto"), device, frames, fused) for capture in captures):
@@ -550,9 +553,14 @@ class _Run:
             "kv_cache_bytes": result.kv_cache_bytes,
         }
 
-    def manifest_contents(self, counts, device, dtype, latents, capture, kernels: str, recorder) -> dict[str, Any]:
+    def manifest_contents(self, counts, device, dtype, latents, capture, kernels, recorder) -> dict[str, Any]:
         """What the folder's manifest says it holds, with the video's sink collapse (per
-        block, how like the sink frames and the previous block the latents are)."""
+        block, how like the sink frames and the previous block the latents are). ``kernels``:
+        the model's ``KernelSettings``."""
+        import torch
+
+        from sinkscope.attention.flash4 import resolved_attention_kernel
+
         options = self.options
         return {
             "layers": [int(x) for x in self.layers],
@@ -567,7 +575,13 @@ class _Run:
             "capture_route": {
                 "attention": capture["attention"],
                 "statistics": list(capture.get("statistics", CAPTURE_STATISTICS)),
-                "kernels": kernels,
+                "kernels": kernels.name,
+                # The attention kernel that ran (flash4, cudnn, or sdpa off CUDA / fp16 / bf16): the
+                # two CUDA kernels round differently, so the video depends on it.
+                "attention_kernel": resolved_attention_kernel(
+                    kernels.attention_kernel, device, getattr(torch, dtype), self.config.head_dim
+                ),
+                "cuda_graphs": kernels.cuda_graphs,
                 "video_exact": recorder.video_exact,
             },
         }

@@ -186,6 +186,9 @@ class ExtractionPlan(StudyGrid):
         # Graphs leave the video as it is: only turning them off is a param (a job reruns then).
         if not capture.get("cuda_graphs", True):
             chosen["cuda_graphs"] = False
+        # A pinned attention kernel is a param; auto (which the manifest resolves) keeps old params.
+        if capture.get("attention_kernel", "auto") != "auto":
+            chosen["attention_kernel"] = capture["attention_kernel"]
         return chosen
 
     def extract_params(self, source: str, group: str) -> dict[str, Any]:

@@ -33,7 +33,8 @@ def check_machine(config: Mapping, resolved: Mapping[str, ResolvedCheckpoint], *
 
 def device_problems(config: Mapping, device: str, *, local: bool = True) -> list[str]:
     """What of ``capture:`` cannot run on ``device`` (the jobs' device): Triton off CUDA or
-    not installed, torch.compile asked for off CUDA (a job would skip it without a word)."""
+    not installed, torch.compile asked for off CUDA (a job would skip it without a word),
+    FlashAttention-4 pinned off CUDA or not installed."""
     problems = []
     capture = config["capture"]
     if capture["backend"] == "triton" and not device.startswith("cuda"):
@@ -48,7 +49,26 @@ def device_problems(config: Mapping, device: str, *, local: bool = True) -> list
             f"config key capture.compile: true compiles the model's blocks on CUDA only, and the jobs compute on "
             f"{device!r}, where they would run uncompiled; use auto or false"
         )
+    if capture.get("attention_kernel") == "flash4":
+        if not device.startswith("cuda"):
+            problems.append(
+                f"config key capture.attention_kernel: 'flash4' runs on CUDA only, and the jobs compute on "
+                f"{device!r}; use auto or cudnn"
+            )
+        elif local and not _installed("flash_attn.cute"):
+            problems.append(
+                "config key capture.attention_kernel: 'flash4' needs flash-attn-4, not installed here "
+                "(pip install 'sinkscope[flash4]'); use auto or cudnn"
+            )
     return problems
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` (dotted) can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def _memory_problems(

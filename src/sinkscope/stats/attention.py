@@ -292,15 +292,17 @@ def attention_with_statistics(
     frame_bias: torch.Tensor | None = None,
     frames: bool = False,
     statistics: Sequence[str] = FRAME_STATISTICS,
+    attention_kernel: str = "auto",
 ) -> tuple[torch.Tensor, CallStatistics]:
     """The attention call itself and its statistics: (output [Lq, H, D] in q's dtype,
     :class:`CallStatistics`). Arguments as :func:`attention_statistics`, plus v [H, Lk, D].
 
     By default (the ``exact`` route) the output is the model's own cached call
-    (``sinkscope.attention.split.cached_attention``, the keys split as ``key_split`` says:
-    ``KernelSettings.key_split``), bit for bit on every device and dtype, and the
-    statistics come after it from q and k (on CUDA given each query's log-sum-exp, which
-    cuDNN returns with the output: ``frame_partials_given_lse_kernel``; elsewhere the
+    (``sinkscope.attention.split.cached_attention``, the keys split as ``key_split`` says,
+    ``attention_kernel`` its kernel: ``KernelSettings.key_split`` and ``attention_kernel``),
+    bit for bit on every device and dtype, and the statistics come after it from q and k (on
+    CUDA given each query's log-sum-exp, which FlashAttention-4 and cuDNN return with the
+    output: ``frame_partials_given_lse_kernel``; elsewhere the
     chunked reference, which recomputes the scores). With ``fused`` (config ``capture.attention: fused``) where
     ``fused_route_applies``: ``attention_frame_partials_tma_kernel``, a flash-attention
     forward in Triton that keeps every frame's partials as it goes, then
@@ -331,7 +333,9 @@ def attention_with_statistics(
         )
     if frame_bias is not None:
         check_frame_bias(frame_bias, q.shape[0], len(lengths))
-        out, lse = edited_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), frame_bias, lengths, split=key_split)
+        out, lse = edited_attention(
+            *(x.transpose(0, 1)[None] for x in (q, k, v)), frame_bias, lengths, split=key_split, kernel=attention_kernel
+        )
         stats = attention_statistics(
             q,
             k,
@@ -348,7 +352,7 @@ def attention_with_statistics(
         )
         return out[0], stats
     if frames:
-        out, frame_lse, lse = frame_attention(q, k, v, lengths)
+        out, frame_lse, lse = frame_attention(q, k, v, lengths, kernel=attention_kernel)
         stats = statistics_from_frames(
             q,
             k,
@@ -369,7 +373,7 @@ def attention_with_statistics(
             q, k, v, frame_seq_length, len(query_frames), lengths, q.shape[-1] ** -0.5, token_profiles=token_profiles
         )
         return out, keep_statistics(stats, statistics)
-    out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=key_split)
+    out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=key_split, kernel=attention_kernel)
     stats = attention_statistics(
         q,
         k,

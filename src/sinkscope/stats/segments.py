@@ -54,7 +54,7 @@ def frame_runs(key_lengths: Sequence[int]) -> list[tuple[int, int, int, int]]:
 
 
 def _frames_of_run(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run: tuple[int, int, int, int], scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run: tuple[int, int, int, int], scale: float, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(outputs [frames, H, Lq, D], log-sum-exps [frames, H, Lq] fp32) of one run's key frames."""
     start, _, count, length = run
@@ -64,11 +64,11 @@ def _frames_of_run(
     keys, values = (x[:, start:stop].unflatten(1, (count, length)).transpose(0, 1) for x in (k, v))
     queries = q[None].expand(count, heads, num_q, dim)
     if count > 1 and not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
-        # cuDNN reads the shared queries through a zero batch stride (the same output bit
-        # for bit as from a copy a frame, at the same speed: benchmarks/frame_route.py).
+        # cuDNN and FlashAttention-4 read the shared queries through a zero batch stride (cuDNN:
+        # the same output bit for bit as from a copy a frame, at the same speed: frame_route.py).
         queries = queries.contiguous()
     try:
-        return attention_with_lse(queries, keys, values, scale)
+        return attention_with_lse(queries, keys, values, scale, kernel)
     except NotImplementedError:  # CUDA in float32: no kernel returns the log-sum-exp
         pass
     scores = torch.matmul(queries.float(), keys.float().transpose(-1, -2)) * scale
@@ -78,17 +78,23 @@ def _frames_of_run(
 
 
 def frame_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lengths: Sequence[int], scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_lengths: Sequence[int],
+    scale: float | None = None,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of q over k, v ([H, L, D], the capture's views), each key frame (a segment
     of ``key_lengths[f]`` tokens of k, in order) attended apart and the frames merged:
     (output [Lq, H, D] in q's dtype, each frame's log-sum-exp [F, H, Lq] fp32, each query's
-    log-sum-exp over every key [H, Lq] fp32). Consecutive frames of one length are one call."""
+    log-sum-exp over every key [H, Lq] fp32). Consecutive frames of one length are one call,
+    of ``kernel`` (``KernelSettings.attention_kernel``)."""
     lengths = tuple(int(n) for n in key_lengths)
     if sum(lengths) != k.shape[1]:
         raise ValueError(f"key_lengths add up to {sum(lengths)} tokens; k has {k.shape[1]}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    parts = [_frames_of_run(q, k, v, run, scale) for run in frame_runs(lengths)]
+    parts = [_frames_of_run(q, k, v, run, scale, kernel) for run in frame_runs(lengths)]
     outs = parts[0][0] if len(parts) == 1 else torch.cat([out for out, _ in parts])
     frame_lse = parts[0][1] if len(parts) == 1 else torch.cat([lse for _, lse in parts])
     frame_lse = frame_lse.float()

@@ -1,0 +1,133 @@
+"""FlashAttention-4's Hopper / Blackwell forward as the model's attention kernel, where installed.
+
+``flash-attn-4`` (``flash_attn.cute``: kernels written in NVIDIA's CuTe DSL, JIT-compiled on
+first use) is an optional dependency (``pip install 'sinkscope[flash4]'``). On an H200 its
+forward runs the 1.3B's last block 1.16-1.21x and LongLive 2.0's last chunk 1.09x as fast as
+cuDNN's, the 1.3B's 21-frame generation 1.08-1.09x (docs/performance.md, "FlashAttention-4 as
+the attention kernel"), and it returns the log-sum-exp that the key split's merge and the
+``exact`` capture route need.
+
+Which kernel a call runs (``KernelSettings.attention_kernel``, config
+``capture.attention_kernel``):
+
+- ``auto``: FlashAttention-4 where it applies (``flash4_applies``: importable, a CUDA device
+  of compute capability 9.x or 10.x, fp16 / bf16, equal head sizes of at most 256), else cuDNN;
+- ``cudnn``: cuDNN's attention (PyTorch's flash attention where cuDNN is missing), as before
+  FlashAttention-4 existed here; pin it to reproduce earlier videos to the bit;
+- ``flash4``: FlashAttention-4, and a one-line error where it does not apply.
+
+The two kernels round differently, so a video depends on which one ran (the relative L2
+difference of the final latents of a 21-frame generation, random weights: about 1%); the
+manifest records the kernel of each job (``attention_kernel``). The forward is deterministic
+(no split over keys on SM90), so one kernel gives one video.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from functools import lru_cache
+
+import torch
+
+from sinkscope.errors import SinkscopeError
+
+ATTENTION_KERNELS = ("auto", "cudnn", "flash4")
+# Compute capabilities FlashAttention-4's forward is written for: Hopper (9.x), Blackwell (10.x).
+FLASH4_MAJORS = (9, 10)
+FLASH4_MAX_HEAD_DIM = 256
+
+
+def check_attention_kernel(kernel: str) -> str:
+    if kernel not in ATTENTION_KERNELS:
+        raise SinkscopeError(f"capture.attention_kernel {kernel!r} is not one of {', '.join(ATTENTION_KERNELS)}")
+    return kernel
+
+
+@lru_cache(maxsize=1)
+def flash4_forward() -> Callable | None:
+    """FlashAttention-4's forward function, or None where ``flash-attn-4`` is not installed
+    (imported once: the CuTe DSL takes about a second to load)."""
+    try:
+        from flash_attn.cute.interface import _flash_attn_fwd
+    except ImportError:
+        return None
+    # The CuTe DSL warns at every compile that FlashAttention-4's own optional argument is
+    # not a JIT argument (flash-attn-4 4.0.0b36): harmless, and noise in every job's log.
+    warnings.filterwarnings("ignore", message="Argument aux_data", category=UserWarning)
+    return _flash_attn_fwd
+
+
+@lru_cache(maxsize=16)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def flash4_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why FlashAttention-4 can not run this call (q, k, v [N, H, L, D]), or None where it can."""
+    if not q.is_cuda:
+        return f"it runs on CUDA, not {q.device.type}"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"it computes in fp16 / bf16, not {q.dtype}"
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1] <= FLASH4_MAX_HEAD_DIM):
+        return f"head sizes {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]} are not equal and <= {FLASH4_MAX_HEAD_DIM}"
+    major = _capability_major(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    if major not in FLASH4_MAJORS:
+        return f"it is written for compute capability 9.x and 10.x, not {major}.x"
+    if flash4_forward() is None:
+        return "flash-attn-4 is not installed (pip install 'sinkscope[flash4]')"
+    return None
+
+
+def flash4_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    return flash4_unsupported(q, k, v) is None
+
+
+def uses_flash4(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a call with ``kernel`` (``ATTENTION_KERNELS``) runs FlashAttention-4; raises
+    where ``flash4`` was asked for and can not run."""
+    if kernel == "cudnn":
+        return False
+    why = flash4_unsupported(q, k, v)
+    if kernel == "flash4" and why is not None:
+        raise SinkscopeError(f"capture.attention_kernel flash4 can not run here: {why}")
+    return why is None
+
+
+def flash4_attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [N, H, Lq, D] (a view of [N, Lq, H, D]), natural log-sum-exp [N, H, Lq] fp32)
+    of q, k, v [N, H, L, D] views of the model's [N, L, H, D] tensors, FlashAttention-4's
+    forward. Queries shared by a zero batch stride (a key split's parts) are read in place."""
+    out, lse = flash4_forward()(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, return_lse=True
+    )[:2]
+    return out.transpose(1, 2), lse
+
+
+def resolved_attention_kernel(kernel: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str:
+    """The kernel a call of this device, dtype and head size runs under ``kernel``: ``flash4``
+    or ``cudnn`` on CUDA in fp16 / bf16, ``sdpa`` elsewhere (PyTorch's own); for manifests."""
+    device = torch.device(device)
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        if check_attention_kernel(kernel) == "flash4":
+            raise SinkscopeError(
+                "capture.attention_kernel flash4 can not run here: "
+                f"it runs on CUDA in fp16 / bf16, not {device.type} {dtype}"
+            )
+        return "sdpa"
+    probe = torch.empty(1, 1, 1, head_dim, device=device, dtype=dtype)
+    return "flash4" if uses_flash4(check_attention_kernel(kernel), probe, probe, probe) else "cudnn"
+
+
+__all__ = [
+    "ATTENTION_KERNELS",
+    "check_attention_kernel",
+    "flash4_applies",
+    "flash4_attention_with_lse",
+    "flash4_forward",
+    "flash4_unsupported",
+    "resolved_attention_kernel",
+    "uses_flash4",
+]
