@@ -5,6 +5,8 @@ log-sum-exp against float64, under the key split, and the ``exact`` capture rout
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -87,6 +89,23 @@ def test_why_flash4_does_not_apply_names_the_reason(monkeypatch):
     assert flash4.flash4_unsupported(Call(), *shapes((128,) * 3)) is None
     monkeypatch.setattr(flash4, "_capability_major", lambda index: 8)
     assert "compute capability 9.x and 10.x, not 8.x" in flash4.flash4_unsupported(Call(), *shapes((128,) * 3))
+
+
+def test_flash4s_compile_cache_is_on_unless_the_user_chose(monkeypatch):
+    """FlashAttention-4 reads FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED when first imported: set
+    before that import, to 1 where the user has not set it."""
+    variable = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+    for chosen, expected in ((None, "1"), ("0", "0")):
+        if chosen is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, chosen)
+        flash4.flash4_forward.cache_clear()
+        try:
+            flash4.flash4_forward()
+            assert os.environ[variable] == expected
+        finally:
+            flash4.flash4_forward.cache_clear()
 
 
 def test_the_layout_contract_against_a_stand_in_forward(monkeypatch):

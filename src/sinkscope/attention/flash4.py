@@ -1,11 +1,11 @@
 """FlashAttention-4's Hopper / Blackwell forward as the model's attention kernel, where installed.
 
 ``flash-attn-4`` (``flash_attn.cute``: kernels written in NVIDIA's CuTe DSL, JIT-compiled on
-first use) is an optional dependency (``pip install 'sinkscope[flash4]'``). On an H200 its
-forward runs the 1.3B's last block 1.16-1.21x and LongLive 2.0's last chunk 1.09x as fast as
-cuDNN's, the 1.3B's 21-frame generation 1.08-1.09x (docs/performance.md, "FlashAttention-4 as
-the attention kernel"), and it returns the log-sum-exp that the key split's merge and the
-``exact`` capture route need.
+first use and kept in its on-disk cache, which this module turns on) is an optional
+dependency (``pip install 'sinkscope[flash4]'``). On an H200 its forward runs the 1.3B's last
+block 1.16-1.21x and LongLive 2.0's last chunk 1.09x as fast as cuDNN's, the 1.3B's 21-frame
+generation 1.08-1.09x (docs/performance.md, "FlashAttention-4 as the attention kernel"), and
+it returns the log-sum-exp that the key split's merge and the ``exact`` capture route need.
 
 Which kernel a call runs (``KernelSettings.attention_kernel``, config
 ``capture.attention_kernel``):
@@ -24,6 +24,7 @@ manifest records the kernel of each job (``attention_kernel``). The forward is d
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from functools import lru_cache
@@ -48,6 +49,10 @@ def check_attention_kernel(kernel: str) -> str:
 def flash4_forward() -> Callable | None:
     """FlashAttention-4's forward function, or None where ``flash-attn-4`` is not installed
     (imported once: the CuTe DSL takes about a second to load)."""
+    # FlashAttention-4 compiles its kernels at a process's first call (1.9 s on an H200); its own
+    # on-disk cache (file-locked, keyed by its source files) lets every later job load them.
+    # Read when flash_attn.cute is first imported; FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0 turns it off.
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     try:
         from flash_attn.cute.interface import _flash_attn_fwd
     except ImportError:
