@@ -236,6 +236,18 @@ def test_mixed_precisions_are_refused_naming_the_files():
         _check_precision([fp32, bf16], "source 'demo'")
 
 
+def test_a_source_of_two_attention_kernels_is_kept_and_said_so(caplog):
+    from sinkscope.pipeline.aggregate import _note_attention_kernels
+
+    flash = {"file": "a/layers0/layer0.parquet", "attention_kernel": "flash4"}
+    with caplog.at_level("WARNING", logger="sinkscope"):
+        _note_attention_kernels([flash, dict(flash, file="b"), {"file": "imported.parquet"}], "source 'demo'")
+        assert not caplog.records
+        _note_attention_kernels([flash, dict(flash, attention_kernel="cudnn")], "source 'demo'")
+    (record,) = caplog.records
+    assert "source 'demo' mixes attention kernels (cudnn, flash4)" in record.getMessage()
+
+
 def test_verify_checks_extraction_folders_dataset_folders_and_tables(tmp_path, capsys):
     from sinkscope.cli import main as cli_main
     from sinkscope.manifests import DATASET_MANIFEST

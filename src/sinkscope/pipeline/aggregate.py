@@ -127,6 +127,19 @@ def _check_precision(records: Sequence[Mapping[str, Any]], what: str) -> None:
         )
 
 
+def _note_attention_kernels(records: Sequence[Mapping[str, Any]], what: str) -> None:
+    """Log where layer files of one source came from different attention kernels: their videos
+    differ by about 1% (as jobs of the fused route's do), so the source is kept, and said so."""
+    kernels = sorted({record["attention_kernel"] for record in records if "attention_kernel" in record})
+    if len(kernels) > 1:
+        log.warning(
+            "%s mixes attention kernels (%s): its layer groups come from slightly different videos; pin "
+            "capture.attention_kernel for one video per run",
+            what,
+            ", ".join(kernels),
+        )
+
+
 class _SourceRows:
     """What one source's inputs hold, read and checked: the rows of every layer file, the
     token files, each video's block similarities and each file's provenance."""
@@ -205,6 +218,7 @@ def aggregate_job(inputs: Sequence[str | Path], outputs: Mapping[str, str | Path
     for entry in map(Path, inputs):
         rows.add(entry)
     _check_precision(rows.records, f"source {name!r}")
+    _note_attention_kernels(rows.records, f"source {name!r}")
     thresholds = dict(params.get("diagnostics") or {})
     metadata = {
         **provenance("aggregate_source"),
