@@ -68,27 +68,50 @@ def test_off_cuda_every_kernel_choice_but_flash4_runs_pytorchs_own():
         uses_flash4("flash4", q, q, q)
 
 
+class FakeCuda:
+    """A CUDA tensor's attributes, for the checks that read no data."""
+
+    def __init__(self, dim=128, dtype=torch.bfloat16):
+        self.is_cuda, self.dtype = True, dtype
+        self.shape = (1, 2, 8, dim)
+        self.device = torch.device("cuda", 0)
+
+
 def test_why_flash4_does_not_apply_names_the_reason(monkeypatch):
-    """The checks in their order, each given a call it stops (CUDA tensors faked by a stand-in)."""
-
-    class Call:
-        def __init__(self, dtype=torch.bfloat16, dims=(128, 128, 128)):
-            self.is_cuda, self.dtype = True, dtype
-            self.shape = (1, 2, 8, dims[0])
-            self.device = torch.device("cuda", 0)
-
-    def shapes(dims):
-        return [type("T", (), {"shape": (1, 2, 8, d)})() for d in dims[1:]]
-
+    """The checks in their order, each given a call it stops (CUDA tensors faked)."""
+    call = FakeCuda()
     monkeypatch.setattr(flash4, "_capability_major", lambda index: 9)
-    monkeypatch.setattr(flash4, "flash4_forward", lambda: None)
-    assert "fp16 / bf16, not torch.float32" in flash4.flash4_unsupported(Call(torch.float32), *shapes((128,) * 3))
-    assert "head sizes 128, 64, 128" in flash4.flash4_unsupported(Call(), *shapes((128, 64, 128)))
-    assert "flash-attn-4 is not installed" in flash4.flash4_unsupported(Call(), *shapes((128,) * 3))
-    monkeypatch.setattr(flash4, "flash4_forward", lambda: object())
-    assert flash4.flash4_unsupported(Call(), *shapes((128,) * 3)) is None
+    monkeypatch.setattr(flash4, "_import_flash4", lambda: (None, "flash-attn-4 is not installed (pip ...)"))
+    monkeypatch.setattr(flash4, "_first_call_fails", lambda index, dtype, dim: None)
+    why = flash4.flash4_unsupported(FakeCuda(dtype=torch.float32), call, call)
+    assert "fp16 / bf16 alike, not torch.float32, torch.bfloat16, torch.bfloat16" in why
+    assert "head sizes 128, 64, 128 are not equal multiples of 8" in flash4.flash4_unsupported(call, FakeCuda(64), call)
+    assert "head sizes 36, 36, 36" in flash4.flash4_unsupported(*(FakeCuda(36),) * 3)
+    assert "flash-attn-4 is not installed" in flash4.flash4_unsupported(call, call, call)
+    monkeypatch.setattr(flash4, "_import_flash4", lambda: (object(), ""))
+    assert flash4.flash4_unsupported(call, call, call) is None
     monkeypatch.setattr(flash4, "_capability_major", lambda index: 8)
-    assert "compute capability 9.x and 10.x, not 8.x" in flash4.flash4_unsupported(Call(), *shapes((128,) * 3))
+    assert "compute capability 9.x and 10.x, not 8.x" in flash4.flash4_unsupported(call, call, call)
+
+
+def test_a_first_call_that_fails_falls_back_under_auto_and_stops_a_pinned_flash4(monkeypatch, caplog):
+    """An installed FlashAttention-4 whose first call fails (a JIT error, an old driver): auto
+    runs cuDNN and says so once in the log; flash4 stops with the reason."""
+    call = FakeCuda()
+    monkeypatch.setattr(flash4, "_capability_major", lambda index: 9)
+    monkeypatch.setattr(flash4, "_import_flash4", lambda: (object(), ""))
+    monkeypatch.setattr(
+        flash4, "_first_call_fails", lambda index, dtype, dim: "its first call failed: RuntimeError: no kernel image"
+    )
+    flash4._say_once.cache_clear()
+    with caplog.at_level("WARNING", logger="sinkscope"):
+        assert not uses_flash4("auto", call, call, call)
+        assert not uses_flash4("auto", call, call, call)
+    (record,) = caplog.records
+    assert "FlashAttention-4 is installed but its first call failed: RuntimeError: no kernel image" in record.message
+    assert record.message.endswith("cuDNN runs instead")
+    with pytest.raises(SinkscopeError, match="flash4 can not run here: its first call failed: RuntimeError"):
+        uses_flash4("flash4", call, call, call)
 
 
 def test_flash4s_compile_cache_is_on_unless_the_user_chose(monkeypatch):
@@ -100,12 +123,12 @@ def test_flash4s_compile_cache_is_on_unless_the_user_chose(monkeypatch):
             monkeypatch.delenv(variable, raising=False)
         else:
             monkeypatch.setenv(variable, chosen)
-        flash4.flash4_forward.cache_clear()
+        flash4._import_flash4.cache_clear()
         try:
             flash4.flash4_forward()
             assert os.environ[variable] == expected
         finally:
-            flash4.flash4_forward.cache_clear()
+            flash4._import_flash4.cache_clear()
 
 
 def test_the_layout_contract_against_a_stand_in_forward(monkeypatch):

@@ -24,6 +24,7 @@ manifest records the kernel of each job (``attention_kernel``). The forward is d
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -37,6 +38,9 @@ ATTENTION_KERNELS = ("auto", "cudnn", "flash4")
 # Compute capabilities FlashAttention-4's forward is written for: Hopper (9.x), Blackwell (10.x).
 FLASH4_MAJORS = (9, 10)
 FLASH4_MAX_HEAD_DIM = 256
+# Its kernels load rows of the head dimension in 16-byte pieces (8 fp16 / bf16 values).
+FLASH4_HEAD_DIM_MULTIPLE = 8
+log = logging.getLogger("sinkscope")
 
 
 def check_attention_kernel(kernel: str) -> str:
@@ -46,9 +50,8 @@ def check_attention_kernel(kernel: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def flash4_forward() -> Callable | None:
-    """FlashAttention-4's forward function, or None where ``flash-attn-4`` is not installed
-    (imported once: the CuTe DSL takes about a second to load)."""
+def _import_flash4() -> tuple[Callable | None, str]:
+    """(FlashAttention-4's forward function, "") or (None, why it does not import)."""
     # FlashAttention-4 compiles its kernels at a process's first call (1.9 s on an H200); its own
     # on-disk cache (file-locked, keyed by its source files) lets every later job load them.
     # Read when flash_attn.cute is first imported; FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0 turns it off.
@@ -56,11 +59,34 @@ def flash4_forward() -> Callable | None:
     try:
         from flash_attn.cute.interface import _flash_attn_fwd
     except ImportError:
-        return None
+        return None, "flash-attn-4 is not installed (pip install 'sinkscope[flash4]')"
+    except Exception as error:  # noqa: BLE001 - a broken install (CUDA libraries, a stale flash_attn): say so
+        return None, f"flash-attn-4 does not import: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
     # The CuTe DSL warns at every compile that FlashAttention-4's own optional argument is
     # not a JIT argument (flash-attn-4 4.0.0b36): harmless, and noise in every job's log.
     warnings.filterwarnings("ignore", message="Argument aux_data", category=UserWarning)
-    return _flash_attn_fwd
+    return _flash_attn_fwd, ""
+
+
+def flash4_forward() -> Callable | None:
+    """FlashAttention-4's forward function, or None where ``flash-attn-4`` does not import
+    (imported once: the CuTe DSL takes about a second to load)."""
+    return _import_flash4()[0]
+
+
+@lru_cache(maxsize=32)
+def _first_call_fails(index: int, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why a first small FlashAttention-4 call fails on this device, dtype and head size (its
+    JIT compile, a driver too old for CUDA 13), or None where it runs. Once per process and
+    kind of call: the compile it does is the one the model's first call would do."""
+    try:
+        with torch.cuda.device(index):
+            probe = torch.zeros(1, 128, 1, head_dim, device="cuda", dtype=dtype)
+            flash4_forward()(probe, probe, probe, softmax_scale=head_dim**-0.5, return_lse=True)
+            torch.cuda.synchronize()
+    except Exception as error:  # noqa: BLE001 - any failure means: do not use it
+        return f"its first call failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    return None
 
 
 @lru_cache(maxsize=16)
@@ -72,16 +98,22 @@ def flash4_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str
     """Why FlashAttention-4 can not run this call (q, k, v [N, H, L, D]), or None where it can."""
     if not q.is_cuda:
         return f"it runs on CUDA, not {q.device.type}"
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"it computes in fp16 / bf16, not {q.dtype}"
-    if not (q.shape[-1] == k.shape[-1] == v.shape[-1] <= FLASH4_MAX_HEAD_DIM):
-        return f"head sizes {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]} are not equal and <= {FLASH4_MAX_HEAD_DIM}"
-    major = _capability_major(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
+        return f"it computes in fp16 / bf16 alike, not {q.dtype}, {k.dtype}, {v.dtype}"
+    dim = q.shape[-1]
+    if not (dim == k.shape[-1] == v.shape[-1] <= FLASH4_MAX_HEAD_DIM and dim % FLASH4_HEAD_DIM_MULTIPLE == 0):
+        return (
+            f"head sizes {dim}, {k.shape[-1]}, {v.shape[-1]} are not equal multiples of "
+            f"{FLASH4_HEAD_DIM_MULTIPLE} up to {FLASH4_MAX_HEAD_DIM}"
+        )
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    major = _capability_major(index)
     if major not in FLASH4_MAJORS:
         return f"it is written for compute capability 9.x and 10.x, not {major}.x"
-    if flash4_forward() is None:
-        return "flash-attn-4 is not installed (pip install 'sinkscope[flash4]')"
-    return None
+    forward, why = _import_flash4()
+    if forward is None:
+        return why
+    return _first_call_fails(index, q.dtype, dim)
 
 
 def flash4_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -96,7 +128,14 @@ def uses_flash4(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     why = flash4_unsupported(q, k, v)
     if kernel == "flash4" and why is not None:
         raise SinkscopeError(f"capture.attention_kernel flash4 can not run here: {why}")
+    if why is not None and why.startswith("its first call failed"):
+        _say_once(f"capture.attention_kernel auto: FlashAttention-4 is installed but {why}; cuDNN runs instead")
     return why is None
+
+
+@lru_cache(maxsize=8)
+def _say_once(message: str) -> None:
+    log.warning(message)
 
 
 def flash4_attention_with_lse(
@@ -104,10 +143,14 @@ def flash4_attention_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [N, H, Lq, D] (a view of [N, Lq, H, D]), natural log-sum-exp [N, H, Lq] fp32)
     of q, k, v [N, H, L, D] views of the model's [N, L, H, D] tensors, FlashAttention-4's
-    forward. Queries shared by a zero batch stride (a key split's parts) are read in place."""
-    out, lse = flash4_forward()(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, return_lse=True
-    )[:2]
+    forward. Queries shared by a zero batch stride (a key split's parts) are read in place.
+    FlashAttention-4 launches on the current device, so a call on another one switches to it."""
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    if q.device.index is not None and q.device.index != torch.cuda.current_device():
+        with torch.cuda.device(q.device):
+            out, lse = flash4_forward()(*args, softmax_scale=scale, return_lse=True)[:2]
+    else:
+        out, lse = flash4_forward()(*args, softmax_scale=scale, return_lse=True)[:2]
     return out.transpose(1, 2), lse
 
 

@@ -171,9 +171,11 @@ class _SourceRows:
                 )
             self.frames.append(frame)
             record = _source_record(path, meta)
-            if contents is not None and "attention_kernel" in contents.get("capture_route", {}):
-                # Provenance, as torch_version: FlashAttention-4 and cuDNN round differently.
-                record["attention_kernel"] = contents["capture_route"]["attention_kernel"]
+            if contents is not None:
+                # Provenance, as torch_version: FlashAttention-4 and cuDNN round differently. A
+                # folder from before the kernel was recorded ran cuDNN or PyTorch's own.
+                route = contents.get("capture_route", {})
+                record["attention_kernel"] = route.get("attention_kernel", "not recorded")
             self.records.append(record)
             if "model_config" in meta:
                 self.model_configs[json.dumps(meta["model_config"], sort_keys=True)] = meta["model_config"]

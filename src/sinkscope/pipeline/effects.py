@@ -270,8 +270,8 @@ def _runs(folders: Iterable[str | Path]) -> dict[tuple[str, str, str, int], _Run
         run.files[folder] = files
         if run.meta and run.meta.get("latents_sha256") != meta.get("latents_sha256"):
             log.warning(
-                "run %s: layer groups generated different latents (capture route not video-exact); the "
-                "effects use the first group's (%s)",
+                "run %s: layer groups generated different latents (a capture route that is not video-exact, "
+                "or jobs that ran different attention kernels); the effects use the first group's (%s)",
                 "/".join(map(str, key)),
                 run.folders[0],
             )

@@ -64,10 +64,10 @@ def device_problems(config: Mapping, device: str, *, local: bool = True) -> list
 
 
 def _installed(module: str) -> bool:
-    """Whether ``module`` (dotted) can be imported here, without importing it."""
+    """Whether ``module`` (dotted) can be found here (its parent packages are imported)."""
     try:
         return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
+    except Exception:  # noqa: BLE001 - a parent package missing or broken: not usable here
         return False
 
 

@@ -490,8 +490,8 @@ def _combine_fused(
 def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [Lq, H, D], natural-log log-sum-exp [H, Lq] fp32) of one attention call
     through the model's own cached call (``sinkscope.attention.split.cached_attention``:
-    cuDNN's attention, the keys split as the uncaptured calls split them), so that the
-    output is theirs, bit for bit. q, k, v are [H, L, D]; ``scale`` must be 1/sqrt(D)."""
+    FlashAttention-4's or cuDNN's attention under ``auto``, the keys split as the uncaptured
+    calls split them), so that the output is theirs, bit for bit. q, k, v are [H, L, D]; ``scale`` must be 1/sqrt(D)."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         # cuDNN's op takes float32 without complaint and returns NaN (H100, torch 2.11).
         raise NotImplementedError(f"cuDNN and flash attention compute in fp16 / bf16, not {q.dtype}")

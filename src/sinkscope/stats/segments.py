@@ -17,7 +17,8 @@ the scores themselves (each frame's max; sum_j p_ij s_ij), so this route leaves 
 Token profiles, where asked for, take ``token_profiles_kernel``'s pass given the merged
 log-sum-exp, as the other routes do.
 
-On CUDA in fp16 / bf16 the attention is cuDNN's, with its log-sum-exp
+On CUDA in fp16 / bf16 the attention is the model's kernel (FlashAttention-4's or cuDNN's,
+``capture.attention_kernel``), with its log-sum-exp
 (``sinkscope.attention.split.attention_with_lse``); on the CPU and in float32 / float64,
 PyTorch's CPU flash attention or the same maths in torch: the same function, tested against
 the float64 brute force.
