@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from test_split_attention import brute_force
 
 from sinkscope.attention import flash4, split
 from sinkscope.attention.flash4 import (
@@ -157,12 +158,6 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 needs_flash4 = pytest.mark.skipif(flash4.flash4_forward() is None, reason="needs flash-attn-4")
 
 
-def reference(q, k, v):
-    """float64 (out [B, Lq, H, D], lse [B, H, Lq]) of the model's layout."""
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * q.shape[-1] ** -0.5
-    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.double()), torch.logsumexp(scores, -1)
-
-
 @pytest.mark.gpu
 @needs_cuda
 @needs_flash4
@@ -174,7 +169,7 @@ def test_flash4_against_float64_plain_and_key_split(plan):
     )
     assert uses_flash4("flash4", q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     out, lse = split.planned_attention(q, k, v, plan, kernel="flash4")
-    expected_out, expected_lse = reference(q, k, v)
+    expected_out, expected_lse = brute_force(q, k, v)
     # One bf16 rounding of the output (two with the merge), the log-sum-exp in fp32.
     assert (out.double() - expected_out).abs().max().item() < 4e-3
     assert (lse.double() - expected_lse).abs().max().item() < 1e-4

@@ -10,8 +10,9 @@ it returns the log-sum-exp that the key split's merge and the ``exact`` capture 
 Which kernel a call runs (``KernelSettings.attention_kernel``, config
 ``capture.attention_kernel``):
 
-- ``auto``: FlashAttention-4 where it applies (``flash4_applies``: importable, a CUDA device
-  of compute capability 9.x or 10.x, fp16 / bf16, equal head sizes of at most 256), else cuDNN;
+- ``auto``: FlashAttention-4 where ``flash4_unsupported`` finds no reason against it (it
+  imports and its first call runs, a CUDA device of compute capability 9.x or 10.x, fp16 /
+  bf16, equal head sizes, multiples of 8 up to 256), else cuDNN;
 - ``cudnn``: cuDNN's attention (PyTorch's flash attention where cuDNN is missing), as before
   FlashAttention-4 existed here; pin it to reproduce earlier videos to the bit;
 - ``flash4``: FlashAttention-4, and a one-line error where it does not apply.
@@ -116,10 +117,6 @@ def flash4_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str
     return _first_call_fails(index, q.dtype, dim)
 
 
-def flash4_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    return flash4_unsupported(q, k, v) is None
-
-
 def uses_flash4(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a call with ``kernel`` (``ATTENTION_KERNELS``) runs FlashAttention-4; raises
     where ``flash4`` was asked for and can not run."""
@@ -172,7 +169,6 @@ def resolved_attention_kernel(kernel: str, device: torch.device | str, dtype: to
 __all__ = [
     "ATTENTION_KERNELS",
     "check_attention_kernel",
-    "flash4_applies",
     "flash4_attention_with_lse",
     "flash4_forward",
     "flash4_unsupported",

@@ -60,6 +60,12 @@ class KernelSettings:
         )
 
     @property
+    def attention_call(self) -> dict[str, Any]:
+        """The keyword arguments of the model's attention calls (``cached_attention``,
+        ``balanced_attention``, ``edited_attention``): its key split and its kernel."""
+        return {"split": self.key_split, "kernel": self.attention_kernel}
+
+    @property
     def name(self) -> str:
         """The config's name of these settings (``cuda_graphs`` and ``attention_kernel`` aside),
         or ``custom`` for a mix."""

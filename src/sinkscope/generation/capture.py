@@ -216,9 +216,7 @@ class FrameStatsCapture:
                 # An edited call (sinkscope.model.generation_edits): the attention the model really uses,
                 # and the statistics of that edited softmax; never the fused or frames route.
                 fused, frames, edited = False, False, {"frame_bias": frame_bias}
-                out, lse = edited_attention(
-                    q, k, v, frame_bias, layout.key_lengths, split=kernels.key_split, kernel=kernels.attention_kernel
-                )
+                out, lse = edited_attention(q, k, v, frame_bias, layout.key_lengths, **kernels.attention_call)
             elif fused:
                 self.fused_calls += 1
                 outs = []
@@ -232,7 +230,7 @@ class FrameStatsCapture:
             else:
                 # The model's own call, as the uncaptured layer runs it: the output does not
                 # depend on whether (or how) the statistics are computed.
-                out, lse = cached_attention(q, k, v, split=kernels.key_split, kernel=kernels.attention_kernel)
+                out, lse = cached_attention(q, k, v, **kernels.attention_call)
             # A Rolling Forcing window call is one table call per block: each block's
             # queries get their own statistics (each query's softmax is its own, so this
             # is exact) and token profiles averaged over that block's queries only.

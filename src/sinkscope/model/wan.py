@@ -191,7 +191,7 @@ class WanSelfAttention(_WanAttention):
                 if out is not None and attn_mask is None:
                     return out.flatten(2)
             if attn_mask is None:
-                return balanced_attention(q, k, v, split=kernels.key_split, kernel=kernels.attention_kernel).flatten(2)
+                return balanced_attention(q, k, v, **kernels.attention_call).flatten(2)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
         )
@@ -230,10 +230,7 @@ class WanSelfAttention(_WanAttention):
             out = self.observer(q, k, v, layout, frame_bias=bias)
             if out is not None:
                 return out.flatten(2)
-        edited = edited_attention(
-            q, k, v, bias, layout.key_lengths, split=kernels.key_split, kernel=kernels.attention_kernel
-        )
-        return edited[0].flatten(2)
+        return edited_attention(q, k, v, bias, layout.key_lengths, **kernels.attention_call)[0].flatten(2)
 
 
 class WanCrossAttention(_WanAttention):
