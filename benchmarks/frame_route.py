@@ -140,19 +140,9 @@ def cudnn_frontend_frames(q4, k4, v4, num_k: int):
     return run, (out, row_max, sum_exp)
 
 
-def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
-    heads, fsl, num_q, num_k = shape["heads"], shape["fsl"], shape["num_q"], shape["num_k"]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q4, k4, v4 = (
-        torch.randn(1, frames * fsl, heads, 128, device="cuda", generator=g).bfloat16()
-        for frames in (num_q, num_k, num_k)
-    )
-    q, k, v = (x[0].transpose(0, 1) for x in (q4, k4, v4))
-    lengths = (fsl,) * num_k
-    layout = dict(frame_seq_length=fsl, query_frames=list(range(num_k - num_q, num_k)), key_frames=list(range(num_k)))
-    scale = 128**-0.5
-    entry: dict = {"shape": shape}
-    results[name] = entry
+def recorder(name: str, entry: dict, results: dict, out: str):
+    """``record(key, fn)``: times ``fn`` both ways into ``entry[key]`` (or its error), prints it
+    and writes the results so far."""
 
     def record(key, fn):
         try:
@@ -163,6 +153,41 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
         print(name, key, entry[key] if "error" not in entry[key] else entry[key]["error"], flush=True)
         write_results(results, out, partial=True)
 
+    return record
+
+
+def add_ratios(entry: dict) -> None:
+    """Each timed row of ``entry`` as a ratio to its ``model_call`` row."""
+    base = entry["model_call"]
+    for row in list(entry.values()):
+        if isinstance(row, dict) and "queued_ms" in row and "queued_ms" in base:
+            row["queued_x_model_call"] = round(row["queued_ms"] / base["queued_ms"], 4)
+            row["alone_x_model_call"] = round(row["alone_ms"] / base["alone_ms"], 4)
+            row["host_x_model_call_gpu"] = round(row["host_ms"] / base["queued_ms"], 4)
+
+
+def shape_inputs(shape: dict) -> tuple:
+    """Random bf16 q, k, v of a shape ([1, L, H, 128]), their [H, L, D] views as the capture
+    passes them, the key frames' lengths and the layout arguments of ``attention_with_statistics``."""
+    heads, fsl, num_q, num_k = shape["heads"], shape["fsl"], shape["num_q"], shape["num_k"]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q4, k4, v4 = (
+        torch.randn(1, frames * fsl, heads, 128, device="cuda", generator=g).bfloat16()
+        for frames in (num_q, num_k, num_k)
+    )
+    views = tuple(x[0].transpose(0, 1) for x in (q4, k4, v4))
+    layout = dict(frame_seq_length=fsl, query_frames=list(range(num_k - num_q, num_k)), key_frames=list(range(num_k)))
+    return (q4, k4, v4), views, (fsl,) * num_k, layout
+
+
+def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
+    heads, fsl, num_q, num_k = shape["heads"], shape["fsl"], shape["num_q"], shape["num_k"]
+    (q4, k4, v4), (q, k, v), lengths, layout = shape_inputs(shape)
+    scale = 128**-0.5
+    entry: dict = {"shape": shape}
+    results[name] = entry
+
+    record = recorder(name, entry, results, out)
     record("model_call", lambda: cached_attention(q4, k4, v4))
     record("exact", lambda: attention_with_statistics(q, k, v, **layout))
     record("exact_logit_mean", lambda: attention_with_statistics(q, k, v, statistics=["logit_mean"], **layout))
@@ -202,12 +227,7 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
         "output_max_abs": out_exact.float().abs().max().item(),
         "prob_mass_sum_max_error": (stats_frames.prob_mass.sum(-1) - 1).abs().max().item(),
     }
-    base = entry["model_call"]
-    for row in list(entry.values()):
-        if isinstance(row, dict) and "queued_ms" in row and "queued_ms" in base:
-            row["queued_x_model_call"] = round(row["queued_ms"] / base["queued_ms"], 4)
-            row["alone_x_model_call"] = round(row["alone_ms"] / base["alone_ms"], 4)
-            row["host_x_model_call_gpu"] = round(row["host_ms"] / base["queued_ms"], 4)
+    add_ratios(entry)
     write_results(results, out, partial=True)
 
 

@@ -13,7 +13,8 @@ cache with an 8-frame sink), the blocks compiled as an extraction job compiles t
   (``FrameStatsCapture``, rows collected as ``gpu_benchmark`` does): the same, and the
   overhead against uncaptured.
 
-``--captures`` picks rows (``none``, ``layer``, ``exact``, ``fused``, ``fused_written``: the
+``--captures`` picks rows (``none``, ``layer``, ``exact``, ``exact_written`` (the default route,
+rows written as a job: on a Hopper GPU with flash-attn-4, its one pass), ``fused``, ``fused_written``: the
 fused route with each call's rows handed to an extraction job's writer threads during the
 generation, as a job runs; ``frames`` and ``frames_written``: ``capture.attention: frames``
 with ``capture.statistics: [logit_mean, prob_mass]``, collected after or written as a job;
@@ -59,7 +60,17 @@ STEPS = [999, 937, 833, 624]
 # The rows: uncaptured (every --frames), then at the longest: 1 layer, all layers exact, all layers
 # fused (rows collected after the generation), all layers fused with the rows written as a job
 # writes them (handed to its writer threads during the generation).
-CAPTURES = ("none", "layer", "exact", "fused", "fused_written", "frames", "frames_written", "exact_logit_written")
+CAPTURES = (
+    "none",
+    "layer",
+    "exact",
+    "exact_written",
+    "fused",
+    "fused_written",
+    "frames",
+    "frames_written",
+    "exact_logit_written",
+)
 FRAMES_STATISTICS = ("logit_mean", "prob_mass")
 ALL_STATISTICS = ("logit_mean", "prob_mass", "argmax_share", "entropy")
 QUICK = WanConfig(
@@ -231,6 +242,14 @@ def main() -> int:
     rows = {
         "layer": (f"{longest} frames, 1 layer captured", longest, captured_layers, "exact", False, ALL_STATISTICS),
         "exact": (f"{longest} frames, {all_layers}", longest, every, "exact", False, ALL_STATISTICS),
+        "exact_written": (
+            f"{longest} frames, {all_layers}, rows written as a job",
+            longest,
+            every,
+            "exact",
+            True,
+            ALL_STATISTICS,
+        ),
         "fused": (f"{longest} frames, {all_layers}, fused", longest, every, "fused", False, ALL_STATISTICS),
         "fused_written": (
             f"{longest} frames, {all_layers}, fused, rows written as a job",

@@ -70,14 +70,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.machinery
 import os
 import re
-import statistics
-import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 # Their pipeline opens a tqdm bar per chunk; tqdm reads TQDM_* at import (torch imports it).
@@ -86,10 +82,24 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from upstream import (  # noqa: E402
+    FixedTextEncoder,
+    GiB,
+    bare_package,
+    not_run,
+    patch_flash_attention,
+    random_weights,
+    stub_missing,
+    stub_module,
+    time_generations,
+    tiny_wan,
+    umt5_context,
+    upstream_commit,
+)
+
 from report import error_entry, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-GiB = 2**30
 UPSTREAM = "https://github.com/NVlabs/LongLive"
 EXPECTED_COMMIT = "7860ad9685686bc3edfd407eb4d12579ca47d689"
 # wan_models/Wan2.2-TI2V-5B/config.json (also their wan_5b/configs/wan_ti2v_5B.py); the rest
@@ -106,90 +116,7 @@ REAL_5B = dict(
     text_len=512,
     eps=1e-6,
 )
-QUICK = dict(
-    model_type="ti2v",
-    dim=64,
-    ffn_dim=96,
-    freq_dim=16,
-    in_dim=48,
-    out_dim=48,
-    num_heads=2,
-    num_layers=2,
-    text_len=8,
-    text_dim=16,
-    eps=1e-6,
-)
-
-
-# ---------------------------------------------------------------- import shims
-class _AttrDict(dict):
-    """Stands in for omegaconf's DictConfig: a dict with attribute access."""
-
-    def __getattr__(self, key):
-        try:
-            return self[key]
-        except KeyError:
-            raise AttributeError(key) from None
-
-    def __setattr__(self, key, value):
-        self[key] = value
-
-
-def _wrap(value):
-    if isinstance(value, dict):
-        return _AttrDict({k: _wrap(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return [_wrap(v) for v in value]
-    return value
-
-
-def _plain(value):
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _merge(a, b):
-    out = _wrap(_plain(a))
-    for key, value in b.items():
-        out[key] = (
-            _merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else _wrap(value)
-        )
-    return out
-
-
-def _omegaconf_stub() -> types.ModuleType:
-    import yaml
-
-    class OmegaConf:  # only what utils/config.py's normalize_config and this driver use
-        load = staticmethod(lambda path: _wrap(yaml.safe_load(Path(path).read_text())))
-        create = staticmethod(lambda obj=None: _wrap(obj or {}))
-        merge = staticmethod(lambda *cfgs: _merge_all(cfgs))
-        is_config = staticmethod(lambda obj: isinstance(obj, _AttrDict))
-        to_container = staticmethod(lambda obj, resolve=True: _plain(obj))
-
-    def _merge_all(cfgs):
-        out = _AttrDict()
-        for cfg in cfgs:
-            out = _merge(out, cfg)
-        return out
-
-    return _stub_module("omegaconf", OmegaConf=OmegaConf, DictConfig=_AttrDict, ListConfig=list)
-
-
-def _stub_module(name: str, **attrs) -> types.ModuleType:
-    """A module object that importlib.util.find_spec accepts (diffusers probes ftfy)."""
-    module = types.ModuleType(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    return module
-
-
-def _not_run(*_args, **_kwargs):
-    raise RuntimeError("stubbed by longlive2_theirs.py: this path is not run by the benchmark")
+QUICK = tiny_wan("ti2v", 48)
 
 
 def install_shims(root: Path, cpu: bool) -> list[str]:
@@ -201,108 +128,33 @@ def install_shims(root: Path, cpu: bool) -> list[str]:
         os.environ["LLV2_TRITON_ROPE"] = "0"
         os.environ["LLV2_TRITON_ADALN"] = "0"
         shims.append("LLV2_TRITON_ROPE=0, LLV2_TRITON_ADALN=0 (CPU)")
-    try:
-        import omegaconf  # noqa: F401
-    except ImportError:
-        _omegaconf_stub()
-        shims.append("omegaconf: dict-backed stub (load/create/merge/is_config/to_container)")
-    try:
-        import ftfy  # noqa: F401
-    except ImportError:
-        _stub_module("ftfy", fix_text=_not_run)
-        shims.append("ftfy: stub (umT5 tokenizer not run)")
+    stub_missing(shims, "omegaconf", "dict-backed: load/create/merge/is_config/to_container")
+    stub_missing(shims, "ftfy", "umT5 tokenizer not run", fix_text=not_run)
     try:
         import transformers.models.x_clip.modeling_x_clip as x_clip
     except ImportError:
-        x_clip = _stub_module("transformers.models.x_clip.modeling_x_clip")
+        x_clip = stub_module("transformers.models.x_clip.modeling_x_clip")
     if not hasattr(x_clip, "x_clip_loss"):
-        x_clip.x_clip_loss = _not_run
+        x_clip.x_clip_loss = not_run
         shims.append("transformers x_clip_loss: stub (imported, unused)")
     # pipeline/__init__.py also imports the training pipeline (torchvision.io.write_video).
-    _stub_module("pipeline", __path__=[str(root / "pipeline")])
+    bare_package("pipeline", root / "pipeline")
     shims.append("pipeline/__init__.py not run (bare package)")
     try:
         import utils.dataset  # noqa: F401
     except ImportError:  # torchvision missing: only DEFAULT_SCENE_CUT_PREFIX is needed
         text = (root / "utils" / "dataset.py").read_text()
         prefix = re.search(r'^DEFAULT_SCENE_CUT_PREFIX = "(.*)"', text, re.M).group(1)
-        _stub_module("utils.dataset", DEFAULT_SCENE_CUT_PREFIX=prefix)
+        stub_module("utils.dataset", DEFAULT_SCENE_CUT_PREFIX=prefix)
         shims.append("utils.dataset: DEFAULT_SCENE_CUT_PREFIX read from the file (torchvision missing)")
     return shims
-
-
-def sdpa_flash_attention(
-    q,
-    k,
-    v,
-    q_lens=None,
-    k_lens=None,
-    dropout_p=0.0,
-    softmax_scale=None,
-    q_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    deterministic=False,
-    dtype=torch.bfloat16,
-    version=None,
-):
-    """Their ``flash_attention`` [B, L, N, D] contract on torch SDPA, as their ``attention()``
-    fallback computes it; padding lengths and windows are not used by the inference path."""
-    if q_lens is not None or k_lens is not None or tuple(window_size) != (-1, -1):
-        raise NotImplementedError("SDPA shim: q_lens/k_lens/window_size are not supported")
-    out_dtype = q.dtype
-    if q_scale is not None:
-        q = q * q_scale
-    q, k, v = (x.transpose(1, 2).to(dtype) for x in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, dropout_p=dropout_p, is_causal=causal, scale=softmax_scale
-    )
-    return out.transpose(1, 2).contiguous().type(out_dtype)
 
 
 def patch_attention() -> str:
     """Route their direct ``flash_attention`` calls to SDPA where flash_attn is missing."""
     from wan_5b.modules import attention, causal_model, model
 
-    if attention.FLASH_ATTN_2_AVAILABLE or attention.FLASH_ATTN_3_AVAILABLE:
-        return "flash_attn (theirs, unpatched)"
-    for module in (attention, model, causal_model):
-        module.flash_attention = sdpa_flash_attention
-    return "torch SDPA (their attention() fallback; flash_attention shimmed)"
-
-
-@contextlib.contextmanager
-def random_weights(model_config: dict, device: str, seed: int):
-    """While active, ``CausalWanModel.from_pretrained(path, **kw)`` builds the model from
-    ``model_config`` on ``device`` with their own (xavier) init instead of reading ``path``."""
-    from wan_5b.modules.causal_model import CausalWanModel
-
-    saved = CausalWanModel.__dict__.get("from_pretrained")
-
-    def build(cls, _path, **kwargs):
-        torch.manual_seed(seed)
-        with torch.device(device):
-            return cls(**model_config, **kwargs)
-
-    CausalWanModel.from_pretrained = classmethod(build)
-    try:
-        yield
-    finally:
-        if saved is None:
-            del CausalWanModel.from_pretrained
-        else:
-            CausalWanModel.from_pretrained = saved
-
-
-class FixedTextEncoder(torch.nn.Module):
-    """Stands in for ``WanTextEncoder``: the same context for every prompt block."""
-
-    def __init__(self, context: torch.Tensor):
-        super().__init__()
-        self.context = context
-
-    def forward(self, text_prompts):
-        return {"prompt_embeds": self.context.expand(len(text_prompts), -1, -1)}
+    return patch_flash_attention(attention, model, causal_model)
 
 
 def load_config(root: Path, chunk: int, window: int, sink: int, height: int, width: int):
@@ -318,25 +170,8 @@ def load_config(root: Path, chunk: int, window: int, sink: int, height: int, wid
     return config
 
 
-def upstream_commit(root: Path) -> str:
-    stamp = root / "UPSTREAM_COMMIT"  # written by the export into third_party/ (no .git there)
-    if stamp.exists():
-        return stamp.read_text().strip()
-    try:  # a clone: only if root is its own work tree, not a folder of an enclosing repository
-
-        def git(*a):
-            return subprocess.run(
-                ["git", "-C", str(root), *a], capture_output=True, text=True, check=True
-            ).stdout.strip()
-
-        return git("rev-parse", "HEAD") if Path(git("rev-parse", "--show-toplevel")).resolve() == root else "unknown"
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def time_length(pipe, frames: int, chunk: int, shape: list[int], reps: int, device: torch.device) -> dict:
     """One warm-up and ``reps`` timed generations of ``frames`` latent frames."""
-    cuda = device.type == "cuda"
     noise = torch.randn(
         [1, frames, *shape],
         device=device,
@@ -344,37 +179,16 @@ def time_length(pipe, frames: int, chunk: int, shape: list[int], reps: int, devi
         generator=torch.Generator(device=device).manual_seed(0),
     )
     prompts = [["a random-weight benchmark prompt"] * (frames // chunk)]  # one prompt block a chunk
-    seconds, peak, first, latents = [], 0, None, None
-    for rep in range(reps + 1):
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            torch.cuda.synchronize()
-        began = time.perf_counter()
-        with torch.inference_mode(), contextlib.redirect_stdout(sys.stderr):
-            latents = pipe.inference(noise=noise, text_prompts=prompts, return_latents=True)
-        if cuda:
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - began
-        if rep == 0:
-            first = elapsed
-            continue
-        seconds.append(elapsed)
-        if cuda:
-            peak = max(peak, torch.cuda.max_memory_allocated())
-    median = statistics.median(seconds)
+    timed = time_generations(
+        lambda: pipe.inference(noise=noise, text_prompts=prompts, return_latents=True), reps, device
+    )
+    median = timed["seconds_median"]
     return {
         "latent_frames": frames,
         "chunks": frames // chunk,
-        "seconds_median": median,
-        "seconds_min": min(seconds),
-        "seconds_max": max(seconds),
-        "first_run_seconds": first,
+        **timed,
         "video_fps": (4 * frames - 3) / median,
         "ms_per_chunk": 1000 * median / (frames // chunk),
-        "peak_gib": peak / GiB if cuda else None,
-        "latents_shape": list(latents.shape),
-        "latents_finite": bool(torch.isfinite(latents).all()),
     }
 
 
@@ -420,13 +234,12 @@ def main() -> int:
         )
         shims.append("wan_default_config sizes set to the tiny model (quick)")
     # umT5's output: 512 x 4096 rows, padding rows zeroed (a short prompt: 24 tokens).
-    text_dim = model_config.get("text_dim", 4096)
-    generator = torch.Generator(device=device).manual_seed(1)
-    context = torch.randn(1, context_len, text_dim, device=device, generator=generator).to(torch.bfloat16)
-    context[:, 24:] = 0
+    context = umt5_context(24, context_len, model_config.get("text_dim", 4096), device)
 
     began = time.perf_counter()
-    with random_weights(model_config, str(device), seed=0), contextlib.redirect_stdout(sys.stderr):
+    from wan_5b.modules.causal_model import CausalWanModel
+
+    with random_weights(CausalWanModel, model_config, str(device), seed=0), contextlib.redirect_stdout(sys.stderr):
         pipe = CausalDiffusionInferencePipeline(
             config, device=device, text_encoder=FixedTextEncoder(context), vae=torch.nn.Module()
         )

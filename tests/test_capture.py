@@ -454,6 +454,7 @@ def test_two_extraction_jobs_with_different_kernels_in_one_process(tmp_path, mon
             "attention_kernel": "sdpa",  # the CPU's
             "cuda_graphs": True,
             "video_exact": True,
+            "one_pass": False,  # FlashAttention-4's one pass is for CUDA
         }
     assert [settings.name for settings in seen] == ["reference", "fast"]
 

@@ -294,6 +294,7 @@ def test_an_extraction_job_by_the_frames_route_writes_nan_for_what_it_leaves_out
         "attention_kernel": "sdpa",  # the CPU's
         "cuda_graphs": True,
         "video_exact": False,
+        "one_pass": False,
     }
     frames = read_table(layer_file(tmp_path / "ext", 0))
     queries = read_table(layer_file(tmp_path / "ext", 0, "queries"))

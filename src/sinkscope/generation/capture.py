@@ -53,7 +53,8 @@ from sinkscope.stats.attention import (
     check_statistics,
     fused_route_applies,
 )
-from sinkscope.stats.segments import frame_attention, statistics_from_frames
+from sinkscope.stats.flash4_partials import flash4_attention_partials, one_pass_applies, statistics_from_partials
+from sinkscope.stats.segments import frame_attention, keep_statistics, statistics_from_frames
 from sinkscope.tokens import encode_token_tensors
 
 TOKEN_PROFILE_CHOICES = ("none", "last_block", "all")
@@ -169,6 +170,8 @@ class FrameStatsCapture:
         # Calls whose output came from the fused kernel or the frames route, not the model's own call.
         self.fused_calls = 0
         self.frame_calls = 0
+        # Exact-route calls whose statistics came from the attention call's own pass (FlashAttention-4).
+        self.one_pass_calls = 0
 
     @property
     def video_exact(self) -> bool:
@@ -210,7 +213,7 @@ class FrameStatsCapture:
                 queries, keys, values, layout.key_lengths, self.backend
             )
             frames = self.attention == "frames"
-            out, lse, frame_lse = None, None, None
+            out, lse, frame_lse, partials = None, None, None, None
             edited = {}
             if frame_bias is not None:
                 # An edited call (sinkscope.model.generation_edits): the attention the model really uses,
@@ -227,6 +230,16 @@ class FrameStatsCapture:
                     queries, keys, values, layout.key_lengths, kernel=kernels.attention_kernel
                 )
                 out = merged[None]
+            elif one_pass_applies(
+                queries, keys, values, layout.key_lengths, self.statistics, kernels.attention_kernel, self.backend
+            ):
+                # The model's own call (FlashAttention-4's, bit for bit) and every key frame's
+                # partials in the same pass.
+                self.one_pass_calls += 1
+                out, partials = flash4_attention_partials(
+                    queries, keys, values, layout.key_lengths, queries.shape[-1] ** -0.5, split=kernels.key_split
+                )
+                out = out[None]
             else:
                 # The model's own call, as the uncaptured layer runs it: the output does not
                 # depend on whether (or how) the statistics are computed.
@@ -277,6 +290,18 @@ class FrameStatsCapture:
                         **statistics_args,
                     )
                     outs.append(part_out)
+                elif partials is not None:
+                    stats = statistics_from_partials(
+                        queries[:, rows],
+                        keys,
+                        tuple(x[:, rows] for x in partials),
+                        self.frame_seq_length,
+                        len(part_layout.query_frames),
+                        layout.key_lengths,
+                        queries.shape[-1] ** -0.5,
+                        token_profiles=self._wants_tokens(part),
+                    )
+                    stats = keep_statistics(stats, self.statistics)
                 else:
                     stats = attention_statistics(
                         queries[:, rows], keys, lse=None if lse is None else lse[0, :, rows], **statistics_args

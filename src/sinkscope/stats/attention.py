@@ -300,14 +300,17 @@ def attention_with_statistics(
     By default (the ``exact`` route) the output is the model's own cached call
     (``sinkscope.attention.split.cached_attention``, the keys split as ``key_split`` says,
     ``attention_kernel`` its kernel: ``KernelSettings.key_split`` and ``attention_kernel``),
-    bit for bit on every device and dtype, and the statistics come after it from q and k (on
-    CUDA given each query's log-sum-exp, which FlashAttention-4 and cuDNN return with the
-    output: ``frame_partials_given_lse_kernel``; elsewhere the
-    chunked reference, which recomputes the scores). With ``fused`` (config ``capture.attention: fused``) where
-    ``fused_route_applies``: ``attention_frame_partials_tma_kernel``, a flash-attention
-    forward in Triton that keeps every frame's partials as it goes, then
-    ``frame_statistics_combine_kernel`` (``attention_statistics_tma``): one pass,
-    the output SDPA's within bf16 rounding. docs/performance.md compares them.
+    bit for bit on every device and dtype. Where that call is FlashAttention-4's on a Hopper
+    GPU (``flash4_partials.one_pass_applies``), the same kernel, compiled with a softmax
+    that keeps every key frame's partials, gives the output (the model's call's, bit for bit)
+    and the statistics in one pass (``flash4_attention_partials``); elsewhere the statistics
+    come after the call from q and k (on CUDA given each query's log-sum-exp, which
+    FlashAttention-4 and cuDNN return with the output: ``frame_partials_given_lse_kernel``;
+    elsewhere the chunked reference, which recomputes the scores). With ``fused`` (config
+    ``capture.attention: fused``) where ``fused_route_applies``:
+    ``attention_frame_partials_tma_kernel``, a flash-attention forward in Triton that keeps
+    every frame's partials as it goes, then ``frame_statistics_combine_kernel``
+    (``attention_statistics_tma``): one pass, the output SDPA's within bf16 rounding. docs/performance.md compares them.
 
     ``frame_bias`` (an edited call, as :func:`attention_statistics` takes it): always the
     exact route, the output and log-sum-exp of ``sinkscope.attention.biased.edited_attention``
@@ -373,6 +376,20 @@ def attention_with_statistics(
             q, k, v, frame_seq_length, len(query_frames), lengths, q.shape[-1] ** -0.5, token_profiles=token_profiles
         )
         return out, keep_statistics(stats, statistics)
+    if q.is_cuda:
+        from sinkscope.stats.flash4_partials import (
+            flash4_attention_partials,
+            one_pass_applies,
+            statistics_from_partials,
+        )
+
+        if one_pass_applies(q, k, v, lengths, statistics, attention_kernel, backend):
+            scale = q.shape[-1] ** -0.5
+            out, partials = flash4_attention_partials(q, k, v, lengths, scale, split=key_split)
+            stats = statistics_from_partials(
+                q, k, partials, frame_seq_length, len(query_frames), lengths, scale, token_profiles=token_profiles
+            )
+            return out, keep_statistics(stats, statistics)
     out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=key_split, kernel=attention_kernel)
     stats = attention_statistics(
         q,

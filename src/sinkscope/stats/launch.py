@@ -435,7 +435,8 @@ def _combine_fused(
     profile_config: dict | None,
 ) -> CallStatistics:
     """Every statistic from the partials (m, g, l, w) of the one pass over the keys
-    (``attention_frame_partials_kernel`` or its TMA form), each [H, Lq, num_k]:
+    (``attention_frame_partials_kernel``, its TMA form or ``flash4_attention_partials``),
+    each [H, Lq, num_k] (any strides, the four alike):
     per frame its max m, and the running max g that its sums l = sum 2^(t - g) and w = sum
     2^(t - g) t refer to; logit_mean by factorization from the key frames' sums
     (``key_sums``, [H, num_k, D] fp32) and lengths (``key_lengths``, fp32). ``frame_statistics_combine_kernel``
@@ -466,6 +467,7 @@ def _combine_fused(
         lse2,
         q.stride(0),
         q.stride(1),
+        *m.stride(),
         frame_seq_length,
         num_q,
         num_queries,

@@ -35,6 +35,9 @@ def frame_statistics_combine_kernel(
     lse_ptr,
     stride_qh,
     stride_ql,
+    stride_ph,
+    stride_pl,
+    stride_pf,
     frame_seq_length,
     num_query_frames,
     num_queries,
@@ -45,9 +48,10 @@ def frame_statistics_combine_kernel(
     F_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Every frame statistic from the one pass's partials, each [H, Lq, F] fp32
-    (per query and key frame: the frame's max m, the running max g that its l = sum 2^(t - g)
-    and w = sum 2^(t - g) t refer to). Per query, with G = max_f g_f and L = sum_f l_f 2^(g_f
+    """Every frame statistic from the one pass's partials, each [H, Lq, F] fp32 with strides
+    (``stride_ph``, ``stride_pl``, ``stride_pf``), the four alike (per query and key frame:
+    the frame's max m, the running max g that its l = sum 2^(t - g) and w = sum 2^(t - g) t
+    refer to). Per query, with G = max_f g_f and L = sum_f l_f 2^(g_f
     - G): mass_f = l_f 2^(g_f - G) / L, entropy = ln 2 (G + log2 L - sum_f w_f 2^(g_f - G) / L),
     the argmax frame = the lowest f of the largest m_f. Program (query frame, head, part)
     takes BLOCK_M of the frame's queries and stores their sums divided by the frame's size
@@ -64,8 +68,9 @@ def frame_statistics_combine_kernel(
     f_valid = offs_f < num_key_frames
     local = part * BLOCK_M + tl.arange(0, BLOCK_M)
     r_valid = local < frame_seq_length
-    rows = head * num_queries + query_frame * frame_seq_length + local
-    index = rows[:, None] * num_key_frames + offs_f[None, :]
+    queries = query_frame * frame_seq_length + local
+    rows = head * num_queries + queries
+    index = head * stride_ph + queries[:, None] * stride_pl + offs_f[None, :] * stride_pf
     valid = r_valid[:, None] & f_valid[None, :]
     m = tl.load(m_ptr + index, mask=valid, other=float("-inf"))
     g = tl.load(g_ptr + index, mask=valid, other=float("-inf"))
@@ -147,3 +152,50 @@ def segment_sums_kernel(
         ).to(tl.float32)
     out = ((part * tl.num_programs(1) + head) * num_segments + segment) * HEAD_DIM
     tl.store(out_ptr + out + offs_d, tl.sum(acc, 0), mask=d_valid)
+
+
+@triton.jit
+def part_partials_merge_kernel(
+    part_ptr,
+    out_ptr,
+    frame_ends_ptr,
+    stride_pk,
+    stride_pp,
+    stride_ph,
+    stride_pf,
+    stride_ok,
+    stride_oh,
+    stride_of,
+    num_parts,
+    part_length,
+    num_queries,
+    PARTS_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+):
+    """A key split's parts' frame partials merged (``flash4_attention_partials``): part_ptr
+    [4, parts, H, F, Lq] (m, g, l, w; queries at unit stride), out_ptr the same without the
+    parts. A part reaches a frame where their keys meet (part p holds keys [p, p + 1) x
+    ``part_length``); the others' entries are not read (never written). Per (frame, head,
+    query): m the reaching parts' max, g the largest of their references, l and w moved to it
+    (times 2^(g_p - g))."""
+    frame = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_q = tl.program_id(2) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    q_valid = offs_q < num_queries
+    start = tl.load(frame_ends_ptr + frame - 1, mask=frame > 0, other=0)
+    end = tl.load(frame_ends_ptr + frame)
+    parts = tl.arange(0, PARTS_PAD)
+    reaches = (parts < num_parts) & (start < (parts + 1) * part_length) & (end > parts * part_length)
+    valid = reaches[:, None] & q_valid[None, :]
+    index = parts[:, None] * stride_pp + head * stride_ph + frame * stride_pf + offs_q[None, :]
+    m = tl.load(part_ptr + index, mask=valid, other=float("-inf"))
+    g = tl.load(part_ptr + stride_pk + index, mask=valid, other=float("-inf"))
+    exp_sum = tl.load(part_ptr + 2 * stride_pk + index, mask=valid, other=0.0)
+    w = tl.load(part_ptr + 3 * stride_pk + index, mask=valid, other=0.0)
+    reference = tl.max(g, 0)
+    weight = tl.where(valid, tl.exp2(g - reference[None, :]), 0.0)
+    out = head * stride_oh + frame * stride_of + offs_q
+    tl.store(out_ptr + out, tl.max(m, 0), mask=q_valid)
+    tl.store(out_ptr + stride_ok + out, reference, mask=q_valid)
+    tl.store(out_ptr + 2 * stride_ok + out, tl.sum(exp_sum * weight, 0), mask=q_valid)
+    tl.store(out_ptr + 3 * stride_ok + out, tl.sum(w * weight, 0), mask=q_valid)

@@ -1,0 +1,121 @@
+"""FlashAttention-4 with every key frame's partials (``sinkscope.stats.flash4_partials``) against
+the model's own call and the other capture routes, at the 1.3B's last block and LongLive 2.0's
+last chunk (random bf16, the shapes of ``frame_route.py``).
+
+Per shape:
+
+- ``same_output_as_model_call``: the route's output and the model's call's
+  (``cached_attention``, FlashAttention-4 under the key split), compared bit for bit;
+- the statistics (every frame statistic, from the partials by ``launch._combine_fused``)
+  against the ``exact`` route's (the model's call, then the pass given its log-sum-exp): the
+  largest difference of each;
+- ms a call (``frame_route.py``'s ``queued``: 20 back to back; and ``alone``) of: the model's
+  call; the route (kernel, merge of the key split's parts, combine); its kernel and merges
+  alone (``partials_only``); both without the key split (``partials_unsplit``) against
+  FlashAttention-4's plain call (``flash4_unsplit``: the kernel's own cost), and the kernel
+  keeping only the sums of p and p (t - g) or nothing (``keeps``); the ``exact`` and
+  ``fused`` routes; each as a ratio to the model's call; ``_inexact``: the kernel whose output
+  comes from its own sums of p (``exact_output=False``), with its output's and statistics'
+  differences.
+
+Needs a Hopper GPU and ``flash-attn-4``. Writes ``results.json`` to ``--out``.
+
+    PYTHONPATH=src python benchmarks/flash4_partials.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from frame_route import SHAPES, add_ratios, recorder, shape_inputs  # noqa: E402
+
+from report import error_entry, write_results  # noqa: E402
+from sinkscope.attention.flash4 import flash4_attention_with_lse  # noqa: E402
+from sinkscope.attention.split import cached_attention  # noqa: E402
+from sinkscope.stats.attention import attention_with_statistics  # noqa: E402
+from sinkscope.stats.flash4_partials import flash4_attention_partials, statistics_from_partials  # noqa: E402
+
+
+def route(q, k, v, lengths, fsl, num_q, scale, exact_output=True):
+    out, partials = flash4_attention_partials(q, k, v, lengths, scale, exact_output=exact_output)
+    return out, statistics_from_partials(q, k, partials, fsl, num_q, lengths, scale)
+
+
+def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
+    fsl, num_q = shape["fsl"], shape["num_q"]
+    (q4, k4, v4), (q, k, v), lengths, layout = shape_inputs(shape)
+    scale = 128**-0.5
+    entry: dict = {"shape": shape}
+    results[name] = entry
+    began = time.perf_counter()
+    out_route, stats_route = route(q, k, v, lengths, fsl, num_q, scale)
+    torch.cuda.synchronize()
+    entry["first_call_seconds"] = round(time.perf_counter() - began, 3)
+    out_model, _ = cached_attention(q4, k4, v4)
+    out_exact, stats_exact = attention_with_statistics(q, k, v, **layout)
+    entry["same_output_as_model_call"] = bool(torch.equal(out_route, out_model[0]))
+    entry["output_max_diff_vs_model_call"] = (out_route.float() - out_model[0].float()).abs().max().item()
+    entry["statistics_max_diff_vs_exact"] = {
+        name_: (getattr(stats_route, name_) - getattr(stats_exact, name_)).abs().max().item()
+        for name_ in ("logit_mean", "prob_mass", "argmax_share", "entropy")
+    }
+    entry["prob_mass_sum_max_error"] = (stats_route.prob_mass.sum(-1) - 1).abs().max().item()
+    out_inexact, stats_inexact = route(q, k, v, lengths, fsl, num_q, scale, exact_output=False)
+    entry["inexact_output_max_diff_vs_model_call"] = (out_inexact.float() - out_model[0].float()).abs().max().item()
+    entry["inexact_statistics_max_diff_vs_exact"] = {
+        name_: (getattr(stats_inexact, name_) - getattr(stats_exact, name_)).abs().max().item()
+        for name_ in ("logit_mean", "prob_mass", "argmax_share", "entropy")
+    }
+    unsplit, _ = flash4_attention_partials(q, k, v, lengths, scale, split=False)
+    plain, _ = flash4_attention_with_lse(*(x.transpose(1, 2) for x in (q4, k4, v4)), scale)
+    entry["unsplit_same_output_as_flash4"] = bool(torch.equal(unsplit, plain[0].transpose(0, 1)))
+    write_results(results, out, partial=True)
+
+    record = recorder(name, entry, results, out)
+    record("model_call", lambda: cached_attention(q4, k4, v4))
+    record("flash4_partials_route", lambda: route(q, k, v, lengths, fsl, num_q, scale))
+    record("partials_only", lambda: flash4_attention_partials(q, k, v, lengths, scale))
+    record("flash4_partials_route_inexact", lambda: route(q, k, v, lengths, fsl, num_q, scale, exact_output=False))
+    record(
+        "partials_unsplit_inexact",
+        lambda: flash4_attention_partials(q, k, v, lengths, scale, split=False, exact_output=False),
+    )
+    record("flash4_unsplit", lambda: flash4_attention_with_lse(*(x.transpose(1, 2) for x in (q4, k4, v4)), scale))
+    record("partials_unsplit", lambda: flash4_attention_partials(q, k, v, lengths, scale, split=False))
+    for keeps in ("sums", "nothing"):  # the kernel keeping less: what each part of its work costs
+        record(
+            f"partials_unsplit_keeps_{keeps}",
+            lambda keeps=keeps: flash4_attention_partials(q, k, v, lengths, scale, split=False, keeps=keeps),
+        )
+    record("exact", lambda: attention_with_statistics(q, k, v, **layout))
+    record("fused_triton", lambda: attention_with_statistics(q, k, v, fused=True, **layout))
+    add_ratios(entry)
+    write_results(results, out, partial=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    args = parser.parse_args()
+    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for name in args.shapes.split(","):
+        try:
+            measure_shape(name, SHAPES[name], results, args.out)
+        except Exception as error:  # noqa: BLE001
+            results[f"{name}_failed"] = error_entry(error)
+            print(name, "failed", results[f"{name}_failed"]["traceback"], flush=True)
+        torch.cuda.empty_cache()
+    return write_results(results, args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
