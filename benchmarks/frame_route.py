@@ -191,6 +191,7 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
     record("model_call", lambda: cached_attention(q4, k4, v4))
     record("exact", lambda: attention_with_statistics(q, k, v, **layout))
     record("exact_logit_mean", lambda: attention_with_statistics(q, k, v, statistics=["logit_mean"], **layout))
+    # `fused` as a job runs it: FlashAttention-4's one pass where it applies, else the Triton kernel.
     record("fused", lambda: attention_with_statistics(q, k, v, fused=True, **layout))
     record("frames", lambda: attention_with_statistics(q, k, v, frames=True, statistics=FRAMES_STATISTICS, **layout))
     shared = q[None].expand(num_k, heads, num_q * fsl, 128)

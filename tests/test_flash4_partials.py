@@ -134,3 +134,41 @@ def test_a_generation_captured_in_one_pass_is_the_uncaptured_one():
         captured = generate(model, context, options=options, seed=3, observers=[recorder]).latents
     assert recorder.one_pass_calls > 0 and recorder.video_exact
     assert torch.equal(captured, uncaptured)
+
+
+def test_fused_and_exact_take_the_one_pass_where_it_applies(monkeypatch):
+    """Where the one pass applies (on a Hopper GPU; here made to, with CPU stand-ins of its
+    two functions: the model's own call and the statistics after it), both routes take it:
+    the Triton kernel is never asked for and the video stays the uncaptured one."""
+    from test_capture import _small_video
+
+    import sinkscope.generation.capture as capture_module
+    from sinkscope.attention.split import cached_attention
+    from sinkscope.stats.attention import attention_statistics
+
+    def one_pass(q, k, v, key_lengths, scale, *, split=True):
+        out, _ = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=split)
+        return out[0], tuple(torch.zeros(q.shape[0], q.shape[1], len(key_lengths)) for _ in range(4))
+
+    def statistics(q, k, partials, fsl, num_q, key_lengths, scale, *, token_profiles=False):
+        assert all(x.shape[1] == q.shape[1] for x in partials)  # the part's rows of the partials
+        frames = list(range(len(key_lengths)))
+        return attention_statistics(
+            q,
+            k,
+            frame_seq_length=fsl,
+            query_frames=list(range(num_q)),
+            key_frames=frames,
+            key_lengths=key_lengths,
+            token_profiles=token_profiles,
+        )
+
+    monkeypatch.setattr(capture_module, "one_pass_applies", lambda *args: True)
+    monkeypatch.setattr(capture_module, "flash4_attention_partials", one_pass)
+    monkeypatch.setattr(capture_module, "statistics_from_partials", statistics)
+    monkeypatch.setattr(capture_module, "fused_route_applies", lambda *args: pytest.fail("the Triton kernel was asked"))
+    plain = _small_video(torch.float32, "global")[0]
+    for fused in (False, True):
+        captured, capture = _small_video(torch.float32, "global", (0, 2), fused=fused)
+        assert captured == plain and capture.video_exact and capture.fused_calls == 0
+        assert capture.one_pass_calls == len(capture.records) > 0  # one record a call here

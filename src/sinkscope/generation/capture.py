@@ -209,10 +209,22 @@ class FrameStatsCapture:
                 raise ValueError(f"capture expects batch size 1, got {q.shape[0]}")
             queries, keys, values = (x[0].transpose(0, 1) for x in (q, k, v))
             kernels = self.model.kernels
-            fused = self.fused_attention and fused_route_applies(
-                queries, keys, values, layout.key_lengths, self.backend
-            )
             frames = self.attention == "frames"
+            # Where the attention call's own pass gives every statistic (FlashAttention-4 on
+            # Hopper), the exact route and `fused` both take it: it is faster than the Triton
+            # kernel and leaves the output the model's call's.
+            one_pass = (
+                frame_bias is None
+                and not frames
+                and one_pass_applies(
+                    queries, keys, values, layout.key_lengths, self.statistics, kernels.attention_kernel, self.backend
+                )
+            )
+            fused = (
+                self.fused_attention
+                and not one_pass
+                and fused_route_applies(queries, keys, values, layout.key_lengths, self.backend)
+            )
             out, lse, frame_lse, partials = None, None, None, None
             edited = {}
             if frame_bias is not None:
@@ -230,9 +242,7 @@ class FrameStatsCapture:
                     queries, keys, values, layout.key_lengths, kernel=kernels.attention_kernel
                 )
                 out = merged[None]
-            elif one_pass_applies(
-                queries, keys, values, layout.key_lengths, self.statistics, kernels.attention_kernel, self.backend
-            ):
+            elif one_pass:
                 # The model's own call (FlashAttention-4's, bit for bit) and every key frame's
                 # partials in the same pass.
                 self.one_pass_calls += 1

@@ -303,7 +303,8 @@ def attention_with_statistics(
     bit for bit on every device and dtype. Where that call is FlashAttention-4's on a Hopper
     GPU (``flash4_partials.one_pass_applies``), the same kernel, compiled with a softmax
     that keeps every key frame's partials, gives the output (the model's call's, bit for bit)
-    and the statistics in one pass (``flash4_attention_partials``); elsewhere the statistics
+    and the statistics in one pass (``flash4_attention_partials``; ``fused`` takes it too where
+    it applies); elsewhere the statistics
     come after the call from q and k (on CUDA given each query's log-sum-exp, which
     FlashAttention-4 and cuDNN return with the output: ``frame_partials_given_lse_kernel``;
     elsewhere the chunked reference, which recomputes the scores). With ``fused`` (config
@@ -369,13 +370,8 @@ def attention_with_statistics(
             token_profiles=token_profiles,
         )
         return out, stats
-    if fused and fused_route_applies(q, k, v, lengths, backend):
-        from sinkscope.stats.launch import attention_statistics_tma
-
-        out, stats = attention_statistics_tma(
-            q, k, v, frame_seq_length, len(query_frames), lengths, q.shape[-1] ** -0.5, token_profiles=token_profiles
-        )
-        return out, keep_statistics(stats, statistics)
+    # The attention call's own pass, where it gives every statistic: for `fused` as well
+    # (faster than the Triton kernel, and the output stays the model's call's).
     if q.is_cuda:
         from sinkscope.stats.flash4_partials import (
             flash4_attention_partials,
@@ -390,6 +386,13 @@ def attention_with_statistics(
                 q, k, partials, frame_seq_length, len(query_frames), lengths, scale, token_profiles=token_profiles
             )
             return out, keep_statistics(stats, statistics)
+    if fused and fused_route_applies(q, k, v, lengths, backend):
+        from sinkscope.stats.launch import attention_statistics_tma
+
+        out, stats = attention_statistics_tma(
+            q, k, v, frame_seq_length, len(query_frames), lengths, q.shape[-1] ** -0.5, token_profiles=token_profiles
+        )
+        return out, keep_statistics(stats, statistics)
     out, lse = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=key_split, kernel=attention_kernel)
     stats = attention_statistics(
         q,
