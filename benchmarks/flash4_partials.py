@@ -4,19 +4,19 @@ last chunk (random bf16, the shapes of ``frame_route.py``).
 
 Per shape:
 
-- ``same_output_as_model_call``: the route's output and the model's call's
+- ``same_output_as_model_call``: the one pass's output and the model's call's
   (``cached_attention``, FlashAttention-4 under the key split), compared bit for bit;
-- the statistics (every frame statistic, from the partials by ``launch._combine_fused``)
-  against the ``exact`` route's (the model's call, then the pass given its log-sum-exp): the
-  largest difference of each;
+- the statistics (every frame statistic, from the partials) against the statistics after the
+  model's call given its log-sum-exp (the ``exact`` route where the one pass does not apply):
+  the largest difference of each;
 - ms a call (``frame_route.py``'s ``queued``: 20 back to back; and ``alone``) of: the model's
-  call; the route (kernel, merge of the key split's parts, combine); its kernel and merges
-  alone (``partials_only``); both without the key split (``partials_unsplit``) against
-  FlashAttention-4's plain call (``flash4_unsplit``: the kernel's own cost), and the kernel
-  keeping only the sums of p and p (t - g) or nothing (``keeps``); the ``exact`` and
-  ``fused`` routes; each as a ratio to the model's call; ``_inexact``: the kernel whose output
-  comes from its own sums of p (``exact_output=False``), with its output's and statistics'
-  differences.
+  call; the one pass with its combine (``flash4_partials_route``); its kernel and merges alone
+  (``partials_only``); both without the key split (``partials_unsplit``) against
+  FlashAttention-4's plain call (``flash4_unsplit``), and the kernel keeping only the sums of p
+  and p (t - g) or nothing (``keeps``); the ``exact`` route as a job runs it (the one pass where
+  it applies); the Triton one-pass kernel (``fused_triton``, ``attention_statistics_tma``); each
+  as a ratio to the model's call; ``_inexact``: the kernel whose output comes from its own sums
+  of p (``exact_output=False``), with its output's and statistics' differences.
 
 Needs a Hopper GPU and ``flash-attn-4``. Writes ``results.json`` to ``--out``.
 
@@ -40,7 +40,7 @@ from frame_route import SHAPES, add_ratios, recorder, shape_inputs  # noqa: E402
 from report import error_entry, write_results  # noqa: E402
 from sinkscope.attention.flash4 import flash4_attention_with_lse  # noqa: E402
 from sinkscope.attention.split import cached_attention  # noqa: E402
-from sinkscope.stats.attention import attention_with_statistics  # noqa: E402
+from sinkscope.stats.attention import attention_statistics, attention_with_statistics  # noqa: E402
 from sinkscope.stats.flash4_partials import flash4_attention_partials, statistics_from_partials  # noqa: E402
 from sinkscope.stats.launch import attention_statistics_tma  # noqa: E402
 
@@ -61,7 +61,10 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
     torch.cuda.synchronize()
     entry["first_call_seconds"] = round(time.perf_counter() - began, 3)
     out_model, _ = cached_attention(q4, k4, v4)
-    out_exact, stats_exact = attention_with_statistics(q, k, v, **layout)
+    # The reference: the statistics after the model's call, given its log-sum-exp (the exact
+    # route's way where the one pass does not apply).
+    _, model_lse = cached_attention(q4, k4, v4)
+    stats_exact = attention_statistics(q, k, lse=model_lse[0], key_lengths=lengths, **layout)
     entry["same_output_as_model_call"] = bool(torch.equal(out_route, out_model[0]))
     entry["output_max_diff_vs_model_call"] = (out_route.float() - out_model[0].float()).abs().max().item()
     entry["statistics_max_diff_vs_exact"] = {

@@ -5,7 +5,8 @@ commit ``33593df3e81fa3ec10239271dd2c100facac6de1``, recorded in the
 output as ``upstream.commit``) with random bf16 weights at Wan2.1-T2V-1.3B's shape (30 layers,
 dim 1536, 12 heads, FFN 8960, 16 latent channels), their ``configs/self_forcing_dmd.yaml`` merged
 over ``configs/default_config.yaml`` as their ``inference.py`` merges them (blocks of 3 frames,
-the 4 warped steps 1000/750/500/250, shift 5, the clean context pass at t = 0) and 480x832 video
+the steps 1000/750/500/250 warped by the shift of 5 to 1000/937.5/833.3/625, the clean context
+pass at t = 0) and 480x832 video
 (60x104 latents, 1560 tokens a frame, 21 latent frames = 81 video frames). Eager, as their
 ``inference.py`` runs it. It is the counterpart of ``gpu_benchmark.py --sections generation``,
 which times sinkscope's generation of the same shape: run both in one GPU call to compare.

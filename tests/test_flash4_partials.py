@@ -59,11 +59,27 @@ def test_the_key_split_parts_merge_as_torch_merges_them(tmp_path):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_the_one_pass_is_for_cuda_calls_that_need_the_scores():
-    q = torch.randn(2, 256, 128, dtype=torch.bfloat16)
-    assert not one_pass_applies(q, q, q, [128, 128], ["prob_mass"], "auto")  # off CUDA
-    assert not one_pass_applies(q, q, q, [128, 128], ["logit_mean"], "auto")  # no score needed
-    assert not one_pass_applies(q, q, q, [128, 128], ["entropy"], "auto", backend="torch")
+def test_the_one_pass_is_for_cuda_calls_that_need_the_scores(monkeypatch):
+    """Each condition alone keeps the one pass off: a CPU call, logit_mean alone (cheaper by
+    factorization), the torch backend, a model call that is not FlashAttention-4's, a call the
+    kernel does not fit."""
+    from types import SimpleNamespace
+
+    from sinkscope.stats import flash4_partials
+
+    cpu = torch.randn(2, 256, 128, dtype=torch.bfloat16)
+    assert not one_pass_applies(cpu, cpu, cpu, [128, 128], ["prob_mass"], "auto")
+    cuda = SimpleNamespace(is_cuda=True)  # the rest decided by the two checks below
+    runs_flash4, fits = [True], [True]
+    monkeypatch.setattr(flash4_partials, "uses_flash4", lambda *args: runs_flash4[0])
+    monkeypatch.setattr(flash4_partials, "flash4_partials_fit", lambda *args: fits[0])
+    assert one_pass_applies(cuda, cuda, cuda, [128, 128], ["prob_mass"], "auto")
+    assert not one_pass_applies(cuda, cuda, cuda, [128, 128], ["logit_mean"], "auto")
+    assert not one_pass_applies(cuda, cuda, cuda, [128, 128], ["entropy"], "auto", backend="torch")
+    runs_flash4[0] = False
+    assert not one_pass_applies(cuda, cuda, cuda, [128, 128], ["entropy"], "cudnn")
+    runs_flash4[0], fits[0] = True, False
+    assert not one_pass_applies(cuda, cuda, cuda, [96, 128], ["entropy"], "auto")
 
 
 def needs_flash4_gpu(test):

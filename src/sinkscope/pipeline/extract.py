@@ -583,9 +583,9 @@ class _Run:
                 ),
                 "cuda_graphs": kernels.cuda_graphs,
                 "video_exact": recorder.video_exact,
-                # Whether exact-route statistics came from the attention call's own pass
-                # (FlashAttention-4 with every frame's partials; the same statistics to float32
-                # rounding as the pass after the call).
+                # Whether some call's statistics came from the attention call's own pass
+                # (exact or fused: FlashAttention-4 with every frame's partials; the same
+                # statistics to float32 rounding as the pass after the call).
                 "one_pass": recorder.one_pass_calls > 0,
             },
         }

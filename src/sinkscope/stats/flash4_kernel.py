@@ -82,7 +82,8 @@ def _writes(work, r: int):
 
 def _write_partials(work, r: int, frame, m_raw, g, scale_log2, l_quad, w_quad) -> None:
     """Row r's partials of one frame: m, g, l (summed over the row's four threads already) and
-    w, the sum of p t (the same; 0 but for the part's last frame, which holds the row's)."""
+    w, the sum of p t (the same; 0 but for the part's first frame in key order, the last one
+    visited, which holds the row's)."""
     out, row = work.partials, work.rows[r]
     out[0, work.batch, work.head, frame, row] = m_raw * scale_log2
     out[1, work.batch, work.head, frame, row] = g
@@ -99,7 +100,8 @@ def _frame_start(frame_ends, frame):
 class FrameSoftmax(Softmax):
     """FlashAttention's online softmax plus, per row, the open key frame's partials and the
     row's sum of p (t - g) (entropy needs it for the row, not per frame: it is written with
-    the part's last frame, whose reference is the final running max)."""
+    the part's first frame in key order, the last one visited, whose reference is the final
+    running max)."""
 
     open_l: cute.Tensor = None  # this thread's sum of 2^(t - g) over the open frame
     open_m: cute.Tensor = None  # the open frame's max of the raw scores (the row's four threads')

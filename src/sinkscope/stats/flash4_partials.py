@@ -5,13 +5,13 @@ forward with a softmax that keeps them (``sinkscope.stats.flash4_kernel``, devic
 ``launch.tma_attention`` returns, the output and per (head, query, key frame) the partials
 ``launch._combine_fused`` turns into every frame statistic: m, the frame's max of the base-2
 scores t = q.k * scale * log2(e); g, the running max its sums refer to; l = sum over the frame
-of 2^(t - g); w = sum 2^(t - g) t (here the row's whole sum, kept with the part's first frame:
-the combine only adds the frames' w). The call runs as the model's own call runs
-(``sinkscope.attention.split.key_split``'s plan: a head of query tiles over every key, the
-rest over equal parts of the keys, merged by their log-sum-exps), with the same kernel
-configuration as FlashAttention-4's own call, so the output is the model's call's to the bit
-(``tests/test_flash4_partials.py``, on the GPU); the parts' partials are merged here by the
-same rule (``merge_part_partials``).
+of 2^(t - g); w = sum 2^(t - g) t (here the row's whole sum, kept with the part's first frame
+in key order, the last one the kernel visits: the combine only adds the frames' w). The call
+runs as the model's own call runs (``sinkscope.attention.split.key_split``'s plan: a head
+of query tiles over every key, the rest over equal parts of the keys, merged by their
+log-sum-exps), with the same kernel configuration as FlashAttention-4's own call, so the
+output is the model's call's to the bit (``tests/test_flash4_partials.py``, on the GPU); the
+parts' partials are merged here by the same rule (``merge_part_partials``).
 
 What the kernel adds to FlashAttention-4's softmax step, per score: an add (the sum of p) and
 a fused multiply-add (the sum of p (t - g)); per row and key tile, the open frame's running
@@ -19,17 +19,21 @@ sum and max. A frame that starts inside a key tile (frames are at least a tile l
 most one does; about one tile in ten) has its sums and maxima below and above its first key
 taken by the kernel's hook before the step, and a frame closed by a tile is written by the
 next tile's hook, so that the step itself has no branch. On an H200 the one pass costs
-1.25x FlashAttention-4's plain kernel (keeping the sums alone: 1.06x); docs/performance.md.
+1.25x FlashAttention-4's plain kernel without the key split, where the same subclass keeping
+nothing costs 0.99x-1.07x and keeping only the sums 1.06x-1.07x; docs/performance.md.
 
 Where it runs (``flash4_partials_fit``): CUDA devices of compute capability 9.x with
 ``flash-attn-4`` installed, fp16 / bf16, head size 128 (the tile FlashAttention-4 compiles for
 it), every key frame at least a key tile (128 keys) long. The kernel is compiled once a
-process per kind of call (about 2 s each on an H200: a generation's first captured call).
+process per kind of call (a key split's head and parts are two kinds): on an H200 a
+benchmark's first call, with FlashAttention-4's and the Triton kernels' own first compiles,
+took 14-20 s, and a process's first captured generation 24 s against 14 s uncaptured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib.util import find_spec
 
 import torch
 
@@ -61,15 +65,17 @@ def one_pass_applies(
     attention_kernel: str,
     backend: str = "auto",
 ) -> bool:
-    """Whether the ``exact`` route takes this call's statistics from its attention call's own
-    pass (``flash4_attention_partials``): the model's call runs FlashAttention-4
-    (``attention_kernel``, ``uses_flash4``) and the kernel fits it, the statistics need the
-    scores (any besides logit_mean, which costs less by factorization), and ``backend`` is not
-    the torch reference. q, k, v are [H, L, D]."""
+    """Whether the ``exact`` route (and ``fused``) takes this call's statistics from its
+    attention call's own pass (``flash4_attention_partials``): the statistics need the scores
+    (any besides logit_mean, which costs less by factorization), the statistics backend is
+    Triton's (the merge and the combine are Triton kernels; ``auto`` on CUDA where Triton
+    runs), the model's call runs FlashAttention-4 (``attention_kernel``, ``uses_flash4``) and
+    the kernel fits it. q, k, v are [H, L, D]."""
     return (
-        backend != "torch"
-        and bool(set(statistics) - {"logit_mean"})
+        bool(set(statistics) - {"logit_mean"})
         and q.is_cuda
+        and backend != "torch"
+        and find_spec("triton") is not None
         and uses_flash4(attention_kernel, q, k, v)
         and flash4_partials_fit(q, k, v, key_lengths)
     )
@@ -98,8 +104,9 @@ def statistics_from_partials(
     return _combine_fused(q, k, partials, key_sums, lengths_float, frame_seq_length, num_q, scale, token_profiles, None)
 
 
-# Compiled kernels by (dtype, key parts, queries shared by the parts): a process's first call of
-# each kind compiles, for its tensors' layout (as FlashAttention-4 compiles its own calls).
+# Compiled kernels by (dtype, key parts, what it keeps, exact output, queries shared by the
+# parts): a process's first call of each kind compiles, for its tensors' layout (as
+# FlashAttention-4 compiles its own calls).
 _KERNELS: dict = {}
 
 
@@ -159,9 +166,11 @@ def _run(q, k, v, out, lse, partials, frame_ends, scale: float, parts: int, keep
 
     tensors = (q, k, v, out, lse, partials, frame_ends)
     key = (q.dtype, parts, keeps, exact_output, q.stride(0) == 0 and q.shape[0] > 1)
-    if key not in _KERNELS:
-        _KERNELS[key] = _compile(q.dtype, parts, keeps, exact_output, tensors, scale)
-    _KERNELS[key](q, k, v, out, lse, scale, *(None,) * 9, AuxData([partials, frame_ends], None), None, None)
+    # The launch goes to the current device's stream: a call on another GPU switches to it.
+    with torch.cuda.device(q.device):
+        if key not in _KERNELS:
+            _KERNELS[key] = _compile(q.dtype, parts, keeps, exact_output, tensors, scale)
+        _KERNELS[key](q, k, v, out, lse, scale, *(None,) * 9, AuxData([partials, frame_ends], None), None, None)
 
 
 def merge_part_partials(partials: torch.Tensor, out: torch.Tensor, frame_ends: torch.Tensor, part_length: int) -> None:
