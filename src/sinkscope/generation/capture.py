@@ -170,7 +170,7 @@ class FrameStatsCapture:
         # Calls whose output came from the fused kernel or the frames route, not the model's own call.
         self.fused_calls = 0
         self.frame_calls = 0
-        # Exact-route calls whose statistics came from the attention call's own pass (FlashAttention-4).
+        # Calls (exact or fused) whose statistics came from the attention call's own pass (FlashAttention-4).
         self.one_pass_calls = 0
 
     @property
