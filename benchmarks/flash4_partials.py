@@ -14,9 +14,10 @@ Per shape:
   (``partials_only``); both without the key split (``partials_unsplit``) against
   FlashAttention-4's plain call (``flash4_unsplit``), and the kernel keeping only the sums of p
   and p (t - g) or nothing (``keeps``); the ``exact`` route as a job runs it (the one pass where
-  it applies); the Triton one-pass kernel (``fused_triton``, ``attention_statistics_tma``); each
-  as a ratio to the model's call; ``_inexact``: the kernel whose output comes from its own sums
-  of p (``exact_output=False``), with its output's and statistics' differences.
+  it applies), and with every statistic but entropy (``exact_no_entropy``); the Triton one-pass
+  kernel (``fused_triton``, ``attention_statistics_tma``); each as a ratio to the model's call;
+  ``_inexact``: the kernel whose output comes from its own sums of p (``exact_output=False``),
+  with its output's and statistics' differences.
 
 Needs a Hopper GPU and ``flash-attn-4``. Writes ``results.json`` to ``--out``.
 
@@ -45,8 +46,8 @@ from sinkscope.stats.flash4_partials import flash4_attention_partials, statistic
 from sinkscope.stats.launch import attention_statistics_tma  # noqa: E402
 
 
-def route(q, k, v, lengths, fsl, num_q, scale, exact_output=True):
-    out, partials = flash4_attention_partials(q, k, v, lengths, scale, exact_output=exact_output)
+def route(q, k, v, lengths, fsl, num_q, scale, exact_output=True, entropy=True):
+    out, partials = flash4_attention_partials(q, k, v, lengths, scale, exact_output=exact_output, entropy=entropy)
     return out, statistics_from_partials(q, k, partials, fsl, num_q, lengths, scale)
 
 
@@ -99,6 +100,8 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
             lambda keeps=keeps: flash4_attention_partials(q, k, v, lengths, scale, split=False, keeps=keeps),
         )
     record("exact", lambda: attention_with_statistics(q, k, v, **layout))
+    no_entropy = ("logit_mean", "prob_mass", "argmax_share")  # the kernel keeps no sum of p t
+    record("exact_no_entropy", lambda: attention_with_statistics(q, k, v, statistics=no_entropy, **layout))
     # The Triton one-pass kernel itself (`fused` now takes FlashAttention-4's pass where it applies).
     record("fused_triton", lambda: attention_statistics_tma(q, k, v, fsl, num_q, lengths, scale))
     add_ratios(entry)

@@ -535,8 +535,11 @@ def random_context(tokens: int = 24, text_dim: int = 4096) -> torch.Tensor:
     return torch.randn(1, tokens, text_dim, device="cuda", generator=g)
 
 
-def time_generation(model, context, options, layers, reps, attention="exact", chosen=FRAME_STAT_NAMES):
-    """Median seconds over ``reps`` generations (after one warm-up), and the peak memory.
+def time_generation(
+    model, context, options, layers, reps, attention="exact", chosen=FRAME_STAT_NAMES, token_profiles="last_block"
+):
+    """Median seconds over ``reps`` generations (after one warm-up), and the peak memory
+    (``token_profiles``: ``capture.token_profiles``, a job's default ``last_block``).
 
     ``seconds_*`` count the generation and the rows' collection (``capture.to_frame``: the
     statistics to the host, one DataFrame); ``generation_seconds_median`` and
@@ -547,7 +550,12 @@ def time_generation(model, context, options, layers, reps, attention="exact", ch
         torch.cuda.empty_cache()
         if layers:
             with FrameStatsCapture(
-                model, layers, frame_seq_length=1560, attention=attention, statistics=chosen
+                model,
+                layers,
+                frame_seq_length=1560,
+                attention=attention,
+                statistics=chosen,
+                token_profiles=token_profiles,
             ) as capture:
                 result = generate(model, context, options=options, seed=0, observers=[capture])
                 began = time.perf_counter()
@@ -587,8 +595,9 @@ def section_generation(reps: int, compile_modes: list[str]) -> dict:
     model = random_real_model()
     context = random_context()
     results = {"weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GiB}
-    # Keys: label -> (layers, capture.attention, capture.statistics).
+    # Keys: label -> (layers, capture.attention, capture.statistics[, capture.token_profiles]).
     frames_only = ("logit_mean", "prob_mass")
+    no_entropy = ("logit_mean", "prob_mass", "argmax_share")
     captures = {
         "no capture": ([], "exact", FRAME_STAT_NAMES),
         "1 layer (layer 4)": ([4], "exact", FRAME_STAT_NAMES),
@@ -597,6 +606,9 @@ def section_generation(reps: int, compile_modes: list[str]) -> dict:
         "all 30 layers, fused": (list(range(30)), "fused", FRAME_STAT_NAMES),
         "all 30 layers, frames": (list(range(30)), "frames", frames_only),
         "all 30 layers, exact, logit_mean only": (list(range(30)), "exact", ("logit_mean",)),
+        "all 30 layers, exact, no entropy": (list(range(30)), "exact", no_entropy),
+        "all 30 layers, no token profiles": (list(range(30)), "exact", FRAME_STAT_NAMES, "none"),
+        "all 30 layers, exact, no entropy, no token profiles": (list(range(30)), "exact", no_entropy, "none"),
     }
     if only := os.environ.get("SINKSCOPE_BENCH_CAPTURES"):
         captures = {label: row for label, row in captures.items() if label in only.split(";")}
@@ -606,10 +618,10 @@ def section_generation(reps: int, compile_modes: list[str]) -> dict:
             began = time.perf_counter()
             model.compile_blocks(dynamic=False)
             results["compile_setup_seconds"] = time.perf_counter() - began
-        for label, (layers, attention, chosen) in captures.items():
+        for label, (layers, *capture_args) in captures.items():
             key = f"{mode}, {label}"
             try:
-                results[key], latents = time_generation(model, context, options, layers, reps, attention, chosen)
+                results[key], latents = time_generation(model, context, options, layers, reps, *capture_args)
             except Exception as error:  # noqa: BLE001 - report, keep going
                 results[key] = {
                     "error": f"{type(error).__name__}: {error}",

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_stats import brute_force_statistics
 
-from sinkscope.generation.capture import FrameStatsCapture
+from sinkscope.generation.capture import FRAME_STAT_NAMES, FrameStatsCapture
 from sinkscope.generation.common import FlowMatchSchedule
 from sinkscope.generation.sampler import generate
 from sinkscope.model import build_model
@@ -224,13 +224,21 @@ def _small_model(dtype: torch.dtype):
     return build_model(SMALL, seed=0, dtype=dtype)
 
 
-def _small_video(dtype: torch.dtype, setup: str, layers: tuple[int, ...] = (), fused: bool = False):
+def _small_video(
+    dtype: torch.dtype,
+    setup: str,
+    layers: tuple[int, ...] = (),
+    fused: bool = False,
+    statistics: tuple[str, ...] = FRAME_STAT_NAMES,
+):
     model = _small_model(dtype)
     context = torch.randn(1, 7, SMALL.text_dim, generator=torch.Generator().manual_seed(1))
     options = GenerationOptions.from_config(SMALL_OPTIONS[setup])
     if not layers:
         return latents_sha256(generate(model, context, options=options, seed=0).latents), None
-    capture = FrameStatsCapture(model, layers, frame_seq_length=24, token_profiles="all", fused_attention=fused)
+    capture = FrameStatsCapture(
+        model, layers, frame_seq_length=24, token_profiles="all", fused_attention=fused, statistics=statistics
+    )
     with capture:
         result = generate(model, context, options=options, seed=0, observers=[capture])
     assert len(capture.records) == len(layers) * options.num_calls

@@ -128,6 +128,21 @@ def test_the_output_is_the_model_calls_and_every_statistic_matches_float64(monke
     assert_matches(stats, reference, atol=2e-6, share_atol=1 / fsl + 1e-6)
 
 
+@needs_flash4_gpu
+def test_without_entropy_the_other_partials_and_the_output_are_the_same():
+    from sinkscope.stats import flash4_partials
+
+    key_lengths = [200, 128, 160, 290, 182]
+    q, k, v = _call(key_lengths)
+    scale = 128**-0.5
+    out, partials = flash4_partials.flash4_attention_partials(q, k, v, key_lengths, scale)
+    out_less, partials_less = flash4_partials.flash4_attention_partials(q, k, v, key_lengths, scale, entropy=False)
+    assert torch.equal(out_less, out)
+    for kept, full in zip(partials_less[:3], partials[:3]):  # m, g, l
+        assert torch.equal(kept, full)
+    assert not partials_less[3].any()  # w
+
+
 # frames of 128 tokens (16 x 32 latents), head size 128: the one pass takes every call.
 @needs_flash4_gpu
 def test_a_generation_captured_in_one_pass_is_the_uncaptured_one():
@@ -162,7 +177,10 @@ def test_fused_and_exact_take_the_one_pass_where_it_applies(monkeypatch):
     from sinkscope.attention.split import cached_attention
     from sinkscope.stats.attention import attention_statistics
 
-    def one_pass(q, k, v, key_lengths, scale, *, split=True):
+    asked_entropy = []
+
+    def one_pass(q, k, v, key_lengths, scale, *, split=True, entropy=True):
+        asked_entropy.append(entropy)
         out, _ = cached_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), split=split)
         return out[0], tuple(torch.zeros(q.shape[0], q.shape[1], len(key_lengths)) for _ in range(4))
 
@@ -188,3 +206,8 @@ def test_fused_and_exact_take_the_one_pass_where_it_applies(monkeypatch):
         captured, capture = _small_video(torch.float32, "global", (0, 2), fused=fused)
         assert captured == plain and capture.video_exact and capture.fused_calls == 0
         assert capture.one_pass_calls == len(capture.records) > 0  # one record a call here
+    assert set(asked_entropy) == {True}
+    # A study without entropy: the kernel keeps no sum of p t.
+    asked_entropy.clear()
+    _small_video(torch.float32, "global", (0, 2), statistics=("prob_mass", "argmax_share"))
+    assert asked_entropy and set(asked_entropy) == {False}

@@ -247,7 +247,13 @@ class FrameStatsCapture:
                 # partials in the same pass.
                 self.one_pass_calls += 1
                 out, partials = flash4_attention_partials(
-                    queries, keys, values, layout.key_lengths, queries.shape[-1] ** -0.5, split=kernels.key_split
+                    queries,
+                    keys,
+                    values,
+                    layout.key_lengths,
+                    queries.shape[-1] ** -0.5,
+                    split=kernels.key_split,
+                    entropy="entropy" in self.statistics,
                 )
                 out = out[None]
             else:

@@ -381,7 +381,9 @@ def attention_with_statistics(
 
         if one_pass_applies(q, k, v, lengths, statistics, attention_kernel, backend):
             scale = q.shape[-1] ** -0.5
-            out, partials = flash4_attention_partials(q, k, v, lengths, scale, split=key_split)
+            out, partials = flash4_attention_partials(
+                q, k, v, lengths, scale, split=key_split, entropy="entropy" in statistics
+            )
             stats = statistics_from_partials(
                 q, k, partials, frame_seq_length, len(query_frames), lengths, scale, token_profiles=token_profiles
             )

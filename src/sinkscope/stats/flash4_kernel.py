@@ -122,9 +122,13 @@ class FrameSoftmax(Softmax):
     # True: the running sum as the plain kernel adds it (its output to the bit); False: from
     # the tile's own sum of p (one add a score less; the output then differs in its roundings).
     exact_output: cutlass.Constexpr[bool] = True
+    # False: no sum of p (t - g) (entropy's; one fused multiply-add a score less), w written 0.
+    entropy: cutlass.Constexpr[bool] = True
 
     @staticmethod
-    def create_for(scale_log2, num_rows: int, keeps: str = "frames", exact_output: bool = True) -> FrameSoftmax:
+    def create_for(
+        scale_log2, num_rows: int, keeps: str = "frames", exact_output: bool = True, entropy: bool = True
+    ) -> FrameSoftmax:
         def rows():
             return cute.make_rmem_tensor(num_rows, Float32)
 
@@ -132,7 +136,7 @@ class FrameSoftmax(Softmax):
         where = cute.make_rmem_tensor(len(WORK_FIELDS) + num_rows, Int32)
         three = (cute.make_rmem_tensor(3 * num_rows, Float32), cute.make_rmem_tensor(3 * num_rows, Float32))
         state = (rows(), rows(), rows(), frame, where, *three)
-        return FrameSoftmax(scale_log2, num_rows, rows(), rows(), 80, None, *state, keeps, exact_output)
+        return FrameSoftmax(scale_log2, num_rows, rows(), rows(), 80, None, *state, keeps, exact_output, entropy)
 
     @cute.jit
     def open_at_top(self):
@@ -249,10 +253,11 @@ class FrameSoftmax(Softmax):
                 x = acc_S_mn[r, c] * scale_log2 - g
                 p = cute.math.exp2(x, fastmath=True)
                 acc_S_mn[r, c] = p
-                if const_expr(is_first):  # columns past the keys: x = -inf, p = 0
-                    x = 0.0 if x == -Float32.inf else x
                 sums[c % 2] += p
-                sums[2 + c % 2] += p * x
+                if const_expr(self.entropy):
+                    if const_expr(is_first):  # columns past the keys: x = -inf, p = 0
+                        x = 0.0 if x == -Float32.inf else x
+                    sums[2 + c % 2] += p * x
             tile_l = sums[0] + sums[1]
             tile_w = sums[2] + sums[3]
             probabilities = acc_S_mn[r, None].load()
@@ -266,10 +271,11 @@ class FrameSoftmax(Softmax):
                 self.open_m[r] = -Float32.inf
             else:
                 row_scale[r] = cute.math.exp2((row_max_prev - row_max_cur) * scale_log2, fastmath=True)
-                # The row's sum of p (t - g) moves to the new reference: t - g shifts by the
-                # change (nothing to move where every earlier key was masked).
-                shift = 0.0 if row_max_prev == -Float32.inf else (row_max_prev - row_max_cur) * scale_log2
-                self.row_w[r] = (self.row_w[r] + shift * row_sum[r]) * row_scale[r] + tile_w
+                if const_expr(self.entropy):
+                    # The row's sum of p (t - g) moves to the new reference: t - g shifts by the
+                    # change (nothing to move where every earlier key was masked).
+                    shift = 0.0 if row_max_prev == -Float32.inf else (row_max_prev - row_max_cur) * scale_log2
+                    self.row_w[r] = (self.row_w[r] + shift * row_sum[r]) * row_scale[r] + tile_w
                 if const_expr(self.exact_output):
                     row_sum[r] = fa_utils.fadd_reduce(probabilities, init_val=row_sum[r] * row_scale[r], arch=self.arch)
                 else:
@@ -318,7 +324,9 @@ class FrameSoftmax(Softmax):
             row_max_cur = 0.0 if row_max_cur == -Float32.inf else row_max_cur
             g = row_max_cur * self.scale_log2
             # sum p t = sum p (t - g) + g sum p, over the row (row_sum: this thread's part)
-            w = _quad_sum(self.row_w[r]) + g * _quad_sum(self.row_sum[r])
+            w = Float32(0.0)
+            if const_expr(self.entropy):
+                w = _quad_sum(self.row_w[r]) + g * _quad_sum(self.row_sum[r])
             open_l = _quad_sum(self.open_l[r])
             if _writes(work, r):
                 if reached:
@@ -342,13 +350,16 @@ class FrameStatsForwardSm90(flash_fwd_sm90.FlashAttentionForwardSm90):
     """The SM90 forward whose softmax keeps every key frame's partials (aux tensors: the
     partials [4, B, H, F, Lq] fp32 and the frames' ends [F] int32). ``parts``: the key split's
     parts in the batch (batch index = b * parts + part; each part ``seqlen_k`` keys); ``keeps``
-    (measurements) and ``exact_output``: as ``FrameSoftmax``'s."""
+    (measurements), ``exact_output`` and ``entropy``: as ``FrameSoftmax``'s."""
 
-    def __init__(self, *args, parts: int = 1, keeps: str = "frames", exact_output: bool = True, **kwargs):
+    def __init__(
+        self, *args, parts: int = 1, keeps: str = "frames", exact_output: bool = True, entropy: bool = True, **kwargs
+    ):
         super().__init__(*args, score_mod=_unused_score_mod, has_aux_tensors=True, **kwargs)
         self.parts = parts
         self.keeps = keeps
         self.exact_output = exact_output
+        self.entropy = entropy
 
     def mma(self, *args, **kwargs):
         kernel = self
@@ -359,7 +370,7 @@ class FrameStatsForwardSm90(flash_fwd_sm90.FlashAttentionForwardSm90):
                 # With a score_mod set the kernel passes log2(e) and the scale apart; the plain
                 # kernel's product, computed as it computes it (softmax_scale * LOG2_E):
                 _TRACE["softmax"] = FrameSoftmax.create_for(
-                    softmax_scale * LOG2E, num_rows, kernel.keeps, kernel.exact_output
+                    softmax_scale * LOG2E, num_rows, kernel.keeps, kernel.exact_output, kernel.entropy
                 )
                 return _TRACE["softmax"]
 

@@ -18,9 +18,12 @@ a fused multiply-add (the sum of p (t - g)); per row and key tile, the open fram
 sum and max. A frame that starts inside a key tile (frames are at least a tile long, so at
 most one does; about one tile in ten) has its sums and maxima below and above its first key
 taken by the kernel's hook before the step, and a frame closed by a tile is written by the
-next tile's hook, so that the step itself has no branch. On an H200 the one pass costs
-1.25x FlashAttention-4's plain kernel without the key split, where the same subclass keeping
-nothing costs 0.99x-1.07x and keeping only the sums 1.06x-1.07x; docs/performance.md.
+next tile's hook, so that the step itself has no branch. A study without entropy
+(``capture.statistics``) compiles the kernel without the sum of p (t - g) (``entropy=False``).
+On an H200 the one pass costs 1.25x FlashAttention-4's plain kernel without the key split,
+where the same subclass keeping nothing costs 0.99x-1.07x and keeping only the sums
+1.06x-1.07x; the route as a job runs it, 1.31x-1.36x the model's call, 1.24x-1.33x without
+entropy; docs/performance.md.
 
 Where it runs (``flash4_partials_fit``): CUDA devices of compute capability 9.x with
 ``flash-attn-4`` installed, fp16 / bf16, head size 128 (the tile FlashAttention-4 compiles for
@@ -104,13 +107,15 @@ def statistics_from_partials(
     return _combine_fused(q, k, partials, key_sums, lengths_float, frame_seq_length, num_q, scale, token_profiles, None)
 
 
-# Compiled kernels by (dtype, key parts, what it keeps, exact output, queries shared by the
-# parts): a process's first call of each kind compiles, for its tensors' layout (as
+# Compiled kernels by (dtype, key parts, what it keeps, exact output, entropy, queries shared by
+# the parts): a process's first call of each kind compiles, for its tensors' layout (as
 # FlashAttention-4 compiles its own calls).
 _KERNELS: dict = {}
 
 
-def _compile(dtype: torch.dtype, parts: int, keeps: str, exact_output: bool, tensors: tuple, scale: float):
+def _compile(
+    dtype: torch.dtype, parts: int, keeps: str, exact_output: bool, entropy: bool, tensors: tuple, scale: float
+):
     import cutlass
     import cutlass.cute as cute
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
@@ -137,6 +142,7 @@ def _compile(dtype: torch.dtype, parts: int, keeps: str, exact_output: bool, ten
         parts=parts,
         keeps=keeps,
         exact_output=exact_output,
+        entropy=entropy,
     )
     aux = AuxData(
         [
@@ -160,16 +166,17 @@ def _compile(dtype: torch.dtype, parts: int, keeps: str, exact_output: bool, ten
     )
 
 
-def _run(q, k, v, out, lse, partials, frame_ends, scale: float, parts: int, keeps: str, exact_output: bool) -> None:
-    """One launch over q [N, Lq, H, D] and k, v [N, Lk, H, D] (N = batch x parts)."""
+def _run(q, k, v, out, lse, partials, frame_ends, scale: float, parts: int, kind: tuple) -> None:
+    """One launch over q [N, Lq, H, D] and k, v [N, Lk, H, D] (N = batch x parts); ``kind``:
+    (keeps, exact_output, entropy), as ``flash4_attention_partials`` takes them."""
     from flash_attn.cute.utils import AuxData
 
     tensors = (q, k, v, out, lse, partials, frame_ends)
-    key = (q.dtype, parts, keeps, exact_output, q.stride(0) == 0 and q.shape[0] > 1)
+    key = (q.dtype, parts, *kind, q.stride(0) == 0 and q.shape[0] > 1)
     # The launch goes to the current device's stream: a call on another GPU switches to it.
     with torch.cuda.device(q.device):
         if key not in _KERNELS:
-            _KERNELS[key] = _compile(q.dtype, parts, keeps, exact_output, tensors, scale)
+            _KERNELS[key] = _compile(q.dtype, parts, *kind, tensors, scale)
         _KERNELS[key](q, k, v, out, lse, scale, *(None,) * 9, AuxData([partials, frame_ends], None), None, None)
 
 
@@ -211,6 +218,7 @@ def flash4_attention_partials(
     split: bool = True,
     exact_output: bool = True,
     keeps: str = "frames",
+    entropy: bool = True,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """(output [Lq, H, D], (m, g, l, w) each [H, Lq, F] fp32, views of [H, F, Lq] storage)
     of q, k, v [H, L, D] (views of the model's [1, L, H, D] tensors), the keys in frames of
@@ -218,7 +226,9 @@ def flash4_attention_partials(
     ``exact_output`` False: the output from the kernel's own sums of p (faster; within one
     rounding of the model's call, not bit for bit);
     ``keeps`` (measurements): ``"sums"`` or ``"nothing"`` compile the kernel keeping less
-    (``flash4_kernel.FrameSoftmax.keeps``), and the partials are then not the frames'."""
+    (``flash4_kernel.FrameSoftmax.keeps``), and the partials are then not the frames';
+    ``entropy`` False: w is not kept (written 0: the combine's entropy is then meaningless), one
+    fused multiply-add a score less."""
     from sinkscope.stats.launch import _frame_ends_on
 
     key_lengths = tuple(int(n) for n in key_lengths)
@@ -229,12 +239,13 @@ def flash4_attention_partials(
     out = torch.empty(num_q, heads, dim, dtype=q.dtype, device=q.device)
     # [4, H, F, Lq]: a warp's rows of one frame are written to consecutive addresses.
     partials = torch.empty(4, heads, frames, num_q, dtype=torch.float32, device=q.device)
+    kind = (keeps, exact_output, entropy)
     plan = key_split(q4, k4, split)
     head = plan.head if plan.parts > 1 else num_q
     if head:
         lse = torch.empty(1, heads, head, dtype=torch.float32, device=q.device)
         head_partials = partials[:, None, ..., :head]
-        _run(q4[:, :head], k4, v4, out[None, :head], lse, head_partials, frame_ends, scale, 1, keeps, exact_output)
+        _run(q4[:, :head], k4, v4, out[None, :head], lse, head_partials, frame_ends, scale, 1, kind)
     if head < num_q:
         parts, tail = plan.parts, num_q - head
         per_part = k.shape[1] // parts
@@ -243,7 +254,7 @@ def flash4_attention_partials(
         part_out = torch.empty(parts, tail, heads, dim, dtype=q.dtype, device=q.device)
         part_lse = torch.empty(parts, heads, tail, dtype=torch.float32, device=q.device)
         part_partials = torch.empty(4, parts, heads, frames, tail, dtype=torch.float32, device=q.device)
-        _run(queries, keys, values, part_out, part_lse, part_partials, frame_ends, scale, parts, keeps, exact_output)
+        _run(queries, keys, values, part_out, part_lse, part_partials, frame_ends, scale, parts, kind)
         merge_parts(part_out.transpose(1, 2), part_lse, 1, parts, out[None, head:])
         merge_part_partials(part_partials, partials[..., head:], frame_ends, per_part)
     return out, tuple(partials.transpose(2, 3).unbind(0))
