@@ -22,7 +22,7 @@ next tile's hook, so that the step itself has no branch. A study without entropy
 (``capture.statistics``) compiles the kernel without the sum of p (t - g) (``entropy=False``).
 On an H200 the one pass costs 1.25x FlashAttention-4's plain kernel without the key split,
 where the same subclass keeping nothing costs 0.99x-1.07x and keeping only the sums
-1.06x-1.07x; the route as a job runs it, 1.31x-1.36x the model's call, 1.24x-1.33x without
+1.06x-1.07x; the route as a job runs it, 1.31x-1.40x the model's call, 1.25x-1.33x without
 entropy; docs/performance.md.
 
 Where it runs (``flash4_partials_fit``): CUDA devices of compute capability 9.x with
