@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from flash4_partials import route  # noqa: E402
-from frame_route import SHAPES, add_ratios, recorder, shape_inputs  # noqa: E402
+from frame_route import SHAPES, add_ratios, measure_shapes, recorder, shape_inputs  # noqa: E402
 
 from report import error_entry, write_results  # noqa: E402
 from sinkscope.attention.flash4 import flash4_attention_with_lse  # noqa: E402
@@ -62,7 +63,7 @@ def use_version(path: str | None) -> None:
             module.FrameStatsForwardSm90 = without_entropy
 
 
-def measure_shape(name: str, shape: dict, versions: dict, results: dict, out: str) -> None:
+def measure_shape(name: str, shape: dict, results: dict, out: str, *, versions: dict) -> None:
     fsl, num_q = shape["fsl"], shape["num_q"]
     (q4, k4, v4), (q, k, v), lengths, _ = shape_inputs(shape)
     scale = 128**-0.5
@@ -108,13 +109,7 @@ def main() -> int:
             parser.error(f"--version {item!r}: expected NAME=PATH of a source file")
         versions[version] = path
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "versions": versions}
-    for name in args.shapes.split(","):
-        try:
-            measure_shape(name, SHAPES[name], versions, results, args.out)
-        except Exception as error:  # noqa: BLE001
-            results[f"{name}_failed"] = error_entry(error)
-            print(name, "failed", results[f"{name}_failed"]["traceback"], flush=True)
-        torch.cuda.empty_cache()
+    measure_shapes(partial(measure_shape, versions=versions), args.shapes, SHAPES, results, args.out)
     use_version(None)
     return write_results(results, args.out)
 

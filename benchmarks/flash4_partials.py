@@ -36,9 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from frame_route import SHAPES, add_ratios, recorder, shape_inputs  # noqa: E402
+from frame_route import SHAPES, add_ratios, measure_shapes, recorder, shape_inputs  # noqa: E402
 
-from report import error_entry, write_results  # noqa: E402
+from report import write_results  # noqa: E402
 from sinkscope.attention.flash4 import flash4_attention_with_lse  # noqa: E402
 from sinkscope.attention.split import cached_attention  # noqa: E402
 from sinkscope.stats.attention import attention_statistics, attention_with_statistics  # noqa: E402
@@ -114,13 +114,7 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    for name in args.shapes.split(","):
-        try:
-            measure_shape(name, SHAPES[name], results, args.out)
-        except Exception as error:  # noqa: BLE001
-            results[f"{name}_failed"] = error_entry(error)
-            print(name, "failed", results[f"{name}_failed"]["traceback"], flush=True)
-        torch.cuda.empty_cache()
+    measure_shapes(measure_shape, args.shapes, SHAPES, results, args.out)
     return write_results(results, args.out)
 
 

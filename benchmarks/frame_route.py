@@ -156,6 +156,18 @@ def recorder(name: str, entry: dict, results: dict, out: str):
     return record
 
 
+def measure_shapes(measure, names: str, shapes: dict, results: dict, out: str) -> None:
+    """``measure(name, shape, results, out)`` for each of the comma-separated ``names``: a shape
+    that fails is recorded as ``<name>_failed`` (and printed) and the next one runs."""
+    for name in names.split(","):
+        try:
+            measure(name, shapes[name], results, out)
+        except Exception as error:  # noqa: BLE001 - report, keep going
+            results[f"{name}_failed"] = error_entry(error)
+            print(name, "failed", results[f"{name}_failed"]["traceback"], flush=True)
+        torch.cuda.empty_cache()
+
+
 def add_ratios(entry: dict) -> None:
     """Each timed row of ``entry`` as a ratio to its ``model_call`` row."""
     base = entry["model_call"]
@@ -246,12 +258,7 @@ def main() -> int:
     except Exception as error:  # noqa: BLE001
         results["cudnn_frontend"] = error_entry(error)
     results["cudnn_torch"] = torch.backends.cudnn.version()
-    for name in args.shapes.split(","):
-        try:
-            measure_shape(name, SHAPES[name], results, args.out)
-        except Exception as error:  # noqa: BLE001
-            results[f"{name}_failed"] = error_entry(error)
-        torch.cuda.empty_cache()
+    measure_shapes(measure_shape, args.shapes, SHAPES, results, args.out)
     summary = {
         name: {key: row.get("queued_x_model_call") for key, row in entry.items() if isinstance(row, dict)}
         for name, entry in results.items()
