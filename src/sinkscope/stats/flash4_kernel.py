@@ -12,16 +12,25 @@ of its hooks are used:
   online softmax (when a score_mod is set): here it changes no score; it records which tile
   this is (``_TRACE``: the CuTe DSL traces the kernel's Python once, in order, so the hook's
   record is the next softmax step's tile) and, at a work tile's first key tile, the work
-  tile (``FrameSoftmax.where``); it writes the partials of the frame the last tile closed
-  (``FrameSoftmax.write_closed``) and, where a frame starts inside this tile, takes its parts
-  (``FrameSoftmax.split_parts``);
+  tile (``FrameSoftmax.where``) and the frame it opens with (``FrameSoftmax.open_at_top``);
+  it has no branch of its own;
 - the module name ``Softmax`` that the kernel's consumer code builds its softmax from,
   pointed at ``FrameSoftmax`` while that code is traced (``FrameStatsForwardSm90.mma``).
 
 ``FrameSoftmax.online_softmax`` is FlashAttention's online-softmax step with the plain
 kernel's operations in its order (so the output and the log-sum-exp are the plain kernel's
-bit for bit; ``tests/test_flash4_partials.py`` checks it on the GPU) and the open frame's sums
-on top.
+bit for bit; ``tests/test_flash4_partials.py`` checks it on the GPU), the open frame's max on
+top, and one branch, after the row maxima, taken where a frame's first key lies in the tile:
+it closes that frame and writes its partials. A frame's sum is the row sum's growth while it
+was open, so no step keeps a sum of its own.
+
+Where that branch sits is most of what the partials cost. Placed before the row maxima (in
+the hook, as until 2026-11-29), it made ptxas wait for the PV product ahead of them, so that
+they no longer overlapped it (about 5% of the call); after them, the wait stays where the
+plain kernel has it. The compiler still puts the V tile's release at the end of the tile
+whenever the tile has a branch (2-3%, measured with a branch never taken); an extra
+multiply-add on every score costs more than the branch's exponentials taken twice, once a
+frame (docs/performance-history.md, the fourth session of 2026-11-29).
 """
 
 from __future__ import annotations
@@ -98,24 +107,25 @@ def _frame_start(frame_ends, frame):
 
 @dataclass
 class FrameSoftmax(Softmax):
-    """FlashAttention's online softmax plus, per row, the open key frame's partials and the
-    row's sum of p (t - g) (entropy needs it for the row, not per frame: it is written with
-    the part's first frame in key order, the last one visited, whose reference is the final
-    running max)."""
+    """FlashAttention's online softmax plus, per row, the open key frame's max and base (its
+    sum is the row sum's growth since it opened) and the row's sum of p (t - g) (entropy needs
+    it for the row, not per frame: it is written with the part's first frame in key order, the
+    last one visited, whose reference is the final running max)."""
 
-    open_l: cute.Tensor = None  # this thread's sum of 2^(t - g) over the open frame
+    # This thread's running sum of p as it stood before the open frame (the row sum of the keys
+    # visited before it), and the reference g of that sum: the open frame's sum is the row sum
+    # now less this, rescaled, so that no step keeps a sum of its own for the frame.
+    open_base: cute.Tensor = None
+    open_base_g: cute.Tensor = None
     open_m: cute.Tensor = None  # the open frame's max of the raw scores (the row's four threads')
     row_w: cute.Tensor = None  # this thread's sum of 2^(t - g) (t - g) over the row's keys so far
-    # [the open frame, its first key, the frame closed by the last tile or -1]: the same in every
-    # thread
+    # [the open frame, its first key, 1 where the step's branch opened it in this tile (the step
+    # then leaves its max, which the branch took from the keys below the boundary) or 0]: the
+    # same in every thread
     open_frame: cute.Tensor = None
     # The work tile, recorded by the hook at its first key tile (memory, not values: a value
     # made in one of the kernel's functions may not be used in another): WORK_FIELDS.
     where: cute.Tensor = None
-    # Per row, where a frame starts inside the key tile: [max below, max above, sum of p below].
-    split: cute.Tensor = None
-    # Per row, the frame the last tile closed: [its max, its reference g, this thread's sum of p].
-    closed: cute.Tensor = None
     # What it keeps (measurements): "frames" (every frame's partials), "sums" (the sums of p
     # and p (t - g), no frames), "nothing" (the plain kernel's softmax step).
     keeps: cutlass.Constexpr[str] = "frames"
@@ -134,13 +144,13 @@ class FrameSoftmax(Softmax):
 
         frame = cute.make_rmem_tensor(3, Int32)
         where = cute.make_rmem_tensor(len(WORK_FIELDS) + num_rows, Int32)
-        three = (cute.make_rmem_tensor(3 * num_rows, Float32), cute.make_rmem_tensor(3 * num_rows, Float32))
-        state = (rows(), rows(), rows(), frame, where, *three)
+        state = (rows(), rows(), rows(), rows(), frame, where)
         return FrameSoftmax(scale_log2, num_rows, rows(), rows(), 80, None, *state, keeps, exact_output, entropy)
 
     @cute.jit
     def open_at_top(self):
-        """Open the frame that holds this part's last key (a work tile's first key tile)."""
+        """Open the frame that holds this part's last key (a work tile's first key tile), with
+        nothing visited before it."""
         work = _work(self)
         top = work.part_start + work.seqlen_k - 1
         frame = Int32(0)
@@ -149,65 +159,10 @@ class FrameSoftmax(Softmax):
                 frame = i + 1
         self.open_frame[0] = frame
         self.open_frame[1] = _frame_start(work.frame_ends, frame)
-        self.open_frame[2] = -1
-
-    @cute.jit
-    def write_closed(self):
-        """Write the partials of the frame the last tile closed, and read the first key of the
-        frame that opened (the hook calls this before the next tile's softmax step, and
-        finalize at the end). Kept out of the step: a branch, a memory access or a shuffle in
-        it keeps ptxas from moving the kernel's wait for the PV product up to where the plain
-        kernel has it. (The time measured the same either way: docs/performance-history.md.)"""
-        frame = self.open_frame[2]
-        if frame >= 0:
-            work = _work(self)
-            self.open_frame[1] = _frame_start(work.frame_ends, frame - 1)
-            for r in cutlass.range_constexpr(cute.size(self.row_max)):
-                m, g, part = (self.closed[3 * r + i] for i in range(3))
-                exp_sum = _quad_sum(part)
-                if _writes(work, r):
-                    _write_partials(work, r, frame, m, g, self.scale_log2, exp_sum, 0.0)
-
-    @cute.jit
-    def split_parts(self, acc_S: cute.Tensor, n_block, is_first: cutlass.Constexpr[bool]):
-        """Where a frame starts inside this key tile (about one tile in ten; the kernel's hook
-        calls this before the softmax step, so that the step itself has no branch): per row,
-        the raw maxima below and above the frame's first key and the sum of p below it (p as
-        the step computes it), into ``split``."""
-        work = _work(self)
-        tile_start = work.part_start + n_block * TILE_N
-        frame_start = self.open_frame[1]
-        if frame_start > tile_start:
-            acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-            num_cols = cute.size(acc_S_mn.shape[1])
-            split_col = frame_start - tile_start - work.thread_col
-            # The hook runs before the kernel masks the first tile's columns past the keys.
-            end_col = work.part_start + work.seqlen_k - tile_start - work.thread_col
-            for r in cutlass.range_constexpr(cute.size(self.row_max)):
-                tile_max = -Float32.inf
-                for c in cutlass.range_constexpr(num_cols):
-                    score = acc_S_mn[r, c]
-                    if const_expr(is_first):
-                        score = score if work.cols0[c] < end_col else -Float32.inf
-                    tile_max = fa_utils.fmax(tile_max, score)
-                row_max = _quad_max(tile_max)
-                if const_expr(not is_first):
-                    row_max = fa_utils.fmax(row_max, self.row_max[r])
-                row_max = 0.0 if row_max == -Float32.inf else row_max
-                g = row_max * self.scale_log2
-                low_m, high_m, low_l = -Float32.inf, -Float32.inf, Float32(0.0)
-                for c in cutlass.range_constexpr(num_cols):
-                    below = work.cols0[c] < split_col
-                    score = acc_S_mn[r, c]
-                    if const_expr(is_first):
-                        score = score if work.cols0[c] < end_col else -Float32.inf
-                    p = cute.math.exp2(score * self.scale_log2 - g, fastmath=True)
-                    low_l += p if below else 0.0
-                    low_m = fa_utils.fmax(low_m, score if below else -Float32.inf)
-                    high_m = fa_utils.fmax(high_m, -Float32.inf if below else score)
-                self.split[3 * r] = _quad_max(low_m)
-                self.split[3 * r + 1] = _quad_max(high_m)
-                self.split[3 * r + 2] = low_l
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            self.open_base[r] = 0.0
+            self.open_base_g[r] = -Float32.inf  # 2^(-inf - g) = 0: nothing to take off
+            self.open_m[r] = -Float32.inf
 
     @cute.jit
     def online_softmax(
@@ -216,38 +171,86 @@ class FrameSoftmax(Softmax):
         """FlashAttention's online-softmax step on a key tile, as the plain kernel computes it
         (p = 2^(t - g) in place, the running max and sum, the rescale), with the tile's sums of
         p and p (t - g) taken score by score (no vector of t - g kept alive: the consumer warps
-        have no registers to spare) and the open frame's sum and max carried on; where the
-        open frame starts in this tile it closes: its partials are written and the frame before
-        opens (its partials are written before the next tile's step, ``write_closed``). No
-        branch: see ``write_closed``."""
+        have no registers to spare) and the open frame's max carried on (its sum is the row
+        sum's growth). Where the open frame's first key lies in the tile, one branch after the
+        row maxima closes it."""
         if const_expr(self.keeps == "nothing"):  # measurements: the plain kernel's step
             return Softmax.online_softmax(self, acc_S, is_first, check_inf)
-        work = _work(self)
         frames = const_expr(self.keeps == "frames")
+        work = _work(self)
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
         row_scale = cute.make_fragment_like(self.row_max, Float32)
         row_max, row_sum, scale_log2 = self.row_max, self.row_sum, self.scale_log2
         num_rows = cute.size(row_max)
-        frame = self.open_frame[0]
-        frame_start = self.open_frame[1]
-        tile_start = work.part_start + _TRACE["n_block"] * TILE_N
-        split = frame_start > tile_start
-        closes = frame_start >= tile_start
-        if const_expr(not frames):
-            split, closes = False, False
-        closed_l = cute.make_rmem_tensor(num_rows, Float32)
-        closed_m = cute.make_rmem_tensor(num_rows, Float32)
-        closed_g = cute.make_rmem_tensor(num_rows, Float32)
+        tile_maxima = cute.make_rmem_tensor(num_rows, Float32)
+        refs = cute.make_rmem_tensor(2 * num_rows, Float32)  # per row: the new running max, its g
         for r in cutlass.range_constexpr(num_rows):
-            tile_max = _quad_max(fa_utils.fmax_reduce(acc_S_mn[r, None].load(), None, arch=self.arch))
+            tile_maxima[r] = _quad_max(fa_utils.fmax_reduce(acc_S_mn[r, None].load(), None, arch=self.arch))
+            row_max_new = tile_maxima[r]
+            if const_expr(not is_first):
+                row_max_new = fa_utils.fmax(tile_maxima[r], row_max[r])
+            row_max_cur = row_max_new
+            if const_expr(check_inf):
+                row_max_cur = 0.0 if row_max_new == -Float32.inf else row_max_new
+            refs[2 * r] = row_max_cur
+            refs[2 * r + 1] = row_max_cur * scale_log2
+        if const_expr(frames):
+            # Where the open frame's first key lies inside this key tile, or the open frame ended
+            # with the last tile (about one tile in ten): close the open frame and write its
+            # partials, from the keys above its first key in this tile (p as the step computes
+            # it) and the row sum before the tile; open the frame before, with the keys below
+            # as its start. The key tile's only branch, after the row maxima: there it leaves
+            # them overlapping the PV product (docs/performance-history.md).
+            tile_start = work.part_start + _TRACE["n_block"] * TILE_N
+            frame_start = self.open_frame[1]
+            self.open_frame[2] = 0
+            # (The branch touches no attribute of self: the tracer would carry self out of it.)
+            open_base, open_base_g, open_m, open_frame = self.open_base, self.open_base_g, self.open_m, self.open_frame
+            if frame_start > tile_start:
+                frame = open_frame[0]
+                num_cols = cute.size(acc_S_mn.shape[1])
+                # Below: the frame before's keys (all of the tile where the open frame ended with
+                # the last tile, frame_start = tile_start + TILE_N).
+                split_col = frame_start - tile_start - work.thread_col
+                for r in cutlass.range_constexpr(cute.size(row_max)):
+                    row_max_cur, g = refs[2 * r], refs[2 * r + 1]
+                    visited = Float32(0.0)  # the row sum before the tile, in this tile's reference
+                    if const_expr(not is_first):
+                        rescale = cute.math.exp2((row_max[r] - row_max_cur) * scale_log2, fastmath=True)
+                        visited = row_sum[r] * rescale
+                    low_m, high_m = -Float32.inf, -Float32.inf
+                    high_l = Float32(0.0)
+                    for c in cutlass.range_constexpr(num_cols):
+                        below = work.cols0[c] < split_col
+                        score = acc_S_mn[r, c]
+                        p = cute.math.exp2(score * scale_log2 - g, fastmath=True)
+                        high_l += 0.0 if below else p
+                        low_m = fa_utils.fmax(low_m, score if below else -Float32.inf)
+                        high_m = fa_utils.fmax(high_m, -Float32.inf if below else score)
+                    # Every key visited up to the frame's first key, less the base: the frame's sum.
+                    # (A difference of fp32 sums of the row: off by their rounding, a few 1e-8 of
+                    # the row's sum, far inside the exact route's tolerance.)
+                    visited = visited + high_l
+                    part = visited - open_base[r] * cute.math.exp2(open_base_g[r] - g, fastmath=True)
+                    exp_sum = _quad_sum(part)
+                    closed_m = fa_utils.fmax(open_m[r], _quad_max(high_m))
+                    if _writes(work, r):
+                        _write_partials(work, r, frame, closed_m, g, scale_log2, exp_sum, 0.0)
+                    open_base[r] = visited
+                    open_base_g[r] = g
+                    open_m[r] = _quad_max(low_m)
+                open_frame[0] = frame - 1
+                open_frame[1] = _frame_start(work.frame_ends, frame - 1)
+                open_frame[2] = 1
+
+        opened = self.open_frame[2] != 0
+        for r in cutlass.range_constexpr(num_rows):
+            tile_max = tile_maxima[r]
             row_max_prev = row_max[r]
             row_max_new = tile_max
             if const_expr(not is_first):
                 row_max_new = fa_utils.fmax(tile_max, row_max_prev)
-            row_max_cur = row_max_new
-            if const_expr(check_inf):
-                row_max_cur = 0.0 if row_max_new == -Float32.inf else row_max_new
-            g = row_max_cur * scale_log2
+            row_max_cur, g = refs[2 * r], refs[2 * r + 1]
             sums = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]  # p, p, p x, p x
             for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
                 x = acc_S_mn[r, c] * scale_log2 - g
@@ -267,8 +270,6 @@ class FrameSoftmax(Softmax):
                     row_sum[r] = fa_utils.fadd_reduce(probabilities, init_val=None, arch=self.arch)
                 row_scale[r] = 1.0
                 self.row_w[r] = tile_w
-                self.open_l[r] = 0.0
-                self.open_m[r] = -Float32.inf
             else:
                 row_scale[r] = cute.math.exp2((row_max_prev - row_max_cur) * scale_log2, fastmath=True)
                 if const_expr(self.entropy):
@@ -282,43 +283,20 @@ class FrameSoftmax(Softmax):
                     row_sum[r] = row_sum[r] * row_scale[r] + tile_l
             row_max[r] = row_max_new
             if const_expr(frames):
-                # Above and below the first key of a frame starting in the tile (split_parts);
-                # the sum above as the tile's less the one below: off by a rounding of the
-                # tile's sum at most, once a frame.
-                low_m = self.split[3 * r] if split else -Float32.inf
-                high_m = self.split[3 * r + 1] if split else tile_max
-                low_l = self.split[3 * r + 2] if split else 0.0
-                closed_l[r] = self.open_l[r] * row_scale[r] + (tile_l - low_l)
-                closed_m[r] = fa_utils.fmax(self.open_m[r], high_m)
-                closed_g[r] = g
-                # The open frame goes on, or (closed) the frame before opens with the keys below.
-                self.open_l[r] = low_l if closes else closed_l[r]
-                self.open_m[r] = low_m if closes else closed_m[r]
-        if const_expr(frames):
-            for r in cutlass.range_constexpr(num_rows):
-                self.closed[3 * r] = closed_m[r]
-                self.closed[3 * r + 1] = closed_g[r]
-                self.closed[3 * r + 2] = closed_l[r]  # this thread's part: summed by write_closed
-            # (The new open frame's first key is read by write_closed: no memory access here,
-            # which would keep the compiler from moving the release of the V tile ahead.)
-            self.open_frame[2] = frame if closes else -1
-            self.open_frame[0] = frame - 1 if closes else frame
+                # The open frame's max goes on; where the branch opened it in this tile, it took
+                # the max of the keys below the boundary already.
+                self.open_m[r] = self.open_m[r] if opened else fa_utils.fmax(self.open_m[r], tile_max)
         return row_scale
 
     @cute.jit
     def finalize(self, final_scale: Float32 = 1.0, sink_val=None) -> cute.Tensor:
-        # The row's sum of p t goes with the part's first frame (every other frame's w is 0),
-        # whose reference is the final running max. Where that frame is still open it closes
-        # here; where the part starts at a frame's first key, the last tile closed it (with the
-        # same reference) and the open frame lies before the part: only w is written.
+        # The open frame, the part's first in key order (a frame closes only at a tile that
+        # holds keys below it), closes here with the final running max as its reference, and
+        # takes the row's sum of p t (every other frame's w is 0).
         if const_expr(self.keeps == "nothing"):
             return Softmax.finalize(self, final_scale, sink_val)
-        if const_expr(self.keeps == "frames"):
-            self.write_closed()
         work = _work(self)
         frame = self.open_frame[0] if const_expr(self.keeps == "frames") else Int32(0)
-        reached = frame >= 0 and work.frame_ends[cutlass.max(frame, 0)] > work.part_start
-        last = frame if reached else frame + 1
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             row_max_cur = self.row_max[r]
             row_max_cur = 0.0 if row_max_cur == -Float32.inf else row_max_cur
@@ -327,12 +305,13 @@ class FrameSoftmax(Softmax):
             w = Float32(0.0)
             if const_expr(self.entropy):
                 w = _quad_sum(self.row_w[r]) + g * _quad_sum(self.row_sum[r])
-            open_l = _quad_sum(self.open_l[r])
+            open_l = self.row_sum[r]
+            if const_expr(self.keeps == "frames"):
+                open_l -= self.open_base[r] * cute.math.exp2(self.open_base_g[r] - g, fastmath=True)
+            open_l = _quad_sum(open_l)
             if _writes(work, r):
-                if reached:
-                    _write_partials(work, r, last, self.open_m[r], g, self.scale_log2, open_l, w)
-                else:  # its other partials were written when it closed
-                    work.partials[3, work.batch, work.head, last, work.rows[r]] = w
+                m = self.open_m[r] if const_expr(self.keeps == "frames") else -Float32.inf
+                _write_partials(work, r, frame, m, g, self.scale_log2, open_l, w)
         return Softmax.finalize(self, final_scale, sink_val)
 
 
@@ -403,9 +382,8 @@ class FrameStatsForwardSm90(flash_fwd_sm90.FlashAttentionForwardSm90):
         aux_data=None,
         fastdiv_mods=None,
     ):
-        # No score changes: record the tile (and, at a work tile's first key tile, the work tile),
-        # and where a frame starts in it, its parts (FrameSoftmax.split_parts).
-        first = False
+        # No score changes: record the tile and, at a work tile's first key tile, the work tile
+        # (and open its top frame). No branch here: see the module's docstring.
         if const_expr(_TRACE.pop("first", False)):
             identity = cute.make_identity_tensor((self.tile_m, self.tile_n))
             coords = layout_utils.reshape_acc_to_mn(thr_mma_qk.partition_C(identity))
@@ -425,8 +403,4 @@ class FrameStatsForwardSm90(flash_fwd_sm90.FlashAttentionForwardSm90):
                 softmax.where[i] = value
             if const_expr(softmax.keeps == "frames"):
                 softmax.open_at_top()
-            first = True
         _TRACE["n_block"] = n_block
-        if const_expr(_TRACE["softmax"].keeps == "frames"):
-            _TRACE["softmax"].write_closed()
-            _TRACE["softmax"].split_parts(acc_S, n_block, first)
