@@ -67,9 +67,7 @@ def measure_shape(name: str, shape: dict, results: dict, out: str, *, versions: 
     fsl, num_q = shape["fsl"], shape["num_q"]
     (q4, k4, v4), (q, k, v), lengths, _ = shape_inputs(shape)
     scale = 128**-0.5
-    entry: dict = {"shape": shape}
-    results[name] = entry
-    record = recorder(name, entry, results, out)
+    entry, record = recorder(name, shape, results, out)
     record("model_call", lambda: cached_attention(q4, k4, v4))
     record("flash4_unsplit", lambda: flash4_attention_with_lse(*(x.transpose(1, 2) for x in (q4, k4, v4)), scale))
     model_out = cached_attention(q4, k4, v4)[0][0]

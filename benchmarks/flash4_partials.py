@@ -55,8 +55,7 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
     fsl, num_q = shape["fsl"], shape["num_q"]
     (q4, k4, v4), (q, k, v), lengths, layout = shape_inputs(shape)
     scale = 128**-0.5
-    entry: dict = {"shape": shape}
-    results[name] = entry
+    entry, record = recorder(name, shape, results, out)
     began = time.perf_counter()
     out_route, stats_route = route(q, k, v, lengths, fsl, num_q, scale)
     torch.cuda.synchronize()
@@ -83,7 +82,6 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
     entry["unsplit_same_output_as_flash4"] = bool(torch.equal(unsplit, plain[0].transpose(0, 1)))
     write_results(results, out, partial=True)
 
-    record = recorder(name, entry, results, out)
     record("model_call", lambda: cached_attention(q4, k4, v4))
     record("flash4_partials_route", lambda: route(q, k, v, lengths, fsl, num_q, scale))
     record("partials_only", lambda: flash4_attention_partials(q, k, v, lengths, scale))

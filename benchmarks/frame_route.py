@@ -140,9 +140,12 @@ def cudnn_frontend_frames(q4, k4, v4, num_k: int):
     return run, (out, row_max, sum_exp)
 
 
-def recorder(name: str, entry: dict, results: dict, out: str):
-    """``record(key, fn)``: times ``fn`` both ways into ``entry[key]`` (or its error), prints it
-    and writes the results so far."""
+def recorder(name: str, shape: dict, results: dict, out: str):
+    """``(entry, record)``: the shape's entry, put in ``results[name]``, and ``record(key, fn)``,
+    which times ``fn`` both ways into ``entry[key]`` (or its error), prints it and writes the
+    results so far."""
+    entry: dict = {"shape": shape}
+    results[name] = entry
 
     def record(key, fn):
         try:
@@ -153,7 +156,7 @@ def recorder(name: str, entry: dict, results: dict, out: str):
         print(name, key, entry[key] if "error" not in entry[key] else entry[key]["error"], flush=True)
         write_results(results, out, partial=True)
 
-    return record
+    return entry, record
 
 
 def measure_shapes(measure, names: str, shapes: dict, results: dict, out: str) -> None:
@@ -196,10 +199,7 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
     heads, fsl, num_q, num_k = shape["heads"], shape["fsl"], shape["num_q"], shape["num_k"]
     (q4, k4, v4), (q, k, v), lengths, layout = shape_inputs(shape)
     scale = 128**-0.5
-    entry: dict = {"shape": shape}
-    results[name] = entry
-
-    record = recorder(name, entry, results, out)
+    entry, record = recorder(name, shape, results, out)
     record("model_call", lambda: cached_attention(q4, k4, v4))
     record("exact", lambda: attention_with_statistics(q, k, v, **layout))
     record("exact_logit_mean", lambda: attention_with_statistics(q, k, v, statistics=["logit_mean"], **layout))

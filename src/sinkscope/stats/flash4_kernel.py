@@ -183,7 +183,8 @@ class FrameSoftmax(Softmax):
         row_max, row_sum, scale_log2 = self.row_max, self.row_sum, self.scale_log2
         num_rows = cute.size(row_max)
         tile_maxima = cute.make_rmem_tensor(num_rows, Float32)
-        refs = cute.make_rmem_tensor(2 * num_rows, Float32)  # per row: the new running max, its g
+        # Per row: the new running max, the same with -inf as 0 (the reference), its g.
+        refs = cute.make_rmem_tensor(3 * num_rows, Float32)
         for r in cutlass.range_constexpr(num_rows):
             tile_maxima[r] = _quad_max(fa_utils.fmax_reduce(acc_S_mn[r, None].load(), None, arch=self.arch))
             row_max_new = tile_maxima[r]
@@ -192,8 +193,9 @@ class FrameSoftmax(Softmax):
             row_max_cur = row_max_new
             if const_expr(check_inf):
                 row_max_cur = 0.0 if row_max_new == -Float32.inf else row_max_new
-            refs[2 * r] = row_max_cur
-            refs[2 * r + 1] = row_max_cur * scale_log2
+            refs[3 * r] = row_max_new
+            refs[3 * r + 1] = row_max_cur
+            refs[3 * r + 2] = row_max_cur * scale_log2
         if const_expr(frames):
             # Where the open frame's first key lies inside this key tile, or the open frame ended
             # with the last tile (about one tile in ten): close the open frame and write its
@@ -213,7 +215,7 @@ class FrameSoftmax(Softmax):
                 # the last tile, frame_start = tile_start + TILE_N).
                 split_col = frame_start - tile_start - work.thread_col
                 for r in cutlass.range_constexpr(cute.size(row_max)):
-                    row_max_cur, g = refs[2 * r], refs[2 * r + 1]
+                    row_max_cur, g = refs[3 * r + 1], refs[3 * r + 2]
                     visited = Float32(0.0)  # the row sum before the tile, in this tile's reference
                     if const_expr(not is_first):
                         rescale = cute.math.exp2((row_max[r] - row_max_cur) * scale_log2, fastmath=True)
@@ -245,12 +247,8 @@ class FrameSoftmax(Softmax):
 
         opened = self.open_frame[2] != 0
         for r in cutlass.range_constexpr(num_rows):
-            tile_max = tile_maxima[r]
             row_max_prev = row_max[r]
-            row_max_new = tile_max
-            if const_expr(not is_first):
-                row_max_new = fa_utils.fmax(tile_max, row_max_prev)
-            row_max_cur, g = refs[2 * r], refs[2 * r + 1]
+            row_max_new, row_max_cur, g = refs[3 * r], refs[3 * r + 1], refs[3 * r + 2]
             sums = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]  # p, p, p x, p x
             for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
                 x = acc_S_mn[r, c] * scale_log2 - g
@@ -285,7 +283,7 @@ class FrameSoftmax(Softmax):
             if const_expr(frames):
                 # The open frame's max goes on; where the branch opened it in this tile, it took
                 # the max of the keys below the boundary already.
-                self.open_m[r] = self.open_m[r] if opened else fa_utils.fmax(self.open_m[r], tile_max)
+                self.open_m[r] = self.open_m[r] if opened else fa_utils.fmax(self.open_m[r], tile_maxima[r])
         return row_scale
 
     @cute.jit
