@@ -17,16 +17,20 @@ Per shape:
   it applies), and with every statistic but entropy (``exact_no_entropy``); the Triton one-pass
   kernel (``fused_triton``, ``attention_statistics_tma``); each as a ratio to the model's call;
   ``_inexact``: the kernel whose output comes from its own sums of p (``exact_output=False``),
-  with its output's and statistics' differences.
+  with its output's and statistics' differences;
+- with ``--profile``, ``kernels``: the GPU kernels of the model's call and of the ``exact``
+  route (with and without entropy) under torch.profiler, ms a call by kernel name, so that
+  what the route adds to the call can be told apart (the kernel, the merges, the combine).
 
 Needs a Hopper GPU and ``flash-attn-4``. Writes ``results.json`` to ``--out``.
 
-    PYTHONPATH=src python benchmarks/flash4_partials.py --out $OUT
+    PYTHONPATH=src python benchmarks/flash4_partials.py [--profile] --out $OUT
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -36,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from capture_profile import kernel_totals, profiled  # noqa: E402
 from frame_route import SHAPES, add_ratios, measure_shapes, recorder, shape_inputs  # noqa: E402
 
 from report import write_results  # noqa: E402
@@ -51,7 +56,34 @@ def route(q, k, v, lengths, fsl, num_q, scale, exact_output=True, entropy=True):
     return out, statistics_from_partials(q, k, partials, fsl, num_q, lengths, scale)
 
 
-def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
+def kernels_per_call(fn, calls: int = 20) -> dict[str, dict]:
+    """GPU kernels of ``calls`` back-to-back calls of ``fn`` (after a warm-up), by name: launches
+    and ms a call, the largest first."""
+    fn()
+    torch.cuda.synchronize()
+
+    def run():
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+
+    totals = kernel_totals(profiled(run))
+    rows = sorted(totals.items(), key=lambda item: -item[1][1])
+    return {name[:120]: {"launches": n // calls, "ms": round(ms / calls, 4)} for name, (n, ms) in rows}
+
+
+def profile_shape(entry: dict, q4, k4, v4, q, k, v, layout: dict) -> None:
+    no_entropy = ("logit_mean", "prob_mass", "argmax_share")
+    entry["kernels"] = {
+        "model_call": kernels_per_call(lambda: cached_attention(q4, k4, v4)),
+        "exact": kernels_per_call(lambda: attention_with_statistics(q, k, v, **layout)),
+        "exact_no_entropy": kernels_per_call(
+            lambda: attention_with_statistics(q, k, v, statistics=no_entropy, **layout)
+        ),
+    }
+
+
+def measure_shape(name: str, shape: dict, results: dict, out: str, profile: bool = False) -> None:
     fsl, num_q = shape["fsl"], shape["num_q"]
     (q4, k4, v4), (q, k, v), lengths, layout = shape_inputs(shape)
     scale = 128**-0.5
@@ -82,6 +114,9 @@ def measure_shape(name: str, shape: dict, results: dict, out: str) -> None:
     entry["unsplit_same_output_as_flash4"] = bool(torch.equal(unsplit, plain[0].transpose(0, 1)))
     write_results(results, out, partial=True)
 
+    if profile:
+        profile_shape(entry, q4, k4, v4, q, k, v, layout)
+        write_results(results, out, partial=True)
     record("model_call", lambda: cached_attention(q4, k4, v4))
     record("flash4_partials_route", lambda: route(q, k, v, lengths, fsl, num_q, scale))
     record("partials_only", lambda: flash4_attention_partials(q, k, v, lengths, scale))
@@ -110,9 +145,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmark-out"))
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--profile", action="store_true", help="also the kernels of each route (torch.profiler)")
     args = parser.parse_args()
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    measure_shapes(measure_shape, args.shapes, SHAPES, results, args.out)
+    measure = functools.partial(measure_shape, profile=args.profile)
+    measure_shapes(measure, args.shapes, SHAPES, results, args.out)
     return write_results(results, args.out)
 
 

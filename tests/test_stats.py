@@ -319,8 +319,9 @@ FRAME_ONLY_CASE = 3
 _INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    from sinkscope.stats.launch import (attention_statistics_tma, attention_statistics_triton, segment_sums,
-                                                statistics_given_lse, statistics_triton, tma_kernel_fits)
+    from sinkscope.stats.launch import (_combine_fused, _segments_on, attention_statistics_tma,
+                                       attention_statistics_triton, segment_part_sums, segment_sums,
+                                       statistics_given_lse, statistics_triton, tma_attention, tma_kernel_fits)
     cases, results = torch.load(sys.argv[1]), {}
     segments = cases.pop("segment_sums")
     results["segment_sums"] = {
@@ -333,6 +334,11 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
             assert tma_kernel_fits(q, k, case["v"], lengths), index
             out, stats = attention_statistics_tma(q, k, case["v"], fsl, num_q, lengths, scale, token_profiles=True)
             results[index] = {"output": out, "stats": vars(stats)}
+            # The combine's finish adding its parts one tile each (a long cache's many frames).
+            _, partials = tma_attention(q, k, case["v"], lengths, scale)
+            key_sums, lengths_float = segment_part_sums(k, lengths), _segments_on(q.device, tuple(lengths))[2]
+            results[index]["finish_part_by_part"] = vars(_combine_fused(
+                q, k, partials, key_sums, lengths_float, fsl, num_q, scale, False, None, {"FINISH_TILE": 1}))
             continue
         stats = statistics_triton(*args, token_profiles=True, config=case["config"],
                                   profile_config=case["profile_config"])
@@ -482,6 +488,10 @@ def test_tma_attention_kernel_in_the_interpreter(interpreted, index):
     stats = CallStatistics(**out["stats"])
     assert_matches(stats, brute_force_statistics(*_case_args(case)))
     assert_identities(stats, case["key_lengths"])
+    # The combine's finish adding its parts one at a time: the same statistics, to fp32 rounding.
+    part_by_part = out["finish_part_by_part"]
+    for name in ("logit_mean", "prob_mass", "argmax_share", "entropy"):
+        torch.testing.assert_close(part_by_part[name], getattr(stats, name), rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_tma_kernel_takes_only_what_it_can_address():

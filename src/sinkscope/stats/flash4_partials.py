@@ -13,17 +13,18 @@ log-sum-exps), with the same kernel configuration as FlashAttention-4's own call
 output is the model's call's to the bit (``tests/test_flash4_partials.py``, on the GPU); the
 parts' partials are merged here by the same rule (``merge_part_partials``).
 
-What the kernel adds to FlashAttention-4's softmax step, per score: an add (the sum of p) and
-a fused multiply-add (the sum of p (t - g)); per row and key tile, the open frame's running
-sum and max. A frame that starts inside a key tile (frames are at least a tile long, so at
-most one does; about one tile in ten) has its sums and maxima below and above its first key
-taken by the kernel's hook before the step, and a frame closed by a tile is written by the
-next tile's hook, so that the step itself has no branch. A study without entropy
+What the kernel adds to FlashAttention-4's softmax step, per score: an add (the tile's sum of
+p) and a fused multiply-add (the sum of p (t - g)); per row and key tile, the open frame's
+max. A frame's sum is the row sum's growth while it was open. A frame that starts inside a
+key tile (frames are at least a tile long, so at most one does; about one tile in ten) is
+closed by the step's one branch, after the row maxima, which splits that tile's sums and
+maxima at the frame's first key and writes the closed frame's partials
+(``flash4_kernel``'s docstring says why there). A study without entropy
 (``capture.statistics``) compiles the kernel without the sum of p (t - g) (``entropy=False``).
-On an H200 the one pass costs 1.25x FlashAttention-4's plain kernel without the key split,
-where the same subclass keeping nothing costs 0.99x-1.07x and keeping only the sums
-1.06x-1.07x; the route as a job runs it, 1.31x-1.40x the model's call, 1.25x-1.33x without
-entropy; docs/performance.md.
+On an H200 the route as a job runs it costs 1.25x (1.3B) / 1.32x (LongLive 2.0) the model's
+call, 1.16x / 1.26x without entropy; of what it adds, the kernel is most, and the key frames'
+sums, the combine and the merges 0.08 ms (1.3B) / 0.19 ms (LongLive 2.0) a call;
+docs/performance.md.
 
 Where it runs (``flash4_partials_fit``): CUDA devices of compute capability 9.x with
 ``flash-attn-4`` installed, fp16 / bf16, head size 128 (the tile FlashAttention-4 compiles for
@@ -99,11 +100,11 @@ def statistics_from_partials(
     partials' same rows) from ``flash4_attention_partials``'s partials, by the combine of the
     one-pass routes (``launch._combine_fused``: logit_mean by factorization from the key
     frames' sums)."""
-    from sinkscope.stats.launch import _combine_fused, _segments_on, segment_sums
+    from sinkscope.stats.launch import _combine_fused, _segments_on, segment_part_sums
 
     key_lengths = tuple(int(n) for n in key_lengths)
     _, _, lengths_float = _segments_on(q.device, key_lengths)
-    key_sums = segment_sums(k, key_lengths)
+    key_sums = segment_part_sums(k, key_lengths)
     return _combine_fused(q, k, partials, key_sums, lengths_float, frame_seq_length, num_q, scale, token_profiles, None)
 
 

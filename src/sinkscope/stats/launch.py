@@ -33,6 +33,7 @@ from sinkscope.stats.kernels import (
 )
 from sinkscope.stats.reduction_kernels import (
     frame_statistics_combine_kernel,
+    frame_statistics_finish_kernel,
     segment_sums_kernel,
 )
 from sinkscope.stats.reference import CallStatistics, one_hot_float
@@ -61,13 +62,13 @@ DEFAULT_FUSED_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stage
 # attention_frame_partials_tma_kernel (the same pass with TMA loads and key tiles aligned
 # to key 0); warp-specialized loops are slower with the partials.
 DEFAULT_TMA_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-# frame_statistics_combine_kernel: query rows a program, fewer when many key frames (a long global
-# cache) would make its [rows, frames] tiles too large for the registers.
-COMBINE_BLOCK_M = 64
-COMBINE_TILE = 2048
-# segment_sums_kernel splits its segments until about this many programs run (a few times the H100's
+# frame_statistics_combine_kernel: query rows a program (BLOCK_M), fewer when many key frames (a long
+# global cache) would make its [rows, frames] tiles larger than TILE, too large for the registers;
+# frame_statistics_finish_kernel: its [parts, frames] tiles at most FINISH_TILE values.
+DEFAULT_COMBINE_CONFIG = {"BLOCK_M": 64, "TILE": 2048, "FINISH_TILE": 4096, "num_warps": 4}
+# segment_sums_kernel splits its segments until about PROGRAMS programs run (a few times the H100's
 # 132 SMs): one program a query frame's 1560 tokens left most of the GPU idle.
-SEGMENT_PROGRAMS = 1024
+DEFAULT_SEGMENT_CONFIG = {"BLOCK_L": 64, "PROGRAMS": 1024, "num_warps": 4}
 # Small tiles for Triton's CPU interpreter (tests): fast, and every masking path taken.
 # Under the interpreter the loops run to compile-time bounds (see _interpreter_loop_end).
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16}
@@ -310,17 +311,22 @@ def statistics_triton(
     )
 
 
-def segment_sums(x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None) -> torch.Tensor:
-    """[H, S, D] fp32: the sums of consecutive segments of ``lengths`` tokens of x [H, L, D]
-    (``segment_sums_kernel``; no fp32 copy of x). Each segment is summed in parts of ``chunk`` tokens (by
-    default enough parts for about ``SEGMENT_PROGRAMS`` programs), added in a fixed order."""
+def segment_part_sums(
+    x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None, config: dict | None = None
+) -> torch.Tensor:
+    """[parts, H, S, D] fp32: the sums of consecutive segments of ``lengths`` tokens of x
+    [H, L, D] (``segment_sums_kernel``; no fp32 copy of x), each segment summed in parts of
+    ``chunk`` tokens (by default enough parts for about ``config["PROGRAMS"]`` programs), for the
+    caller to add in a fixed order (``segment_sums``, or the combine's finish)."""
     heads, _, head_dim = x.shape
     x = _unit_stride(x)
     lengths = tuple(int(n) for n in lengths)
-    block_l = INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else 64
+    config = {**DEFAULT_SEGMENT_CONFIG, **(config or {})}
+    programs = config["PROGRAMS"]
+    block_l = INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else config["BLOCK_L"]
     longest = max(lengths)
     if chunk is None:
-        chunk = math.ceil(longest / max(1, math.ceil(SEGMENT_PROGRAMS / (len(lengths) * heads))))
+        chunk = math.ceil(longest / max(1, math.ceil(programs / (len(lengths) * heads))))
     chunk = max(1, math.ceil(chunk / block_l)) * block_l
     parts = max(1, math.ceil(longest / chunk))
     out = torch.empty(parts, heads, len(lengths), head_dim, dtype=torch.float32, device=x.device)
@@ -336,8 +342,17 @@ def segment_sums(x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None =
         D_PAD=max(16, triton.next_power_of_2(head_dim)),
         LOOP_END=_interpreter_loop_end(chunk),
         BLOCK_L=block_l,
+        num_warps=config["num_warps"],
     )
-    return out[0] if parts == 1 else out.sum(0)
+    return out
+
+
+def segment_sums(
+    x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None, config: dict | None = None
+) -> torch.Tensor:
+    """[H, S, D] fp32: ``segment_part_sums``'s parts added in order."""
+    out = segment_part_sums(x, lengths, chunk=chunk, config=config)
+    return out[0] if out.shape[0] == 1 else out.sum(0)
 
 
 def _logit_mean_by_factorization(
@@ -412,7 +427,7 @@ def attention_statistics_triton(
         q,
         k,
         (m, g, exp_sum, w),
-        key_sums,
+        key_sums[None],
         lengths_float,
         frame_seq_length,
         num_q,
@@ -426,44 +441,53 @@ def _combine_fused(
     q: torch.Tensor,
     k: torch.Tensor,
     partials: tuple[torch.Tensor, ...],
-    key_sums: torch.Tensor,
+    key_part_sums: torch.Tensor,
     key_lengths: torch.Tensor,
     frame_seq_length: int,
     num_q: int,
     scale: float,
     token_profiles: bool,
     profile_config: dict | None,
+    combine_config: dict | None = None,
 ) -> CallStatistics:
     """Every statistic from the partials (m, g, l, w) of the one pass over the keys
     (``attention_frame_partials_kernel``, its TMA form or ``flash4_attention_partials``),
     each [H, Lq, num_k] (any strides, the four alike):
     per frame its max m, and the running max g that its sums l = sum 2^(t - g) and w = sum
     2^(t - g) t refer to; logit_mean by factorization from the key frames' sums
-    (``key_sums``, [H, num_k, D] fp32) and lengths (``key_lengths``, fp32). ``frame_statistics_combine_kernel``
-    does it all (the maths in its docstring); ``token_profile_sums`` the token profiles,
-    from each query's log-sum-exp. q is [H, Lq, D] with unit stride last."""
+    (``key_part_sums``, [parts, H, num_k, D] fp32, ``segment_part_sums``) and lengths
+    (``key_lengths``, fp32). ``frame_statistics_combine_kernel`` and
+    ``frame_statistics_finish_kernel`` do it all (the maths in their docstrings);
+    ``token_profile_sums`` the token profiles, from each query's log-sum-exp. q is [H, Lq, D]
+    with unit stride last."""
     m, g, exp_sum, w = partials
     heads, num_queries, num_k = m.shape
     head_dim = q.shape[-1]
     frames_pad = max(2, triton.next_power_of_2(num_k))
+    config = {**DEFAULT_COMBINE_CONFIG, **(combine_config or {})}
     block_m = (
-        INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else max(8, min(COMBINE_BLOCK_M, COMBINE_TILE // frames_pad))
+        INTERPRETER_CONFIG["BLOCK_M"]
+        if _interpreting()
+        else max(8, min(config["BLOCK_M"], config["TILE"] // frames_pad))
     )
     parts = math.ceil(frame_seq_length / block_m)
-    # Each statistic's parts contiguous ([parts, H, num_q, num_k]), as the combine writes them.
-    frame_parts = torch.empty(3, parts, heads, num_q, num_k, dtype=torch.float32, device=m.device)
-    entropy_parts = torch.empty(parts, heads, num_q, dtype=torch.float32, device=m.device)
-    lse2 = torch.empty(heads, num_queries, dtype=torch.float32, device=m.device)
+    device = m.device
+    # Each part's sums ([parts, H, num_q, ...]), as the combine writes them, for the finish to add.
+    mass_parts, argmax_parts = torch.empty(2, parts, heads, num_q, num_k, dtype=torch.float32, device=device)
+    entropy_parts = torch.empty(parts, heads, num_q, dtype=torch.float32, device=device)
+    query_part_sums = torch.empty(parts, heads, num_q, head_dim, dtype=torch.float32, device=device)
+    lse2 = torch.empty(heads, num_queries, dtype=torch.float32, device=device)
+    d_chunk = min(32, max(16, triton.next_power_of_2(head_dim)))
     frame_statistics_combine_kernel[(num_q, heads, parts)](
         m,
         g,
         exp_sum,
         w,
         q,
-        key_sums,
-        key_lengths,
-        *frame_parts.unbind(0),
+        mass_parts,
+        argmax_parts,
         entropy_parts,
+        query_part_sums,
         lse2,
         q.stride(0),
         q.stride(1),
@@ -472,17 +496,37 @@ def _combine_fused(
         num_q,
         num_queries,
         num_k,
-        scale,
         HEAD_DIM=head_dim,
-        D_CHUNK=min(32, max(16, triton.next_power_of_2(head_dim))),
+        D_CHUNK=d_chunk,
         F_PAD=frames_pad,
         BLOCK_M=block_m,
+        num_warps=config["num_warps"],
     )
-    # The parts' sums, in one fixed order (deterministic).
-    prob_mass, argmax_share, logit_mean = frame_parts.sum(1).unbind(0)
-    stats = CallStatistics(
-        logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy_parts.sum(0)
+    prob_mass, argmax_share, logit_mean = torch.empty(3, heads, num_q, num_k, dtype=torch.float32, device=device)
+    entropy = torch.empty(heads, num_q, dtype=torch.float32, device=device)
+    frame_statistics_finish_kernel[(num_q, heads)](
+        mass_parts,
+        argmax_parts,
+        entropy_parts,
+        query_part_sums,
+        key_part_sums,
+        key_lengths,
+        prob_mass,
+        argmax_share,
+        logit_mean,
+        entropy,
+        frame_seq_length,
+        num_q,
+        num_k,
+        scale,
+        PARTS=parts,
+        PARTS_BLOCK=min(triton.next_power_of_2(parts), max(1, config["FINISH_TILE"] // frames_pad)),
+        KEY_PARTS=key_part_sums.shape[0],
+        HEAD_DIM=head_dim,
+        D_CHUNK=d_chunk,
+        F_PAD=frames_pad,
     )
+    stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
         prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, scale, profile_config)
         stats.token_prob_mean = prob_sums.div_(num_queries)
@@ -664,7 +708,7 @@ def attention_statistics_tma(
         _unit_stride(q),
         k,
         partials,
-        segment_sums(k, key_lengths),
+        segment_part_sums(k, key_lengths),
         lengths_float,
         frame_seq_length,
         num_q,

@@ -3,9 +3,10 @@ code; ``sinkscope.stats.launch`` launches them).
 
 ``frame_statistics_combine_kernel``: every frame statistic (prob_mass, argmax_share,
 entropy, each query's log-sum-exp) from the per-frame partials of
-``attention_frame_partials_kernel`` or its TMA form (``sinkscope.stats.kernels``), and
-logit_mean from the key frames' sums, in one launch, in fixed row partitions that torch
-adds, so the result is deterministic.
+``attention_frame_partials_kernel``, its TMA form (``sinkscope.stats.kernels``) or
+FlashAttention-4's one pass, in fixed row partitions, with each partition's sum of q;
+``frame_statistics_finish_kernel`` adds the partitions in a fixed order (so the result is
+deterministic) and takes logit_mean from the query and key frames' sums: two launches in all.
 
 ``segment_sums_kernel``: the fp32 sum of each frame's tokens of q or k, which logit_mean's
 factorization needs (the key frames' after the TMA pass, the query frames' after
@@ -26,12 +27,10 @@ def frame_statistics_combine_kernel(
     l_ptr,
     w_ptr,
     q_ptr,
-    key_sums_ptr,
-    key_lengths_ptr,
     mass_ptr,
     argmax_ptr,
-    logit_ptr,
     entropy_ptr,
+    query_sums_ptr,
     lse_ptr,
     stride_qh,
     stride_ql,
@@ -42,25 +41,22 @@ def frame_statistics_combine_kernel(
     num_query_frames,
     num_queries,
     num_key_frames,
-    scale,
     HEAD_DIM: tl.constexpr,
     D_CHUNK: tl.constexpr,
     F_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Every frame statistic from the one pass's partials, each [H, Lq, F] fp32 with strides
-    (``stride_ph``, ``stride_pl``, ``stride_pf``), the four alike (per query and key frame:
-    the frame's max m, the running max g that its l = sum 2^(t - g) and w = sum 2^(t - g) t
-    refer to). Per query, with G = max_f g_f and L = sum_f l_f 2^(g_f
-    - G): mass_f = l_f 2^(g_f - G) / L, entropy = ln 2 (G + log2 L - sum_f w_f 2^(g_f - G) / L),
-    the argmax frame = the lowest f of the largest m_f. Program (query frame, head, part)
-    takes BLOCK_M of the frame's queries and stores their sums divided by the frame's size
-    (the parts' sum is the mean: a fixed order, so the result is deterministic), and each
-    query's base-2 log-sum-exp G + log2 L (for ``token_profiles_kernel``). logit_mean by factorization:
-    the part's sum of q ([H, Lq, D], unit stride last) . each key frame's sum of k
-    (``key_sums_ptr``, [H, F, D] fp32) * scale / (frame_seq_length x the key frame's
-    length, ``key_lengths_ptr`` fp32), so the query frames need no pass of their own.
-    Outputs [parts, H, num_q, F] (mass, argmax, logit) and [parts, H, num_q]."""
+    """Every frame statistic but logit_mean from the one pass's partials, each [H, Lq, F] fp32
+    with strides (``stride_ph``, ``stride_pl``, ``stride_pf``), the four alike (per query and
+    key frame: the frame's max m, the running max g that its l = sum 2^(t - g) and w = sum
+    2^(t - g) t refer to). Per query, with G = max_f g_f and L = sum_f l_f 2^(g_f - G):
+    mass_f = l_f 2^(g_f - G) / L, entropy = ln 2 (G + log2 L - sum_f w_f 2^(g_f - G) / L), the
+    argmax frame = the lowest f of the largest m_f. Program (query frame, head, part) takes
+    BLOCK_M of the frame's queries and stores their sums (``frame_statistics_finish_kernel``
+    adds the parts in a fixed order, so the result is deterministic), their sum of q ([H, Lq,
+    D], unit stride last: logit_mean's factorization) and each query's base-2 log-sum-exp
+    G + log2 L (for ``token_profiles_kernel``). Outputs [parts, H, num_q, F] (mass, argmax),
+    [parts, H, num_q] (entropy) and [parts, H, num_q, D] (the sums of q)."""
     query_frame = tl.program_id(0)
     head = tl.program_id(1)
     part = tl.program_id(2)
@@ -76,6 +72,17 @@ def frame_statistics_combine_kernel(
     g = tl.load(g_ptr + index, mask=valid, other=float("-inf"))
     exp_sum = tl.load(l_ptr + index, mask=valid, other=0.0)
     w = tl.load(w_ptr + index, mask=valid, other=0.0)
+    program = (part * tl.num_programs(1) + head) * num_query_frames + query_frame
+    # The sum of q first: its loads do not wait for the statistics' arithmetic.
+    for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
+        offs_d = d0 + tl.arange(0, D_CHUNK)
+        d_valid = offs_d < HEAD_DIM
+        q = tl.load(
+            q_ptr + head * stride_qh + queries[:, None] * stride_ql + offs_d[None, :],
+            mask=r_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        tl.store(query_sums_ptr + program * HEAD_DIM + offs_d, tl.sum(q, 0), mask=d_valid)
     # Rows past the frame read g = -inf everywhere (NaN below); every sum drops them.
     row_max = tl.max(g, 1)
     rescale = tl.exp2(g - row_max[:, None])
@@ -88,30 +95,92 @@ def frame_statistics_combine_kernel(
     top = tl.argmax(m, 1, tie_break_left=True)
     argmax = tl.sum(tl.where(r_valid[:, None] & (offs_f[None, :] == top[:, None]), 1.0, 0.0), 0)
     tl.store(lse_ptr + rows, lse, mask=r_valid)
-    out = ((part * tl.num_programs(1) + head) * num_query_frames + query_frame) * num_key_frames + offs_f
-    tl.store(mass_ptr + out, mass / frame_seq_length, mask=f_valid)
-    tl.store(argmax_ptr + out, argmax / frame_seq_length, mask=f_valid)
+    tl.store(mass_ptr + program * num_key_frames + offs_f, mass, mask=f_valid)
+    tl.store(argmax_ptr + program * num_key_frames + offs_f, argmax, mask=f_valid)
+    tl.store(entropy_ptr + program, entropy)
+
+
+@triton.jit
+def frame_statistics_finish_kernel(
+    mass_parts_ptr,
+    argmax_parts_ptr,
+    entropy_parts_ptr,
+    query_sums_ptr,
+    key_sums_ptr,
+    key_lengths_ptr,
+    mass_ptr,
+    argmax_ptr,
+    logit_ptr,
+    entropy_ptr,
+    frame_seq_length,
+    num_query_frames,
+    num_key_frames,
+    scale,
+    PARTS: tl.constexpr,
+    PARTS_BLOCK: tl.constexpr,
+    KEY_PARTS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_CHUNK: tl.constexpr,
+    F_PAD: tl.constexpr,
+):
+    """``frame_statistics_combine_kernel``'s ``PARTS`` parts added in a fixed order
+    (``PARTS_BLOCK`` at a time), divided by the frame's size: prob_mass, argmax_share, entropy;
+    and logit_mean by factorization: the query frame's sum of q . each key frame's sum of k
+    (``segment_sums_kernel``'s ``KEY_PARTS`` parts, [parts, H, F, D] fp32, added here) * scale
+    / (frame_seq_length x the key frame's length, ``key_lengths_ptr`` fp32). Program (query
+    frame, head); outputs [H, num_q, F] and [H, num_q]."""
+    query_frame = tl.program_id(0)
+    head = tl.program_id(1)
+    heads = tl.num_programs(1)
+    offs_f = tl.arange(0, F_PAD)
+    f_valid = offs_f < num_key_frames
+    # PARTS_BLOCK parts at a time ([parts, ...] tiles added by tl.sum): a fixed order, few
+    # chains of loads, and tiles that stay in registers when there are many key frames.
+    mass = tl.zeros([F_PAD], tl.float32)
+    argmax = tl.zeros([F_PAD], tl.float32)
+    entropy = 0.0
+    for p0 in tl.static_range(0, PARTS, PARTS_BLOCK):
+        offs_p = p0 + tl.arange(0, PARTS_BLOCK)
+        p_valid = offs_p < PARTS
+        programs = (offs_p * heads + head) * num_query_frames + query_frame
+        index = programs[:, None] * num_key_frames + offs_f[None, :]
+        valid = p_valid[:, None] & f_valid[None, :]
+        mass += tl.sum(tl.load(mass_parts_ptr + index, mask=valid, other=0.0), 0)
+        argmax += tl.sum(tl.load(argmax_parts_ptr + index, mask=valid, other=0.0), 0)
+        entropy += tl.sum(tl.load(entropy_parts_ptr + programs, mask=p_valid, other=0.0), 0)
     logit = tl.zeros([F_PAD], tl.float32)
-    q_rows = query_frame * frame_seq_length + local
     for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):  # D in chunks: the [F, D] key sums stay small
         offs_d = d0 + tl.arange(0, D_CHUNK)
         d_valid = offs_d < HEAD_DIM
-        q = tl.load(
-            q_ptr + head * stride_qh + q_rows[:, None] * stride_ql + offs_d[None, :],
-            mask=r_valid[:, None] & d_valid[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        key_sums = tl.load(
-            key_sums_ptr + (head * num_key_frames + offs_f[:, None]) * HEAD_DIM + offs_d[None, :],
-            mask=f_valid[:, None] & d_valid[None, :],
-            other=0.0,
-        )
-        logit += tl.sum(key_sums * tl.sum(q, 0)[None, :], 1)
+        query_sum = tl.zeros([D_CHUNK], tl.float32)
+        for p0 in tl.static_range(0, PARTS, PARTS_BLOCK):
+            offs_p = p0 + tl.arange(0, PARTS_BLOCK)
+            p_valid = offs_p < PARTS
+            programs = (offs_p * heads + head) * num_query_frames + query_frame
+            query_sum += tl.sum(
+                tl.load(
+                    query_sums_ptr + programs[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=p_valid[:, None] & d_valid[None, :],
+                    other=0.0,
+                ),
+                0,
+            )
+        key_sums = tl.zeros([F_PAD, D_CHUNK], tl.float32)
+        for key_part in tl.static_range(KEY_PARTS):
+            key_sums += tl.load(
+                key_sums_ptr
+                + ((key_part * heads + head) * num_key_frames + offs_f[:, None]) * HEAD_DIM
+                + offs_d[None, :],
+                mask=f_valid[:, None] & d_valid[None, :],
+                other=0.0,
+            )
+        logit += tl.sum(key_sums * query_sum[None, :], 1)
     key_lengths = tl.load(key_lengths_ptr + offs_f, mask=f_valid, other=1.0)
+    out = (head * num_query_frames + query_frame) * num_key_frames + offs_f
+    tl.store(mass_ptr + out, mass / frame_seq_length, mask=f_valid)
+    tl.store(argmax_ptr + out, argmax / frame_seq_length, mask=f_valid)
     tl.store(logit_ptr + out, logit * scale / (frame_seq_length * key_lengths), mask=f_valid)
-    tl.store(
-        entropy_ptr + (part * tl.num_programs(1) + head) * num_query_frames + query_frame, entropy / frame_seq_length
-    )
+    tl.store(entropy_ptr + head * num_query_frames + query_frame, entropy / frame_seq_length)
 
 
 @triton.jit
