@@ -21,7 +21,7 @@ closed by the step's one branch, after the row maxima, which splits that tile's 
 maxima at the frame's first key and writes the closed frame's partials
 (``flash4_kernel``'s docstring says why there). A study without entropy
 (``capture.statistics``) compiles the kernel without the sum of p (t - g) (``entropy=False``).
-On an H200 the route as a job runs it costs 1.25x (1.3B) / 1.32x (LongLive 2.0) the model's
+On an H200 the route as a job runs it costs 1.24x (1.3B) / 1.32x (LongLive 2.0) the model's
 call, 1.16x / 1.26x without entropy; of what it adds, the kernel is most, and the key frames'
 sums, the combine and the merges 0.08 ms (1.3B) / 0.19 ms (LongLive 2.0) a call;
 docs/performance.md.
