@@ -5,7 +5,7 @@ statistics, at the 1.3B's last block and LongLive 2.0's last chunk (the shapes o
 - ``segment_sums``: ``segment_part_sums`` over every key frame of k (logit_mean's key sums),
   per configuration (rows a step ``BLOCK_L``, programs aimed at ``PROGRAMS``, ``num_warps``),
   with the bandwidth that is;
-- ``combine``: ``launch._combine_fused`` (``frame_statistics_combine_kernel`` and its finish)
+- ``combine``: ``reductions.combine_frame_partials`` (``frame_statistics_combine_kernel`` and its finish)
   on the partials of ``flash4_attention_partials`` (FlashAttention-4 on a Hopper GPU), per
   configuration (query rows a program ``BLOCK_M``, at most ``TILE`` rows x frames, ``num_warps``),
   with each statistic's largest difference from the default configuration's.
@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frame_route import SHAPES, queued_ms, shape_inputs  # noqa: E402
 
 from report import write_results  # noqa: E402
-from sinkscope.stats.launch import (  # noqa: E402
+from sinkscope.stats.launch_support import _segments_on  # noqa: E402
+from sinkscope.stats.reductions import (  # noqa: E402
     DEFAULT_COMBINE_CONFIG,
     DEFAULT_SEGMENT_CONFIG,
-    _combine_fused,
-    _segments_on,
+    combine_frame_partials,
     segment_part_sums,
 )
 
@@ -74,7 +74,7 @@ def combine_rows(q, k, v, lengths, fsl, num_q) -> list[dict]:
     lengths_float = _segments_on(q.device, lengths)[2]
 
     def combine(config):
-        return _combine_fused(q, k, partials, key_sums, lengths_float, fsl, num_q, scale, False, None, config)
+        return combine_frame_partials(q, partials, key_sums, lengths_float, fsl, num_q, scale, config)[0]
 
     reference = combine(None)
     rows = []

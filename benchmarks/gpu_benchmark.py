@@ -446,9 +446,9 @@ def section_tma() -> dict:
         attention_statistics_lse,
         attention_statistics_tma,
         sdpa_with_lse,
-        segment_sums,
         tma_attention,
     )
+    from sinkscope.stats.reductions import segment_part_sums
 
     fsl, dim = 1560, 128
     configs = (
@@ -484,12 +484,12 @@ def section_tma() -> dict:
         }
         # The parts of the TMA route: the kernel, the key frames' sums, the combine (with logit_mean).
         _, partials = tma_attention(q, k, v, lengths, dim**-0.5)
-        key_sums = segment_sums(k, lengths)
+        key_sums = segment_part_sums(k, lengths)
         lengths_float = torch.tensor(lengths, dtype=torch.float32, device="cuda")
         rows["part: attention_frame_partials_tma_kernel (default tiles)"] = cuda_time(
             lambda: tma_attention(q, k, v, lengths, dim**-0.5), reps=30
         )["median_ms"]
-        rows["part: segment_sums_kernel, key frames' sums"] = cuda_time(lambda: segment_sums(k, lengths), reps=30)[
+        rows["part: segment_sums_kernel, key frames' sums"] = cuda_time(lambda: segment_part_sums(k, lengths), reps=30)[
             "median_ms"
         ]
         rows["part: frame_statistics_combine_kernel, the combine and logit_mean"] = cuda_time(

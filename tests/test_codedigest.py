@@ -102,6 +102,8 @@ PINNED = {
         "stats.reference",
         "stats.rollout",
         "stats.launch",
+        "stats.launch_support",
+        "stats.reductions",
         "stats.flash4_partials",
         "stats.flash4_kernel",
         "stats.segments",

@@ -319,9 +319,10 @@ FRAME_ONLY_CASE = 3
 _INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    from sinkscope.stats.launch import (_combine_fused, _segments_on, attention_statistics_tma,
-                                       attention_statistics_triton, segment_part_sums, segment_sums,
+    from sinkscope.stats.launch import (_combine_fused, attention_statistics_tma, attention_statistics_triton,
                                        statistics_given_lse, statistics_triton, tma_attention, tma_kernel_fits)
+    from sinkscope.stats.launch_support import _segments_on
+    from sinkscope.stats.reductions import segment_part_sums, segment_sums
     cases, results = torch.load(sys.argv[1]), {}
     segments = cases.pop("segment_sums")
     results["segment_sums"] = {

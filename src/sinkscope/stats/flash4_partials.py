@@ -3,8 +3,8 @@ forward with a softmax that keeps them (``sinkscope.stats.flash4_kernel``, devic
 
 ``flash4_attention_partials(q, k, v, key_lengths, scale)`` returns what
 ``launch.tma_attention`` returns, the output and per (head, query, key frame) the partials
-``launch._combine_fused`` turns into every frame statistic: m, the frame's max of the base-2
-scores t = q.k * scale * log2(e); g, the running max its sums refer to; l = sum over the frame
+``reductions.combine_frame_partials`` turns into every frame statistic: m, the frame's max of
+the base-2 scores t = q.k * scale * log2(e); g, the running max its sums refer to; l = sum over the frame
 of 2^(t - g); w = sum 2^(t - g) t (here the row's whole sum, kept with the part's first frame
 in key order, the last one the kernel visits: the combine only adds the frames' w). The call
 runs as the model's own call runs (``sinkscope.attention.split.key_split``'s plan: a head
@@ -100,7 +100,9 @@ def statistics_from_partials(
     partials' same rows) from ``flash4_attention_partials``'s partials, by the combine of the
     one-pass routes (``launch._combine_fused``: logit_mean by factorization from the key
     frames' sums)."""
-    from sinkscope.stats.launch import _combine_fused, _segments_on, segment_part_sums
+    from sinkscope.stats.launch import _combine_fused
+    from sinkscope.stats.launch_support import _segments_on
+    from sinkscope.stats.reductions import segment_part_sums
 
     key_lengths = tuple(int(n) for n in key_lengths)
     _, _, lengths_float = _segments_on(q.device, key_lengths)
@@ -230,7 +232,7 @@ def flash4_attention_partials(
     (``flash4_kernel.FrameSoftmax.keeps``), and the partials are then not the frames';
     ``entropy`` False: w is not kept (written 0: the combine's entropy is then meaningless), one
     fused multiply-add a score less."""
-    from sinkscope.stats.launch import _frame_ends_on
+    from sinkscope.stats.launch_support import _frame_ends_on
 
     key_lengths = tuple(int(n) for n in key_lengths)
     heads, num_q, dim = q.shape

@@ -105,7 +105,7 @@ def frame_softmax_partials_kernel(
     # row reduction per tile). Keys past the segment load as 0 and add 0.
     raw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_seg = k_ptr + head * stride_kh + seg_start * stride_kl
-    # In Triton's interpreter (LOOP_END > 0, see launch._interpreter_loop_end) every program runs
+    # In Triton's interpreter (LOOP_END > 0, see launch_support._interpreter_loop_end) every program runs
     # to the longest segment, its extra tiles fully masked (they change nothing: p = 0).
     # (A conditional expression, not an assignment: the interpreter makes tensors of those.)
     for start in range(0, LOOP_END if LOOP_END > 0 else seg_len, BLOCK_N):
@@ -263,7 +263,7 @@ def attention_frame_partials_kernel(
     g_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     big_l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end):
+    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see launch_support._interpreter_loop_end):
     # there every tile is masked and every loop runs to a compile-time bound.
     for frame in range(0, FRAMES_END if FRAMES_END > 0 else num_key_frames):
         seg_start = tl.load(starts_ptr + frame)
@@ -480,7 +480,7 @@ def frame_partials_given_lse_kernel(
     w_i = tl.zeros([BLOCK_M], tl.float32)
     key_sum = tl.zeros([D_PAD], tl.float32)
     k_seg = k_ptr + head * stride_kh + seg_start * stride_kl
-    # LOOP_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end): there every
+    # LOOP_END > 0 in Triton's interpreter only (see launch_support._interpreter_loop_end): there every
     # tile is masked and the loop runs to a compile-time bound.
     if LOOP_END > 0:
         for start in range(0, LOOP_END, BLOCK_N):
@@ -609,7 +609,7 @@ def token_profiles_kernel(
     if HAS_BIAS:
         bias_a = tl.load(bias_ptr + head * num_keys + offs_a, mask=offs_a < num_keys, other=0.0)
         bias_b = tl.load(bias_ptr + head * num_keys + offs_b, mask=offs_b < num_keys, other=0.0)
-    # LOOP_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end).
+    # LOOP_END > 0 in Triton's interpreter only (see launch_support._interpreter_loop_end).
     for start in range(0, LOOP_END if LOOP_END > 0 else num_queries, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         m_valid = offs_m < num_queries
@@ -723,7 +723,7 @@ def attention_frame_partials_tma_kernel(
     w_f = tl.zeros([BLOCK_M], tl.float32)
     out = (head * num_queries + offs_m) * num_key_frames
     frame_start = tl.full([], 0, tl.int32)
-    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end):
+    # LOOP_END / FRAMES_END > 0 in Triton's interpreter only (see launch_support._interpreter_loop_end):
     # there each loop runs from 0 to a compile-time bound, the tiles outside it masked.
     for frame in range(0, FRAMES_END if FRAMES_END > 0 else num_key_frames):
         frame_end = tl.load(frame_ends_ptr + frame)

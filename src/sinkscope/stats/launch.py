@@ -1,23 +1,23 @@
-"""Launching the statistics kernels and turning their partials into every statistic of
-``CallStatistics``: tile configurations, key segments on the device, the combines, the
-cuDNN call that gives the log-sum-exp.
+"""Launching the statistics kernels over the scores and turning their partials into every
+statistic of ``CallStatistics``: tile configurations, the combines, the cuDNN call that gives
+the log-sum-exp.
 
 The kernels (``sinkscope.stats.kernels``; the maths in its docstring):
 ``frame_softmax_partials_kernel`` (each key frame's softmax partials),
 ``token_profiles_kernel`` (per key token, given each query's log-sum-exp),
 ``attention_frame_partials_kernel`` (the attention output and the frame partials in one
 pass), ``frame_partials_given_lse_kernel`` (the frame partials given the log-sum-exp),
-``attention_frame_partials_tma_kernel`` (the one pass fed by TMA), and in
-``sinkscope.stats.reduction_kernels`` ``frame_statistics_combine_kernel`` (the combine of
-the one pass's partials) and ``segment_sums_kernel`` (per-frame sums of q or k).
-docs/performance.md has the measured tiles.
+``attention_frame_partials_tma_kernel`` (the one pass fed by TMA). The reductions that touch
+no score (the per-frame sums of q or k, the one-pass routes' combine) are launched by
+``sinkscope.stats.reductions``; what the launchers share (the interpreter's settings, key
+frames on the device) is ``sinkscope.stats.launch_support``. docs/performance.md has the
+measured tiles.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
 
 import torch
 import triton
@@ -31,11 +31,14 @@ from sinkscope.stats.kernels import (
     frame_softmax_partials_kernel,
     token_profiles_kernel,
 )
-from sinkscope.stats.reduction_kernels import (
-    frame_statistics_combine_kernel,
-    frame_statistics_finish_kernel,
-    segment_sums_kernel,
+from sinkscope.stats.launch_support import (
+    _frame_ends_on,
+    _interpreter_loop_end,
+    _launch_config,
+    _segments_on,
+    _unit_stride,
 )
+from sinkscope.stats.reductions import combine_frame_partials, segment_part_sums, segment_sums
 from sinkscope.stats.reference import CallStatistics, one_hot_float
 
 LOG2E = 1.4426950408889634
@@ -62,61 +65,11 @@ DEFAULT_FUSED_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stage
 # attention_frame_partials_tma_kernel (the same pass with TMA loads and key tiles aligned
 # to key 0); warp-specialized loops are slower with the partials.
 DEFAULT_TMA_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-# frame_statistics_combine_kernel: query rows a program (BLOCK_M), fewer when many key frames (a long
-# global cache) would make its [rows, frames] tiles larger than TILE, too large for the registers;
-# frame_statistics_finish_kernel: its [parts, frames] tiles at most FINISH_TILE values.
-DEFAULT_COMBINE_CONFIG = {"BLOCK_M": 64, "TILE": 2048, "FINISH_TILE": 4096, "num_warps": 4}
-# segment_sums_kernel splits its segments until about PROGRAMS programs run (a few times the H100's
-# 132 SMs): one program a query frame's 1560 tokens left most of the GPU idle.
-DEFAULT_SEGMENT_CONFIG = {"BLOCK_L": 64, "PROGRAMS": 1024, "num_warps": 4}
-# Small tiles for Triton's CPU interpreter (tests): fast, and every masking path taken.
-# Under the interpreter the loops run to compile-time bounds (see _interpreter_loop_end).
-INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16}
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _launch_config(config: dict | None, default: dict) -> tuple[dict, dict]:
-    """(kernel meta-parameters, launch options): ``config`` over the default."""
-    config = {**(INTERPRETER_CONFIG if _interpreting() else default), **(config or {})}
-    launch = {key: config.pop(key) for key in ("num_warps", "num_stages") if key in config}
-    return config, launch
 
 
 def _constants(q: torch.Tensor) -> dict:
     head_dim = q.shape[-1]
     return dict(HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)), IEEE=q.dtype == torch.float32)
-
-
-def _interpreter_loop_end(end: int) -> int:
-    """The kernels' LOOP_END: 0 on the GPU (each loop runs to its runtime bound); in
-    Triton's interpreter the bound itself, as a compile-time constant. The interpreter of
-    Triton 3.6 and earlier turns runtime loop bounds (even plain int arguments) into
-    1-element arrays that NumPy >= 2.4 refuses to convert to an int."""
-    return end if _interpreting() else 0
-
-
-def _unit_stride(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
-@lru_cache(maxsize=256)
-def _segments_on(device: torch.device, key_lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(starts int32, lengths int32, lengths fp32) on ``device``; cached, since a handful
-    of layouts repeat over every layer and step (and a host-to-device copy can stall)."""
-    starts = [0]
-    for length in key_lengths[:-1]:
-        starts.append(starts[-1] + length)
-    lengths = torch.tensor(key_lengths, dtype=torch.int32)
-    return (
-        torch.tensor(starts, dtype=torch.int32).to(device),
-        lengths.to(device),
-        lengths.float().to(device),
-    )
 
 
 def frame_softmax_partials(
@@ -311,50 +264,6 @@ def statistics_triton(
     )
 
 
-def segment_part_sums(
-    x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None, config: dict | None = None
-) -> torch.Tensor:
-    """[parts, H, S, D] fp32: the sums of consecutive segments of ``lengths`` tokens of x
-    [H, L, D] (``segment_sums_kernel``; no fp32 copy of x), each segment summed in parts of
-    ``chunk`` tokens (by default enough parts for about ``config["PROGRAMS"]`` programs), for the
-    caller to add in a fixed order (``segment_sums``, or the combine's finish)."""
-    heads, _, head_dim = x.shape
-    x = _unit_stride(x)
-    lengths = tuple(int(n) for n in lengths)
-    config = {**DEFAULT_SEGMENT_CONFIG, **(config or {})}
-    programs = config["PROGRAMS"]
-    block_l = INTERPRETER_CONFIG["BLOCK_M"] if _interpreting() else config["BLOCK_L"]
-    longest = max(lengths)
-    if chunk is None:
-        chunk = math.ceil(longest / max(1, math.ceil(programs / (len(lengths) * heads))))
-    chunk = max(1, math.ceil(chunk / block_l)) * block_l
-    parts = max(1, math.ceil(longest / chunk))
-    out = torch.empty(parts, heads, len(lengths), head_dim, dtype=torch.float32, device=x.device)
-    segment_sums_kernel[(len(lengths), heads, parts)](
-        x,
-        _frame_ends_on(x.device, lengths),
-        out,
-        x.stride(0),
-        x.stride(1),
-        len(lengths),
-        chunk,
-        HEAD_DIM=head_dim,
-        D_PAD=max(16, triton.next_power_of_2(head_dim)),
-        LOOP_END=_interpreter_loop_end(chunk),
-        BLOCK_L=block_l,
-        num_warps=config["num_warps"],
-    )
-    return out
-
-
-def segment_sums(
-    x: torch.Tensor, lengths: Sequence[int], *, chunk: int | None = None, config: dict | None = None
-) -> torch.Tensor:
-    """[H, S, D] fp32: ``segment_part_sums``'s parts added in order."""
-    out = segment_part_sums(x, lengths, chunk=chunk, config=config)
-    return out[0] if out.shape[0] == 1 else out.sum(0)
-
-
 def _logit_mean_by_factorization(
     q: torch.Tensor, key_sums: torch.Tensor, num_q: int, frame_seq_length: int, key_lengths: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -450,86 +359,15 @@ def _combine_fused(
     profile_config: dict | None,
     combine_config: dict | None = None,
 ) -> CallStatistics:
-    """Every statistic from the partials (m, g, l, w) of the one pass over the keys
-    (``attention_frame_partials_kernel``, its TMA form or ``flash4_attention_partials``),
-    each [H, Lq, num_k] (any strides, the four alike):
-    per frame its max m, and the running max g that its sums l = sum 2^(t - g) and w = sum
-    2^(t - g) t refer to; logit_mean by factorization from the key frames' sums
-    (``key_part_sums``, [parts, H, num_k, D] fp32, ``segment_part_sums``) and lengths
-    (``key_lengths``, fp32). ``frame_statistics_combine_kernel`` and
-    ``frame_statistics_finish_kernel`` do it all (the maths in their docstrings);
-    ``token_profile_sums`` the token profiles, from each query's log-sum-exp. q is [H, Lq, D]
-    with unit stride last."""
-    m, g, exp_sum, w = partials
-    heads, num_queries, num_k = m.shape
-    head_dim = q.shape[-1]
-    frames_pad = max(2, triton.next_power_of_2(num_k))
-    config = {**DEFAULT_COMBINE_CONFIG, **(combine_config or {})}
-    block_m = (
-        INTERPRETER_CONFIG["BLOCK_M"]
-        if _interpreting()
-        else max(8, min(config["BLOCK_M"], config["TILE"] // frames_pad))
+    """Every statistic from a one-pass route's partials (m, g, l, w) and the key frames' sums
+    (``reductions.combine_frame_partials``, which has their meaning), and the token profiles
+    from each query's log-sum-exp (``token_profile_sums``) where ``token_profiles``."""
+    stats, lse2 = combine_frame_partials(
+        q, partials, key_part_sums, key_lengths, frame_seq_length, num_q, scale, combine_config
     )
-    parts = math.ceil(frame_seq_length / block_m)
-    device = m.device
-    # Each part's sums ([parts, H, num_q, ...]), as the combine writes them, for the finish to add.
-    mass_parts, argmax_parts = torch.empty(2, parts, heads, num_q, num_k, dtype=torch.float32, device=device)
-    entropy_parts = torch.empty(parts, heads, num_q, dtype=torch.float32, device=device)
-    query_part_sums = torch.empty(parts, heads, num_q, head_dim, dtype=torch.float32, device=device)
-    lse2 = torch.empty(heads, num_queries, dtype=torch.float32, device=device)
-    d_chunk = min(32, max(16, triton.next_power_of_2(head_dim)))
-    frame_statistics_combine_kernel[(num_q, heads, parts)](
-        m,
-        g,
-        exp_sum,
-        w,
-        q,
-        mass_parts,
-        argmax_parts,
-        entropy_parts,
-        query_part_sums,
-        lse2,
-        q.stride(0),
-        q.stride(1),
-        *m.stride(),
-        frame_seq_length,
-        num_q,
-        num_queries,
-        num_k,
-        HEAD_DIM=head_dim,
-        D_CHUNK=d_chunk,
-        F_PAD=frames_pad,
-        BLOCK_M=block_m,
-        num_warps=config["num_warps"],
-    )
-    prob_mass, argmax_share, logit_mean = torch.empty(3, heads, num_q, num_k, dtype=torch.float32, device=device)
-    entropy = torch.empty(heads, num_q, dtype=torch.float32, device=device)
-    frame_statistics_finish_kernel[(num_q, heads)](
-        mass_parts,
-        argmax_parts,
-        entropy_parts,
-        query_part_sums,
-        key_part_sums,
-        key_lengths,
-        prob_mass,
-        argmax_share,
-        logit_mean,
-        entropy,
-        frame_seq_length,
-        num_q,
-        num_k,
-        scale,
-        PARTS=parts,
-        PARTS_BLOCK=min(triton.next_power_of_2(parts), max(1, config["FINISH_TILE"] // frames_pad)),
-        KEY_PARTS=key_part_sums.shape[0],
-        HEAD_DIM=head_dim,
-        D_CHUNK=d_chunk,
-        F_PAD=frames_pad,
-    )
-    stats = CallStatistics(logit_mean=logit_mean, prob_mass=prob_mass, argmax_share=argmax_share, entropy=entropy)
     if token_profiles:
         prob_sums, stats.token_logit_mean = token_profile_sums(q, k, lse2, scale, profile_config)
-        stats.token_prob_mean = prob_sums.div_(num_queries)
+        stats.token_prob_mean = prob_sums.div_(q.shape[1])
     return stats
 
 
@@ -677,12 +515,6 @@ def _descriptor(x: torch.Tensor, rows: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, rows, x.shape[-1]])
-
-
-@lru_cache(maxsize=256)
-def _frame_ends_on(device: torch.device, key_lengths: tuple[int, ...]) -> torch.Tensor:
-    """Each key frame's end in k (int32) on ``device``; cached per layout."""
-    return torch.tensor(key_lengths, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
 
 
 def attention_statistics_tma(

@@ -211,7 +211,7 @@ def segment_sums_kernel(
     offs_d = tl.arange(0, D_PAD)
     d_valid = offs_d < HEAD_DIM
     acc = tl.zeros([BLOCK_L, D_PAD], tl.float32)
-    # LOOP_END > 0 in Triton's interpreter only (see launch._interpreter_loop_end).
+    # LOOP_END > 0 in Triton's interpreter only (see launch_support._interpreter_loop_end).
     for offset in range(0, LOOP_END if LOOP_END > 0 else stop - start, BLOCK_L):
         rows = start + offset + tl.arange(0, BLOCK_L)
         acc += tl.load(

@@ -120,7 +120,8 @@ def frame_logit_mean(
     if not (q.is_cuda if triton is None else triton):
         dtype = torch.float64 if q.device.type == "cpu" else torch.float32
         return logit_mean_factorized(q, k, num_q, len(lengths), scale, dtype, lengths).float()
-    from sinkscope.stats.launch import _segments_on, segment_sums
+    from sinkscope.stats.launch_support import _segments_on
+    from sinkscope.stats.reductions import segment_sums
 
     query_means = segment_sums(q, (frame_seq_length,) * num_q).div_(frame_seq_length)
     key_sums = segment_sums(k, lengths)
