@@ -104,6 +104,7 @@ PINNED = {
         "stats.launch",
         "stats.launch_support",
         "stats.reductions",
+        "stats.tma_kernels",
         "stats.flash4_partials",
         "stats.flash4_kernel",
         "stats.segments",

@@ -7,11 +7,11 @@ The kernels (``sinkscope.stats.kernels``; the maths in its docstring):
 ``token_profiles_kernel`` (per key token, given each query's log-sum-exp),
 ``attention_frame_partials_kernel`` (the attention output and the frame partials in one
 pass), ``frame_partials_given_lse_kernel`` (the frame partials given the log-sum-exp),
-``attention_frame_partials_tma_kernel`` (the one pass fed by TMA). The reductions that touch
-no score (the per-frame sums of q or k, the one-pass routes' combine) are launched by
-``sinkscope.stats.reductions``; what the launchers share (the interpreter's settings, key
-frames on the device) is ``sinkscope.stats.launch_support``. docs/performance.md has the
-measured tiles.
+and ``sinkscope.stats.tma_kernels``'s ``attention_frame_partials_tma_kernel`` (the one pass
+fed by TMA). The reductions that touch no score (the per-frame sums of q or k, the one-pass
+routes' combine) are launched by ``sinkscope.stats.reductions``; what the launchers share (the
+interpreter's settings, key frames on the device) is ``sinkscope.stats.launch_support``.
+docs/performance.md has the measured tiles.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from sinkscope.attention.biased import check_bias_shape, token_bias
 from sinkscope.attention.split import cached_attention
 from sinkscope.stats.kernels import (
     attention_frame_partials_kernel,
-    attention_frame_partials_tma_kernel,
     frame_partials_given_lse_kernel,
     frame_softmax_partials_kernel,
     token_profiles_kernel,
@@ -40,6 +39,7 @@ from sinkscope.stats.launch_support import (
 )
 from sinkscope.stats.reductions import combine_frame_partials, segment_part_sums, segment_sums
 from sinkscope.stats.reference import CallStatistics, one_hot_float
+from sinkscope.stats.tma_kernels import attention_frame_partials_tma_kernel
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
