@@ -1,8 +1,12 @@
-"""The analysis code of the GPU benchmarks, on made-up profiler events (no GPU)."""
+"""The analysis code of the GPU benchmarks, on made-up profiler events, and the sums the token-profile
+variants compute, on small inputs against float64 (no GPU)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,3 +48,69 @@ def test_idle_gaps_are_put_down_to_the_call_that_waited_or_the_host(long_rollout
         "waited in cudaStreamSynchronize": {"gaps": 1, "idle_ms": pytest.approx(0.3)},
     }
     assert gaps["blocking_calls"]["cudaStreamSynchronize"] == 1
+
+
+# -- benchmarks/token_profile_variants.py: the sums its variants compute ---------------------
+
+
+def _load_benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _token_sums_reference(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each query's natural log-sum-exp [H, Lq], each key's sum over the queries of p [H, Lk]),
+    in float64."""
+    scores = q.double() @ k.double().transpose(1, 2) * q.shape[-1] ** -0.5
+    lse = torch.logsumexp(scores, -1)
+    return lse, torch.exp(scores - lse[..., None]).sum(1)
+
+
+def test_the_swapped_call_s_inputs_give_each_key_s_sum_as_a_log_sum_exp():
+    pytest.importorskip("triton")
+    variants = _load_benchmark("token_profile_variants")
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, n, 128, generator=generator).bfloat16() for n in (50, 70))
+    lse, reference = _token_sums_reference(q, k)
+    scale = 128**-0.5
+    rows, cols = variants.augmented_inputs(q, k, lse.float(), scale, 144)
+    assert rows.shape == (1, 70, 2, 144) and cols.shape == (1, 50, 2, 144)
+    # The attention call's own log-sum-exp of each row (a key), from its bf16 inputs in float64.
+    scores = torch.einsum("khd,qhd->hkq", rows[0].double(), cols[0].double()) * scale
+    sums = torch.logsumexp(scores, -1).exp()
+    assert ((sums - reference).abs().max() / reference.abs().max()).item() < 2e-6
+    # Without the offsets' low parts the sums would be off by bf16's rounding of the offset.
+    cols[0, :, :, 129:131] = 0
+    rough = torch.logsumexp(torch.einsum("khd,qhd->hkq", rows[0].double(), cols[0].double()) * scale, -1).exp()
+    assert ((rough - reference).abs().max() / reference.abs().max()).item() > 1e-4
+
+
+_KEYS_MAJOR_SCRIPT = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import token_profile_variants as variants
+q, k, lse2 = torch.load(sys.argv[2])
+results = {}
+for pipeline in (False, True):
+    for rowsum in (False, True):
+        results[(pipeline, rowsum)] = variants.keys_major_sums(q, k, lse2, 128**-0.5, 32, 16, 4, 1, pipeline, rowsum)[0]
+torch.save(results, sys.argv[3])
+"""
+
+
+def test_the_keys_major_kernel_sums_every_query_s_probabilities(tmp_path):
+    """``_keys_major_kernel`` in Triton's CPU interpreter, with partial key and query tiles."""
+    pytest.importorskip("triton")
+    generator = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(2, n, 128, generator=generator) for n in (37, 75))
+    lse, reference = _token_sums_reference(q, k)
+    torch.save((q, k, (lse / torch.log(torch.tensor(2.0, dtype=torch.float64))).float()), tmp_path / "in.pt")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-c", _KEYS_MAJOR_SCRIPT, str(ROOT / "benchmarks"), str(tmp_path / "in.pt")]
+    result = subprocess.run([*command, str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for flags, sums in torch.load(tmp_path / "out.pt").items():
+        assert ((sums.double() - reference).abs().max() / reference.abs().max()).item() < 1e-5, flags
