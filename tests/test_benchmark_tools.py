@@ -16,12 +16,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def long_rollout():
-    spec = importlib.util.spec_from_file_location("long_rollout", ROOT / "benchmarks" / "long_rollout.py")
+def _load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def long_rollout():
+    return _load_benchmark("long_rollout")
 
 
 def _event(name: str, start: float, end: float, cuda: bool = False) -> SimpleNamespace:
@@ -51,13 +56,6 @@ def test_idle_gaps_are_put_down_to_the_call_that_waited_or_the_host(long_rollout
 
 
 # -- benchmarks/token_profile_variants.py: the sums its variants compute ---------------------
-
-
-def _load_benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _token_sums_reference(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
